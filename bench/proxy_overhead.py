@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""What koord-runtime-proxy costs kubelet, measured side by side in one run.
+
+Against one private containerd with 20 running pods, the same client calls containerd directly
+and through the proxy, alternating rounds so both see the same machine noise:
+  * p50/p99 of Version, ListContainers, ContainerStatus (cheap calls) and ListContainerStats (heavy);
+  * throughput of ListContainers at 1 and 16 calls in flight (grpc.aio, closed loop);
+  * pod start (RunPodSandbox + CreateContainer + StartContainer), direct, through the proxy, and through
+    the proxy with one no-op hook server and with one hook server that changes resources;
+  * what one hook round trip adds to a hooked call (StartContainer on a running container: a cheap
+    runtime answer, so the hook dominates), with and without a registered hook server;
+  * the proxy's own CPU time per relayed call.
+Prints a table; with --json one JSON object (added_p50_ms, added_p99_ms, throughput_ratio_16,
+heavy_ratio, pod_start_ratio, pod_start_hooked_ratio,
+hook_added_p50_ms, ...). This is a benchmark, not a test: read ratios, not absolutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import grpc
+import psutil
+
+from runtimeproxy.api import cri_pb2 as cri
+from tests.support.containerd import Containerd
+from tests.support.cri import CriClient, PodFactory
+from tests.support.hookserver import RecordingHookServer, echo, register
+from tests.support.proxy import ProxyProcess
+
+BENCH_CONTAINERD = Containerd("/run/koordlet-py/bench/containerd", "/var/lib/koordlet-py/bench/containerd")
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def time_calls(fn, request, count: int) -> list[float]:
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        fn(request)
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+async def throughput(socket_path: str, in_flight: int, seconds: float) -> float:
+    request = cri.ListContainersRequest().SerializeToString()
+    async with grpc.aio.insecure_channel(f"unix://{socket_path}") as channel:
+        call = channel.unary_unary("/runtime.v1.RuntimeService/ListContainers")
+        for _ in range(20):
+            await call(request)
+        done = 0
+        stop_at = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < stop_at:
+                await call(request)
+                done += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+        return done / (time.perf_counter() - started)
+
+
+def pod_start_ms(pods: PodFactory, name: str) -> float:
+    t0 = time.perf_counter()
+    pods.start_pod(name)
+    return (time.perf_counter() - t0) * 1000
+
+
+def start_container_again_ms(client: CriClient, container_id: str, count: int) -> list[float]:
+    """A hooked call with a cheap runtime answer: StartContainer on a running container fails fast."""
+    out = []
+    request = cri.StartContainerRequest(container_id=container_id)
+    for _ in range(count):
+        t0 = time.perf_counter()
+        try:
+            client.runtime.StartContainer(request)
+        except grpc.RpcError:
+            pass
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def resource_changing_hook(hook: str, request):
+    answer = echo(request)
+    if hook == "PreCreateContainer":
+        answer.container_resources.cpu_shares = 256
+        answer.container_resources.cpu_quota = 40000
+    return answer
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=600, help="timed calls per method and side, per round")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating direct/proxy rounds")
+    ap.add_argument("--pods", type=int, default=20, help="running pods during the measurement")
+    ap.add_argument("--pod-starts", type=int, default=6, help="pod starts per side")
+    ap.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
+    ap.add_argument("--hook-calls", type=int, default=300, help="hooked calls timed per hook setup")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    args = ap.parse_args()
+
+    BENCH_CONTAINERD.up()
+    tmp = tempfile.TemporaryDirectory(prefix="kpy-bench-")
+    proxy = ProxyProcess(f"{tmp.name}/proxy.sock", BENCH_CONTAINERD.socket, "--log-level", "warning").start()
+    direct, via = CriClient(BENCH_CONTAINERD.socket), CriClient(proxy.listen)
+    background = PodFactory(direct)
+    started = {"direct": PodFactory(direct), "proxy": PodFactory(via)}
+    noop_hook = RecordingHookServer(f"{tmp.name}/noop-hook.sock").start()
+    changing_hook = RecordingHookServer(f"{tmp.name}/changing-hook.sock", behaviour=resource_changing_hook).start()
+    try:
+        for i in range(args.pods):
+            background.start_pod(f"bench-{i}")
+        some_container = background.containers[0]
+        methods = {
+            "Version": ("Version", cri.VersionRequest()),
+            "ListContainers": ("ListContainers", cri.ListContainersRequest()),
+            "ContainerStatus": ("ContainerStatus", cri.ContainerStatusRequest(container_id=some_container)),
+            "ListContainerStats": ("ListContainerStats", cri.ListContainerStatsRequest()),
+        }
+        samples: dict[tuple[str, str], list[float]] = {}
+        proxy_cpu = 0.0
+        proxy_calls = 0
+        ps = psutil.Process(proxy.proc.pid)
+        for client in (direct, via):  # warm-up
+            for name, (rpc, req) in methods.items():
+                time_calls(getattr(client.runtime, rpc), req, 50 if name != "ListContainerStats" else 5)
+        for _ in range(args.rounds):
+            for side, client in (("direct", direct), ("proxy", via)):
+                for name, (rpc, req) in methods.items():
+                    count = args.calls if name != "ListContainerStats" else max(10, args.calls // 20)
+                    cpu0 = sum(ps.cpu_times()[:2])
+                    samples.setdefault((side, name), []).extend(time_calls(getattr(client.runtime, rpc), req, count))
+                    if side == "proxy" and name != "ListContainerStats":
+                        proxy_cpu += sum(ps.cpu_times()[:2]) - cpu0
+                        proxy_calls += count
+        tput = {}
+        for in_flight in (1, 16):
+            for side, sock in (("direct", BENCH_CONTAINERD.socket), ("proxy", proxy.listen)):
+                tput[(side, in_flight)] = asyncio.run(throughput(sock, in_flight, args.seconds))
+        starts: dict[str, list[float]] = {"direct": [], "proxy": []}
+        for i in range(args.pod_starts):
+            for side in ("direct", "proxy"):
+                starts[side].append(pod_start_ms(started[side], f"start-{side}-{i}"))
+        # Hooks: the same proxy, hook servers registered while it runs (the watch picks them up).
+        target = started["proxy"].containers[0]
+        hooked_calls = {"no hook": start_container_again_ms(via, target, args.hook_calls)}
+        for label, server in (("no-op hook", noop_hook), ("resource hook", changing_hook)):
+            register(proxy.hook_dir, "10-bench.json", server.socket_path)
+            time.sleep(1.5)
+            starts[label] = []
+            for i in range(args.pod_starts):
+                starts["direct"].append(pod_start_ms(started["direct"], f"hooked-direct-{label}-{i}"))
+                starts[label].append(pod_start_ms(started["proxy"], f"hooked-{label.split()[0]}-{i}"))
+            if label == "no-op hook":
+                hooked_calls[label] = start_container_again_ms(via, target, args.hook_calls)
+        if not changing_hook.requests("PreCreateContainer"):
+            raise RuntimeError("the resource-changing hook server was never called")
+    finally:
+        for factory in (*started.values(), background):
+            factory.cleanup()
+        noop_hook.stop()
+        changing_hook.stop()
+        direct.close()
+        via.close()
+        proxy.terminate()
+        tmp.cleanup()
+        BENCH_CONTAINERD.down()
+
+    rows = []
+    for name in methods:
+        d, p = samples[("direct", name)], samples[("proxy", name)]
+        rows.append((name, percentile(d, 50), percentile(p, 50), percentile(d, 99), percentile(p, 99)))
+    cheap = [r for r in rows if r[0] != "ListContainerStats"]
+    heavy = next(r for r in rows if r[0] == "ListContainerStats")
+    result = {
+        "added_p50_ms": round(statistics.mean(r[2] - r[1] for r in cheap), 4),
+        "added_p99_ms": round(statistics.mean(r[4] - r[3] for r in cheap), 4),
+        "throughput_ratio_1": round(tput[("proxy", 1)] / tput[("direct", 1)], 3),
+        "throughput_ratio_16": round(tput[("proxy", 16)] / tput[("direct", 16)], 3),
+        "heavy_ratio": round(heavy[2] / heavy[1], 3),
+        "pod_start_ratio": round(statistics.median(starts["proxy"]) / statistics.median(starts["direct"]), 3),
+        "pod_start_hooked_ratio": round(
+            statistics.median(starts["no-op hook"]) / statistics.median(starts["direct"]), 3),
+        "pod_start_resource_hook_ratio": round(
+            statistics.median(starts["resource hook"]) / statistics.median(starts["direct"]), 3),
+        "hook_added_p50_ms": round(percentile(hooked_calls["no-op hook"], 50)
+                                   - percentile(hooked_calls["no hook"], 50), 4),
+        "hook_added_p99_ms": round(percentile(hooked_calls["no-op hook"], 99)
+                                   - percentile(hooked_calls["no hook"], 99), 4),
+        "proxy_cpu_us_per_call": round(proxy_cpu / max(1, proxy_calls) * 1e6, 1),
+        "pods": args.pods,
+        "methods": {r[0]: {"direct_p50_ms": round(r[1], 4), "proxy_p50_ms": round(r[2], 4),
+                           "direct_p99_ms": round(r[3], 4), "proxy_p99_ms": round(r[4], 4)} for r in rows},
+        "throughput_calls_per_s": {f"{side}_{n}": round(v, 1) for (side, n), v in tput.items()},
+        "pod_start_ms": {side: round(statistics.median(v), 1) for side, v in starts.items()},
+    }
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"koord-runtime-proxy overhead vs direct containerd ({args.pods} pods, {args.rounds} alternating rounds)")
+    print(f"{'call':<20}{'direct p50':>12}{'proxy p50':>12}{'direct p99':>12}{'proxy p99':>12}   (ms)")
+    for name, d50, p50, d99, p99 in rows:
+        print(f"{name:<20}{d50:>12.3f}{p50:>12.3f}{d99:>12.3f}{p99:>12.3f}")
+    print(f"throughput ListContainers, 1 in flight:  direct {tput[('direct', 1)]:.0f}/s  "
+          f"proxy {tput[('proxy', 1)]:.0f}/s  ratio {result['throughput_ratio_1']}")
+    print(f"throughput ListContainers, 16 in flight: direct {tput[('direct', 16)]:.0f}/s  "
+          f"proxy {tput[('proxy', 16)]:.0f}/s  ratio {result['throughput_ratio_16']}")
+    print(f"pod start (run+create+start) median: direct {result['pod_start_ms']['direct']} ms  "
+          f"proxy {result['pod_start_ms']['proxy']} ms  ratio {result['pod_start_ratio']}")
+    print(f"pod start with one no-op hook server: {result['pod_start_ms']['no-op hook']} ms, ratio "
+          f"{result['pod_start_hooked_ratio']}; with a resource-changing hook server: ratio "
+          f"{result['pod_start_resource_hook_ratio']}")
+    print(f"one hook round trip adds p50 {result['hook_added_p50_ms']} ms, p99 {result['hook_added_p99_ms']} ms "
+          "(hooked StartContainer with vs without a registered hook server)")
+    print(f"added p50 (cheap) {result['added_p50_ms']} ms, added p99 {result['added_p99_ms']} ms, "
+          f"heavy ratio {result['heavy_ratio']}, proxy CPU {result['proxy_cpu_us_per_call']} µs/call")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Batch resources: BE pods ask for ``kubernetes.io/batch-cpu``/``batch-memory`` instead of cpu/memory,
+so kubelet gives them nothing; this plugin turns those amounts into cgroup values (§3.3 BatchResource).
+
+Amounts come from the pod spec (kubelet source) or, on a hook request that has no spec, from the
+``node.koordinator.sh/extended-resource-spec`` annotation the scheduler's webhook writes.
+Pod: shares of the summed requests; quota of the summed limits (−1 if a container has none); memory the
+summed limits (−1 if one has none). Container: its own request/limit. With CPU suppress by cfsQuota on,
+BE quotas are −1 (the besteffort parent limits them); with a node CPU normalization ratio > 1, quotas are
+divided by it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from koordlet.api.annotations import parse_cpu_normalization_ratio, parse_extended_resource_spec
+from koordlet.api.keys import (
+    ANNOTATION_EXTENDED_RESOURCE_SPEC,
+    ANNOTATION_NODE_CPU_NORMALIZATION_RATIO,
+    RESOURCE_BATCH_CPU,
+    RESOURCE_BATCH_MEMORY,
+)
+from koordlet.api.nodeslo import CPU_SUPPRESS_POLICY_CFS_QUOTA
+from koordlet.api.pod import PodMeta
+from koordlet.api.qos import QoSClass
+
+from .protocol import (
+    NO_CHANGES,
+    Changes,
+    ContainerContext,
+    NodeContext,
+    PodContext,
+    memory_limit,
+    quota_from_milli,
+    shares_from_milli,
+)
+from .registry import Plugin, Stage, register
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    unlimited_quota: bool  # CPU suppress works on the besteffort parent's quota
+    normalization_ratio: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchAmounts:
+    cpu_request_milli: int = 0
+    cpu_limit_milli: int = 0
+    memory_request_bytes: int = 0
+    memory_limit_bytes: int = 0
+
+
+def rule(node: NodeContext) -> Rule:
+    threshold = node.node_slo.resource_used_threshold_with_be
+    raw_ratio = node.node_annotations.get(ANNOTATION_NODE_CPU_NORMALIZATION_RATIO)
+    ratio = parse_cpu_normalization_ratio(raw_ratio) if raw_ratio else None
+    return Rule(unlimited_quota=threshold.enable and threshold.cpu_suppress_policy == CPU_SUPPRESS_POLICY_CFS_QUOTA,
+                normalization_ratio=ratio if ratio and ratio > 1 else None)
+
+
+# The same annotation text arrives on every hook call and reconcile pass: parse it once (results are immutable).
+_parse_spec = lru_cache(maxsize=1024)(parse_extended_resource_spec)
+
+
+def batch_amounts(pod: PodMeta) -> dict[str, BatchAmounts]:
+    """Per container name; empty when the pod has no batch resources."""
+    raw = pod.annotations.get(ANNOTATION_EXTENDED_RESOURCE_SPEC)
+    if raw:
+        spec = _parse_spec(raw)
+        sources = {name: (c.requests, c.limits) for name, c in spec.containers.items()}
+    else:
+        sources = {c.name: (c.requests, c.limits) for c in pod.containers if not c.is_init}
+    amounts = {
+        name: BatchAmounts(requests.get(RESOURCE_BATCH_CPU, 0), limits.get(RESOURCE_BATCH_CPU, 0),
+                           requests.get(RESOURCE_BATCH_MEMORY, 0), limits.get(RESOURCE_BATCH_MEMORY, 0))
+        for name, (requests, limits) in sources.items()
+    }
+    if not any(a != BatchAmounts() for a in amounts.values()):
+        return {}
+    return amounts
+
+
+def _quota(milli: int, r: Rule) -> int:
+    if r.unlimited_quota:
+        return -1
+    quota = quota_from_milli(milli)
+    if quota > 0 and r.normalization_ratio:
+        quota = max(1000, math.ceil(quota / r.normalization_ratio))
+    return quota
+
+
+def pod(ctx: PodContext, r: Rule) -> Changes:
+    if ctx.pod.qos_label is not QoSClass.BE:
+        return NO_CHANGES
+    amounts = batch_amounts(ctx.pod)
+    if not amounts:
+        return NO_CHANGES
+    values = amounts.values()
+    cpu_limited = all(a.cpu_limit_milli > 0 for a in values)
+    memory_limited = all(a.memory_limit_bytes > 0 for a in values)
+    return Changes(
+        cpu_shares=shares_from_milli(sum(a.cpu_request_milli for a in values)),
+        cfs_quota_us=_quota(sum(a.cpu_limit_milli for a in values), r) if cpu_limited else -1,
+        memory_limit_bytes=memory_limit(sum(a.memory_limit_bytes for a in values)) if memory_limited else -1,
+    )
+
+
+def container(ctx: ContainerContext, r: Rule) -> Changes:
+    if ctx.pod.qos_label is not QoSClass.BE:
+        return NO_CHANGES
+    amounts = batch_amounts(ctx.pod)
+    if not amounts:
+        return NO_CHANGES
+    mine = amounts.get(ctx.name, BatchAmounts())
+    return Changes(
+        cpu_shares=shares_from_milli(mine.cpu_request_milli),
+        cfs_quota_us=_quota(mine.cpu_limit_milli, r),
+        memory_limit_bytes=memory_limit(mine.memory_limit_bytes),
+    )
+
+
+PLUGIN = register(Plugin("batchresource", "BatchResource", rule, pod=pod, container=container,
+                         stages=frozenset(Stage)))

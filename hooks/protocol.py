@@ -1,0 +1,109 @@
+"""What plugins see and what they answer (reference/koordinator.md §3.2)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+
+from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
+from koordlet.api.pod import PodMeta
+
+CFS_PERIOD_US = 100_000
+MIN_CPU_SHARES = 2
+MAX_CPU_SHARES = 262_144
+MIN_CFS_QUOTA_US = 1000
+
+
+def shares_from_milli(milli_cpu: int) -> int:
+    """cpu.shares for a CPU request (§3.2): max(2, min(262144, milli × 1024 / 1000)); ≤ 0 → 2."""
+    if milli_cpu <= 0:
+        return MIN_CPU_SHARES
+    return max(MIN_CPU_SHARES, min(MAX_CPU_SHARES, milli_cpu * 1024 // 1000))
+
+
+def quota_from_milli(milli_cpu: int) -> int:
+    """cfs_quota_us for a CPU limit (§3.2): milli × 100000 / 1000; ≤ 0 → −1 (unlimited); < 1000 → 1000."""
+    if milli_cpu <= 0:
+        return -1
+    return max(MIN_CFS_QUOTA_US, milli_cpu * CFS_PERIOD_US // 1000)
+
+
+def memory_limit(bytes_: int) -> int:
+    """memory.limit_in_bytes for a memory limit (§3.2): ≤ 0 → −1 (unlimited)."""
+    return bytes_ if bytes_ > 0 else -1
+
+
+@dataclass(frozen=True, slots=True)
+class ResctrlNode:
+    """What the node's resctrl fs offers (read by koordlet, not by plugins): None in NodeContext = no RDT."""
+
+    cbm_mask: int
+    cache_ids: tuple[int, ...]
+    has_mb: bool = True
+    vendor: str = "intel"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeContext:
+    """Node-wide inputs of the rules."""
+
+    node_slo: NodeSLOSpec = field(default_factory=default_node_slo_spec)
+    node_annotations: Mapping[str, str] = field(default_factory=dict)
+    resctrl: ResctrlNode | None = None
+    group_identity_supported: bool = True  # the kernel has cpu.bvt_warp_ns (Anolis); koordlet checks once
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerResources:
+    """The container's current Linux resources as the runtime request carries them (0 = unset)."""
+
+    cpu_shares: int = 0
+    cfs_quota_us: int = 0
+    cpuset_cpus: str = ""
+    memory_limit_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PodContext:
+    pod: PodMeta
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerContext:
+    pod: PodMeta
+    name: str
+    container_id: str = ""
+    resources: ContainerResources = field(default_factory=ContainerResources)
+    envs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """Settings a plugin wants; None (or empty) = no opinion. Later plugins win per field."""
+
+    cpu_shares: int | None = None
+    cfs_quota_us: int | None = None
+    cpuset_cpus: str | None = None  # "" clears the cpuset (BE containers follow their parent)
+    memory_limit_bytes: int | None = None
+    bvt_warp_ns: int | None = None
+    cpu_idle: int | None = None  # SCHED_IDLE group: 1 or 0 (cgroup v2 and v1 kernels >= 5.15)
+    envs: Mapping[str, str] = field(default_factory=dict)
+    resctrl_group: str | None = None
+    resctrl_schemata: str | None = None
+
+    def merged(self, later: Changes) -> Changes:
+        updates = {}
+        for f in fields(self):
+            value = getattr(later, f.name)
+            if f.name == "envs":
+                if value:
+                    updates["envs"] = {**self.envs, **value}
+            elif value is not None:
+                updates[f.name] = value
+        return replace(self, **updates) if updates else self
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, f.name) not in (None, {}) for f in fields(self))
+
+
+NO_CHANGES = Changes()

@@ -1,0 +1,92 @@
+"""The one place plugins are registered, and the runner that calls them in order.
+
+Within a level, plugins run in alphabetical order of name (reference/koordinator.md §3.1) and each
+later plugin's settings win per field. A plugin whose input is malformed (``AnnotationError``) or
+that fails otherwise is reported to ``on_error`` and skipped; the others still answer.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from koordlet.api.annotations import AnnotationError
+
+from .protocol import NO_CHANGES, Changes, ContainerContext, NodeContext, PodContext
+
+
+class Stage(enum.StrEnum):
+    """Hook stages a plugin answers at (runtime.v1alpha1 hook types)."""
+
+    PRE_RUN_POD_SANDBOX = "PreRunPodSandbox"
+    PRE_CREATE_CONTAINER = "PreCreateContainer"
+    PRE_UPDATE_CONTAINER_RESOURCES = "PreUpdateContainerResources"
+
+
+POD_STAGES = frozenset({Stage.PRE_RUN_POD_SANDBOX})
+CONTAINER_STAGES = frozenset({Stage.PRE_CREATE_CONTAINER, Stage.PRE_UPDATE_CONTAINER_RESOURCES})
+
+
+@dataclass(frozen=True, slots=True)
+class Plugin:
+    name: str
+    gate: str  # koordlet feature gate (§9.2)
+    rule: Callable[[NodeContext], object]
+    pod: Callable[[PodContext, object], Changes] | None = None
+    container: Callable[[ContainerContext, object], Changes] | None = None
+    stages: frozenset[Stage] = frozenset()
+
+
+PLUGINS: dict[str, Plugin] = {}
+
+ErrorReporter = Callable[[str, str, Exception], None]  # (plugin, pod key, error)
+
+
+def register(plugin: Plugin) -> Plugin:
+    if plugin.name in PLUGINS:
+        raise ValueError(f"hook plugin {plugin.name!r} registered twice")
+    PLUGINS[plugin.name] = plugin
+    return plugin
+
+
+def enabled(gates: Mapping[str, bool]) -> list[Plugin]:
+    _load_all()
+    return [PLUGINS[name] for name in sorted(PLUGINS) if gates.get(PLUGINS[name].gate, False)]
+
+
+def stages(gates: Mapping[str, bool]) -> list[Stage]:
+    """Stages with at least one enabled plugin (what koordlet registers with the proxy, §2.4)."""
+    wanted = set().union(*(p.stages for p in enabled(gates)))
+    return [s for s in Stage if s in wanted]
+
+
+def _run(plugins: list[Plugin], node: NodeContext, pod_key: str, call, on_error: ErrorReporter | None) -> Changes:
+    result = NO_CHANGES
+    for plugin in plugins:
+        try:
+            changes = call(plugin, plugin.rule(node))
+        except (AnnotationError, ValueError, KeyError, TypeError) as err:
+            if on_error is not None:
+                on_error(plugin.name, pod_key, err)
+            continue
+        if changes:
+            result = result.merged(changes)
+    return result
+
+
+def run_pod(plugins: list[Plugin], node: NodeContext, ctx: PodContext,
+            on_error: ErrorReporter | None = None) -> Changes:
+    return _run([p for p in plugins if p.pod is not None], node, ctx.pod.key,
+                lambda plugin, rule: plugin.pod(ctx, rule), on_error)
+
+
+def run_container(plugins: list[Plugin], node: NodeContext, ctx: ContainerContext,
+                  on_error: ErrorReporter | None = None) -> Changes:
+    return _run([p for p in plugins if p.container is not None], node, f"{ctx.pod.key}/{ctx.name}",
+                lambda plugin, rule: plugin.container(ctx, rule), on_error)
+
+
+def _load_all() -> None:
+    # Importing a plugin module registers it.
+    from . import batchresource, coresched, cpunormalization, cpuset, gpu, groupidentity, resctrl  # noqa: F401

@@ -1,0 +1,180 @@
+"""GPU / device names of the Koordinator API and the parser of the device-allocated annotation.
+
+Resource names, labels and annotations: reference/koordinator.md §5.4 and §12, seed 004.
+The scheduler writes `scheduling.koordinator.sh/device-allocated` on the pod; two consumers read it
+and must agree on what a container sees:
+- the GPU runtime hook (GPUEnvInject, koordinator.md §3.3) sets `NVIDIA_VISIBLE_DEVICES`;
+- our kubelet device plugin (seed 000) answers Allocate with the same variable.
+Both call `nvidia_visible_devices()` below, so the value is computed in exactly one place.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+# Extended resources (koordinator.md §12).
+RESOURCE_NVIDIA_GPU = "nvidia.com/gpu"
+RESOURCE_KOORD_GPU = "koordinator.sh/gpu"
+RESOURCE_GPU_CORE = "koordinator.sh/gpu-core"
+RESOURCE_GPU_MEMORY = "koordinator.sh/gpu-memory"
+RESOURCE_GPU_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
+RESOURCE_GPU_SHARED = "koordinator.sh/gpu.shared"
+# Full capacity of one GPU in the koordinator protocol (seed 004: "the total is abstracted to 100").
+GPU_FULL_CORE = 100
+GPU_FULL_MEMORY_RATIO = 100
+
+# Pod keys.
+ANNOTATION_DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
+LABEL_GPU_ISOLATION_PROVIDER = "koordinator.sh/gpu-isolation-provider"
+# Ours: written by the device plugin when kubelet's Allocate handed a container its devices.
+# JSON object {"<container name>": [minor, ...]}; a pod is "bound" once every GPU container is in it.
+ANNOTATION_DEVICE_BOUND = "koordlet.koordinator.sh/device-bound"
+
+# Node lock (seed 000, peers.md §6.4). HAMi and Koordinator's scheduler-side device plugin adapter
+# both use this key with the value "<RFC3339>,<namespace>,<pod>", so a scheduler of either kind
+# and our device plugin serialise on the same annotation.
+ANNOTATION_NODE_LOCK = "hami.io/mutex.lock"
+
+# Device CR (koordinator.md §5.1, §5.4).
+DEVICE_GROUP = "scheduling.koordinator.sh"
+DEVICE_VERSION = "v1alpha1"
+DEVICE_PLURAL = "devices"
+DEVICE_KIND = "Device"
+DEVICE_TYPE_GPU = "gpu"
+DEVICE_CONDITION_HEALTHY = "Healthy"
+
+# Labels on the Device object and on each GPU entry (koordinator.md §5.4).
+LABEL_DEVICE_GPU_VENDOR = "node.koordinator.sh/gpu-vendor"
+LABEL_DEVICE_GPU_MODEL = "node.koordinator.sh/gpu-model"
+LABEL_DEVICE_GPU_DRIVER_VERSION = "node.koordinator.sh/gpu-driver-version"
+GPU_VENDOR_NVIDIA = "nvidia"
+# Labels on the Node (seed 004: "kubernetes.io/gpu-driver: 460.91.03", "kubernetes.io/gpu-model: Tesla-T4").
+LABEL_NODE_GPU_MODEL = "kubernetes.io/gpu-model"
+LABEL_NODE_GPU_DRIVER = "kubernetes.io/gpu-driver"
+
+# Environment the container runtime's NVIDIA hook reads.
+ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
+_LABEL_VALUE_BAD_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class DeviceAnnotationError(ValueError):
+    """A device annotation is not valid JSON or does not have the shape the scheduler writes."""
+
+
+@dataclass(frozen=True, slots=True)
+class GPUAllocation:
+    """One GPU the scheduler gave a pod: its minor number and the share of it."""
+
+    minor: int
+    resources: Mapping[str, str] = field(default_factory=dict)
+    uuid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAllocated:
+    """The parsed `scheduling.koordinator.sh/device-allocated` annotation (GPU part)."""
+
+    gpus: tuple[GPUAllocation, ...]
+
+
+def _parse_minor(raw: object, where: str) -> int:
+    # bool is an int subclass in Python; "minor": true must not become GPU 1.
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise DeviceAnnotationError(f"{where}: minor must be an integer, got {raw!r}")
+    if raw < 0:
+        raise DeviceAnnotationError(f"{where}: minor must be >= 0, got {raw}")
+    return raw
+
+
+def parse_device_allocated(value: str) -> DeviceAllocated:
+    """Parse the annotation value; entries of other device types (rdma, fpga) are ignored.
+
+    Raises DeviceAnnotationError naming the annotation and what is wrong.
+    """
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_ALLOCATED}: not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_ALLOCATED}: expected a JSON object")
+    raw_gpus = data.get(DEVICE_TYPE_GPU, [])
+    if raw_gpus is None:
+        raw_gpus = []
+    if not isinstance(raw_gpus, list):
+        raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_ALLOCATED}: 'gpu' must be a list")
+    gpus: list[GPUAllocation] = []
+    seen: set[int] = set()
+    for index, entry in enumerate(raw_gpus):
+        where = f"{ANNOTATION_DEVICE_ALLOCATED}: gpu[{index}]"
+        if not isinstance(entry, dict):
+            raise DeviceAnnotationError(f"{where}: expected an object")
+        minor = _parse_minor(entry.get("minor"), where)
+        if minor in seen:
+            raise DeviceAnnotationError(f"{where}: minor {minor} listed twice")
+        seen.add(minor)
+        resources = entry.get("resources", {})
+        if resources is None:
+            resources = {}
+        if not isinstance(resources, dict):
+            raise DeviceAnnotationError(f"{where}: resources must be an object")
+        uuid = entry.get("id") or ""
+        if not isinstance(uuid, str):
+            raise DeviceAnnotationError(f"{where}: id must be a string")
+        gpus.append(
+            GPUAllocation(minor=minor, resources={str(k): str(v) for k, v in resources.items()}, uuid=uuid)
+        )
+    return DeviceAllocated(gpus=tuple(gpus))
+
+
+def nvidia_visible_devices(gpus: Sequence[GPUAllocation]) -> str:
+    """Value of NVIDIA_VISIBLE_DEVICES for these GPUs: the minors, comma-joined, in scheduler order.
+
+    The one computation shared by the GPU env hook (koordinator.md §3.3 GPUEnvInject) and the
+    device plugin's Allocate (seed 000), so a container sees the same GPUs whichever path ran.
+    """
+    return ",".join(str(gpu.minor) for gpu in gpus)
+
+
+def parse_device_bound(value: str) -> dict[str, tuple[int, ...]]:
+    """Parse ANNOTATION_DEVICE_BOUND: container name -> minors handed to it by the device plugin."""
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_BOUND}: not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_BOUND}: expected a JSON object")
+    bound: dict[str, tuple[int, ...]] = {}
+    for container, minors in data.items():
+        where = f"{ANNOTATION_DEVICE_BOUND}: {container}"
+        if not isinstance(minors, list):
+            raise DeviceAnnotationError(f"{where}: expected a list of minors")
+        bound[str(container)] = tuple(_parse_minor(minor, where) for minor in minors)
+    return bound
+
+
+def format_device_bound(bound: Mapping[str, Sequence[int]]) -> str:
+    return json.dumps({name: list(minors) for name, minors in sorted(bound.items())}, separators=(",", ":"))
+
+
+def label_value(text: str) -> str:
+    """A Kubernetes label value from free text: "Tesla T4" -> "Tesla-T4" (seed 004), at most 63 chars."""
+    cleaned = _LABEL_VALUE_BAD_CHARS.sub("-", text.strip())
+    return cleaned[:63].strip("-_.")
+
+
+def node_gpu_labels(model: str, driver_version: str) -> dict[str, str]:
+    """The GPU labels a node carries (seed 004)."""
+    return {LABEL_NODE_GPU_MODEL: label_value(model), LABEL_NODE_GPU_DRIVER: label_value(driver_version)}
+
+
+def device_gpu_labels(model: str, driver_version: str) -> dict[str, str]:
+    """The GPU labels of the Device object and of each of its GPU entries (koordinator.md §5.4)."""
+    return {
+        LABEL_DEVICE_GPU_VENDOR: GPU_VENDOR_NVIDIA,
+        LABEL_DEVICE_GPU_MODEL: label_value(model),
+        LABEL_DEVICE_GPU_DRIVER_VERSION: label_value(driver_version),
+    }

@@ -1,0 +1,106 @@
+"""A typed view of a pod for the node side: what the hook server and the reconciler both need.
+
+Built from a CRI hook request (labels, annotations, cgroup parent) or from kubelet ``/pods`` (the spec's
+requests and limits); no kubernetes-client types so that ``hooks/`` can use it. Resource amounts are
+integers in Koordinator's units (``cpu`` in milli-cores, memory in bytes, batch-cpu in milli-cores,
+batch-memory in bytes; see :func:`koordlet.api.quantity.parse_resource_quantity`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from koordlet.api.keys import ANNOTATION_DOCKER_TYPE
+from koordlet.api.qos import (
+    KubeQoS,
+    PriorityClass,
+    QoSClass,
+    kube_qos_from_cgroup_parent,
+    priority_class_for_pod,
+    qos_class_for_pod,
+    qos_class_from_labels,
+)
+
+DEFAULT_RUNTIME = "containerd"
+
+
+def split_container_id(container_id: str, default_runtime: str = DEFAULT_RUNTIME) -> tuple[str, str]:
+    """``"containerd://abc"`` → ``("containerd", "abc")``; a bare id gets ``default_runtime``."""
+    runtime, sep, bare = container_id.partition("://")
+    if not sep:
+        return default_runtime, container_id
+    return runtime, bare
+
+
+def runtime_for_pod(annotations: Mapping[str, str], default_runtime: str = DEFAULT_RUNTIME) -> str:
+    """Runtime name that prefixes the pod's container ids: docker when dockershim annotated it (§3.2)."""
+    return "docker" if ANNOTATION_DOCKER_TYPE in annotations else default_runtime
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerMeta:
+    """One container of a pod. ``container_id`` is bare (no ``<runtime>://``); empty before creation."""
+
+    name: str
+    container_id: str = ""
+    runtime: str = DEFAULT_RUNTIME
+    requests: Mapping[str, int] = field(default_factory=dict)
+    limits: Mapping[str, int] = field(default_factory=dict)
+    is_init: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PodMeta:
+    """A pod as the node side sees it.
+
+    ``kube_qos`` None means "not known": it is then derived from ``cgroup_parent`` where that is set.
+    ``cgroup_parent`` is the CRI form, relative to the cgroup root (``/kubepods/besteffort/pod<uid>``).
+    Mapping fields make instances unhashable; compare them, do not put them in sets.
+    """
+
+    name: str
+    namespace: str
+    uid: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    kube_qos: KubeQoS | None = None
+    cgroup_parent: str = ""
+    priority: int | None = None
+    containers: tuple[ContainerMeta, ...] = ()
+    phase: str = ""  # Pending/Running/Succeeded/Failed; "" where the source does not say (CRI)
+    sandbox_id: str = ""  # the CRI pod sandbox id, where the source knows it
+    ips: tuple[str, ...] = ()  # the pod's IP addresses (a hostNetwork pod: the node's, or none)
+
+    @property
+    def effective_kube_qos(self) -> KubeQoS | None:
+        if self.kube_qos is not None:
+            return self.kube_qos
+        if self.cgroup_parent:
+            return kube_qos_from_cgroup_parent(self.cgroup_parent)
+        return None
+
+    @property
+    def qos_label(self) -> QoSClass:
+        """The raw qosClass label (NONE when absent); what cpuset/batchresource/suppress look at."""
+        return qos_class_from_labels(self.labels)
+
+    @property
+    def qos_class(self) -> QoSClass:
+        """The qosClass label, else derived from kube QoS (§12)."""
+        return qos_class_for_pod(self.labels, self.effective_kube_qos)
+
+    @property
+    def priority_class(self) -> PriorityClass:
+        return priority_class_for_pod(self.labels, self.priority, self.qos_class)
+
+    def container(self, name: str) -> ContainerMeta | None:
+        for container in self.containers:
+            if container.name == name:
+                return container
+        return None
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``, for logs."""
+        return f"{self.namespace}/{self.name}"

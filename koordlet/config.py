@@ -1,0 +1,361 @@
+"""koordlet's command line: Koordinator's flag names and defaults (koordinator.md §9.1), feature gates (§9.2).
+
+Go's ``flag`` package spells long flags with one dash (``-cgroup-root-dir=/x`` or ``-cgroup-root-dir /x``);
+both that and ``--cgroup-root-dir`` are accepted, so a DaemonSet written for Koordinator's koordlet works
+unchanged. Boolean flags take ``-flag``, ``-flag=true`` or ``-flag=false``. Durations use Go's syntax
+(``10s``, ``1m30s``, ``500ms``). Only the flags this agent acts on are declared: an unknown flag is an
+error, never silently ignored.
+
+With the environment variable ``agent_mode=hostMode`` the path defaults are the plain host paths
+(``/sys/fs/cgroup/`` …) instead of the DaemonSet's ``/host-*`` mounts, as in Koordinator.
+
+Flags of our own (not in Koordinator): ``-kubeconfig`` (default ``$KUBECONFIG``, else in-cluster),
+``-local-mode`` (no API server: NodeSLO from ``-node-slo-file``, pods from the CRI at ``-cri-endpoint``,
+NodeMetric/Device written under ``-report-dir``), ``-metrics-bind-host`` (the host bound when ``-addr``
+names none; localhost by default, so a DaemonSet whose probes or Prometheus reach the node address
+must pass ``-addr=0.0.0.0:9316``), ``-kubelet-cgroup-root`` (kubelet's ``--cgroup-root``),
+``-create-node-metric`` (create a missing NodeMetric instead of skipping), ``-kubelet-token-file``,
+``-kubelet-client-cert``/``-kubelet-client-key``, ``-kubelet-port``, ``-stop-timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+ENV_NODE_NAME = "NODE_NAME"
+ENV_AGENT_MODE = "agent_mode"
+ENV_KUBECONFIG = "KUBECONFIG"
+HOST_MODE = "hostMode"
+
+
+class ConfigError(ValueError):
+    """The command line or environment cannot configure koordlet."""
+
+
+# §9.2: Beta gates default on, Alpha gates default off.
+BETA_GATES = (
+    "BECPUSuppress", "CPUBurst", "RdtResctrl", "NodeTopologyReport", "GroupIdentity", "CPUSetAllocator",
+    "BatchResource",
+)
+ALPHA_GATES = (
+    "AuditEvents", "AuditEventsHTTPHandler", "BECPUManager", "BECPUEvict", "CPUEvict", "CPUAllocatableEvict",
+    "BEMemoryEvict", "MemoryEvict", "MemoryAllocatableEvict", "SystemConfig", "ResctrlCollector", "CgroupReconcile",
+    "Accelerators", "RDMADevices", "CPICollector", "Libpfm4", "PSICollector", "BlkIOReconcile", "ColdPageCollector",
+    "HugePageReport", "PodResourcesProxy", "HamiCoreVGPUMonitor", "PerCPUMetric", "NodeMetricPromMetrics",
+    "GPUEnvInject", "RDMADeviceInject", "CPUNormalization", "CoreSched", "TerwayQoS", "TCNetworkQoS", "Resctrl",
+    "OOMScoreAdj",
+)
+DEFAULT_FEATURE_GATES: Mapping[str, bool] = MappingProxyType(
+    {**dict.fromkeys(BETA_GATES, True), **dict.fromkeys(ALPHA_GATES, False)}
+)
+_ALL_ALPHA, _ALL_BETA = "AllAlpha", "AllBeta"
+
+_TRUE = {"1", "t", "true", "y", "yes", "on"}
+_FALSE = {"0", "f", "false", "n", "no", "off"}
+
+
+def parse_bool(text: str) -> bool:
+    """Go's strconv.ParseBool plus yes/no/on/off."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(f"not a boolean: {text!r}")
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """A Go duration (``1m30s``, ``500ms``, ``0``) in seconds; a bare number is taken as seconds."""
+    raw = text.strip()
+    if not raw:
+        raise ConfigError("empty duration")
+    sign = -1.0 if raw.startswith("-") else 1.0
+    body = raw.lstrip("+-")
+    if body == "0":
+        return 0.0
+    try:
+        return sign * float(body)
+    except ValueError:
+        pass
+    position, total = 0, 0.0
+    for match in _DURATION_PART.finditer(body):
+        if match.start() != position:
+            break
+        total += float(match.group(1)) * _DURATION_UNITS_S[match.group(2)]
+        position = match.end()
+    if position != len(body) or position == 0:
+        raise ConfigError(f"not a duration: {text!r} (use Go syntax such as 10s, 1m30s, 500ms)")
+    return sign * total
+
+
+def format_duration(seconds: float) -> str:
+    """Go's time.Duration.String for whole seconds: 300 → ``5m0s``, 3600 → ``1h0m0s``, 30 → ``30s``."""
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+def parse_feature_gates(text: str, base: Mapping[str, bool] = DEFAULT_FEATURE_GATES) -> dict[str, bool]:
+    """``Name=bool,Name=bool`` over ``base``; ``AllAlpha``/``AllBeta`` set every gate of that stage first
+    (named gates win regardless of order, as in k8s.io/component-base)."""
+    gates = dict(base)
+    named: dict[str, bool] = {}
+    stage: dict[str, bool] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep:
+            raise ConfigError(f"feature gate {item!r}: expected Name=true|false")
+        enabled = parse_bool(value)
+        if name in (_ALL_ALPHA, _ALL_BETA):
+            stage[name] = enabled
+        elif name in gates:
+            named[name] = enabled
+        else:
+            raise ConfigError(f"unknown feature gate {name!r}; known gates: {', '.join(sorted(gates))}")
+    if _ALL_ALPHA in stage:
+        gates.update(dict.fromkeys(ALPHA_GATES, stage[_ALL_ALPHA]))
+    if _ALL_BETA in stage:
+        gates.update(dict.fromkeys(BETA_GATES, stage[_ALL_BETA]))
+    gates.update(named)
+    return gates
+
+
+@dataclass(frozen=True, slots=True)
+class KoordletConfig:
+    node_name: str
+    # paths (§9.1)
+    cgroup_root_dir: str
+    proc_root_dir: str
+    sys_root_dir: str
+    sys_fs_root_dir: str
+    var_run_root_dir: str
+    run_root_dir: str
+    var_lib_kubelet_dir: str
+    kubelet_cgroup_root: str
+    # runtime
+    containerd_endpoint: str
+    default_runtime_type: str
+    # kubelet (§8.1)
+    kubelet_preferred_address_type: str
+    kubelet_sync_interval_s: float
+    kubelet_sync_timeout_s: float
+    kubelet_insecure_tls: bool
+    kubelet_read_only_port: int
+    kubelet_port: int
+    kubelet_token_file: str
+    kubelet_client_cert: str
+    kubelet_client_key: str
+    disable_query_kubelet_config: bool
+    node_topology_sync_interval_s: float
+    # metrics advisor (§7.1) and cache
+    collect_res_used_interval_s: float
+    psi_collector_interval_s: float
+    enable_pagecache_collector: bool
+    # qos manager (§4.1)
+    reconcile_interval_seconds: int
+    cpu_suppress_interval_seconds: int
+    cpu_evict_interval_seconds: int
+    memory_evict_interval_seconds: int
+    memory_evict_cool_time_seconds: int
+    cpu_evict_cool_time_seconds: int
+    only_evict_by_api: bool
+    resource_force_update_seconds: int
+    # runtime hooks (§9.1)
+    runtime_hooks_network: str
+    runtime_hooks_addr: str
+    runtime_hooks_host_endpoint: str
+    runtime_hooks_failure_policy: str
+    runtime_hooks_plugin_failure_policy: str
+    runtime_hooks_config_path: str
+    runtime_hooks_disable_stages: tuple[str, ...]
+    runtime_hooks_reconcile_interval_s: float
+    # reporting
+    enable_node_metric_report: bool
+    report_interval_s: float
+    create_node_metric: bool
+    addr: str
+    metrics_bind_host: str
+    kube_api_qps: float
+    kube_api_burst: int
+    # our own
+    kubeconfig: str
+    local_mode: bool
+    node_slo_file: str
+    cri_endpoint: str
+    report_dir: str
+    stop_timeout_s: float
+    feature_gates: Mapping[str, bool] = field(default_factory=lambda: DEFAULT_FEATURE_GATES)
+    netqos_uplink: str = ""  # TCNetworkQoS: the shaped interface; "" = the default route's
+
+    def gate(self, name: str) -> bool:
+        return bool(self.feature_gates.get(name, False))
+
+    @property
+    def metrics_port(self) -> int:
+        """The port of ``-addr`` (``:9316``, ``0.0.0.0:9316``)."""
+        _, _, port = self.addr.rpartition(":")
+        return int(port)
+
+    @property
+    def metrics_host(self) -> str:
+        """The host of ``-addr`` when it names one, else ``-metrics-bind-host``."""
+        host, _, _ = self.addr.rpartition(":")
+        return host.strip("[]") or self.metrics_bind_host
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
+def _typed(convert: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse ``type``: our ConfigError and ValueError become argparse's error naming the flag."""
+
+    def parse(text: str) -> object:
+        try:
+            return convert(text)
+        except ConfigError as err:
+            raise argparse.ArgumentTypeError(str(err)) from err
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}") from err
+
+    return parse
+
+
+def _policy(text: str) -> str:
+    if text not in ("Fail", "Ignore"):
+        raise ConfigError(f"failure policy must be Fail or Ignore, got {text!r}")
+    return text
+
+
+def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
+    parser = _Parser(prog="koordlet", allow_abbrev=False, add_help=False, description="koordlet-py node agent")
+    parser.add_argument("-h", "-help", "--help", action="help", help="show this help and exit")
+
+    def flag(name: str, convert: Callable[[str], object], default: object, help_text: str) -> None:
+        parser.add_argument(f"-{name}", f"--{name}", dest=name.replace("-", "_"), type=_typed(convert),
+                            default=default, help=help_text)
+
+    def switch(name: str, default: bool, help_text: str) -> None:
+        parser.add_argument(f"-{name}", f"--{name}", dest=name.replace("-", "_"), type=_typed(parse_bool),
+                            nargs="?", const=True, default=default, help=help_text)
+
+    def path(host: str, daemonset: str) -> str:
+        return host if host_mode else daemonset
+
+    flag("cgroup-root-dir", str, path("/sys/fs/cgroup/", "/host-cgroup/"), "root of the cgroup hierarchies")
+    flag("proc-root-dir", str, "/proc/", "procfs root")
+    flag("sys-root-dir", str, path("/sys/", "/host-sys/"), "sysfs root")
+    flag("sys-fs-root-dir", str, path("/sys/fs/", "/host-sys-fs/"), "resctrl lives at <this>/resctrl")
+    flag("var-run-root-dir", str, path("/var/run/", "/host-var-run/"), "host /var/run")
+    flag("run-root-dir", str, path("/run/", "/host-run/"), "host /run")
+    flag("var-lib-kubelet-dir", str, "/var/lib/kubelet/", "kubelet state dir")
+    flag("kubelet-cgroup-root", str, "/", "kubelet --cgroup-root (pods live under <this>/kubepods)")
+    flag("containerd-endpoint", str, "", "containerd socket (eviction kill path)")
+    flag("default-runtime-type", str, "containerd", "runtime of bare container ids")
+    flag("kubelet-preferred-address-type", str, "InternalIP", "node address type used to reach kubelet")
+    flag("kubelet-sync-interval", parse_duration, 10.0, "kubelet /pods poll period")
+    flag("kubelet-sync-timeout", parse_duration, 3.0, "kubelet /pods request timeout")
+    switch("kubelet-insecure-tls", False, "HTTP on the read-only port instead of HTTPS")
+    flag("kubelet-read-only-port", int, 10255, "kubelet read-only port")
+    flag("kubelet-port", int, 0, "kubelet HTTPS port (0: the node's daemonEndpoints, else 10250)")
+    flag("kubelet-token-file", str, "/var/run/secrets/kubernetes.io/serviceaccount/token", "bearer token file")
+    flag("kubelet-client-cert", str, "", "client certificate for kubelet (instead of a token)")
+    flag("kubelet-client-key", str, "", "client key for kubelet")
+    switch("disable-query-kubelet-config", False, "do not read kubelet /configz")
+    flag("node-topology-sync-interval", parse_duration, 3.0, "Device (and topology) report period")
+    flag("collect-res-used-interval", parse_duration, 1.0, "node/pod usage collection period")
+    flag("psi-collector-interval", parse_duration, 10.0, "PSI collection period")
+    switch("enable-pagecache-collector", False, "also collect usage with page cache")
+    flag("reconcile-interval-seconds", int, 1, "cpu burst / cgroup reconcile period")
+    flag("cpu-suppress-interval-seconds", int, 1, "cpu suppress period")
+    flag("cpu-evict-interval-seconds", int, 1, "cpu evict period")
+    flag("memory-evict-interval-seconds", int, 1, "memory evict period")
+    flag("memory-evict-cool-time-seconds", int, 4, "memory evict cool-down")
+    flag("cpu-evict-cool-time-seconds", int, 20, "cpu evict cool-down")
+    switch("only-evict-by-api", False, "never fall back to killing through the CRI")
+    flag("resource-force-update-seconds", int, 60, "rewrite an unchanged cgroup value after this long")
+    flag("runtime-hooks-network", str, "unix", "hook server network")
+    flag("runtime-hooks-addr", str, path("/var/run/koordlet/koordlet.sock", "/host-var-run-koordlet/koordlet.sock"),
+         "hook server socket (as koordlet sees it)")
+    flag("runtime-hooks-host-endpoint", str, "/var/run/koordlet/koordlet.sock", "hook server socket (on the host)")
+    flag("runtime-hooks-failure-policy", _policy, "Ignore", "failure policy written in the registration")
+    flag("runtime-hooks-plugin-failure-policy", _policy, "Ignore", "what a failing plugin does to a hook call")
+    flag("runtime-hooks-config-path", str, path("/etc/runtime/hookserver.d", "/host-etc-hookserver/"),
+         "hookserver.d dir for the registration file")
+    flag("runtime-hooks-disable-stages", str, "", "comma-separated hook stages to disable")
+    flag("runtime-hooks-reconcile-interval", parse_duration, 10.0, "reconciler period")
+    switch("enable-node-metric-report", True, "report NodeMetric status")
+    flag("report-interval", parse_duration, 60.0, "NodeMetric report period when its spec does not set one")
+    switch("create-node-metric", False, "create the NodeMetric object when it is missing")
+    flag("addr", str, ":9316", "metrics address")
+    flag("metrics-bind-host", str, "127.0.0.1", "host to bind when -addr names none")
+    flag("kube-api-qps", float, 20.0, "API client QPS")
+    flag("kube-api-burst", int, 30, "API client burst")
+    flag("kubeconfig", str, kubeconfig, "kubeconfig (default: $KUBECONFIG, else in-cluster)")
+    switch("local-mode", False, "no API server: NodeSLO from a file, pods from the CRI, reports as files")
+    flag("node-slo-file", str, "/etc/koordlet/nodeslo.yaml", "NodeSLO spec file (local mode)")
+    flag("cri-endpoint", str, "/var/run/containerd/containerd.sock", "CRI socket for the CRI pod source")
+    flag("report-dir", str, "/var/lib/koordlet/reports", "where local mode writes NodeMetric/Device")
+    flag("stop-timeout", parse_duration, 10.0, "bound on a graceful stop")
+    flag("feature-gates", str, "", "Name=bool,... (§9.2)")
+    flag("netqos-uplink", str, "", "interface that TCNetworkQoS shapes (default: that of the default route)")
+    return parser
+
+
+def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletConfig:
+    """The configuration from command line and environment; raises ConfigError with a clear message."""
+    parser = _build_parser(environ.get(ENV_AGENT_MODE) == HOST_MODE, environ.get(ENV_KUBECONFIG, ""))
+    args = vars(parser.parse_args(list(argv)))  # before the NODE_NAME check, so that -help always answers
+    node_name = environ.get(ENV_NODE_NAME, "").strip()
+    if not node_name:
+        raise ConfigError(f"environment variable {ENV_NODE_NAME} must name this node")
+    gates = parse_feature_gates(args.pop("feature_gates"))
+    stages = tuple(s.strip() for s in args.pop("runtime_hooks_disable_stages").split(",") if s.strip())
+    renamed = {
+        "kubelet_sync_interval": "kubelet_sync_interval_s",
+        "kubelet_sync_timeout": "kubelet_sync_timeout_s",
+        "node_topology_sync_interval": "node_topology_sync_interval_s",
+        "collect_res_used_interval": "collect_res_used_interval_s",
+        "psi_collector_interval": "psi_collector_interval_s",
+        "runtime_hooks_reconcile_interval": "runtime_hooks_reconcile_interval_s",
+        "report_interval": "report_interval_s",
+        "stop_timeout": "stop_timeout_s",
+    }
+    values = {renamed.get(name, name): value for name, value in args.items()}
+    config = KoordletConfig(node_name=node_name, feature_gates=MappingProxyType(gates),
+                            runtime_hooks_disable_stages=stages, **values)
+    _check(config)
+    return config
+
+
+def _check(config: KoordletConfig) -> None:
+    for name in ("kubelet_sync_interval_s", "kubelet_sync_timeout_s", "collect_res_used_interval_s",
+                 "node_topology_sync_interval_s",
+                 "report_interval_s", "stop_timeout_s", "runtime_hooks_reconcile_interval_s"):
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"-{name.removesuffix('_s').replace('_', '-')} must be positive")
+    try:
+        port = config.metrics_port
+    except ValueError as err:
+        raise ConfigError(f"-addr {config.addr!r}: expected [host]:port") from err
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"-addr {config.addr!r}: port out of range")
+    if bool(config.kubelet_client_cert) != bool(config.kubelet_client_key):
+        raise ConfigError("-kubelet-client-cert and -kubelet-client-key go together")

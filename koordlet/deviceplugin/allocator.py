@@ -1,0 +1,356 @@
+"""Allocate that honours the scheduler's device choice (seed 000, reference/peers.md §6.3-6.5).
+
+kubelet's AllocateRequest carries only device IDs, never the pod. The scheduler therefore takes
+the node lock in Bind (koordlet/nodelock.py), and writes the GPUs it chose into the pod's
+`scheduling.koordinator.sh/device-allocated` annotation. Here:
+
+1. the pod is the holder of the node lock; it must be on this node, Pending, carry the
+   annotation, and still have a GPU container without devices (ANNOTATION_DEVICE_BOUND);
+2. the annotation's GPUs are split over the pod's GPU containers in order (init containers first,
+   as kubelet admits them), each taking as many as it requests of our resource; the container
+   kubelet asks for is the next one not yet bound, and its count must equal the request's;
+3. the answer gives exactly those GPUs: NVIDIA_VISIBLE_DEVICES computed by the same function the
+   GPU env hook uses (koordlet.api.device.nvidia_visible_devices), the /dev/nvidia<minor> nodes and
+   the driver's control nodes;
+4. the binding is recorded on the pod, and the node lock is released once every GPU container of
+   the pod is bound - and on every error and on timeout, so a failed pod never blocks the node.
+
+An Allocate that cannot find or match its pod fails with an error naming the pod and the
+annotation that was missing, stale or mismatched; kubelet then fails the pod's admission.
+kubelet may call Allocate concurrently; one mutex serialises the calls (as HAMi does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as TransportError
+
+from koordlet.api import device as api
+from koordlet.gpu.health import GPUHealth
+from koordlet.gpu.nvml import GPUInfo
+from koordlet.nodelock import NodeLock, NodeLocker, NodeLockError, NodeLockValueError
+
+_log = logging.getLogger(__name__)
+
+# Driver device nodes every CUDA container needs besides its /dev/nvidia<minor>.
+CONTROL_DEVICE_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+DEFAULT_ALLOCATE_TIMEOUT_S = 10.0
+
+
+class AllocationError(RuntimeError):
+    """Allocate cannot hand devices to the pod; the message names the pod and the reason."""
+
+
+class AllocationTimeoutError(AllocationError):
+    """Allocate ran past its time budget."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    container_path: str
+    host_path: str
+    permissions: str = "rw"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAllocation:
+    """What one container gets: the answer to one ContainerAllocateRequest."""
+
+    pod: str
+    container: str
+    gpus: tuple[api.GPUAllocation, ...]
+    envs: Mapping[str, str]
+    devices: tuple[DeviceNode, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuContainer:
+    name: str
+    count: int
+    gpus: tuple[api.GPUAllocation, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    pod: Any
+    lock: NodeLock
+    containers: tuple[_GpuContainer, ...]
+    bound: dict[str, tuple[int, ...]]
+
+    @property
+    def name(self) -> str:
+        return f"{self.pod.metadata.namespace}/{self.pod.metadata.name}"
+
+    def pending(self) -> list[_GpuContainer]:
+        return [c for c in self.containers if c.name not in self.bound]
+
+
+def _requested(container: Any, resource_name: str) -> int:
+    resources = getattr(container, "resources", None)
+    for part in (getattr(resources, "limits", None), getattr(resources, "requests", None)):
+        if part and resource_name in part:
+            try:
+                return int(str(part[resource_name]))
+            except ValueError:
+                return 0
+    return 0
+
+
+class SchedulerAllocator:
+    """Serves Allocate and GetPreferredAllocation from the lock holder's device annotation."""
+
+    def __init__(
+        self,
+        core_api: Any,
+        node_name: str,
+        locker: NodeLocker,
+        gpus: Callable[[], Sequence[GPUInfo]],
+        health: Callable[[], Mapping[str, GPUHealth]],
+        resource_name: str = api.RESOURCE_NVIDIA_GPU,
+        dev_root: str = "/dev",
+        timeout_s: float = DEFAULT_ALLOCATE_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = core_api
+        self.node_name = node_name
+        self._locker = locker
+        self._gpus = gpus
+        self._health = health
+        self.resource_name = resource_name
+        self._dev_root = dev_root
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._mutex = threading.Lock()
+
+    # -- finding the pod ---------------------------------------------------------------------------
+
+    def _check_time(self, deadline: float, step: str) -> None:
+        if self._clock() > deadline:
+            raise AllocationTimeoutError(f"Allocate on node {self.node_name} timed out ({self._timeout_s}s) {step}")
+
+    def _lock_holder(self) -> NodeLock:
+        try:
+            lock = self._locker.current(self.node_name)
+        except NodeLockValueError as exc:
+            raise AllocationError(
+                f"node {self.node_name}: annotation {self._locker.key} is unreadable ({exc}); cannot tell which "
+                "pod this Allocate is for"
+            ) from exc
+        except NodeLockError as exc:
+            raise AllocationError(f"node {self.node_name}: cannot read the node lock: {exc}") from exc
+        if lock is None:
+            raise AllocationError(
+                f"node {self.node_name}: annotation {self._locker.key} is missing: no pod holds the node lock, so "
+                f"this Allocate of {self.resource_name} cannot be matched to a pod (the scheduler must lock the "
+                "node in Bind)"
+            )
+        if not lock.pod:
+            raise AllocationError(
+                f"node {self.node_name}: annotation {self._locker.key}={lock.value()!r} is a legacy lock without a "
+                "pod name; cannot tell which pod this Allocate is for"
+            )
+        return lock
+
+    def _target(self, lock: NodeLock) -> _Target:
+        who = f"pod {lock.owner}"
+        try:
+            pod = self._api.read_namespaced_pod(lock.pod, lock.namespace, _request_timeout=self._timeout_s)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise AllocationError(
+                    f"{who} named by node lock annotation {self._locker.key} on {self.node_name} does not exist "
+                    "(stale lock)"
+                ) from exc
+            raise AllocationError(f"{who}: read failed: {exc.status} {exc.reason}") from exc
+        except TransportError as exc:
+            raise AllocationTimeoutError(f"{who}: read failed or timed out: {exc}") from exc
+        node = pod.spec.node_name if pod.spec else None
+        if node not in (None, "", self.node_name):
+            raise AllocationError(
+                f"{who} holds the node lock {self._locker.key} of {self.node_name} but is bound to node {node} "
+                "(mismatched)"
+            )
+        phase = pod.status.phase if pod.status else None
+        if phase not in (None, "Pending"):
+            raise AllocationError(f"{who} holds the node lock of {self.node_name} but is {phase}, not Pending (stale)")
+        annotations = pod.metadata.annotations or {}
+        value = annotations.get(api.ANNOTATION_DEVICE_ALLOCATED)
+        if value is None:
+            raise AllocationError(f"{who}: annotation {api.ANNOTATION_DEVICE_ALLOCATED} is missing")
+        try:
+            allocated = api.parse_device_allocated(value)
+        except api.DeviceAnnotationError as exc:
+            raise AllocationError(f"{who}: {exc}") from exc
+        if not allocated.gpus:
+            raise AllocationError(f"{who}: annotation {api.ANNOTATION_DEVICE_ALLOCATED} lists no GPU")
+        bound: dict[str, tuple[int, ...]] = {}
+        bound_value = annotations.get(api.ANNOTATION_DEVICE_BOUND)
+        if bound_value is not None:
+            try:
+                bound = api.parse_device_bound(bound_value)
+            except api.DeviceAnnotationError as exc:
+                raise AllocationError(f"{who}: {exc}") from exc
+        spec_containers = list(pod.spec.init_containers or []) + list(pod.spec.containers or [])
+        wanted = [(c.name, _requested(c, self.resource_name)) for c in spec_containers]
+        wanted = [(name, count) for name, count in wanted if count > 0]
+        total = sum(count for _, count in wanted)
+        if total != len(allocated.gpus):
+            raise AllocationError(
+                f"{who}: annotation {api.ANNOTATION_DEVICE_ALLOCATED} lists {len(allocated.gpus)} GPUs but the pod's "
+                f"containers request {total} {self.resource_name} (mismatched)"
+            )
+        containers: list[_GpuContainer] = []
+        offset = 0
+        for name, count in wanted:
+            containers.append(_GpuContainer(name, count, allocated.gpus[offset : offset + count]))
+            offset += count
+        target = _Target(pod=pod, lock=lock, containers=tuple(containers), bound=bound)
+        if not target.pending():
+            raise AllocationError(
+                f"{who}: every GPU container is already in annotation {api.ANNOTATION_DEVICE_BOUND} (stale: the "
+                "node lock should have been released)"
+            )
+        return target
+
+    # -- building the answer -----------------------------------------------------------------------
+
+    def _device_nodes(self, gpus: Sequence[api.GPUAllocation]) -> tuple[DeviceNode, ...]:
+        nodes = [DeviceNode(f"/dev/nvidia{gpu.minor}", f"/dev/nvidia{gpu.minor}") for gpu in gpus]
+        for name in CONTROL_DEVICE_NODES:
+            # A device spec whose host node is missing makes the runtime fail the container.
+            if os.path.exists(os.path.join(self._dev_root, name)):
+                nodes.append(DeviceNode(f"/dev/{name}", f"/dev/{name}"))
+        return tuple(nodes)
+
+    def _check_gpus_here(self, who: str, gpus: Sequence[api.GPUAllocation]) -> None:
+        by_minor = {gpu.minor: gpu for gpu in self._gpus()}
+        health = self._health()
+        for chosen in gpus:
+            here = by_minor.get(chosen.minor)
+            if here is None:
+                raise AllocationError(
+                    f"pod {who}: annotation {api.ANNOTATION_DEVICE_ALLOCATED} names GPU minor {chosen.minor}, which "
+                    f"node {self.node_name} does not have (stale)"
+                )
+            if chosen.uuid and chosen.uuid != here.uuid:
+                raise AllocationError(
+                    f"pod {who}: annotation {api.ANNOTATION_DEVICE_ALLOCATED} names GPU minor {chosen.minor} as "
+                    f"{chosen.uuid} but it is {here.uuid} on {self.node_name} (mismatched)"
+                )
+            state = health.get(here.uuid)
+            if state is not None and not state.healthy:
+                raise AllocationError(
+                    f"pod {who}: GPU minor {chosen.minor} chosen by the scheduler is unhealthy ({state.reason})"
+                )
+
+    def _record(self, target: _Target, served: Mapping[str, tuple[int, ...]]) -> None:
+        merged = {**target.bound, **served}
+        body = {"metadata": {"annotations": {api.ANNOTATION_DEVICE_BOUND: api.format_device_bound(merged)}}}
+        try:
+            self._api.patch_namespaced_pod(
+                target.pod.metadata.name, target.pod.metadata.namespace, body, _request_timeout=self._timeout_s
+            )
+        except ApiException as exc:
+            raise AllocationError(
+                f"pod {target.name}: recording annotation {api.ANNOTATION_DEVICE_BOUND} failed: {exc.status} "
+                f"{exc.reason}"
+            ) from exc
+        except TransportError as exc:
+            raise AllocationTimeoutError(
+                f"pod {target.name}: recording annotation {api.ANNOTATION_DEVICE_BOUND} failed or timed out: {exc}"
+            ) from exc
+
+    def _release(self, lock: NodeLock, why: str) -> None:
+        try:
+            released = self._locker.release(self.node_name, lock.namespace, lock.pod)
+        except NodeLockError as exc:
+            _log.error("node %s: releasing the lock of %s (%s) failed: %s", self.node_name, lock.owner, why, exc)
+            return
+        if released:
+            _log.info("node %s: lock of %s released (%s)", self.node_name, lock.owner, why)
+
+    def allocate(self, device_id_requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
+        """Answer one AllocateRequest (one entry per container, each the device IDs kubelet picked)."""
+        with self._mutex:
+            deadline = self._clock() + self._timeout_s
+            lock = self._lock_holder()
+            outcome = "error"
+            try:
+                target = self._target(lock)
+                self._check_time(deadline, f"reading pod {lock.owner}")
+                answers, still_pending = self._answer(target, device_id_requests)
+                self._check_time(deadline, f"matching pod {target.name}")
+                self._record(target, {a.container: tuple(g.minor for g in a.gpus) for a in answers})
+                outcome = "pending" if still_pending else "done"
+            except AllocationTimeoutError:
+                outcome = "timeout"
+                raise
+            finally:
+                # Every way out but "another container of this pod is still to come" frees the node.
+                if outcome != "pending":
+                    self._release(lock, "all GPU containers bound" if outcome == "done" else outcome)
+            for answer in answers:
+                _log.info(
+                    "pod %s container %s: GPUs %s",
+                    answer.pod,
+                    answer.container,
+                    answer.envs[api.ENV_NVIDIA_VISIBLE_DEVICES],
+                )
+            return answers
+
+    def _answer(
+        self, target: _Target, device_id_requests: Sequence[Sequence[str]]
+    ) -> tuple[list[ContainerAllocation], bool]:
+        """The containers kubelet asks for, in order; and whether GPU containers remain after them."""
+        pending = target.pending()
+        answers: list[ContainerAllocation] = []
+        for ids in device_id_requests:
+            if not pending:
+                raise AllocationError(
+                    f"pod {target.name}: kubelet asks for {len(ids)} more {self.resource_name} but every GPU "
+                    f"container is already bound (mismatched with {api.ANNOTATION_DEVICE_ALLOCATED})"
+                )
+            container = pending.pop(0)
+            if len(ids) != container.count:
+                raise AllocationError(
+                    f"pod {target.name}: kubelet asks for {len(ids)} {self.resource_name} but container "
+                    f"{container.name} was given {container.count} in {api.ANNOTATION_DEVICE_ALLOCATED} "
+                    "(mismatched)"
+                )
+            self._check_gpus_here(target.name, container.gpus)
+            answers.append(
+                ContainerAllocation(
+                    pod=target.name,
+                    container=container.name,
+                    gpus=container.gpus,
+                    envs={api.ENV_NVIDIA_VISIBLE_DEVICES: api.nvidia_visible_devices(container.gpus)},
+                    devices=self._device_nodes(container.gpus),
+                )
+            )
+        return answers, bool(pending)
+
+    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        """GetPreferredAllocation: the UUIDs the scheduler chose for the lock holder's next container,
+        so kubelet's own bookkeeping matches what the container gets; otherwise a plain pick."""
+        with self._mutex:
+            try:
+                target = self._target(self._lock_holder())
+                pending = target.pending()
+                if pending and pending[0].count == size:
+                    by_minor = {gpu.minor: gpu.uuid for gpu in self._gpus()}
+                    chosen = [by_minor.get(gpu.minor, "") for gpu in pending[0].gpus]
+                    if all(uuid in available for uuid in chosen) and set(must_include) <= set(chosen):
+                        return chosen
+            except AllocationError as exc:
+                _log.debug("preferred allocation falls back to a plain pick: %s", exc)
+        picked = list(must_include)
+        picked += [uuid for uuid in available if uuid not in picked]
+        return picked[:size]

@@ -1,0 +1,300 @@
+"""The evictor: how koordlet removes a BE pod when a QoS strategy asks (koordinator.md §4.4–4.5).
+
+Default path: the Eviction API (``policy/v1`` Eviction through the ``kubernetes`` client), so
+PodDisruptionBudgets hold. A 429 from the API server means "not now": the pod is left alone and may be
+asked for again after ``retry_after_s``. Each accepted eviction gets a Warning Event on the pod whose
+reason names the strategy and whose message carries the figures that triggered it.
+
+Koordinator kills containers through the runtime by default and ignores PDBs (its issue #1757); here the
+CRI kill (``StopContainer`` with timeout 0 on each of the pod's containers) is used only in local mode
+without an API server, or when ``kill_by_cri`` asks for it.
+
+Safety: a pod that is not BE is never evicted, whatever the caller says. The evictor checks the pod it is
+given and, right before acting, checks it again: against the API server's current object (labels and
+``status.qosClass``, same uid) or, in local mode, against the freshest pod list of the states provider.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import grpc
+import kubernetes.client
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as _Urllib3Error
+from prometheus_client import REGISTRY, Counter
+
+from koordlet.api.pod import PodMeta
+from koordlet.api.qos import QoSClass, parse_kube_qos, qos_class_for_pod
+from runtimeproxy.api import cri_pb2 as cri
+from runtimeproxy.api import cri_pb2_grpc as cri_grpc
+
+logger = logging.getLogger(__name__)
+
+# The API server not answering at all (refused, reset, timed out) rather than answering with an error.
+_UNREACHABLE = (_Urllib3Error, OSError)
+
+POD_UID_LABEL = "io.kubernetes.pod.uid"  # label kubelet puts on every CRI container
+DEFAULT_RETRY_AFTER_S = 5.0  # after a 429 (PDB) or a failure, before the same pod is asked for again
+DEFAULT_EVICTING_TTL_S = 60.0  # a pod whose eviction was accepted counts as "being evicted" this long
+DEFAULT_CRI_TIMEOUT_S = 5.0
+_MAX_TRACKED_PODS = 4096
+
+# koordinator.md §6; every Koordinator metric carries the node label.
+POD_EVICTION = Counter(
+    "koordlet_pod_eviction",
+    "Pods evicted by koordlet, by reason",
+    ["node", "reason"],
+    registry=REGISTRY,
+)
+POD_EVICTION_DETAIL = Counter(
+    "koordlet_pod_eviction_detail",
+    "Pods evicted by koordlet, by pod and reason",
+    ["node", "pod_namespace", "pod_name", "reason"],
+    registry=REGISTRY,
+)
+
+
+def reason_for(feature: str) -> str:
+    """The metric reason Koordinator records for an eviction by a feature (§4.5)."""
+    return f"trigger by koordlet feature {feature}"
+
+
+class EvictionOutcome(enum.StrEnum):
+    EVICTED = "evicted"  # the API accepted the eviction, or the containers were stopped
+    ALREADY_EVICTING = "already_evicting"  # asked for recently and accepted; counts as released
+    BLOCKED = "blocked"  # a PodDisruptionBudget said not now (429), or waiting out retry_after_s
+    NOT_BE = "not_be"  # refused: the pod is not (or no longer) BE
+    GONE = "gone"  # the pod no longer exists
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionResult:
+    outcome: EvictionOutcome
+    detail: str = ""
+
+    @property
+    def releases(self) -> bool:
+        """True when the pod's resources will be freed (count it as released)."""
+        return self.outcome in (EvictionOutcome.EVICTED, EvictionOutcome.ALREADY_EVICTING, EvictionOutcome.GONE)
+
+
+def is_be_pod(pod: PodMeta) -> bool:
+    return pod.qos_class is QoSClass.BE
+
+
+class Evictor:
+    """Evicts BE pods through the Eviction API or, in local mode, by stopping their containers via the CRI."""
+
+    def __init__(
+        self,
+        node_name: str,
+        *,
+        api_client: kubernetes.client.ApiClient | None = None,
+        cri_endpoint: str | None = None,
+        kill_by_cri: bool = False,
+        pods: Callable[[], Sequence[PodMeta]] | None = None,
+        retry_after_s: float = DEFAULT_RETRY_AFTER_S,
+        evicting_ttl_s: float = DEFAULT_EVICTING_TTL_S,
+        cri_timeout_s: float = DEFAULT_CRI_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``api_client``: the API server (None = local mode); ``cri_endpoint``: the runtime socket path for the
+        kill path; ``kill_by_cri``: kill through the CRI even with an API server; ``pods``: the states
+        provider's pod list, used in local mode to check a pod again right before acting."""
+        if api_client is None and cri_endpoint is None:
+            raise ValueError("the evictor needs an API client or a CRI endpoint")
+        if kill_by_cri and cri_endpoint is None:
+            raise ValueError("kill_by_cri needs a CRI endpoint")
+        self._node_name = node_name
+        self._api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
+        self._cri_endpoint = cri_endpoint
+        self._use_cri = kill_by_cri or api_client is None
+        self._pods = pods
+        self._retry_after_s = retry_after_s
+        self._evicting_ttl_s = evicting_ttl_s
+        self._cri_timeout_s = cri_timeout_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._evicting: dict[str, float] = {}  # pod uid → time the eviction was accepted
+        self._blocked: dict[str, float] = {}  # pod uid → time before which we do not ask again
+
+    @property
+    def uses_cri(self) -> bool:
+        return self._use_cri
+
+    def is_evicting(self, pod_uid: str) -> bool:
+        with self._lock:
+            since = self._evicting.get(pod_uid)
+            return since is not None and self._clock() - since < self._evicting_ttl_s
+
+    def evict(self, pod: PodMeta, feature: str, message: str) -> EvictionResult:
+        """Evict ``pod`` on behalf of ``feature`` (a gate name: BEMemoryEvict, BECPUEvict…).
+
+        ``message`` carries the figures that triggered it and goes into the Event. Never raises for API or
+        runtime errors: they come back as FAILED (logged)."""
+        if not is_be_pod(pod):
+            logger.error("refusing to evict %s for %s: it is not a BE pod (qos %r)", pod.key, feature, pod.qos_class)
+            return EvictionResult(EvictionOutcome.NOT_BE, "the pod is not BE")
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            if pod.uid in self._evicting:
+                return EvictionResult(EvictionOutcome.ALREADY_EVICTING)
+            until = self._blocked.get(pod.uid)
+            if until is not None and now < until:
+                return EvictionResult(EvictionOutcome.BLOCKED, f"retry in {until - now:.1f} s")
+        if self._use_cri:
+            result = self._kill_by_cri(pod, feature)
+        else:
+            result = self._evict_by_api(pod, feature, message)
+        with self._lock:
+            if result.outcome is EvictionOutcome.EVICTED:
+                self._evicting[pod.uid] = self._clock()
+                self._blocked.pop(pod.uid, None)
+            elif result.outcome in (EvictionOutcome.BLOCKED, EvictionOutcome.FAILED):
+                self._blocked[pod.uid] = self._clock() + self._retry_after_s
+        if result.outcome is EvictionOutcome.EVICTED:
+            reason = reason_for(feature)
+            POD_EVICTION.labels(node=self._node_name, reason=reason).inc()
+            POD_EVICTION_DETAIL.labels(
+                node=self._node_name, pod_namespace=pod.namespace, pod_name=pod.name, reason=reason
+            ).inc()
+            logger.warning("evicted %s (%s): %s", pod.key, feature, message)
+        return result
+
+    def _expire(self, now: float) -> None:
+        """Forget old entries so the bookkeeping stays bounded. Caller holds the lock."""
+        for uid in [uid for uid, since in self._evicting.items() if now - since >= self._evicting_ttl_s]:
+            del self._evicting[uid]
+        for uid in [uid for uid, until in self._blocked.items() if now >= until]:
+            del self._blocked[uid]
+        for table in (self._evicting, self._blocked):
+            while len(table) > _MAX_TRACKED_PODS:
+                del table[next(iter(table))]
+
+    # ------------------------------------------------------------------------------------- Eviction API
+
+    def _evict_by_api(self, pod: PodMeta, feature: str, message: str) -> EvictionResult:
+        assert self._api is not None
+        try:
+            current = self._api.read_namespaced_pod(pod.name, pod.namespace)
+        except _UNREACHABLE as exc:
+            logger.warning("cannot read %s before evicting it: API server unreachable: %s", pod.key, exc)
+            return EvictionResult(EvictionOutcome.FAILED, "read: API server unreachable")
+        except ApiException as exc:
+            if exc.status == 404:
+                return EvictionResult(EvictionOutcome.GONE)
+            logger.warning("cannot read %s before evicting it: %s %s", pod.key, exc.status, exc.reason)
+            return EvictionResult(EvictionOutcome.FAILED, f"read: {exc.status}")
+        meta = current.metadata
+        if meta.uid and pod.uid and meta.uid != pod.uid:
+            return EvictionResult(EvictionOutcome.GONE, "the pod was recreated")
+        kube_qos = parse_kube_qos(current.status.qos_class or "") if current.status is not None else None
+        live_qos = qos_class_for_pod(meta.labels or {}, kube_qos or pod.effective_kube_qos)
+        if live_qos is not QoSClass.BE:
+            logger.error("refusing to evict %s for %s: the API server says its QoS is %r", pod.key, feature, live_qos)
+            return EvictionResult(EvictionOutcome.NOT_BE, f"the pod's QoS is now {live_qos!r}")
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+        }
+        try:
+            self._api.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
+        except _UNREACHABLE as exc:
+            logger.warning("eviction of %s for %s failed: API server unreachable: %s", pod.key, feature, exc)
+            return EvictionResult(EvictionOutcome.FAILED, "eviction: API server unreachable")
+        except ApiException as exc:
+            if exc.status == 429:
+                logger.info("eviction of %s for %s refused for now (disruption budget)", pod.key, feature)
+                return EvictionResult(EvictionOutcome.BLOCKED, "429: disruption budget")
+            if exc.status == 404:
+                return EvictionResult(EvictionOutcome.GONE)
+            logger.warning("eviction of %s for %s failed: %s %s", pod.key, feature, exc.status, exc.reason)
+            return EvictionResult(EvictionOutcome.FAILED, f"eviction: {exc.status}")
+        self._record_event(pod, meta.uid or pod.uid, feature, message)
+        return EvictionResult(EvictionOutcome.EVICTED)
+
+    def _record_event(self, pod: PodMeta, uid: str, feature: str, message: str) -> None:
+        assert self._api is not None
+        now = datetime.now(UTC)
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "uid": uid,
+            },
+            "type": "Warning",
+            "reason": feature,
+            "message": f"evicted by koordlet {feature}: {message}",
+            "source": {"component": "koordlet", "host": self._node_name},
+            "reportingComponent": "koordlet",
+            "reportingInstance": self._node_name,
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+        }
+        try:
+            self._api.create_namespaced_event(pod.namespace, event)
+        except ApiException as exc:
+            logger.warning("cannot record the eviction event of %s: %s %s", pod.key, exc.status, exc.reason)
+        except _UNREACHABLE as exc:
+            logger.warning("cannot record the eviction event of %s: API server unreachable: %s", pod.key, exc)
+
+    # ----------------------------------------------------------------------------------------- CRI kill
+
+    def _fresh_pod(self, pod: PodMeta) -> PodMeta | None:
+        if self._pods is None:
+            return pod
+        for candidate in self._pods():
+            if candidate.uid == pod.uid:
+                return candidate
+        return None
+
+    def _kill_by_cri(self, pod: PodMeta, feature: str) -> EvictionResult:
+        fresh = self._fresh_pod(pod)
+        if fresh is None:
+            return EvictionResult(EvictionOutcome.GONE)
+        if not is_be_pod(fresh):
+            logger.error("refusing to kill %s for %s: it is no longer a BE pod", pod.key, feature)
+            return EvictionResult(EvictionOutcome.NOT_BE, "the pod is no longer BE")
+        assert self._cri_endpoint is not None
+        target = self._cri_endpoint if "://" in self._cri_endpoint else f"unix://{self._cri_endpoint}"
+        stopped = 0
+        try:
+            with grpc.insecure_channel(target) as channel:
+                runtime = cri_grpc.RuntimeServiceStub(channel)
+                # The sandbox id when the states source knows it (CRI), else kubelet's pod uid label.
+                selector = (
+                    cri.ContainerFilter(pod_sandbox_id=fresh.sandbox_id)
+                    if fresh.sandbox_id
+                    else cri.ContainerFilter(label_selector={POD_UID_LABEL: pod.uid})
+                )
+                request = cri.ListContainersRequest(filter=selector)
+                listing = runtime.ListContainers(request, timeout=self._cri_timeout_s)
+                for container in listing.containers:
+                    if container.state == cri.CONTAINER_EXITED:
+                        continue
+                    runtime.StopContainer(
+                        cri.StopContainerRequest(container_id=container.id, timeout=0), timeout=self._cri_timeout_s
+                    )
+                    stopped += 1
+        except grpc.RpcError as exc:
+            logger.warning("killing %s for %s through the CRI failed: %s", pod.key, feature, exc)
+            return EvictionResult(EvictionOutcome.FAILED, f"cri: {exc}")
+        if stopped == 0:
+            return EvictionResult(EvictionOutcome.GONE, "no running container")
+        return EvictionResult(EvictionOutcome.EVICTED, f"stopped {stopped} containers")

@@ -1,0 +1,416 @@
+"""The resource executor: the only code that writes kernel files (DESIGN.md §4, koordinator.md §10).
+
+Every write goes through :meth:`ResourceExecutor.update`, which
+1. validates the value against the resource registry (invalid → :class:`InvalidUpdateError`, never written);
+2. resolves the file: the cgroup dir is taken relative to the hierarchy root of the resource's subsystem
+   (a leading ``/`` is the CRI convention and means the same), ``..``/``.`` components are refused, and the
+   resolved real path (symlinks followed) must stay inside that hierarchy (:class:`UnsafePathError`), so no
+   annotation or pod name can make it write ``../`` anywhere; the final open uses ``O_NOFOLLOW``;
+3. translates the v1 value for cgroup v2 (``cpu.max``, ``cpu.weight``, ``memory.max``…);
+4. skips the write when the same content was written to that file less than ``force_update_seconds``
+   (default 60, flag ``-resource-force-update-seconds``) ago;
+5. logs the write at debug level and counts every outcome in Prometheus.
+
+A missing file in an existing dir is :class:`UnsupportedResourceError` (kernel without that feature; logged
+once per resource and hierarchy); a missing dir is :class:`CgroupNotFoundError` (pod gone or not yet made).
+
+:meth:`ResourceExecutor.leveled_update` orders parent/child writes for hierarchical files on cgroup v1,
+where a child's cpuset must be a subset of its parent's and a child's CFS quota may not exceed its
+parent's: first parents to children with the looser of current and wanted value (union of cpusets, larger
+quota), then children to parents with the exact values (koordinator.md §10, §15.7).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from koordlet.executor import metrics
+from koordlet.system.cgroup import CgroupFS, CgroupVersion
+from koordlet.system.resources import CgroupResource, InvalidCgroupValueError, get_resource
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_FORCE_UPDATE_SECONDS = 60.0
+_CACHE_MAX_ENTRIES = 16384
+_RESCTRL_FILES = ("schemata", "tasks")
+_RESCTRL_GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class ExecutorError(Exception):
+    """A resource update was not carried out."""
+
+    status = metrics.STATUS_FAILED
+
+
+class InvalidUpdateError(ExecutorError):
+    """The value is invalid for the resource, or the resource cannot be written in this cgroup version."""
+
+    status = metrics.STATUS_INVALID
+
+
+class UnsafePathError(ExecutorError):
+    """The target path would leave the cgroup (or resctrl) root."""
+
+    status = metrics.STATUS_UNSAFE_PATH
+
+
+class UnsupportedResourceError(ExecutorError):
+    """The file does not exist on this kernel (e.g. ``cpu.bvt_warp_ns`` outside Anolis)."""
+
+    status = metrics.STATUS_UNSUPPORTED
+
+
+class CgroupNotFoundError(ExecutorError):
+    """The cgroup dir does not exist."""
+
+    status = metrics.STATUS_NOT_FOUND
+
+
+class WriteFailedError(ExecutorError):
+    """The kernel refused the write; ``errno`` tells why (EINVAL, EBUSY, EPERM…)."""
+
+    def __init__(self, message: str, errno_value: int | None) -> None:
+        super().__init__(message)
+        self.errno = errno_value
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceUpdate:
+    """Write ``value`` (v1 semantics) to ``resource`` of the cgroup ``cgroup_dir``.
+
+    ``cgroup_dir`` is relative to the hierarchy root (``kubepods/besteffort/pod<uid>``); ``subsystem``
+    overrides the resource's v1 hierarchy (e.g. ``cgroup.procs`` of the memory hierarchy).
+    """
+
+    resource: CgroupResource
+    cgroup_dir: str
+    value: str | int
+    subsystem: str | None = None
+
+    @classmethod
+    def of(cls, resource: str, cgroup_dir: str, value: str | int, subsystem: str | None = None) -> ResourceUpdate:
+        """Build from a registry name (raises ``UnknownCgroupResourceError`` for a name not in the registry)."""
+        return cls(get_resource(resource), cgroup_dir, value, subsystem)
+
+    @property
+    def depth(self) -> int:
+        return len([part for part in self.cgroup_dir.split("/") if part])
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateFailure:
+    update: ResourceUpdate
+    error: ExecutorError
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """``written``: files written (a leveled update may write a file twice); ``skipped``: exact values
+    not written because the cache said they are already there."""
+
+    written: int = 0
+    skipped: int = 0
+    failures: tuple[UpdateFailure, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """A validated update with its checked file path."""
+
+    resource: CgroupResource
+    path: str
+    value: str  # canonical v1 value
+
+
+def _safe_parts(rel_dir: str) -> list[str]:
+    if "\x00" in rel_dir:
+        raise UnsafePathError(f"NUL byte in cgroup dir {rel_dir!r}")
+    parts = [part for part in rel_dir.split("/") if part]
+    for part in parts:
+        if part in ("..", "."):
+            raise UnsafePathError(f"cgroup dir {rel_dir!r} contains {part!r}")
+    return parts
+
+
+def _inside(real_base: str, path: str) -> bool:
+    real = os.path.realpath(path)
+    return real == real_base or real.startswith(real_base.rstrip("/") + "/")
+
+
+class ResourceExecutor:
+    """Validated, cached, path-checked writes of cgroup (and resctrl) files. Thread-safe."""
+
+    def __init__(
+        self,
+        cgroup_fs: CgroupFS,
+        *,
+        resctrl_root: str | None = None,
+        force_update_seconds: float = DEFAULT_FORCE_UPDATE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cgroup_fs = cgroup_fs
+        self.resctrl_root = resctrl_root
+        self.force_update_seconds = force_update_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[str, float]] = {}
+        self._warned_unsupported: set[tuple[str, str]] = set()
+        # Path checks resolve every component (realpath): their verdicts are kept as long as written values
+        # are, so a reconcile pass over unchanged pods does not stat each directory of each path every time.
+        self._real_roots: dict[str, str] = {}
+        self._checked_paths: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------------- public
+
+    def update(self, update: ResourceUpdate, verify: bool = False) -> bool:
+        """Carry out one update: True when written, False when skipped (cached). Raises ExecutorError.
+
+        ``verify``: when the cache says the same value was written recently, read the file and write anyway
+        if it differs (someone changed it since): what a drift-correcting caller (the reconciler) wants."""
+        resource_name = update.resource.name
+        try:
+            target = self._target(update)
+            with self._lock:
+                return self._write_target(target, target.value, verify)
+        except ExecutorError as exc:
+            metrics.RESOURCE_UPDATES.labels(resource=resource_name, status=exc.status).inc()
+            if isinstance(exc, UnsupportedResourceError):
+                self._log_unsupported(update, exc)
+            else:
+                logger.debug("update %s of %r not done: %s", resource_name, update.cgroup_dir, exc)
+            raise
+
+    def update_batch(self, updates: Sequence[ResourceUpdate], verify: bool = False) -> BatchResult:
+        """Each update in the given order; failures are collected, not raised."""
+        return self._run(updates, verify)
+
+    def leveled_update(self, updates: Sequence[ResourceUpdate], verify: bool = False) -> BatchResult:
+        """Parent/child-ordered update of hierarchical files (see the module docstring).
+
+        On v1, pass 1 walks parents → children and writes, where the resource has a merge rule, the looser
+        of the current and the wanted value if that differs from the current one; pass 2 walks children →
+        parents and writes the exact values. On v2 the kernel imposes no such order (effective values are
+        the intersection/minimum), so only pass 2 runs. Failures are collected, not raised.
+        """
+        by_depth = sorted(updates, key=lambda u: u.depth)
+        loosened = 0
+        if self.cgroup_fs.version is CgroupVersion.V1:
+            loosened = sum(self._loosen(update) for update in by_depth)
+        exact = self._run(list(reversed(by_depth)), verify)
+        return BatchResult(written=exact.written + loosened, skipped=exact.skipped, failures=exact.failures)
+
+    def read(self, resource: CgroupResource | str, cgroup_dir: str, subsystem: str | None = None) -> str:
+        """Current content of a resource file (stripped), through the same path checks as writes."""
+        if isinstance(resource, str):
+            resource = get_resource(resource)
+        path = self._checked_path(resource, cgroup_dir, subsystem)
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                return f.read().strip()
+        except FileNotFoundError as exc:
+            if not os.path.isdir(os.path.dirname(path)):
+                raise CgroupNotFoundError(f"cgroup dir {os.path.dirname(path)} does not exist") from exc
+            raise UnsupportedResourceError(f"{path} does not exist on this kernel") from exc
+        except OSError as exc:
+            raise ExecutorError(f"cannot read {path}: {exc.strerror}") from exc
+
+    def write_resctrl(self, group: str, filename: str, value: str) -> None:
+        """Write ``schemata`` or ``tasks`` of resctrl group ``group`` ("" = the root group). Not cached:
+        ``tasks`` writes move threads and must happen every time they are asked for."""
+        resource_name = f"resctrl.{filename}"
+        try:
+            path = self._resctrl_path(group, filename)
+            with self._lock:
+                self._write_file(resource_name, path, value)
+        except ExecutorError as exc:
+            metrics.RESOURCE_UPDATES.labels(resource=resource_name, status=exc.status).inc()
+            raise
+        metrics.RESOURCE_UPDATES.labels(resource=resource_name, status=metrics.STATUS_WRITTEN).inc()
+
+    def ensure_resctrl_group(self, group: str) -> bool:
+        """Create resctrl group ``group`` (a mkdir in the resctrl fs); True when it was created."""
+        if self.resctrl_root is None:
+            raise UnsupportedResourceError("no resctrl root configured")
+        if not group or not _RESCTRL_GROUP.match(group):
+            raise UnsafePathError(f"unsafe resctrl group name {group!r}")
+        path = os.path.join(self.resctrl_root, group)
+        if not _inside(os.path.realpath(self.resctrl_root), path):
+            raise UnsafePathError(f"{path} resolves outside the resctrl root {self.resctrl_root}")
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            metrics.RESOURCE_UPDATES.labels(resource="resctrl.group", status=metrics.STATUS_FAILED).inc()
+            raise WriteFailedError(f"cannot create resctrl group {path}: {exc}", exc.errno) from exc
+        logger.debug("created resctrl group %s", path)
+        metrics.RESOURCE_UPDATES.labels(resource="resctrl.group", status=metrics.STATUS_WRITTEN).inc()
+        return True
+
+    def forget(self, cgroup_dir: str = "") -> None:
+        """Drop cached writes of ``cgroup_dir`` and below in every hierarchy (all when empty), e.g. when a
+        pod is gone or its cgroup was recreated, so the next update writes for sure."""
+        marker = "/" + cgroup_dir.strip("/") + "/"
+        with self._lock:
+            if marker == "//":
+                self._cache.clear()
+                self._checked_paths.clear()
+                return
+            for path in [p for p in self._cache if marker in p]:
+                del self._cache[path]
+            for path in [p for p in self._checked_paths if marker in p]:
+                del self._checked_paths[path]
+
+    # ------------------------------------------------------------------------------------------ helpers
+
+    def _run(self, updates: Sequence[ResourceUpdate], verify: bool = False) -> BatchResult:
+        written = skipped = 0
+        failures: list[UpdateFailure] = []
+        for update in updates:
+            try:
+                if self.update(update, verify):
+                    written += 1
+                else:
+                    skipped += 1
+            except ExecutorError as exc:
+                failures.append(UpdateFailure(update, exc))
+        return BatchResult(written=written, skipped=skipped, failures=tuple(failures))
+
+    def _loosen(self, update: ResourceUpdate) -> bool:
+        """Pass 1 of the leveled update: True when a looser value was written."""
+        merge = update.resource.merge
+        if merge is None:
+            return False
+        try:
+            target = self._target(update)
+            with open(target.path, encoding="ascii", errors="replace") as f:
+                current = f.read().strip()
+            loosened = merge(current, target.value)
+            if loosened == current:
+                return False
+            with self._lock:  # already compared with the file: the write cache must not skip it
+                return self._write_target(target, loosened, verify=True)
+        except (ExecutorError, OSError) as exc:
+            # The exact pass that follows reports (and counts) whatever is really wrong with this update.
+            logger.debug("leveled pre-write of %s in %r skipped: %s", update.resource.name, update.cgroup_dir, exc)
+            return False
+
+    def _target(self, update: ResourceUpdate) -> _Target:
+        resource = update.resource
+        try:
+            value = resource.validate(update.value)
+        except InvalidCgroupValueError as exc:
+            raise InvalidUpdateError(str(exc)) from exc
+        path = self._checked_path(resource, update.cgroup_dir, update.subsystem)
+        if not os.path.isdir(os.path.dirname(path)):
+            raise CgroupNotFoundError(f"cgroup dir {os.path.dirname(path)} does not exist")
+        if not os.path.exists(path):
+            raise UnsupportedResourceError(f"{path} does not exist on this kernel")
+        return _Target(resource=resource, path=path, value=value)
+
+    def _checked_path(self, resource: CgroupResource, cgroup_dir: str, subsystem: str | None) -> str:
+        version = self.cgroup_fs.version
+        file_name = resource.file_name(version)
+        if file_name is None:
+            raise InvalidUpdateError(f"{resource.name} has no cgroup v{int(version)} file")
+        parts = _safe_parts(cgroup_dir)
+        hierarchy = self.cgroup_fs.hierarchy_dir(subsystem or resource.subsystem)
+        path = os.path.join(hierarchy, *parts, file_name)
+        now = self._clock()
+        checked_at = self._checked_paths.get(path)
+        if checked_at is not None and now - checked_at < self.force_update_seconds:
+            return path
+        real_root = self._real_roots.get(hierarchy)
+        if real_root is None:
+            real_root = self._real_roots[hierarchy] = os.path.realpath(hierarchy)
+        if not _inside(real_root, path):
+            raise UnsafePathError(f"{path} resolves outside the cgroup hierarchy {hierarchy}")
+        if len(self._checked_paths) >= _CACHE_MAX_ENTRIES:
+            self._checked_paths.clear()
+        self._checked_paths[path] = now
+        return path
+
+    def _resctrl_path(self, group: str, filename: str) -> str:
+        if self.resctrl_root is None:
+            raise UnsupportedResourceError("no resctrl root configured")
+        if filename not in _RESCTRL_FILES:
+            raise InvalidUpdateError(f"resctrl file must be one of {_RESCTRL_FILES}, got {filename!r}")
+        if group and not _RESCTRL_GROUP.match(group):
+            raise UnsafePathError(f"unsafe resctrl group name {group!r}")
+        path = os.path.join(self.resctrl_root, group, filename) if group else os.path.join(self.resctrl_root, filename)
+        if not _inside(os.path.realpath(self.resctrl_root), path):
+            raise UnsafePathError(f"{path} resolves outside the resctrl root {self.resctrl_root}")
+        if not os.path.exists(path):
+            raise CgroupNotFoundError(f"{path} does not exist")
+        return path
+
+    def _write_target(self, target: _Target, v1_value: str, verify: bool = False) -> bool:
+        """Translate, consult the cache (and with ``verify`` the file), write. Caller holds the lock."""
+        content = v1_value
+        resource = target.resource
+        if self.cgroup_fs.version is CgroupVersion.V2 and resource.to_v2 is not None:
+            current = self._read_current(target.path) if resource.v2_needs_current else None
+            content = resource.to_file_value(v1_value, CgroupVersion.V2, current)
+        now = self._clock()
+        cached = self._cache.get(target.path)
+        if (cached is not None and cached[0] == content and now - cached[1] < self.force_update_seconds
+                and (not verify or self._read_current(target.path) == content)):
+            metrics.RESOURCE_UPDATES.labels(resource=target.resource.name, status=metrics.STATUS_SKIPPED).inc()
+            return False
+        self._write_file(target.resource.name, target.path, content)
+        self._cache.pop(target.path, None)
+        self._cache[target.path] = (content, now)
+        if len(self._cache) > _CACHE_MAX_ENTRIES:
+            del self._cache[next(iter(self._cache))]
+        metrics.RESOURCE_UPDATES.labels(resource=target.resource.name, status=metrics.STATUS_WRITTEN).inc()
+        return True
+
+    def _write_file(self, resource_name: str, path: str, content: str) -> None:
+        started = time.perf_counter()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                # A zero-length write never reaches the kernel handler; "\n" is how echo clears a cpuset.
+                os.write(fd, content.encode() or b"\n")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._cache.pop(path, None)
+            self._observe(resource_name, "failed", started)
+            if exc.errno == errno.ELOOP:
+                raise UnsafePathError(f"{path} is a symlink") from exc
+            raise WriteFailedError(f"write {content!r} to {path}: {exc.strerror}", exc.errno) from exc
+        self._observe(resource_name, "succeeded", started)
+        logger.debug("wrote %r to %s", content, path)
+
+    @staticmethod
+    def _observe(resource_name: str, status: str, started: float) -> None:
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        metrics.RESOURCE_UPDATE_DURATION_MS.labels(type=resource_name, status=status).observe(elapsed_ms)
+
+    @staticmethod
+    def _read_current(path: str) -> str | None:
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
+    def _log_unsupported(self, update: ResourceUpdate, exc: UnsupportedResourceError) -> None:
+        key = (update.resource.name, update.subsystem or update.resource.subsystem)
+        if key in self._warned_unsupported:
+            logger.debug("%s", exc)
+            return
+        self._warned_unsupported.add(key)
+        logger.warning("%s; skipping %s updates (logged once)", exc, update.resource.name)

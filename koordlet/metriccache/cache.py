@@ -1,0 +1,272 @@
+"""In-memory metric cache, bounded by construction.
+
+Koordinator keeps its samples in an embedded Prometheus TSDB on disk (koordinator.md §7.2) and its
+users see the agent grow past its 256 MiB limit. Here every series is a ring of preallocated
+``array('d')`` slots (8 bytes per timestamp and 8 per value; a list of Python floats costs 4× that),
+so memory is set by (number of live series × capacity) and never by uptime. Series of pods and
+containers that are gone are dropped by :meth:`MetricCache.gc`.
+
+Capacity is per metric kind: node-level kinds keep 30 min at 1 s (the longest NodeMetric aggregate
+window, §5.3), pod and container kinds keep 10 min (twice the default 300 s aggregateDuration).
+Both are constructor arguments.
+
+Concurrency: one writer (the collector runner) and any number of readers. Writes and the copy-out
+of a query window happen under one lock; aggregation happens outside it on the copy.
+
+Percentiles use the nearest-rank method: for p in [0, 100] and n samples sorted ascending, the
+result is the sample at 1-based rank ceil(p/100 × n) (rank 1 for p = 0), i.e. the smallest sample
+such that at least p % of the samples are less than or equal to it. It always returns an observed
+value and never interpolates.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from array import array
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+from koordlet.metriccache.series import Label, MetricKind, Sample, SeriesKey
+
+logger = logging.getLogger(__name__)
+
+NODE_WINDOW_CAPACITY = 1800  # 30 min at 1 s
+POD_WINDOW_CAPACITY = 600  # 10 min at 1 s
+
+DEFAULT_CAPACITY_BY_KIND: Mapping[str, int] = {
+    kind.value: POD_WINDOW_CAPACITY for kind in MetricKind if kind.value.startswith(("pod_", "container_"))
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """The samples of one series inside a query window, with the aggregates Koordinator's querier offers."""
+
+    first_timestamp: float
+    last_timestamp: float
+    last: float
+    count: int
+    avg: float
+    sorted_values: tuple[float, ...]  # the window's values, ascending
+
+    def percentile(self, p: float) -> float:
+        """Nearest-rank percentile (see module docstring); p in [0, 100]."""
+        if not 0.0 <= p <= 100.0:
+            raise ValueError(f"percentile must be within [0, 100], got {p}")
+        rank = max(math.ceil(p / 100.0 * self.count), 1)
+        return self.sorted_values[rank - 1]
+
+    @property
+    def p50(self) -> float:
+        return self.percentile(50)
+
+    @property
+    def p90(self) -> float:
+        return self.percentile(90)
+
+    @property
+    def p95(self) -> float:
+        return self.percentile(95)
+
+    @property
+    def p99(self) -> float:
+        return self.percentile(99)
+
+    @property
+    def time_range_duration(self) -> float:
+        """Seconds from the first to the last sample in the window (Koordinator's TimeRangeDuration)."""
+        return self.last_timestamp - self.first_timestamp
+
+
+class _Ring:
+    """Fixed-capacity ring of (timestamp, value), timestamps strictly increasing."""
+
+    __slots__ = ("capacity", "head", "size", "timestamps", "values")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.timestamps = array("d", bytes(8 * capacity))
+        self.values = array("d", bytes(8 * capacity))
+        self.head = 0  # next slot to write
+        self.size = 0
+
+    def last_index(self) -> int:
+        return (self.head - 1) % self.capacity
+
+    def append(self, timestamp: float, value: float) -> bool:
+        if self.size and timestamp <= self.timestamps[self.last_index()]:
+            return False
+        self.timestamps[self.head] = timestamp
+        self.values[self.head] = value
+        self.head = (self.head + 1) % self.capacity
+        if self.size < self.capacity:
+            self.size += 1
+        return True
+
+    def _physical(self, logical: int) -> int:
+        return (self.head - self.size + logical) % self.capacity
+
+    def _lower_bound(self, timestamp: float) -> int:
+        """First logical index whose timestamp is >= timestamp."""
+        low, high = 0, self.size
+        stamps, phys = self.timestamps, self._physical
+        while low < high:
+            mid = (low + high) // 2
+            if stamps[phys(mid)] < timestamp:
+                low = mid + 1
+            else:
+                high = mid
+        return low
+
+    def _upper_bound(self, timestamp: float) -> int:
+        """First logical index whose timestamp is > timestamp."""
+        low, high = 0, self.size
+        stamps, phys = self.timestamps, self._physical
+        while low < high:
+            mid = (low + high) // 2
+            if stamps[phys(mid)] <= timestamp:
+                low = mid + 1
+            else:
+                high = mid
+        return low
+
+    def window(self, start: float, end: float) -> tuple[float, float, list[float]] | None:
+        """(first timestamp, last timestamp, values in time order) of samples with start <= t <= end."""
+        begin, stop = self._lower_bound(start), self._upper_bound(end)
+        if begin >= stop:
+            return None
+        first, last = self._physical(begin), self._physical(stop - 1)
+        if first <= last:
+            values = self.values[first : last + 1].tolist()
+        else:
+            values = self.values[first:].tolist() + self.values[: last + 1].tolist()
+        return self.timestamps[first], self.timestamps[last], values
+
+
+class MetricCache:
+    """Series of samples in fixed rings, plus a static key/value store for node information."""
+
+    def __init__(
+        self,
+        default_capacity: int = NODE_WINDOW_CAPACITY,
+        capacity_by_kind: Mapping[str, int] | None = None,
+    ) -> None:
+        if default_capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        by_kind = dict(DEFAULT_CAPACITY_BY_KIND if capacity_by_kind is None else capacity_by_kind)
+        bad = {kind: cap for kind, cap in by_kind.items() if cap < 1}
+        if bad:
+            raise ValueError(f"capacities must be at least 1: {bad}")
+        self._default_capacity = default_capacity
+        self._capacity_by_kind = by_kind
+        self._series: dict[SeriesKey, _Ring] = {}
+        self._kv: dict[str, object] = {}
+        self._lock = threading.Lock()
+        self._rejected = 0
+
+    def capacity_of(self, kind: str) -> int:
+        return self._capacity_by_kind.get(kind, self._default_capacity)
+
+    # ---------------------------------------------------------------------------------------- writing
+
+    def append(self, key: SeriesKey, timestamp: float, value: float) -> bool:
+        """Add one sample; False (and counted) when it is not newer than the series' last sample."""
+        with self._lock:
+            ring = self._series.get(key)
+            if ring is None:
+                ring = self._series[key] = _Ring(self.capacity_of(key.kind))
+            accepted = ring.append(timestamp, value)
+            if not accepted:
+                self._rejected += 1
+            return accepted
+
+    def append_samples(self, samples: Iterable[Sample]) -> int:
+        """Add many samples under one lock; returns how many were accepted."""
+        accepted = 0
+        with self._lock:
+            series, capacity_of = self._series, self.capacity_of
+            for sample in samples:
+                ring = series.get(sample.key)
+                if ring is None:
+                    ring = series[sample.key] = _Ring(capacity_of(sample.key.kind))
+                if ring.append(sample.timestamp, sample.value):
+                    accepted += 1
+                else:
+                    self._rejected += 1
+        return accepted
+
+    def gc(self, live_pod_uids: Collection[str], live_container_ids: Collection[str]) -> int:
+        """Drop series labelled with a pod uid or container id that is not live; returns how many."""
+        return self.drop_where(
+            lambda key: (
+                ((pod := key.label(Label.POD_UID)) is not None and pod not in live_pod_uids)
+                or ((container := key.label(Label.CONTAINER_ID)) is not None and container not in live_container_ids)
+            )
+        )
+
+    def drop_where(self, predicate: Callable[[SeriesKey], bool]) -> int:
+        with self._lock:
+            doomed = [key for key in self._series if predicate(key)]
+            for key in doomed:
+                del self._series[key]
+        if doomed:
+            logger.debug("metric cache dropped %d series", len(doomed))
+        return len(doomed)
+
+    # ---------------------------------------------------------------------------------------- reading
+
+    def latest(self, key: SeriesKey) -> tuple[float, float] | None:
+        """(timestamp, value) of the newest sample, or None."""
+        with self._lock:
+            ring = self._series.get(key)
+            if ring is None or ring.size == 0:
+                return None
+            index = ring.last_index()
+            return ring.timestamps[index], ring.values[index]
+
+    def query(self, key: SeriesKey, start: float, end: float) -> Aggregate | None:
+        """Aggregate of the samples with start <= timestamp <= end, or None when there are none."""
+        with self._lock:
+            ring = self._series.get(key)
+            window = ring.window(start, end) if ring is not None else None
+        if window is None:
+            return None
+        first, last, values = window
+        count = len(values)
+        return Aggregate(
+            first_timestamp=first,
+            last_timestamp=last,
+            last=values[-1],
+            count=count,
+            avg=math.fsum(values) / count,
+            sorted_values=tuple(sorted(values)),
+        )
+
+    def keys(self, kind: str | None = None) -> list[SeriesKey]:
+        with self._lock:
+            if kind is None:
+                return list(self._series)
+            return [key for key in self._series if key.kind == kind]
+
+    @property
+    def series_count(self) -> int:
+        with self._lock:
+            return len(self._series)
+
+    @property
+    def rejected_samples(self) -> int:
+        """Samples refused because they were not newer than their series' last one."""
+        return self._rejected
+
+    # ------------------------------------------------------------------------------------- static KV
+
+    def set_kv(self, key: str, value: object) -> None:
+        """Node information that is not a time series (CPU topology, NUMA info, GPU list)."""
+        with self._lock:
+            self._kv[key] = value
+
+    def get_kv(self, key: str, default: object = None) -> object:
+        with self._lock:
+            return self._kv.get(key, default)

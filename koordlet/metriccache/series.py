@@ -1,0 +1,78 @@
+"""What a time series is called: metric kinds and label names (Koordinator's names, koordinator.md §7.2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class MetricKind(StrEnum):
+    NODE_CPU_USAGE = "node_cpu_usage"  # cores
+    NODE_MEMORY_USAGE = "node_memory_usage"  # bytes, MemTotal − MemAvailable
+    NODE_MEMORY_USAGE_WITH_PAGE_CACHE = "node_memory_usage_with_page_cache"  # bytes, MemTotal − MemFree
+    NODE_PSI = "node_psi"  # percent (avg10/60/300), labels psi_resource/psi_precision/psi_degree
+    NODE_BE = "node_be"  # milli-cores, labels be_resource/be_allocation
+    SYS_CPU_USAGE = "sys_cpu_usage"  # cores, node − Σ pods
+    SYS_MEMORY_USAGE = "sys_memory_usage"  # bytes, node − Σ pods
+    POD_CPU_USAGE = "pod_cpu_usage"  # cores
+    POD_MEMORY_USAGE = "pod_memory_usage"  # bytes, anon + unevictable
+    POD_MEMORY_USAGE_WITH_PAGE_CACHE = "pod_memory_usage_with_page_cache"  # bytes, + file LRU
+    POD_CPU_THROTTLED = "pod_cpu_throttled"  # ratio 0..1 of periods throttled
+    POD_PSI = "pod_psi"
+    CONTAINER_CPU_USAGE = "container_cpu_usage"
+    CONTAINER_MEMORY_USAGE = "container_memory_usage"
+    CONTAINER_MEMORY_USAGE_WITH_PAGE_CACHE = "container_memory_usage_with_page_cache"
+    CONTAINER_CPU_THROTTLED = "container_cpu_throttled"
+    CONTAINER_PSI = "container_psi"
+    NODE_GPU_CORE_USAGE = "node_gpu_core_usage"  # percent, labels gpu_minor/gpu_device_uuid
+    NODE_GPU_MEMORY_USAGE = "node_gpu_memory_usage"  # bytes
+    POD_GPU_CORE_USAGE = "pod_gpu_core_usage"
+    POD_GPU_MEMORY_USAGE = "pod_gpu_memory_usage"
+    CONTAINER_GPU_CORE_USAGE = "container_gpu_core_usage"
+    CONTAINER_GPU_MEMORY_USAGE = "container_gpu_memory_usage"
+
+
+class Label(StrEnum):
+    POD_UID = "pod_uid"
+    CONTAINER_ID = "container_id"
+    QOS = "qos"
+    NUMA_NODE_ID = "numa_node_id"
+    BE_RESOURCE = "be_resource"
+    BE_ALLOCATION = "be_allocation"
+    PSI_RESOURCE = "psi_resource"
+    PSI_PRECISION = "psi_precision"
+    PSI_DEGREE = "psi_degree"
+    GPU_MINOR = "gpu_minor"
+    GPU_DEVICE_UUID = "gpu_device_uuid"
+    HOST_APP_NAME = "host_app_name"
+
+
+# Values of be_allocation (koordinator.md §4.4 spells the last one "real-limit").
+BE_ALLOCATION_USAGE = "usage"
+BE_ALLOCATION_REQUEST = "request"
+BE_ALLOCATION_REAL_LIMIT = "real-limit"
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesKey:
+    """One series: a metric kind plus its labels, sorted by name so equal label sets compare equal."""
+
+    kind: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, kind: str, **labels: str) -> SeriesKey:
+        return cls(str(kind), tuple(sorted((str(name), str(value)) for name, value in labels.items())))
+
+    def label(self, name: str) -> str | None:
+        for key, value in self.labels:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    key: SeriesKey
+    timestamp: float  # unix seconds
+    value: float

@@ -1,0 +1,241 @@
+"""koordlet's Prometheus metrics (Koordinator's names, koordinator.md §6) and the HTTP server on ``-addr``.
+
+One registry per agent (:class:`KoordletMetrics`) holds the component metrics and the collectors' own
+timings; ``/metrics`` serves it merged with prometheus_client's default registry, where the executor,
+the QoS manager and the evictor define their counters at import, and where the process collector
+reports the agent's own cost (``process_resident_memory_bytes``, ``process_cpu_seconds_total``,
+open fds). ``/internal-metrics`` and ``/external-metrics`` serve the same text (Koordinator splits
+them; nothing reads them apart). ``/healthz`` answers 200 while the agent's health check passes.
+
+The real-time gauges (node usage, container requests/limits, node allocatable) are computed at scrape
+time from the metric cache and the states provider (a custom collector): no timer thread, and a
+scrape never shows a value older than the cache's latest sample.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from koordlet.api.quantity import QuantityError, parse_resource_quantity
+from koordlet.metriccache import MetricCache, MetricKind, SeriesKey
+from koordlet.statesinformer.api import StatesProvider
+
+logger = logging.getLogger(__name__)
+
+NODE_CPU = SeriesKey.of(MetricKind.NODE_CPU_USAGE)
+NODE_MEMORY = SeriesKey.of(MetricKind.NODE_MEMORY_USAGE)
+
+# Resource name -> (Prometheus unit label, divisor from Koordinator units: milli-cores or bytes).
+_RESOURCE_UNITS: dict[str, tuple[str, float]] = {
+    "cpu": ("core", 1000.0),
+    "memory": ("byte", 1.0),
+    "kubernetes.io/batch-cpu": ("core", 1000.0),
+    "kubernetes.io/batch-memory": ("byte", 1.0),
+    "kubernetes.io/mid-cpu": ("core", 1000.0),
+    "kubernetes.io/mid-memory": ("byte", 1.0),
+}
+_CONTAINER_LABELS = ("node", "resource", "unit", "pod_uid", "pod_name", "pod_namespace", "container_id",
+                     "container_name")
+
+
+def _unit(resource: str) -> tuple[str, float]:
+    return _RESOURCE_UNITS.get(resource, ("integer", 1.0))
+
+
+class _LiveGauges:
+    """Gauges read at scrape time from the cache (node usage) and the states (requests, limits)."""
+
+    def __init__(self, node_name: str, cache: MetricCache | None, states: StatesProvider | None,
+                 stale_after_s: float) -> None:
+        self._node = node_name
+        self._cache = cache
+        self._states = states
+        self._stale_after_s = stale_after_s
+
+    def describe(self) -> list[Metric]:
+        return []  # collected at scrape time only; names are not reserved ahead
+
+    def collect(self) -> Iterator[Metric]:
+        node = self._node
+        cpu = GaugeMetricFamily("koordlet_node_used_cpu_cores", "CPU cores the node uses (latest sample)",
+                                labels=["node"])
+        memory = GaugeMetricFamily("koordlet_node_used_memory_bytes", "Memory the node uses (latest sample)",
+                                   labels=["node"])
+        if self._cache is not None:
+            now = time.time()
+            for family, key in ((cpu, NODE_CPU), (memory, NODE_MEMORY)):
+                latest = self._cache.latest(key)
+                if latest is not None and now - latest[0] <= self._stale_after_s:
+                    family.add_metric([node], latest[1])
+        yield cpu
+        yield memory
+        if self._states is None:
+            return
+        requests = GaugeMetricFamily("koordlet_container_resource_requests", "Container resource requests",
+                                     labels=list(_CONTAINER_LABELS))
+        limits = GaugeMetricFamily("koordlet_container_resource_limits", "Container resource limits",
+                                   labels=list(_CONTAINER_LABELS))
+        for pod in self._states.pods():
+            for container in pod.containers:
+                for family, amounts in ((requests, container.requests), (limits, container.limits)):
+                    for resource, amount in amounts.items():
+                        unit, divisor = _unit(resource)
+                        family.add_metric([node, resource, unit, pod.uid, pod.name, pod.namespace,
+                                           container.container_id, container.name], amount / divisor)
+        yield requests
+        yield limits
+        allocatable = GaugeMetricFamily("koordlet_node_resource_allocatable", "Node allocatable resources",
+                                        labels=["node", "resource", "unit"])
+        node_info = self._states.node()
+        if node_info is not None:
+            for resource, amount in node_info.allocatable.items():
+                unit, divisor = _unit(resource)
+                allocatable.add_metric([node, resource, unit], amount / divisor)
+        yield allocatable
+
+
+class KoordletMetrics:
+    """The agent's registry and its component metrics; every Koordinator metric carries ``node``."""
+
+    def __init__(self, node_name: str, cache: MetricCache | None = None, states: StatesProvider | None = None,
+                 stale_after_s: float = 10.0) -> None:
+        self.node_name = node_name
+        self.registry = CollectorRegistry()
+        self.start_time = Gauge("koordlet_start_time", "Unix time koordlet started", ["node"],
+                                registry=self.registry)
+        self.start_time.labels(node_name).set(time.time())
+        self.node_metric_node_usage = Gauge(
+            "koordlet_node_metric_node_usage", "Node usage as last reported in NodeMetric",
+            ["node", "resource", "unit"], registry=self.registry)
+        self.node_metric_system_usage = Gauge(
+            "koordlet_node_metric_system_usage", "System usage as last reported in NodeMetric",
+            ["node", "resource", "unit"], registry=self.registry)
+        self.node_metric_reports = Counter(
+            "koordlet_node_metric_reports", "NodeMetric status reports by outcome", ["node", "status"],
+            registry=self.registry)
+        self.states_errors = Counter(
+            "koordlet_states_informer_errors", "States informer failures by source", ["node", "source"],
+            registry=self.registry)
+        self.node_slo_rejected = Counter(
+            "koordlet_node_slo_rejected", "NodeSLO specs rejected as invalid (the last good one stays)",
+            ["node"], registry=self.registry)
+        self.kubelet_request_duration = Histogram(
+            "koordlet_kubelet_request_duration_seconds", "kubelet API request duration",
+            ["verb", "path", "code"], buckets=tuple(0.001 * 4**k for k in range(7)), registry=self.registry)
+        self._bound = False
+        if cache is not None or states is not None:
+            self.bind(cache, states, stale_after_s)
+
+    def bind(self, cache: MetricCache | None, states: StatesProvider | None, stale_after_s: float = 10.0) -> None:
+        """Attach the cache and states the scrape-time gauges read (once; the agent builds them after this)."""
+        if self._bound:
+            raise RuntimeError("metrics already bound to a cache and states")
+        self.registry.register(_LiveGauges(self.node_name, cache, states, stale_after_s))
+        self._bound = True
+
+    def observe_node_metric_status(self, status: Mapping[str, Any]) -> None:
+        """The node and system usage of a NodeMetric status just reported (gate ``NodeMetricPromMetrics``)."""
+        node_metric = status.get("nodeMetric") or {}
+        for gauge, part in ((self.node_metric_node_usage, "nodeUsage"), (self.node_metric_system_usage, "systemUsage")):
+            for resource, text in ((node_metric.get(part) or {}).get("resources") or {}).items():
+                try:
+                    amount = parse_resource_quantity(resource, str(text))
+                except QuantityError:
+                    continue
+                unit, divisor = _unit(resource)
+                gauge.labels(self.node_name, resource, unit).set(amount / divisor)
+
+    def observe_report(self, status: str) -> None:
+        self.node_metric_reports.labels(self.node_name, status).inc()
+
+    def observe_states_error(self, source: str) -> None:
+        self.states_errors.labels(self.node_name, source).inc()
+        if source == "nodeslo":
+            self.node_slo_rejected.labels(self.node_name).inc()
+
+    def observe_kubelet_request(self, code: str, seconds: float) -> None:
+        """One ``GET /pods/`` (the only kubelet call koordlet makes here)."""
+        self.kubelet_request_duration.labels("GET", "/pods/", code).observe(seconds)
+
+
+
+class _Merged:
+    """Registries served as one exposition."""
+
+    def __init__(self, registries: Iterable[CollectorRegistry]) -> None:
+        self._registries = tuple(registries)
+
+    def collect(self) -> Iterator[Metric]:
+        for registry in self._registries:
+            yield from registry.collect()
+
+
+def exposition(registries: Iterable[CollectorRegistry]) -> bytes:
+    return generate_latest(_Merged(registries))  # type: ignore[arg-type]
+
+
+class MetricsServer:
+    """``/metrics``, ``/internal-metrics``, ``/external-metrics`` and ``/healthz`` on one port."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int,
+                 healthy: Callable[[], bool] = lambda: True, include_default: bool = True) -> None:
+        registries = (registry, REGISTRY) if include_default else (registry,)
+        self._registries = registries
+        self._healthy = healthy
+        server = ThreadingHTTPServer((host, port), self._handler_class())
+        server.daemon_threads = True
+        self._server = server
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
+                logger.debug("metrics http: " + format, *args)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server naming
+                path = self.path.split("?", 1)[0]
+                if path in ("/metrics", "/internal-metrics", "/external-metrics"):
+                    try:
+                        body, status, ctype = exposition(outer._registries), 200, CONTENT_TYPE_LATEST
+                    except Exception:  # a scrape must answer even when one collector is broken
+                        logger.exception("metrics exposition failed")
+                        body, status, ctype = b"exposition failed\n", 500, "text/plain"
+                elif path == "/healthz":
+                    ok = outer._healthy()
+                    body, status, ctype = (b"ok\n", 200, "text/plain") if ok else (b"unhealthy\n", 503, "text/plain")
+                else:
+                    body, status, ctype = b"not found\n", 404, "text/plain"
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        return Handler
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
+        self._thread.start()
+        logger.info("metrics served on %s:%d", *self._server.server_address[:2])
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(timeout_s)
+            self._thread = None
+        self._server.server_close()

@@ -1,0 +1,433 @@
+"""CPU burst: static ``cfs_burst_us`` and dynamic CFS quota scaling for LS pods (koordinator.md §4.3).
+
+Eligible: running or pending pods whose qosClass label is not LSR/LSE/BE; their config is the node's
+``cpuBurstStrategy`` with the pod annotation ``koordinator.sh/cpuBurst`` over it.
+
+- Static burst (policies ``cpuBurstOnly``, ``auto``): container ``cpu.cfs_burst_us`` =
+  limit_cores × cpuBurstPercent/100 × 100000, pod = Σ containers. Mainline kernels refuse a burst above the
+  quota (EINVAL, kernel/sched/core.c ``tg_set_cfs_bandwidth``), so the value is capped at the quota of
+  the same cgroup; Anolis kernels, for which Koordinator's 1000 % default was chosen, have no such rule.
+- Dynamic quota (policies ``cfsQuotaBurstOnly``, ``auto``): per container with a CPU limit, scale the
+  quota up ×1.2 when it was throttled, down ×0.8 when its token bucket is empty or the node's share pool
+  is overloaded, within [limit, limit × cfsQuotaBurstPercent/100]; other policies reset it to the limit.
+  Writes: scaling up pod then container, scaling down container then pod; a pod quota of −1 stays.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from koordlet.api.annotations import AnnotationError, parse_cpu_burst
+from koordlet.api.keys import ANNOTATION_CPU_BURST, RESOURCE_CPU
+from koordlet.api.nodeslo import (
+    CPU_BURST_POLICY_AUTO,
+    CPU_BURST_POLICY_CFS_QUOTA_BURST_ONLY,
+    CPU_BURST_POLICY_CPU_BURST_ONLY,
+    CPUBurstStrategy,
+    NodeSLOSpec,
+)
+from koordlet.api.pod import ContainerMeta, PodMeta
+from koordlet.api.qos import QoSClass
+from koordlet.executor import ExecutorError, ResourceExecutor
+from koordlet.qosmanager import metrics
+from koordlet.qosmanager.framework import GATE_CPU_BURST, CgroupWrite, WriteStep, apply_steps
+from koordlet.qosmanager.snapshot import (
+    Snapshot,
+    SnapshotBuilder,
+    container_cgroup_dir,
+    container_resource,
+    parse_quota_us,
+    pod_cgroup_dir,
+)
+from koordlet.system.kubepods import KubeCgroupLayout
+
+logger = logging.getLogger(__name__)
+
+CFS_PERIOD_US = 100000
+CFS_BURST_MAX_US = 100 * 10 * 100000  # the registry's validator maximum
+SCALE_UP_RATIO = 1.2
+SCALE_DOWN_RATIO = 0.8
+COOLING_RATIO = 0.9  # share pool ≥ 0.9 × threshold is "cooling"
+NODE_STATE_WINDOW_MAX_S = 10.0
+LIMITER_REFILL_BELOW_PERCENT = 60.0
+UNLIMITED = -1
+_QUOTA_BURST_POLICIES = (CPU_BURST_POLICY_CFS_QUOTA_BURST_ONLY, CPU_BURST_POLICY_AUTO)
+_STATIC_BURST_POLICIES = (CPU_BURST_POLICY_CPU_BURST_ONLY, CPU_BURST_POLICY_AUTO)
+_INELIGIBLE_QOS = (QoSClass.LSR, QoSClass.LSE, QoSClass.BE)
+
+
+class SharePoolState(enum.StrEnum):
+    OVERLOAD = "overload"
+    COOLING = "cooling"
+    IDLE = "idle"
+    UNKNOWN = "unknown"
+
+
+class BurstOperation(enum.StrEnum):
+    UP = "up"
+    DOWN = "down"
+    REMAIN = "remain"
+    RESET = "reset"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBucket:
+    """The cfsQuotaBurstPeriodSeconds limiter of one container; tokens are percent-seconds above 100 %.
+
+    capacity = period × (cfsQuotaBurstPercent − 100). Each second at ≥ 100 % of the limit consumes
+    (usage% − 100) × dt, each second below 60 % refills (100 − usage%) × dt; bursting is allowed while
+    tokens > 0.
+    """
+
+    capacity: float
+    tokens: float
+    updated_at: float
+
+    @property
+    def allows(self) -> bool:
+        return self.tokens > 0
+
+    def advance(self, usage_percent: float, now: float) -> TokenBucket:
+        elapsed = max(now - self.updated_at, 0.0)
+        tokens = self.tokens
+        if usage_percent >= 100.0:
+            tokens -= (usage_percent - 100.0) * elapsed
+        elif usage_percent < LIMITER_REFILL_BELOW_PERCENT:
+            tokens += (100.0 - usage_percent) * elapsed
+        return TokenBucket(self.capacity, min(max(tokens, 0.0), self.capacity), now)
+
+
+def bucket_capacity(config: CPUBurstStrategy) -> float:
+    return float(config.cfs_quota_burst_period_seconds * (config.cfs_quota_burst_percent - 100))
+
+
+@dataclass(frozen=True, slots=True)
+class BurstContainer:
+    """An eligible container with its pod, config and cgroup dirs."""
+
+    pod: PodMeta
+    container: ContainerMeta
+    config: CPUBurstStrategy
+    pod_dir: str
+    container_dir: str
+
+    @property
+    def limit_milli(self) -> int:
+        return container_resource(self.container, RESOURCE_CPU, limits=True)
+
+
+@dataclass(frozen=True, slots=True)
+class BurstCurrent:
+    """Quotas as read back: by bare container id and by pod uid (−1 = unlimited)."""
+
+    container_quota_us: Mapping[str, int] = field(default_factory=dict)
+    pod_quota_us: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class BurstDecision:
+    node_state: SharePoolState
+    steps: tuple[WriteStep, ...]
+    buckets: Mapping[str, TokenBucket]
+    container_quota_us: Mapping[str, int]  # new quotas (changed or not) of the containers scaled
+    container_burst_us: Mapping[str, int]
+    operations: Mapping[str, BurstOperation]
+
+
+def pod_burst_config(pod: PodMeta, node_strategy: CPUBurstStrategy) -> CPUBurstStrategy:
+    raw = pod.annotations.get(ANNOTATION_CPU_BURST)
+    if not raw:
+        return node_strategy
+    try:
+        return parse_cpu_burst(raw).resolve(node_strategy)
+    except AnnotationError as exc:
+        logger.debug("ignoring cpuBurst annotation of %s: %s", pod.key, exc)
+        return node_strategy
+
+
+def eligible_containers(snapshot: Snapshot, layout: KubeCgroupLayout) -> tuple[BurstContainer, ...]:
+    """Containers of running/pending pods whose qosClass label is not LSR/LSE/BE (§4.3)."""
+    node_strategy = snapshot.node_slo.cpu_burst_strategy
+    found: list[BurstContainer] = []
+    for pod in snapshot.pods:
+        if pod.phase not in ("Running", "Pending", "") or pod.qos_label in _INELIGIBLE_QOS:
+            continue
+        pod_dir = pod_cgroup_dir(layout, pod)
+        if pod_dir is None:
+            continue
+        config = pod_burst_config(pod, node_strategy)
+        for container in pod.containers:
+            if container.is_init:
+                continue
+            container_dir = container_cgroup_dir(layout, pod_dir, container)
+            if container_dir is not None:
+                found.append(BurstContainer(pod, container, config, pod_dir, container_dir))
+    return tuple(found)
+
+
+def share_pool_state(snapshot: Snapshot, threshold_percent: int) -> SharePoolState:
+    """Node share-pool state from averages (§4.3): total = #CPUs − Σ LSE/LSR requests, used = node used −
+    usage of LSE/LSR/BE pods; ratio ≥ threshold → overload, ≥ 0.9 × threshold → cooling, else idle."""
+    node_used = snapshot.node_cpu_avg_cores
+    if node_used is None:
+        return SharePoolState.UNKNOWN
+    total = float(snapshot.num_cpus)
+    used = node_used
+    for pod in snapshot.pods:
+        label = pod.qos_label
+        if label in (QoSClass.LSE, QoSClass.LSR):
+            total -= sum(container_resource(c, RESOURCE_CPU) for c in pod.containers if not c.is_init) / 1000.0
+        if label in (QoSClass.LSE, QoSClass.LSR, QoSClass.BE):
+            used -= snapshot.pod_cpu_avg_cores.get(pod.uid, 0.0)
+    if total <= 0:
+        return SharePoolState.UNKNOWN
+    ratio = used / total
+    threshold = threshold_percent / 100.0
+    if ratio >= threshold:
+        return SharePoolState.OVERLOAD
+    if ratio >= COOLING_RATIO * threshold:
+        return SharePoolState.COOLING
+    return SharePoolState.IDLE
+
+
+def container_operation(
+    quota_burst: bool, limiter_allows: bool, throttled_ratio: float, node_state: SharePoolState
+) -> BurstOperation:
+    """Operation of one container (§4.3), node overrides applied."""
+    if not quota_burst:
+        return BurstOperation.RESET
+    if not limiter_allows:
+        operation = BurstOperation.DOWN
+    elif throttled_ratio > 0:
+        operation = BurstOperation.UP
+    else:
+        operation = BurstOperation.REMAIN
+    if node_state is SharePoolState.OVERLOAD:
+        return BurstOperation.DOWN
+    if operation is BurstOperation.UP and node_state in (SharePoolState.COOLING, SharePoolState.UNKNOWN):
+        return BurstOperation.REMAIN
+    return operation
+
+
+def scaled_quota(operation: BurstOperation, current_us: int, base_us: int, ceil_us: int) -> int:
+    """up ×1.2, down ×0.8, reset = base, remain = current; clamped to [base, ceil]."""
+    if operation is BurstOperation.RESET:
+        return base_us
+    if operation is BurstOperation.UP:
+        wanted = int(current_us * SCALE_UP_RATIO)
+    elif operation is BurstOperation.DOWN:
+        wanted = int(current_us * SCALE_DOWN_RATIO)
+    else:
+        wanted = current_us
+    return min(max(wanted, base_us), ceil_us)
+
+
+def static_burst_us(limit_milli: int, config: CPUBurstStrategy) -> int:
+    """limit_cores × cpuBurstPercent/100 × 100000 (= limit_milli × cpuBurstPercent); 0 when not enabled."""
+    if config.policy not in _STATIC_BURST_POLICIES or limit_milli <= 0:
+        return 0
+    return min(limit_milli * config.cpu_burst_percent, CFS_BURST_MAX_US)
+
+
+def node_state_window_s(reconcile_interval_s: float) -> float:
+    return min(5 * reconcile_interval_s, NODE_STATE_WINDOW_MAX_S)
+
+
+def decide(
+    snapshot: Snapshot,
+    containers: tuple[BurstContainer, ...],
+    current: BurstCurrent,
+    buckets: Mapping[str, TokenBucket],
+) -> BurstDecision:
+    """Burst values and quotas of the eligible ``containers``; ``buckets`` holds the limiter of every
+    container whose config has ``cfsQuotaBurstPeriodSeconds`` ≥ 0 (the runner creates them)."""
+    node_state = share_pool_state(snapshot, snapshot.node_slo.cpu_burst_strategy.share_pool_threshold_percent)
+    new_buckets: dict[str, TokenBucket] = {}
+    quotas: dict[str, int] = {}
+    bursts: dict[str, int] = {}
+    operations: dict[str, BurstOperation] = {}
+    burst_writes: list[CgroupWrite] = []
+    pod_bursts: dict[str, tuple[str, int, int]] = {}  # uid → (pod dir, Σ burst, pod quota)
+    pod_deltas: dict[str, tuple[str, int, list[CgroupWrite], list[CgroupWrite]]] = {}
+    for entry in containers:
+        cid, uid = entry.container.container_id, entry.pod.uid
+        limit_milli = entry.limit_milli
+        container_quota = current.container_quota_us.get(cid, UNLIMITED)
+        pod_quota = current.pod_quota_us.get(uid, UNLIMITED)
+        # Static burst, capped at the cgroup's own quota (see module docstring).
+        burst = static_burst_us(limit_milli, entry.config)
+        if container_quota != UNLIMITED:
+            burst = min(burst, container_quota)
+        bursts[cid] = burst
+        burst_writes.append(CgroupWrite("cpu.cfs_burst_us", entry.container_dir, burst))
+        pod_dir, pod_sum, _ = pod_bursts.get(uid, (entry.pod_dir, 0, pod_quota))
+        pod_bursts[uid] = (pod_dir, pod_sum + burst, pod_quota)
+        # Dynamic quota: only containers with a CPU limit and a known quota.
+        if limit_milli <= 0 or container_quota == UNLIMITED:
+            continue
+        base = limit_milli * CFS_PERIOD_US // 1000
+        ceil = base * entry.config.cfs_quota_burst_percent // 100
+        quota_burst = entry.config.policy in _QUOTA_BURST_POLICIES
+        allows = True
+        bucket = buckets.get(cid)
+        if quota_burst and entry.config.cfs_quota_burst_period_seconds >= 0 and bucket is not None:
+            usage_cores = snapshot.container_cpu_cores.get(cid, 0.0)
+            bucket = bucket.advance(usage_cores * 1000.0 / limit_milli * 100.0, snapshot.timestamp)
+            new_buckets[cid] = bucket
+            allows = bucket.allows
+        operation = container_operation(
+            quota_burst, allows, snapshot.container_throttled_ratio.get(cid, 0.0), node_state
+        )
+        if operation is BurstOperation.RESET and container_quota == base:
+            continue
+        new_quota = scaled_quota(operation, container_quota, base, ceil)
+        operations[cid] = operation
+        quotas[cid] = new_quota
+        if new_quota == container_quota:
+            continue
+        _, delta, ups, downs = pod_deltas.get(uid, (entry.pod_dir, 0, [], []))
+        write = CgroupWrite("cpu.cfs_quota_us", entry.container_dir, new_quota)
+        (ups if new_quota > container_quota else downs).append(write)
+        pod_deltas[uid] = (entry.pod_dir, delta + new_quota - container_quota, ups, downs)
+    steps: list[WriteStep] = []
+    for uid, (pod_dir, delta, ups, downs) in pod_deltas.items():
+        pod_quota = current.pod_quota_us.get(uid, UNLIMITED)
+        pod_write = [] if pod_quota == UNLIMITED else [CgroupWrite("cpu.cfs_quota_us", pod_dir, pod_quota + delta)]
+        # Scale up: parent first; scale down: children first (v1: a child's quota may not exceed its parent's).
+        if delta >= 0:
+            steps.append(WriteStep(tuple(pod_write + downs + ups)))
+        else:
+            steps.append(WriteStep(tuple(downs + ups + pod_write)))
+    for pod_dir, pod_sum, pod_quota in pod_bursts.values():
+        value = pod_sum if pod_quota == UNLIMITED else min(pod_sum, pod_quota)
+        burst_writes.append(CgroupWrite("cpu.cfs_burst_us", pod_dir, value))
+    steps.append(WriteStep(tuple(burst_writes)))
+    return BurstDecision(
+        node_state=node_state,
+        steps=tuple(steps),
+        buckets=MappingProxyType(new_buckets),
+        container_quota_us=MappingProxyType(quotas),
+        container_burst_us=MappingProxyType(bursts),
+        operations=MappingProxyType(operations),
+    )
+
+
+class CPUBurst:
+    """The burst strategy: snapshot → :func:`decide` → executor. Keeps the token buckets of live containers."""
+
+    name = "cpuburst"
+    feature_gate = GATE_CPU_BURST
+
+    def __init__(
+        self,
+        builder: SnapshotBuilder,
+        executor: ResourceExecutor,
+        layout: KubeCgroupLayout,
+        interval_s: float = 1.0,
+        node_name: str = "",
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.interval_s = interval_s
+        self._builder = builder
+        self._executor = executor
+        self._layout = layout
+        self._node_name = node_name
+        self._rng = rng
+        self._buckets: dict[str, TokenBucket] = {}
+        self._labelled: dict[str, dict[str, str]] = {}  # container id → metric labels, to drop gone ones
+        self.last_decision: BurstDecision | None = None
+
+    def active(self, spec: NodeSLOSpec) -> bool:
+        # Pods can turn burst on by annotation even when the node policy is none, so always run.
+        return True
+
+    def deactivate(self) -> None:
+        self._buckets.clear()
+
+    def _read_quota(self, cgroup_dir: str) -> int:
+        try:
+            return parse_quota_us(self._executor.read("cpu.cfs_quota_us", cgroup_dir))
+        except (ExecutorError, ValueError) as exc:
+            logger.debug("cannot read the cfs quota of %s: %s", cgroup_dir, exc)
+            return UNLIMITED
+
+    def _refresh_buckets(self, containers: tuple[BurstContainer, ...], now: float) -> dict[str, TokenBucket]:
+        """Buckets for containers with a limiter: new ones start with a random fill in [0, 0.5 × capacity);
+        a bucket not used for 2 × period expires (and the state stays bounded by the live containers)."""
+        live: dict[str, TokenBucket] = {}
+        for entry in containers:
+            config = entry.config
+            if config.cfs_quota_burst_period_seconds < 0 or config.policy not in _QUOTA_BURST_POLICIES:
+                continue
+            cid = entry.container.container_id
+            bucket = self._buckets.get(cid)
+            expired = bucket is not None and now - bucket.updated_at > 2 * config.cfs_quota_burst_period_seconds
+            capacity = bucket_capacity(config)
+            if bucket is None or expired or bucket.capacity != capacity:
+                bucket = TokenBucket(capacity, self._rng() * 0.5 * capacity, now)
+            live[cid] = bucket
+        return live
+
+    def run(self, now: float) -> None:
+        snapshot = self._builder.build(now=now, node_cpu_avg_window_s=node_state_window_s(self.interval_s))
+        if snapshot is None:
+            return
+        containers = eligible_containers(snapshot, self._layout)
+        current = BurstCurrent(
+            container_quota_us={e.container.container_id: self._read_quota(e.container_dir) for e in containers},
+            pod_quota_us={e.pod.uid: self._read_quota(e.pod_dir) for e in containers},
+        )
+        buckets = self._refresh_buckets(containers, now)
+        decision = decide(snapshot, containers, current, buckets)
+        apply_steps(self._executor, decision.steps, self.name)
+        self._buckets = {**buckets, **decision.buckets}
+        self.last_decision = decision
+        self._export(containers, decision)
+
+    def _export(self, containers: tuple[BurstContainer, ...], decision: BurstDecision) -> None:
+        labelled: dict[str, dict[str, str]] = {}
+        for entry in containers:
+            cid = entry.container.container_id
+            labels = {
+                "node": self._node_name,
+                "pod_namespace": entry.pod.namespace,
+                "pod_name": entry.pod.name,
+                "container_id": cid,
+                "container_name": entry.container.name,
+            }
+            if cid in decision.container_quota_us:
+                metrics.CONTAINER_SCALED_CFS_QUOTA_US.labels(**labels).set(decision.container_quota_us[cid])
+            if cid in decision.container_burst_us:
+                metrics.CONTAINER_SCALED_CFS_BURST_US.labels(**labels).set(decision.container_burst_us[cid])
+            labelled[cid] = labels
+        # Series of containers that are gone are removed: the exported set stays bounded.
+        for cid, labels in self._labelled.items():
+            if labelled.get(cid) != labels:
+                for gauge in (metrics.CONTAINER_SCALED_CFS_QUOTA_US, metrics.CONTAINER_SCALED_CFS_BURST_US):
+                    try:
+                        gauge.remove(*labels.values())
+                    except KeyError:
+                        pass  # never set for this container
+        self._labelled = labelled
+
+
+__all__ = [
+    "BurstContainer",
+    "BurstCurrent",
+    "BurstDecision",
+    "BurstOperation",
+    "CPUBurst",
+    "SharePoolState",
+    "TokenBucket",
+    "container_operation",
+    "decide",
+    "eligible_containers",
+    "scaled_quota",
+    "share_pool_state",
+    "static_burst_us",
+]

@@ -1,0 +1,452 @@
+"""BE CPU suppress: shrink what BE pods may use to what LS pods and the system leave (koordinator.md §4.2).
+
+Budget (cores): ``capacity × threshold% − podNonBEUsed − hostAppNonBE − systemUsed``, raised to
+``capacity × minPercent%`` when that is set. Two policies carry it out on the besteffort cgroups:
+``cpuset`` (default) gives BE pods ``ceil(budget)`` CPUs, at least 2, growing by at most ceil(10 % of
+the CPUs) per tick and preferring whole physical cores; ``cfsQuota`` sets the besteffort quota
+(floor 2000 µs, small changes skipped, increases capped at 10 % of capacity per tick).
+Switching policy, or turning suppress off, restores what the other policy imposed.
+
+Not modelled: kubelet's static CPU manager policy variant (container-level cpusets only) and the
+``BECPUManager`` gate's share-pool reset.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from koordlet.api.annotations import AnnotationError, parse_node_reservation, parse_resource_status
+from koordlet.api.annotations import parse_system_qos_resource as _parse_system_qos
+from koordlet.api.cpuset import format_cpu_list, parse_cpu_list
+from koordlet.api.keys import (
+    ANNOTATION_NODE_RESERVATION,
+    ANNOTATION_NODE_SYSTEM_QOS_RESOURCE,
+    ANNOTATION_RESOURCE_STATUS,
+    RESOURCE_CPU,
+)
+from koordlet.api.nodeslo import (
+    CGROUP_BASE_KUBEPODS_BESTEFFORT,
+    CPU_SUPPRESS_POLICY_CFS_QUOTA,
+    CPU_SUPPRESS_POLICY_CPUSET,
+    NodeSLOSpec,
+)
+from koordlet.api.pod import PodMeta
+from koordlet.api.qos import KubeQoS, QoSClass
+from koordlet.executor import ExecutorError, ResourceExecutor
+from koordlet.qosmanager import metrics
+from koordlet.qosmanager.framework import GATE_BE_CPU_SUPPRESS, CgroupWrite, WriteStep, apply_steps
+from koordlet.qosmanager.snapshot import (
+    Snapshot,
+    SnapshotBuilder,
+    container_cgroup_dir,
+    parse_quota_us,
+    pod_cgroup_dir,
+)
+from koordlet.system.kubepods import KubeCgroupLayout
+from koordlet.system.sysfs import CPUInfo
+
+logger = logging.getLogger(__name__)
+
+BE_MIN_CPUSET_CORES = 2  # beMinCPUSetCores
+CPUSET_GROWTH_RATIO = 0.1  # growth per tick, of the node's CPUs
+CFS_PERIOD_US = 100000
+CFS_QUOTA_MIN_US = 2000
+CFS_QUOTA_SKIP_RATIO = 0.01  # changes below 1 % of capacity are not written
+CFS_QUOTA_INCREASE_RATIO = 0.1  # increases capped at 10 % of capacity per tick
+UNLIMITED = -1
+
+
+@dataclass(frozen=True, slots=True)
+class SuppressConfig:
+    threshold_percent: int = 65
+    min_percent: int | None = None
+    policy: str = CPU_SUPPRESS_POLICY_CPUSET
+
+    @classmethod
+    def from_node_slo(cls, spec: NodeSLOSpec) -> SuppressConfig:
+        threshold = spec.resource_used_threshold_with_be
+        return cls(
+            threshold_percent=threshold.cpu_suppress_threshold_percent,
+            min_percent=threshold.cpu_suppress_min_percent,
+            policy=threshold.cpu_suppress_policy,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SuppressBudget:
+    """The figures of §4.2, in cores."""
+
+    suppress_cores: float
+    pod_non_be_used_cores: float
+    host_app_non_be_cores: float
+    system_used_cores: float
+    node_reserved_cores: float
+    be_used_cores: float
+
+    @property
+    def ls_used_cores(self) -> float:
+        return self.pod_non_be_used_cores + self.host_app_non_be_cores
+
+
+@dataclass(frozen=True, slots=True)
+class SuppressCurrent:
+    """What the besteffort cgroup holds now (read through the executor before ``decide``)."""
+
+    be_cpus: tuple[int, ...] = ()
+    be_cfs_quota_us: int = UNLIMITED
+
+
+@dataclass(frozen=True, slots=True)
+class SuppressDecision:
+    budget: SuppressBudget | None
+    policy: str
+    steps: tuple[WriteStep, ...] = ()
+    be_cpus: tuple[int, ...] | None = None  # cpuset policy: the BE cpuset decided
+    be_cfs_quota_us: int | None = None  # cfsQuota policy: the quota decided (None = unchanged)
+    reason: str = ""
+
+
+# ---------------------------------------------------------------------------------------- the budget
+
+
+def _counts_as_be(pod: PodMeta) -> bool:
+    # §4.2 filters on the raw label or the kube QoS, not on the derived class.
+    return pod.qos_label is QoSClass.BE or pod.effective_kube_qos is KubeQoS.BESTEFFORT
+
+
+def _node_reserved_cores(snapshot: Snapshot) -> float:
+    capacity = snapshot.node.capacity.get(RESOURCE_CPU, 0)
+    allocatable = snapshot.node.allocatable.get(RESOURCE_CPU, capacity)
+    reserved_milli = max(capacity - allocatable, 0)
+    raw = snapshot.node.annotations.get(ANNOTATION_NODE_RESERVATION)
+    if raw:
+        try:
+            reserved_milli = max(reserved_milli, parse_node_reservation(raw).resources.get(RESOURCE_CPU, 0))
+        except AnnotationError as exc:
+            logger.debug("ignoring node reservation: %s", exc)
+    return reserved_milli / 1000.0
+
+
+def suppress_budget(snapshot: Snapshot, config: SuppressConfig) -> SuppressBudget | None:
+    """Cores left to BE pods (§4.2); None without a node CPU sample."""
+    node_used = snapshot.node_cpu_cores
+    if node_used is None:
+        return None
+    capacity_cores = snapshot.capacity_cpu_milli / 1000.0
+    pods_by_uid = {pod.uid: pod for pod in snapshot.pods}
+    all_pods_used = non_be_used = be_used = 0.0
+    for uid, used in snapshot.pod_cpu_cores.items():
+        all_pods_used += used
+        pod = pods_by_uid.get(uid)
+        if pod is not None and _counts_as_be(pod):
+            be_used += used
+        else:
+            non_be_used += used  # includes pods with metrics but no meta
+    host_apps_used = host_apps_non_be = 0.0
+    for app in snapshot.node_slo.host_applications:
+        used = snapshot.host_app_cpu_cores.get(app.name)
+        if used is None:
+            continue
+        host_apps_used += used
+        in_be_cgroup = app.cgroup_path is not None and app.cgroup_path.base == CGROUP_BASE_KUBEPODS_BESTEFFORT
+        if not (app.qos is QoSClass.BE and in_be_cgroup):
+            host_apps_non_be += used
+    node_reserved = _node_reserved_cores(snapshot)
+    system_used = max(max(node_used - all_pods_used - host_apps_used, 0.0), node_reserved)
+    suppress = capacity_cores * config.threshold_percent / 100.0 - non_be_used - host_apps_non_be - system_used
+    if config.min_percent is not None:
+        suppress = max(suppress, capacity_cores * config.min_percent / 100.0)
+    return SuppressBudget(
+        suppress_cores=suppress,
+        pod_non_be_used_cores=non_be_used,
+        host_app_non_be_cores=host_apps_non_be,
+        system_used_cores=system_used,
+        node_reserved_cores=node_reserved,
+        be_used_cores=be_used,
+    )
+
+
+# ------------------------------------------------------------------------------------------- cpuset
+
+
+@dataclass(frozen=True, slots=True)
+class CPUBuckets:
+    """CPUs BE pods may be given: those shared with LSR pods and the rest (LS)."""
+
+    lsr: tuple[CPUInfo, ...] = ()
+    ls: tuple[CPUInfo, ...] = ()
+
+    @property
+    def all_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(c.cpu_id for c in (*self.lsr, *self.ls)))
+
+
+def _pod_cpuset(pod: PodMeta) -> tuple[int, ...]:
+    raw = pod.annotations.get(ANNOTATION_RESOURCE_STATUS)
+    if not raw:
+        return ()
+    try:
+        return parse_resource_status(raw).cpuset
+    except AnnotationError as exc:
+        logger.debug("ignoring resource status of %s: %s", pod.key, exc)
+        return ()
+
+
+def candidate_buckets(snapshot: Snapshot) -> CPUBuckets:
+    """All CPUs − node-reserved − SYSTEM-exclusive − LSE-bound; LSR-bound ones form the LSR bucket (§4.2)."""
+    excluded: set[int] = set()
+    annotations = snapshot.node.annotations
+    raw = annotations.get(ANNOTATION_NODE_RESERVATION)
+    if raw:
+        try:
+            excluded.update(parse_node_reservation(raw).reserved_cpus)
+        except AnnotationError as exc:
+            logger.debug("ignoring node reservation: %s", exc)
+    raw = annotations.get(ANNOTATION_NODE_SYSTEM_QOS_RESOURCE)
+    if raw:
+        try:
+            system = _parse_system_qos(raw)
+            if system.cpuset_exclusive:
+                excluded.update(system.cpuset)
+        except AnnotationError as exc:
+            logger.debug("ignoring system qos resource: %s", exc)
+    lsr_cpus: set[int] = set()
+    for pod in snapshot.pods:
+        label = pod.qos_label
+        if label is QoSClass.LSE:
+            excluded.update(_pod_cpuset(pod))
+        elif label is QoSClass.LSR:
+            lsr_cpus.update(_pod_cpuset(pod))
+    usable = [cpu for cpu in snapshot.cpus if cpu.cpu_id not in excluded]
+    return CPUBuckets(
+        lsr=tuple(c for c in usable if c.cpu_id in lsr_cpus),
+        ls=tuple(c for c in usable if c.cpu_id not in lsr_cpus),
+    )
+
+
+def select_cpus(bucket: Sequence[CPUInfo], count: int) -> list[int]:
+    """``count`` CPUs of ``bucket``: groups by (NUMA node, socket), each sorted by (core, cpu); groups visited
+    largest first, round-robin, taking both hyper-threads of a core while ≥ 2 are still needed, then single
+    CPUs round-robin (§4.2)."""
+    if count <= 0:
+        return []
+    groups: dict[tuple[int, int], dict[int, list[int]]] = {}
+    for cpu in sorted(bucket, key=lambda c: (c.core_id, c.cpu_id)):
+        groups.setdefault((cpu.node_id, cpu.socket_id), {}).setdefault(cpu.core_id, []).append(cpu.cpu_id)
+    # Largest group first; ties in (node, socket) order.
+    ordered = [
+        [list(cpus) for cpus in cores.values()]
+        for _, cores in sorted(groups.items(), key=lambda item: (-sum(map(len, item[1].values())), item[0]))
+    ]
+    chosen: list[int] = []
+    remaining = count
+    progress = True
+    while remaining >= 2 and progress:
+        progress = False
+        for cores in ordered:
+            if remaining < 2:
+                break
+            for core in cores:
+                if len(core) >= 2:
+                    chosen.extend(core[:2])
+                    del core[:2]
+                    remaining -= 2
+                    progress = True
+                    break
+    progress = True
+    while remaining > 0 and progress:
+        progress = False
+        for cores in ordered:
+            if remaining == 0:
+                break
+            for core in cores:
+                if core:
+                    chosen.append(core.pop(0))
+                    remaining -= 1
+                    progress = True
+                    break
+    return sorted(chosen)
+
+
+def be_cpuset_size(budget_cores: float, current_size: int, num_cpus: int, candidates: int) -> int:
+    """ceil(budget), at least 2, growing by at most ceil(10 % of the CPUs) above the current size (§4.2)."""
+    size = max(math.ceil(budget_cores), BE_MIN_CPUSET_CORES)
+    if current_size > 0:
+        size = min(size, current_size + math.ceil(CPUSET_GROWTH_RATIO * num_cpus))
+    return min(size, candidates)
+
+
+def choose_be_cpus(buckets: CPUBuckets, size: int) -> tuple[int, ...]:
+    """Split ``size`` between the buckets by their sizes: nLSR = floor(size × |LSR| / (|LSR| + |LS|))."""
+    total = len(buckets.lsr) + len(buckets.ls)
+    if total == 0 or size <= 0:
+        return ()
+    n_lsr = size * len(buckets.lsr) // total
+    n_ls = size - n_lsr
+    return tuple(sorted(select_cpus(buckets.lsr, n_lsr) + select_cpus(buckets.ls, n_ls)))
+
+
+def be_cgroup_dirs(layout: KubeCgroupLayout, pods: Iterable[PodMeta]) -> tuple[str, ...]:
+    """The besteffort QoS dir, the pod dirs under it and their container dirs."""
+    dirs = [layout.qos_dir(KubeQoS.BESTEFFORT)]
+    for pod in pods:
+        if pod.effective_kube_qos is not KubeQoS.BESTEFFORT:
+            continue
+        pod_dir = pod_cgroup_dir(layout, pod)
+        if pod_dir is None:
+            continue
+        dirs.append(pod_dir)
+        for container in pod.containers:
+            container_dir = container_cgroup_dir(layout, pod_dir, container)
+            if container_dir is not None:
+                dirs.append(container_dir)
+    return tuple(dirs)
+
+
+def _cpuset_step(dirs: Sequence[str], cpus: Sequence[int]) -> WriteStep:
+    value = format_cpu_list(cpus)
+    return WriteStep(tuple(CgroupWrite("cpuset.cpus", d, value) for d in dirs), leveled=True)
+
+
+# ------------------------------------------------------------------------------------------ cfsQuota
+
+
+def decide_cfs_quota(budget_cores: float, current_quota_us: int, capacity_cores: float) -> int | None:
+    """The besteffort quota to write, or None to leave it (§4.2 cfsQuota policy)."""
+    wanted = max(int(budget_cores * CFS_PERIOD_US), CFS_QUOTA_MIN_US)
+    if current_quota_us != UNLIMITED:
+        if abs(wanted - current_quota_us) < capacity_cores * CFS_PERIOD_US * CFS_QUOTA_SKIP_RATIO and (
+            wanted != CFS_QUOTA_MIN_US
+        ):
+            return None
+        if wanted > current_quota_us:
+            wanted = min(wanted, current_quota_us + int(capacity_cores * CFS_PERIOD_US * CFS_QUOTA_INCREASE_RATIO))
+    return None if wanted == current_quota_us else wanted
+
+
+# --------------------------------------------------------------------------------------------- decide
+
+
+def decide(
+    snapshot: Snapshot,
+    config: SuppressConfig,
+    current: SuppressCurrent,
+    layout: KubeCgroupLayout,
+    previous_policy: str | None = None,
+) -> SuppressDecision:
+    """What suppress writes this tick: the policy's limit, plus a restore of the other policy's limit when
+    the policy changed since ``previous_policy``."""
+    budget = suppress_budget(snapshot, config)
+    be_qos_dir = layout.qos_dir(KubeQoS.BESTEFFORT)
+    buckets = candidate_buckets(snapshot)
+    dirs = be_cgroup_dirs(layout, snapshot.pods)
+    steps: list[WriteStep] = []
+    switched = previous_policy is not None and previous_policy != config.policy
+    if switched and config.policy == CPU_SUPPRESS_POLICY_CFS_QUOTA and buckets.all_ids:
+        steps.append(_cpuset_step(dirs, buckets.all_ids))
+    if switched and config.policy == CPU_SUPPRESS_POLICY_CPUSET:
+        steps.append(WriteStep((CgroupWrite("cpu.cfs_quota_us", be_qos_dir, UNLIMITED),)))
+    if budget is None:
+        return SuppressDecision(None, config.policy, tuple(steps), reason="no node CPU sample")
+    if config.policy == CPU_SUPPRESS_POLICY_CPUSET:
+        size = be_cpuset_size(
+            budget.suppress_cores, len(current.be_cpus), snapshot.num_cpus, len(buckets.all_ids)
+        )
+        cpus = choose_be_cpus(buckets, size)
+        if cpus:
+            steps.append(_cpuset_step(dirs, cpus))
+        return SuppressDecision(budget, config.policy, tuple(steps), be_cpus=cpus)
+    quota = decide_cfs_quota(budget.suppress_cores, current.be_cfs_quota_us, snapshot.capacity_cpu_milli / 1000.0)
+    if quota is not None:
+        steps.append(WriteStep((CgroupWrite("cpu.cfs_quota_us", be_qos_dir, quota),)))
+    return SuppressDecision(budget, config.policy, tuple(steps), be_cfs_quota_us=quota)
+
+
+def decide_restore(snapshot: Snapshot, layout: KubeCgroupLayout) -> tuple[WriteStep, ...]:
+    """Undo suppress: BE cpuset back to every candidate CPU, besteffort quota unlimited."""
+    buckets = candidate_buckets(snapshot)
+    steps = [WriteStep((CgroupWrite("cpu.cfs_quota_us", layout.qos_dir(KubeQoS.BESTEFFORT), UNLIMITED),))]
+    if buckets.all_ids:
+        steps.append(_cpuset_step(be_cgroup_dirs(layout, snapshot.pods), buckets.all_ids))
+    return tuple(steps)
+
+
+# ------------------------------------------------------------------------------------------- strategy
+
+
+@dataclass(slots=True)
+class _State:
+    last_policy: str | None = None
+    last_decision: SuppressDecision | None = field(default=None)
+
+
+class CPUSuppress:
+    """The suppress strategy: snapshot → :func:`decide` → executor."""
+
+    name = "cpusuppress"
+    feature_gate = GATE_BE_CPU_SUPPRESS
+
+    def __init__(
+        self,
+        builder: SnapshotBuilder,
+        executor: ResourceExecutor,
+        layout: KubeCgroupLayout,
+        interval_s: float = 1.0,
+        node_name: str = "",
+    ) -> None:
+        self.interval_s = interval_s
+        self._builder = builder
+        self._executor = executor
+        self._layout = layout
+        self._node_name = node_name
+        self._state = _State()
+
+    @property
+    def last_decision(self) -> SuppressDecision | None:
+        return self._state.last_decision
+
+    def active(self, spec: NodeSLOSpec) -> bool:
+        return spec.resource_used_threshold_with_be.enable
+
+    def _current(self) -> SuppressCurrent:
+        be_dir = self._layout.qos_dir(KubeQoS.BESTEFFORT)
+        cpus: tuple[int, ...] = ()
+        quota = UNLIMITED
+        try:
+            cpus = parse_cpu_list(self._executor.read("cpuset.cpus", be_dir))
+        except (ExecutorError, ValueError) as exc:
+            logger.debug("cannot read the besteffort cpuset: %s", exc)
+        try:
+            quota = parse_quota_us(self._executor.read("cpu.cfs_quota_us", be_dir))
+        except (ExecutorError, ValueError) as exc:
+            logger.debug("cannot read the besteffort cfs quota: %s", exc)
+        return SuppressCurrent(be_cpus=cpus, be_cfs_quota_us=quota)
+
+    def run(self, now: float) -> None:
+        snapshot = self._builder.build(now=now)
+        if snapshot is None:
+            return
+        config = SuppressConfig.from_node_slo(snapshot.node_slo)
+        decision = decide(snapshot, config, self._current(), self._layout, self._state.last_policy)
+        apply_steps(self._executor, decision.steps, self.name)
+        self._state.last_policy = config.policy
+        self._state.last_decision = decision
+        if decision.budget is not None:
+            metrics.BE_SUPPRESS_LS_USED_CPU_CORES.labels(node=self._node_name).set(decision.budget.ls_used_cores)
+            metrics.BE_SUPPRESS_BE_USED_CPU_CORES.labels(node=self._node_name).set(decision.budget.be_used_cores)
+        if decision.be_cpus is not None:
+            metrics.BE_SUPPRESS_CPU_CORES.labels(node=self._node_name, type="cpuset").set(len(decision.be_cpus))
+        if decision.be_cfs_quota_us is not None:
+            metrics.BE_SUPPRESS_CPU_CORES.labels(node=self._node_name, type="cfsQuota").set(
+                decision.be_cfs_quota_us / CFS_PERIOD_US
+            )
+
+    def deactivate(self) -> None:
+        snapshot = self._builder.build()
+        if snapshot is None:
+            return
+        apply_steps(self._executor, decide_restore(snapshot, self._layout), self.name)
+        self._state.last_policy = None

@@ -1,0 +1,111 @@
+"""BE memory eviction (``BEMemoryEvict``, koordinator.md §4.5).
+
+Node memory used = MemTotal − MemAvailable (latest); usage% = used × 100 // capacity. At or above
+``memoryEvictThresholdPercent`` (70) it releases capacity × (usage% − lower%) / 100, lower =
+``memoryEvictLowerPercent`` or threshold − 2, by evicting BE pods: lowest spec.priority first, then the
+largest memory user (pods without usage last, then by name descending); each releases its memory used.
+After an eviction the strategy rests for the cool-down (4 s).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from koordlet.api.nodeslo import NodeSLOSpec
+from koordlet.eviction import Evictor
+from koordlet.qosmanager.framework import GATE_BE_MEMORY_EVICT
+from koordlet.qosmanager.snapshot import Snapshot, SnapshotBuilder, is_be
+from koordlet.qosmanager.victims import EvictionStrategy, Victim, plan_victims
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_COOL_TIME_S = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEvictConfig:
+    threshold_percent: int = 70
+    lower_percent: int = 68
+
+    @classmethod
+    def from_node_slo(cls, spec: NodeSLOSpec) -> MemoryEvictConfig:
+        threshold = spec.resource_used_threshold_with_be
+        return cls(threshold.memory_evict_threshold_percent, threshold.effective_memory_evict_lower_percent)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEvictDecision:
+    usage_percent: int | None
+    release_bytes: int
+    candidates: tuple[Victim, ...]  # every BE pod, in victim order
+    victims: tuple[Victim, ...]  # what the plan asks for, assuming every eviction succeeds
+
+    @property
+    def triggered(self) -> bool:
+        return self.release_bytes > 0
+
+
+def memory_victims(snapshot: Snapshot) -> tuple[Victim, ...]:
+    """BE pods by priority ascending, then memory used descending; pods with no usage last, by name desc."""
+    victims = [Victim(pod, snapshot.pod_memory_bytes.get(pod.uid, 0.0)) for pod in snapshot.pods if is_be(pod)]
+    victims.sort(key=lambda v: v.pod.name, reverse=True)
+    victims.sort(key=lambda v: (v.pod.priority or 0, v.releases <= 0, -v.releases))
+    return tuple(victims)
+
+
+def decide(snapshot: Snapshot, config: MemoryEvictConfig, evicting: Collection[str] = ()) -> MemoryEvictDecision:
+    capacity = snapshot.capacity_memory_bytes
+    used = snapshot.node_memory_bytes
+    if used is None or capacity <= 0:
+        return MemoryEvictDecision(None, 0, (), ())
+    usage_percent = int(used * 100 // capacity)
+    if usage_percent < config.threshold_percent:
+        return MemoryEvictDecision(usage_percent, 0, (), ())
+    release = capacity * (usage_percent - config.lower_percent) // 100
+    candidates = memory_victims(snapshot)
+    return MemoryEvictDecision(usage_percent, release, candidates, plan_victims(candidates, release, evicting))
+
+
+class BEMemoryEvict(EvictionStrategy):
+    name = "memoryevict"
+    feature_gate = GATE_BE_MEMORY_EVICT
+
+    def __init__(
+        self,
+        builder: SnapshotBuilder,
+        evictor: Evictor,
+        interval_s: float = 1.0,
+        cool_time_s: float = DEFAULT_COOL_TIME_S,
+    ) -> None:
+        super().__init__(builder, evictor, interval_s, cool_time_s)
+        self.last_decision: MemoryEvictDecision | None = None
+
+    def run(self, now: float) -> None:
+        if self.resting(now):
+            return
+        snapshot = self._builder.build(now=now)
+        if snapshot is None:
+            return
+        config = MemoryEvictConfig.from_node_slo(snapshot.node_slo)
+        decision = decide(snapshot, config)
+        self.last_decision = decision
+        if not decision.triggered:
+            return
+        capacity = snapshot.capacity_memory_bytes
+        logger.info(
+            "node memory %d%% >= %d%%: releasing %d bytes from BE pods",
+            decision.usage_percent,
+            config.threshold_percent,
+            decision.release_bytes,
+        )
+
+        def message(victim: Victim) -> str:
+            return (
+                f"node memory usage {decision.usage_percent}% of {capacity} bytes >= threshold "
+                f"{config.threshold_percent}%, releasing {decision.release_bytes} bytes down to "
+                f"{config.lower_percent}%; this pod uses {int(victim.releases)} bytes"
+            )
+
+        self.evict(now, decision.candidates, decision.release_bytes, message)

@@ -1,0 +1,57 @@
+"""Prometheus metrics of the QoS manager and the evictor, with Koordinator's names (koordinator.md §6).
+
+Defined once, at import, on prometheus_client's default registry (the one koordlet's ``/metrics`` serves),
+like the executor's. Every Koordinator metric carries the ``node`` label.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, Counter, Gauge
+
+BE_SUPPRESS_CPU_CORES = Gauge(
+    "koordlet_be_suppress_cpu_cores",
+    "CPU cores left to BE pods by the suppress strategy",
+    ["node", "type"],
+    registry=REGISTRY,
+)
+BE_SUPPRESS_LS_USED_CPU_CORES = Gauge(
+    "koordlet_be_suppress_ls_used_cpu_cores",
+    "CPU cores used by non-BE pods and host applications when suppress last ran",
+    ["node"],
+    registry=REGISTRY,
+)
+BE_SUPPRESS_BE_USED_CPU_CORES = Gauge(
+    "koordlet_be_suppress_be_used_cpu_cores",
+    "CPU cores used by BE pods when suppress last ran",
+    ["node"],
+    registry=REGISTRY,
+)
+CONTAINER_SCALED_CFS_QUOTA_US = Gauge(
+    "koordlet_container_scaled_cfs_quota_us",
+    "CFS quota the CPU burst strategy set on a container",
+    ["node", "pod_namespace", "pod_name", "container_id", "container_name"],
+    registry=REGISTRY,
+)
+CONTAINER_SCALED_CFS_BURST_US = Gauge(
+    "koordlet_container_scaled_cfs_burst_us",
+    "CFS burst the CPU burst strategy set on a container",
+    ["node", "pod_namespace", "pod_name", "container_id", "container_name"],
+    registry=REGISTRY,
+)
+STRATEGY_RUNS = Counter(
+    "koordlet_qosmanager_strategy_runs",
+    "QoS strategy ticks, by strategy and outcome (ok, error, skipped)",
+    ["strategy", "status"],
+    registry=REGISTRY,
+)
+STRATEGY_WRITE_FAILURES = Counter(
+    "koordlet_qosmanager_write_failures",
+    "Cgroup writes a QoS strategy asked for that the executor did not carry out",
+    ["strategy"],
+    registry=REGISTRY,
+)
+
+
+def value_of(metric: Counter | Gauge, **labels: str) -> float:
+    """Current value of one labelled child (tests and debugging)."""
+    return metric.labels(**labels)._value.get()

@@ -1,0 +1,281 @@
+"""The frozen input of every strategy's ``decide``: node, NodeSLO, pods and the metrics the strategies read.
+
+A :class:`Snapshot` is built once per strategy tick by :class:`SnapshotBuilder` from the states provider and
+the metric cache; ``decide`` functions read nothing else (no files, no clock), so they are tested on
+hand-made snapshots. "Latest" values are the newest sample inside 2 × the collect interval (koordinator.md
+§4.1); a series without such a sample is absent from the snapshot, never a stale number.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from koordlet.api.keys import (
+    RESOURCE_BATCH_CPU,
+    RESOURCE_BATCH_MEMORY,
+    RESOURCE_CPU,
+    RESOURCE_MEMORY,
+    canonical_resource_name,
+)
+from koordlet.api.nodeslo import NodeSLOSpec
+from koordlet.api.pod import ContainerMeta, PodMeta
+from koordlet.api.qos import KubeQoS, QoSClass
+from koordlet.metriccache import (
+    Label,
+    MetricCache,
+    MetricKind,
+    SeriesKey,
+)
+from koordlet.metricsadvisor.pods import BE_CPU_REAL_LIMIT, BE_CPU_REQUEST, BE_CPU_USAGE
+from koordlet.statesinformer.api import NodeInfo, StatesProvider
+from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.system.sysfs import CPUInfo
+
+HOST_APP_CPU_USAGE = "host_application_cpu_usage"
+
+_EMPTY: Mapping[str, float] = MappingProxyType({})
+
+
+# The node_be cpu series the pod collector writes (usage, request, real limit; milli-cores).
+BE_CPU_USAGE_KEY = BE_CPU_USAGE
+BE_CPU_REQUEST_KEY = BE_CPU_REQUEST
+BE_CPU_REAL_LIMIT_KEY = BE_CPU_REAL_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
+class BECPUWindow:
+    """``node_be`` cpu metrics over the BE-eviction window, in milli-cores (§4.4)."""
+
+    window_s: float
+    samples: int  # the smallest sample count of the three series
+    avg_usage_milli: float
+    avg_request_milli: float
+    avg_real_limit_milli: float
+    last_usage_milli: float
+    last_request_milli: float
+    last_real_limit_milli: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What a strategy sees at one tick. Usage maps are keyed by pod uid / bare container id."""
+
+    timestamp: float
+    node: NodeInfo
+    node_slo: NodeSLOSpec
+    pods: tuple[PodMeta, ...] = ()
+    cpus: tuple[CPUInfo, ...] = ()
+    collect_interval_s: float = 1.0
+    node_cpu_cores: float | None = None
+    node_memory_bytes: float | None = None
+    pod_cpu_cores: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    pod_memory_bytes: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    container_cpu_cores: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    container_throttled_ratio: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    host_app_cpu_cores: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    node_cpu_avg_cores: float | None = None  # average over the window the builder was asked for
+    pod_cpu_avg_cores: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # same window
+    be_cpu: BECPUWindow | None = None
+
+    def pod(self, uid: str) -> PodMeta | None:
+        for pod in self.pods:
+            if pod.uid == uid:
+                return pod
+        return None
+
+    @property
+    def capacity_cpu_milli(self) -> int:
+        return int(self.node.capacity.get(RESOURCE_CPU, 0))
+
+    @property
+    def capacity_memory_bytes(self) -> int:
+        return int(self.node.capacity.get(RESOURCE_MEMORY, 0))
+
+    @property
+    def num_cpus(self) -> int:
+        """Logical CPUs: the topology when known, else the node's CPU capacity."""
+        return len(self.cpus) if self.cpus else math.ceil(self.capacity_cpu_milli / 1000)
+
+
+# ----------------------------------------------------------------------------------------- pod helpers
+
+
+def is_be(pod: PodMeta) -> bool:
+    """A BE pod: the qosClass label BE, or no label and kube QoS BestEffort (§12)."""
+    return pod.qos_class is QoSClass.BE
+
+
+def container_resource(container: ContainerMeta, resource: str, limits: bool = False) -> int:
+    """A container's request (or limit) of ``resource``, deprecated aliases included; 0 when unset."""
+    amounts = container.limits if limits else container.requests
+    total = 0
+    for name, value in amounts.items():
+        if canonical_resource_name(name) == resource:
+            total = max(total, int(value))
+    return total
+
+
+def pod_batch_cpu_request_milli(pod: PodMeta) -> int:
+    """Σ ``kubernetes.io/batch-cpu`` requests of the pod's containers, init (sidecar) containers included."""
+    return sum(container_resource(c, RESOURCE_BATCH_CPU) for c in pod.containers)
+
+
+def pod_memory_request_bytes(pod: PodMeta) -> int:
+    """Σ container memory requests; BE pods count batch-memory (§4.6)."""
+    resource = RESOURCE_BATCH_MEMORY if is_be(pod) else RESOURCE_MEMORY
+    return sum(container_resource(c, resource) for c in pod.containers if not c.is_init)
+
+
+def pod_cgroup_dir(layout: KubeCgroupLayout, pod: PodMeta) -> str | None:
+    """The pod's cgroup dir relative to the hierarchy root; None when it cannot be built safely."""
+    try:
+        if pod.cgroup_parent:
+            return layout.dir_from_cgroup_parent(pod.cgroup_parent)
+        kube_qos = pod.effective_kube_qos
+        if kube_qos is None:
+            return None
+        return layout.pod_dir(pod.uid, kube_qos)
+    except CgroupPathError:
+        return None
+
+
+def container_cgroup_dir(layout: KubeCgroupLayout, pod_dir: str, container: ContainerMeta) -> str | None:
+    if not container.container_id:
+        return None
+    try:
+        return layout.container_dir(pod_dir, container.container_id, container.runtime)
+    except CgroupPathError:
+        return None
+
+
+def parse_quota_us(text: str) -> int:
+    """A CFS quota as read back: v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max`` ("max 100000"); -1 = unlimited."""
+    first = text.split()[0] if text.split() else ""
+    if first == "max":
+        return -1
+    value = int(first)
+    return -1 if value < 0 else value
+
+
+def pod_kube_qos(pod: PodMeta) -> KubeQoS:
+    """Kube QoS, BestEffort for a BE pod whose kube QoS is unknown (it lives under besteffort)."""
+    kube_qos = pod.effective_kube_qos
+    if kube_qos is not None:
+        return kube_qos
+    return KubeQoS.BESTEFFORT if is_be(pod) else KubeQoS.BURSTABLE
+
+
+# ----------------------------------------------------------------------------------------- the builder
+
+
+class SnapshotBuilder:
+    """Reads the states provider and the metric cache into a :class:`Snapshot`."""
+
+    def __init__(
+        self,
+        states: StatesProvider,
+        cache: MetricCache,
+        cpus: tuple[CPUInfo, ...] = (),
+        collect_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._states = states
+        self._cache = cache
+        self._cpus = cpus
+        self._interval_s = collect_interval_s
+        self._clock = clock
+
+    @property
+    def collect_interval_s(self) -> float:
+        return self._interval_s
+
+    def latest_collection(self) -> float | None:
+        """Wall-clock time of the newest node memory sample (every node collection writes one)."""
+        latest = self._cache.latest(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE))
+        return None if latest is None else latest[0]
+
+    def node_slo(self) -> NodeSLOSpec:
+        return self._states.node_slo()
+
+    def _latest(self, key: SeriesKey, now: float) -> float | None:
+        aggregate = self._cache.query(key, now - 2 * self._interval_s, now)
+        return None if aggregate is None else aggregate.last
+
+    def _latest_by_label(self, kind: str, label: str, now: float) -> Mapping[str, float]:
+        values: dict[str, float] = {}
+        for key in self._cache.keys(kind):
+            ident = key.label(label)
+            if ident is None:
+                continue
+            value = self._latest(key, now)
+            if value is not None:
+                values[ident] = value
+        return MappingProxyType(values)
+
+    def build(
+        self,
+        *,
+        node_cpu_avg_window_s: float | None = None,
+        be_window_s: float | None = None,
+        now: float | None = None,
+    ) -> Snapshot | None:
+        """A snapshot of now; None while the node is not known yet."""
+        node = self._states.node()
+        if node is None:
+            return None
+        now = self._clock() if now is None else now
+        node_cpu_avg: float | None = None
+        pod_cpu_avg: Mapping[str, float] = _EMPTY
+        if node_cpu_avg_window_s is not None:
+            start = now - node_cpu_avg_window_s
+            aggregate = self._cache.query(SeriesKey.of(MetricKind.NODE_CPU_USAGE), start, now)
+            node_cpu_avg = None if aggregate is None else aggregate.avg
+            averages: dict[str, float] = {}
+            for key in self._cache.keys(MetricKind.POD_CPU_USAGE):
+                uid = key.label(Label.POD_UID)
+                pod_aggregate = self._cache.query(key, start, now) if uid is not None else None
+                if uid is not None and pod_aggregate is not None:
+                    averages[uid] = pod_aggregate.avg
+            pod_cpu_avg = MappingProxyType(averages)
+        return Snapshot(
+            timestamp=now,
+            node=node,
+            node_slo=self._states.node_slo(),
+            pods=self._states.pods(),
+            cpus=self._cpus,
+            collect_interval_s=self._interval_s,
+            node_cpu_cores=self._latest(SeriesKey.of(MetricKind.NODE_CPU_USAGE), now),
+            node_memory_bytes=self._latest(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE), now),
+            pod_cpu_cores=self._latest_by_label(MetricKind.POD_CPU_USAGE, Label.POD_UID, now),
+            pod_memory_bytes=self._latest_by_label(MetricKind.POD_MEMORY_USAGE, Label.POD_UID, now),
+            container_cpu_cores=self._latest_by_label(MetricKind.CONTAINER_CPU_USAGE, Label.CONTAINER_ID, now),
+            container_throttled_ratio=self._latest_by_label(
+                MetricKind.CONTAINER_CPU_THROTTLED, Label.CONTAINER_ID, now
+            ),
+            host_app_cpu_cores=self._latest_by_label(HOST_APP_CPU_USAGE, Label.HOST_APP_NAME, now),
+            node_cpu_avg_cores=node_cpu_avg,
+            pod_cpu_avg_cores=pod_cpu_avg,
+            be_cpu=None if be_window_s is None else self._be_window(be_window_s, now),
+        )
+
+    def _be_window(self, window_s: float, now: float) -> BECPUWindow | None:
+        start = now - window_s
+        usage = self._cache.query(BE_CPU_USAGE_KEY, start, now)
+        request = self._cache.query(BE_CPU_REQUEST_KEY, start, now)
+        limit = self._cache.query(BE_CPU_REAL_LIMIT_KEY, start, now)
+        if usage is None or request is None or limit is None:
+            return None
+        return BECPUWindow(
+            window_s=window_s,
+            samples=min(usage.count, request.count, limit.count),
+            avg_usage_milli=usage.avg,
+            avg_request_milli=request.avg,
+            avg_real_limit_milli=limit.avg,
+            last_usage_milli=usage.last,
+            last_request_milli=request.last,
+            last_real_limit_milli=limit.last,
+        )

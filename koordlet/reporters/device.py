@@ -1,0 +1,92 @@
+"""GPUs in the agent (gate ``Accelerators``): a usage collector for the metrics advisor and the Device reporter loop.
+
+The NVML session, inventory and health watcher are :class:`koordlet.gpu.service.GPUService`; this module only
+schedules them. :class:`GPUCollector` puts per-GPU core and memory usage into the metric cache on the
+collector runner's clock (§7.1: "with node collector"). :class:`DeviceReportLoop` writes the Device object
+every ``-node-topology-sync-interval`` (3 s, §5.1) through :class:`koordlet.gpu.reporter.DeviceReporter`,
+which skips unchanged objects; a failed write is logged once when failing starts and retried next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from koordlet.gpu.metrics import usage_samples
+from koordlet.gpu.reporter import DeviceReporter, DeviceReportError
+from koordlet.gpu.service import GPUService
+from koordlet.metriccache import Sample
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SYNC_INTERVAL_S = 3.0
+
+
+class GPUCollector:
+    """A metricsadvisor collector over a started GPUService."""
+
+    name = "gpu"
+
+    def __init__(self, service: GPUService, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self._service = service
+
+    def enabled(self) -> bool:
+        return bool(self._service.inventory.gpus)
+
+    def collect(self, now: float) -> list[Sample]:
+        return usage_samples(self._service.usage(), now)
+
+
+class DeviceReportLoop:
+    """Reports the Device object on a timer; the GPU service stays its owner's to stop."""
+
+    def __init__(self, service: GPUService, reporter: DeviceReporter, interval_s: float = DEFAULT_SYNC_INTERVAL_S,
+                 node_uid: Callable[[], str] = lambda: "", observe: Callable[[str], None] | None = None) -> None:
+        self._service = service
+        self._reporter = reporter
+        self._interval_s = interval_s
+        self._node_uid = node_uid
+        self._observe = observe or (lambda outcome: None)
+        self._failing = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.reports = 0
+
+    def report_once(self) -> bool:
+        try:
+            result = self._service.report(self._reporter, self._node_uid())
+        except (DeviceReportError, ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as err:
+            self._observe("failed")
+            if not self._failing:
+                logger.warning("Device report failed; retrying every %.0f s: %s", self._interval_s, err)
+            self._failing = True
+            return False
+        if self._failing:
+            logger.info("Device report recovered")
+            self._failing = False
+        self.reports += 1
+        self._observe(result.value)
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            self.report_once()
+            if self._stop.wait(self._interval_s):
+                return
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("Device report loop already started")
+        self._thread = threading.Thread(target=self._loop, name="device-reporter", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None

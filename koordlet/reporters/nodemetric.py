@@ -1,0 +1,344 @@
+"""NodeMetric ``.status`` every report interval (koordinator.md §5.3), to the API server or a YAML file.
+
+What is reported, from the metric cache:
+  nodeUsage / systemUsage      avg over ``aggregateDurationSeconds`` (300 s) of node and system usage
+  aggregatedNodeUsages /       avg, p50, p90, p95, p99 over each of ``nodeAggregatePolicy.durations``
+  aggregatedSystemUsages       (5m, 10m, 30m); a duration is reported only when its samples span at least
+                               half of it, so a young agent does not pass 2 minutes off as "30m"
+  podsMetric                   each pod's avg usage over the aggregate duration, sorted by namespace/name,
+                               with its Koordinator QoS and priority class
+CPU is written in milli-cores (``1234m``), memory in bytes. ``nodeMemoryCollectPolicy`` picks the memory
+series (``usageWithPageCache`` uses the with-page-cache one; ``usageWithHotPageCache`` has no kidled
+data here and falls back to the default).
+
+The spec's ``metricCollectPolicy`` is read from the object at every report and sets the next interval.
+Writing is conflict-safe: GET, set ``status``, PUT ``/status`` with the object's resourceVersion; a 409
+re-reads and retries. Any other failure keeps the report for the next tick (the newest report wins:
+a report is rebuilt every tick, and the kept one is used only when rebuilding fails). A missing object is
+skipped with a log line, as Koordinator does (koord-manager creates it), or created when asked to.
+Without an API server the whole object is written atomically as YAML under the report dir.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import urllib3
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from koordlet.api.pod import PodMeta
+from koordlet.config import ConfigError, format_duration, parse_duration
+from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
+from koordlet.metriccache.cache import Aggregate
+
+logger = logging.getLogger(__name__)
+
+GROUP, VERSION, PLURAL, KIND = "slo.koordinator.sh", "v1alpha1", "nodemetrics", "NodeMetric"
+API_VERSION = f"{GROUP}/{VERSION}"
+MEMORY_WITHOUT_PAGE_CACHE = "usageWithoutPageCache"
+MEMORY_WITH_PAGE_CACHE = "usageWithPageCache"
+MEMORY_WITH_HOT_PAGE_CACHE = "usageWithHotPageCache"
+AGGREGATIONS = ("avg", "p50", "p90", "p95", "p99")
+MIN_COVERAGE = 0.5  # §5.3: an aggregate is reported only if its samples span >= 50 % of the duration
+_CONFLICT_RETRIES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class CollectPolicy:
+    """``spec.metricCollectPolicy`` with Koordinator's defaults (§5.3)."""
+
+    aggregate_duration_s: float = 300.0
+    report_interval_s: float = 60.0
+    durations_s: tuple[float, ...] = (300.0, 600.0, 1800.0)
+    memory_policy: str = MEMORY_WITHOUT_PAGE_CACHE
+
+
+def collect_policy_from_spec(spec: Mapping[str, Any] | None, default_interval_s: float = 60.0) -> CollectPolicy:
+    """The policy of a NodeMetric ``spec``; unset or unreadable fields take the defaults (logged)."""
+    policy = (spec or {}).get("metricCollectPolicy") or {}
+    aggregate = policy.get("aggregateDurationSeconds")
+    interval = policy.get("reportIntervalSeconds")
+    durations: list[float] = []
+    for text in ((policy.get("nodeAggregatePolicy") or {}).get("durations") or ()):
+        try:
+            seconds = parse_duration(str(text))
+        except ConfigError as err:
+            logger.warning("NodeMetric nodeAggregatePolicy: ignoring %r: %s", text, err)
+            continue
+        if seconds > 0:
+            durations.append(seconds)
+    memory = policy.get("nodeMemoryCollectPolicy") or MEMORY_WITHOUT_PAGE_CACHE
+    defaults = CollectPolicy()
+    return CollectPolicy(
+        aggregate_duration_s=float(aggregate) if isinstance(aggregate, int) and aggregate > 0
+        else defaults.aggregate_duration_s,
+        report_interval_s=float(interval) if isinstance(interval, int) and interval > 0 else default_interval_s,
+        durations_s=tuple(durations) or defaults.durations_s,
+        memory_policy=memory,
+    )
+
+
+def _cpu_quantity(cores: float) -> str:
+    return f"{max(round(cores * 1000), 0)}m"
+
+
+def _memory_quantity(memory_bytes: float) -> str:
+    return str(max(round(memory_bytes), 0))
+
+
+_AGGREGATORS: Mapping[str, Callable[[Aggregate], float]] = {
+    "avg": lambda a: a.avg, "p50": lambda a: a.p50, "p90": lambda a: a.p90, "p95": lambda a: a.p95,
+    "p99": lambda a: a.p99,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Series:
+    cpu: SeriesKey
+    memory: SeriesKey
+
+
+class StatusBuilder:
+    """Builds the ``status`` dict from the metric cache and the pods."""
+
+    def __init__(self, cache: MetricCache) -> None:
+        self._cache = cache
+
+    @staticmethod
+    def _node_series(policy: CollectPolicy) -> _Series:
+        memory = (MetricKind.NODE_MEMORY_USAGE_WITH_PAGE_CACHE if policy.memory_policy == MEMORY_WITH_PAGE_CACHE
+                  else MetricKind.NODE_MEMORY_USAGE)
+        return _Series(SeriesKey.of(MetricKind.NODE_CPU_USAGE), SeriesKey.of(memory))
+
+    @staticmethod
+    def _pod_series(pod_uid: str, policy: CollectPolicy) -> _Series:
+        memory = (MetricKind.POD_MEMORY_USAGE_WITH_PAGE_CACHE if policy.memory_policy == MEMORY_WITH_PAGE_CACHE
+                  else MetricKind.POD_MEMORY_USAGE)
+        labels = {Label.POD_UID: pod_uid}
+        return _Series(SeriesKey.of(MetricKind.POD_CPU_USAGE, **labels), SeriesKey.of(memory, **labels))
+
+    _SYSTEM = _Series(SeriesKey.of(MetricKind.SYS_CPU_USAGE), SeriesKey.of(MetricKind.SYS_MEMORY_USAGE))
+
+    def _avg_usage(self, series: _Series, start: float, end: float) -> dict[str, Any]:
+        resources: dict[str, str] = {}
+        cpu = self._cache.query(series.cpu, start, end)
+        memory = self._cache.query(series.memory, start, end)
+        if cpu is not None:
+            resources["cpu"] = _cpu_quantity(cpu.avg)
+        if memory is not None:
+            resources["memory"] = _memory_quantity(memory.avg)
+        return {"resources": resources}
+
+    def _aggregated(self, series: _Series, durations_s: Sequence[float], now: float) -> list[dict[str, Any]]:
+        out = []
+        for duration in durations_s:
+            cpu = self._cache.query(series.cpu, now - duration, now)
+            memory = self._cache.query(series.memory, now - duration, now)
+            if cpu is None or memory is None:
+                continue
+            if min(cpu.time_range_duration, memory.time_range_duration) < MIN_COVERAGE * duration:
+                continue
+            usage = {
+                name: {"resources": {"cpu": _cpu_quantity(fn(cpu)), "memory": _memory_quantity(fn(memory))}}
+                for name, fn in _AGGREGATORS.items()
+            }
+            out.append({"usage": usage, "duration": format_duration(duration)})
+        return out
+
+    def build(self, pods: Sequence[PodMeta], policy: CollectPolicy, now: float) -> dict[str, Any]:
+        start = now - policy.aggregate_duration_s
+        node_series = self._node_series(policy)
+        node_metric: dict[str, Any] = {
+            "nodeUsage": self._avg_usage(node_series, start, now),
+            "systemUsage": self._avg_usage(self._SYSTEM, start, now),
+        }
+        aggregated_node = self._aggregated(node_series, policy.durations_s, now)
+        if aggregated_node:
+            node_metric["aggregatedNodeUsages"] = aggregated_node
+        aggregated_system = self._aggregated(self._SYSTEM, policy.durations_s, now)
+        if aggregated_system:
+            node_metric["aggregatedSystemUsages"] = aggregated_system
+        pods_metric = []
+        for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
+            usage = self._avg_usage(self._pod_series(pod.uid, policy), start, now)
+            if not usage["resources"]:
+                continue  # no samples yet (new pod) or gone: nothing to say
+            entry: dict[str, Any] = {"namespace": pod.namespace, "name": pod.name, "podUsage": usage}
+            if pod.priority_class.value:
+                entry["priority"] = pod.priority_class.value
+            if pod.qos_class.value:
+                entry["qos"] = pod.qos_class.value
+            pods_metric.append(entry)
+        return {
+            "updateTime": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "nodeMetric": node_metric,
+            "podsMetric": pods_metric,
+        }
+
+
+class ReportOutcome(enum.StrEnum):
+    UPDATED = "updated"
+    CREATED = "created"
+    SKIPPED_MISSING = "skipped_missing"
+    WRITTEN = "written"
+    FAILED = "failed"
+
+
+class NodeMetricReporter:
+    """Reports the node's NodeMetric status on a timer; give ``custom_api`` or ``report_dir``."""
+
+    def __init__(
+        self,
+        node_name: str,
+        cache: MetricCache,
+        pods: Callable[[], Sequence[PodMeta]],
+        custom_api: Any | None = None,
+        report_dir: str | None = None,
+        default_interval_s: float = 60.0,
+        create_missing: bool = False,
+        observe: Callable[[str], None] | None = None,
+        on_report: Callable[[dict[str, Any]], None] | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        if custom_api is None and report_dir is None:
+            raise ValueError("NodeMetricReporter needs a CustomObjectsApi or a report dir")
+        self.node_name = node_name
+        self._builder = StatusBuilder(cache)
+        self._pods = pods
+        self._api = custom_api
+        self._report_dir = report_dir
+        self._default_interval_s = default_interval_s
+        self._create_missing = create_missing
+        self._observe = observe or (lambda outcome: None)
+        self._on_report = on_report
+        self._wall_clock = wall_clock
+        self.policy = CollectPolicy(report_interval_s=default_interval_s)
+        self.pending: dict[str, Any] | None = None  # a report that could not be written yet
+        self.last_written: dict[str, Any] | None = None
+        self._missing_logged = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def file_path(self) -> str | None:
+        if self._report_dir is None:
+            return None
+        return os.path.join(self._report_dir, f"nodemetric-{self.node_name}.yaml")
+
+    # ------------------------------------------------------------------------------------- one report
+
+    def _build(self) -> dict[str, Any]:
+        try:
+            status = self._builder.build(self._pods(), self.policy, self._wall_clock())
+        except (ValueError, KeyError, ArithmeticError):
+            if self.pending is None:
+                raise
+            logger.exception("building the NodeMetric status failed; sending the previous report")
+            return self.pending
+        self.pending = status
+        return status
+
+    def report_once(self) -> ReportOutcome:
+        """Build the status and write it; never raises for API or file errors (they are logged, counted)."""
+        try:
+            outcome = self._report_api() if self._api is not None else self._report_file()
+        except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as err:
+            logger.warning("NodeMetric report failed, keeping it for the next tick: %s",
+                           str(err).splitlines()[0] if str(err) else type(err).__name__)
+            outcome = ReportOutcome.FAILED
+        self._observe(outcome.value)
+        return outcome
+
+    def _written(self, status: dict[str, Any]) -> None:
+        self.pending = None
+        self.last_written = status
+        if self._on_report is not None:
+            self._on_report(status)
+
+    def _report_api(self) -> ReportOutcome:
+        api = self._api
+        for _ in range(_CONFLICT_RETRIES):
+            try:
+                obj = api.get_cluster_custom_object(GROUP, VERSION, PLURAL, self.node_name)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+                if not self._create_missing:
+                    if not self._missing_logged:
+                        logger.info("NodeMetric %s does not exist; not reporting until it is created",
+                                    self.node_name)
+                        self._missing_logged = True
+                    return ReportOutcome.SKIPPED_MISSING
+                obj = api.create_cluster_custom_object(GROUP, VERSION, PLURAL, self._new_object())
+                logger.info("created NodeMetric %s", self.node_name)
+            self._missing_logged = False
+            self.policy = collect_policy_from_spec(obj.get("spec"), self._default_interval_s)
+            status = self._build()
+            obj["status"] = status
+            try:
+                api.replace_cluster_custom_object_status(GROUP, VERSION, PLURAL, self.node_name, obj)
+            except ApiException as err:
+                if err.status == 409:
+                    logger.debug("NodeMetric %s changed under us; re-reading", self.node_name)
+                    continue
+                raise
+            self._written(status)
+            return ReportOutcome.UPDATED
+        raise ValueError(f"NodeMetric {self.node_name}: still conflicting after {_CONFLICT_RETRIES} tries")
+
+    def _new_object(self) -> dict[str, Any]:
+        return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": self.node_name}, "spec": {}}
+
+    def _report_file(self) -> ReportOutcome:
+        status = self._build()
+        obj = self._new_object()
+        obj["status"] = status
+        path = self.file_path
+        if path is None:
+            raise ValueError("no report dir")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".nodemetric-", dir=os.path.dirname(path))
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                yaml.safe_dump(obj, handle, sort_keys=False)
+            os.replace(tmp, path)
+        except OSError:
+            os.unlink(tmp)
+            raise
+        self._written(status)
+        return ReportOutcome.WRITTEN
+
+    # ------------------------------------------------------------------------------------- timer
+
+    def _loop(self, first_delay_s: float) -> None:
+        delay = first_delay_s
+        while not self._stop.wait(delay):
+            self.report_once()
+            delay = self.policy.report_interval_s
+
+    def start(self, first_delay_s: float | None = None) -> None:
+        """Report every interval; the first report after ``first_delay_s`` (default: one interval)."""
+        if self._thread is not None:
+            raise RuntimeError("NodeMetric reporter already started")
+        delay = self.policy.report_interval_s if first_delay_s is None else first_delay_s
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, args=(delay,), name="nodemetric-reporter", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                logger.warning("NodeMetric reporter did not stop within %.1f s", timeout_s)
+            self._thread = None

@@ -1,0 +1,113 @@
+"""koordlet's runtime hooks: the hook server the proxy calls, its registration file, and the reconciler.
+
+    hooks = RuntimeHooks(RuntimeHooksConfig(...), states, executor, layout)
+    hooks.start()   # server up, koordlet.json written, reconciler running
+    hooks.stop()    # registration removed first, so the proxy stops calling a server that is going away
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hooks import registry
+from hooks.protocol import NodeContext, ResctrlNode
+from koordlet.api.pod import PodMeta
+from koordlet.executor import ResourceExecutor
+from koordlet.statesinformer.api import CallbackKind, StatesProvider
+from koordlet.system.kubepods import KubeCgroupLayout
+
+from .reconciler import Reconciler
+from .registration import remove_registration, write_registration
+from .server import HookService, serve
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeHooksConfig:
+    socket_path: str = "/var/run/koordlet/koordlet.sock"  # where koordlet listens
+    host_endpoint: str = "/var/run/koordlet/koordlet.sock"  # the same socket as the proxy on the host sees it
+    config_dir: str = "/etc/runtime/hookserver.d"
+    failure_policy: str = "Ignore"
+    disabled_stages: frozenset[str] = frozenset()
+    reconcile_interval_s: float = 10.0
+    feature_gates: Mapping[str, bool] = field(default_factory=dict)
+    resctrl_root: str | None = None
+    serve_hooks: bool = True  # False: reconciler only (no proxy on this node)
+
+
+def read_resctrl_node(resctrl_root: str | None) -> ResctrlNode | None:
+    """The node's RDT capabilities for the pod-level resctrl hook; None without RDT."""
+    if not resctrl_root:
+        return None
+    from koordlet.qosmanager.resctrl import ResctrlInfoError, read_resctrl_info
+
+    try:
+        info = read_resctrl_info(resctrl_root)
+    except ResctrlInfoError as err:
+        log.warning("resctrl at %s unusable: %s", resctrl_root, err)
+        return None
+    return None if info is None else ResctrlNode(info.cbm_mask, info.cache_ids, info.has_mb, info.vendor)
+
+
+def group_identity_supported(executor: ResourceExecutor, layout: KubeCgroupLayout) -> bool:
+    """Koordinator's check (§3.3): ``cpu.bvt_warp_ns`` exists in the kubepods dir (Anolis kernels)."""
+    from koordlet.executor import ExecutorError
+
+    try:
+        executor.read("cpu.bvt_warp_ns", layout.kubepods_dir())
+    except ExecutorError:
+        return False
+    return True
+
+
+class RuntimeHooks:
+    def __init__(self, config: RuntimeHooksConfig, states: StatesProvider, executor: ResourceExecutor,
+                 layout: KubeCgroupLayout) -> None:
+        self.config = config
+        self.states = states
+        self.plugins = registry.enabled(config.feature_gates)
+        self._resctrl = read_resctrl_node(config.resctrl_root) if config.feature_gates.get("Resctrl") else None
+        self._bvt = group_identity_supported(executor, layout)
+        self.reconciler = Reconciler(states.pods, self.node_context, lambda: self.plugins, executor, layout,
+                                     config.reconcile_interval_s)
+        self.service = HookService(lambda: self.plugins, self.node_context, self._known_pod, executor, layout,
+                                   config.disabled_stages)
+        self._server = None
+
+    def node_context(self) -> NodeContext:
+        node = self.states.node()
+        return NodeContext(node_slo=self.states.node_slo(), node_annotations=dict(node.annotations) if node else {},
+                           resctrl=self._resctrl, group_identity_supported=self._bvt)
+
+    def _known_pod(self, uid: str) -> PodMeta | None:
+        return next((p for p in self.states.pods() if p.uid == uid), None)
+
+    def stages(self) -> list[str]:
+        disabled = self.config.disabled_stages
+        return [s.value for s in registry.stages(self.config.feature_gates) if s.value not in disabled]
+
+    def start(self) -> None:
+        if self.config.serve_hooks:
+            os.makedirs(os.path.dirname(self.config.socket_path) or ".", mode=0o755, exist_ok=True)
+            self._server = serve(self.service, self.config.socket_path)
+            write_registration(self.config.config_dir, self.config.host_endpoint, self.config.failure_policy,
+                               self.stages())
+        for kind in (CallbackKind.ALL_PODS, CallbackKind.NODE_SLO_SPEC, CallbackKind.NODE_METADATA):
+            self.states.register_callback(kind, "runtimehooks-reconciler", self.reconciler.trigger)
+        self.reconciler.start()
+        log.info("runtime hooks: plugins %s, stages %s", [p.name for p in self.plugins], self.stages())
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self._server is not None:
+            remove_registration(self.config.config_dir)
+            self._server.stop(grace=min(timeout_s, 2.0)).wait(timeout_s)
+            self._server = None
+            try:
+                os.unlink(self.config.socket_path)
+            except FileNotFoundError:
+                pass
+        self.reconciler.stop(timeout_s)

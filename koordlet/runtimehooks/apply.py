@@ -1,0 +1,87 @@
+"""Plugin results -> executor updates, and the contexts plugins see, built from what koordlet knows."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_from_milli
+from koordlet.api.pod import ContainerMeta, PodMeta
+from koordlet.executor import ResourceUpdate
+from runtimeproxy.api import hookapi_pb2 as hookapi
+
+# Files whose values must respect the parent/child order on cgroup v1 (leveled update).
+_LEVELED = ("cpu.cfs_quota_us", "memory.limit_in_bytes", "cpuset.cpus")
+
+
+def cgroup_updates(changes: Changes, cgroup_dir: str) -> tuple[list[ResourceUpdate], list[ResourceUpdate]]:
+    """(leveled, plain) updates that put ``changes`` on ``cgroup_dir``; an empty cpuset is not written
+    (it means "follow the parent", which a container dir already does)."""
+    leveled: list[ResourceUpdate] = []
+    plain: list[ResourceUpdate] = []
+    if changes.cfs_quota_us is not None:
+        leveled.append(ResourceUpdate.of("cpu.cfs_quota_us", cgroup_dir, changes.cfs_quota_us))
+    if changes.memory_limit_bytes is not None:
+        leveled.append(ResourceUpdate.of("memory.limit_in_bytes", cgroup_dir, changes.memory_limit_bytes))
+    if changes.cpuset_cpus:
+        leveled.append(ResourceUpdate.of("cpuset.cpus", cgroup_dir, changes.cpuset_cpus))
+    if changes.cpu_shares is not None:
+        plain.append(ResourceUpdate.of("cpu.shares", cgroup_dir, changes.cpu_shares))
+    if changes.bvt_warp_ns is not None:
+        plain.append(ResourceUpdate.of("cpu.bvt_warp_ns", cgroup_dir, changes.bvt_warp_ns))
+    if changes.cpu_idle is not None:
+        plain.append(ResourceUpdate.of("cpu.idle", cgroup_dir, changes.cpu_idle))
+    return leveled, plain
+
+
+def pod_from_sandbox_request(req: hookapi.PodSandboxHookRequest, known: PodMeta | None = None) -> PodMeta:
+    pod = PodMeta(name=req.pod_meta.name, namespace=req.pod_meta.namespace, uid=req.pod_meta.uid,
+                  labels=dict(req.labels), annotations=dict(req.annotations), cgroup_parent=req.cgroup_parent)
+    return _with_spec(pod, known)
+
+
+def pod_from_container_request(req: hookapi.ContainerResourceHookRequest, known: PodMeta | None = None) -> PodMeta:
+    pod = PodMeta(name=req.pod_meta.name, namespace=req.pod_meta.namespace, uid=req.pod_meta.uid,
+                  labels=dict(req.pod_labels), annotations=dict(req.pod_annotations),
+                  cgroup_parent=req.pod_cgroup_parent)
+    return _with_spec(pod, known)
+
+
+def _with_spec(pod: PodMeta, known: PodMeta | None) -> PodMeta:
+    """A hook request has no pod spec: take requests, limits and priority from the states where known."""
+    if known is None:
+        return pod
+    return replace(pod, containers=known.containers, priority=known.priority, kube_qos=known.kube_qos,
+                   phase=known.phase)
+
+
+def container_context_from_request(pod: PodMeta, req: hookapi.ContainerResourceHookRequest) -> ContainerContext:
+    r = req.container_resources
+    return ContainerContext(
+        pod=pod, name=req.container_meta.name, container_id=req.container_meta.id,
+        resources=ContainerResources(cpu_shares=r.cpu_shares, cfs_quota_us=r.cpu_quota, cpuset_cpus=r.cpuset_cpus,
+                                     memory_limit_bytes=r.memory_limit_in_bytes),
+        envs=dict(req.container_envs),
+    )
+
+
+def container_context_from_meta(pod: PodMeta, container: ContainerMeta) -> ContainerContext:
+    return ContainerContext(
+        pod=pod, name=container.name, container_id=container.container_id,
+        resources=ContainerResources(cfs_quota_us=quota_from_milli(container.limits.get("cpu", 0)),
+                                     memory_limit_bytes=container.limits.get("memory", 0)),
+    )
+
+
+def apply_to_container_response(changes: Changes, resp: hookapi.ContainerResourceHookResponse) -> None:
+    r = resp.container_resources
+    if changes.cpu_shares is not None:
+        r.cpu_shares = changes.cpu_shares
+    if changes.cfs_quota_us is not None:
+        r.cpu_quota = changes.cfs_quota_us
+        if changes.cfs_quota_us > 0 and r.cpu_period <= 0:
+            r.cpu_period = 100_000
+    if changes.cpuset_cpus is not None:
+        r.cpuset_cpus = changes.cpuset_cpus
+    if changes.memory_limit_bytes is not None:
+        r.memory_limit_in_bytes = max(changes.memory_limit_bytes, 0)  # CRI: 0 = unlimited
+    resp.container_envs.update(changes.envs)

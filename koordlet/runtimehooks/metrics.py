@@ -1,0 +1,25 @@
+"""Runtime hook metrics (reference/koordinator.md §6), on the default registry koordlet serves."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000)
+
+HOOK_DURATION_MS = Histogram(
+    "koordlet_runtime_hook_invoked_duration_milliseconds",
+    "Time of one runtime hook call served by koordlet.",
+    ["hook", "stage", "status"],
+    buckets=_BUCKETS_MS,
+)
+RECONCILER_DURATION_MS = Histogram(
+    "koordlet_runtime_hook_reconciler_invoked_duration_milliseconds",
+    "Time of one reconciler pass by level.",
+    ["level", "resource_type", "status"],
+    buckets=_BUCKETS_MS,
+)
+PLUGIN_ERRORS = Counter(
+    "koordlet_runtime_hook_plugin_errors",
+    "Hook plugin runs skipped because their input (an annotation, the NodeSLO) was malformed.",
+    ["plugin"],
+)

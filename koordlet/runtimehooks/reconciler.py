@@ -1,0 +1,144 @@
+"""The reconciler (reference/koordinator.md §3.4): the same plugin results, applied to the cgroup files of
+every pod and container on a timer and whenever the pods or the NodeSLO change, so settings converge
+without the proxy, after a koordlet restart, and after someone changed a file by hand.
+
+Pods carrying the skip-hookserver label are left alone here too: the label opts a pod out of koordlet's
+runtime hooks as a whole. Quota, memory limit and cpuset go through the executor's leveled update (pod
+before its containers where a value grows, after them where it shrinks), as cgroup v1 requires.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from hooks import registry
+from hooks.protocol import NodeContext, PodContext
+from koordlet.api.pod import PodMeta
+from koordlet.api.qos import skips_hooks
+from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor, UnsupportedResourceError
+from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+
+from . import metrics
+from .apply import cgroup_updates, container_context_from_meta
+
+log = logging.getLogger(__name__)
+
+_TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+class Reconciler:
+    def __init__(self, pods: Callable[[], tuple[PodMeta, ...]], node: Callable[[], NodeContext],
+                 plugins: Callable[[], list[registry.Plugin]], executor: ResourceExecutor,
+                 layout: KubeCgroupLayout, interval_s: float = 10.0) -> None:
+        self._pods = pods
+        self._node = node
+        self._plugins = plugins
+        self._executor = executor
+        self._layout = layout
+        self.interval_s = interval_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.passes = 0
+
+    @staticmethod
+    def _report(plugin: str, pod: str, err: Exception) -> None:
+        log.warning("hook plugin %s skipped for %s: %s", plugin, pod, err)
+        metrics.PLUGIN_ERRORS.labels(plugin).inc()
+
+    def _pod_dir(self, pod: PodMeta) -> str | None:
+        if pod.cgroup_parent:
+            return self._layout.dir_from_cgroup_parent(pod.cgroup_parent)
+        kube_qos = pod.effective_kube_qos
+        return self._layout.pod_dir(pod.uid, kube_qos) if kube_qos is not None else None
+
+    def reconcile_pod(self, pod: PodMeta, node: NodeContext, plugins: list[registry.Plugin]) -> int:
+        """Apply one pod's results; returns the number of failed writes (pods gone meanwhile excluded)."""
+        pod_dir = self._pod_dir(pod)
+        if pod_dir is None:
+            return 0
+        pod_changes = registry.run_pod(plugins, node, PodContext(pod), self._report)
+        leveled, plain = cgroup_updates(pod_changes, pod_dir)
+        for container in pod.containers:
+            if not container.container_id:
+                continue
+            changes = registry.run_container(plugins, node, container_context_from_meta(pod, container),
+                                             self._report)
+            more_leveled, more_plain = cgroup_updates(
+                changes, self._layout.container_dir(pod_dir, container.container_id, container.runtime))
+            leveled += more_leveled
+            plain += more_plain
+        failed = 0
+        # verify: a value someone changed since koordlet wrote it is written again at once, not after the
+        # executor's 60 s write cache expires (that is what the reconciler is for).
+        for result in (self._executor.leveled_update(leveled, verify=True),
+                       self._executor.update_batch(plain, verify=True)):
+            for failure in result.failures:
+                # gone pods (no dir) and kernels without a file are not failures: nothing to do there
+                if not isinstance(failure.error, CgroupNotFoundError | UnsupportedResourceError):
+                    failed += 1
+                    log.warning("reconcile %s: %s", pod.key, failure.error)
+        if pod_changes.resctrl_group and pod_changes.resctrl_schemata:
+            failed += self._reconcile_resctrl(pod, pod_dir, pod_changes.resctrl_group, pod_changes.resctrl_schemata)
+        return failed
+
+    def _reconcile_resctrl(self, pod: PodMeta, pod_dir: str, group: str, schemata: str) -> int:
+        try:
+            self._executor.ensure_resctrl_group(group)
+            self._executor.write_resctrl(group, "schemata", schemata)
+            tasks = set()
+            for container in pod.containers:
+                if container.container_id:
+                    cdir = self._layout.container_dir(pod_dir, container.container_id, container.runtime)
+                    tasks.update(self._executor.read("cgroup.procs", cdir).split())
+            for pid in sorted(tasks):
+                self._executor.write_resctrl(group, "tasks", pid)
+        except ExecutorError as err:
+            log.warning("reconcile %s: resctrl group %s: %s", pod.key, group, err)
+            return 1
+        return 0
+
+    def reconcile_once(self) -> None:
+        started = time.perf_counter()
+        node, plugins = self._node(), self._plugins()
+        failed = 0
+        for pod in self._pods():
+            if pod.phase in _TERMINAL_PHASES or skips_hooks(pod.labels):
+                continue
+            try:
+                failed += self.reconcile_pod(pod, node, plugins)
+            except (CgroupPathError, ValueError) as err:
+                failed += 1
+                log.warning("reconcile %s: %s", pod.key, err)
+        self.passes += 1
+        status = "failed" if failed else "succeeded"
+        metrics.RECONCILER_DURATION_MS.labels("pod", "all", status).observe((time.perf_counter() - started) * 1000)
+
+    def trigger(self) -> None:
+        """Reconcile soon (pods or rules changed)."""
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.reconcile_once()
+            except Exception:  # noqa: BLE001 - the loop must outlive one bad pass
+                log.exception("reconcile pass failed")
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="runtime-hooks-reconciler", daemon=True)
+        self._thread.start()
+        self.trigger()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)

@@ -1,0 +1,39 @@
+"""koordlet's hook server registration file for the proxy (reference/koordinator.md §2.4)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "koordlet.json"
+
+
+def write_registration(config_dir: str, endpoint: str, failure_policy: str, hooks: Sequence[str]) -> str:
+    """Write ``koordlet.json`` atomically (tab-indented, like Koordinator); returns its path."""
+    os.makedirs(config_dir, mode=0o755, exist_ok=True)
+    doc = {"remote-endpoint": endpoint, "failure-policy": failure_policy, "runtime-hooks": list(hooks)}
+    fd, tmp = tempfile.mkstemp(prefix=".koordlet-", suffix=".tmp", dir=config_dir)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent="\t")
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        path = os.path.join(config_dir, FILE_NAME)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    log.info("registered hook server %s for %s in %s", endpoint, ", ".join(hooks) or "no hooks", path)
+    return path
+
+
+def remove_registration(config_dir: str) -> None:
+    try:
+        os.unlink(os.path.join(config_dir, FILE_NAME))
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,167 @@
+"""koordlet's runtime.v1alpha1.RuntimeHookService: what the proxy asks on the pod lifecycle calls.
+
+Every answer starts as an echo of the request and is then changed by the plugins, so it always carries
+the full desired state (reference/koordinator.md §2.3). Pod-level settings cannot travel in a CRI request:
+the server writes them to the pod cgroup itself through the executor (§3.2, "Proxy" row) where the dir
+exists already, and the reconciler does where it did not yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+
+from hooks import registry
+from hooks.protocol import NodeContext, PodContext
+from koordlet.api.pod import PodMeta
+from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor
+from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from runtimeproxy.api import hookapi_pb2 as hookapi
+from runtimeproxy.api import hookapi_pb2_grpc as hookapi_grpc
+
+from . import metrics
+from .apply import (
+    apply_to_container_response,
+    cgroup_updates,
+    container_context_from_request,
+    pod_from_container_request,
+    pod_from_sandbox_request,
+)
+
+log = logging.getLogger(__name__)
+
+
+class HookService(hookapi_grpc.RuntimeHookServiceServicer):
+    def __init__(self, plugins: Callable[[], list[registry.Plugin]], node: Callable[[], NodeContext],
+                 known_pod: Callable[[str], PodMeta | None], executor: ResourceExecutor,
+                 layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset()) -> None:
+        self._plugins = plugins
+        self._node = node
+        self._known_pod = known_pod
+        self._executor = executor
+        self._layout = layout
+        self._disabled = disabled_stages
+
+    @staticmethod
+    def _report(plugin: str, pod: str, err: Exception) -> None:
+        log.warning("hook plugin %s skipped for %s: %s", plugin, pod, err)
+        metrics.PLUGIN_ERRORS.labels(plugin).inc()
+
+    def _timed(self, hook: str, stage: str, fn, request, echo):
+        started = time.perf_counter()
+        status = "succeeded"
+        try:
+            return fn(request)
+        except Exception:  # noqa: BLE001 - a bug here must not fail a pod: answer the echo instead
+            status = "failed"
+            log.exception("%s failed; answering with the request unchanged", hook)
+            return echo(request)
+        finally:
+            metrics.HOOK_DURATION_MS.labels(hook, stage, status).observe((time.perf_counter() - started) * 1000)
+
+    # -- pod -------------------------------------------------------------------------------------
+    def _pre_run_pod_sandbox(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
+        resp = hookapi.PodSandboxHookResponse(labels=req.labels, annotations=req.annotations,
+                                              cgroup_parent=req.cgroup_parent, resources=req.resources)
+        if registry.Stage.PRE_RUN_POD_SANDBOX.value in self._disabled:
+            return resp
+        pod = pod_from_sandbox_request(req, self._known_pod(req.pod_meta.uid))
+        plugins = [p for p in self._plugins() if registry.Stage.PRE_RUN_POD_SANDBOX in p.stages]
+        changes = registry.run_pod(plugins, self._node(), PodContext(pod), self._report)
+        if not changes:
+            return resp
+        if changes.cpu_shares is not None:
+            resp.resources.cpu_shares = changes.cpu_shares
+        if changes.cfs_quota_us is not None:
+            resp.resources.cpu_quota = changes.cfs_quota_us
+        if changes.memory_limit_bytes is not None:
+            resp.resources.memory_limit_in_bytes = max(changes.memory_limit_bytes, 0)
+        self._write_pod_level(pod, changes)
+        return resp
+
+    def _write_pod_level(self, pod: PodMeta, changes) -> None:
+        if not pod.cgroup_parent:
+            return
+        try:
+            pod_dir = self._layout.dir_from_cgroup_parent(pod.cgroup_parent)
+        except CgroupPathError as err:
+            log.warning("pod %s: bad cgroup parent: %s", pod.key, err)
+            return
+        leveled, plain = cgroup_updates(changes, pod_dir)
+        for result in (self._executor.leveled_update(leveled), self._executor.update_batch(plain)):
+            for failure in result.failures:
+                if isinstance(failure.error, CgroupNotFoundError):
+                    log.debug("pod %s: %s not there yet; the reconciler will apply it", pod.key, pod_dir)
+                else:
+                    log.warning("pod %s: %s", pod.key, failure.error)
+        if changes.resctrl_group and changes.resctrl_schemata:
+            try:
+                self._executor.ensure_resctrl_group(changes.resctrl_group)
+                self._executor.write_resctrl(changes.resctrl_group, "schemata", changes.resctrl_schemata)
+            except ExecutorError as err:
+                log.warning("pod %s: resctrl group %s: %s", pod.key, changes.resctrl_group, err)
+
+    @staticmethod
+    def _pod_echo(request: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
+        return hookapi.PodSandboxHookResponse(labels=request.labels, annotations=request.annotations,
+                                              cgroup_parent=request.cgroup_parent, resources=request.resources)
+
+    def PreRunPodSandboxHook(self, request, context):  # noqa: N802 - gRPC method name
+        return self._timed("PreRunPodSandbox", "pre", self._pre_run_pod_sandbox, request, self._pod_echo)
+
+    def PostStopPodSandboxHook(self, request, context):  # noqa: N802
+        return self._pod_echo(request)
+
+    # -- containers --------------------------------------------------------------------------------
+    @staticmethod
+    def _container_echo(req: hookapi.ContainerResourceHookRequest) -> hookapi.ContainerResourceHookResponse:
+        return hookapi.ContainerResourceHookResponse(
+            container_annotations=req.container_annotations, container_resources=req.container_resources,
+            pod_cgroup_parent=req.pod_cgroup_parent, container_envs=req.container_envs)
+
+    def _container(self, stage: registry.Stage, req: hookapi.ContainerResourceHookRequest):
+        resp = self._container_echo(req)
+        if stage.value in self._disabled:
+            return resp
+        pod = pod_from_container_request(req, self._known_pod(req.pod_meta.uid))
+        plugins = [p for p in self._plugins() if stage in p.stages]
+        changes = registry.run_container(plugins, self._node(), container_context_from_request(pod, req),
+                                         self._report)
+        apply_to_container_response(changes, resp)
+        return resp
+
+    def PreCreateContainerHook(self, request, context):  # noqa: N802
+        return self._timed("PreCreateContainer", "pre",
+                           lambda r: self._container(registry.Stage.PRE_CREATE_CONTAINER, r), request,
+                           self._container_echo)
+
+    def PreUpdateContainerResourcesHook(self, request, context):  # noqa: N802
+        return self._timed("PreUpdateContainerResources", "pre",
+                           lambda r: self._container(registry.Stage.PRE_UPDATE_CONTAINER_RESOURCES, r), request,
+                           self._container_echo)
+
+    def _echo(self, request, context):
+        return self._container_echo(request)
+
+    PreStartContainerHook = _echo
+    PostStartContainerHook = _echo
+    PostStopContainerHook = _echo
+
+
+def serve(service: HookService, socket_path: str, workers: int = 4) -> grpc.Server:
+    """Start the gRPC server on a unix socket (0660); refuses a live socket, removes a stale one."""
+    import os
+
+    from runtimeproxy.server import prepare_socket
+
+    prepare_socket(socket_path)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="runtime-hook"))
+    hookapi_grpc.add_RuntimeHookServiceServicer_to_server(service, server)
+    server.add_insecure_port(f"unix://{socket_path}")
+    server.start()
+    os.chmod(socket_path, 0o660)
+    return server

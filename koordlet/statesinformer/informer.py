@@ -1,0 +1,213 @@
+"""The states informer: one StatesProvider fed by a pod source (polled) and node / NodeSLO sources (pushed).
+
+Pods are polled from a :class:`PodSource` (kubelet ``/pods`` or the CRI) every sync interval (§8.1: 10 s);
+a failed poll keeps the last good list, is logged once when failing starts and once on recovery, and is
+counted. When the pod list changes, the metric cache drops the series of pods and containers that are
+gone (:meth:`MetricCache.gc`) and ``AllPods`` callbacks fire. The node and NodeSLO watchers push through
+:meth:`set_node`, :meth:`set_node_slo` and :meth:`reject_node_slo`; a rejected NodeSLO leaves the last
+good one in place.
+
+Callbacks run on the thread that changed the state, after the change and outside the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
+from koordlet.api.pod import PodMeta
+from koordlet.metriccache import MetricCache
+from koordlet.statesinformer.api import Callbacks, CallbackKind, NodeInfo
+
+logger = logging.getLogger(__name__)
+
+
+class PodSourceError(RuntimeError):
+    """The pod source could not give a pod list this time (unreachable, bad answer, empty list)."""
+
+
+class PodSource(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def list_pods(self) -> tuple[PodMeta, ...]:
+        """The node's pods now; raises PodSourceError."""
+        ...
+
+
+ErrorCounter = Callable[[str], None]
+MIN_RESYNC_GAP_S = 0.2
+
+
+class StatesInformer:
+    """Implements :class:`koordlet.statesinformer.api.StatesProvider`."""
+
+    def __init__(
+        self,
+        pod_source: PodSource,
+        sync_interval_s: float = 10.0,
+        metric_cache: MetricCache | None = None,
+        count_error: ErrorCounter | None = None,
+        needs_node: bool = True,
+        needs_node_slo: bool = True,
+    ) -> None:
+        if sync_interval_s <= 0:
+            raise ValueError("sync interval must be positive")
+        self._pod_source = pod_source
+        self._sync_interval_s = sync_interval_s
+        self._cache = metric_cache
+        self._count_error = count_error or (lambda source: None)
+        self._lock = threading.Lock()
+        self._node: NodeInfo | None = None
+        self._node_slo = default_node_slo_spec()
+        self._pods: tuple[PodMeta, ...] = ()
+        self._pods_synced = False
+        self._node_slo_synced = not needs_node_slo
+        self._needs_node = needs_node
+        self._pods_failing = False
+        self._callbacks = Callbacks()
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self._resync = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._follow_up_at: float | None = None
+        self.pod_syncs = 0
+        self.pod_sync_failures = 0
+
+    # ----------------------------------------------------------------------------- StatesProvider
+
+    def node(self) -> NodeInfo | None:
+        return self._node
+
+    def node_slo(self) -> NodeSLOSpec:
+        return self._node_slo
+
+    def pods(self) -> tuple[PodMeta, ...]:
+        return self._pods
+
+    def register_callback(self, kind: CallbackKind, name: str, fn: Callable[[], None]) -> None:
+        self._callbacks.register(kind, name, fn)
+
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        return self._synced.wait(timeout_s)
+
+    # ----------------------------------------------------------------------------- pushed states
+
+    def set_node(self, node: NodeInfo) -> None:
+        with self._lock:
+            first = self._node is None
+            changed = node != self._node
+            self._node = node
+        if first and not self._pods_synced:
+            self._resync.set()  # the kubelet address comes with the node: poll now, not a sync interval later
+        self._update_synced()
+        if changed:
+            self._callbacks.fire(CallbackKind.NODE_METADATA)
+
+    def set_node_slo(self, spec: NodeSLOSpec) -> None:
+        with self._lock:
+            changed = spec != self._node_slo
+            self._node_slo = spec
+            self._node_slo_synced = True
+        self._update_synced()
+        if changed:
+            self._callbacks.fire(CallbackKind.NODE_SLO_SPEC)
+
+    def reject_node_slo(self, reason: str) -> None:
+        """An invalid NodeSLO arrived: keep the last good one (or the defaults), but count as synced so
+        a bad spec cannot hold the agent's start forever."""
+        logger.warning("NodeSLO rejected, keeping the last good spec: %s", reason)
+        self._count_error("nodeslo")
+        with self._lock:
+            self._node_slo_synced = True
+        self._update_synced()
+
+    def _update_synced(self) -> None:
+        with self._lock:
+            ready = self._pods_synced and self._node_slo_synced and (self._node is not None or not self._needs_node)
+        if ready and not self._synced.is_set():
+            logger.info("states informer synced: %d pods", len(self._pods))
+            self._synced.set()
+
+    # ----------------------------------------------------------------------------- pods
+
+    def sync_pods(self) -> bool:
+        """Poll the pod source once; True when a list was taken."""
+        try:
+            pods = self._pod_source.list_pods()
+        except PodSourceError as err:
+            self.pod_sync_failures += 1
+            self._count_error(self._pod_source.name)
+            if not self._pods_failing:
+                logger.warning("pod sync from %s failed (keeping %d known pods): %s",
+                               self._pod_source.name, len(self._pods), err)
+            self._pods_failing = True
+            return False
+        if self._pods_failing:
+            logger.info("pod sync from %s recovered", self._pod_source.name)
+            self._pods_failing = False
+        self.pod_syncs += 1
+        with self._lock:
+            changed = not self._pods_synced or pods != self._pods
+            self._pods = pods
+            self._pods_synced = True
+        self._update_synced()
+        if changed:
+            self._gc(pods)
+            self._callbacks.fire(CallbackKind.ALL_PODS)
+        return True
+
+    def _gc(self, pods: tuple[PodMeta, ...]) -> None:
+        if self._cache is None:
+            return
+        uids = {pod.uid for pod in pods}
+        container_ids = {c.container_id for pod in pods for c in pod.containers if c.container_id}
+        dropped = self._cache.gc(uids, container_ids)
+        if dropped:
+            logger.debug("dropped %d metric series of pods that are gone", dropped)
+
+    def request_resync(self, follow_up_s: float = 0.0) -> None:
+        """Poll pods now (a new pod cgroup appeared, §8.1 PLEG), and once more ``follow_up_s`` later: the
+        cgroup appears before the runtime reports the sandbox ready, so the first poll can miss the pod."""
+        if follow_up_s > 0:
+            self._follow_up_at = time.monotonic() + follow_up_s
+        self._resync.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.sync_pods()
+            remaining = self._sync_interval_s - (time.monotonic() - started)
+            follow_up_at = self._follow_up_at
+            if follow_up_at is not None:
+                if follow_up_at <= started:
+                    self._follow_up_at = None  # this sync was the follow-up
+                else:
+                    remaining = min(remaining, follow_up_at - time.monotonic())
+            if self._resync.wait(max(remaining, 0.0)):
+                # §8.1: event-driven syncs at most 5 per second, however many pods appear at once.
+                self._stop.wait(max(MIN_RESYNC_GAP_S - (time.monotonic() - started), 0.0))
+                self._resync.clear()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("states informer already started")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="statesinformer-pods", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._resync.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                logger.warning("pod sync thread did not stop within %.1f s", timeout_s)
+            self._thread = None

@@ -1,0 +1,140 @@
+"""Where the cgroup hierarchies are: version (v1/v2) and kubelet cgroup driver detection (koordinator.md §8.2).
+
+Every function takes the filesystem root (default ``/``) so tests point it at a fixture tree. Version
+detection reads ``<root>/proc/self/mountinfo`` rather than statfs: it gives the same answer for the
+live system (the filesystem type of ``/sys/fs/cgroup``), works for a fixture root, and needs no ctypes.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+CGROUP_MOUNT = "sys/fs/cgroup"
+MOUNTINFO = "proc/self/mountinfo"
+
+
+class CgroupVersion(enum.IntEnum):
+    V1 = 1
+    V2 = 2
+
+
+class CgroupDriver(enum.StrEnum):
+    CGROUPFS = "cgroupfs"
+    SYSTEMD = "systemd"
+
+
+@dataclass(frozen=True, slots=True)
+class MountInfo:
+    mount_point: str
+    fs_type: str
+    super_options: str
+
+
+def _unescape_mount_field(text: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \040, \011, \012, \134.
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    index = 0
+    while index < len(text):
+        chunk = text[index : index + 4]
+        if len(chunk) == 4 and chunk[0] == "\\" and all(c in "01234567" for c in chunk[1:]):
+            out.append(chr(int(chunk[1:], 8)))
+            index += 4
+        else:
+            out.append(text[index])
+            index += 1
+    return "".join(out)
+
+
+def parse_mountinfo(text: str) -> list[MountInfo]:
+    """Mounts of a ``/proc/<pid>/mountinfo`` text; malformed lines are skipped."""
+    mounts: list[MountInfo] = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 10 or "-" not in fields[6:]:
+            continue
+        separator = fields.index("-", 6)
+        if separator + 3 > len(fields):
+            continue
+        mounts.append(
+            MountInfo(
+                mount_point=_unescape_mount_field(fields[4]),
+                fs_type=fields[separator + 1],
+                super_options=fields[separator + 3] if separator + 3 < len(fields) else "",
+            )
+        )
+    return mounts
+
+
+def detect_cgroup_version(root: str = "/", mount: str = CGROUP_MOUNT) -> CgroupVersion:
+    """V2 when ``/<mount>`` is a cgroup2 filesystem in ``<root>/proc/self/mountinfo``, else V1.
+
+    A missing mountinfo (a bare fixture tree) counts as V1. The last mount on a mount point wins, as in
+    the kernel's view of overmounts.
+    """
+    target = "/" + mount.strip("/")
+    try:
+        with open(os.path.join(root, MOUNTINFO), encoding="utf-8", errors="replace") as f:
+            mounts = parse_mountinfo(f.read())
+    except FileNotFoundError:
+        logger.debug("no mountinfo under %s; assuming cgroup v1", root)
+        return CgroupVersion.V1
+    fs_type = ""
+    for mount_entry in mounts:
+        if mount_entry.mount_point == target:
+            fs_type = mount_entry.fs_type
+    return CgroupVersion.V2 if fs_type == "cgroup2" else CgroupVersion.V1
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupFS:
+    """The cgroup hierarchies of a host: ``<root>/<mount>/<subsystem>/`` on v1, ``<root>/<mount>/`` on v2.
+
+    Cgroup dirs handed to :meth:`cgroup_dir` are relative to a hierarchy root (a leading ``/`` is allowed,
+    as in CRI cgroup parents); they are not checked here — the executor checks every path it writes.
+    """
+
+    root: str = "/"
+    version: CgroupVersion = CgroupVersion.V1
+    mount: str = CGROUP_MOUNT
+
+    @classmethod
+    def detect(cls, root: str = "/", mount: str = CGROUP_MOUNT) -> CgroupFS:
+        return cls(root=root, version=detect_cgroup_version(root, mount), mount=mount)
+
+    @property
+    def mount_dir(self) -> str:
+        return os.path.join(self.root, self.mount)
+
+    def hierarchy_dir(self, subsystem: str) -> str:
+        """Root of the hierarchy holding ``subsystem`` (v2: the unified root for every subsystem)."""
+        if self.version is CgroupVersion.V2:
+            return self.mount_dir
+        return os.path.join(self.mount_dir, subsystem)
+
+    def cgroup_dir(self, subsystem: str, rel_dir: str) -> str:
+        """Absolute path of cgroup ``rel_dir`` in the hierarchy of ``subsystem``."""
+        rel = rel_dir.strip("/")
+        base = self.hierarchy_dir(subsystem)
+        return os.path.join(base, rel) if rel else base
+
+
+def detect_cgroup_driver(cgroup_fs: CgroupFS, cgroup_root: str = "/") -> CgroupDriver:
+    """systemd when ``kubepods.slice`` exists under the cpu hierarchy (+ kubelet ``--cgroup-root``),
+    cgroupfs when ``kubepods`` does, else cgroupfs (§8.2).
+
+    Koordinator also asks the kubelet process (``--cgroup-driver`` / its config file) when neither dir
+    exists yet; we do not, because the dir appears as soon as kubelet starts and the reconciler re-detects.
+    """
+    base = cgroup_fs.cgroup_dir("cpu", cgroup_root)
+    if os.path.isdir(os.path.join(base, "kubepods.slice")):
+        return CgroupDriver.SYSTEMD
+    if not os.path.isdir(os.path.join(base, "kubepods")):
+        logger.debug("no kubepods dir under %s; assuming the cgroupfs driver", base)
+    return CgroupDriver.CGROUPFS

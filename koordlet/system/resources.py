@@ -1,0 +1,322 @@
+"""The registry of cgroup files koordlet reads and writes, with v1 and v2 names, validators and the v1→v2
+value translation (koordinator.md §10, peers.md §9.1, ranges of peers.md §14.6).
+
+Values are given in v1 terms (``cpu.cfs_quota_us = -1``, ``cpu.shares = 1024``) everywhere in koordlet;
+:meth:`CgroupResource.to_file_value` turns them into what the file of the running version takes.
+
+cpu.shares → cpu.weight uses the linear kubelet/runc ≤ 1.3.1 mapping of §10,
+``weight = 1 + (shares − 2) × 9999 / 262142`` (integer division; 1024 → 39), not the newer quadratic one
+(peers.md §9.1). Reasons: it is the mapping Koordinator writes, and the one the runc on our target nodes
+(runc 1.1.5 with containerd 1.6) writes for the same CRI ``cpu_shares``; using the other one would make
+the reconciler and the runtime rewrite each other's value forever.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from koordlet.api.cpuset import CPUListError, format_cpu_list, parse_cpu_list
+from koordlet.system.cgroup import CgroupVersion
+
+INT64_MAX = 2**63 - 1
+CFS_PERIOD_DEFAULT_US = 100000
+PID_MAX_LIMIT = 4194304  # kernel PID_MAX_LIMIT on 64-bit
+CPU_SHARES_MIN = 2
+CPU_SHARES_MAX = 262144
+CPU_WEIGHT_MIN = 1
+CPU_WEIGHT_MAX = 10000
+
+
+class InvalidCgroupValueError(ValueError):
+    """A value is not valid for a cgroup resource; it is never written."""
+
+
+class UnknownCgroupResourceError(KeyError):
+    """No resource of that name in the registry."""
+
+
+class ValueKind(enum.Enum):
+    INT_RANGE = "int-range"
+    CPU_LIST = "cpu-list"
+    READ_ONLY = "read-only"
+
+
+Validator = Callable[[str], str]
+# (validated v1 value, current content of the v2 file or None) → content to write to the v2 file.
+V2Translator = Callable[[str, str | None], str]
+# (current v1 value, wanted v1 value) → the looser of the two, for the leveled batch.
+Merger = Callable[[str, str], str]
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupResource:
+    """One cgroup file. ``name`` is the registry key: the v1 file name, or the v2 name for v2-only files.
+
+    ``v1_file``/``v2_file`` None: the resource does not exist in that version. ``merge`` None: the file
+    has no parent/child constraint, so the leveled batch writes it once with the exact value.
+    """
+
+    name: str
+    subsystem: str
+    v1_file: str | None
+    v2_file: str | None
+    kind: ValueKind
+    validator: Validator | None = None
+    to_v2: V2Translator | None = None
+    merge: Merger | None = None
+    description: str = ""
+    v2_needs_current: bool = False  # the v2 file holds more than this value (cpu.max: quota and period)
+
+    @property
+    def writable(self) -> bool:
+        return self.validator is not None
+
+    def file_name(self, version: CgroupVersion) -> str | None:
+        return self.v2_file if version is CgroupVersion.V2 else self.v1_file
+
+    def validate(self, value: str | int) -> str:
+        """The value in canonical v1 form; raises InvalidCgroupValueError naming the resource and reason."""
+        if self.validator is None:
+            raise InvalidCgroupValueError(f"{self.name} is read-only")
+        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(text, str):
+            raise InvalidCgroupValueError(f"{self.name}: value must be a string or int, got {type(value).__name__}")
+        try:
+            return self.validator(text)
+        except InvalidCgroupValueError as exc:
+            raise InvalidCgroupValueError(f"{self.name}: {exc}") from exc
+
+    def to_file_value(self, value: str, version: CgroupVersion, current_v2: str | None = None) -> str:
+        """What to write to the file of ``version`` for the validated v1 ``value``."""
+        if version is CgroupVersion.V2 and self.to_v2 is not None:
+            return self.to_v2(value, current_v2)
+        return value
+
+
+# ------------------------------------------------------------------------------------------- validators
+
+
+def _parse_int(text: str) -> int:
+    stripped = text.strip()
+    body = stripped[1:] if stripped[:1] in "+-" else stripped
+    if not body or not body.isascii() or not body.isdigit():
+        raise InvalidCgroupValueError(f"not an integer: {text[:40]!r}")
+    return int(stripped)
+
+
+def _int_range(low: int, high: int, *, allow_unlimited: bool = False) -> Validator:
+    """An integer in [low, high]; with ``allow_unlimited`` also -1 (and "max", normalised to -1)."""
+
+    def validate(text: str) -> str:
+        if allow_unlimited and text.strip() in ("-1", "max"):
+            return "-1"
+        value = _parse_int(text)
+        if not low <= value <= high:
+            extra = " or -1" if allow_unlimited else ""
+            raise InvalidCgroupValueError(f"{value} outside [{low}, {high}]{extra}")
+        return str(value)
+
+    return validate
+
+
+def _cpu_list(text: str) -> str:
+    """A kernel CPU/node list, normalised (``"3,0-2"`` → ``"0-3"``); empty is allowed (inherit on v2)."""
+    try:
+        return format_cpu_list(parse_cpu_list(text))
+    except CPUListError as exc:
+        raise InvalidCgroupValueError(str(exc)) from exc
+
+
+# ------------------------------------------------------------------------------------- v2 translations
+
+
+def cpu_shares_to_weight(shares: int) -> int:
+    """Linear kubelet/runc mapping of §10 (see module docstring), clamped to cpu.weight's range."""
+    shares = min(max(shares, CPU_SHARES_MIN), CPU_SHARES_MAX)
+    return CPU_WEIGHT_MIN + (shares - CPU_SHARES_MIN) * 9999 // (CPU_SHARES_MAX - CPU_SHARES_MIN)
+
+
+def _split_cpu_max(current: str | None) -> tuple[str, str]:
+    parts = (current or "").split()
+    quota = parts[0] if parts and (parts[0] == "max" or parts[0].isdigit()) else "max"
+    period = parts[1] if len(parts) > 1 and parts[1].isdigit() else str(CFS_PERIOD_DEFAULT_US)
+    return quota, period
+
+
+def _quota_to_cpu_max(value: str, current: str | None) -> str:
+    _, period = _split_cpu_max(current)
+    return f"{'max' if value == '-1' else value} {period}"
+
+
+def _period_to_cpu_max(value: str, current: str | None) -> str:
+    quota, _ = _split_cpu_max(current)
+    return f"{quota} {value}"
+
+
+def _unlimited_to_max(value: str, current: str | None) -> str:
+    return "max" if value == "-1" else value
+
+
+def _shares_to_weight(value: str, current: str | None) -> str:
+    return str(cpu_shares_to_weight(int(value)))
+
+
+# ---------------------------------------------------------------------------------- leveled-batch merges
+
+
+def _merge_cpu_list(current: str, wanted: str) -> str:
+    """Union: a parent must hold every CPU a child is about to get (v1 cpuset: child ⊆ parent)."""
+    try:
+        return format_cpu_list(set(parse_cpu_list(current)) | set(parse_cpu_list(wanted)))
+    except CPUListError:
+        return wanted
+
+
+def _merge_unlimited_max(current: str, wanted: str) -> str:
+    """The larger limit, -1 (unlimited) being the largest (v1 cfs quota: child ≤ parent)."""
+    try:
+        current_value = int(current.strip())
+    except ValueError:
+        return wanted
+    if current_value < 0 or wanted == "-1":
+        return "-1"
+    return str(max(current_value, int(wanted)))
+
+
+def _merge_max(current: str, wanted: str) -> str:
+    try:
+        return str(max(int(current.strip()), int(wanted)))
+    except ValueError:
+        return wanted
+
+
+# ------------------------------------------------------------------------------------------- registry
+
+
+def _rw(
+    name: str,
+    subsystem: str,
+    validator: Validator,
+    *,
+    v2_file: str | None = "",
+    to_v2: V2Translator | None = None,
+    merge: Merger | None = None,
+    kind: ValueKind = ValueKind.INT_RANGE,
+    description: str = "",
+) -> CgroupResource:
+    shares_v2_file = to_v2 in (_quota_to_cpu_max, _period_to_cpu_max)
+    return CgroupResource(
+        name=name,
+        subsystem=subsystem,
+        v1_file=name,
+        v2_file=name if v2_file == "" else v2_file,
+        kind=kind,
+        validator=validator,
+        to_v2=to_v2,
+        merge=merge,
+        description=description,
+        v2_needs_current=shares_v2_file,
+    )
+
+
+def _ro(name: str, subsystem: str, *, v1_file: str | None = "", v2_file: str | None = "") -> CgroupResource:
+    return CgroupResource(
+        name=name,
+        subsystem=subsystem,
+        v1_file=name if v1_file == "" else v1_file,
+        v2_file=name if v2_file == "" else v2_file,
+        kind=ValueKind.READ_ONLY,
+    )
+
+
+_NON_NEGATIVE = _int_range(0, INT64_MAX)
+_BOOL = _int_range(0, 1)
+
+_RESOURCES = (
+    # CPU (cpu subsystem)
+    _rw(
+        "cpu.shares",
+        "cpu",
+        _int_range(CPU_SHARES_MIN, CPU_SHARES_MAX),
+        v2_file="cpu.weight",
+        to_v2=_shares_to_weight,
+        description="CPU weight; v2 cpu.weight by the linear §10 mapping",
+    ),
+    _rw(
+        "cpu.cfs_quota_us",
+        "cpu",
+        _int_range(1000, INT64_MAX, allow_unlimited=True),
+        v2_file="cpu.max",
+        to_v2=_quota_to_cpu_max,
+        merge=_merge_unlimited_max,
+        description="CFS quota; v2 first field of cpu.max, -1 → max, period kept",
+    ),
+    _rw(
+        "cpu.cfs_period_us",
+        "cpu",
+        _int_range(1000, 1000000),
+        v2_file="cpu.max",
+        to_v2=_period_to_cpu_max,
+        description="CFS period; v2 second field of cpu.max, quota kept",
+    ),
+    _rw("cpu.cfs_burst_us", "cpu", _int_range(0, 100 * 10 * 100000), v2_file="cpu.max.burst"),
+    _rw("cpu.bvt_warp_ns", "cpu", _int_range(-1, 2), description="group identity (Anolis/Alinux)"),
+    _rw("cpu.idle", "cpu", _BOOL, description="SCHED_IDLE group"),
+    # cpuset
+    _rw("cpuset.cpus", "cpuset", _cpu_list, merge=_merge_cpu_list, kind=ValueKind.CPU_LIST),
+    _rw("cpuset.mems", "cpuset", _cpu_list, merge=_merge_cpu_list, kind=ValueKind.CPU_LIST),
+    # memory
+    _rw(
+        "memory.limit_in_bytes",
+        "memory",
+        _int_range(0, INT64_MAX, allow_unlimited=True),
+        v2_file="memory.max",
+        to_v2=_unlimited_to_max,
+        merge=_merge_unlimited_max,
+    ),
+    _rw("memory.min", "memory", _NON_NEGATIVE, merge=_merge_max),
+    _rw("memory.low", "memory", _NON_NEGATIVE, merge=_merge_max),
+    _rw(
+        "memory.high",
+        "memory",
+        _int_range(0, INT64_MAX, allow_unlimited=True),
+        to_v2=_unlimited_to_max,
+        merge=_merge_unlimited_max,
+    ),
+    _rw("memory.wmark_ratio", "memory", _int_range(0, 100), description="Anolis async reclaim"),
+    _rw("memory.wmark_scale_factor", "memory", _int_range(1, 1000), description="Anolis async reclaim"),
+    _rw("memory.wmark_min_adj", "memory", _int_range(-25, 50), description="Anolis"),
+    _rw("memory.priority", "memory", _int_range(0, 12), description="Anolis"),
+    _rw("memory.use_priority_oom", "memory", _BOOL, description="Anolis"),
+    _rw("memory.oom.group", "memory", _BOOL),
+    # tasks (written in the hierarchy the caller names; cpu by default)
+    _rw("cgroup.procs", "cpu", _int_range(1, PID_MAX_LIMIT)),
+    _rw("tasks", "cpu", _int_range(1, PID_MAX_LIMIT), v2_file="cgroup.threads"),
+    # net_cls (v1 only)
+    _rw("net_cls.classid", "net_cls", _int_range(0, 2**32 - 1), v2_file=None),
+    # read-only statistics
+    _ro("cpu.stat", "cpu"),
+    _ro("cpuacct.usage", "cpuacct", v2_file=None),
+    _ro("cpuacct.stat", "cpuacct", v2_file=None),
+    _ro("cpuset.effective_cpus", "cpuset", v2_file="cpuset.cpus.effective"),
+    _ro("memory.stat", "memory"),
+    _ro("memory.numa_stat", "memory"),
+    _ro("memory.usage_in_bytes", "memory", v2_file="memory.current"),
+    _ro("memory.events", "memory", v1_file=None),
+    _ro("cpu.pressure", "cpuacct"),
+    _ro("memory.pressure", "memory"),
+    _ro("io.pressure", "blkio"),
+)
+
+CGROUP_RESOURCES: Mapping[str, CgroupResource] = MappingProxyType({r.name: r for r in _RESOURCES})
+
+
+def get_resource(name: str) -> CgroupResource:
+    """The registry entry for ``name`` (e.g. ``"cpu.cfs_quota_us"``)."""
+    try:
+        return CGROUP_RESOURCES[name]
+    except KeyError:
+        raise UnknownCgroupResourceError(f"unknown cgroup resource {name!r}") from None

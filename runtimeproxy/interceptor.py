@@ -1,0 +1,370 @@
+"""The lifecycle calls: hook requests built, hook servers called, answers merged, runtime called.
+
+Per reference/koordinator.md §2.2 and §2.6–2.7, with its faults fixed:
+* every registered hook server that asks for a hook type is called, in file-name order, each one
+  seeing the request as the previous one left it (Koordinator calls the first match only);
+* each hook call has a deadline; on error `Ignore` goes on with the request as it was, `Fail`
+  returns an error to kubelet naming the hook server and the reason, and post hooks never fail a
+  call;
+* values a hook server answers that the kernel would refuse (a cgroup quota of 5, a cpuset of
+  "banana") are dropped with a log line and a metric, never sent to the runtime;
+* a request is re-encoded only when a hook changed it: otherwise kubelet's bytes go as they came.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+
+from google.protobuf.message import DecodeError, Message
+
+from . import h2
+from .api import cri_pb2 as cri
+from .api import hookapi_pb2 as hookapi
+from .backend import RuntimeClient, call_metadata
+from .hookclient import HookClient, HookError
+from .hookconfig import HookType, Registry
+from .metrics import ProxyMetrics
+from .relay import CallResult, HookedRequest
+from .store import Store, container_request, pod_request_from_config, to_cri_resources
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "/runtime.v1.RuntimeService/"
+_CPU_LIST = re.compile(r"^$|^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+Backend = Callable[[bytes], Awaitable[CallResult]]
+
+
+def _valid_cpu_list(text: str) -> bool:
+    if not _CPU_LIST.match(text):
+        return False
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        if hi and int(hi) < int(lo):
+            return False
+    return True
+
+
+def merge_resources(cached: hookapi.LinuxContainerResources, answer: hookapi.LinuxContainerResources,
+                    reject: Callable[[str, object], None]) -> None:
+    """koordinator.md §2.7 container resource merge, refusing values the kernel would refuse."""
+    if answer.cpu_period > 0:
+        if 1000 <= answer.cpu_period <= 1_000_000:
+            cached.cpu_period = answer.cpu_period
+        else:
+            reject("cpu_period", answer.cpu_period)
+    if answer.cpu_quota != 0:
+        if answer.cpu_quota == -1 or answer.cpu_quota >= 1000:
+            cached.cpu_quota = answer.cpu_quota
+        else:
+            reject("cpu_quota", answer.cpu_quota)
+    if answer.cpu_shares > 0:
+        if 2 <= answer.cpu_shares <= 262144:
+            cached.cpu_shares = answer.cpu_shares
+        else:
+            reject("cpu_shares", answer.cpu_shares)
+    if answer.memory_limit_in_bytes > 0:
+        cached.memory_limit_in_bytes = answer.memory_limit_in_bytes
+    if -1000 <= answer.oom_score_adj <= 1000:
+        cached.oom_score_adj = answer.oom_score_adj
+    else:
+        reject("oom_score_adj", answer.oom_score_adj)
+    # Taken even when empty: an empty cpuset clears it (how BE containers lose theirs, §2.7).
+    for name in ("cpuset_cpus", "cpuset_mems"):
+        value = getattr(answer, name)
+        if _valid_cpu_list(value):
+            setattr(cached, name, value)
+        else:
+            reject(name, value)
+    cached.unified.update(answer.unified)
+    if answer.memory_swap_limit_in_bytes > 0:
+        cached.memory_swap_limit_in_bytes = answer.memory_swap_limit_in_bytes
+    if answer.hugepage_limits:
+        del cached.hugepage_limits[:]
+        cached.hugepage_limits.extend(answer.hugepage_limits)
+
+
+def update_from_request(cached: hookapi.LinuxContainerResources, request: cri.LinuxContainerResources) -> None:
+    """koordinator.md §2.6: the cached resources as an UpdateContainerResources request changes them."""
+    if request.cpu_period > 0:
+        cached.cpu_period = request.cpu_period
+    if request.cpu_quota != 0:
+        cached.cpu_quota = request.cpu_quota
+    if request.cpu_shares > 0:
+        cached.cpu_shares = request.cpu_shares
+    if request.memory_limit_in_bytes > 0:
+        cached.memory_limit_in_bytes = request.memory_limit_in_bytes
+    if request.memory_swap_limit_in_bytes > 0:
+        cached.memory_swap_limit_in_bytes = request.memory_swap_limit_in_bytes
+    if request.cpuset_cpus:
+        cached.cpuset_cpus = request.cpuset_cpus
+    if request.cpuset_mems:
+        cached.cpuset_mems = request.cpuset_mems
+    cached.unified.update(request.unified)
+
+
+def _set_envs(config: cri.ContainerConfig, envs: dict[str, str]) -> None:
+    """Rebuild config.envs from the desired map, keeping kubelet's order for the keys it sent."""
+    order = [kv.key for kv in config.envs]
+    keys = [k for k in dict.fromkeys(order) if k in envs] + [k for k in envs if k not in order]
+    del config.envs[:]
+    config.envs.extend(cri.KeyValue(key=k, value=envs[k].encode("utf-8", "surrogateescape")) for k in keys)
+
+
+def _replace_map(target, values) -> None:
+    target.clear()
+    target.update(values)
+
+
+class LifecycleInterceptor:
+    """Serves withheld lifecycle calls for the relay (relay.Handler)."""
+
+    def __init__(self, runtime: RuntimeClient, metrics: ProxyMetrics, store: Store,
+                 registry: Registry | None = None, hooks: HookClient | None = None,
+                 skip_label: tuple[str, str] = ("runtimeproxy.koordinator.sh/skip-hookserver", "true"),
+                 hook_timeout_s: float = 2.0) -> None:
+        self.runtime = runtime
+        self.metrics = metrics
+        self.store = store
+        self.registry = registry
+        self.hooks = hooks or HookClient()
+        self.skip_label = skip_label
+        self.hook_timeout_s = hook_timeout_s
+        # The one table of the lifecycle calls: their request type and handler. The relay withholds
+        # exactly these methods (see ``methods``).
+        self._lifecycle: dict[str, tuple[type[Message], Callable]] = {
+            _PREFIX + "RunPodSandbox": (cri.RunPodSandboxRequest, self._run_pod_sandbox),
+            _PREFIX + "StopPodSandbox": (cri.StopPodSandboxRequest, self._stop_pod_sandbox),
+            _PREFIX + "CreateContainer": (cri.CreateContainerRequest, self._create_container),
+            _PREFIX + "StartContainer": (cri.StartContainerRequest, self._start_container),
+            _PREFIX + "UpdateContainerResources": (cri.UpdateContainerResourcesRequest,
+                                                   self._update_container_resources),
+            _PREFIX + "StopContainer": (cri.StopContainerRequest, self._stop_container),
+            _PREFIX + "RemoveContainer": (cri.RemoveContainerRequest, self._remove_container),
+        }
+
+    @property
+    def methods(self) -> frozenset[str]:
+        """The gRPC paths this interceptor serves: the ones the relay must withhold."""
+        return frozenset(self._lifecycle)
+
+    # -- entry ----------------------------------------------------------------------------------
+    def decode(self, method: str, message: bytes) -> Message | None:
+        try:
+            return self._lifecycle[method][0].FromString(message)
+        except DecodeError as err:
+            log.warning("cannot decode %s request (%d bytes): %s; forwarding it unchanged", method, len(message), err)
+            self.metrics.bad_requests.labels(self.metrics.short_method(method)).inc()
+            return None
+
+    async def __call__(self, req: HookedRequest) -> CallResult:
+        metadata, timeout = call_metadata(req.headers)
+        try:
+            compressed, message = h2.decode_grpc_message(bytes(req.body))
+            if compressed:
+                encoding = next((v for k, v in req.headers if k == b"grpc-encoding"), b"identity")
+                if encoding != b"gzip":
+                    return CallResult(h2.GRPC_INTERNAL, f"koord-runtime-proxy: unsupported grpc-encoding {encoding!r}")
+                message = gzip.decompress(message)
+        except (ValueError, OSError, EOFError) as err:
+            return CallResult(h2.GRPC_INTERNAL, f"koord-runtime-proxy: malformed {req.method} request: {err}")
+
+        async def backend(payload: bytes) -> CallResult:
+            started = time.perf_counter()
+            result = await self.runtime.call(req.method, payload, metadata, timeout)
+            self.metrics.stage(req.method, "backend", time.perf_counter() - started)
+            return result
+
+        request = self.decode(req.method, message)
+        if request is None:
+            return await backend(message)
+        return await self._lifecycle[req.method][1](request, message, backend)
+
+    # -- hook chains -----------------------------------------------------------------------------
+    def _skipped(self, labels) -> bool:
+        key, value = self.skip_label
+        return labels.get(key) == value
+
+    async def _chain(self, hook: HookType, method: str, build: Callable[[], Message],
+                     response_type: type[Message], merge: Callable[[Message], None]) -> CallResult | None:
+        """Call every matching hook server in order; an error result only for a Fail pre hook."""
+        servers = self.registry.matching(hook) if self.registry is not None else ()
+        if not servers:
+            return None
+        stage = "post_hook" if hook.is_post else "pre_hook"
+        started = time.perf_counter()
+        try:
+            for server in servers:
+                t0 = time.perf_counter()
+                try:
+                    answer = await self.hooks.call(server, hook, build(), response_type, self.hook_timeout_s)
+                except HookError as err:
+                    self.metrics.hook_errors.labels(server.name, hook.value, server.failure_policy.value).inc()
+                    if hook.is_post or server.failure_policy.value == "Ignore":
+                        log.warning("hook server %s (%s) %s: %s; going on without it",
+                                    server.name, server.endpoint, hook.value, err)
+                        continue
+                    log.error("hook server %s (%s) %s failed with policy Fail: %s",
+                              server.name, server.endpoint, hook.value, err)
+                    return CallResult(h2.GRPC_UNKNOWN, f"koord-runtime-proxy: hook server {server.name} "
+                                                       f"({server.endpoint}) failed {hook.value} with failure "
+                                                       f"policy Fail: {err}")
+                finally:
+                    self.metrics.hook_duration.labels(server.name, hook.value).observe(time.perf_counter() - t0)
+                merge(answer)
+            return None
+        finally:
+            self.metrics.stage(method, stage, time.perf_counter() - started)
+
+    def _rejecter(self, hook: HookType, who: str) -> Callable[[str, object], None]:
+        def reject(field: str, value: object) -> None:
+            log.warning("%s: hook answer for %s sets %s=%r, which the kernel would refuse; ignored",
+                        hook.value, who, field, value)
+            self.metrics.bad_hook_values.labels(hook.value, field).inc()
+        return reject
+
+    def _merge_container(self, creq: hookapi.ContainerResourceHookRequest, hook: HookType):
+        def merge(answer: hookapi.ContainerResourceHookResponse) -> None:
+            creq.container_annotations.update(answer.container_annotations)
+            if answer.HasField("container_resources"):
+                merge_resources(creq.container_resources, answer.container_resources,
+                                self._rejecter(hook, f"{creq.pod_meta.namespace}/{creq.pod_meta.name}/"
+                                                     f"{creq.container_meta.name}"))
+            if answer.pod_cgroup_parent:
+                creq.pod_cgroup_parent = answer.pod_cgroup_parent
+            if answer.container_envs:
+                _replace_map(creq.container_envs, answer.container_envs)
+        return merge
+
+    async def _container_chain(self, hook: HookType, method: str,
+                               creq: hookapi.ContainerResourceHookRequest) -> CallResult | None:
+        return await self._chain(hook, method, lambda: creq, hookapi.ContainerResourceHookResponse,
+                                 self._merge_container(creq, hook))
+
+    # -- pods --------------------------------------------------------------------------------------
+    async def _run_pod_sandbox(self, msg: cri.RunPodSandboxRequest, raw: bytes, backend: Backend) -> CallResult:
+        pod = pod_request_from_config(msg.config, msg.runtime_handler)
+        payload = raw
+        if not self._skipped(pod.labels):
+            before = pod.SerializeToString()
+
+            def merge(answer: hookapi.PodSandboxHookResponse) -> None:
+                pod.labels.update(answer.labels)
+                pod.annotations.update(answer.annotations)
+                if answer.cgroup_parent:
+                    pod.cgroup_parent = answer.cgroup_parent
+
+            failed = await self._chain(HookType.PRE_RUN_POD_SANDBOX, _PREFIX + "RunPodSandbox", lambda: pod,
+                                       hookapi.PodSandboxHookResponse, merge)
+            if failed is not None:
+                return failed
+            if pod.SerializeToString() != before:
+                _replace_map(msg.config.labels, pod.labels)
+                _replace_map(msg.config.annotations, pod.annotations)
+                msg.config.linux.cgroup_parent = pod.cgroup_parent
+                payload = msg.SerializeToString()
+        result = await backend(payload)
+        if result.code == h2.GRPC_OK and result.payload is not None:
+            sandbox_id = cri.RunPodSandboxResponse.FromString(result.payload).pod_sandbox_id
+            self.store.put_pod(sandbox_id, pod)
+        return result
+
+    async def _stop_pod_sandbox(self, msg: cri.StopPodSandboxRequest, raw: bytes, backend: Backend) -> CallResult:
+        result = await backend(raw)
+        pod = self.store.pods.get(msg.pod_sandbox_id)
+        if result.code == h2.GRPC_OK and pod is not None:
+            if not self._skipped(pod.labels):
+                await self._chain(HookType.POST_STOP_POD_SANDBOX, _PREFIX + "StopPodSandbox", lambda: pod,
+                                  hookapi.PodSandboxHookResponse, lambda _answer: None)
+            self.store.drop_pod(msg.pod_sandbox_id)
+        return result
+
+    # -- containers ---------------------------------------------------------------------------------
+    async def _create_container(self, msg: cri.CreateContainerRequest, raw: bytes, backend: Backend) -> CallResult:
+        # kubelet sends the sandbox config along: it stands in for a pod the store does not know.
+        # A stored pod's cgroup parent is the one its sandbox really got (a PreRunPodSandbox hook may
+        # have moved it); Koordinator takes kubelet's here and splits sandbox and containers apart.
+        stored = self.store.pods.get(msg.pod_sandbox_id)
+        pod = stored or pod_request_from_config(msg.sandbox_config, "")
+        parent = stored.cgroup_parent if stored is not None and stored.cgroup_parent else \
+            msg.sandbox_config.linux.cgroup_parent
+        creq = container_request(pod, msg.config, parent)
+        payload = raw
+        if not self._skipped(creq.pod_labels):
+            before = creq.SerializeToString()
+            failed = await self._container_chain(HookType.PRE_CREATE_CONTAINER, _PREFIX + "CreateContainer", creq)
+            if failed is not None:
+                return failed
+            if creq.SerializeToString() != before:
+                _replace_map(msg.config.annotations, creq.container_annotations)
+                msg.config.linux.resources.CopyFrom(to_cri_resources(creq.container_resources))
+                msg.sandbox_config.linux.cgroup_parent = creq.pod_cgroup_parent
+                _set_envs(msg.config, dict(creq.container_envs))
+                payload = msg.SerializeToString()
+        result = await backend(payload)
+        if result.code == h2.GRPC_OK and result.payload is not None:
+            container_id = cri.CreateContainerResponse.FromString(result.payload).container_id
+            self.store.put_container(container_id, msg.pod_sandbox_id, creq)
+        return result
+
+    async def _start_container(self, msg: cri.StartContainerRequest, raw: bytes, backend: Backend) -> CallResult:
+        creq = self.store.containers.get(msg.container_id)
+        hooked = creq is not None and not self._skipped(creq.pod_labels)
+        if hooked:
+            before = creq.SerializeToString()
+            failed = await self._container_chain(HookType.PRE_START_CONTAINER, _PREFIX + "StartContainer", creq)
+            if failed is not None:
+                return failed
+            if creq.SerializeToString() != before:  # StartContainer has nothing to change: cache only
+                self.store.touch_container(msg.container_id)
+        result = await backend(raw)
+        if hooked and result.code == h2.GRPC_OK:
+            await self._container_chain(HookType.POST_START_CONTAINER, _PREFIX + "StartContainer", creq)
+        return result
+
+    async def _update_container_resources(self, msg: cri.UpdateContainerResourcesRequest, raw: bytes,
+                                          backend: Backend) -> CallResult:
+        creq = self.store.containers.get(msg.container_id)
+        if creq is None or self._skipped(creq.pod_labels):
+            return await backend(raw)
+        updated = hookapi.ContainerResourceHookRequest()
+        updated.CopyFrom(creq)
+        update_from_request(updated.container_resources, msg.linux)  # oom_score_adj deliberately not taken
+        updated.container_annotations.update(msg.annotations)
+        before = updated.SerializeToString()
+        failed = await self._container_chain(HookType.PRE_UPDATE_CONTAINER_RESOURCES,
+                                             _PREFIX + "UpdateContainerResources", updated)
+        if failed is not None:
+            return failed
+        payload = raw
+        if updated.SerializeToString() != before:
+            oom_score_adj = msg.linux.oom_score_adj
+            msg.linux.CopyFrom(to_cri_resources(updated.container_resources))
+            msg.linux.oom_score_adj = oom_score_adj
+            _replace_map(msg.annotations, updated.container_annotations)
+            payload = msg.SerializeToString()
+        result = await backend(payload)
+        if result.code == h2.GRPC_OK:
+            self.store.put_container(msg.container_id, self.store.container_sandbox.get(msg.container_id, ""),
+                                     updated)
+        return result
+
+    async def _stop_container(self, msg: cri.StopContainerRequest, raw: bytes, backend: Backend) -> CallResult:
+        result = await backend(raw)
+        creq = self.store.containers.get(msg.container_id)
+        if result.code == h2.GRPC_OK and creq is not None:
+            if not self._skipped(creq.pod_labels):
+                await self._container_chain(HookType.POST_STOP_CONTAINER, _PREFIX + "StopContainer", creq)
+            self.store.drop_container(msg.container_id)
+        return result
+
+    async def _remove_container(self, msg: cri.RemoveContainerRequest, raw: bytes, backend: Backend) -> CallResult:
+        result = await backend(raw)
+        if result.code == h2.GRPC_OK:
+            self.store.drop_container(msg.container_id)
+        return result
+

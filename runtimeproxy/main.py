@@ -1,0 +1,89 @@
+"""koord-runtime-proxy: the CRI proxy between kubelet and the container runtime."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvloop
+
+from .backend import probe_version
+from .server import ProxyOptions, ProxyServer, StartupError
+
+log = logging.getLogger("runtimeproxy")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="koord-runtime-proxy", description=__doc__)
+    p.add_argument("--koord-runtimeproxy-endpoint", default="/var/run/koord-runtimeproxy/runtimeproxy.sock",
+                   help="unix socket kubelet connects to (--container-runtime-endpoint)")
+    p.add_argument("--remote-runtime-service-endpoint", default="/var/run/containerd/containerd.sock",
+                   help="unix socket of the container runtime's CRI service")
+    p.add_argument("--runtime-hook-server-key", default="runtimeproxy.koordinator.sh/skip-hookserver",
+                   help="pod label that makes the proxy skip hooks for a pod")
+    p.add_argument("--runtime-hook-server-val", default="true", help="value of that label")
+    p.add_argument("--metrics-bind-address", default="127.0.0.1:9318",
+                   help="host:port of /metrics, /healthz and /readyz; empty to disable")
+    p.add_argument("--drain-timeout", type=float, default=10.0,
+                   help="seconds to let in-flight calls finish on SIGTERM")
+    p.add_argument("--backend-probe-timeout", type=float, default=5.0,
+                   help="seconds to wait for the runtime's Version answer at start")
+    p.add_argument("--runtime-hook-config-dir", default="/etc/runtime/hookserver.d",
+                   help="directory of hook server registration files (*.json), watched for changes")
+    p.add_argument("--runtime-hook-timeout", type=float, default=2.0,
+                   help="deadline of one hook server call, seconds")
+    p.add_argument("--store-checkpoint-path", default="/var/lib/koord-runtimeproxy/store.json",
+                   help="checkpoint of the pod/container store, rewritten atomically on change ('' = none)")
+    p.add_argument("--store-gc-interval", type=float, default=60.0,
+                   help="seconds between sweeps of store entries the runtime no longer has")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p.parse_args(argv)
+
+
+def _split_host_port(value: str) -> tuple[str, int]:
+    if not value:
+        return "", -1
+    host, _, port = value.rpartition(":")
+    return host or "0.0.0.0", int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        host, port = _split_host_port(args.metrics_bind_address)
+    except ValueError:
+        print(f"koord-runtime-proxy: bad --metrics-bind-address {args.metrics_bind_address!r}", file=sys.stderr)
+        return 2
+    backend = args.remote_runtime_service_endpoint.removeprefix("unix://")
+    listen = args.koord_runtimeproxy_endpoint.removeprefix("unix://")
+    try:
+        version = probe_version(backend, args.backend_probe_timeout)
+    except ConnectionError as err:
+        print(f"koord-runtime-proxy: container runtime at {backend} is not reachable: {err}", file=sys.stderr)
+        return 1
+    log.info("runtime at %s: %s", backend, version)
+    options = ProxyOptions(
+        listen_path=listen,
+        backend_path=backend,
+        skip_label_key=args.runtime_hook_server_key,
+        skip_label_value=args.runtime_hook_server_val,
+        metrics_host=host,
+        metrics_port=port,
+        drain_timeout_s=args.drain_timeout,
+        hook_config_dir=args.runtime_hook_config_dir,
+        hook_timeout_s=args.runtime_hook_timeout,
+        checkpoint_path=args.store_checkpoint_path or None,
+        store_gc_interval_s=args.store_gc_interval,
+    )
+    try:
+        uvloop.run(ProxyServer(options).run())
+    except StartupError as err:
+        print(f"koord-runtime-proxy: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

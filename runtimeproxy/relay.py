@@ -1,0 +1,508 @@
+"""HTTP/2 frame relay between kubelet and the container runtime (reference/proxy-designs.md).
+
+Each kubelet connection gets one runtime connection, and frames are copied both ways:
+
+* runtime -> kubelet: forwarded as read; only the 9-byte frame headers are looked at, to know where
+  frames end (the proxy may only write its own frames between two of the runtime's), to time calls,
+  and to keep frames of withheld streams away from kubelet.
+* kubelet -> runtime: forwarded as read, except that every request header block is HPACK-decoded
+  (to read ``:path``; the decoder must see every block to follow kubelet's dynamic table). A stream
+  whose method is one of the hooked lifecycle calls is *withheld*: its header block still goes to
+  the runtime, unchanged, so that the runtime's HPACK decoder stays in step with kubelet's encoder,
+  and is cancelled at once with RST_STREAM(CANCEL) before any DATA; grpc-go servers run a unary
+  handler only after the whole request message arrived, so the runtime never acts on it. The
+  request body is kept, and the call is served on a separate gRPC path (the ``handler``), whose
+  answer is written back to kubelet on the original stream with header blocks that never touch
+  kubelet's HPACK dynamic table (h2.grpc_response).
+
+Flow control on withheld streams is the proxy's: bytes kubelet sent on them are credited back to
+kubelet by the proxy, and connection-level credit kubelet returns for response bytes the proxy
+wrote is not passed on to the runtime, which never sent them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from . import h2
+from .hpack_decoder import Decoder, HPACKDecodeError
+
+log = logging.getLogger(__name__)
+
+
+# How many finished withheld stream ids a connection remembers, so that late frames for them
+# (a stream WINDOW_UPDATE, an RST) are still kept away from the runtime and from kubelet.
+_CLOSED_MEMORY = 256
+_MAX_DECODED_TABLE = 1 << 20
+
+
+@dataclass(slots=True)
+class CallResult:
+    """What the runtime answered to a hooked call, in gRPC terms."""
+
+    code: int
+    message: str = ""
+    payload: bytes | None = None
+    initial_metadata: tuple[tuple[str, str | bytes], ...] = ()
+    trailing_metadata: tuple[tuple[str, str | bytes], ...] = ()
+
+
+@dataclass(slots=True)
+class HookedRequest:
+    """A withheld request as kubelet sent it: method, decoded headers and the raw gRPC body."""
+
+    stream_id: int
+    method: str
+    headers: list[tuple[bytes, bytes]]
+    body: bytearray = field(default_factory=bytearray)
+    task: asyncio.Task | None = None
+
+
+Handler = Callable[[HookedRequest], Awaitable[CallResult]]
+
+
+class RelayObserver:
+    """Hooks for metrics; the default does nothing. Called on the event loop, off the copy path."""
+
+    def call_finished(self, method: str | bytes, seconds: float) -> None:  # pragma: no cover - default
+        pass
+
+
+class Relay:
+    """Accepts kubelet connections (as an asyncio protocol factory) and relays them."""
+
+    def __init__(self, backend_path: str, handler: Handler, hooked_methods: frozenset[str],
+                 observer: RelayObserver | None = None) -> None:
+        """``hooked_methods``: gRPC paths withheld and served by ``handler``; all else is relayed."""
+        self.backend_path = backend_path
+        self.handler = handler
+        self.hooked_methods = frozenset(m.encode("ascii") for m in hooked_methods)
+        self.observer = observer or RelayObserver()
+        self.connections: set[KubeletSide] = set()
+
+    def __call__(self) -> KubeletSide:
+        return KubeletSide(self)
+
+    def in_flight(self) -> int:
+        return sum(len(c.inflight) + len(c.hooked) for c in self.connections)
+
+    def start_drain(self) -> None:
+        """Ask every kubelet connection to open no new streams (GOAWAY with the last stream seen)."""
+        for conn in list(self.connections):
+            conn.send_goaway()
+
+    def close_all(self) -> None:
+        for conn in list(self.connections):
+            conn.close()
+
+
+class KubeletSide(asyncio.Protocol):
+    """The kubelet end of one relayed connection."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.transport: asyncio.Transport | None = None
+        self.up: RuntimeSide | None = None
+        self._pending_up: list[bytes] | None = []
+        self._pending_down: list[bytes] = []
+        self._preface = len(h2.PREFACE)
+        self._buf = b""
+        self._pass = 0
+        self._decoder = Decoder(max_allowed_table_size=_MAX_DECODED_TABLE)
+        self._hblock: tuple[int, bytearray, bool] | None = None
+        self.hooked: dict[int, HookedRequest] = {}
+        self.closed_hooked: OrderedDict[int, None] = OrderedDict()
+        self.inflight: dict[int, tuple[bytes, float]] = {}
+        self.owed_credit = 0
+        # Ping bookkeeping (see _kubelet_ping): did the proxy, or the runtime, answer calls since the
+        # last PING that went to the runtime?
+        self.answered_since_ping = False
+        self.runtime_wrote_since_ping = False
+        self.max_stream_id = 0
+        self._goaway_sent = False
+        self._closed = False
+
+    # -- connection life -------------------------------------------------------------------------
+    def connection_made(self, transport) -> None:  # uvloop transports are not asyncio.Transport
+        self.transport = transport
+        self.relay.connections.add(self)
+        # Hold kubelet until the runtime connection exists; bytes that still arrive are buffered.
+        transport.pause_reading()
+        asyncio.get_running_loop().create_task(self._connect_runtime())
+
+    async def _connect_runtime(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            _, up = await loop.create_unix_connection(lambda: RuntimeSide(self), self.relay.backend_path)
+        except OSError as err:
+            # Closing kubelet's connection makes its calls fail with UNAVAILABLE, never hang.
+            log.warning("runtime %s unreachable: %s", self.relay.backend_path, err)
+            self.close()
+            return
+        if self._closed:
+            up.transport.close()
+            return
+        self.up = up
+        pending, self._pending_up = self._pending_up, None
+        if pending:
+            up.transport.write(b"".join(pending))
+        for frames in self._pending_down:
+            up.inject(frames)
+        self._pending_down.clear()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.relay.connections.discard(self)
+        for req in self.hooked.values():
+            if req.task is not None:
+                req.task.cancel()
+        self.hooked.clear()
+        self.inflight.clear()
+        if self.transport is not None:
+            self.transport.close()
+        if self.up is not None and self.up.transport is not None:
+            self.up.transport.close()
+
+    def pause_writing(self) -> None:
+        if self.up is not None and self.up.transport is not None:
+            self.up.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.up is not None and self.up.transport is not None:
+            self.up.transport.resume_reading()
+
+    def send_goaway(self) -> None:
+        if not self._goaway_sent and not self._closed:
+            self._goaway_sent = True
+            self.write_down(h2.goaway(self.max_stream_id))
+
+    # -- writing ---------------------------------------------------------------------------------
+    def _send_up(self, data: bytes) -> None:
+        if self._pending_up is not None:
+            self._pending_up.append(data)
+        elif self.up is not None and self.up.transport is not None and not self.up.transport.is_closing():
+            self.up.transport.write(data)
+
+    def write_down(self, frames: bytes) -> None:
+        """Write the proxy's own frames to kubelet between two of the runtime's frames."""
+        if self._closed:
+            return
+        if self.up is None:
+            self._pending_down.append(frames)
+        else:
+            self.up.inject(frames)
+
+    # -- kubelet -> runtime ----------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self._pass:
+            if len(data) <= self._pass:
+                self._pass -= len(data)
+                self._send_up(data)
+                return
+            self._send_up(data[: self._pass])
+            data = data[self._pass :]
+            self._pass = 0
+        if self._buf:
+            data = self._buf + data
+            self._buf = b""
+        if self._preface:
+            k = min(self._preface, len(data))
+            self._send_up(data[:k])
+            self._preface -= k
+            data = data[k:]
+        n = len(data)
+        pos = fwd = 0
+        out: list[bytes] = []
+        hooked = self.hooked
+        try:
+            while n - pos >= 9:
+                length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
+                ftype = data[pos + 3]
+                end = pos + 9 + length
+                sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+                if ftype == h2.DATA and sid not in hooked:
+                    if end > n:
+                        self._pass = end - n
+                        pos = n
+                        break
+                    pos = end
+                    continue
+                if end > n:
+                    break
+                flags = data[pos + 4]
+                if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
+                    withheld = self._header_frame(ftype, flags, sid, data[pos + 9 : end])
+                    pos = end
+                    if withheld:
+                        out.append(data[fwd:pos])
+                        out.append(h2.rst_stream(withheld))
+                        fwd = pos
+                    continue
+                if ftype == h2.DATA:  # on a withheld stream
+                    out.append(data[fwd:pos])
+                    fwd = end
+                    self._withheld_data(hooked[sid], flags, data[pos + 9 : end], length)
+                elif ftype == h2.WINDOW_UPDATE:
+                    if sid == 0:
+                        if self.owed_credit:
+                            increment = int.from_bytes(data[pos + 9 : pos + 13], "big") & 0x7FFFFFFF
+                            taken = min(increment, self.owed_credit)
+                            self.owed_credit -= taken
+                            out.append(data[fwd:pos])
+                            fwd = end
+                            if increment - taken:
+                                out.append(h2.window_update(0, increment - taken))
+                    elif sid in hooked or sid in self.closed_hooked:
+                        out.append(data[fwd:pos])
+                        fwd = end
+                elif ftype == h2.RST_STREAM:
+                    req = hooked.pop(sid, None)
+                    if req is not None or sid in self.closed_hooked:
+                        out.append(data[fwd:pos])
+                        fwd = end
+                        if req is not None:
+                            self._remember_closed(sid)
+                            if req.task is not None:
+                                req.task.cancel()
+                    else:
+                        self.inflight.pop(sid, None)
+                elif ftype == h2.PING and not flags & h2.FLAG_ACK:
+                    if self._kubelet_ping(data[pos + 9 : end]):
+                        out.append(data[fwd:pos])
+                        fwd = end
+                elif ftype == h2.PRIORITY and (sid in hooked or sid in self.closed_hooked):
+                    out.append(data[fwd:pos])
+                    fwd = end
+                pos = end
+        except (HPACKDecodeError, ValueError, IndexError) as err:
+            # The same bytes reach the runtime, which will reject them as well; a connection whose
+            # header compression state is lost cannot be relayed any further.
+            log.error("malformed HTTP/2 from kubelet, closing the connection: %s", err)
+            self.close()
+            return
+        if pos < n and not self._pass:
+            self._buf = data[pos:]
+            n = pos
+        if fwd < n:
+            out.append(data[fwd:n])
+        if out:
+            self._send_up(out[0] if len(out) == 1 else b"".join(out))
+
+    def _kubelet_ping(self, payload: bytes) -> bool:
+        """True when the proxy answers this PING itself instead of the runtime.
+
+        gRPC clients send a (BDP) PING after receiving response data. grpc-go servers count a PING
+        that arrives when they wrote nothing since the previous one as a strike, and close the
+        connection with GOAWAY "too_many_pings" after the third. When only the proxy answered calls
+        since the last PING, the runtime would see exactly that, so the proxy acknowledges the PING.
+        """
+        if self.answered_since_ping and not self.runtime_wrote_since_ping:
+            self.write_down(h2.frame(h2.PING, h2.FLAG_ACK, 0, payload))
+            return True
+        self.answered_since_ping = self.runtime_wrote_since_ping = False
+        return False
+
+    def _header_frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> int:
+        """Feed one HEADERS/CONTINUATION frame; returns the stream id if it starts a withheld call."""
+        if ftype == h2.HEADERS:
+            fragment = h2.header_block_fragment(ftype, flags, payload)
+            if not flags & h2.FLAG_END_HEADERS:
+                self._hblock = (sid, bytearray(fragment), bool(flags & h2.FLAG_END_STREAM))
+                return 0
+            return self._header_block(sid, fragment, bool(flags & h2.FLAG_END_STREAM))
+        if self._hblock is None or self._hblock[0] != sid:
+            raise ValueError(f"CONTINUATION for stream {sid} without a HEADERS frame before it")
+        self._hblock[1].extend(payload)
+        if not flags & h2.FLAG_END_HEADERS:
+            return 0
+        sid, block, end_stream = self._hblock
+        self._hblock = None
+        return self._header_block(sid, bytes(block), end_stream)
+
+    def _header_block(self, sid: int, block: bytes, end_stream: bool) -> int:
+        # Raw bytes: header values may not be UTF-8 (gRPC "true binary" metadata).
+        headers = self._decoder.decode(block)
+        path = None
+        for name, value in headers:
+            if name == b":path":
+                path = value
+                break
+        if path is None:  # request trailers
+            return 0
+        self.max_stream_id = max(self.max_stream_id, sid)
+        if path in self.relay.hooked_methods:
+            req = HookedRequest(sid, path.decode("ascii"), headers)
+            self.hooked[sid] = req
+            if end_stream:
+                self._start_call(req)
+            return sid
+        self.inflight[sid] = (path, time.perf_counter())
+        return 0
+
+    def _withheld_data(self, req: HookedRequest, flags: int, payload: bytes, length: int) -> None:
+        if flags & h2.FLAG_PADDED:
+            payload = payload[1 : len(payload) - payload[0]]
+        req.body += payload
+        end_stream = bool(flags & h2.FLAG_END_STREAM)
+        if length:
+            # The runtime never sees these bytes, so it will never credit them back: we do.
+            credit = h2.window_update(0, length)
+            if not end_stream:
+                credit += h2.window_update(req.stream_id, length)
+            self.write_down(credit)
+        if end_stream:
+            self._start_call(req)
+
+    def _start_call(self, req: HookedRequest) -> None:
+        req.task = asyncio.get_running_loop().create_task(self._serve_call(req))
+
+    async def _serve_call(self, req: HookedRequest) -> None:
+        started = time.perf_counter()
+        try:
+            result = await self.relay.handler(req)
+        except asyncio.CancelledError:
+            return
+        except Exception as err:
+            log.exception("hooked call %s failed inside the proxy", req.method)
+            result = CallResult(h2.GRPC_INTERNAL, f"koord-runtime-proxy: {type(err).__name__}: {err}")
+        if self.hooked.pop(req.stream_id, None) is None:
+            return  # kubelet reset the stream meanwhile
+        self._remember_closed(req.stream_id)
+        frames, data_bytes = h2.grpc_response(
+            req.stream_id,
+            result.code,
+            result.message,
+            result.payload,
+            result.initial_metadata,
+            result.trailing_metadata,
+        )
+        self.owed_credit += data_bytes
+        self.answered_since_ping = True
+        self.write_down(frames)
+        self.relay.observer.call_finished(req.method, time.perf_counter() - started)
+
+    def _remember_closed(self, sid: int) -> None:
+        self.closed_hooked[sid] = None
+        if len(self.closed_hooked) > _CLOSED_MEMORY:
+            self.closed_hooked.popitem(last=False)
+
+    def stream_done(self, sid: int) -> None:
+        entry = self.inflight.pop(sid, None)
+        if entry is not None:
+            self.relay.observer.call_finished(entry[0], time.perf_counter() - entry[1])
+
+
+class RuntimeSide(asyncio.Protocol):
+    """The runtime end of one relayed connection."""
+
+    def __init__(self, down: KubeletSide) -> None:
+        self.down = down
+        self.transport: asyncio.Transport | None = None
+        self._remaining = 0
+        self._drop = False
+        self._hdr = b""
+        self._frames = 0
+        self._queue: list[bytes] = []
+
+    def connection_made(self, transport) -> None:  # uvloop transports are not asyncio.Transport
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.down.close()
+
+    def pause_writing(self) -> None:
+        if self.down.transport is not None:
+            self.down.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.down.transport is not None:
+            self.down.transport.resume_reading()
+
+    def inject(self, frames: bytes) -> None:
+        """Write frames to kubelet now if between two runtime frames, else at the next boundary.
+
+        Nothing is written before the runtime's first frame (its SETTINGS preface) has passed.
+        """
+        transport = self.down.transport
+        if transport is None or transport.is_closing():
+            return
+        if self._frames and not self._remaining:
+            transport.write(frames)
+        else:
+            self._queue.append(frames)
+
+    def data_received(self, data: bytes) -> None:
+        down = self.down
+        if self._hdr:
+            data = self._hdr + data
+            self._hdr = b""
+        n = len(data)
+        pos = fwd = 0
+        rem = self._remaining
+        out: list[bytes] = []
+        while True:
+            if rem:
+                k = min(rem, n - pos)
+                if self._drop:
+                    out.append(data[fwd:pos])
+                    fwd = pos + k
+                pos += k
+                rem -= k
+                if rem:
+                    break
+            if self._queue and self._frames:
+                out.append(data[fwd:pos])
+                fwd = pos
+                out.extend(self._queue)
+                self._queue.clear()
+            if n - pos < 9:
+                if pos < n:  # a split frame header: not forwarded until complete
+                    out.append(data[fwd:pos])
+                    self._hdr = data[pos:]
+                    fwd = n
+                break
+            length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
+            ftype = data[pos + 3]
+            flags = data[pos + 4]
+            sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+            self._frames += 1
+            rem = length
+            self._drop = False
+            if sid:
+                if sid in down.hooked or sid in down.closed_hooked:
+                    out.append(data[fwd:pos])
+                    if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
+                        # Header blocks must still reach kubelet's HPACK decoder; on a stream id no
+                        # call uses, kubelet decodes the block and then ignores the frame.
+                        out.append(data[pos : pos + 5] + h2.LAST_STREAM_ID.to_bytes(4, "big"))
+                        log.warning("runtime answered withheld stream %d; kept away from kubelet", sid)
+                    else:
+                        self._drop = True
+                    fwd = pos + 9
+                else:
+                    if ftype <= h2.HEADERS:
+                        down.runtime_wrote_since_ping = True
+                        if flags & h2.FLAG_END_STREAM:
+                            down.stream_done(sid)
+                    elif ftype == h2.RST_STREAM:
+                        down.stream_done(sid)
+            pos += 9
+        self._remaining = rem
+        if fwd < n and not (self._drop and rem):
+            out.append(data[fwd:n])
+        transport = down.transport
+        # uvloop raises on writes to a closed transport (asyncio ignores them): kubelet may be gone.
+        if transport is not None and out and not transport.is_closing():
+            transport.write(out[0] if len(out) == 1 else b"".join(out))

@@ -1,0 +1,176 @@
+"""Listening socket, start-up checks, serving and graceful drain of the proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import signal
+import socket
+import stat
+import time
+from dataclasses import dataclass
+
+from . import h2
+from .backend import RuntimeClient
+from .hookclient import HookClient
+from .hookconfig import Registry
+from .interceptor import LifecycleInterceptor
+from .metrics import ProxyMetrics, serve_http
+from .relay import Relay
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The proxy cannot start; the message says why, for the operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyOptions:
+    listen_path: str
+    backend_path: str
+    skip_label_key: str = "runtimeproxy.koordinator.sh/skip-hookserver"
+    skip_label_value: str = "true"
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9318
+    drain_timeout_s: float = 10.0
+    hook_config_dir: str = "/etc/runtime/hookserver.d"
+    hook_timeout_s: float = 2.0
+    checkpoint_path: str | None = "/var/lib/koord-runtimeproxy/store.json"
+    store_gc_interval_s: float = 60.0
+
+
+def prepare_socket(path: str) -> None:
+    """Make the socket's directory; refuse a live socket, remove a stale one."""
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise StartupError(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except OSError as err:
+        if err.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            raise StartupError(f"cannot check existing socket {path}: {err}") from err
+        log.info("removing stale socket %s", path)
+        os.unlink(path)
+    else:
+        raise StartupError(f"another process is serving {path}; refusing to start over it")
+    finally:
+        probe.close()
+
+
+class ProxyServer:
+    def __init__(self, options: ProxyOptions, metrics: ProxyMetrics | None = None) -> None:
+        self.options = options
+        self.metrics = metrics or ProxyMetrics()
+        self.runtime = RuntimeClient(options.backend_path)
+        self.store = Store(options.checkpoint_path)
+        self.registry = Registry(options.hook_config_dir,
+                                 on_error=lambda name, _reason: self.metrics.hook_config_errors.labels(name).inc())
+        self.hooks = HookClient()
+        self.interceptor = LifecycleInterceptor(
+            self.runtime, self.metrics, self.store, self.registry, self.hooks,
+            skip_label=(options.skip_label_key, options.skip_label_value), hook_timeout_s=options.hook_timeout_s)
+        self.relay = Relay(options.backend_path, self.interceptor, self.interceptor.methods, self.metrics)
+        self.metrics.connections.set_function(lambda: len(self.relay.connections))
+        self.metrics.store_entries.labels("pod").set_function(lambda: len(self.store.pods))
+        self.metrics.store_entries.labels("container").set_function(lambda: len(self.store.containers))
+        self._stop = asyncio.Event()
+        self._serving = False
+
+    async def _runtime_call(self, method: str, request: bytes) -> bytes:
+        result = await self.runtime.call(method, request, [], 30.0)
+        if result.code != h2.GRPC_OK or result.payload is None:
+            raise ConnectionError(f"{method}: gRPC status {result.code}: {result.message}")
+        return result.payload
+
+    async def _housekeeping(self) -> None:
+        """Re-scan registrations (a safety net under the watch) and sweep store entries the
+        runtime no longer has."""
+        last_gc = time.monotonic()
+        while True:
+            await asyncio.sleep(min(5.0, self.options.store_gc_interval_s))
+            self.registry.scan()
+            if time.monotonic() - last_gc < self.options.store_gc_interval_s:
+                continue
+            last_gc = time.monotonic()
+            try:
+                gone = await self.store.sweep(self._runtime_call)
+            except ConnectionError as err:
+                log.warning("store sweep skipped: %s", err)
+                continue
+            if gone:
+                log.info("store sweep dropped %d entries the runtime no longer has", gone)
+
+    def ready(self) -> tuple[bool, str]:
+        if not self._serving:
+            return False, "not serving"
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(0.5)
+        try:
+            probe.connect(self.options.backend_path)
+        except OSError as err:
+            return False, f"runtime {self.options.backend_path} unreachable: {err}"
+        finally:
+            probe.close()
+        return True, "ok"
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        opts = self.options
+        prepare_socket(opts.listen_path)
+        self.registry.start()
+        try:
+            await self.store.rebuild(self._runtime_call)
+        except ConnectionError as err:
+            log.error("store not rebuilt from the runtime (%s): hooks for existing pods will lack details", err)
+        server = await loop.create_unix_server(self.relay, opts.listen_path, backlog=1024)
+        os.chmod(opts.listen_path, 0o660)
+        http = None
+        if opts.metrics_port >= 0:
+            http = await serve_http(opts.metrics_host, opts.metrics_port, self.metrics, self.ready)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        self._serving = True
+        log.info("serving CRI on %s, runtime %s, hook servers from %s", opts.listen_path, opts.backend_path,
+                 opts.hook_config_dir)
+        housekeeping = loop.create_task(self._housekeeping())
+        try:
+            await self._stop.wait()
+        finally:
+            self._serving = False
+            housekeeping.cancel()
+            await self._drain(server)
+            if http is not None:
+                http.close()
+            self.registry.stop()
+            self.store.flush()
+            await self.hooks.close()
+            await self.runtime.close()
+
+    async def _drain(self, server: asyncio.AbstractServer) -> None:
+        server.close()
+        try:
+            os.unlink(self.options.listen_path)
+        except FileNotFoundError:
+            pass
+        self.relay.start_drain()
+        deadline = time.monotonic() + self.options.drain_timeout_s
+        while self.relay.in_flight() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        left = self.relay.in_flight()
+        if left:
+            log.warning("drain timeout: closing with %d call(s) still in flight", left)
+        self.relay.close_all()
+        log.info("stopped")

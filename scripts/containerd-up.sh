@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# containerd-up.sh — install (if missing), configure and start a private containerd 1.6 (Debian bookworm
+# package) with its CRI plugin, runc, an isolated CNI bridge, and a local busybox image imported
+# into the k8s.io namespace. Prints the CRI socket path (only that) on stdout; progress goes to stderr.
+#
+#   SOCK=$(bash containerd-up.sh)      # idempotent: if already up, just prints the socket
+#   bash containerd-down.sh            # stops it (by saved PIDs) and cleans up
+#
+# Needs root. No registry is contacted: the image is built from Debian's busybox-static with python3's
+# standard library. Knobs (environment):
+#   CTRD_RUN=/run/koordlet-py/containerd          state dir, socket, pid file, log, CNI conf, IPAM data
+#   CTRD_ROOT=/var/lib/koordlet-py/containerd     containerd root (content store, snapshots, bolt db)
+#   CTRD_SNAPSHOTTER=overlayfs             or native (automatic fallback if overlay is unavailable)
+#   CTRD_CNI=none                          bridge: isolated bridge (no uplink, no gateway, no masquerade,
+#                                          no host routes) so POD-network sandboxes work;
+#                                          none: no CNI config -> only NODE-network sandboxes work
+#   CTRD_CNI_SUBNET=10.250.0.0/24          pod addresses (exist only inside the pods' own netns)
+#   CTRD_BRIDGE=kpytest0                  bridge name
+#   CTRD_IMAGE=localhost/busybox:local     image name; also used as sandbox ("pause") image
+#   CTRD_LOG_LEVEL=info
+#   CTRD_NO_INSTALL=1                      never call apt-get
+set -euo pipefail
+
+RUN=${CTRD_RUN:-/run/koordlet-py/containerd}
+ROOT=${CTRD_ROOT:-/var/lib/koordlet-py/containerd}
+SNAP=${CTRD_SNAPSHOTTER:-overlayfs}
+CNI=${CTRD_CNI:-none}
+SUBNET=${CTRD_CNI_SUBNET:-10.250.0.0/24}
+BRIDGE=${CTRD_BRIDGE:-kpytest0}
+IMAGE=${CTRD_IMAGE:-localhost/busybox:local}
+LEVEL=${CTRD_LOG_LEVEL:-info}
+SOCK=$RUN/containerd.sock
+PIDFILE=$RUN/containerd.pid
+CONF=$RUN/config.toml
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+log() { echo "containerd-up: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+[ "$(id -u)" = 0 ] || die "must run as root"
+
+ctr_() { ctr -a "$SOCK" -n k8s.io "$@"; }
+# Never `producer | grep -q` here: with pipefail, grep exiting at its first match can kill the producer
+# with SIGPIPE and fail the whole test (seen in CI: ctr printed a second image name after grep left).
+alive() { local p c; [ -f "$PIDFILE" ] && p=$(cat "$PIDFILE") && [ -d "/proc/$p" ] &&
+          c=$(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null) && [[ $c == *"containerd --config $CONF"* ]]; }
+has_image() { local l; l=$(ctr_ images ls -q 2>/dev/null) && grep -qxF "$IMAGE" <<<"$l"; }
+
+# ---- fast path: already running and image present ------------------------------------------
+if alive && ctr -a "$SOCK" version >/dev/null 2>&1 && has_image; then
+  log "already running (pid $(cat "$PIDFILE"))"; echo "$SOCK"; exit 0
+fi
+
+# ---- install what is missing ----------------------------------------------------------------
+mkdir -p "$RUN"
+need=()
+command -v containerd >/dev/null || need+=(containerd)
+command -v runc >/dev/null       || need+=(runc)
+[ -x /bin/busybox ]              || need+=(busybox-static)
+if [ "$CNI" = bridge ] && { [ ! -x /usr/lib/cni/bridge ] || [ ! -x /usr/lib/cni/host-local ]; }; then
+  need+=(containernetworking-plugins)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  [ -z "${CTRD_NO_INSTALL:-}" ] || die "missing packages: ${need[*]} (CTRD_NO_INSTALL set)"
+  log "installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # containerd's postinst starts the systemd unit only when systemd runs; nothing to stop here.
+  if ! apt-get install -y -q --no-install-recommends "${need[@]}" >"$RUN.apt.log" 2>&1; then
+    apt-get update -q >>"$RUN.apt.log" 2>&1 || true
+    apt-get install -y -q --no-install-recommends "${need[@]}" >>"$RUN.apt.log" 2>&1 ||
+      { tail -20 "$RUN.apt.log" >&2; die "apt-get install failed"; }
+  fi
+fi
+
+# ---- stale instance (crashed / killed): clean it up first -------------------------------------
+if [ -f "$PIDFILE" ] && ! alive; then
+  log "stale pid file; cleaning up previous instance"
+  if [ -x "$HERE/containerd-down.sh" ] || [ -f "$HERE/containerd-down.sh" ]; then
+    CTRD_RUN=$RUN CTRD_ROOT=$ROOT CTRD_BRIDGE=$BRIDGE bash "$HERE/containerd-down.sh" >&2 || true
+  else
+    rm -f "$PIDFILE" "$SOCK" "$SOCK.ttrpc"
+  fi
+fi
+
+if [ "$SNAP" = overlayfs ] && ! grep -qw overlay /proc/filesystems; then
+  modprobe overlay 2>/dev/null || true
+  grep -qw overlay /proc/filesystems || { log "overlay fs unavailable; using native snapshotter"; SNAP=native; }
+fi
+
+mkdir -p "$RUN/cni/net.d" "$ROOT"
+# ---- config -----------------------------------------------------------------------------------
+# restrict_oom_score_adj: this machine's root lacks CAP_SYS_RESOURCE, so runc cannot set the
+#   sandbox's oom_score_adj=-998 ("failed to update /proc/self/oom_score_adj: Permission denied"
+#   -> "can't get final child's PID from pipe: EOF"); with it, negative values are clamped to 0.
+# netns_mounts_under_state_dir: pod netns bind mounts live under $RUN, so down.sh finds them.
+# runc Root: keep runc's state under $RUN too (default is /run/containerd/runc).
+cat > "$CONF" <<EOF
+version = 2
+root = "$ROOT/root"
+state = "$RUN/state"
+oom_score = 0
+
+[grpc]
+  address = "$SOCK"
+[ttrpc]
+  address = "$SOCK.ttrpc"
+[debug]
+  level = "$LEVEL"
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "$ROOT/opt"
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "$IMAGE"
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    enable_selinux = false
+    disable_apparmor = true
+    restrict_oom_score_adj = true
+    disable_hugetlb_controller = true
+    tolerate_missing_hugetlb_controller = true
+    netns_mounts_under_state_dir = true
+    systemd_cgroup = false
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "$RUN/cni/net.d"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "$SNAP"
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = false
+          Root = "$RUN/runc"
+EOF
+
+rm -f "$RUN/cni/net.d/"*.conflist
+if [ "$CNI" = bridge ]; then
+  # Isolated: the bridge has no IP and no uplink, no gateway, no masquerade, no routes in the pods
+  # beyond their own subnet, and ip_forward is untouched -> nothing can leave the machine.
+  cat > "$RUN/cni/net.d/10-kpytest.conflist" <<EOF
+{"cniVersion":"0.4.0","name":"kpytest","plugins":[
+ {"type":"bridge","bridge":"$BRIDGE","isGateway":false,"ipMasq":false,"hairpinMode":false,
+  "ipam":{"type":"host-local","ranges":[[{"subnet":"$SUBNET"}]],"routes":[],"dataDir":"$RUN/cni-ipam"}}]}
+EOF
+fi
+
+# ---- start --------------------------------------------------------------------------------------
+if ! alive; then
+  rm -f "$SOCK" "$SOCK.ttrpc"
+  log "starting containerd ($(containerd --version | awk '{print $3}'), snapshotter=$SNAP, cni=$CNI)"
+  setsid containerd --config "$CONF" >"$RUN/containerd.log" 2>&1 < /dev/null &
+  echo $! > "$PIDFILE"
+  for _ in $(seq 1 100); do
+    ctr -a "$SOCK" version >/dev/null 2>&1 && break
+    alive || { tail -20 "$RUN/containerd.log" >&2; die "containerd exited"; }
+    sleep 0.1
+  done
+  ctr -a "$SOCK" version >/dev/null 2>&1 || { tail -20 "$RUN/containerd.log" >&2; die "socket not up"; }
+fi
+plugins=$(ctr -a "$SOCK" plugins ls 2>/dev/null || true)
+grep -E '^io\.containerd\.grpc\.v1 +cri ' <<<"$plugins" | grep -qw ok ||
+  { tail -20 "$RUN/containerd.log" >&2; die "CRI plugin not loaded"; }
+
+# ---- local image (OCI layout from busybox-static, stdlib python) ------------------------------
+if ! has_image; then
+  tarball=$ROOT/busybox-oci.tar
+  if [ ! -s "$tarball" ]; then
+    log "building $IMAGE from /bin/busybox"
+    python3 - /bin/busybox "$tarball.tmp" "$IMAGE" <<'PY'
+import gzip, hashlib, io, json, subprocess, sys, tarfile
+busybox, out, name = sys.argv[1:4]
+applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True).stdout.split()
+def ti(n, typ=tarfile.REGTYPE, mode=0o755, size=0, link=""):
+    t = tarfile.TarInfo(n); t.type, t.mode, t.size, t.linkname = typ, mode, size, link
+    t.mtime = 0; t.uid = t.gid = 0; t.uname = t.gname = "root"; return t
+raw = io.BytesIO()
+with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tf:
+    for d in ("bin", "dev", "etc", "proc", "sys", "tmp", "root", "var", "usr", "usr/bin", "sbin"):
+        tf.addfile(ti(d, tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755))
+    data = open(busybox, "rb").read()
+    tf.addfile(ti("bin/busybox", size=len(data)), io.BytesIO(data))
+    for a in sorted(set(applets) - {"busybox"}):
+        if "/" not in a:
+            tf.addfile(ti("bin/" + a, tarfile.SYMTYPE, 0o777, link="busybox"))
+    for f, body in (("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"),
+                    ("etc/group", b"root:x:0:\nnogroup:x:65534:\n")):
+        tf.addfile(ti(f, mode=0o644, size=len(body)), io.BytesIO(body))
+layer = raw.getvalue()
+gz = io.BytesIO()
+with gzip.GzipFile(fileobj=gz, mode="wb", mtime=0) as g:
+    g.write(layer)
+blobs = {}
+def blob(b):
+    d = hashlib.sha256(b).hexdigest(); blobs[d] = b; return "sha256:" + d, len(b)
+ldig, lsize = blob(gz.getvalue())
+j = lambda o: json.dumps(o, sort_keys=True, separators=(",", ":")).encode()
+cdig, csize = blob(j({"created": "1970-01-01T00:00:00Z", "architecture": "amd64", "os": "linux",
+    "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+               "Cmd": ["/bin/sleep", "infinity"], "WorkingDir": "/"},
+    "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
+    "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "busybox-static"}]}))
+mdig, msize = blob(j({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+    "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cdig, "size": csize},
+    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": ldig, "size": lsize}]}))
+index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+    {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": mdig, "size": msize,
+     "platform": {"architecture": "amd64", "os": "linux"},
+     "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]}}]}
+with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tf:
+    def add(n, b=None):
+        t = ti(n, tarfile.DIRTYPE if b is None else tarfile.REGTYPE, 0o755 if b is None else 0o644, len(b or b""))
+        tf.addfile(t, None if b is None else io.BytesIO(b))
+    add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'); add("index.json", json.dumps(index).encode())
+    add("blobs"); add("blobs/sha256")
+    for d, b in sorted(blobs.items()):
+        add("blobs/sha256/" + d, b)
+PY
+    mv "$tarball.tmp" "$tarball"
+  fi
+  log "importing $IMAGE"
+  ctr_ images import --snapshotter "$SNAP" "$tarball" >&2
+  for _ in $(seq 1 20); do has_image && break; sleep 0.1; done
+  has_image || { ctr_ images ls >&2 || true; die "image import failed: $IMAGE not listed"; }
+fi
+
+log "up: pid $(cat "$PIDFILE"), log $RUN/containerd.log"
+echo "$SOCK"

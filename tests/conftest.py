@@ -1,0 +1,34 @@
+"""Suite-wide fixtures. Area fixtures live in tests/support/ and in each area's conftest.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.support.containerd import clean_up_dead_sessions, session_containerd
+
+
+def _can_run_containerd() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to run containerd"
+    if not shutil.which("containerd") or not shutil.which("runc"):
+        return "containerd/runc not installed (make test installs them)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def containerd_socket() -> str:
+    """The project's private containerd, started once per test session and stopped at its end."""
+    reason = _can_run_containerd()
+    if reason:
+        pytest.skip(reason)
+    clean_up_dead_sessions()
+    containerd = session_containerd()
+    containerd.up()
+    try:
+        yield containerd.socket
+    finally:
+        containerd.down()
+        containerd.remove_dirs()

@@ -1,0 +1,172 @@
+"""A small real node for the QoS tests and bench/qos_reaction.py: private cgroup dirs laid out like
+kubelet's (``<prefix>/kubepods/{burstable,besteffort}/pod<uid>``), real processes in them, the real
+collectors feeding a real metric cache, the real executor and the QoS manager.
+
+Everything lives under ``/sys/fs/cgroup/<ctrl>/koordlet-py-test-<pid>-<name>/`` on cgroup v1, or
+``/sys/fs/cgroup/koordlet-py-test-<pid>-<name>/`` on cgroup v2 (:class:`V2TestCgroups`), which is the
+kubelet ``--cgroup-root`` of this node, and is removed by :meth:`RealNode.close`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from koordlet.api.keys import LABEL_QOS_CLASS
+from koordlet.api.nodeslo import NodeSLOSpec
+from koordlet.api.pod import PodMeta
+from koordlet.api.qos import KubeQoS, QoSClass
+from koordlet.eviction import Evictor
+from koordlet.executor import ResourceExecutor
+from koordlet.metriccache import MetricCache
+from koordlet.metricsadvisor import CollectorRunner, NodeResourceCollector, PodCgroup, PodResourceCollector
+from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
+from koordlet.statesinformer.api import NodeInfo, StaticStates
+from koordlet.system.cgroup import CgroupFS, CgroupVersion
+from koordlet.system.kubepods import KubeCgroupLayout
+from koordlet.system.procfs import parse_meminfo
+from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups, skip_unless_v1_writable
+
+CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
+BURN = "while True:\n    pass\n"
+
+
+def memory_total_and_used() -> tuple[int, int]:
+    with open("/proc/meminfo", "rb") as f:
+        info = parse_meminfo(f.read())
+    return info.mem_total_bytes, info.used_bytes
+
+
+V2_ROOT = "/sys/fs/cgroup"
+V2_CONTROLLERS = ("cpu", "cpuset", "memory")
+
+
+def skip_unless_v2_writable() -> None:
+    """Skip unless /sys/fs/cgroup is a writable cgroup v2 root with the cpu, cpuset and memory controllers."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create cgroup v2 dirs")
+    try:
+        with open(os.path.join(V2_ROOT, "cgroup.controllers")) as f:
+            controllers = f.read().split()
+    except OSError:
+        pytest.skip(f"{V2_ROOT} is not a cgroup v2 root (this machine has cgroup v1)")
+    missing = [c for c in V2_CONTROLLERS if c not in controllers]
+    if missing:
+        pytest.skip(f"cgroup v2 root lacks controllers {missing}")
+
+
+class V2TestCgroups(V1TestCgroups):
+    """Private cgroup v2 dirs with cpu, cpuset and memory delegated to every level. One hierarchy: the
+    controller argument of V1TestCgroups is ignored, so ``spawn`` and ``cleanup`` are shared. Processes go
+    only into leaves (the v2 no-internal-process rule)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, controllers=("unified",))
+
+    def path(self, controller: str, rel: str = "") -> str:
+        return os.path.join(V2_ROOT, self.prefix, rel).rstrip("/")
+
+    def make(self, rel: str = "") -> None:
+        parts = [p for p in rel.split("/") if p]
+        for depth in range(len(parts) + 1):
+            path = self.path("", "/".join(parts[:depth]))
+            if not os.path.isdir(path):
+                with open(os.path.join(os.path.dirname(path), "cgroup.subtree_control"), "w") as f:
+                    f.write(" ".join(f"+{c}" for c in V2_CONTROLLERS))
+                os.mkdir(path)
+                self._dirs.append(path)
+
+
+class RealNode:
+    def __init__(self, name: str, pods: Sequence[tuple[str, QoSClass, KubeQoS]], collect_interval_s: float = 1.0,
+                 node_name: str = "node-1", v2: bool = False) -> None:
+        self.groups: V1TestCgroups | V2TestCgroups = V2TestCgroups(name) if v2 else V1TestCgroups(name, CONTROLLERS)
+        self.layout = KubeCgroupLayout(cgroup_root="/" + self.groups.prefix)
+        self.fs = CgroupFS.detect()
+        self.executor = ResourceExecutor(self.fs)
+        self.pods: list[PodMeta] = []
+        for pod_name, qos, kube_qos in pods:
+            uid = f"{pod_name}-0000-4000-8000-{os.getpid():012d}"
+            pod_dir = self.layout.pod_dir(uid, kube_qos)
+            self.pods.append(PodMeta(name=pod_name, namespace="default", uid=uid, labels={LABEL_QOS_CLASS: qos},
+                                     kube_qos=kube_qos, cgroup_parent="/" + pod_dir, phase="Running"))
+        try:
+            for kube_qos in (KubeQoS.BURSTABLE, KubeQoS.BESTEFFORT):
+                self.groups.make(self._rel(self.layout.qos_dir(kube_qos)))
+            for pod in self.pods:
+                self.groups.make(self._rel(self.pod_dir(pod)))
+        except OSError:
+            self.groups.cleanup()
+            raise
+        total, _ = memory_total_and_used()
+        self.node = NodeInfo(node_name, capacity={"cpu": os.cpu_count() * 1000, "memory": total},
+                             allocatable={"cpu": os.cpu_count() * 1000, "memory": total})
+        self.states = StaticStates(node=self.node, pods=tuple(self.pods))
+        self.cache = MetricCache()
+        self.node_collector = NodeResourceCollector(interval_s=collect_interval_s)
+        self.pod_collector = PodResourceCollector(
+            self._pod_cgroups, self.fs, interval_s=collect_interval_s,
+            be_cgroup_dir=self.layout.qos_dir(KubeQoS.BESTEFFORT), node=self.node_collector)
+        self.runner = CollectorRunner(self.cache, [self.node_collector, self.pod_collector])
+        self.manager: QoSManager | None = None
+
+    @classmethod
+    def skip_unless_possible(cls) -> None:
+        skip_unless_v1_writable(CONTROLLERS)
+
+    def _rel(self, cgroup_dir: str) -> str:
+        return cgroup_dir.removeprefix(self.groups.prefix).strip("/")
+
+    def pod(self, name: str) -> PodMeta:
+        return next(p for p in self.pods if p.name == name)
+
+    def pod_dir(self, pod: PodMeta) -> str:
+        return pod.cgroup_parent.strip("/")
+
+    def _pod_cgroups(self) -> list[PodCgroup]:
+        return [PodCgroup(p.uid, self.pod_dir(p), (), p.qos_class.value) for p in self.states.pods()]
+
+    def spawn(self, pod_name: str, code: str = BURN) -> subprocess.Popen[bytes]:
+        return self.groups.spawn(self._rel(self.pod_dir(self.pod(pod_name))), code)
+
+    def read(self, controller: str, cgroup_dir: str, filename: str) -> str:
+        with open(os.path.join(self.fs.cgroup_dir(controller, cgroup_dir), filename)) as f:
+            return f.read().strip()
+
+    @property
+    def be_dir(self) -> str:
+        return self.layout.qos_dir(KubeQoS.BESTEFFORT)
+
+    def cpu_usage_ns(self, cgroup_dir: str) -> int:
+        if self.fs.version is CgroupVersion.V2:
+            stat = dict(line.split() for line in self.read("cpu", cgroup_dir, "cpu.stat").splitlines())
+            return int(stat["usage_usec"]) * 1000
+        return int(self.read("cpuacct", cgroup_dir, "cpuacct.usage"))
+
+    def cpu_cores(self, cgroup_dir: str, seconds: float) -> float:
+        """Cores a cgroup used over ``seconds``, measured from cpuacct.usage."""
+        start_ns, start = self.cpu_usage_ns(cgroup_dir), time.monotonic()
+        time.sleep(seconds)
+        return (self.cpu_usage_ns(cgroup_dir) - start_ns) / 1e9 / (time.monotonic() - start)
+
+    def start(self, node_slo: NodeSLOSpec, *, evictor: Evictor | None = None,
+              config: QoSManagerConfig | None = None) -> QoSManager:
+        self.states.set_node_slo(node_slo)
+        self.manager = new_qos_manager(self.states, self.cache, self.executor, self.layout, evictor=evictor,
+                                       config=config or QoSManagerConfig(node_name=self.node.name),
+                                       started_at=time.time() - 60)
+        self.runner.start()
+        self.manager.start()
+        return self.manager
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.stop()
+        self.runner.stop()
+        self.pod_collector.close()
+        self.node_collector.close()
+        self.groups.cleanup()

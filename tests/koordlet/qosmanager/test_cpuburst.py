@@ -1,0 +1,160 @@
+"""CPU burst decide() against hand-computed §4.3 figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from koordlet.api.nodeslo import CPUBurstStrategy, parse_node_slo_spec
+from koordlet.api.pod import ContainerMeta
+from koordlet.qosmanager.cpuburst import (
+    BurstCurrent,
+    BurstOperation,
+    SharePoolState,
+    TokenBucket,
+    bucket_capacity,
+    container_operation,
+    decide,
+    eligible_containers,
+    scaled_quota,
+    share_pool_state,
+    static_burst_us,
+)
+from tests.koordlet.qosmanager.factory import LAYOUT, be_pod, node, pod, snapshot
+
+CID = "bbbbbbbbbbbb"
+LS_POD = pod("ls", "LS", containers=(ContainerMeta("app", container_id=CID, limits={"cpu": 1000}),))
+
+
+def _share_pool_snapshot(node_avg: float | None):
+    lsr = pod("lsr", "LSR", containers=(ContainerMeta("app", container_id="c1", requests={"cpu": 2000}),))
+    return snapshot(
+        node=node(8000), pods=(lsr, be_pod("be"), LS_POD), node_cpu_avg_cores=node_avg,
+        pod_cpu_avg_cores={"uid-lsr": 1.0, "uid-be": 0.5, "uid-ls": 1.5},
+    )
+
+
+@pytest.mark.parametrize(
+    "node_avg,expected",
+    [
+        (4.0, SharePoolState.IDLE),  # (4 − 1 − 0.5) / (8 − 2) = 0.417 < 0.45
+        (4.2, SharePoolState.COOLING),  # 2.7 / 6 = 0.45 ≥ 0.9 × 0.5
+        (4.5, SharePoolState.OVERLOAD),  # 3.0 / 6 = 0.5 ≥ 0.5
+        (None, SharePoolState.UNKNOWN),
+    ],
+)
+def test_share_pool_state(node_avg: float | None, expected: SharePoolState) -> None:
+    assert share_pool_state(_share_pool_snapshot(node_avg), 50) is expected
+
+
+@pytest.mark.parametrize(
+    "quota_burst,allows,throttled,state,expected",
+    [
+        (False, True, 0.5, SharePoolState.IDLE, BurstOperation.RESET),
+        (True, False, 0.5, SharePoolState.IDLE, BurstOperation.DOWN),
+        (True, True, 0.5, SharePoolState.IDLE, BurstOperation.UP),
+        (True, True, 0.0, SharePoolState.IDLE, BurstOperation.REMAIN),
+        (True, True, 0.5, SharePoolState.OVERLOAD, BurstOperation.DOWN),
+        (True, True, 0.0, SharePoolState.OVERLOAD, BurstOperation.DOWN),
+        (True, True, 0.5, SharePoolState.COOLING, BurstOperation.REMAIN),
+        (True, True, 0.5, SharePoolState.UNKNOWN, BurstOperation.REMAIN),
+    ],
+)
+def test_container_operation(quota_burst, allows, throttled, state, expected) -> None:
+    assert container_operation(quota_burst, allows, throttled, state) is expected
+
+
+@pytest.mark.parametrize(
+    "operation,current,expected",
+    [
+        (BurstOperation.UP, 100000, 120000),
+        (BurstOperation.UP, 280000, 300000),  # clamped at ceil = 300 %
+        (BurstOperation.DOWN, 150000, 120000),
+        (BurstOperation.DOWN, 110000, 100000),  # clamped at base
+        (BurstOperation.REMAIN, 130000, 130000),
+        (BurstOperation.RESET, 250000, 100000),
+    ],
+)
+def test_scaled_quota(operation: BurstOperation, current: int, expected: int) -> None:
+    assert scaled_quota(operation, current, 100000, 300000) == expected
+
+
+def test_static_burst() -> None:
+    auto = CPUBurstStrategy(policy="auto")
+    assert static_burst_us(1000, auto) == 1_000_000  # 1 core × 1000 % × 100000
+    assert static_burst_us(500, CPUBurstStrategy(policy="cpuBurstOnly", cpu_burst_percent=200)) == 100_000
+    assert static_burst_us(1000, CPUBurstStrategy(policy="none")) == 0
+    assert static_burst_us(0, auto) == 0
+
+
+def test_token_bucket_consumes_above_100_and_refills_below_60() -> None:
+    assert bucket_capacity(CPUBurstStrategy(cfs_quota_burst_period_seconds=10)) == 2000  # 10 × (300 − 100)
+    bucket = TokenBucket(2000.0, 100.0, 0.0)
+    bucket = bucket.advance(150.0, 1.0)
+    assert bucket.tokens == pytest.approx(50.0)
+    bucket = bucket.advance(30.0, 3.0)
+    assert bucket.tokens == pytest.approx(190.0)  # + (100 − 30) × 2
+    assert bucket.advance(80.0, 4.0).tokens == pytest.approx(190.0)
+    assert not TokenBucket(2000.0, 10.0, 0.0).advance(200.0, 1.0).allows
+
+
+def _burst_snapshot(policy: str = "auto", period_s: int = -1, **fields):
+    slo = parse_node_slo_spec({"cpuBurstStrategy": {"policy": policy, "cfsQuotaBurstPeriodSeconds": period_s}})
+    values = {"node": node(8000), "node_slo": slo, "pods": (LS_POD,), "node_cpu_avg_cores": 1.0,
+                  "container_throttled_ratio": {CID: 0.5}, "container_cpu_cores": {CID: 1.0}}
+    values.update(fields)
+    return snapshot(**values)
+
+
+def test_scale_up_writes_pod_then_container_and_caps_burst_at_quota() -> None:
+    snap = _burst_snapshot()
+    containers = eligible_containers(snap, LAYOUT)
+    current = BurstCurrent({CID: 100000}, {"uid-ls": 100000})
+    decision = decide(snap, containers, current, {})
+    assert decision.operations[CID] is BurstOperation.UP
+    quota_step, burst_step = decision.steps
+    assert [(w.cgroup_dir, w.value) for w in quota_step.writes] == [
+        ("kubepods/burstable/poduid-ls", 120000),
+        (f"kubepods/burstable/poduid-ls/{CID}", 120000),
+    ]
+    # 1 core × 1000 % = 1_000_000 µs, capped at the cgroup's quota (mainline kernel rule)
+    assert [(w.resource, w.value) for w in burst_step.writes] == [("cpu.cfs_burst_us", 100000)] * 2
+
+
+def test_overload_scales_down_container_then_pod() -> None:
+    snap = _burst_snapshot(node_cpu_avg_cores=7.0)
+    decision = decide(snap, eligible_containers(snap, LAYOUT), BurstCurrent({CID: 150000}, {"uid-ls": 150000}), {})
+    assert decision.node_state is SharePoolState.OVERLOAD
+    assert [w.cgroup_dir for w in decision.steps[0].writes] == [
+        f"kubepods/burstable/poduid-ls/{CID}",
+        "kubepods/burstable/poduid-ls",
+    ]
+    assert decision.container_quota_us[CID] == 120000
+
+
+def test_unlimited_pod_quota_stays_and_empty_bucket_scales_down() -> None:
+    snap = _burst_snapshot(period_s=10, container_cpu_cores={CID: 2.0})
+    bucket = TokenBucket(2000.0, 50.0, snap.timestamp - 1.0)  # 200 % for 1 s consumes 100 tokens
+    decision = decide(snap, eligible_containers(snap, LAYOUT), BurstCurrent({CID: 200000}, {"uid-ls": -1}),
+                      {CID: bucket})
+    assert decision.operations[CID] is BurstOperation.DOWN
+    assert [w.cgroup_dir for w in decision.steps[0].writes] == [f"kubepods/burstable/poduid-ls/{CID}"]
+    assert decision.buckets[CID].tokens == 0.0
+
+
+def test_policy_without_quota_burst_resets_to_the_limit() -> None:
+    snap = _burst_snapshot(policy="cpuBurstOnly")
+    decision = decide(snap, eligible_containers(snap, LAYOUT), BurstCurrent({CID: 180000}, {"uid-ls": 180000}), {})
+    assert decision.operations[CID] is BurstOperation.RESET
+    assert decision.container_quota_us[CID] == 100000
+
+
+def test_only_running_non_lsr_lse_be_pods_are_eligible() -> None:
+    pods = (
+        LS_POD,
+        pod("lsr", "LSR", containers=(ContainerMeta("a", container_id="cccccccccccc"),)),
+        be_pod("be"),
+        pod("done", "LS", containers=(ContainerMeta("a", container_id="dddddddddddd"),), phase="Succeeded"),
+        pod("plain", "", containers=(ContainerMeta("a", container_id="eeeeeeeeeeee"),)),
+    )
+    names = [entry.pod.name for entry in eligible_containers(_burst_snapshot(pods=pods), LAYOUT)]
+    assert names == ["ls", "plain"]

@@ -1,0 +1,131 @@
+"""The QoS manager: gates, NodeSLO switches, error counting, its thread; and the wiring of new_qos_manager."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
+from koordlet.eviction import Evictor
+from koordlet.executor import ResourceExecutor
+from koordlet.metriccache import MetricCache
+from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
+from koordlet.qosmanager.metrics import STRATEGY_RUNS, value_of
+from koordlet.statesinformer.api import StaticStates
+from koordlet.system.cgroup import CgroupFS
+from tests.koordlet.qosmanager.factory import LAYOUT, node, spec
+
+
+class Recorder:
+    """A strategy that records what the manager asks of it."""
+
+    feature_gate = "BECPUSuppress"
+
+    def __init__(self, name: str = "recorder", interval_s: float = 0.05, fail: bool = False) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self.fail = fail
+        self.runs: list[float] = []
+        self.deactivations = 0
+        self.ran = threading.Event()
+
+    def active(self, node_slo: NodeSLOSpec) -> bool:
+        return node_slo.resource_used_threshold_with_be.enable
+
+    def run(self, now: float) -> None:
+        self.runs.append(now)
+        self.ran.set()
+        if self.fail:
+            raise OSError("disk on fire")
+
+    def deactivate(self) -> None:
+        self.deactivations += 1
+
+
+def test_default_gates_schedule_suppress_burst_and_resctrl_only() -> None:
+    states = StaticStates(node=node())
+    manager = new_qos_manager(states, MetricCache(), ResourceExecutor(CgroupFS(root="/nonexistent")), LAYOUT)
+    assert manager.scheduled == ["cpusuppress", "cpuburst", "resctrl"]
+
+
+def test_gates_turn_on_memory_qos_and_evictions() -> None:
+    config = QoSManagerConfig(feature_gates={"CgroupReconcile": True, "BEMemoryEvict": True, "BECPUEvict": True,
+                                             "CPUBurst": False})
+    manager = new_qos_manager(StaticStates(node=node()), MetricCache(),
+                              ResourceExecutor(CgroupFS(root="/nonexistent")), LAYOUT,
+                              evictor=Evictor("node-1", cri_endpoint="/nonexistent.sock"), config=config)
+    assert manager.scheduled == ["cpusuppress", "memoryqos", "resctrl", "memoryevict", "cpuevict"]
+
+
+def test_collect_interval_below_one_second_disables_the_manager() -> None:
+    manager = QoSManager(StaticStates(node=node()), [Recorder()], QoSManagerConfig(collect_res_used_interval_s=0.5))
+    assert manager.scheduled == []
+
+
+def test_nodeslo_switch_off_deactivates_once_and_on_runs() -> None:
+    states = StaticStates(node=node(), node_slo=default_node_slo_spec())  # enable defaults to false
+    recorder = Recorder()
+    manager = QoSManager(states, [recorder])
+    for _ in range(3):
+        manager.run_strategy("recorder")
+    assert recorder.deactivations == 1 and recorder.runs == []
+    states.set_node_slo(spec())
+    manager.run_strategy("recorder")
+    assert len(recorder.runs) == 1
+    states.set_node_slo(default_node_slo_spec())
+    manager.run_strategy("recorder")
+    assert recorder.deactivations == 2
+
+
+def test_unsynced_states_skip_every_strategy() -> None:
+    recorder = Recorder()
+    manager = QoSManager(StaticStates(node=None, node_slo=spec()), [recorder])
+    assert manager.run_strategy("recorder") is False and recorder.runs == []
+
+
+def test_failing_strategy_is_counted_logged_once_and_retried(caplog: pytest.LogCaptureFixture) -> None:
+    recorder = Recorder(name="failing", fail=True)
+    manager = QoSManager(StaticStates(node=node(), node_slo=spec()), [recorder])
+    before = value_of(STRATEGY_RUNS, strategy="failing", status="error")
+    with caplog.at_level(logging.WARNING, logger="koordlet.qosmanager.framework"):
+        results = [manager.run_strategy("failing") for _ in range(3)]
+    assert results == [False, False, False] and len(recorder.runs) == 3
+    assert value_of(STRATEGY_RUNS, strategy="failing", status="error") == before + 3
+    assert len([r for r in caplog.records if "failed" in r.message]) == 1
+    recorder.fail = False
+    assert manager.run_strategy("failing") is True
+
+
+def test_thread_runs_strategies_on_their_interval_and_stops() -> None:
+    fast, slow = Recorder("fast", 0.05), Recorder("slow", 10.0)
+    manager = QoSManager(StaticStates(node=node(), node_slo=spec()), [fast, slow])
+    manager.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        while len(fast.runs) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        manager.stop(timeout_s=2.0)
+    assert len(fast.runs) >= 4 and len(slow.runs) == 1
+    count = len(fast.runs)
+    time.sleep(0.15)
+    assert len(fast.runs) == count  # stopped
+
+
+def test_duplicate_names_and_bad_intervals_are_refused() -> None:
+    with pytest.raises(ValueError):
+        QoSManager(StaticStates(node=node()), [Recorder("a"), Recorder("a")])
+    with pytest.raises(ValueError):
+        QoSManager(StaticStates(node=node()), [Recorder("a", interval_s=0)])
+
+
+def test_first_tick_follows_the_collectors_phase() -> None:
+    # Collected at wall 1000.0, now 1000.3: the collector ticks again at 1001.0, strategies 0.1 s later.
+    manager = QoSManager(StaticStates(node=node()), [Recorder()], monotonic=lambda: 100.0,
+                         wall_clock=lambda: 1000.3, phase_source=lambda: 1000.0)
+    assert manager._first_due() == pytest.approx(100.8)
+    unphased = QoSManager(StaticStates(node=node()), [Recorder()], monotonic=lambda: 100.0)
+    assert unphased._first_due() == 100.0

@@ -1,0 +1,102 @@
+"""Memory QoS decide() against hand-computed §4.6 figures."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from koordlet.api.keys import ANNOTATION_MEMORY_QOS
+from koordlet.api.nodeslo import parse_node_slo_spec
+from koordlet.api.pod import ContainerMeta
+from koordlet.qosmanager.memoryqos import HIERARCHICAL_RESOURCES, MemoryQoS, decide, decide_values
+from koordlet.qosmanager.snapshot import SnapshotBuilder
+from koordlet.statesinformer.api import StaticStates
+from tests.koordlet.qosmanager.factory import LAYOUT, GiB, be_pod, node, pod, snapshot
+
+MiB = 1 << 20
+PAGE = 4096
+SLO = parse_node_slo_spec({"resourceQOSStrategy": {
+    "lsClass": {"memoryQOS": {"enable": True, "minLimitPercent": 50, "lowLimitPercent": 30, "throttlingPercent": 80}},
+    "beClass": {"memoryQOS": {"enable": True, "minLimitPercent": 100, "lowLimitPercent": 100}},
+}})
+LS = pod("ls", "LS", containers=(
+    ContainerMeta("app", container_id="aaaaaaaaaaaa", requests={"memory": GiB}, limits={"memory": 2 * GiB}),))
+BE = be_pod("be", containers=(
+    ContainerMeta("job", container_id="bbbbbbbbbbbb", requests={"kubernetes.io/batch-memory": 512 * MiB}),))
+
+
+def _values(pods=(LS, BE)):
+    snap = snapshot(node=node(8000, 16 * GiB, allocatable_memory=15 * GiB), node_slo=SLO, pods=pods)
+    return {v.cgroup_dir: v for v in decide_values(snap, LAYOUT, PAGE)}
+
+
+def test_pod_and_container_min_low_high() -> None:
+    values = _values()
+    ls_pod = values["kubepods/burstable/poduid-ls"]
+    assert ls_pod.min_bytes == GiB // 2
+    assert ls_pod.low_bytes == GiB // 2  # 30 % = 322122547 is below min, raised to min
+    ls_container = values["kubepods/burstable/poduid-ls/aaaaaaaaaaaa"]
+    # high = floor((1 GiB + 1 GiB × 80 %) / 4096) × 4096 = floor(1932735283 / 4096) × 4096
+    assert ls_container.high_bytes == 1932734464
+    assert (ls_container.min_bytes, ls_container.low_bytes) == (GiB // 2, GiB // 2)
+
+
+def test_be_pods_use_batch_memory_and_unthrottled_high_is_max() -> None:
+    values = _values()
+    assert values["kubepods/besteffort/poduid-be"].min_bytes == 512 * MiB
+    assert values["kubepods/besteffort/poduid-be/bbbbbbbbbbbb"].high_bytes == -1  # throttlingPercent 0
+
+
+def test_kube_qos_dirs_sum_their_pods_and_kubepods_sums_all() -> None:
+    values = _values()
+    assert values["kubepods/burstable"].min_bytes == GiB // 2
+    assert values["kubepods/besteffort"].min_bytes == 512 * MiB
+    assert values["kubepods"].min_bytes == GiB // 2 + 512 * MiB
+    assert values["kubepods/besteffort"].qos is not None and values["kubepods/besteffort"].qos.wmark_min_adj == 50
+
+
+def test_throttling_uses_node_allocatable_without_a_limit() -> None:
+    slo = parse_node_slo_spec({"resourceQOSStrategy": {"lsClass": {"memoryQOS": {"enable": True,
+                                                                                "throttlingPercent": 50}}}})
+    no_limit = pod("nl", "LS", containers=(ContainerMeta("app", container_id="cccccccccccc",
+                                                          requests={"memory": GiB}),))
+    snap = snapshot(node=node(8000, 16 * GiB, allocatable_memory=15 * GiB), node_slo=slo, pods=(no_limit,))
+    values = {v.cgroup_dir: v for v in decide_values(snap, LAYOUT, PAGE)}
+    assert values["kubepods/burstable/poduid-nl/cccccccccccc"].high_bytes == 8 * GiB  # 1 + (15 − 1) × 50 %
+
+
+def test_annotation_none_turns_a_pod_off() -> None:
+    off = pod("off", "LS", annotations={ANNOTATION_MEMORY_QOS: json.dumps({"policy": "none"})},
+              containers=LS.containers)
+    values = _values(pods=(off,))
+    assert values["kubepods/burstable/poduid-off"].min_bytes == 0
+    assert values["kubepods/burstable/poduid-off/aaaaaaaaaaaa"].high_bytes == -1
+
+
+def test_writes_are_leveled_and_limited_to_supported_files() -> None:
+    snap = snapshot(node=node(), node_slo=SLO, pods=(LS,))
+    steps = decide(snap, LAYOUT, PAGE, frozenset(HIERARCHICAL_RESOURCES))
+    assert len(steps) == 1 and steps[0].leveled
+    assert {w.resource for w in steps[0].writes} == set(HIERARCHICAL_RESOURCES)
+    full = decide(snap, LAYOUT, PAGE)
+    assert {w.resource for w in full[1].writes} >= {"memory.wmark_ratio", "memory.priority", "memory.oom.group"}
+
+
+def test_kernel_without_memory_qos_files_is_a_noop_with_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    from koordlet.executor import ResourceExecutor
+    from koordlet.metriccache import MetricCache
+    from koordlet.system.cgroup import CgroupFS
+
+    states = StaticStates(node=node(), node_slo=SLO, pods=(LS,))
+    executor = ResourceExecutor(CgroupFS(root="/nonexistent-root"))
+    strategy = MemoryQoS(SnapshotBuilder(states, MetricCache()), executor, LAYOUT, probe=lambda resource: False)
+    with caplog.at_level(logging.INFO, logger="koordlet.qosmanager.memoryqos"):
+        strategy.run(1000.0)
+        strategy.run(1001.0)
+    assert strategy.last_steps == ()
+    assert [r.message for r in caplog.records].count(
+        "memory QoS is a no-op: this kernel has none of " + ", ".join(
+            ("memory.min", "memory.low", "memory.high", "memory.wmark_ratio", "memory.wmark_scale_factor",
+             "memory.wmark_min_adj", "memory.priority", "memory.use_priority_oom", "memory.oom.group"))) == 1

@@ -1,0 +1,102 @@
+"""Resctrl class groups on a fixture resctrl tree (no RDT on this machine): masks, MBA, tasks moved in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from koordlet.api.nodeslo import parse_node_slo_spec
+from koordlet.api.pod import ContainerMeta
+from koordlet.executor import ResourceExecutor
+from koordlet.metriccache import MetricCache
+from koordlet.api.resctrl import ResctrlMathError, l3_mask, mb_value
+from koordlet.qosmanager.resctrl import (
+    ResctrlInfo,
+    ResctrlReconcile,
+    read_resctrl_info,
+    schemata_text,
+)
+from koordlet.qosmanager.snapshot import SnapshotBuilder
+from koordlet.statesinformer.api import StaticStates
+from koordlet.system.cgroup import CgroupFS
+from tests.koordlet.qosmanager.factory import LAYOUT, be_pod, node, pod
+
+SLO = parse_node_slo_spec({"resourceQOSStrategy": {
+    "lsClass": {"resctrlQOS": {"enable": True}},
+    "beClass": {"resctrlQOS": {"enable": True, "catRangeEndPercent": 30, "mbaPercent": 55}},
+}})
+
+
+@pytest.mark.parametrize(
+    "start,end,expected",
+    [(0, 100, 0x7FF), (0, 30, 0xF), (30, 100, 0x7F0), (50, 60, 0x40)],  # 11 ways: ceil(3.3) = 4, ceil(5.5) = 6
+)
+def test_l3_mask_from_cbm_and_percents(start: int, end: int, expected: int) -> None:
+    assert l3_mask(0x7FF, start, end) == expected
+
+
+def test_non_contiguous_cbm_is_refused() -> None:
+    with pytest.raises(ResctrlMathError):
+        l3_mask(0x5, 0, 100)
+
+
+def test_mba_rounding() -> None:
+    assert mb_value(55, "intel") == 60
+    assert mb_value(100, "intel") == 100
+    assert mb_value(50, "amd") == 80  # 25 × 8 × 0.8 × 50 %
+    assert mb_value(100, "amd") == 2048
+
+
+def _resctrl_tree(root: Path) -> Path:
+    resctrl = root / "resctrl"
+    (resctrl / "info" / "L3").mkdir(parents=True)
+    (resctrl / "info" / "L3" / "cbm_mask").write_text("7ff\n")
+    (resctrl / "schemata").write_text("    L3:0=7ff;1=7ff\n    MB:0=100;1=100\n")
+    for group in ("LSR", "LS", "BE"):  # what the kernel creates on mkdir
+        (resctrl / group).mkdir()
+        (resctrl / group / "schemata").write_text("")
+        (resctrl / group / "tasks").write_text("")
+    return resctrl
+
+
+def test_read_info_and_schemata_text(tmp_path: Path) -> None:
+    info = read_resctrl_info(str(_resctrl_tree(tmp_path)))
+    assert info == ResctrlInfo(0x7FF, (0, 1), True)
+    be = SLO.resource_qos_strategy.be_class.resctrl_qos
+    assert schemata_text(info, be) == "L3:0=f;1=f\nMB:0=60;1=60\n"
+    assert read_resctrl_info(str(tmp_path / "missing")) is None
+
+
+def test_groups_get_schemata_and_pod_tasks_are_moved_in(tmp_path: Path) -> None:
+    resctrl = _resctrl_tree(tmp_path)
+    (resctrl / "LS" / "tasks").write_text("201\n")  # already there: not moved again
+    cgroup_root = tmp_path / "host"
+    be = be_pod("be", containers=(ContainerMeta("job", container_id="a" * 12),))
+    ls = pod("ls", "LS", containers=(ContainerMeta("app", container_id="b" * 12),))
+    lsr = pod("lsr", "LSR", containers=(ContainerMeta("app", container_id="c" * 12),))  # LSR resctrl disabled
+    for rel, pids in (("kubepods/besteffort/poduid-be/" + "a" * 12, "101\n102\n"),
+                      ("kubepods/burstable/poduid-ls/" + "b" * 12, "201\n202\n"),
+                      ("kubepods/burstable/poduid-lsr/" + "c" * 12, "301\n")):
+        directory = cgroup_root / "sys/fs/cgroup/cpu" / rel
+        directory.mkdir(parents=True)
+        (directory / "tasks").write_text(pids)
+    executor = ResourceExecutor(CgroupFS(root=str(cgroup_root)), resctrl_root=str(resctrl))
+    states = StaticStates(node=node(), node_slo=SLO, pods=(be, ls, lsr))
+    strategy = ResctrlReconcile(SnapshotBuilder(states, MetricCache()), executor, LAYOUT)
+    assert strategy.active(SLO)
+    strategy.run(1000.0)
+    assert (resctrl / "BE" / "schemata").read_text() == "L3:0=f;1=f\nMB:0=60;1=60\n"
+    assert (resctrl / "LS" / "schemata").read_text() == "L3:0=7ff;1=7ff\nMB:0=100;1=100\n"
+    decision = strategy.last_decision
+    assert decision is not None
+    assert dict(decision.tasks) == {"BE": (101, 102), "LS": (202,)}
+    assert (resctrl / "BE" / "tasks").read_text() == "102"  # a plain file keeps the last write
+
+
+def test_no_rdt_is_a_noop(tmp_path: Path) -> None:
+    executor = ResourceExecutor(CgroupFS(root=str(tmp_path)), resctrl_root=str(tmp_path / "resctrl"))
+    strategy = ResctrlReconcile(SnapshotBuilder(StaticStates(node=node(), node_slo=SLO), MetricCache()),
+                                executor, LAYOUT)
+    strategy.run(1000.0)
+    assert strategy.last_decision is None and not (tmp_path / "resctrl").exists()

@@ -1,0 +1,58 @@
+"""SnapshotBuilder: fresh samples only, window averages, BE window, nothing before the node is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
+from koordlet.qosmanager.snapshot import (
+    BE_CPU_REAL_LIMIT_KEY,
+    BE_CPU_REQUEST_KEY,
+    BE_CPU_USAGE_KEY,
+    SnapshotBuilder,
+    parse_quota_us,
+)
+from koordlet.statesinformer.api import StaticStates
+from tests.koordlet.qosmanager.factory import node
+
+
+def _pod_cpu(uid: str) -> SeriesKey:
+    return SeriesKey.of(MetricKind.POD_CPU_USAGE, **{Label.POD_UID: uid})
+
+
+def test_latest_values_ignore_samples_older_than_two_intervals() -> None:
+    cache = MetricCache()
+    cache.append(SeriesKey.of(MetricKind.NODE_CPU_USAGE), 97.0, 3.0)
+    cache.append(_pod_cpu("fresh"), 99.5, 1.0)
+    cache.append(_pod_cpu("stale"), 90.0, 5.0)  # a pod gone 10 s ago
+    snap = SnapshotBuilder(StaticStates(node=node()), cache, collect_interval_s=1.0).build(now=100.0)
+    assert snap is not None
+    assert snap.node_cpu_cores is None  # 3 s old > 2 × 1 s
+    assert dict(snap.pod_cpu_cores) == {"fresh": 1.0}
+
+
+def test_window_averages_and_be_window() -> None:
+    cache = MetricCache()
+    for t, value in ((91.0, 2.0), (95.0, 4.0), (100.0, 6.0)):
+        cache.append(SeriesKey.of(MetricKind.NODE_CPU_USAGE), t, value)
+        cache.append(_pod_cpu("a"), t, value / 2)
+        cache.append(BE_CPU_USAGE_KEY, t, value * 100)
+        cache.append(BE_CPU_REQUEST_KEY, t, 4000.0)
+        cache.append(BE_CPU_REAL_LIMIT_KEY, t, 1000.0 + t)
+    snap = SnapshotBuilder(StaticStates(node=node()), cache).build(
+        now=100.0, node_cpu_avg_window_s=6.0, be_window_s=10.0)
+    assert snap is not None
+    assert snap.node_cpu_avg_cores == pytest.approx(5.0)  # samples at 95 and 100
+    assert snap.pod_cpu_avg_cores["a"] == pytest.approx(2.5)
+    assert snap.be_cpu is not None and snap.be_cpu.samples == 3
+    assert snap.be_cpu.avg_usage_milli == pytest.approx(400.0)
+    assert snap.be_cpu.last_real_limit_milli == 1100.0
+
+
+def test_no_snapshot_before_the_node_is_known() -> None:
+    assert SnapshotBuilder(StaticStates(), MetricCache()).build(now=1.0) is None
+
+
+@pytest.mark.parametrize("text,expected", [("-1", -1), ("50000", 50000), ("max 100000", -1), ("20000 100000", 20000)])
+def test_quota_read_back_in_both_versions(text: str, expected: int) -> None:
+    assert parse_quota_us(text) == expected

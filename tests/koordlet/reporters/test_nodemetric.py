@@ -1,0 +1,223 @@
+"""NodeMetric reporting: status built from a real metric cache, written to the in-repo API server (whose
+CRD schema validation is the check) or to a YAML file."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes.client
+import pytest
+import yaml
+
+from koordlet.api.pod import PodMeta
+from koordlet.metriccache import Label, MetricCache, MetricKind, Sample, SeriesKey
+from koordlet.reporters.nodemetric import (
+    CollectPolicy,
+    NodeMetricReporter,
+    ReportOutcome,
+    StatusBuilder,
+    collect_policy_from_spec,
+)
+from tests.support.apiserver import ApiServer, kube_api_client
+
+NODE = "node-1"
+NOW = 1_700_000_000.0
+SPAN_S = 400  # seconds of samples in the cache
+
+
+def pod(name: str, namespace: str, uid: str, labels: dict[str, str] | None = None,
+        priority: int | None = None) -> PodMeta:
+    return PodMeta(name=name, namespace=namespace, uid=uid, labels=labels or {}, priority=priority)
+
+
+PODS = (
+    pod("web", "shop", "u-web", {"koordinator.sh/qosClass": "LS"}, 9500),
+    pod("spark", "batch", "u-spark", {"koordinator.sh/qosClass": "BE"}, 5500),
+    pod("new", "batch", "u-new"),  # no samples yet
+)
+
+
+def node_cpu(i: int) -> float:
+    return 2.0 + (i % 10) / 10  # 2.0 .. 2.9 cores
+
+
+def _window(window_s: float) -> list[float]:
+    """Node CPU values in [NOW - window_s, NOW] (both ends included, as Koordinator queries)."""
+    return sorted(node_cpu(i) for i in range(SPAN_S) if NOW - SPAN_S + 1 + i >= NOW - window_s)
+
+
+def expected_node_cpu_avg(window_s: float) -> str:
+    values = _window(window_s)
+    return f"{round(sum(values) / len(values) * 1000)}m"
+
+
+def expected_node_cpu_percentile(window_s: float, p: int) -> str:
+    values = _window(window_s)
+    return f"{round(values[math.ceil(p / 100 * len(values)) - 1] * 1000)}m"  # nearest rank
+
+
+def filled_cache() -> MetricCache:
+    cache = MetricCache()
+    samples = []
+    for i in range(SPAN_S):
+        t = NOW - SPAN_S + 1 + i
+        samples += [
+            Sample(SeriesKey.of(MetricKind.NODE_CPU_USAGE), t, node_cpu(i)),
+            Sample(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE), t, 4e9),
+            Sample(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE_WITH_PAGE_CACHE), t, 6e9),
+            Sample(SeriesKey.of(MetricKind.SYS_CPU_USAGE), t, 0.25),
+            Sample(SeriesKey.of(MetricKind.SYS_MEMORY_USAGE), t, 1e9),
+            Sample(SeriesKey.of(MetricKind.POD_CPU_USAGE, **{Label.POD_UID: "u-web"}), t, 1.5),
+            Sample(SeriesKey.of(MetricKind.POD_MEMORY_USAGE, **{Label.POD_UID: "u-web"}), t, 1e9),
+            Sample(SeriesKey.of(MetricKind.POD_CPU_USAGE, **{Label.POD_UID: "u-spark"}), t, 0.5),
+            Sample(SeriesKey.of(MetricKind.POD_MEMORY_USAGE, **{Label.POD_UID: "u-spark"}), t, 2e9),
+        ]
+    cache.append_samples(samples)
+    return cache
+
+
+def test_status_has_averages_percentiles_and_sorted_pods() -> None:
+    status = StatusBuilder(filled_cache()).build(PODS, CollectPolicy(), NOW)
+    node_metric = status["nodeMetric"]
+    assert node_metric["nodeUsage"]["resources"] == {"cpu": expected_node_cpu_avg(300), "memory": "4000000000"}
+    assert node_metric["systemUsage"]["resources"] == {"cpu": "250m", "memory": "1000000000"}
+    # 400 s of samples: 5m and 10m are covered >= 50 %, 30m is not.
+    assert [a["duration"] for a in node_metric["aggregatedNodeUsages"]] == ["5m0s", "10m0s"]
+    usage = node_metric["aggregatedNodeUsages"][0]["usage"]
+    assert set(usage) == {"avg", "p50", "p90", "p95", "p99"}
+    assert usage["p50"]["resources"]["cpu"] == expected_node_cpu_percentile(300, 50)
+    assert usage["p90"]["resources"]["cpu"] == expected_node_cpu_percentile(300, 90)
+    assert usage["p99"]["resources"]["cpu"] == "2900m"
+    assert [a["duration"] for a in node_metric["aggregatedSystemUsages"]] == ["5m0s", "10m0s"]
+    assert status["podsMetric"] == [
+        {"namespace": "batch", "name": "spark", "podUsage": {"resources": {"cpu": "500m", "memory": "2000000000"}},
+         "priority": "koord-batch", "qos": "BE"},
+        {"namespace": "shop", "name": "web", "podUsage": {"resources": {"cpu": "1500m", "memory": "1000000000"}},
+         "priority": "koord-prod", "qos": "LS"},
+    ]
+    assert status["updateTime"] == "2023-11-14T22:13:20Z"
+
+
+def test_memory_policy_with_page_cache_uses_that_series() -> None:
+    policy = CollectPolicy(memory_policy="usageWithPageCache")
+    status = StatusBuilder(filled_cache()).build((), policy, NOW)
+    assert status["nodeMetric"]["nodeUsage"]["resources"]["memory"] == "6000000000"
+
+
+def test_young_cache_reports_no_aggregates() -> None:
+    cache = MetricCache()
+    cache.append_samples(Sample(SeriesKey.of(MetricKind.NODE_CPU_USAGE), NOW - 60 + i, 1.0) for i in range(60))
+    cache.append_samples(Sample(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE), NOW - 60 + i, 1.0) for i in range(60))
+    status = StatusBuilder(cache).build((), CollectPolicy(), NOW)
+    assert "aggregatedNodeUsages" not in status["nodeMetric"]
+
+
+def test_collect_policy_from_spec_and_defaults() -> None:
+    assert collect_policy_from_spec(None, 60.0) == CollectPolicy()
+    policy = collect_policy_from_spec({"metricCollectPolicy": {
+        "aggregateDurationSeconds": 120, "reportIntervalSeconds": 30,
+        "nodeAggregatePolicy": {"durations": ["1m", "2m30s", "forever"]},
+        "nodeMemoryCollectPolicy": "usageWithPageCache"}})
+    assert policy == CollectPolicy(120.0, 30.0, (60.0, 150.0), "usageWithPageCache")
+
+
+# ------------------------------------------------------------------------------------ API server
+
+@pytest.fixture
+def server() -> Iterator[ApiServer]:
+    with ApiServer() as running:
+        yield running
+
+
+@pytest.fixture
+def custom(server: ApiServer) -> Iterator[kubernetes.client.CustomObjectsApi]:
+    with kube_api_client(server) as client:
+        yield kubernetes.client.CustomObjectsApi(client)
+
+
+def seed_node_metric(server: ApiServer) -> None:
+    server.seed({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric", "metadata": {"name": NODE},
+                 "spec": {"metricCollectPolicy": {"aggregateDurationSeconds": 300, "reportIntervalSeconds": 45,
+                                                  "nodeAggregatePolicy": {"durations": ["5m"]}}}})
+
+
+def reporter(custom: kubernetes.client.CustomObjectsApi, outcomes: list[str] | None = None,
+             **kwargs: object) -> NodeMetricReporter:
+    return NodeMetricReporter(NODE, filled_cache(), lambda: PODS, custom_api=custom,
+                              observe=(outcomes.append if outcomes is not None else None),
+                              wall_clock=lambda: NOW, **kwargs)  # type: ignore[arg-type]
+
+
+def test_status_written_through_status_subresource_and_accepted_by_schema(
+        server: ApiServer, custom: kubernetes.client.CustomObjectsApi) -> None:
+    seed_node_metric(server)
+    outcomes: list[str] = []
+    nm = reporter(custom, outcomes)
+    assert nm.report_once() is ReportOutcome.UPDATED
+    stored = server.get_object("nodemetrics", NODE)
+    assert stored is not None
+    status = stored["status"]
+    assert status["nodeMetric"]["nodeUsage"]["resources"]["cpu"] == expected_node_cpu_avg(300)
+    assert [a["duration"] for a in status["nodeMetric"]["aggregatedNodeUsages"]] == ["5m0s"]
+    assert [p["name"] for p in status["podsMetric"]] == ["spark", "web"]
+    assert stored["spec"]["metricCollectPolicy"]["reportIntervalSeconds"] == 45
+    assert nm.policy.report_interval_s == 45.0
+    assert server.requests("PUT", r"/nodemetrics/node-1/status$")
+    assert outcomes == ["updated"]
+
+
+def test_conflict_rereads_and_retries(server: ApiServer, custom: kubernetes.client.CustomObjectsApi) -> None:
+    seed_node_metric(server)
+    server.fail_next("PUT", r"/nodemetrics/node-1/status$", status=409, count=2)
+    assert reporter(custom).report_once() is ReportOutcome.UPDATED
+    assert len(server.requests("GET", r"/nodemetrics/node-1$")) == 3
+    assert server.get_object("nodemetrics", NODE)["status"]["podsMetric"]
+
+
+def test_server_error_keeps_report_for_next_tick(server: ApiServer, custom: kubernetes.client.CustomObjectsApi) -> None:
+    seed_node_metric(server)
+    outcomes: list[str] = []
+    nm = reporter(custom, outcomes)
+    server.fail_next("PUT", r"/nodemetrics/node-1/status$", status=500)
+    assert nm.report_once() is ReportOutcome.FAILED
+    assert nm.pending is not None and "status" not in server.get_object("nodemetrics", NODE)
+    server.fail_next("GET", r"/nodemetrics/node-1$", status=503)
+    assert nm.report_once() is ReportOutcome.FAILED
+    assert nm.report_once() is ReportOutcome.UPDATED
+    assert nm.pending is None and nm.last_written is not None
+    assert server.get_object("nodemetrics", NODE)["status"]["nodeMetric"]["nodeUsage"]["resources"]
+    assert outcomes == ["failed", "failed", "updated"]
+
+
+def test_missing_object_is_skipped_or_created_when_asked(server: ApiServer,
+                                                         custom: kubernetes.client.CustomObjectsApi) -> None:
+    assert reporter(custom).report_once() is ReportOutcome.SKIPPED_MISSING
+    assert server.get_object("nodemetrics", NODE) is None
+    assert reporter(custom, create_missing=True).report_once() is ReportOutcome.UPDATED
+    assert server.get_object("nodemetrics", NODE)["status"]["podsMetric"]
+
+
+# ------------------------------------------------------------------------------------ file
+
+def test_without_api_server_the_object_is_written_as_yaml(tmp_path: Path) -> None:
+    nm = NodeMetricReporter(NODE, filled_cache(), lambda: PODS, report_dir=str(tmp_path), wall_clock=lambda: NOW)
+    assert nm.report_once() is ReportOutcome.WRITTEN
+    obj = yaml.safe_load((tmp_path / "nodemetric-node-1.yaml").read_text())
+    assert obj["kind"] == "NodeMetric" and obj["metadata"]["name"] == NODE
+    assert obj["status"]["nodeMetric"]["nodeUsage"]["resources"]["cpu"] == expected_node_cpu_avg(300)
+    assert [p.name for p in tmp_path.iterdir()] == ["nodemetric-node-1.yaml"]  # no temp file left
+
+
+def test_timer_reports_and_stops_quickly(tmp_path: Path) -> None:
+    written = threading.Event()
+    nm = NodeMetricReporter(NODE, filled_cache(), lambda: PODS, report_dir=str(tmp_path), default_interval_s=0.1,
+                            on_report=lambda status: written.set())
+    nm.start(first_delay_s=0.05)
+    try:
+        assert written.wait(3.0)
+    finally:
+        nm.stop(2.0)
+    assert (tmp_path / "nodemetric-node-1.yaml").exists()

@@ -1,0 +1,144 @@
+"""KubeletPodSource against a real HTTPS server serving kubelet's /pods JSON (self-signed cert via openssl)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from koordlet.api.qos import KubeQoS, PriorityClass, QoSClass
+from koordlet.statesinformer.informer import PodSourceError
+from koordlet.statesinformer.kubelet import KubeletPodSource, PodParseError, kubelet_url, pod_meta_from_pod
+from koordlet.system.cgroup import CgroupDriver
+from koordlet.system.kubepods import KubeCgroupLayout
+from tests.koordlet.statesinformer.kubelet_server import (
+    BE_UID,
+    LS_UID,
+    Certs,
+    FakeKubelet,
+    kubelet_pod_list,
+    make_certs,
+    serve,
+)
+
+LAYOUT = KubeCgroupLayout(CgroupDriver.CGROUPFS, "/")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture
+def kubelet() -> FakeKubelet:
+    return FakeKubelet()
+
+
+@pytest.fixture
+def kubelet_url_token(kubelet: FakeKubelet, certs: Certs) -> Iterator[str]:
+    yield from serve(kubelet, certs)
+
+
+@pytest.fixture
+def kubelet_url_mtls(kubelet: FakeKubelet, certs: Certs) -> Iterator[str]:
+    yield from serve(kubelet, certs, require_client_cert=True)
+
+
+def test_pods_from_kubelet_https_with_token_become_pod_metas(kubelet: FakeKubelet, kubelet_url_token: str,
+                                                              tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cr3t\n")
+    source = KubeletPodSource(kubelet_url_token, LAYOUT, token_file=str(token))
+    web, spark = source.list_pods()
+    assert kubelet.authorizations == ["Bearer s3cr3t"]
+    assert (web.namespace, web.name, web.uid, web.phase) == ("shop", "web-0", LS_UID, "Running")
+    assert web.kube_qos is KubeQoS.GUARANTEED and web.qos_class is QoSClass.LSR
+    assert web.priority == 9500 and web.priority_class is PriorityClass.PROD
+    assert web.cgroup_parent == f"/kubepods/pod{LS_UID}"
+    main = web.container("web")
+    assert main is not None and main.container_id == "a" * 64 and main.runtime == "containerd"
+    assert main.requests == {"cpu": 2000, "memory": 1 << 30} and main.limits == main.requests
+    init = web.container("init")
+    assert init is not None and init.is_init and init.container_id == "b" * 64
+    assert spark.kube_qos is KubeQoS.BESTEFFORT and spark.qos_class is QoSClass.BE
+    assert spark.cgroup_parent == f"/kubepods/besteffort/pod{BE_UID}"
+    executor = spark.container("executor")
+    assert executor is not None and executor.container_id == ""  # not created yet
+    assert executor.requests == {"kubernetes.io/batch-cpu": 1000, "kubernetes.io/batch-memory": 2 << 30}
+    assert web.ips == ("10.244.1.7", "fd00:10:244:1::7") and spark.ips == ()  # Pending: no IP yet
+
+
+def test_client_certificate_authenticates_to_kubelet(kubelet: FakeKubelet, kubelet_url_mtls: str,
+                                                      certs: Certs) -> None:
+    source = KubeletPodSource(kubelet_url_mtls, LAYOUT, token_file="",
+                              client_cert=str(certs.client_cert), client_key=str(certs.client_key))
+    assert len(source.list_pods()) == 2
+    assert kubelet.peer_subjects == ["koordlet"]
+    assert kubelet.authorizations == [""]
+
+
+def test_empty_pod_list_is_a_failure(kubelet: FakeKubelet, kubelet_url_token: str) -> None:
+    kubelet.payload = {"kind": "PodList", "items": []}
+    with pytest.raises(PodSourceError, match="empty pod list"):
+        KubeletPodSource(kubelet_url_token, LAYOUT).list_pods()
+
+
+def test_http_error_and_timeout_are_failures(kubelet: FakeKubelet, kubelet_url_token: str) -> None:
+    kubelet.status = 401
+    with pytest.raises(PodSourceError, match="HTTP 401"):
+        KubeletPodSource(kubelet_url_token, LAYOUT).list_pods()
+    kubelet.status, kubelet.delay_s = 200, 0.6
+    with pytest.raises(PodSourceError, match="timed out"):
+        KubeletPodSource(kubelet_url_token, LAYOUT, timeout_s=0.2).list_pods()
+
+
+def test_unknown_address_is_a_failure_not_a_crash() -> None:
+    with pytest.raises(PodSourceError, match="not known"):
+        KubeletPodSource(lambda: None, LAYOUT).list_pods()
+
+
+def test_pod_with_bad_quantity_is_skipped_others_kept(kubelet: FakeKubelet, kubelet_url_token: str) -> None:
+    kubelet.payload["items"][1]["spec"]["containers"][0]["resources"]["requests"]["memory"] = "lots"
+    pods = KubeletPodSource(kubelet_url_token, LAYOUT).list_pods()
+    assert [p.name for p in pods] == ["web-0"]
+
+
+def test_kube_qos_derived_when_status_lacks_it() -> None:
+    pod = kubelet_pod_list()["items"][0]
+    del pod["status"]["qosClass"]
+    assert pod_meta_from_pod(pod, LAYOUT).kube_qos is KubeQoS.GUARANTEED
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+    assert pod_meta_from_pod(pod, LAYOUT).kube_qos is KubeQoS.BURSTABLE
+    pod["spec"]["containers"][0]["resources"] = {}
+    assert pod_meta_from_pod(pod, LAYOUT).kube_qos is KubeQoS.BESTEFFORT
+
+
+def test_pod_ip_falls_back_to_the_single_pod_ip_field() -> None:
+    pod = kubelet_pod_list()["items"][0]
+    del pod["status"]["podIPs"]  # older kubelets set podIP only
+    assert pod_meta_from_pod(pod, LAYOUT).ips == ("10.244.1.7",)
+
+
+def test_systemd_layout_and_cgroup_root_shape_the_cgroup_parent() -> None:
+    layout = KubeCgroupLayout(CgroupDriver.SYSTEMD, "/")
+    pod = pod_meta_from_pod(kubelet_pod_list()["items"][1], layout)
+    assert pod.cgroup_parent == ("/kubepods.slice/kubepods-besteffort.slice/"
+                                 f"kubepods-besteffort-pod{BE_UID.replace('-', '_')}.slice")
+
+
+def test_pod_without_uid_is_rejected() -> None:
+    pod = kubelet_pod_list()["items"][0]
+    del pod["metadata"]["uid"]
+    with pytest.raises(PodParseError):
+        pod_meta_from_pod(pod, LAYOUT)
+
+
+def test_kubelet_url_from_node_addresses_and_daemon_endpoint() -> None:
+    node = {"status": {"addresses": [{"type": "Hostname", "address": "n1"},
+                                     {"type": "InternalIP", "address": "10.0.0.7"}],
+                       "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}}}
+    assert kubelet_url(node) == "https://10.0.0.7:10250"
+    assert kubelet_url(node, port=11250) == "https://10.0.0.7:11250"
+    assert kubelet_url(node, insecure=True) == "http://10.0.0.7:10255"
+    assert kubelet_url(node, address_type="ExternalIP") is None

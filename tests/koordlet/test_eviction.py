@@ -1,0 +1,250 @@
+"""The evictor against the test API server with the real kubernetes client: PDBs, Events, never non-BE."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import kubernetes.client
+import pytest
+
+from koordlet.api.keys import LABEL_QOS_CLASS
+from koordlet.api.pod import ContainerMeta, PodMeta
+from koordlet.api.qos import KubeQoS
+from koordlet.eviction import POD_EVICTION, POD_EVICTION_DETAIL, EvictionOutcome, Evictor, reason_for
+from koordlet.metriccache import MetricCache, MetricKind, SeriesKey
+from koordlet.qosmanager.cpuevict import BECPUEvict
+from koordlet.qosmanager.memoryevict import BEMemoryEvict
+from koordlet.qosmanager.snapshot import (
+    BE_CPU_REAL_LIMIT_KEY,
+    BE_CPU_REQUEST_KEY,
+    BE_CPU_USAGE_KEY,
+    SnapshotBuilder,
+)
+from koordlet.statesinformer.api import NodeInfo, StaticStates
+from tests.koordlet.qosmanager.factory import spec
+from tests.support.apiserver import ApiServer, kube_api_client
+
+GiB = 1 << 30
+
+
+class FakeClock:
+    """Monotonic seconds the test moves by hand (the evictor's retry and evicting windows)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def server() -> Iterator[ApiServer]:
+    with ApiServer() as running:
+        yield running
+
+
+@pytest.fixture
+def api_client(server: ApiServer) -> Iterator[kubernetes.client.ApiClient]:
+    with kube_api_client(server) as client:
+        yield client
+
+
+def _seed_pod(server: ApiServer, name: str, qos: str, kube_qos: str, app: str = "batch") -> PodMeta:
+    obj = server.seed({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": app, LABEL_QOS_CLASS: qos}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "localhost/busybox"}]},
+        "status": {"phase": "Running", "qosClass": kube_qos, "conditions": [{"type": "Ready", "status": "True"}]},
+    })
+    return PodMeta(name=name, namespace="default", uid=obj["metadata"]["uid"], labels={LABEL_QOS_CLASS: qos},
+                   kube_qos=KubeQoS(kube_qos), phase="Running")
+
+
+def _evictions(server: ApiServer, name: str) -> int:
+    return len(server.requests("POST", rf"/pods/{name}/eviction$"))
+
+
+def test_be_pod_is_evicted_through_the_api_with_a_warning_event(
+        server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
+    pod = _seed_pod(server, "job-0", "BE", "BestEffort")
+    evictor = Evictor("node-1", api_client=api_client)
+    before = POD_EVICTION.labels(node="node-1", reason=reason_for("BEMemoryEvict"))._value.get()
+    result = evictor.evict(pod, "BEMemoryEvict", "node memory usage 75% >= threshold 70%")
+    assert result.outcome is EvictionOutcome.EVICTED
+    assert server.get_object("pods", "job-0", "default") is None
+    (event,) = server.list_objects("events", "default")
+    assert event["type"] == "Warning" and event["reason"] == "BEMemoryEvict"
+    assert "75%" in event["message"] and "70%" in event["message"]
+    assert event["involvedObject"]["name"] == "job-0" and event["involvedObject"]["uid"] == pod.uid
+    assert POD_EVICTION.labels(node="node-1", reason=reason_for("BEMemoryEvict"))._value.get() == before + 1
+    assert POD_EVICTION_DETAIL.labels(node="node-1", pod_namespace="default", pod_name="job-0",
+                                      reason=reason_for("BEMemoryEvict"))._value.get() >= 1
+    assert evictor.is_evicting(pod.uid)
+    assert evictor.evict(pod, "BEMemoryEvict", "again").outcome is EvictionOutcome.ALREADY_EVICTING
+    assert _evictions(server, "job-0") == 1
+
+
+def test_disruption_budget_429_keeps_the_pod_and_is_retried_later(
+        server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
+    pod = _seed_pod(server, "job-0", "BE", "BestEffort")
+    _seed_pod(server, "job-1", "BE", "BestEffort")
+    policy = kubernetes.client.PolicyV1Api(api_client)
+    policy.create_namespaced_pod_disruption_budget("default", {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "batch-pdb"},
+        "spec": {"selector": {"matchLabels": {"app": "batch"}}, "minAvailable": 2}})
+    clock = FakeClock()
+    evictor = Evictor("node-1", api_client=api_client, retry_after_s=5.0, clock=clock)
+    assert evictor.evict(pod, "BECPUEvict", "satisfaction 0.3").outcome is EvictionOutcome.BLOCKED
+    assert server.get_object("pods", "job-0", "default") is not None
+    assert not server.list_objects("events", "default")
+    clock.now += 1.0
+    assert evictor.evict(pod, "BECPUEvict", "satisfaction 0.3").outcome is EvictionOutcome.BLOCKED
+    assert _evictions(server, "job-0") == 1  # "not now": no second request inside the retry window
+    policy.patch_namespaced_pod_disruption_budget("batch-pdb", "default", {"spec": {"minAvailable": 1}})
+    clock.now += 5.0
+    assert evictor.evict(pod, "BECPUEvict", "satisfaction 0.3").outcome is EvictionOutcome.EVICTED
+    assert _evictions(server, "job-0") == 2
+    assert server.get_object("pods", "job-0", "default") is None
+
+
+def test_non_be_pod_is_never_evicted(server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
+    pod = _seed_pod(server, "web-0", "LS", "Burstable")
+    evictor = Evictor("node-1", api_client=api_client)
+    assert evictor.evict(pod, "BEMemoryEvict", "x").outcome is EvictionOutcome.NOT_BE
+    assert _evictions(server, "web-0") == 0 and server.get_object("pods", "web-0", "default") is not None
+
+
+def test_pod_is_checked_again_against_the_api_server(
+        server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
+    """A stale caller view that says BE does not evict a pod the API server knows as LS."""
+    _seed_pod(server, "web-0", "LS", "Burstable")
+    live_uid = server.get_object("pods", "web-0", "default")["metadata"]["uid"]
+    stale = PodMeta(name="web-0", namespace="default", uid=live_uid, labels={LABEL_QOS_CLASS: "BE"},
+                    kube_qos=KubeQoS.BESTEFFORT)
+    result = Evictor("node-1", api_client=api_client).evict(stale, "BEMemoryEvict", "x")
+    assert result.outcome is EvictionOutcome.NOT_BE
+    assert _evictions(server, "web-0") == 0
+
+
+def test_evictor_needs_an_api_server_or_a_runtime() -> None:
+    with pytest.raises(ValueError):
+        Evictor("node-1")
+    assert Evictor("node-1", cri_endpoint="/run/containerd/containerd.sock").uses_cri
+
+
+def test_memory_evict_strategy_evicts_be_pods_in_order_and_rests(
+        server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
+    pods = (
+        _seed_pod(server, "web", "LS", "Burstable", app="web"),
+        _seed_pod(server, "big", "BE", "BestEffort"),
+        _seed_pod(server, "small", "BE", "BestEffort"),
+    )
+    uids = {p.name: p.uid for p in pods}
+    node = NodeInfo("node-1", capacity={"cpu": 8000, "memory": 16 * GiB}, allocatable={"memory": 16 * GiB})
+    states = StaticStates(node=node, node_slo=spec(), pods=pods)
+    cache = MetricCache()
+    now = 1000.0
+    cache.append(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE), now, 12 * GiB)  # 75 %: release 7 % = 1.12 GiB
+    for name, used in (("web", 6 * GiB), ("big", 1 * GiB), ("small", GiB // 2)):
+        cache.append(SeriesKey.of(MetricKind.POD_MEMORY_USAGE, pod_uid=uids[name]), now, used)
+    strategy = BEMemoryEvict(SnapshotBuilder(states, cache), Evictor("node-1", api_client=api_client))
+    strategy.run(now)
+    assert strategy.last_round is not None and strategy.last_round.evicted == ("default/big", "default/small")
+    assert server.get_object("pods", "web", "default") is not None
+    assert _evictions(server, "web") == 0
+    messages = [e["message"] for e in server.list_objects("events", "default")]
+    assert any("75%" in m and "1073741824 bytes" in m for m in messages)
+    server.clear_requests()
+    cache.append(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE), now + 1, 12 * GiB)
+    strategy.run(now + 1)  # inside the 4 s cool-down
+    assert not server.requests("POST")
+
+
+@pytest.mark.containerd
+def test_local_mode_kills_a_be_pods_containers_through_the_cri(containerd_socket: str) -> None:
+    from runtimeproxy.api import cri_pb2 as cri
+    from tests.support.cri import CriClient, PodFactory
+
+    client = CriClient(containerd_socket)
+    factory = PodFactory(client)
+    try:
+        be_sid, be_cid, _ = factory.start_pod("evict-be", kube_qos="besteffort")
+        ls_sid, ls_cid, _ = factory.start_pod("evict-ls", kube_qos="burstable")
+        be = PodMeta(name="evict-be", namespace="default", uid="uid-evict-be", labels={LABEL_QOS_CLASS: "BE"},
+                     kube_qos=KubeQoS.BESTEFFORT, sandbox_id=be_sid)
+        ls = PodMeta(name="evict-ls", namespace="default", uid="uid-evict-ls", labels={LABEL_QOS_CLASS: "LS"},
+                     kube_qos=KubeQoS.BURSTABLE, sandbox_id=ls_sid)
+        evictor = Evictor("node-1", cri_endpoint=containerd_socket, pods=lambda: (be, ls))
+        assert evictor.evict(ls, "BEMemoryEvict", "x").outcome is EvictionOutcome.NOT_BE
+        assert evictor.evict(be, "BEMemoryEvict", "node memory 75%").outcome is EvictionOutcome.EVICTED
+
+        def state(cid: str) -> int:
+            request = cri.ContainerStatusRequest(container_id=cid)
+            return client.runtime.ContainerStatus(request, timeout=10).status.state
+
+        assert state(be_cid) == cri.CONTAINER_EXITED
+        assert state(ls_cid) == cri.CONTAINER_RUNNING
+    finally:
+        factory.cleanup()
+        client.close()
+
+
+def _be_cpu_series(cache: MetricCache, start: float, end: float, usage: float, request: float, limit: float) -> None:
+    t = start
+    while t <= end:
+        cache.append(BE_CPU_USAGE_KEY, t, usage)
+        cache.append(BE_CPU_REQUEST_KEY, t, request)
+        cache.append(BE_CPU_REAL_LIMIT_KEY, t, limit)
+        t += 1.0
+
+
+def test_cpu_evict_strategy_evicts_for_low_satisfaction_and_rests_after_start(
+        server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
+    big = replace(_seed_pod(server, "big", "BE", "BestEffort"), priority=5000)
+    small = replace(_seed_pod(server, "small", "BE", "BestEffort"), priority=3000)
+    web = _seed_pod(server, "web", "LS", "Burstable", app="web")
+    big = replace(big, containers=(ContainerMeta("m", requests={"kubernetes.io/batch-cpu": 3000}),))
+    small = replace(small, containers=(ContainerMeta("m", requests={"kubernetes.io/batch-cpu": 1000}),))
+    node = NodeInfo("node-1", capacity={"cpu": 8000, "memory": 16 * GiB})
+    slo = spec(cpuEvictBESatisfactionUpperPercent=80, cpuEvictBESatisfactionLowerPercent=50,
+               cpuEvictTimeWindowSeconds=30)
+    states = StaticStates(node=node, node_slo=slo, pods=(web, big, small))
+    cache = MetricCache()
+    _be_cpu_series(cache, 970.0, 1000.0, usage=1450.0, request=4000.0, limit=1500.0)
+    builder = SnapshotBuilder(states, cache)
+    evictor = Evictor("node-1", api_client=api_client)
+    just_started = BECPUEvict(builder, evictor, started_at=990.0)
+    just_started.run(1000.0)  # within 20 s of the start
+    assert just_started.last_decision is None and not server.requests("POST")
+    strategy = BECPUEvict(builder, evictor, started_at=900.0)
+    strategy.run(1000.0)
+    # release = 4000 × (0.8 − 1500/4000) = 1700m: small (prio 3000, 1000m) then big (3000m)
+    assert strategy.last_decision is not None and strategy.last_decision.release_milli == pytest.approx(1700)
+    assert strategy.last_round is not None and strategy.last_round.evicted == ("default/small", "default/big")
+    assert _evictions(server, "web") == 0
+    reasons = {e["reason"] for e in server.list_objects("events", "default")}
+    assert reasons == {"BECPUEvict"}
+
+
+def test_an_unreachable_api_server_fails_the_eviction_cleanly() -> None:
+    import kubernetes
+
+    from koordlet.eviction import EvictionOutcome, Evictor
+
+    config = kubernetes.client.Configuration()
+    config.host = "http://127.0.0.1:9"  # discard port: nothing listens
+    config.retries = 0
+    api_client = kubernetes.client.ApiClient(config)
+    try:
+        evictor = Evictor("node-1", api_client=api_client)
+        result = evictor._evict_by_api(_unreachable_pod(), "BEMemoryEvict", "test")
+        assert result.outcome is EvictionOutcome.FAILED and "unreachable" in result.detail
+    finally:
+        api_client.close()
+
+
+def _unreachable_pod():
+    from koordlet.api.pod import PodMeta
+
+    return PodMeta(name="p", namespace="default", uid="u", labels={"koordinator.sh/qosClass": "BE"})

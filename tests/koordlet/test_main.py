@@ -1,0 +1,299 @@
+"""The daemon end to end in local mode: real containerd pods, real cgroup v1 files, /metrics, NodeMetric YAML,
+SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from koordlet.config import parse_config
+from koordlet.main import AgentContext, Koordlet, raise_nofile_limit
+from tests.koordlet.statesinformer.waiting import wait_for
+from tests.support.containerd import CGROUP_ROOT
+from tests.support.cri import CriClient, PodFactory
+
+REPO = Path(__file__).resolve().parents[2]
+NODE = "test-node-main"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, ""
+    except OSError:
+        return 0, ""
+
+
+def eventually(probe: Callable[[], object], timeout_s: float = 20.0) -> object:
+    return wait_for(probe, timeout_s, step_s=0.2)
+
+
+def _needs_cgroup_v1() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    if not os.path.isdir("/sys/fs/cgroup/cpu") or not os.path.isdir("/sys/fs/cgroup/cpuacct"):
+        pytest.skip("no cgroup v1 cpu/cpuacct hierarchy")
+
+
+@pytest.fixture
+def pods(containerd_socket: str) -> Iterator[PodFactory]:
+    client = CriClient(containerd_socket)
+    factory = PodFactory(client)
+    try:
+        yield factory
+    finally:
+        factory.cleanup()
+        client.close()
+
+
+@pytest.mark.containerd
+@pytest.mark.cgroupv1
+def test_local_mode_daemon_serves_metrics_writes_nodemetric_and_stops_on_sigterm(
+        containerd_socket: str, pods: PodFactory, tmp_path: Path) -> None:
+    _needs_cgroup_v1()
+    pods.start_pod("main-be", labels={"koordinator.sh/qosClass": "BE"})
+    slo = tmp_path / "nodeslo.yaml"
+    slo.write_text("resourceUsedThresholdWithBE: {enable: false}\n")
+    reports = tmp_path / "reports"
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "koordlet.main", "-local-mode",
+        f"-node-slo-file={slo}", f"-cri-endpoint={containerd_socket}", f"-report-dir={reports}",
+        "-cgroup-root-dir=/sys/fs/cgroup/", f"-kubelet-cgroup-root={CGROUP_ROOT}",
+        f"-addr=127.0.0.1:{port}", "-report-interval=1s", "-kubelet-sync-interval=1s", "-sys-root-dir=/sys/",
+        f"-runtime-hooks-config-path={tmp_path / 'hookserver.d'}", f"-sys-fs-root-dir={tmp_path / 'sysfs'}",
+        "-feature-gates=NodeMetricPromMetrics=true,PSICollector=true",
+    ]
+    env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(REPO)}
+    log = (tmp_path / "koordlet.log").open("w+")
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert eventually(lambda: get(base + "/healthz")[0] == 200), _tail(log)
+        metrics = eventually(lambda: (lambda text: text if f'koordlet_node_used_cpu_cores{{node="{NODE}"}}' in text
+                                      else "")(get(base + "/metrics")[1]))
+        assert metrics, _tail(log)
+        assert f'koordlet_node_used_memory_bytes{{node="{NODE}"}}' in metrics
+        assert f'koordlet_start_time{{node="{NODE}"}}' in metrics
+        assert "process_resident_memory_bytes" in metrics  # the default registry is served too
+        assert 'koordlet_collector_duration_seconds_count{collector="pod_resource"}' in metrics
+        report = reports / f"nodemetric-{NODE}.yaml"
+
+        def pod_reported() -> dict | None:
+            if not report.exists():
+                return None
+            obj = yaml.safe_load(report.read_text())
+            names = [p["name"] for p in obj["status"].get("podsMetric", [])]
+            return obj if "main-be" in names and obj["status"]["nodeMetric"]["nodeUsage"]["resources"] else None
+
+        obj = eventually(pod_reported)
+        assert obj, _tail(log)
+        assert obj["kind"] == "NodeMetric" and obj["metadata"]["name"] == NODE
+        entry = next(p for p in obj["status"]["podsMetric"] if p["name"] == "main-be")
+        assert entry["qos"] == "BE" and entry["priority"] == "koord-batch"
+        assert set(obj["status"]["nodeMetric"]["nodeUsage"]["resources"]) == {"cpu", "memory"}
+        gauge = f'koordlet_node_metric_node_usage{{node="{NODE}",resource="cpu",unit="core"}}'
+        assert gauge in get(base + "/metrics")[1]  # gate NodeMetricPromMetrics
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0, _tail(log)
+        assert time.monotonic() - started < 5.0
+        assert "Traceback" not in _tail(log, 100_000)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
+def _tail(log, size: int = 4000) -> str:  # noqa: ANN001
+    log.flush()
+    log.seek(0)
+    return log.read()[-size:]
+
+
+def test_missing_node_name_exits_2_with_a_clear_message() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
+    env["PYTHONPATH"] = str(REPO)
+    out = subprocess.run([sys.executable, "-m", "koordlet.main", "-local-mode"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "NODE_NAME" in out.stderr
+
+
+def test_nofile_soft_limit_raised_to_hard() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        if hard != resource.RLIM_INFINITY and soft == hard and hard > 64:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        raised = raise_nofile_limit()
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == raised
+        assert raised == (hard if hard != resource.RLIM_INFINITY else 1 << 20)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+class Recorder:
+    """A component for the extra-components seam that records the order of starts and stops."""
+
+    def __init__(self, name: str, order: list[str], ctx: AgentContext) -> None:
+        self.name, self.order, self.ctx = name, order, ctx
+
+    def start(self) -> None:
+        assert self.ctx.states.has_synced()  # started after the states informer synced
+        self.order.append(f"start {self.name}")
+
+    def stop(self) -> None:
+        self.order.append(f"stop {self.name}")
+
+
+@pytest.mark.containerd
+def test_extra_components_start_after_states_and_stop_in_reverse(containerd_socket: str, tmp_path: Path) -> None:
+    config = parse_config(
+        ["-local-mode", f"-node-slo-file={tmp_path / 'slo.yaml'}", f"-cri-endpoint={containerd_socket}",
+         f"-report-dir={tmp_path}", f"-cgroup-root-dir={tmp_path / 'cgroup'}", "-proc-root-dir=/proc/",
+         "-addr=127.0.0.1:0", "-report-interval=30s"],
+        {"NODE_NAME": NODE})
+    order: list[str] = []
+    agent = Koordlet(config, extra_components=[
+        lambda ctx: Recorder("hooks", order, ctx),
+        lambda ctx: None,  # a factory may decline (feature off)
+        lambda ctx: Recorder("other", order, ctx),
+    ], states_sync_timeout_s=10)
+    agent.start()
+    try:
+        assert agent.started.is_set()
+        assert order == ["start hooks", "start other"]
+        assert agent.metrics_server is not None
+        status, _ = get(f"http://127.0.0.1:{agent.metrics_server.port}/healthz")
+        assert status == 200
+    finally:
+        agent.stop(5.0)
+    assert order == ["start hooks", "start other", "stop other", "stop hooks"]
+    assert not agent.started.is_set()
+
+
+def test_api_server_mode_watches_node_and_slo_lists_kubelet_pods_and_reports_status(tmp_path: Path) -> None:
+    """The agent in-process against the in-repo API server and an HTTPS kubelet serving /pods."""
+    import kubernetes.client
+
+    from tests.koordlet.gpu.fake_nvml import FakeNvml, h100_gpus
+    from tests.koordlet.statesinformer.kubelet_server import FakeKubelet, make_certs, serve
+    from tests.support.apiserver import ApiServer, kube_api_client
+
+    certs = make_certs(tmp_path)
+    kubelet = FakeKubelet()
+    serving = serve(kubelet, certs)
+    kubelet_base = next(serving)
+    token = tmp_path / "token"
+    token.write_text("abc")
+    with ApiServer() as server, kube_api_client(server) as api:
+        server.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+                     "status": {"capacity": {"cpu": "4", "memory": "8Gi"}, "allocatable": {"cpu": "4", "memory": "8Gi"},
+                                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                                "daemonEndpoints": {"kubeletEndpoint": {"Port": int(kubelet_base.rsplit(":", 1)[1])}}}})
+        server.seed({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO", "metadata": {"name": NODE},
+                     "spec": {"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 45}}})
+        server.seed({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric", "metadata": {"name": NODE},
+                     "spec": {"metricCollectPolicy": {"reportIntervalSeconds": 60}}})
+        config = parse_config(
+            [f"-cgroup-root-dir={tmp_path / 'cgroup'}", f"-kubelet-token-file={token}", "-addr=127.0.0.1:0",
+             "-report-interval=1s", f"-sys-fs-root-dir={tmp_path}", "-sys-root-dir=/sys/",
+             "-feature-gates=Accelerators=true"],
+            {"NODE_NAME": NODE})
+        agent = Koordlet(config, api_client=api, extra_components=[], states_sync_timeout_s=10,
+                         nvml=FakeNvml(h100_gpus(1)))
+        try:
+            agent.start()
+            states = agent.states
+            assert states is not None and states.has_synced()
+            assert states.node() is not None and states.node().capacity["cpu"] == 4000
+            assert states.node_slo().resource_used_threshold_with_be.cpu_suppress_threshold_percent == 45
+            assert sorted(p.name for p in states.pods()) == ["spark-1", "web-0"]
+            assert kubelet.authorizations[0] == "Bearer abc"
+
+            def reported() -> dict | None:
+                obj = server.get_object("nodemetrics", NODE) or {}
+                return obj if (obj.get("status") or {}).get("nodeMetric", {}).get("nodeUsage", {}).get(
+                    "resources") else None
+
+            obj = eventually(reported, timeout_s=10)
+            assert obj, "no NodeMetric status reported"
+            assert obj["status"]["nodeMetric"]["nodeUsage"]["resources"]["cpu"].endswith("m")
+            assert agent.reporter is not None and agent.reporter.policy.report_interval_s == 60.0
+            custom = kubernetes.client.CustomObjectsApi(api)
+            assert custom.get_cluster_custom_object("slo.koordinator.sh", "v1alpha1", "nodemetrics", NODE)["status"]
+            # Accelerators: the Device object is reported, owned by the node.
+            device = eventually(lambda: server.get_object("devices", NODE), timeout_s=10)
+            assert device and len(device["spec"]["devices"]) == 1
+        finally:
+            started = time.monotonic()
+            agent.stop(5.0)
+            assert time.monotonic() - started < 5.0
+            serving.close()
+
+
+def test_sigterm_while_waiting_for_states_sync_exits_quickly(tmp_path: Path) -> None:
+    port = free_port()
+    argv = [sys.executable, "-m", "koordlet.main", "-local-mode", f"-node-slo-file={tmp_path / 'slo.yaml'}",
+            f"-cri-endpoint={tmp_path / 'no-runtime.sock'}", f"-report-dir={tmp_path}",
+            f"-cgroup-root-dir={tmp_path / 'cgroup'}", f"-addr=127.0.0.1:{port}", "-sys-root-dir=/sys/",
+            "-kubelet-sync-timeout=200ms"]
+    env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(REPO)}
+    log = (tmp_path / "koordlet.log").open("w+")
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        assert eventually(lambda: "started states informer" in _tail(log, 100_000)), _tail(log)
+        assert get(f"http://127.0.0.1:{port}/healthz")[0] == 503  # not started yet
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0, _tail(log)
+        assert time.monotonic() - started < 5.0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
+@pytest.mark.containerd
+@pytest.mark.cgroupv1
+def test_pleg_finds_a_new_pod_long_before_the_sync_interval(containerd_socket: str, pods: PodFactory,
+                                                            tmp_path: Path) -> None:
+    _needs_cgroup_v1()
+    pods.start_pod("pleg-first")  # makes kubepods/besteffort exist before the agent watches it
+    config = parse_config(
+        ["-local-mode", f"-node-slo-file={tmp_path / 'slo.yaml'}", f"-cri-endpoint={containerd_socket}",
+         f"-report-dir={tmp_path}", "-cgroup-root-dir=/sys/fs/cgroup/", f"-kubelet-cgroup-root={CGROUP_ROOT}",
+         "-addr=127.0.0.1:0", "-kubelet-sync-interval=60s", "-enable-node-metric-report=false",
+         "-sys-root-dir=/sys/"],
+        {"NODE_NAME": NODE})
+    agent = Koordlet(config, extra_components=[], states_sync_timeout_s=10)
+    agent.start()
+    try:
+        states = agent.states
+        assert states is not None and "pleg-first" in {p.name for p in states.pods()}
+        pods.start_pod("pleg-second")
+        assert wait_for(lambda: "pleg-second" in {p.name for p in states.pods()}, timeout_s=5.0)
+    finally:
+        agent.stop(5.0)

@@ -1,0 +1,67 @@
+"""The relay with a grpc-go client (kubelet's gRPC library): containerd's own `ctr` tool speaks
+containerd's native API, which the proxy relays like any service it does not hook."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.support.proxy import ProxyProcess
+
+pytestmark = pytest.mark.containerd
+
+
+_AGE = re.compile(r"^(\d+|About an?) (seconds?|minutes?|hours?)$")
+
+
+def _normalised(output: str) -> list[str]:
+    """ctr's table with what differs between two calls a moment apart taken out: label lists come from a
+    Go map (random order), and the AGE column ticks."""
+    rows = []
+    for line in output.splitlines():
+        cells = [cell for cell in re.split(r"\t+", line) if not _AGE.match(cell)]
+        rows.append("\t".join(",".join(sorted(c.split(","))) if "=" in c else c for c in cells))
+    return rows
+
+
+def _ctr(socket_path: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ctr", "-a", socket_path, "--timeout", "20s", *args], capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+@pytest.mark.skipif(shutil.which("ctr") is None, reason="ctr (from the containerd package) not installed")
+@pytest.mark.parametrize("args", [
+    ("version",),
+    ("plugins", "ls"),
+    ("namespaces", "ls"),
+    ("-n", "k8s.io", "images", "ls"),
+    ("-n", "k8s.io", "content", "ls"),
+    ("-n", "k8s.io", "snapshots", "ls"),
+    ("-n", "k8s.io", "containers", "ls"),
+])
+def test_ctr_through_the_proxy_sees_what_it_sees_directly(containerd_socket: str, proxy: ProxyProcess,
+                                                          args: tuple[str, ...]) -> None:
+    direct, via = _ctr(containerd_socket, *args), _ctr(proxy.listen, *args)
+    assert direct.returncode == 0, direct.stderr
+    assert (via.returncode, _normalised(via.stdout)) == (0, _normalised(direct.stdout)), via.stderr
+
+
+@pytest.mark.skipif(shutil.which("ctr") is None, reason="ctr (from the containerd package) not installed")
+def test_ctr_errors_come_back_unchanged(containerd_socket: str, proxy: ProxyProcess) -> None:
+    args = ("-n", "k8s.io", "images", "rm", "localhost/no-such-image:1")
+    direct, via = _ctr(containerd_socket, *args), _ctr(proxy.listen, *args)
+    assert (via.returncode, via.stderr.splitlines()[-1:]) == (direct.returncode, direct.stderr.splitlines()[-1:])
+
+
+@pytest.mark.skipif(shutil.which("ctr") is None, reason="ctr (from the containerd package) not installed")
+def test_ctr_streams_a_whole_image_through_the_proxy(containerd_socket: str, proxy: ProxyProcess, tmp_path) -> None:
+    # Export reads every blob through the Content.Read server stream: ~1 MB, many DATA frames and
+    # window updates from a grpc-go client.
+    for name, sock in (("direct", containerd_socket), ("via", proxy.listen)):
+        out = _ctr(sock, "-n", "k8s.io", "images", "export", str(tmp_path / f"{name}.tar"), "localhost/busybox:local")
+        assert out.returncode == 0, out.stderr
+    direct, via = (tmp_path / "direct.tar").read_bytes(), (tmp_path / "via.tar").read_bytes()
+    assert len(via) > 500_000 and via == direct

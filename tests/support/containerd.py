@@ -1,0 +1,66 @@
+"""The project's private containerd for tests and the demo (scripts/containerd-up.sh / -down.sh)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "localhost/busybox:local"
+# Pods of tests and the demo live under this kubelet --cgroup-root, never under the host's kubepods.
+CGROUP_ROOT = "/koordlet-py"
+
+
+@dataclass(frozen=True, slots=True)
+class Containerd:
+    run_dir: str
+    root_dir: str
+    cgroup_root: str = CGROUP_ROOT  # the kubelet --cgroup-root of the pods made against it (pruned on down)
+
+    @property
+    def socket(self) -> str:
+        return f"{self.run_dir}/containerd.sock"
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "CTRD_RUN": self.run_dir, "CTRD_ROOT": self.root_dir, "CTRD_CNI": "none",
+                "CTRD_CGROUP_TOPS": self.cgroup_root.strip("/")}
+
+    def up(self) -> str:
+        out = subprocess.run(["bash", str(REPO / "scripts/containerd-up.sh")], env=self._env(),
+                             capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            raise RuntimeError(f"containerd-up failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        return out.stdout.strip()
+
+    def remove_dirs(self) -> None:
+        """Remove the (parent) dirs of run and root; never crosses into a mount left behind."""
+        for path in {os.path.dirname(self.run_dir), os.path.dirname(self.root_dir)}:
+            subprocess.run(["rm", "-rf", "--one-file-system", path], check=False, timeout=60)
+
+    def down(self) -> None:
+        subprocess.run(["bash", str(REPO / "scripts/containerd-down.sh")], env=self._env(),
+                       capture_output=True, text=True, timeout=180)
+
+
+def session_containerd(pid: int | None = None) -> Containerd:
+    """The containerd of one test session: its own paths, so sessions running at once never share
+    (and never stop) each other's runtime."""
+    pid = os.getpid() if pid is None else pid
+    return Containerd(f"/run/koordlet-py/test-{pid}/containerd", f"/var/lib/koordlet-py/test-{pid}/containerd")
+
+
+def clean_up_dead_sessions() -> list[int]:
+    """Stop and remove the containerd of test sessions whose process is gone (killed, crashed)."""
+    cleaned = []
+    base = Path("/run/koordlet-py")
+    for run_dir in sorted(base.glob("test-*")) if base.is_dir() else []:
+        suffix = run_dir.name.removeprefix("test-")
+        if not suffix.isdigit() or Path(f"/proc/{suffix}").exists():
+            continue
+        containerd = session_containerd(int(suffix))
+        containerd.down()
+        containerd.remove_dirs()
+        cleaned.append(int(suffix))
+    return cleaned

@@ -1,0 +1,93 @@
+"""Start and stop a real koord-runtime-proxy process for tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .containerd import REPO
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_socket(path: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {path} appeared")
+        if os.path.exists(path):
+            with socket.socket(socket.AF_UNIX) as s:
+                try:
+                    s.connect(path)
+                    return
+                except OSError:
+                    pass
+        time.sleep(0.02)
+    raise TimeoutError(f"{path} did not come up within {timeout_s} s")
+
+
+class ProxyProcess:
+    """koord-runtime-proxy in a child process, stopped by PID."""
+
+    def __init__(self, listen: str, backend: str, *extra: str, log_path: str | None = None,
+                 state_dir: str | None = None) -> None:
+        self.listen = listen
+        self.backend = backend
+        self.metrics_port = free_port()
+        # Registrations and the store checkpoint live next to the socket, never in /etc or /var/lib.
+        state = state_dir or os.path.dirname(listen)
+        self.hook_dir = os.path.join(state, "hookserver.d")
+        self.checkpoint = os.path.join(state, "store.json")
+        self.args = [
+            sys.executable, "-m", "runtimeproxy.main",
+            "--koord-runtimeproxy-endpoint", listen,
+            "--remote-runtime-service-endpoint", backend,
+            "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
+            "--runtime-hook-config-dir", self.hook_dir,
+            "--store-checkpoint-path", self.checkpoint,
+            *extra,
+        ]
+        self.log_path = log_path or f"{listen}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True) -> ProxyProcess:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        if wait:
+            wait_for_socket(self.listen, 15, self.proc)
+        return self
+
+    def log(self) -> str:
+        return Path(self.log_path).read_text(errors="replace") if os.path.exists(self.log_path) else ""
+
+    def terminate(self, timeout_s: float = 15) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def __enter__(self) -> ProxyProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.terminate()

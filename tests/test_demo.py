@@ -1,0 +1,28 @@
+"""`make demo`'s program runs end to end, tells its story, and cleans up after itself."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.containerd import REPO
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the demo needs root")
+def test_demo_runs_and_stops_everything() -> None:
+    out = subprocess.run([sys.executable, "-m", "demo"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         check=False)
+    text = out.stdout
+    assert out.returncode == 0, text[-3000:] + out.stderr[-3000:]
+    assert "koordlet_node_used_cpu_cores" in text
+    assert re.search(r"pod default/batch-job: qos BE, priority koord-batch", text)
+    busy = [int(q) for q in re.findall(r"LS busy +\d s: besteffort quota (-?\d+)", text)]
+    idle_before = int(re.search(r"LS idle: +besteffort quota (-?\d+)", text).group(1))
+    assert busy and 0 < min(busy) < idle_before, "BE quota did not shrink under LS load:\n" + text[-4000:]
+    assert "BE container stopped" in text and "evicted default/batch-job (BEMemoryEvict)" in text, text[-4000:]
+    assert "the LS pod is untouched: CONTAINER_RUNNING" in text
+    assert not os.path.exists("/run/koordlet-py/demo/containerd/containerd.pid")

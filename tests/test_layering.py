@@ -1,0 +1,59 @@
+"""Dependency direction (DESIGN.md §2): runtimeproxy imports nothing of koordlet or hooks; hooks
+imports only koordlet.api (and itself); koordlet.api imports no other koordlet part, and koordlet.system
+only koordlet.api (the two leaves, api the lower one)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _imports(package: str) -> list[tuple[Path, str]]:
+    found = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        package_parts = path.parent.relative_to(REPO).parts
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found += [(path, alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: resolve against the importing module's package
+                    base = list(package_parts[: len(package_parts) - (node.level - 1)])
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                found.append((path, target))
+    return found
+
+
+def _violations(package: str, allowed) -> list[str]:
+    return [f"{p.relative_to(REPO)} imports {name}" for p, name in _imports(package) if not allowed(name)]
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_runtimeproxy_imports_nothing_of_koordlet_or_hooks() -> None:
+    assert _violations("runtimeproxy", lambda n: _top(n) not in ("koordlet", "hooks")) == []
+
+
+def test_hooks_import_only_koordlet_api() -> None:
+    if not (REPO / "hooks").is_dir():
+        pytest.skip("no hooks package yet")
+    def allowed(name: str) -> bool:
+        return _top(name) not in ("koordlet", "runtimeproxy") or name.startswith("koordlet.api")
+
+    assert _violations("hooks", allowed) == []
+
+
+@pytest.mark.parametrize("leaf,may_import", [("koordlet/api", ()), ("koordlet/system", ("koordlet.api",))])
+def test_koordlet_leaves_import_no_other_koordlet_part(leaf: str, may_import: tuple[str, ...]) -> None:
+    if not (REPO / leaf).is_dir():
+        pytest.skip(f"no {leaf} yet")
+    allowed = (leaf.replace("/", "."), *may_import)
+    assert _violations(leaf, lambda n: _top(n) != "koordlet" or n == "koordlet" or n.startswith(allowed)) == []
