@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 
+import kubernetes.client
 import pytest
 
+from tests.support.apiserver import ApiServer, kube_api_client
 from tests.support.containerd import clean_up_dead_sessions, session_containerd
 
 
@@ -32,3 +35,17 @@ def containerd_socket() -> str:
     finally:
         containerd.down()
         containerd.remove_dirs()
+
+
+@pytest.fixture
+def server() -> Iterator[ApiServer]:
+    """The project's own small API server (validates against deploy/crds), fresh for each test."""
+    with ApiServer() as running:
+        yield running
+
+
+@pytest.fixture
+def api_client(server: ApiServer) -> Iterator[kubernetes.client.ApiClient]:
+    """A real `kubernetes` client talking to ``server``."""
+    with kube_api_client(server) as client:
+        yield client

@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import kubernetes.client
 import pytest
 
-from tests.support.apiserver import ApiServer, kube_api_client
-
-
-@pytest.fixture
-def server() -> Iterator[ApiServer]:
-    with ApiServer() as running:
-        yield running
-
-
-@pytest.fixture
-def api_client(server: ApiServer) -> Iterator[kubernetes.client.ApiClient]:
-    with kube_api_client(server) as client:
-        yield client
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import kubernetes.client
@@ -23,7 +22,7 @@ from koordlet.qosmanager.snapshot import (
 )
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from tests.koordlet.qosmanager.factory import spec
-from tests.support.apiserver import ApiServer, kube_api_client
+from tests.support.apiserver import ApiServer
 
 GiB = 1 << 30
 
@@ -36,18 +35,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-def server() -> Iterator[ApiServer]:
-    with ApiServer() as running:
-        yield running
-
-
-@pytest.fixture
-def api_client(server: ApiServer) -> Iterator[kubernetes.client.ApiClient]:
-    with kube_api_client(server) as client:
-        yield client
 
 
 def _seed_pod(server: ApiServer, name: str, qos: str, kube_qos: str, app: str = "batch") -> PodMeta:

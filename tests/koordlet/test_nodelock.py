@@ -2,7 +2,6 @@
 
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -20,23 +19,10 @@ from koordlet.nodelock import (
     NodeLockValueError,
     parse_lock_value,
 )
-from tests.koordlet.deviceplugin.kube import Kube, gpu_pod, kube_env, node_annotations
+from tests.koordlet.deviceplugin.kube import gpu_pod, node_annotations
 
 NODE = "node-a"
 
-
-@pytest.fixture(scope="module")
-def kube_module() -> Iterator[Kube]:
-    with kube_env() as env:
-        yield env
-
-
-@pytest.fixture
-def kube(kube_module: Kube) -> Iterator[Kube]:
-    try:
-        yield kube_module
-    finally:
-        kube_module.reset()
 
 KEY = api.ANNOTATION_NODE_LOCK
 

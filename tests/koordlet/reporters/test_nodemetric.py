@@ -127,12 +127,6 @@ def test_collect_policy_from_spec_and_defaults() -> None:
 # ------------------------------------------------------------------------------------ API server
 
 @pytest.fixture
-def server() -> Iterator[ApiServer]:
-    with ApiServer() as running:
-        yield running
-
-
-@pytest.fixture
 def custom(server: ApiServer) -> Iterator[kubernetes.client.CustomObjectsApi]:
     with kube_api_client(server) as client:
         yield kubernetes.client.CustomObjectsApi(client)

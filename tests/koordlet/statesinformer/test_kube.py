@@ -12,7 +12,7 @@ from koordlet.api.nodeslo import default_node_slo_spec
 from koordlet.statesinformer.informer import StatesInformer
 from koordlet.statesinformer.kube import KubeStates, node_info_from_node
 from tests.koordlet.statesinformer.waiting import wait_for
-from tests.support.apiserver import ApiServer, kube_api_client
+from tests.support.apiserver import ApiServer
 
 NODE = "node-1"
 
@@ -41,22 +41,11 @@ def node_slo(spec: dict) -> dict:
 
 
 @pytest.fixture
-def server() -> Iterator[ApiServer]:
-    with ApiServer() as running:
-        yield running
-
-
-@pytest.fixture
-def api(server: ApiServer) -> Iterator[kubernetes.client.ApiClient]:
-    with kube_api_client(server) as client:
-        yield client
-
-
-@pytest.fixture
-def states(api: kubernetes.client.ApiClient) -> Iterator[tuple[StatesInformer, KubeStates, list[str]]]:
+def states(api_client: kubernetes.client.ApiClient) -> Iterator[tuple[StatesInformer, KubeStates, list[str]]]:
     errors: list[str] = []
     informer = StatesInformer(NoPods(), count_error=errors.append)
-    kube = KubeStates(NODE, kubernetes.client.CoreV1Api(api), kubernetes.client.CustomObjectsApi(api), informer,
+    kube = KubeStates(NODE, kubernetes.client.CoreV1Api(api_client),
+                      kubernetes.client.CustomObjectsApi(api_client), informer,
                       resync_s=30, backoff_max_s=0.4, count_error=errors.append)
     kube.start()
     try:
@@ -72,7 +61,7 @@ def test_node_info_parses_quantities_in_koordinator_units() -> None:
     assert info.annotations["node.koordinator.sh/cpu-normalization-ratio"] == "1.0"
 
 
-def test_node_and_node_slo_arrive_and_follow_updates(server: ApiServer, api: kubernetes.client.ApiClient,
+def test_node_and_node_slo_arrive_and_follow_updates(server: ApiServer, api_client: kubernetes.client.ApiClient,
                                                      states: tuple[StatesInformer, KubeStates, list[str]]) -> None:
     informer, kube, _ = states
     server.seed(node_object())
@@ -82,10 +71,10 @@ def test_node_and_node_slo_arrive_and_follow_updates(server: ApiServer, api: kub
     assert informer.has_synced()
     assert informer.node_slo().resource_used_threshold_with_be.cpu_suppress_threshold_percent == 50
     assert kube.raw_node is not None
-    core = kubernetes.client.CoreV1Api(api)
+    core = kubernetes.client.CoreV1Api(api_client)
     core.patch_node(NODE, {"metadata": {"labels": {"pool": "colo"}}})
     assert wait_for(lambda: informer.node().labels.get("pool") == "colo")
-    custom = kubernetes.client.CustomObjectsApi(api)
+    custom = kubernetes.client.CustomObjectsApi(api_client)
     custom.patch_cluster_custom_object("slo.koordinator.sh", "v1alpha1", "nodeslos", NODE,
                                        {"spec": {"resourceUsedThresholdWithBE": {"cpuSuppressThresholdPercent": 40}}})
     assert wait_for(lambda: informer.node_slo().resource_used_threshold_with_be.cpu_suppress_threshold_percent == 40)
@@ -97,7 +86,7 @@ def test_node_and_node_slo_arrive_and_follow_updates(server: ApiServer, api: kub
 
 
 def test_invalid_node_slo_keeps_last_good_and_records_one_event(
-        server: ApiServer, api: kubernetes.client.ApiClient,
+        server: ApiServer, api_client: kubernetes.client.ApiClient,
         states: tuple[StatesInformer, KubeStates, list[str]]) -> None:
     informer, kube, errors = states
     server.seed(node_object())
@@ -106,7 +95,7 @@ def test_invalid_node_slo_keeps_last_good_and_records_one_event(
     good = informer.node_slo()
     bad = {"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"catRangeStartPercent": 80,
                                                               "catRangeEndPercent": 20}}}}
-    custom = kubernetes.client.CustomObjectsApi(api)
+    custom = kubernetes.client.CustomObjectsApi(api_client)
     custom.patch_cluster_custom_object("slo.koordinator.sh", "v1alpha1", "nodeslos", NODE, {"spec": bad})
     assert wait_for(lambda: kube.node_slo_handler.events_recorded == 1)
     assert informer.node_slo() == good
@@ -132,9 +121,10 @@ def test_watch_errors_reconnect_with_backoff(server: ApiServer,
     assert informer.node() is not None
 
 
-def test_stop_returns_quickly_while_watching(api: kubernetes.client.ApiClient) -> None:
+def test_stop_returns_quickly_while_watching(api_client: kubernetes.client.ApiClient) -> None:
     informer = StatesInformer(NoPods())
-    kube = KubeStates(NODE, kubernetes.client.CoreV1Api(api), kubernetes.client.CustomObjectsApi(api), informer,
+    kube = KubeStates(NODE, kubernetes.client.CoreV1Api(api_client),
+                      kubernetes.client.CustomObjectsApi(api_client), informer,
                       resync_s=300)
     kube.start()
     assert wait_for(lambda: kube.node_watcher.synced.is_set() and kube.node_watcher._response is not None)

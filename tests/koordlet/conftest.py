@@ -1,3 +1,5 @@
+"""Fixtures shared by the koordlet tests that talk to the test API server through a whole node setup."""
+
 from collections.abc import Iterator
 
 import pytest
