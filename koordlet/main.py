@@ -43,7 +43,13 @@ from koordlet.config import ConfigError, KoordletConfig, parse_config
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer
-from koordlet.metricsadvisor import CollectorRunner, NodePsiCollector, NodeResourceCollector, PodResourceCollector
+from koordlet.metricsadvisor import (
+    CollectorRunner,
+    NodePsiCollector,
+    NodeResourceCollector,
+    PodPsiCollector,
+    PodResourceCollector,
+)
 from koordlet.reporters.device import GPUCollector, DeviceReportLoop
 from koordlet.reporters.nodemetric import NodeMetricReporter
 from koordlet.statesinformer.api import NodeInfo
@@ -249,7 +255,8 @@ class Koordlet:
             self._started("PLEG", pleg.stop)
         if self._abort.is_set():
             return False
-        self.metrics.bind(cache, states, stale_after_s=max(10.0, 3 * config.collect_res_used_interval_s))
+        self.metrics.bind(cache, states, stale_after_s=max(10.0, 3 * config.collect_res_used_interval_s),
+                          psi_stale_after_s=3 * config.psi_collector_interval_s)
 
         node_collector = NodeResourceCollector(config.proc_root_dir, config.collect_res_used_interval_s)
         collectors: list[Any] = [
@@ -260,6 +267,8 @@ class Koordlet:
         ]
         if config.gate("PSICollector"):
             collectors.append(NodePsiCollector(config.proc_root_dir, config.psi_collector_interval_s))
+            collectors.append(PodPsiCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
+                                              config.psi_collector_interval_s))
         gpu_service = None
         if config.gate("Accelerators"):
             # A short NVML event wait keeps the health thread quick to stop.

@@ -7,9 +7,9 @@ reports the agent's own cost (``process_resident_memory_bytes``, ``process_cpu_s
 open fds). ``/internal-metrics`` and ``/external-metrics`` serve the same text (Koordinator splits
 them; nothing reads them apart). ``/healthz`` answers 200 while the agent's health check passes.
 
-The real-time gauges (node usage, container requests/limits, node allocatable) are computed at scrape
-time from the metric cache and the states provider (a custom collector): no timer thread, and a
-scrape never shows a value older than the cache's latest sample.
+The real-time gauges (node usage, container requests/limits, node allocatable, pod and container PSI)
+are computed at scrape time from the metric cache and the states provider (a custom collector): no
+timer thread, and a scrape never shows a value older than the cache's latest sample.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
-from koordlet.metriccache import MetricCache, MetricKind, SeriesKey
+from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
 from koordlet.statesinformer.api import StatesProvider
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,11 @@ _RESOURCE_UNITS: dict[str, tuple[str, float]] = {
 }
 _CONTAINER_LABELS = ("node", "resource", "unit", "pod_uid", "pod_name", "pod_namespace", "container_id",
                      "container_name")
+_PSI_LABELS = ("psi_resource_type", "psi_precision", "psi_degree", "cpu_full_supported")
+_POD_PSI_LABELS = ("node", "pod_uid", "pod_name", "pod_namespace", *_PSI_LABELS)
+_CONTAINER_PSI_LABELS = ("node", "pod_uid", "pod_name", "pod_namespace", "container_id", "container_name",
+                         *_PSI_LABELS)
+_PSI_RESOURCE_TYPE = {"cpu": "cpu", "memory": "mem", "io": "io"}  # Koordinator's psi_resource_type values
 
 
 def _unit(resource: str) -> tuple[str, float]:
@@ -55,11 +60,12 @@ class _LiveGauges:
     """Gauges read at scrape time from the cache (node usage) and the states (requests, limits)."""
 
     def __init__(self, node_name: str, cache: MetricCache | None, states: StatesProvider | None,
-                 stale_after_s: float) -> None:
+                 stale_after_s: float, psi_stale_after_s: float = 30.0) -> None:
         self._node = node_name
         self._cache = cache
         self._states = states
         self._stale_after_s = stale_after_s
+        self._psi_stale_after_s = psi_stale_after_s
 
     def describe(self) -> list[Metric]:
         return []  # collected at scrape time only; names are not reserved ahead
@@ -101,6 +107,50 @@ class _LiveGauges:
                 unit, divisor = _unit(resource)
                 allocatable.add_metric([node, resource, unit], amount / divisor)
         yield allocatable
+        yield from self._psi()
+
+    def _psi(self) -> Iterator[Metric]:
+        """``koordlet_pod_psi`` and ``koordlet_container_psi`` from the cache's latest PSI samples."""
+        pod_family = GaugeMetricFamily("koordlet_pod_psi", "Pod pressure stall information (percent)",
+                                       labels=list(_POD_PSI_LABELS))
+        container_family = GaugeMetricFamily("koordlet_container_psi",
+                                             "Container pressure stall information (percent)",
+                                             labels=list(_CONTAINER_PSI_LABELS))
+        cache, states = self._cache, self._states
+        if cache is None or states is None:
+            return
+        names: dict[str, tuple[str, str]] = {}
+        container_names: dict[str, str] = {}
+        for pod in states.pods():
+            names[pod.uid] = (pod.name, pod.namespace)
+            for container in pod.containers:
+                container_names[container.container_id] = container.name
+        now = time.time()
+        for kind, family in ((MetricKind.POD_PSI, pod_family), (MetricKind.CONTAINER_PSI, container_family)):
+            latest: dict[SeriesKey, float] = {}
+            cpu_full: set[tuple[str | None, str | None]] = set()
+            for key in cache.keys(kind):
+                sample = cache.latest(key)
+                if sample is None or now - sample[0] > self._psi_stale_after_s:
+                    continue
+                latest[key] = sample[1]
+                if key.label(Label.PSI_RESOURCE) == "cpu" and key.label(Label.PSI_DEGREE) == "full":
+                    cpu_full.add((key.label(Label.POD_UID), key.label(Label.CONTAINER_ID)))
+            for key, value in latest.items():
+                pod_uid, container_id = key.label(Label.POD_UID), key.label(Label.CONTAINER_ID)
+                if pod_uid not in names:
+                    continue  # the pod is gone; its series go at the next cache GC
+                psi = [_PSI_RESOURCE_TYPE.get(key.label(Label.PSI_RESOURCE) or "", ""),
+                       key.label(Label.PSI_PRECISION) or "", key.label(Label.PSI_DEGREE) or "",
+                       "true" if (pod_uid, container_id) in cpu_full else "false"]
+                pod_name, namespace = names[pod_uid]
+                if container_id is None:
+                    family.add_metric([self._node, pod_uid, pod_name, namespace, *psi], value)
+                else:
+                    family.add_metric([self._node, pod_uid, pod_name, namespace, container_id,
+                                       container_names.get(container_id, ""), *psi], value)
+        yield pod_family
+        yield container_family
 
 
 class KoordletMetrics:
@@ -135,11 +185,15 @@ class KoordletMetrics:
         if cache is not None or states is not None:
             self.bind(cache, states, stale_after_s)
 
-    def bind(self, cache: MetricCache | None, states: StatesProvider | None, stale_after_s: float = 10.0) -> None:
-        """Attach the cache and states the scrape-time gauges read (once; the agent builds them after this)."""
+    def bind(self, cache: MetricCache | None, states: StatesProvider | None, stale_after_s: float = 10.0,
+             psi_stale_after_s: float = 30.0) -> None:
+        """Attach the cache and states the scrape-time gauges read (once; the agent builds them after this).
+
+        Samples older than ``stale_after_s`` (usage) or ``psi_stale_after_s`` (PSI, collected less often)
+        are not shown."""
         if self._bound:
             raise RuntimeError("metrics already bound to a cache and states")
-        self.registry.register(_LiveGauges(self.node_name, cache, states, stale_after_s))
+        self.registry.register(_LiveGauges(self.node_name, cache, states, stale_after_s, psi_stale_after_s))
         self._bound = True
 
     def observe_node_metric_status(self, status: Mapping[str, Any]) -> None:

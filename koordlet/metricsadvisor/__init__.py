@@ -8,7 +8,7 @@ from koordlet.metricsadvisor.pods import (
     PodResourceCollector,
     PodSource,
 )
-from koordlet.metricsadvisor.psi import NodePsiCollector
+from koordlet.metricsadvisor.psi import NodePsiCollector, PodPsiCollector
 
 __all__ = [
     "Collector",
@@ -18,6 +18,7 @@ __all__ = [
     "NodeResourceCollector",
     "NodeUsage",
     "PodCgroup",
+    "PodPsiCollector",
     "PodResourceCollector",
     "PodSource",
 ]

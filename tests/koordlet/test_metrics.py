@@ -42,6 +42,32 @@ def test_live_gauges_come_from_cache_and_states() -> None:
     assert 'koordlet_start_time{node="node-1"}' in text
 
 
+def _psi_key(kind: MetricKind, resource: str, degree: str, **ids: str) -> SeriesKey:
+    return SeriesKey.of(kind, psi_resource=resource, psi_precision="avg10", psi_degree=degree, **ids)
+
+
+def test_pod_and_container_psi_gauges_carry_names_and_koordinators_labels() -> None:
+    cache = MetricCache()
+    now = time.time()
+    cache.append(_psi_key(MetricKind.POD_PSI, "cpu", "some", pod_uid="u1"), now, 12.5)
+    cache.append(_psi_key(MetricKind.POD_PSI, "memory", "full", pod_uid="u1"), now, 0.5)
+    cache.append(_psi_key(MetricKind.POD_PSI, "io", "some", pod_uid="gone"), now, 3.0)  # pod no longer on the node
+    cache.append(_psi_key(MetricKind.CONTAINER_PSI, "cpu", "some", pod_uid="u1", container_id="c1"), now, 7.0)
+    cache.append(_psi_key(MetricKind.CONTAINER_PSI, "cpu", "full", pod_uid="u1", container_id="c1"), now, 2.0)
+    cache.append(_psi_key(MetricKind.CONTAINER_PSI, "io", "some", pod_uid="u1", container_id="c1"), now - 600, 9.0)
+    metrics = KoordletMetrics(NODE)
+    metrics.bind(cache, states(), psi_stale_after_s=30.0)
+    text = exposition([metrics.registry]).decode()
+    assert ('koordlet_pod_psi{cpu_full_supported="false",node="node-1",pod_name="web",pod_namespace="shop",'
+            'pod_uid="u1",psi_degree="some",psi_precision="avg10",psi_resource_type="cpu"} 12.5') in text
+    assert 'psi_degree="full",psi_precision="avg10",psi_resource_type="mem"} 0.5' in text
+    assert 'pod_uid="gone"' not in text
+    assert ('koordlet_container_psi{container_id="c1",container_name="app",cpu_full_supported="true",node="node-1",'
+            'pod_name="web",pod_namespace="shop",pod_uid="u1",psi_degree="some",psi_precision="avg10",'
+            'psi_resource_type="cpu"} 7.0') in text
+    assert 'psi_resource_type="io"' not in text  # stale container sample, unknown pod's sample
+
+
 def test_bind_only_once() -> None:
     metrics = KoordletMetrics(NODE)
     metrics.bind(MetricCache(), states())
