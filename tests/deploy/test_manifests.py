@@ -89,9 +89,9 @@ def test_daemonset_runs_on_the_host_with_the_paths_koordlet_needs() -> None:
 
 def test_resources_are_sized_from_the_measured_cost() -> None:
     resources = _koordlet(render.base_documents())["resources"]
-    measured_rss = 40 * 2**20
+    measured_rss = 106 * 2**20  # bench/agent_process.py: the whole agent at 150 pods
     assert parse_quantity(resources["requests"]["memory"]) >= measured_rss
-    assert parse_quantity(resources["limits"]["memory"]) >= 4 * measured_rss
+    assert parse_quantity(resources["limits"]["memory"]) >= 2 * measured_rss
     assert parse_quantity(resources["limits"]["memory"]) < 341 * 2**20  # below what Koordinator needs
     assert resources["requests"]["cpu"] == "50m" and resources["limits"]["cpu"] == "500m"
 
@@ -158,7 +158,7 @@ def test_values_set_namespace_image_resources_gates_and_slo_overrides(tmp_path: 
     container = _koordlet(docs)
     assert container["image"] == "registry.local/koordlet-py:1.2"
     assert container["resources"] == {
-        "requests": {"cpu": "50m", "memory": "64Mi"},
+        "requests": {"cpu": "50m", "memory": "128Mi"},
         "limits": {"cpu": "500m", "memory": "512Mi"},
     }
     assert container["args"] == ["-addr=0.0.0.0:9316", "--feature-gates=BECPUSuppress=false,TCNetworkQoS=true",

@@ -1,0 +1,185 @@
+"""What the whole koordlet process costs on a node with N pods: the figure a DaemonSet's limits are set from.
+
+``bench/agent_cost.py`` measures the metrics pipeline alone. This runs the real agent, ``koordlet
+-local-mode`` with its default feature gates, against the project's private containerd holding N real
+pods (one sandbox and one sleeping container each; a third of them BE, the rest LS burstable): the
+states informer listing them over CRI, the collectors at 1 s, the QoS manager, the hook server and
+its reconciler every 10 s, the Prometheus endpoint and the NodeMetric reporter. For each N it starts a
+fresh koordlet, waits until its NodeMetric report lists all N pods, lets it settle, then reports
+
+  rss_mib   resident set at the end          hwm_mib   peak resident set (VmHWM)
+  cpu_pct   CPU time over wall time while measuring, in % of one core
+
+A benchmark, not a test: needs root and cgroup v1; creates and removes its pods, stops containerd and
+koordlet by PID, and removes its cgroup root. Roughly 1 s per pod to create and remove here.
+
+    .venv/bin/python bench/agent_process.py [--counts 10,50,150] [--seconds 30] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import psutil  # noqa: E402
+import yaml  # noqa: E402
+
+from runtimeproxy.api import cri_pb2 as cri  # noqa: E402
+from tests.support.containerd import REPO, Containerd  # noqa: E402
+from tests.support.cri import CriClient, PodFactory  # noqa: E402
+
+NODE = "bench-node"
+CGROUP_ROOT = "/koordlet-py-bench-agent"
+CONTAINERD = Containerd("/run/koordlet-py/bench-agent/containerd", "/var/lib/koordlet-py/bench-agent/containerd",
+                        cgroup_root=CGROUP_ROOT)
+REPORT_INTERVAL_S = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    pods: int
+    rss_mib: float
+    hwm_mib: float
+    cpu_pct: float
+    seconds: float
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _pods_reported(report: Path) -> int:
+    try:
+        status = yaml.safe_load(report.read_text()).get("status", {})
+    except (OSError, yaml.YAMLError, AttributeError):
+        return 0
+    return len(status.get("podsMetric") or [])
+
+
+def _hwm_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def add_pods(factory: PodFactory, start: int, stop: int) -> None:
+    for index in range(start, stop):
+        if index % 3 == 0:
+            factory.start_pod(f"be-{index}", kube_qos="besteffort", labels={"koordinator.sh/qosClass": "BE"})
+        else:
+            factory.start_pod(f"ls-{index}", kube_qos="burstable", labels={"koordinator.sh/qosClass": "LS"},
+                              resources=cri.LinuxContainerResources(cpu_shares=102, cpu_period=100000,
+                                                                    cpu_quota=50000, memory_limit_in_bytes=64 << 20))
+
+
+def measure(socket_path: str, count: int, seconds: float, workdir: Path) -> Result:
+    run = workdir / f"koordlet-{count}"
+    (run / "hooks").mkdir(parents=True)
+    (run / "sysfs").mkdir()
+    slo = run / "nodeslo.yaml"
+    slo.write_text("{}\n")
+    port = _free_port()
+    args = [
+        sys.executable, "-m", "koordlet.main", "-local-mode", f"-node-slo-file={slo}",
+        f"-cri-endpoint={socket_path}", f"-report-dir={run / 'reports'}", f"-report-interval={REPORT_INTERVAL_S}s",
+        "-cgroup-root-dir=/sys/fs/cgroup/", f"-kubelet-cgroup-root={CGROUP_ROOT}", "-sys-root-dir=/sys/",
+        f"-sys-fs-root-dir={run / 'sysfs'}", f"-addr=127.0.0.1:{port}",
+        f"-runtime-hooks-config-path={run / 'hooks'}", f"-runtime-hooks-addr={run / 'koordlet.sock'}",
+        f"-runtime-hooks-host-endpoint={run / 'koordlet.sock'}",
+    ]
+    env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(REPO)}
+    with open(run / "koordlet.log", "ab") as log:
+        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60 + 2 * REPORT_INTERVAL_S
+        report = run / "reports" / f"nodemetric-{NODE}.yaml"
+        while _pods_reported(report) < count or not _healthy(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (run / "koordlet.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"koordlet never reported {count} pods (exit {proc.poll()}):\n{tail}")
+            time.sleep(0.5)
+        time.sleep(5.0)  # settle: first reconcile and QoS ticks over all pods
+        agent = psutil.Process(proc.pid)
+        before, started = agent.cpu_times(), time.monotonic()
+        time.sleep(seconds)
+        after, wall = agent.cpu_times(), time.monotonic() - started
+        cpu_s = (after.user - before.user) + (after.system - before.system)
+        return Result(count, agent.memory_info().rss / (1 << 20), _hwm_mib(proc.pid), 100.0 * cpu_s / wall, wall)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--counts", default="10,50,150", help="pod counts, ascending, comma separated")
+    parser.add_argument("--seconds", type=float, default=30.0, help="measuring time per count")
+    parser.add_argument("--json", action="store_true", help="print one JSON object keyed by count")
+    args = parser.parse_args(argv)
+    counts = sorted(int(c) for c in args.counts.split(","))
+    if os.geteuid() != 0:
+        print("needs root (containerd, cgroups)", file=sys.stderr)
+        return 2
+    results: dict[int, Result] = {}
+    client = factory = None
+    with tempfile.TemporaryDirectory(prefix="kpy-agent-bench-") as tmp:
+        try:
+            socket_path = CONTAINERD.up()
+            client = CriClient(socket_path)
+            factory = PodFactory(client, cgroup_root=CGROUP_ROOT)
+            made = 0
+            for count in counts:
+                started = time.monotonic()
+                add_pods(factory, made, count)
+                if not args.json:
+                    print(f"# {count} pods up ({count - made} made in {time.monotonic() - started:.0f} s)",
+                          file=sys.stderr)
+                made = count
+                results[count] = measure(socket_path, count, args.seconds, Path(tmp))
+        finally:
+            if factory is not None:
+                factory.cleanup()
+            if client is not None:
+                client.close()
+            CONTAINERD.down()
+            CONTAINERD.remove_dirs()
+    if args.json:
+        print(json.dumps({str(n): asdict(r) for n, r in results.items()}))
+        return 0
+    print(f"{'pods':>6} {'rss_mib':>8} {'hwm_mib':>8} {'cpu_pct':>8}")
+    for count, r in results.items():
+        print(f"{count:>6} {r.rss_mib:>8.1f} {r.hwm_mib:>8.1f} {r.cpu_pct:>8.2f}")
+    print("anchor: Koordinator koordlet 341 MiB, 50 % of a core at 150 containers")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
