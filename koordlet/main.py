@@ -53,7 +53,7 @@ from koordlet.metricsadvisor import (
 from koordlet.reporters.device import GPUCollector, DeviceReportLoop
 from koordlet.reporters.nodemetric import NodeMetricReporter
 from koordlet.statesinformer.api import NodeInfo
-from koordlet.statesinformer.cgroups import pod_cgroup_source
+from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
 from koordlet.statesinformer.cri import CriPodSource
 from koordlet.statesinformer.informer import StatesInformer
 from koordlet.statesinformer.kube import KubeStates
@@ -263,7 +263,8 @@ class Koordlet:
             node_collector,
             PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
                                  config.collect_res_used_interval_s, be_cgroup_dir=layout.qos_dir(KubeQoS.BESTEFFORT),
-                                 node=node_collector, collect_page_cache=config.enable_pagecache_collector),
+                                 node=node_collector, collect_page_cache=config.enable_pagecache_collector,
+                                 host_apps=host_app_cgroup_source(states.node_slo, layout)),
         ]
         if config.gate("PSICollector"):
             collectors.append(NodePsiCollector(config.proc_root_dir, config.psi_collector_interval_s))
@@ -300,6 +301,7 @@ class Koordlet:
                 default_interval_s=config.report_interval_s, create_missing=config.create_node_metric,
                 observe=self.metrics.observe_report,
                 on_report=self.metrics.observe_node_metric_status if config.gate("NodeMetricPromMetrics") else None,
+                host_apps=lambda: states.node_slo().host_applications,
             )
             reporter.start()
             self._started("NodeMetric reporter", reporter.stop)

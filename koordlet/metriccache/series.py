@@ -24,6 +24,10 @@ class MetricKind(StrEnum):
     CONTAINER_MEMORY_USAGE_WITH_PAGE_CACHE = "container_memory_usage_with_page_cache"
     CONTAINER_CPU_THROTTLED = "container_cpu_throttled"
     CONTAINER_PSI = "container_psi"
+    # Out-of-band host applications of NodeSLO ``hostApplications``, label host_app_name.
+    HOST_APP_CPU_USAGE = "host_application_cpu_usage"  # cores
+    HOST_APP_MEMORY_USAGE = "host_application_memory_usage"  # bytes, anon + unevictable
+    HOST_APP_MEMORY_USAGE_WITH_PAGE_CACHE = "host_application_memory_usage_with_page_cache"
     NODE_GPU_CORE_USAGE = "node_gpu_core_usage"  # percent, labels gpu_minor/gpu_device_uuid
     NODE_GPU_MEMORY_USAGE = "node_gpu_memory_usage"  # bytes
     POD_GPU_CORE_USAGE = "pod_gpu_core_usage"

@@ -7,7 +7,8 @@ Each tick reads, for every pod dir and every container dir the pod source return
 and then
   BE         the besteffort dir's CPU Δ in milli-cores, its real limit = min(cpuset size × 1000,
              quota × 1000 / period when quota ≠ −1), and Σ batch-cpu requests of BE pods
-  system     node − Σ pods, clamped at 0, from the node collector's reading of the same tick.
+  host apps  CPU and memory of NodeSLO ``hostApplications`` (out-of-band processes in their own cgroups)
+  system     node − Σ pods − Σ host apps, clamped at 0, from the node collector's reading of the same tick.
 
 Pods and containers come from a callable (the states informer provides it), as dirs relative to the
 cgroup hierarchy root (``kubepods/besteffort/pod<uid>``); :class:`koordlet.system.cgroup.CgroupFS`
@@ -64,6 +65,15 @@ PodSource = Callable[[], Sequence[PodCgroup]]
 
 
 @dataclass(frozen=True, slots=True)
+class HostAppCgroup:
+    name: str  # NodeSLO hostApplications[].name
+    cgroup_dir: str  # relative to the hierarchy root
+
+
+HostAppSource = Callable[[], Sequence[HostAppCgroup]]
+
+
+@dataclass(frozen=True, slots=True)
 class _CgroupReading:
     monotonic_ns: int
     usage_ns: int
@@ -79,7 +89,7 @@ class _Target:
     cpu_stat_path: str
     usage_path: str | None  # v1 cpuacct.usage; None on v2, where cpu.stat has usage_usec
     memory_stat_path: str
-    keys: tuple[SeriesKey, ...]  # cpu, memory, memory with page cache, throttled
+    keys: tuple[SeriesKey, SeriesKey, SeriesKey, SeriesKey | None]  # cpu, memory, with page cache, throttled
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -97,7 +107,7 @@ class _Kinds:
     cpu: str
     memory: str
     memory_with_cache: str
-    throttled: str
+    throttled: str | None
 
 
 _POD_KINDS = _Kinds(
@@ -111,6 +121,13 @@ _CONTAINER_KINDS = _Kinds(
     MetricKind.CONTAINER_MEMORY_USAGE,
     MetricKind.CONTAINER_MEMORY_USAGE_WITH_PAGE_CACHE,
     MetricKind.CONTAINER_CPU_THROTTLED,
+)
+# Koordinator keeps CPU and memory of host applications, not their throttling.
+_HOST_APP_KINDS = _Kinds(
+    MetricKind.HOST_APP_CPU_USAGE,
+    MetricKind.HOST_APP_MEMORY_USAGE,
+    MetricKind.HOST_APP_MEMORY_USAGE_WITH_PAGE_CACHE,
+    None,
 )
 
 
@@ -137,12 +154,16 @@ class PodResourceCollector:
         node: NodeResourceCollector | None = None,
         collect_page_cache: bool = False,
         monotonic_ns: Callable[[], int] = time.monotonic_ns,
+        host_apps: HostAppSource | None = None,
     ) -> None:
         """``cgroup_fs``: where the hierarchies are (detected from /proc/self/mountinfo if None);
         ``be_cgroup_dir``: the besteffort QoS dir relative to the hierarchy root (no BE samples if None);
-        ``node``: the node collector whose reading of the same tick gives system usage (none if None)."""
+        ``node``: the node collector whose reading of the same tick gives system usage (none if None);
+        ``host_apps``: the host applications to read (none if None)."""
         self.interval_s = interval_s
         self._pods = pods
+        self._host_apps = host_apps
+        self._missing_apps: set[str] = set()  # host apps whose cgroup was not there, said once each
         self._fs = cgroup_fs if cgroup_fs is not None else CgroupFS.detect()
         self._be_dir = be_cgroup_dir
         self._node = node
@@ -181,9 +202,11 @@ class PodResourceCollector:
                 cpu_stat_path=os.path.join(fs.cgroup_dir("cpu", rel), "cpu.stat"),
                 usage_path=None if self._v2 else os.path.join(fs.cgroup_dir("cpuacct", rel), "cpuacct.usage"),
                 memory_stat_path=os.path.join(fs.cgroup_dir("memory", rel), "memory.stat"),
-                keys=tuple(
-                    SeriesKey.of(kind, **labels)
-                    for kind in (kinds.cpu, kinds.memory, kinds.memory_with_cache, kinds.throttled)
+                keys=(
+                    SeriesKey.of(kinds.cpu, **labels),
+                    SeriesKey.of(kinds.memory, **labels),
+                    SeriesKey.of(kinds.memory_with_cache, **labels),
+                    SeriesKey.of(kinds.throttled, **labels) if kinds.throttled is not None else None,
                 ),
             )
             self._targets[ident] = target
@@ -240,10 +263,11 @@ class PodResourceCollector:
             if elapsed_ns > 0 and reading.usage_ns >= prev.usage_ns:
                 cores = (reading.usage_ns - prev.usage_ns) / elapsed_ns
                 samples.append(Sample(cpu_key, now, cores))
-            periods = reading.nr_periods - prev.nr_periods
-            throttled = reading.nr_throttled - prev.nr_throttled
-            ratio = throttled / periods if periods > 0 and throttled >= 0 else 0.0
-            samples.append(Sample(throttled_key, now, ratio))
+            if throttled_key is not None:
+                periods = reading.nr_periods - prev.nr_periods
+                throttled = reading.nr_throttled - prev.nr_throttled
+                ratio = throttled / periods if periods > 0 and throttled >= 0 else 0.0
+                samples.append(Sample(throttled_key, now, ratio))
         return _Observation(cores, reading.memory_bytes)
 
     # ------------------------------------------------------------------------------------- collect
@@ -251,8 +275,8 @@ class PodResourceCollector:
     def collect(self, now: float) -> list[Sample]:
         samples: list[Sample] = []
         seen: dict[str, _CgroupReading] = {}
-        pods_cpu_cores = 0.0
-        pods_memory_bytes = 0
+        accounted_cpu_cores = 0.0
+        accounted_memory_bytes = 0
         be_request_milli = 0
         for pod in self._pods():
             if pod.qos == QOS_BE:
@@ -264,8 +288,8 @@ class PodResourceCollector:
             if observed is None:
                 continue
             # A pod seen for the first time has no CPU rate yet and counts 0 towards Σ pods this tick.
-            pods_cpu_cores += observed.cpu_cores or 0.0
-            pods_memory_bytes += observed.memory_bytes
+            accounted_cpu_cores += observed.cpu_cores or 0.0
+            accounted_memory_bytes += observed.memory_bytes
             for container in pod.containers:
                 self._observe(
                     "ctr/" + container.container_id,
@@ -276,7 +300,19 @@ class PodResourceCollector:
                     seen,
                     samples,
                 )
-        # Forget pods and containers that are gone: state stays bounded by the live population.
+        for app in self._host_apps() if self._host_apps is not None else ():
+            # Counted apart from pods: system usage leaves both out (§7.1).
+            observed = self._observe("app/" + app.name, app.cgroup_dir, _HOST_APP_KINDS,
+                                     {Label.HOST_APP_NAME: app.name}, now, seen, samples)
+            if observed is not None:
+                accounted_cpu_cores += observed.cpu_cores or 0.0
+                accounted_memory_bytes += observed.memory_bytes
+                self._missing_apps.discard(app.name)
+            elif app.name not in self._missing_apps:
+                self._missing_apps.add(app.name)
+                logger.warning("host application %s: cannot read its cgroup %s (NodeSLO hostApplications); "
+                               "its usage counts as system usage until it can be read", app.name, app.cgroup_dir)
+        # Forget pods, containers and host apps that are gone: state stays bounded by the live population.
         self._prev = seen
         if len(self._targets) > len(seen):
             gone = [ident for ident in self._targets if ident not in seen]
@@ -285,7 +321,7 @@ class PodResourceCollector:
                 self._files.forget(target.paths)
         if self._be_dir is not None:
             samples.extend(self._collect_be(self._be_dir, now, be_request_milli))
-        samples.extend(self._system_usage(now, pods_cpu_cores, pods_memory_bytes))
+        samples.extend(self._system_usage(now, accounted_cpu_cores, accounted_memory_bytes))
         return samples
 
     def _collect_be(self, be_dir: str, now: float, request_milli: int) -> list[Sample]:
@@ -320,14 +356,15 @@ class PodResourceCollector:
         samples.append(Sample(BE_CPU_REAL_LIMIT, now, limit_milli))
         return samples
 
-    def _system_usage(self, now: float, pods_cpu_cores: float, pods_memory_bytes: int) -> list[Sample]:
-        """node − Σ pods, clamped at 0 (koordinator.md §7.1), only against a node reading of this tick."""
+    def _system_usage(self, now: float, accounted_cpu_cores: float, accounted_memory_bytes: int) -> list[Sample]:
+        """node − Σ pods − Σ host apps (summed by the caller), clamped at 0 (koordinator.md §7.1), only against
+        a node reading of this tick."""
         if self._node is None:
             return []
         usage = self._node.last_usage
         if usage is None or abs(usage.timestamp - now) > self.interval_s:
             return []
-        samples = [Sample(SYS_MEMORY, now, float(max(usage.memory_bytes - pods_memory_bytes, 0)))]
+        samples = [Sample(SYS_MEMORY, now, float(max(usage.memory_bytes - accounted_memory_bytes, 0)))]
         if usage.cpu_cores is not None:
-            samples.append(Sample(SYS_CPU, now, max(usage.cpu_cores - pods_cpu_cores, 0.0)))
+            samples.append(Sample(SYS_CPU, now, max(usage.cpu_cores - accounted_cpu_cores, 0.0)))
         return samples

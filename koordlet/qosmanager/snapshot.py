@@ -35,7 +35,7 @@ from koordlet.statesinformer.api import NodeInfo, StatesProvider
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 from koordlet.system.sysfs import CPUInfo
 
-HOST_APP_CPU_USAGE = "host_application_cpu_usage"
+HOST_APP_CPU_USAGE = MetricKind.HOST_APP_CPU_USAGE
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
 

@@ -7,6 +7,7 @@ What is reported, from the metric cache:
                                half of it, so a young agent does not pass 2 minutes off as "30m"
   podsMetric                   each pod's avg usage over the aggregate duration, sorted by namespace/name,
                                with its Koordinator QoS and priority class
+  hostApplicationMetric        the same for each NodeSLO ``hostApplications`` entry, with its priority and QoS
 CPU is written in milli-cores (``1234m``), memory in bytes. ``nodeMemoryCollectPolicy`` picks the memory
 series (``usageWithPageCache`` uses the with-page-cache one; ``usageWithHotPageCache`` has no kidled
 data here and falls back to the default).
@@ -36,6 +37,7 @@ import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from koordlet.api.nodeslo import HostApplication
 from koordlet.api.pod import PodMeta
 from koordlet.config import ConfigError, format_duration, parse_duration
 from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
@@ -127,6 +129,13 @@ class StatusBuilder:
         labels = {Label.POD_UID: pod_uid}
         return _Series(SeriesKey.of(MetricKind.POD_CPU_USAGE, **labels), SeriesKey.of(memory, **labels))
 
+    @staticmethod
+    def _host_app_series(name: str, policy: CollectPolicy) -> _Series:
+        memory = (MetricKind.HOST_APP_MEMORY_USAGE_WITH_PAGE_CACHE if policy.memory_policy == MEMORY_WITH_PAGE_CACHE
+                  else MetricKind.HOST_APP_MEMORY_USAGE)
+        labels = {Label.HOST_APP_NAME: name}
+        return _Series(SeriesKey.of(MetricKind.HOST_APP_CPU_USAGE, **labels), SeriesKey.of(memory, **labels))
+
     _SYSTEM = _Series(SeriesKey.of(MetricKind.SYS_CPU_USAGE), SeriesKey.of(MetricKind.SYS_MEMORY_USAGE))
 
     def _avg_usage(self, series: _Series, start: float, end: float) -> dict[str, Any]:
@@ -155,7 +164,8 @@ class StatusBuilder:
             out.append({"usage": usage, "duration": format_duration(duration)})
         return out
 
-    def build(self, pods: Sequence[PodMeta], policy: CollectPolicy, now: float) -> dict[str, Any]:
+    def build(self, pods: Sequence[PodMeta], policy: CollectPolicy, now: float,
+              host_apps: Sequence[HostApplication] = ()) -> dict[str, Any]:
         start = now - policy.aggregate_duration_s
         node_series = self._node_series(policy)
         node_metric: dict[str, Any] = {
@@ -179,11 +189,25 @@ class StatusBuilder:
             if pod.qos_class.value:
                 entry["qos"] = pod.qos_class.value
             pods_metric.append(entry)
-        return {
+        status: dict[str, Any] = {
             "updateTime": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "nodeMetric": node_metric,
             "podsMetric": pods_metric,
         }
+        host_app_metric = []
+        for app in sorted(host_apps, key=lambda a: a.name):
+            usage = self._avg_usage(self._host_app_series(app.name, policy), start, now)
+            if not usage["resources"]:
+                continue  # no cgroup path, or not read yet
+            entry = {"name": app.name, "usage": usage}
+            if app.priority:
+                entry["priority"] = app.priority
+            if app.qos.value:
+                entry["qos"] = app.qos.value
+            host_app_metric.append(entry)
+        if host_app_metric:
+            status["hostApplicationMetric"] = host_app_metric
+        return status
 
 
 class ReportOutcome(enum.StrEnum):
@@ -209,12 +233,14 @@ class NodeMetricReporter:
         observe: Callable[[str], None] | None = None,
         on_report: Callable[[dict[str, Any]], None] | None = None,
         wall_clock: Callable[[], float] = time.time,
+        host_apps: Callable[[], Sequence[HostApplication]] = tuple,
     ) -> None:
         if custom_api is None and report_dir is None:
             raise ValueError("NodeMetricReporter needs a CustomObjectsApi or a report dir")
         self.node_name = node_name
         self._builder = StatusBuilder(cache)
         self._pods = pods
+        self._host_apps = host_apps
         self._api = custom_api
         self._report_dir = report_dir
         self._default_interval_s = default_interval_s
@@ -239,7 +265,7 @@ class NodeMetricReporter:
 
     def _build(self) -> dict[str, Any]:
         try:
-            status = self._builder.build(self._pods(), self.policy, self._wall_clock())
+            status = self._builder.build(self._pods(), self.policy, self._wall_clock(), self._host_apps())
         except (ValueError, KeyError, ArithmeticError):
             if self.pending is None:
                 raise

@@ -1,4 +1,4 @@
-"""The pods of the states informer as the cgroup dirs the collectors read (koordlet.metricsadvisor.PodCgroup).
+"""The pods of the states informer, and NodeSLO's host applications, as the cgroup dirs the collectors read.
 
 A pod's dir comes from its cgroup parent (kubelet ``/pods``: built from the layout; CRI: as the runtime was
 given it); each container's dir is the layout's container dir under it. Pods whose dir cannot be built
@@ -10,8 +10,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from koordlet.api.nodeslo import (
+    CGROUP_BASE_KUBEPODS,
+    CGROUP_BASE_KUBEPODS_BESTEFFORT,
+    CGROUP_BASE_KUBEPODS_BURSTABLE,
+    HostApplication,
+    NodeSLOSpec,
+)
 from koordlet.api.pod import PodMeta
-from koordlet.metricsadvisor.pods import ContainerCgroup, PodCgroup
+from koordlet.api.qos import KubeQoS
+from koordlet.metricsadvisor.pods import ContainerCgroup, HostAppCgroup, PodCgroup
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 
 logger = logging.getLogger(__name__)
@@ -44,3 +52,42 @@ def pod_cgroups(pods: Sequence[PodMeta], layout: KubeCgroupLayout) -> list[PodCg
 def pod_cgroup_source(pods: Callable[[], Sequence[PodMeta]], layout: KubeCgroupLayout) -> Callable[[], list[PodCgroup]]:
     """A metricsadvisor PodSource over a StatesProvider's ``pods``."""
     return lambda: pod_cgroups(pods(), layout)
+
+
+_HOST_APP_BASES = {
+    CGROUP_BASE_KUBEPODS: KubeQoS.GUARANTEED,
+    CGROUP_BASE_KUBEPODS_BURSTABLE: KubeQoS.BURSTABLE,
+    CGROUP_BASE_KUBEPODS_BESTEFFORT: KubeQoS.BESTEFFORT,
+}
+
+
+def host_app_dir(app: HostApplication, layout: KubeCgroupLayout) -> str | None:
+    """``cgroupPath`` of a host application relative to the hierarchy root, as Koordinator resolves it:
+    ``CgroupRoot`` is the hierarchy root, the ``Kubepods*`` bases the kubepods (QoS) dir of this node's
+    layout; then ``parentDir`` and ``relativePath``. None without a cgroupPath or with an empty one."""
+    path = app.cgroup_path
+    if path is None:
+        return None
+    qos = _HOST_APP_BASES.get(path.base)
+    base = layout.qos_dir(qos) if qos is not None else ""
+    rel = "/".join(part.strip("/") for part in (base, path.parent_dir, path.relative_path) if part.strip("/"))
+    return rel or None
+
+
+def host_app_cgroups(spec: NodeSLOSpec, layout: KubeCgroupLayout) -> list[HostAppCgroup]:
+    """The host applications that have a cgroup (NodeSLO validation already refused ``..`` in paths)."""
+    out = []
+    for app in spec.host_applications:
+        rel = host_app_dir(app, layout)
+        if rel is None:
+            logger.debug("host application %s has no cgroupPath: not collected", app.name)
+            continue
+        out.append(HostAppCgroup(app.name, rel))
+    return out
+
+
+def host_app_cgroup_source(
+    node_slo: Callable[[], NodeSLOSpec], layout: KubeCgroupLayout
+) -> Callable[[], list[HostAppCgroup]]:
+    """A metricsadvisor HostAppSource over a StatesProvider's ``node_slo``."""
+    return lambda: host_app_cgroups(node_slo(), layout)

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
 from koordlet.api.pod import PodMeta
-from koordlet.metriccache import MetricCache
+from koordlet.metriccache import Label, MetricCache
 from koordlet.statesinformer.api import Callbacks, CallbackKind, NodeInfo
 
 logger = logging.getLogger(__name__)
@@ -118,6 +118,7 @@ class StatesInformer:
             self._node_slo_synced = True
         self._update_synced()
         if changed:
+            self._gc_host_apps(spec)
             self._callbacks.fire(CallbackKind.NODE_SLO_SPEC)
 
     def reject_node_slo(self, reason: str) -> None:
@@ -172,6 +173,17 @@ class StatesInformer:
         dropped = self._cache.gc(uids, container_ids)
         if dropped:
             logger.debug("dropped %d metric series of pods that are gone", dropped)
+
+    def _gc_host_apps(self, spec: NodeSLOSpec) -> None:
+        """Drop the series of host applications the NodeSLO no longer lists."""
+        if self._cache is None:
+            return
+        names = {app.name for app in spec.host_applications}
+        dropped = self._cache.drop_where(
+            lambda key: (name := key.label(Label.HOST_APP_NAME)) is not None and name not in names
+        )
+        if dropped:
+            logger.debug("dropped %d metric series of host applications no longer in NodeSLO", dropped)
 
     def request_resync(self, follow_up_s: float = 0.0) -> None:
         """Poll pods now (a new pod cgroup appeared, §8.1 PLEG), and once more ``follow_up_s`` later: the

@@ -12,6 +12,7 @@ import kubernetes.client
 import pytest
 import yaml
 
+from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import PodMeta
 from koordlet.metriccache import Label, MetricCache, MetricKind, Sample, SeriesKey
 from koordlet.reporters.nodemetric import (
@@ -74,6 +75,8 @@ def filled_cache() -> MetricCache:
             Sample(SeriesKey.of(MetricKind.POD_MEMORY_USAGE, **{Label.POD_UID: "u-web"}), t, 1e9),
             Sample(SeriesKey.of(MetricKind.POD_CPU_USAGE, **{Label.POD_UID: "u-spark"}), t, 0.5),
             Sample(SeriesKey.of(MetricKind.POD_MEMORY_USAGE, **{Label.POD_UID: "u-spark"}), t, 2e9),
+            Sample(SeriesKey.of(MetricKind.HOST_APP_CPU_USAGE, **{Label.HOST_APP_NAME: "nginx"}), t, 0.125),
+            Sample(SeriesKey.of(MetricKind.HOST_APP_MEMORY_USAGE, **{Label.HOST_APP_NAME: "nginx"}), t, 3e8),
         ]
     cache.append_samples(samples)
     return cache
@@ -99,6 +102,21 @@ def test_status_has_averages_percentiles_and_sorted_pods() -> None:
          "priority": "koord-prod", "qos": "LS"},
     ]
     assert status["updateTime"] == "2023-11-14T22:13:20Z"
+
+
+HOST_APPS = parse_node_slo_spec({"hostApplications": [
+    {"name": "nginx", "priority": "koord-prod", "qos": "LS", "cgroupPath": {"relativePath": "host/nginx"}},
+    {"name": "not-read-yet", "qos": "BE", "cgroupPath": {"relativePath": "host/later"}},
+]}).host_applications
+
+
+def test_host_applications_are_reported_with_their_priority_and_qos() -> None:
+    status = StatusBuilder(filled_cache()).build(PODS, CollectPolicy(), NOW, HOST_APPS)
+    assert status["hostApplicationMetric"] == [
+        {"name": "nginx", "usage": {"resources": {"cpu": "125m", "memory": "300000000"}}, "priority": "koord-prod",
+         "qos": "LS"},
+    ]
+    assert "hostApplicationMetric" not in StatusBuilder(filled_cache()).build(PODS, CollectPolicy(), NOW)
 
 
 def test_memory_policy_with_page_cache_uses_that_series() -> None:
@@ -149,7 +167,7 @@ def test_status_written_through_status_subresource_and_accepted_by_schema(
         server: ApiServer, custom: kubernetes.client.CustomObjectsApi) -> None:
     seed_node_metric(server)
     outcomes: list[str] = []
-    nm = reporter(custom, outcomes)
+    nm = reporter(custom, outcomes, host_apps=lambda: HOST_APPS)
     assert nm.report_once() is ReportOutcome.UPDATED
     stored = server.get_object("nodemetrics", NODE)
     assert stored is not None
@@ -157,6 +175,7 @@ def test_status_written_through_status_subresource_and_accepted_by_schema(
     assert status["nodeMetric"]["nodeUsage"]["resources"]["cpu"] == expected_node_cpu_avg(300)
     assert [a["duration"] for a in status["nodeMetric"]["aggregatedNodeUsages"]] == ["5m0s"]
     assert [p["name"] for p in status["podsMetric"]] == ["spark", "web"]
+    assert status["hostApplicationMetric"][0]["usage"]["resources"]["cpu"] == "125m"
     assert stored["spec"]["metricCollectPolicy"]["reportIntervalSeconds"] == 45
     assert nm.policy.report_interval_s == 45.0
     assert server.requests("PUT", r"/nodemetrics/node-1/status$")

@@ -80,6 +80,23 @@ def test_metric_series_of_gone_pods_are_dropped() -> None:
     assert left == {("pod_cpu_usage", "u1"), ("container_cpu_usage", "u1"), ("node_cpu_usage", None)}
 
 
+def _host_apps(*names: str) -> dict:
+    return {"hostApplications": [{"name": n, "cgroupPath": {"parentDir": "host", "relativePath": n}} for n in names]}
+
+
+def test_metric_series_of_host_applications_no_longer_in_node_slo_are_dropped() -> None:
+    cache = MetricCache()
+    for name in ("nginx", "etcd"):
+        cache.append(SeriesKey.of(MetricKind.HOST_APP_CPU_USAGE, **{Label.HOST_APP_NAME: name}), 1.0, 0.5)
+    cache.append(SeriesKey.of(MetricKind.NODE_CPU_USAGE), 1.0, 2.0)
+    informer = StatesInformer(ScriptedPods(()), metric_cache=cache, needs_node=False)
+    informer.set_node_slo(parse_node_slo_spec(_host_apps("nginx", "etcd")))
+    assert len(cache.keys()) == 3
+    informer.set_node_slo(parse_node_slo_spec(_host_apps("nginx")))
+    assert {(k.kind, k.label(Label.HOST_APP_NAME)) for k in cache.keys()} == {
+        ("host_application_cpu_usage", "nginx"), ("node_cpu_usage", None)}
+
+
 def test_rejected_node_slo_keeps_last_good_and_counts() -> None:
     errors: list[str] = []
     informer = StatesInformer(ScriptedPods(()), count_error=errors.append, needs_node=False)
