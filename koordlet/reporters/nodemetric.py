@@ -104,6 +104,12 @@ _AGGREGATORS: Mapping[str, Callable[[Aggregate], float]] = {
 }
 
 
+_NODE_KINDS = (MetricKind.NODE_CPU_USAGE, MetricKind.NODE_MEMORY_USAGE, MetricKind.NODE_MEMORY_USAGE_WITH_PAGE_CACHE)
+_POD_KINDS = (MetricKind.POD_CPU_USAGE, MetricKind.POD_MEMORY_USAGE, MetricKind.POD_MEMORY_USAGE_WITH_PAGE_CACHE)
+_HOST_APP_KINDS = (MetricKind.HOST_APP_CPU_USAGE, MetricKind.HOST_APP_MEMORY_USAGE,
+                   MetricKind.HOST_APP_MEMORY_USAGE_WITH_PAGE_CACHE)
+
+
 @dataclass(frozen=True, slots=True)
 class _Series:
     cpu: SeriesKey
@@ -117,24 +123,11 @@ class StatusBuilder:
         self._cache = cache
 
     @staticmethod
-    def _node_series(policy: CollectPolicy) -> _Series:
-        memory = (MetricKind.NODE_MEMORY_USAGE_WITH_PAGE_CACHE if policy.memory_policy == MEMORY_WITH_PAGE_CACHE
-                  else MetricKind.NODE_MEMORY_USAGE)
-        return _Series(SeriesKey.of(MetricKind.NODE_CPU_USAGE), SeriesKey.of(memory))
-
-    @staticmethod
-    def _pod_series(pod_uid: str, policy: CollectPolicy) -> _Series:
-        memory = (MetricKind.POD_MEMORY_USAGE_WITH_PAGE_CACHE if policy.memory_policy == MEMORY_WITH_PAGE_CACHE
-                  else MetricKind.POD_MEMORY_USAGE)
-        labels = {Label.POD_UID: pod_uid}
-        return _Series(SeriesKey.of(MetricKind.POD_CPU_USAGE, **labels), SeriesKey.of(memory, **labels))
-
-    @staticmethod
-    def _host_app_series(name: str, policy: CollectPolicy) -> _Series:
-        memory = (MetricKind.HOST_APP_MEMORY_USAGE_WITH_PAGE_CACHE if policy.memory_policy == MEMORY_WITH_PAGE_CACHE
-                  else MetricKind.HOST_APP_MEMORY_USAGE)
-        labels = {Label.HOST_APP_NAME: name}
-        return _Series(SeriesKey.of(MetricKind.HOST_APP_CPU_USAGE, **labels), SeriesKey.of(memory, **labels))
+    def _series(kinds: tuple[str, str, str], policy: CollectPolicy, **labels: str) -> _Series:
+        """CPU and the memory series ``nodeMemoryCollectPolicy`` picks, for kinds (cpu, memory, with page cache)."""
+        cpu, memory, with_page_cache = kinds
+        chosen = with_page_cache if policy.memory_policy == MEMORY_WITH_PAGE_CACHE else memory
+        return _Series(SeriesKey.of(cpu, **labels), SeriesKey.of(chosen, **labels))
 
     _SYSTEM = _Series(SeriesKey.of(MetricKind.SYS_CPU_USAGE), SeriesKey.of(MetricKind.SYS_MEMORY_USAGE))
 
@@ -167,7 +160,7 @@ class StatusBuilder:
     def build(self, pods: Sequence[PodMeta], policy: CollectPolicy, now: float,
               host_apps: Sequence[HostApplication] = ()) -> dict[str, Any]:
         start = now - policy.aggregate_duration_s
-        node_series = self._node_series(policy)
+        node_series = self._series(_NODE_KINDS, policy)
         node_metric: dict[str, Any] = {
             "nodeUsage": self._avg_usage(node_series, start, now),
             "systemUsage": self._avg_usage(self._SYSTEM, start, now),
@@ -180,7 +173,7 @@ class StatusBuilder:
             node_metric["aggregatedSystemUsages"] = aggregated_system
         pods_metric = []
         for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
-            usage = self._avg_usage(self._pod_series(pod.uid, policy), start, now)
+            usage = self._avg_usage(self._series(_POD_KINDS, policy, **{Label.POD_UID: pod.uid}), start, now)
             if not usage["resources"]:
                 continue  # no samples yet (new pod) or gone: nothing to say
             entry: dict[str, Any] = {"namespace": pod.namespace, "name": pod.name, "podUsage": usage}
@@ -196,7 +189,8 @@ class StatusBuilder:
         }
         host_app_metric = []
         for app in sorted(host_apps, key=lambda a: a.name):
-            usage = self._avg_usage(self._host_app_series(app.name, policy), start, now)
+            series = self._series(_HOST_APP_KINDS, policy, **{Label.HOST_APP_NAME: app.name})
+            usage = self._avg_usage(series, start, now)
             if not usage["resources"]:
                 continue  # no cgroup path, or not read yet
             entry = {"name": app.name, "usage": usage}

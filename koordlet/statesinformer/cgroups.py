@@ -20,7 +20,7 @@ from koordlet.api.nodeslo import (
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.metricsadvisor.pods import ContainerCgroup, HostAppCgroup, PodCgroup
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout, join_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +70,7 @@ def host_app_dir(app: HostApplication, layout: KubeCgroupLayout) -> str | None:
         return None
     qos = _HOST_APP_BASES.get(path.base)
     base = layout.qos_dir(qos) if qos is not None else ""
-    rel = "/".join(part.strip("/") for part in (base, path.parent_dir, path.relative_path) if part.strip("/"))
-    return rel or None
+    return join_dirs(base, path.parent_dir, path.relative_path) or None
 
 
 def host_app_cgroups(spec: NodeSLOSpec, layout: KubeCgroupLayout) -> list[HostAppCgroup]:

@@ -47,7 +47,8 @@ def _safe_component(kind: str, value: str) -> str:
     return value
 
 
-def _join(*parts: str) -> str:
+def join_dirs(*parts: str) -> str:
+    """Cgroup dir parts joined with single slashes, empty parts and outer slashes dropped."""
     return "/".join(part.strip("/") for part in parts if part.strip("/"))
 
 
@@ -86,22 +87,22 @@ class KubeCgroupLayout:
 
     def kubepods_dir(self) -> str:
         """The node-allocatable dir; Guaranteed pods sit directly in it."""
-        return _join(self.cgroup_root, "kubepods.slice" if self._systemd else KUBEPODS)
+        return join_dirs(self.cgroup_root, "kubepods.slice" if self._systemd else KUBEPODS)
 
     def qos_dir(self, kube_qos: KubeQoS) -> str:
         if kube_qos is KubeQoS.GUARANTEED:
             return self.kubepods_dir()
         name = _SYSTEMD_QOS[kube_qos]
-        return _join(self.kubepods_dir(), f"kubepods-{name}.slice" if self._systemd else name)
+        return join_dirs(self.kubepods_dir(), f"kubepods-{name}.slice" if self._systemd else name)
 
     def pod_dir(self, pod_uid: str, kube_qos: KubeQoS) -> str:
         _safe_component("pod uid", pod_uid)
         if not self._systemd:
-            return _join(self.qos_dir(kube_qos), f"pod{pod_uid}")
+            return join_dirs(self.qos_dir(kube_qos), f"pod{pod_uid}")
         escaped = pod_uid.replace("-", "_")
         if kube_qos is KubeQoS.GUARANTEED:
-            return _join(self.qos_dir(kube_qos), f"kubepods-pod{escaped}.slice")
-        return _join(self.qos_dir(kube_qos), f"kubepods-{_SYSTEMD_QOS[kube_qos]}-pod{escaped}.slice")
+            return join_dirs(self.qos_dir(kube_qos), f"kubepods-pod{escaped}.slice")
+        return join_dirs(self.qos_dir(kube_qos), f"kubepods-{_SYSTEMD_QOS[kube_qos]}-pod{escaped}.slice")
 
     def container_dir(self, pod_dir: str, container_id: str, runtime: str = DEFAULT_RUNTIME) -> str:
         """Container dir under ``pod_dir``; ``container_id`` may carry its ``<runtime>://`` prefix."""
@@ -109,7 +110,7 @@ class KubeCgroupLayout:
         _safe_component("container id", bare_id)
         cgroupfs_prefix, scope_prefix = _CONTAINER_PREFIXES.get(runtime, ("", f"{runtime}-"))
         name = f"{scope_prefix}{bare_id}.scope" if self._systemd else f"{cgroupfs_prefix}{bare_id}"
-        return _join(pod_dir, name)
+        return join_dirs(pod_dir, name)
 
     def dir_from_cgroup_parent(self, cgroup_parent: str) -> str:
         """The pod dir for a CRI ``cgroup_parent``.
