@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test deps proto bench lint v2-check gpu-check clean
+.PHONY: demo test deps proto bench bench-v2 lint v2-check gpu-check clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -11,8 +11,9 @@ deps:
 demo: deps
 	$(PY) -m demo
 
+# The host suite, then the cgroup v2 stage in a VM (scripts/test-all.sh); one total line at the end.
 test: deps
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	bash scripts/test-all.sh
 
 proto: deps
 	PYTHON=$(PY) bash scripts/gen-proto.sh
@@ -23,12 +24,17 @@ bench: deps
 lint: deps
 	$(PY) -m ruff check .
 
-# Real cgroup v2 and real NVML: run on the lent device machine, never in CI (see README).
-v2-check:
-	bash scripts/device-check.sh v2
+# The cgroup v2 stage alone: the tests marked cgroupv2, in a VM booting Debian's kernel (part of `make test`).
+v2-check: deps
+	bash scripts/v2-stage.sh $(PYTEST_ARGS)
 
-gpu-check:
-	bash scripts/device-check.sh gpu
+# bench/qos_reaction.py on the host and in the v2 VM, side by side.
+bench-v2: deps
+	$(PY) bench/qos_reaction.py --v2
+
+# The real-NVML tests (skip without a GPU; the fake NVML runs in `make test`).
+gpu-check: deps
+	$(PY) -m pytest -q -rs -m gpu tests
 
 clean:
 	-bash scripts/containerd-down.sh

@@ -10,6 +10,11 @@ suppression; time from memory pressure to eviction").
    the eviction request reaching the (test) API server, per round.
 Goals: ≤ 2 s each at 1 s intervals. Needs root and writable cgroup v1; run as
 ``.venv/bin/python bench/qos_reaction.py [--rounds N] [--json]``.
+
+``--v2`` (``make bench-v2``): the same rounds on this host (cgroup v1), then in the cgroup v2 VM of the test
+command (scripts/v2-stage.sh; ``cpu.max`` instead of ``cpu.cfs_quota_us``), printed side by side with the
+ratio v2 / host. The VM emulates its CPUs (no usable KVM here), so the ratio shows emulation's cost as much
+as v2's; ``--v2-guest`` is what runs inside the VM.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -33,7 +39,7 @@ from koordlet.api.nodeslo import parse_node_slo_spec  # noqa: E402
 from koordlet.api.qos import KubeQoS, QoSClass  # noqa: E402
 from koordlet.eviction import Evictor  # noqa: E402
 from koordlet.qosmanager import QoSManagerConfig  # noqa: E402
-from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used  # noqa: E402
+from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used, skip_unless_v2_writable  # noqa: E402
 from tests.support.apiserver import ApiServer, kube_api_client  # noqa: E402
 
 PODS = (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT))
@@ -50,13 +56,24 @@ def _wait(predicate, timeout_s: float, step_s: float = 0.005) -> float | None:
     return None
 
 
-def cpu_round(index: int) -> float | None:
-    node = RealNode(f"bench-cpu-{index}", PODS)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def be_quota(node: RealNode, v2: bool) -> int:
+    """The besteffort CFS quota in µs, −1 when unlimited (v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``)."""
+    if not v2:
+        return int(node.read("cpu", node.be_dir, "cpu.cfs_quota_us"))
+    quota = node.read("cpu", node.be_dir, "cpu.max").split()[0]
+    return -1 if quota == "max" else int(quota)
+
+
+def cpu_round(index: int, v2: bool = False) -> float | None:
+    node = RealNode(f"bench-cpu-{index}", PODS, v2=v2)
     try:
         node.spawn("be")
         node.start(parse_node_slo_spec({"resourceUsedThresholdWithBE": {
             "enable": True, "cpuSuppressThresholdPercent": 65, "cpuSuppressPolicy": "cfsQuota"}}))
-        quota = lambda: int(node.read("cpu", node.be_dir, "cpu.cfs_quota_us"))  # noqa: E731
+        quota = lambda: be_quota(node, v2)  # noqa: E731
         # Steady: the quota has been set and stayed within 10 % for 2 s (BE alone gets ~65 % of the node).
         steady_deadline = time.monotonic() + 15
         previous, stable_since = quota(), time.monotonic()
@@ -78,8 +95,8 @@ def cpu_round(index: int) -> float | None:
         node.close()
 
 
-def memory_round(index: int) -> float | None:
-    node = RealNode(f"bench-mem-{index}", PODS)
+def memory_round(index: int, v2: bool = False) -> float | None:
+    node = RealNode(f"bench-mem-{index}", PODS, v2=v2)
     try:
         with ApiServer() as server, kube_api_client(server) as api_client:
             be = node.pod("be")
@@ -119,26 +136,74 @@ def _summary(name: str, values: list[float | None]) -> dict[str, object]:
     }
 
 
+def run_rounds(rounds: int, v2: bool = False) -> list[dict[str, object]]:
+    return [
+        _summary("ls_cpu_spike_to_be_quota_shrink", [cpu_round(i, v2) for i in range(rounds)]),
+        _summary("memory_threshold_to_eviction_request", [memory_round(i, v2) for i in range(rounds)]),
+    ]
+
+
+def _print(results: list[dict[str, object]], label: str = "") -> None:
+    for result in results:
+        print(f"{label}{result['measure']:40s} median {result['median_s']} s  max {result['max_s']} s  "
+              f"goal <= {GOAL_S} s  {'OK' if result['meets_goal'] else 'MISSED'}  {result['values_s']}")
+
+
+def in_the_v2_vm(rounds: int) -> list[dict[str, object]] | None:
+    """Run ``--v2-guest`` in the cgroup v2 VM and return its results (None when the guest failed)."""
+    out = os.path.join(REPO, "out", "v2-bench")
+    env = {**os.environ, "V2_MODE": "bench", "V2_OUT": out, "V2_TIMEOUT": str(300 + rounds * 120)}
+    done = subprocess.run(["bash", os.path.join(REPO, "scripts", "v2-stage.sh"), "--rounds", str(rounds)],
+                          env=env, stdout=sys.stderr, check=False)
+    try:
+        with open(os.path.join(out, "bench.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        print(f"the v2 guest gave no results (exit {done.returncode}); see {out}/guest.log", file=sys.stderr)
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--v2", action="store_true", help="also run the rounds in the cgroup v2 VM, side by side")
+    parser.add_argument("--v2-guest", action="store_true", help=argparse.SUPPRESS)  # inside the VM
     args = parser.parse_args(argv)
     try:
-        RealNode.skip_unless_possible()
+        if args.v2_guest:
+            skip_unless_v2_writable()
+        else:
+            RealNode.skip_unless_possible()
     except pytest.skip.Exception as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         return 2
-    results = [
-        _summary("ls_cpu_spike_to_be_quota_shrink", [cpu_round(i) for i in range(args.rounds)]),
-        _summary("memory_threshold_to_eviction_request", [memory_round(i) for i in range(args.rounds)]),
-    ]
+    if args.v2_guest:
+        results = run_rounds(args.rounds, v2=True)
+        _print(results, "v2 guest: ")
+        with open(os.path.join(os.environ["KPY_V2_OUT"], "bench.json"), "w") as f:
+            json.dump(results, f)
+        return 0
+    results = run_rounds(args.rounds)
+    if not args.v2:
+        print(json.dumps(results, indent=2)) if args.json else _print(results)
+        return 0
+    guest = in_the_v2_vm(args.rounds)
+    if guest is None:
+        return 1
+    side_by_side = []
+    for host, v2 in zip(results, guest, strict=True):
+        ratio = (round(v2["median_s"] / host["median_s"], 2)
+                 if host["median_s"] and v2["median_s"] is not None else None)
+        side_by_side.append({"measure": host["measure"], "host_v1": host, "guest_v2": v2, "ratio_v2_to_host": ratio})
     if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        for result in results:
-            print(f"{result['measure']:40s} median {result['median_s']} s  max {result['max_s']} s  "
-                  f"goal <= {GOAL_S} s  {'OK' if result['meets_goal'] else 'MISSED'}  {result['values_s']}")
+        print(json.dumps(side_by_side, indent=2))
+        return 0
+    print(f"{'measure':40s} {'host v1 median (max)':>22s} {'v2 VM median (max)':>22s} {'v2/host':>8s}")
+    cell = lambda r: f"{r['median_s']} s ({r['max_s']} s)"  # noqa: E731
+    for row in side_by_side:
+        print(f"{row['measure']:40s} {cell(row['host_v1']):>22s} {cell(row['guest_v2']):>22s} "
+              f"{row['ratio_v2_to_host']!s:>8s}")
     return 0
 
 

@@ -87,9 +87,12 @@ done
 # 5. Network: the isolated bridge (veths die with their netns).
 ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE" 2>/dev/null
 
-# 6. Prune empty cgroup dirs left under the given tops (runc creates parents, nobody removes them).
+# 6. Prune empty cgroup dirs left under the given tops (runc creates parents, nobody removes them): in
+#    every v1 hierarchy, or in the one unified hierarchy on cgroup v2.
+if [ "$(stat -f -c %T /sys/fs/cgroup 2>/dev/null)" = cgroup2fs ]; then hierarchies=/sys/fs/cgroup/
+else hierarchies=$(printf '%s ' /sys/fs/cgroup/*/); fi
 for top in $TOPS; do
-  for h in /sys/fs/cgroup/*/; do
+  for h in $hierarchies; do
     d=$h$top; [ -d "$d" ] || continue
     find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
     [ -d "$d" ] && log "cgroup $d not empty (processes still inside?)"

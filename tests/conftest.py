@@ -12,6 +12,9 @@ import pytest
 from tests.support.apiserver import ApiServer, kube_api_client
 from tests.support.containerd import clean_up_dead_sessions, session_containerd
 
+# In the cgroup v2 VM stage a skipped cgroupv2 test is a failure unless the kernel lacks the feature.
+pytest_plugins = ["tests.support.v2guest"]
+
 
 def _can_run_containerd() -> str | None:
     if os.geteuid() != 0:

@@ -56,7 +56,7 @@ def skip_unless_v2_writable() -> None:
         pytest.skip(f"{V2_ROOT} is not a cgroup v2 root (this machine has cgroup v1)")
     missing = [c for c in V2_CONTROLLERS if c not in controllers]
     if missing:
-        pytest.skip(f"cgroup v2 root lacks controllers {missing}")
+        pytest.skip(f"kernel lacks cgroup v2 controllers {missing}")
 
 
 class V2TestCgroups(V1TestCgroups):

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# v2-guest.sh — runs INSIDE the cgroup v2 VM booted by scripts/v2-stage.sh (never on the host): checks
+# that this is the real unified hierarchy, gives containerd a tmpfs root (the guest's /var is an overlay
+# on 9p, where the overlayfs snapshotter cannot mount), and runs the tests marked `cgroupv2` as root.
+# Writes its exit code to $KPY_V2_OUT/rc, so the host can tell a finished run from a guest that died.
+#   KPY_V2_OUT   a dir shared read-write with the host (junit.xml, rc)
+#   KPY_V2_MODE  tests (default) | bench (bench/qos_reaction.py)
+set -uo pipefail
+echo   # the serial console can eat the guest's first line
+out=${KPY_V2_OUT:?KPY_V2_OUT not set}
+mode=${KPY_V2_MODE:-tests}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+log() { echo "v2-guest: $*" >&2; }
+finish() { echo "$1" > "$out/rc"; exit "$1"; }
+
+[ "$(stat -f -c %T /sys/fs/cgroup)" = cgroup2fs ] || { log "/sys/fs/cgroup is not cgroup2"; finish 1; }
+log "kernel $(uname -r), $(nproc) CPUs, controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
+[ "$(id -u)" = 0 ] || { log "not root in the guest"; finish 1; }
+# Only in a virtme-ng guest: it mounts tmpfs over host paths and would do so on a host too.
+grep -qw 'virtme_initmount0\|virtme_link_mods\|virtme.exec' /proc/cmdline 2>/dev/null ||
+  grep -q virtme /proc/cmdline || { log "not a virtme-ng guest (see /proc/cmdline); refusing to run"; finish 1; }
+mkdir -p /var/lib/koordlet-py /run/koordlet-py
+mount -t tmpfs -o mode=0700 koordlet-py-v2 /var/lib/koordlet-py || { log "cannot mount a tmpfs for containerd"; finish 1; }
+
+export PYTHONDONTWRITEBYTECODE=1 KPY_V2_GUEST=1 HOME=/tmp
+cd "$here" || finish 1
+case "$mode" in
+  tests)
+    # Only the modules that mark tests cgroupv2: importing the whole tree under emulation to deselect the
+    # rest would cost ~100 s. A test marked some other way (a conftest hook) is still found with args.
+    if [ $# -eq 0 ]; then
+      mapfile -t files < <(grep -rlE --include='test_*.py' 'mark\.cgroupv2' tests | sort)
+      [ ${#files[@]} -gt 0 ] || { log "no module marks a test cgroupv2"; finish 1; }
+      set -- "${files[@]}"
+    fi
+    .venv/bin/python -m pytest -q -rs -p no:cacheprovider -m cgroupv2 --junitxml="$out/junit.xml" "$@"
+    rc=$?
+    # The tests remove every cgroup they made (containerd-down.sh prunes runc's parents): on the real v2
+    # hierarchy, check that nothing of ours is left.
+    left=$(find /sys/fs/cgroup -maxdepth 1 -type d -name 'koordlet-py*' | sort)
+    if [ -n "$left" ]; then
+      log "cgroup dirs left behind by the tests: $(echo $left)"; [ "$rc" != 0 ] || rc=1
+    fi
+    finish "$rc" ;;
+  bench)
+    .venv/bin/python bench/qos_reaction.py --v2-guest "$@"
+    finish $? ;;
+  *) log "unknown mode $mode"; finish 2 ;;
+esac

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# v2-stage.sh — the cgroup v2 stage of the test command: boot Debian's own kernel in a qemu VM
+# (virtme-ng, the host's root shared read-only) and run, inside it as root on the real unified cgroup
+# v2, every test marked `cgroupv2` (scripts/v2-guest.sh). Fails when any test fails in the guest, when
+# a test is skipped there for any reason but a missing kernel feature, and when the guest does not
+# finish in time; the guest's output is shown as it runs.
+#
+#   bash scripts/v2-stage.sh [pytest args...]       (make v2-check)
+#
+# Knobs (environment):
+#   V2_CPUS=4            vCPUs (4 so the cpuset-suppress shrink is visible)
+#   V2_MEMORY=4G         guest memory
+#   V2_TIMEOUT=1500      seconds before the guest is killed (boot + tests)
+#   V2_KERNEL=           a kernel image; default: the newest /boot/vmlinuz-*
+#   V2_OUT=out/v2        results (junit.xml, rc, guest log); a dir the guest may write
+#   V2_MODE=tests        or `bench`: run bench/qos_reaction.py in the guest instead (make bench-v2)
+# Installs what it needs: Debian qemu-system-x86 and linux-image-amd64 (apt-get), virtme-ng (pip, into
+# the project's virtualenv). Needs root.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${VENV:-$here/.venv}
+cpus=${V2_CPUS:-4}
+memory=${V2_MEMORY:-4G}
+limit=${V2_TIMEOUT:-1500}
+mode=${V2_MODE:-tests}
+out=${V2_OUT:-$here/out/v2}
+log() { echo "v2-stage: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+[ "$(id -u)" = 0 ] || die "must run as root (the guest's cgroup v2 is written as root)"
+[ -x "$venv/bin/python" ] || die "no virtualenv at $venv (run: make deps)"
+
+# ---- install -------------------------------------------------------------------------------------
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+compgen -G "/boot/vmlinuz-*" >/dev/null || need+=(linux-image-amd64)
+if [ ${#need[@]} -gt 0 ]; then
+  log "apt-get install ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  aptlog=/tmp/koordlet-py-apt-v2.log
+  apt-get install -y -q --no-install-recommends "${need[@]}" >"$aptlog" 2>&1 || {
+    apt-get update -q >>"$aptlog" 2>&1
+    apt-get install -y -q --no-install-recommends "${need[@]}" >>"$aptlog" 2>&1 ||
+      { tail -20 "$aptlog" >&2; die "apt-get install failed"; }
+  }
+fi
+if [ ! -x "$venv/bin/vng" ]; then
+  log "pip install virtme-ng"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "virtme-ng>=1.30" >&2 ||
+    die "pip install virtme-ng failed"
+fi
+kernel=${V2_KERNEL:-$(ls -v /boot/vmlinuz-* 2>/dev/null | tail -1)}
+[ -r "$kernel" ] || die "no kernel image to boot (looked for /boot/vmlinuz-*)"
+# virtme-ng loads modules (9p, overlay, virtio) from the kernel's /lib/modules tree.
+release=${kernel##*/vmlinuz-}
+[ -d "/lib/modules/$release" ] || die "no /lib/modules/$release for $kernel"
+
+# ---- run -----------------------------------------------------------------------------------------
+rm -rf "$out"
+mkdir -p "$out"
+export PATH=$venv/bin:$PATH   # vng runs its helper virtme-run from PATH
+guest_cmd="KPY_V2_OUT=$(printf %q "$out") KPY_V2_MODE=$mode bash $(printf %q "$here/scripts/v2-guest.sh")"
+for a in "$@"; do guest_cmd+=" $(printf %q "$a")"; done
+log "booting $kernel under qemu (TCG: this machine's KVM cannot run guests), $cpus vCPUs, $memory"
+started=$(date +%s)
+# Its own session: every path (timeout, failure, Ctrl-C) ends vng and its qemu together, by that PID.
+setsid vng --run "$kernel" --disable-kvm --force-9p --cpus "$cpus" --memory "$memory" \
+  --rwdir "$out" --exec "$guest_cmd" </dev/null >"$out/guest.log" 2>&1 &
+vng_pid=$!
+tail -n +1 -F --pid="$vng_pid" "$out/guest.log" 2>/dev/null &
+tail_pid=$!
+stop_guest() {
+  kill -TERM -- "-$vng_pid" 2>/dev/null
+  for _ in $(seq 1 50); do kill -0 "$vng_pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL -- "-$vng_pid" 2>/dev/null
+  wait "$vng_pid" 2>/dev/null
+  kill "$tail_pid" 2>/dev/null
+}
+trap 'log "interrupted: stopping the guest"; stop_guest; exit 130' INT TERM
+deadline=$((started + limit))
+while kill -0 "$vng_pid" 2>/dev/null; do
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    log "guest still running after ${limit}s: stopping it"
+    stop_guest
+    die "timed out after ${limit}s (V2_TIMEOUT); the guest's output is above and in $out/guest.log"
+  fi
+  sleep 1
+done
+set +e; wait "$vng_pid"; vng_rc=$?; set -e
+wait "$tail_pid" 2>/dev/null || true
+trap - INT TERM
+elapsed=$(( $(date +%s) - started ))
+# The guest writes its own exit code; vng also propagates it, but a guest that never reached the end
+# (kernel panic, boot failure) leaves no file: that is a failure too.
+[ -f "$out/rc" ] || die "the guest did not finish its run (vng exit $vng_rc, no $out/rc after ${elapsed}s; see $out/guest.log)"
+rc=$(cat "$out/rc")
+log "guest finished in ${elapsed}s with exit code $rc"
+echo "$elapsed" > "$out/wall_seconds"
+exit "$rc"

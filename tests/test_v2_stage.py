@@ -1,0 +1,64 @@
+"""The cgroup v2 VM stage's own rules, checked on the host (the stage itself runs at the end of `make test`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# The guest collects only these modules (scripts/v2-guest.sh); importing the whole tree under emulation costs
+# ~100 s. The same pattern as the script's grep.
+MARK = re.compile(r"mark\.cgroupv2")
+
+
+def _pytest(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=120)
+
+
+def test_the_guests_module_selection_finds_every_cgroupv2_test() -> None:
+    grep = subprocess.run(["grep", "-rlE", "--include=test_*.py", r"mark\.cgroupv2", "tests"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout.split()
+    collected = _pytest("--collect-only", "-q", "-m", "cgroupv2", cwd=REPO)
+    assert collected.returncode == 0, collected.stdout[-2000:]
+    modules = {line.split("::")[0] for line in collected.stdout.splitlines() if "::" in line}
+    assert len(modules) >= 3, collected.stdout[-2000:]
+    assert modules <= set(grep), f"marked some other way, the guest would miss them: {modules - set(grep)}"
+    for module in grep:
+        assert MARK.search((REPO / module).read_text())
+
+
+def test_a_skipped_cgroupv2_test_fails_in_the_guest_unless_the_kernel_lacks_the_feature(tmp_path: Path) -> None:
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n"
+        "pytestmark = pytest.mark.cgroupv2\n"
+        "def test_missing_setup():\n    pytest.skip('needs something the stage forgot to install')\n"
+        "def test_old_kernel():\n    pytest.skip('kernel lacks cpu.max.burst (before 5.14)')\n"
+        "def test_runs():\n    pass\n"
+        "@pytest.mark.skipif(True, reason='not a cgroup v2 root')\n"
+        "def test_skipif():\n    pass\n")
+    args = ("-p", "tests.support.v2guest", "-o", "markers=cgroupv2", "-rA", "test_x.py")
+    env = {"PYTHONPATH": str(REPO)}
+    guest = _pytest(*args, cwd=tmp_path, env={**env, "KPY_V2_GUEST": "1"})
+    assert guest.returncode == 1, guest.stdout
+    # a skip in the call is reported as failed, one in setup (skipif, a fixture) as an error: both fail the run
+    assert "1 failed, 1 passed, 1 skipped, 1 error" in guest.stdout, guest.stdout
+    assert "where every cgroupv2 test must run: Skipped: needs something the stage forgot" in guest.stdout
+    host = _pytest(*args, cwd=tmp_path, env={**env, "KPY_V2_GUEST": "0"})
+    assert host.returncode == 0 and "1 passed, 3 skipped" in host.stdout, host.stdout
+
+
+def test_the_stage_scripts_parse_and_the_guest_script_refuses_to_run_on_a_host(tmp_path: Path) -> None:
+    for script in ("v2-stage.sh", "v2-guest.sh", "test-all.sh"):
+        assert subprocess.run(["bash", "-n", str(REPO / "scripts" / script)]).returncode == 0, script
+    if "virtme" in Path("/proc/cmdline").read_text():
+        return  # inside the VM itself
+    done = subprocess.run(["bash", str(REPO / "scripts/v2-guest.sh")], env={**os.environ, "KPY_V2_OUT": str(tmp_path)},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert "refusing" in done.stderr or "not cgroup2" in done.stderr, done.stderr
+    assert (tmp_path / "rc").read_text().strip() == "1"
+    assert not os.path.ismount("/var/lib/koordlet-py") or "koordlet-py-v2" not in Path("/proc/mounts").read_text()
