@@ -26,7 +26,7 @@ from koordlet.api.qos import KubeQoS
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
 from koordlet.metricsadvisor import PodCgroup
-from koordlet.metricsadvisor.pods import ContainerCgroup
+from koordlet.metricsadvisor.pods import ContainerCgroup, PodResourceCollector
 from koordlet.metricsadvisor.psi import PodPsiCollector
 from koordlet.qosmanager import QoSManagerConfig, new_qos_manager
 from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
@@ -43,6 +43,7 @@ pytestmark = [pytest.mark.cgroupv2, pytest.mark.containerd]
 V2 = Path("/sys/fs/cgroup")
 MiB = 1 << 20
 RECONCILE_INTERVAL_S = 1.0
+STARTUP_TIMEOUT_S = 120.0  # an emulated guest imports the proxy's Python in ~10 s; on a busy host far more
 GATES = {"BatchResource": True, "CPUSetAllocator": True, "GroupIdentity": True}
 BE_SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi"},
                                   "limits": {"kubernetes.io/batch-cpu": "1500", "kubernetes.io/batch-memory": "96Mi"}}}}
@@ -123,17 +124,18 @@ def story(real_v2: None, containerd_socket: str, tmp_path_factory: pytest.TempPa
     fs = CgroupFS.detect()
     assert fs.version is CgroupVersion.V2
     hooks = RuntimeHooks(config, states, ResourceExecutor(fs), KubeCgroupLayout(cgroup_root=CGROUP_ROOT))
-    hooks.start()
-    proxy = ProxyProcess(str(tmp / "proxy.sock"), containerd_socket, state_dir=str(tmp)).start()
+    proxy = ProxyProcess(str(tmp / "proxy.sock"), containerd_socket, state_dir=str(tmp))
     client = CriClient(proxy.listen)
     pods = PodFactory(client)
     try:
+        hooks.start()
+        proxy.start(timeout_s=STARTUP_TIMEOUT_S)
         online = parse_cpu_list((V2 / "cpuset.cpus.effective").read_text())
         ls_cpus = format_cpu_list(online[1:3] if len(online) >= 3 else online[-1:])
         # LS: Burstable, 2 cores of quota, 256Mi, the cpuset the scheduler chose (resource-status).
         ls_sandbox = sandbox_config("ls", kube_qos="burstable", labels=LS_LABELS, annotations={
             ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": ls_cpus})})
-        ls_sid = pods.run_pod(ls_sandbox)
+        ls_sid = pods.run_pod(ls_sandbox, timeout=STARTUP_TIMEOUT_S)
         ls_resources = cri.LinuxContainerResources(cpu_period=100000, cpu_quota=200000, cpu_shares=1024,
                                                    memory_limit_in_bytes=256 * MiB)
         ls_cid = pods.create_container(ls_sid, ls_sandbox, container_config("app", resources=ls_resources))
@@ -166,7 +168,8 @@ def story(real_v2: None, containerd_socket: str, tmp_path_factory: pytest.TempPa
         pods.cleanup()
         pods.client.close()
         client.close()
-        proxy.terminate()
+        if proxy.proc is not None:
+            proxy.terminate()
         hooks.stop()
 
 
@@ -256,7 +259,7 @@ def test_v2_cpu_burst_writes_cpu_max_burst_on_the_real_container(story: Story) -
         manager.stop()
 
 
-def test_v2_pod_psi_is_read_from_the_pods_own_pressure_files(story: Story) -> None:
+def test_v2_pod_psi_and_usage_are_read_from_the_pods_own_files(story: Story) -> None:
     ls, be = story.ls, story.be
     # More runnable burners than CPUs in the BE pod, so its cpu "some" pressure rises.
     burners = (os.cpu_count() or 2) * 2
@@ -286,6 +289,20 @@ def test_v2_pod_psi_is_read_from_the_pods_own_pressure_files(story: Story) -> No
         assert collector.open_files == 2 * 2 * 3  # 2 pods + their 2 containers, 3 files each, kept open
         assert _wait_for(lambda: cpu_some_avg10("pod_psi", be.uid) > 0.0, 20.0, step_s=1.0)
         assert collector.read_errors == 0
+
+        # The same pods through the resource collector's v2 path (cpu.stat usage_usec, memory.stat): the BE
+        # pod burns up to its 1.5-core quota, the idle LS pod next to nothing; both use some memory.
+        resources = PodResourceCollector(pods, CgroupFS.detect(), interval_s=1.0)
+        try:
+            resources.collect(time.time())
+            time.sleep(2.0)
+            usage = {(s.key.kind, s.key.label("pod_uid")): s.value for s in resources.collect(time.time())}
+        finally:
+            resources.close()
+        assert 0.5 < usage[("pod_cpu_usage", be.uid)] < 1.5 * 1.2, usage
+        assert usage[("pod_cpu_usage", ls.uid)] < 0.2, usage
+        assert usage[("pod_memory_usage", be.uid)] > 0 and usage[("pod_memory_usage", ls.uid)] > 0, usage
+        assert resources.read_errors == 0
     finally:
         collector.close()
         story.pods.client.runtime.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=0), timeout=30)

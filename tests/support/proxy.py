@@ -59,12 +59,17 @@ class ProxyProcess:
         self.log_path = log_path or f"{listen}.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, wait: bool = True) -> ProxyProcess:
+    def start(self, wait: bool = True, timeout_s: float = 15) -> ProxyProcess:
+        """Start it; with ``wait``, until its socket answers (killed again if it does not in ``timeout_s``)."""
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         if wait:
-            wait_for_socket(self.listen, 15, self.proc)
+            try:
+                wait_for_socket(self.listen, timeout_s, self.proc)
+            except (TimeoutError, RuntimeError) as exc:
+                self.kill()
+                raise RuntimeError(f"{exc}; proxy log:\n{self.log()[-2000:]}") from exc
         return self
 
     def log(self) -> str:
