@@ -96,9 +96,9 @@ def cpu_round(index: int, v2: bool = False) -> float | None:
 
 
 def memory_round(index: int, v2: bool = False) -> float | None:
-    node = RealNode(f"bench-mem-{index}", PODS, v2=v2)
-    try:
-        with ApiServer() as server, kube_api_client(server) as api_client:
+    with ApiServer() as server, kube_api_client(server) as api_client:
+        node = RealNode(f"bench-mem-{index}", PODS, v2=v2)
+        try:  # the node (and its evictor) stops before the API server it reports to
             be = node.pod("be")
             created = kubernetes.client.CoreV1Api(api_client).create_namespaced_pod("default", {
                 "metadata": {"name": "be", "labels": dict(be.labels)},
@@ -118,8 +118,8 @@ def memory_round(index: int, v2: bool = False) -> float | None:
             if crossed is None or requested is None:
                 return None
             return max(requested - crossed, 0.0)
-    finally:
-        node.close()
+        finally:
+            node.close()
 
 
 def _summary(name: str, values: list[float | None]) -> dict[str, object]:
@@ -199,10 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(side_by_side, indent=2))
         return 0
-    print(f"{'measure':40s} {'host v1 median (max)':>22s} {'v2 VM median (max)':>22s} {'v2/host':>8s}")
-    cell = lambda r: f"{r['median_s']} s ({r['max_s']} s)"  # noqa: E731
+    print(f"{'measure':40s} {'host v1 median (max) done':>28s} {'v2 VM median (max) done':>28s} {'v2/host':>8s}")
+    cell = lambda r: f"{r['median_s']} s ({r['max_s']} s) {r['rounds'] - r['timeouts']}/{r['rounds']}"  # noqa: E731
     for row in side_by_side:
-        print(f"{row['measure']:40s} {cell(row['host_v1']):>22s} {cell(row['guest_v2']):>22s} "
+        print(f"{row['measure']:40s} {cell(row['host_v1']):>28s} {cell(row['guest_v2']):>28s} "
               f"{row['ratio_v2_to_host']!s:>8s}")
     return 0
 

@@ -19,6 +19,8 @@
 #   CTRD_IMAGE=localhost/busybox:local     image name; also used as sandbox ("pause") image
 #   CTRD_LOG_LEVEL=info
 #   CTRD_NO_INSTALL=1                      never call apt-get
+#   CTRD_SYSTEMD_CGROUP=1                  runc's systemd cgroup driver (SystemdCgroup = true): pods in
+#                                          kubepods.slice/.../cri-containerd-<id>.scope; needs systemd as PID 1
 set -euo pipefail
 
 RUN=${CTRD_RUN:-/run/koordlet-py/containerd}
@@ -29,6 +31,11 @@ SUBNET=${CTRD_CNI_SUBNET:-10.250.0.0/24}
 BRIDGE=${CTRD_BRIDGE:-kpytest0}
 IMAGE=${CTRD_IMAGE:-localhost/busybox:local}
 LEVEL=${CTRD_LOG_LEVEL:-info}
+SYSTEMD_CGROUP=false
+if [ "${CTRD_SYSTEMD_CGROUP:-}" = 1 ]; then
+  [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ] || { echo "containerd-up: CTRD_SYSTEMD_CGROUP=1 needs systemd as PID 1" >&2; exit 1; }
+  SYSTEMD_CGROUP=true
+fi
 SOCK=$RUN/containerd.sock
 PIDFILE=$RUN/containerd.pid
 CONF=$RUN/config.toml
@@ -129,7 +136,7 @@ oom_score = 0
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-          SystemdCgroup = false
+          SystemdCgroup = $SYSTEMD_CGROUP
           Root = "$RUN/runc"
 EOF
 
@@ -147,7 +154,7 @@ fi
 # ---- start --------------------------------------------------------------------------------------
 if ! alive; then
   rm -f "$SOCK" "$SOCK.ttrpc"
-  log "starting containerd ($(containerd --version | awk '{print $3}'), snapshotter=$SNAP, cni=$CNI)"
+  log "starting containerd ($(containerd --version | awk '{print $3}'), snapshotter=$SNAP, cni=$CNI, systemd cgroup=$SYSTEMD_CGROUP)"
   setsid containerd --config "$CONF" >"$RUN/containerd.log" 2>&1 < /dev/null &
   echo $! > "$PIDFILE"
   for _ in $(seq 1 100); do

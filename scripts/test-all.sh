@@ -20,7 +20,7 @@ host_rc=$?
 host_s=$(( $(date +%s) - started ))
 
 v2_rc=0
-results=(out/host-junit.xml out/v2/junit.xml)
+results=(out/host-junit.xml out/v2/cgroupfs/junit.xml out/v2/systemd/junit.xml)
 if [ "${V2_SKIP:-}" = 1 ] && [ "${CI:-}" != true ]; then
   echo "=== v2 stage left out (V2_SKIP=1) ==="
   results=(out/host-junit.xml)
@@ -36,7 +36,7 @@ import sys
 import xml.etree.ElementTree as ET
 host_s, total_s, *files = sys.argv[1:]
 totals = dict.fromkeys(("passed", "failed", "skipped"), 0)
-for name, path in zip(("host", "v2 guest"), files):
+for name, path in zip(("host", "v2 guest, cgroupfs driver", "v2 guest, systemd driver"), files):
     try:
         suites = ET.parse(path).getroot().iter("testsuite")
     except (OSError, ET.ParseError):

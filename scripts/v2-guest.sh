@@ -16,9 +16,10 @@ finish() { echo "$1" > "$out/rc"; exit "$1"; }
 [ "$(stat -f -c %T /sys/fs/cgroup)" = cgroup2fs ] || { log "/sys/fs/cgroup is not cgroup2"; finish 1; }
 log "kernel $(uname -r), $(nproc) CPUs, controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
 [ "$(id -u)" = 0 ] || { log "not root in the guest"; finish 1; }
-# Only in a virtme-ng guest: it mounts tmpfs over host paths and would do so on a host too.
-grep -qw 'virtme_initmount0\|virtme_link_mods\|virtme.exec' /proc/cmdline 2>/dev/null ||
-  grep -q virtme /proc/cmdline || { log "not a virtme-ng guest (see /proc/cmdline); refusing to run"; finish 1; }
+# Only in a guest booted by v2-stage.sh (virtme-ng's init, or kpy_v2_guest=1 with systemd as PID 1): it
+# mounts a tmpfs over a host path and would do so on a host too.
+grep -qE 'virtme|kpy_v2_guest=1' /proc/cmdline || { log "not a v2-stage guest (see /proc/cmdline); refusing to run"; finish 1; }
+log "PID 1: $(cat /proc/1/comm), cgroup driver for the pod story: ${KPY_CGROUP_DRIVER:-cgroupfs}"
 mkdir -p /var/lib/koordlet-py /run/koordlet-py
 mount -t tmpfs -o mode=0700 koordlet-py-v2 /var/lib/koordlet-py || { log "cannot mount a tmpfs for containerd"; finish 1; }
 

@@ -12,8 +12,10 @@
 #   V2_MEMORY=4G         guest memory
 #   V2_TIMEOUT=1500      seconds before the guest is killed (boot + tests)
 #   V2_KERNEL=           a kernel image; default: the newest /boot/vmlinuz-*
-#   V2_OUT=out/v2        results (junit.xml, rc, guest log); a dir the guest may write
-#   V2_MODE=tests        or `bench`: run bench/qos_reaction.py in the guest instead (make bench-v2)
+#   V2_OUT=out/v2        results: <driver>/{junit.xml,rc,guest.log,wall_seconds}; the guests write there
+#   V2_DRIVERS="cgroupfs systemd"   the guests to boot: cgroupfs (virtme-ng's init; every cgroupv2 test)
+#                        and systemd (systemd as PID 1; the pod story on kubelet's systemd layout)
+#   V2_MODE=tests        or `bench`: run bench/qos_reaction.py in the cgroupfs guest (make bench-v2)
 # Installs what it needs: Debian qemu-system-x86 and linux-image-amd64 (apt-get), virtme-ng (pip, into
 # the project's virtualenv). Needs root.
 set -euo pipefail
@@ -55,44 +57,98 @@ release=${kernel##*/vmlinuz-}
 [ -d "/lib/modules/$release" ] || die "no /lib/modules/$release for $kernel"
 
 # ---- run -----------------------------------------------------------------------------------------
-rm -rf "$out"
-mkdir -p "$out"
 export PATH=$venv/bin:$PATH   # vng runs its helper virtme-run from PATH
-guest_cmd="KPY_V2_OUT=$(printf %q "$out") KPY_V2_MODE=$mode bash $(printf %q "$here/scripts/v2-guest.sh")"
-for a in "$@"; do guest_cmd+=" $(printf %q "$a")"; done
-log "booting $kernel under qemu (TCG: this machine's KVM cannot run guests), $cpus vCPUs, $memory"
-started=$(date +%s)
-# Its own session: every path (timeout, failure, Ctrl-C) ends vng and its qemu together, by that PID.
-setsid vng --run "$kernel" --disable-kvm --force-9p --cpus "$cpus" --memory "$memory" \
-  --rwdir "$out" --exec "$guest_cmd" </dev/null >"$out/guest.log" 2>&1 &
-vng_pid=$!
-tail -n +1 -F --pid="$vng_pid" "$out/guest.log" 2>/dev/null &
-tail_pid=$!
+vng_pid=
+tail_pid=
 stop_guest() {
+  [ -n "$vng_pid" ] || return 0
   kill -TERM -- "-$vng_pid" 2>/dev/null
   for _ in $(seq 1 50); do kill -0 "$vng_pid" 2>/dev/null || break; sleep 0.1; done
   kill -KILL -- "-$vng_pid" 2>/dev/null
   wait "$vng_pid" 2>/dev/null
   kill "$tail_pid" 2>/dev/null
+  vng_pid=
 }
 trap 'log "interrupted: stopping the guest"; stop_guest; exit 130' INT TERM
-deadline=$((started + limit))
-while kill -0 "$vng_pid" 2>/dev/null; do
-  if [ "$(date +%s)" -ge "$deadline" ]; then
-    log "guest still running after ${limit}s: stopping it"
-    stop_guest
-    die "timed out after ${limit}s (V2_TIMEOUT); the guest's output is above and in $out/guest.log"
+
+# boot DRIVER DIR [pytest args]: one guest run, its results (junit.xml, rc, guest.log, wall_seconds) in DIR.
+#   cgroupfs: virtme-ng's own init runs scripts/v2-guest.sh (every cgroupv2 test, or the given args);
+#   systemd:  systemd is PID 1 (scripts/v2-systemd-init.sh), containerd uses the systemd cgroup driver, and
+#             the pod story runs on kubelet's systemd layout.
+boot() {
+  local driver=$1 dir=$2; shift 2
+  rm -rf "$dir"; mkdir -p "$dir"
+  local -a how
+  if [ "$driver" = systemd ]; then
+    local args; args=$(IFS=:; echo "$*")
+    [[ $args != *" "* ]] || die "pytest arguments for the systemd guest cannot contain spaces"
+    # A later -append replaces virtme's kernel command line (and with it virtme's init and --exec).
+    local cmdline="console=ttyS0 nr_open=1048576 audit=off luks=no systemd.zram=0 quiet loglevel=1 container="
+    cmdline+=" kpy_v2_guest=1 kpy_repo=$here kpy_out=$dir kpy_args=$args systemd.unit=kpy-v2.target"
+    cmdline+=" init=$here/scripts/v2-systemd-init.sh"
+    how=(--systemd --qemu-opts="-append '$cmdline'")
+  else
+    local guest_cmd
+    guest_cmd="KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode bash $(printf %q "$here/scripts/v2-guest.sh")"
+    for a in "$@"; do guest_cmd+=" $(printf %q "$a")"; done
+    how=(--exec "$guest_cmd")
   fi
-  sleep 1
-done
-set +e; wait "$vng_pid"; vng_rc=$?; set -e
-wait "$tail_pid" 2>/dev/null || true
+  log "booting $kernel under qemu (TCG: this machine's KVM cannot run guests), $cpus vCPUs, $memory, $driver driver"
+  local started; started=$(date +%s)
+  # Its own session: every path (timeout, failure, Ctrl-C) ends vng and its qemu together, by that PID. The
+  # systemd guest's console is stdio: its stdin is a FIFO held open read-write (never EOF, no extra process).
+  local fifo=$dir/.stdin stdin_fd
+  mkfifo "$fifo"
+  exec {stdin_fd}<>"$fifo"
+  setsid vng --run "$kernel" --disable-kvm --force-9p --cpus "$cpus" --memory "$memory" --rwdir "$dir" "${how[@]}" \
+    <&"$stdin_fd" >"$dir/guest.log" 2>&1 &
+  vng_pid=$!
+  exec {stdin_fd}>&-
+  rm -f "$fifo"
+  tail -n +1 -F --pid="$vng_pid" "$dir/guest.log" 2>/dev/null &
+  tail_pid=$!
+  local deadline=$((started + limit))
+  while kill -0 "$vng_pid" 2>/dev/null; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      log "guest still running after ${limit}s: stopping it"
+      stop_guest
+      log "ERROR: timed out after ${limit}s (V2_TIMEOUT); the guest's output is above and in $dir/guest.log"
+      return 1
+    fi
+    sleep 1
+  done
+  local vng_rc=0
+  wait "$vng_pid" || vng_rc=$?
+  vng_pid=
+  wait "$tail_pid" 2>/dev/null || true
+  local elapsed=$(( $(date +%s) - started ))
+  echo "$elapsed" > "$dir/wall_seconds"
+  # The guest writes its own exit code; a guest that never reached the end (kernel panic, boot failure)
+  # leaves no file: that is a failure too.
+  if [ ! -f "$dir/rc" ]; then
+    log "ERROR: the $driver guest did not finish its run (vng exit $vng_rc, no $dir/rc after ${elapsed}s; see $dir/guest.log)"
+    return 1
+  fi
+  local rc; rc=$(cat "$dir/rc")
+  log "$driver guest finished in ${elapsed}s with exit code $rc"
+  return "$rc"
+}
+
+mkdir -p "$out"
+started=$(date +%s)
+rc=0
+if [ "$mode" = bench ]; then
+  boot cgroupfs "$out" "$@" || rc=$?
+else
+  # V2_DRIVERS: which guests (default both). Arguments given: they go to both guests' pytest.
+  for driver in ${V2_DRIVERS:-cgroupfs systemd}; do
+    if [ "$driver" = systemd ] && [ $# -eq 0 ]; then
+      boot systemd "$out/systemd" tests/koordlet/test_pod_story_v2.py || rc=$?
+    else
+      boot "$driver" "$out/$driver" "$@" || rc=$?
+    fi
+  done
+fi
 trap - INT TERM
-elapsed=$(( $(date +%s) - started ))
-# The guest writes its own exit code; vng also propagates it, but a guest that never reached the end
-# (kernel panic, boot failure) leaves no file: that is a failure too.
-[ -f "$out/rc" ] || die "the guest did not finish its run (vng exit $vng_rc, no $out/rc after ${elapsed}s; see $out/guest.log)"
-rc=$(cat "$out/rc")
-log "guest finished in ${elapsed}s with exit code $rc"
-echo "$elapsed" > "$out/wall_seconds"
+log "v2 stage done in $(( $(date +%s) - started ))s, exit code $rc"
 exit "$rc"
