@@ -34,7 +34,8 @@ case "$mode" in
       [ ${#files[@]} -gt 0 ] || { log "no module marks a test cgroupv2"; finish 1; }
       set -- "${files[@]}"
     fi
-    .venv/bin/python -m pytest -q -rs -p no:cacheprovider -m cgroupv2 --junitxml="$out/junit.xml" "$@"
+    .venv/bin/python -m pytest -q -rs -p no:cacheprovider -m cgroupv2 -o junit_family=xunit1 \
+      --junitxml="$out/junit.xml" "$@"
     rc=$?
     # The tests remove every cgroup they made (containerd-down.sh prunes runc's parents): on the real v2
     # hierarchy, check that nothing of ours is left.

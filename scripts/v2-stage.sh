@@ -10,7 +10,7 @@
 # Knobs (environment):
 #   V2_CPUS=4            vCPUs (4 so the cpuset-suppress shrink is visible)
 #   V2_MEMORY=4G         guest memory
-#   V2_TIMEOUT=1500      seconds before the guest is killed (boot + tests)
+#   V2_TIMEOUT=900       seconds before a guest is killed (boot + tests; each guest measures ~4 min)
 #   V2_KERNEL=           a kernel image; default: the newest /boot/vmlinuz-*
 #   V2_OUT=out/v2        results: <driver>/{junit.xml,rc,guest.log,wall_seconds}; the guests write there
 #   V2_DRIVERS="cgroupfs systemd"   the guests to boot: cgroupfs (virtme-ng's init; every cgroupv2 test)
@@ -23,7 +23,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${VENV:-$here/.venv}
 cpus=${V2_CPUS:-4}
 memory=${V2_MEMORY:-4G}
-limit=${V2_TIMEOUT:-1500}
+limit=${V2_TIMEOUT:-900}
 mode=${V2_MODE:-tests}
 out=${V2_OUT:-$here/out/v2}
 log() { echo "v2-stage: $*" >&2; }
@@ -59,17 +59,27 @@ release=${kernel##*/vmlinuz-}
 # ---- run -----------------------------------------------------------------------------------------
 export PATH=$venv/bin:$PATH   # vng runs its helper virtme-run from PATH
 vng_pid=
-tail_pid=
+tee_pid=
 stop_guest() {
   [ -n "$vng_pid" ] || return 0
+  # vng, virtme-run and qemu share one process group (setsid): note them, end the group, and return only
+  # when every one of them has left /proc (qemu takes a moment to let go of the guest's memory).
+  local members p; members=$(pgrep -g "$vng_pid" | tr '\n' ' ')
   kill -TERM -- "-$vng_pid" 2>/dev/null
   for _ in $(seq 1 50); do kill -0 "$vng_pid" 2>/dev/null || break; sleep 0.1; done
   kill -KILL -- "-$vng_pid" 2>/dev/null
   wait "$vng_pid" 2>/dev/null
-  kill "$tail_pid" 2>/dev/null
+  # Gone: out of /proc, or a zombie (dead, its memory freed; reaping it is PID 1's business once vng is gone).
+  gone() { [ ! -d "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
+  for p in $members; do
+    for _ in $(seq 1 100); do gone "$p" && break; sleep 0.1; done
+    gone "$p" || log "WARNING: guest process $p ($(cat "/proc/$p/comm" 2>/dev/null)) still alive after 10 s"
+  done
+  kill "$tee_pid" 2>/dev/null
   vng_pid=
 }
-trap 'log "interrupted: stopping the guest"; stop_guest; exit 130' INT TERM
+trap 'log "interrupted: stopping the guest"; stop_guest; exit 130' INT
+trap 'log "terminated: stopping the guest"; stop_guest; exit 143' TERM
 
 # boot DRIVER DIR [pytest args]: one guest run, its results (junit.xml, rc, guest.log, wall_seconds) in DIR.
 #   cgroupfs: virtme-ng's own init runs scripts/v2-guest.sh (every cgroupv2 test, or the given args);
@@ -97,16 +107,18 @@ boot() {
   local started; started=$(date +%s)
   # Its own session: every path (timeout, failure, Ctrl-C) ends vng and its qemu together, by that PID. The
   # systemd guest's console is stdio: its stdin is a FIFO held open read-write (never EOF, no extra process).
-  local fifo=$dir/.stdin stdin_fd
+  # Its output goes through a pipe to tee (shown as it runs, kept in guest.log): qemu reopens its stdout
+  # through /proc/self/fd, which on a plain file would start writing again at offset 0.
+  local fifo=$dir/.stdin stdin_fd out_fd
   mkfifo "$fifo"
   exec {stdin_fd}<>"$fifo"
+  exec {out_fd}> >(tee "$dir/guest.log")
+  tee_pid=$!
   setsid vng --run "$kernel" --disable-kvm --force-9p --cpus "$cpus" --memory "$memory" --rwdir "$dir" "${how[@]}" \
-    <&"$stdin_fd" >"$dir/guest.log" 2>&1 &
+    <&"$stdin_fd" >&"$out_fd" 2>&1 &
   vng_pid=$!
-  exec {stdin_fd}>&-
+  exec {stdin_fd}>&- {out_fd}>&-
   rm -f "$fifo"
-  tail -n +1 -F --pid="$vng_pid" "$dir/guest.log" 2>/dev/null &
-  tail_pid=$!
   local deadline=$((started + limit))
   while kill -0 "$vng_pid" 2>/dev/null; do
     if [ "$(date +%s)" -ge "$deadline" ]; then
@@ -115,12 +127,15 @@ boot() {
       log "ERROR: timed out after ${limit}s (V2_TIMEOUT); the guest's output is above and in $dir/guest.log"
       return 1
     fi
-    sleep 1
+    # In the background and waited for: a trapped signal interrupts `wait` at once, while bash would drop a
+    # SIGINT that arrives during a foreground child that then exits normally.
+    sleep 1 &
+    wait $! 2>/dev/null || true
   done
   local vng_rc=0
   wait "$vng_pid" || vng_rc=$?
   vng_pid=
-  wait "$tail_pid" 2>/dev/null || true
+  wait "$tee_pid" 2>/dev/null || true
   local elapsed=$(( $(date +%s) - started ))
   echo "$elapsed" > "$dir/wall_seconds"
   # The guest writes its own exit code; a guest that never reached the end (kernel panic, boot failure)

@@ -81,11 +81,12 @@ def test_v2_suppress_cfs_quota_shrinks_cpu_max_under_ls_load_and_gives_it_back_a
     assert shrunk >= 2000
     be_after = v2_node.cpu_cores(v2_node.be_dir, 1.0)
     assert be_after < be_before * 0.7 or be_after <= shrunk / 100000 * 1.2, (be_before, be_after, shrunk)
-    # LS load gone: the budget grows back to ~60 % of the node, and the BE pod gets its CPU back.
+    # LS load gone: the budget grows back towards 60 % of the node (less system use), by at least the better
+    # part of the cores the LS burners used.
     for p in ls_burners:
         p.kill()
         p.wait(10)
-    assert _wait_for(lambda: _be_quota(v2_node) > max(shrunk * 2, cores * 100000 * 0.4), 15.0), (
+    assert _wait_for(lambda: _be_quota(v2_node) >= shrunk + 0.4 * 100000 * max(cores // 2, 1), 15.0), (
         shrunk, _be_quota(v2_node))
 
 
@@ -155,7 +156,7 @@ def test_v2_memory_qos_writes_min_low_high(v2_node: RealNode) -> None:
             (container_dir, "memory.high"): str(384 * MiB),  # 256 + (512 − 256) × 50 %
             (burstable, "memory.min"): str(256 * MiB), (burstable, "memory.low"): str(256 * MiB)}
     got = lambda: {k: v2_node.read("memory", *k) for k in want}  # noqa: E731
-    # All of them, not one then the rest: a tick writes children before parents (leveled update), so the
-    # kubepods QoS dir is the last write of the tick. Reading it right after the pod's value appeared raced
-    # the manager's thread, and under the VM's emulation it lost (seen as burstable memory.min "0").
+    # All of them, not one then the rest: on v2 a tick writes children before parents (leveled update), so
+    # the kubepods QoS dir is the last write of the tick, and reading it once right after the pod's value
+    # appeared races the manager's thread (the "burstable memory.min 0" first seen in the VM).
     assert _wait_for(lambda: got() == want, 10.0), {k: (v, want[k]) for k, v in got().items() if v != want[k]}
