@@ -19,13 +19,17 @@ mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
 mount -t devtmpfs -o mode=0755,nosuid devtmpfs /dev 2>/dev/null
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /run
 modprobe overlay 2>/dev/null
-mount -t 9p -o rw,version=9p2000.L,trans=virtio,access=any,msize=524288 virtme.initmount0 "$kpy_out" ||
-  echo "v2-systemd-init: cannot mount the results dir $kpy_out" > /dev/console
 for d in etc var tmp root; do
   mkdir -p "/run/.ov/$d/u" "/run/.ov/$d/w"
   mount -t overlay -o "lowerdir=/$d,upperdir=/run/.ov/$d/u,workdir=/run/.ov/$d/w" overlay "/$d"
 done
+# After the overlays, so that a results dir under one of them is not hidden by it.
+mount -t 9p -o rw,version=9p2000.L,trans=virtio,access=any,msize=524288 virtme.initmount0 "$kpy_out" ||
+  echo "v2-systemd-init: cannot mount the results dir $kpy_out" > /dev/console
 : > /etc/fstab
+# systemd-tmpfiles --boot would empty /tmp (Debian's tmp.conf "D /tmp"), and with it a checkout under /tmp.
+mkdir -p /etc/tmpfiles.d
+ln -sf /dev/null /etc/tmpfiles.d/tmp.conf
 mkdir -p /run/systemd/system
 # The host's units that fail or wait here (no logins, no network time, no host containerd or databases).
 for u in containerd.service docker.service postgresql.service postgresql@15-main.service \
