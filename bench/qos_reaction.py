@@ -27,12 +27,10 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kubernetes.client  # noqa: E402
 import pytest  # noqa: E402
 
 from koordlet.api.nodeslo import parse_node_slo_spec  # noqa: E402
@@ -99,11 +97,7 @@ def memory_round(index: int, v2: bool = False) -> float | None:
     with ApiServer() as server, kube_api_client(server) as api_client:
         node = RealNode(f"bench-mem-{index}", PODS, v2=v2)
         try:  # the node (and its evictor) stops before the API server it reports to
-            be = node.pod("be")
-            created = kubernetes.client.CoreV1Api(api_client).create_namespaced_pod("default", {
-                "metadata": {"name": "be", "labels": dict(be.labels)},
-                "spec": {"containers": [{"name": "main", "image": "localhost/busybox"}]}})
-            node.states.set_pods([replace(p, uid=created.metadata.uid) if p.name == "be" else p for p in node.pods])
+            node.put_pod_in_api("be", api_client)
             total, used = memory_total_and_used()
             threshold = int(used * 100 // total) + 2
             config = QoSManagerConfig(node_name="node-1", feature_gates={

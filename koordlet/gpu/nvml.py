@@ -5,7 +5,7 @@ an argument, so CI drives the same code with a test double that implements the c
 (see tests/koordlet/gpu/fake_nvml.py). A node without the library, the driver or any GPU gets one
 INFO line and no session: the GPU parts of koordlet stay off there.
 
-Facts about real NVML on the device machine: reference/gpu-machine.md (H100, NUMA node query
+Facts about real NVML on a GPU machine: reference/gpu-machine.md (H100, NUMA node query
 raises NVMLError_NotSupported inside the VM, which must read as "unknown", not a failure).
 """
 

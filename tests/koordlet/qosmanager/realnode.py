@@ -13,7 +13,9 @@ import os
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
+import kubernetes.client
 import pytest
 
 from koordlet.api.keys import LABEL_QOS_CLASS
@@ -129,6 +131,15 @@ class RealNode:
 
     def _pod_cgroups(self) -> list[PodCgroup]:
         return [PodCgroup(p.uid, self.pod_dir(p), (), p.qos_class.value) for p in self.states.pods()]
+
+    def put_pod_in_api(self, pod_name: str, api_client: kubernetes.client.ApiClient) -> None:
+        """Create pod ``pod_name`` in the (test) API server and take the uid it gives, so that an eviction
+        through the Eviction API can name it."""
+        pod = self.pod(pod_name)
+        created = kubernetes.client.CoreV1Api(api_client).create_namespaced_pod("default", {
+            "metadata": {"name": pod_name, "labels": dict(pod.labels)},
+            "spec": {"containers": [{"name": "main", "image": "localhost/busybox"}]}})
+        self.states.set_pods([replace(p, uid=created.metadata.uid) if p.name == pod_name else p for p in self.pods])
 
     def spawn(self, pod_name: str, code: str = BURN) -> subprocess.Popen[bytes]:
         return self.groups.spawn(self._rel(self.pod_dir(self.pod(pod_name))), code)

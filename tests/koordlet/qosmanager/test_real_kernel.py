@@ -8,9 +8,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 
-import kubernetes.client
 import pytest
 
 from koordlet.api.cpuset import parse_cpu_list
@@ -22,6 +20,7 @@ from koordlet.qosmanager.metrics import BE_SUPPRESS_CPU_CORES, BE_SUPPRESS_LS_US
 from koordlet.statesinformer.api import NodeInfo
 from tests.koordlet.qosmanager.factory import spec
 from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used
+from tests.support.waiting import wait_until
 from tests.support.apiserver import ApiServer, kube_api_client
 
 pytestmark = pytest.mark.cgroupv1
@@ -39,22 +38,13 @@ def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
         node.close()
 
 
-def _wait_for(predicate, timeout_s: float, step_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step_s)
-    return predicate()
-
-
 def test_suppress_cfs_quota_shrinks_the_be_quota_and_its_cpu_share(real_node: RealNode) -> None:
     real_node.spawn("be")
     be_before = real_node.cpu_cores(real_node.be_dir, 0.5)
     real_node.spawn("ls")
     # Threshold 30 %: budget = capacity × 0.3 − LS (~1 core) − system ≤ 0 on this node → the 2000 µs floor.
     real_node.start(spec(cpuSuppressThresholdPercent=30, cpuSuppressPolicy="cfsQuota"))
-    assert _wait_for(lambda: real_node.read("cpu", real_node.be_dir, "cpu.cfs_quota_us") != "-1", 5.0)
+    assert wait_until(lambda: real_node.read("cpu", real_node.be_dir, "cpu.cfs_quota_us") != "-1", 5.0)
     quota = int(real_node.read("cpu", real_node.be_dir, "cpu.cfs_quota_us"))
     assert 2000 <= quota < 100000
     assert 0 < value_of(BE_SUPPRESS_CPU_CORES, node="node-1", type="cfsQuota") < 1.0
@@ -77,7 +67,7 @@ def test_suppress_cpuset_shrinks_the_be_cpuset_on_disk_and_the_process_affinity(
     real_node.spawn("ls")
     real_node.start(spec(cpuSuppressThresholdPercent=30))
     last = str(online[-1])
-    assert _wait_for(lambda: real_node.read("cpuset", real_node.be_dir, "cpuset.cpus") == last, 5.0)
+    assert wait_until(lambda: real_node.read("cpuset", real_node.be_dir, "cpuset.cpus") == last, 5.0)
     pod_dir = real_node.pod_dir(real_node.pod("be"))
     assert real_node.read("cpuset", pod_dir, "cpuset.cpus") == last
     assert os.sched_getaffinity(be_process.pid) == {online[-1]}
@@ -89,12 +79,7 @@ def test_memory_over_threshold_produces_an_eviction_request(real_node: RealNode)
     threshold = int(used * 100 // total) + 2  # crossed by allocating ~3 % of the node's memory
     allocate = total * 3 // 100
     with ApiServer() as server, kube_api_client(server) as api_client:
-        pod = real_node.pod("be")
-        created = kubernetes.client.CoreV1Api(api_client).create_namespaced_pod("default", {
-            "metadata": {"name": "be", "labels": dict(pod.labels)},
-            "spec": {"containers": [{"name": "main", "image": "localhost/busybox"}]}})
-        real_node.states.set_pods([replace(p, uid=created.metadata.uid) if p.name == "be" else p
-                                   for p in real_node.pods])
+        real_node.put_pod_in_api("be", api_client)
         config = QoSManagerConfig(node_name="node-1", feature_gates={"BEMemoryEvict": True, "BECPUSuppress": False,
                                                                      "CPUBurst": False, "RdtResctrl": False})
         real_node.start(spec(memoryEvictThresholdPercent=threshold), evictor=Evictor("node-1", api_client=api_client),
@@ -102,7 +87,7 @@ def test_memory_over_threshold_produces_an_eviction_request(real_node: RealNode)
         time.sleep(1.5)
         assert not server.requests("POST", r"/eviction$"), "the node was above the threshold before allocating"
         real_node.spawn("be", f"data = b'x' * {allocate}\nimport time\ntime.sleep(60)\n")
-        assert _wait_for(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 10.0)
+        assert wait_until(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 10.0)
         assert not server.requests("POST", r"/pods/ls/eviction$")
         (event,) = server.list_objects("events", "default")
         assert event["reason"] == "BEMemoryEvict" and f"threshold {threshold}%" in event["message"]

@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 
-import kubernetes.client
 import pytest
 
 from koordlet.api.cpuset import parse_cpu_list
@@ -22,6 +21,7 @@ from koordlet.qosmanager import QoSManagerConfig
 from koordlet.system.cgroup import CgroupVersion
 from tests.koordlet.qosmanager.factory import spec
 from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used, skip_unless_v2_writable
+from tests.support.waiting import wait_until
 from tests.support.apiserver import ApiServer, kube_api_client
 
 pytestmark = pytest.mark.cgroupv2
@@ -40,15 +40,6 @@ def v2_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
         yield node
     finally:
         node.close()
-
-
-def _wait_for(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def _with_container(node: RealNode, pod_name: str, container: ContainerMeta) -> str:
@@ -76,7 +67,7 @@ def test_v2_suppress_cfs_quota_shrinks_cpu_max_under_ls_load_and_gives_it_back_a
     ls_burners = [v2_node.spawn("ls") for _ in range(max(cores // 2, 1))]
     # Threshold 60 %: with half the CPUs burning for LS the budget is ~10 % of the node (minus system use).
     v2_node.start(spec(cpuSuppressThresholdPercent=60, cpuSuppressPolicy="cfsQuota"))
-    assert _wait_for(lambda: 0 < _be_quota(v2_node) < cores * 100000 * 0.35, 10.0), _be_quota(v2_node)
+    assert wait_until(lambda: 0 < _be_quota(v2_node) < cores * 100000 * 0.35, 10.0), _be_quota(v2_node)
     shrunk = _be_quota(v2_node)
     assert shrunk >= 2000
     be_after = v2_node.cpu_cores(v2_node.be_dir, 1.0)
@@ -86,7 +77,7 @@ def test_v2_suppress_cfs_quota_shrinks_cpu_max_under_ls_load_and_gives_it_back_a
     for p in ls_burners:
         p.kill()
         p.wait(10)
-    assert _wait_for(lambda: _be_quota(v2_node) >= shrunk + 0.4 * 100000 * max(cores // 2, 1), 15.0), (
+    assert wait_until(lambda: _be_quota(v2_node) >= shrunk + 0.4 * 100000 * max(cores // 2, 1), 15.0), (
         shrunk, _be_quota(v2_node))
 
 
@@ -99,13 +90,13 @@ def test_v2_suppress_cpuset_shrinks_cpuset_cpus_under_ls_load_and_gives_it_back_
     # Threshold 75 %: LS burns half the node, so the BE budget is ~1 CPU, the floor of the cpuset policy 2.
     v2_node.start(spec(cpuSuppressThresholdPercent=75))
     be_cpus = lambda: parse_cpu_list(v2_node.read("cpuset", v2_node.be_dir, "cpuset.cpus"))  # noqa: E731
-    assert _wait_for(lambda: 2 <= len(be_cpus()) < total, 10.0), be_cpus()
+    assert wait_until(lambda: 2 <= len(be_cpus()) < total, 10.0), be_cpus()
     shrunk = be_cpus()
     assert set(os.sched_getaffinity(be_process.pid)) <= set(shrunk)  # the kernel moved the BE process too
     for p in ls_burners:
         p.kill()
         p.wait(10)
-    assert _wait_for(lambda: len(be_cpus()) > len(shrunk), 15.0), (shrunk, be_cpus())
+    assert wait_until(lambda: len(be_cpus()) > len(shrunk), 15.0), (shrunk, be_cpus())
 
 
 def test_v2_memory_over_threshold_under_real_pressure_evicts_the_be_pod(v2_node: RealNode) -> None:
@@ -113,11 +104,7 @@ def test_v2_memory_over_threshold_under_real_pressure_evicts_the_be_pod(v2_node:
     threshold = int(used * 100 // total) + 3  # crossed by allocating ~5 % of the guest's memory
     allocate = total * 5 // 100
     with ApiServer() as server, kube_api_client(server) as api_client:
-        pod = v2_node.pod("be")
-        created = kubernetes.client.CoreV1Api(api_client).create_namespaced_pod("default", {
-            "metadata": {"name": "be", "labels": dict(pod.labels)},
-            "spec": {"containers": [{"name": "main", "image": "localhost/busybox"}]}})
-        v2_node.states.set_pods([replace(p, uid=created.metadata.uid) if p.name == "be" else p for p in v2_node.pods])
+        v2_node.put_pod_in_api("be", api_client)
         config = QoSManagerConfig(node_name="node-1", feature_gates={"BEMemoryEvict": True, "BECPUSuppress": False,
                                                                      "CPUBurst": False, "RdtResctrl": False})
         v2_node.start(spec(memoryEvictThresholdPercent=threshold), evictor=Evictor("node-1", api_client=api_client),
@@ -126,11 +113,11 @@ def test_v2_memory_over_threshold_under_real_pressure_evicts_the_be_pod(v2_node:
         assert not server.requests("POST", r"/eviction$"), "the guest was above the threshold before allocating"
         v2_node.spawn("be", f"data = bytearray({allocate})\nfor i in range(0, len(data), 4096):\n    data[i] = 1\n"
                       "import time\ntime.sleep(60)\n")
-        assert _wait_for(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 20.0)
+        assert wait_until(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 20.0)
         assert not server.requests("POST", r"/pods/ls/eviction$")
         # The memory really is charged to the BE pod's v2 cgroup.
         current = lambda: int(v2_node.read("memory", v2_node.pod_dir(v2_node.pod("be")), "memory.current"))  # noqa: E731
-        assert _wait_for(lambda: current() >= allocate * 0.9, 10.0), (current(), allocate)
+        assert wait_until(lambda: current() >= allocate * 0.9, 10.0), (current(), allocate)
 
 
 def test_v2_burst_writes_cpu_max_burst(v2_node: RealNode) -> None:
@@ -139,7 +126,7 @@ def test_v2_burst_writes_cpu_max_burst(v2_node: RealNode) -> None:
     v2_node.groups.write("", container_dir.removeprefix(v2_node.groups.prefix).strip("/"), "cpu.max", "100000 100000")
     v2_node.start(parse_node_slo_spec({"cpuBurstStrategy": {"policy": "cpuBurstOnly", "cpuBurstPercent": 50}}),
                   config=QoSManagerConfig(feature_gates={"BECPUSuppress": False, "RdtResctrl": False}))
-    assert _wait_for(lambda: v2_node.read("cpu", container_dir, "cpu.max.burst") == "50000", 5.0)
+    assert wait_until(lambda: v2_node.read("cpu", container_dir, "cpu.max.burst") == "50000", 5.0)
 
 
 def test_v2_memory_qos_writes_min_low_high(v2_node: RealNode) -> None:
@@ -159,4 +146,4 @@ def test_v2_memory_qos_writes_min_low_high(v2_node: RealNode) -> None:
     # All of them, not one then the rest: on v2 a tick writes children before parents (leveled update), so
     # the kubepods QoS dir is the last write of the tick, and reading it once right after the pod's value
     # appeared races the manager's thread (the "burstable memory.min 0" first seen in the VM).
-    assert _wait_for(lambda: got() == want, 10.0), {k: (v, want[k]) for k, v in got().items() if v != want[k]}
+    assert wait_until(lambda: got() == want, 10.0), {k: (v, want[k]) for k, v in got().items() if v != want[k]}

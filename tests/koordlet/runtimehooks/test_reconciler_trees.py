@@ -1,5 +1,5 @@
-"""The reconciler on file formats this kernel cannot show: cgroup v2 (fixture tree, and the real thing on the
-device machine, `make v2-check`) and Anolis group identity files."""
+"""The reconciler on file formats this kernel cannot show: cgroup v2 (fixture tree, and the real thing
+in the VM stage of `make test`) and Anolis group identity files."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_anolis_bvt_is_written_where_the_kernel_has_it(tmp_path: Path) -> None:
 def _real_v2() -> str | None:
     controllers = Path("/sys/fs/cgroup/cgroup.controllers")
     if os.geteuid() != 0 or not controllers.exists() or "cpu" not in controllers.read_text().split():
-        return "needs root and a writable cgroup v2 with the cpu controller (the device machine: make v2-check)"
+        return "needs root and a writable cgroup v2 with the cpu controller (the VM stage of make test runs this)"
     return None
 
 
