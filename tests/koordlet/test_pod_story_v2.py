@@ -210,7 +210,7 @@ def test_v2_reconciler_sets_the_pod_level_and_restores_a_hand_changed_value(
     # Within one interval, plus the emulated guest's slack for the tick itself.
     assert wait_until(lambda: be.read("cpu.max") == "150000 100000", RECONCILE_INTERVAL_S + 3.0)
     assert wait_until(lambda: be.read("memory.max") == str(96 * MiB), 1.0)
-    record_property("restore_s", round(time.monotonic() - changed, 2))  # in out/v2/junit.xml
+    record_property("restore_s", round(time.monotonic() - changed, 2))  # in out/v2/<driver>/junit.xml
     (be.container_dir / "cpu.weight").write_text("100")
     assert wait_until(lambda: be.read("cpu.weight") == "20", RECONCILE_INTERVAL_S + 3.0)
 
