@@ -57,21 +57,13 @@ def _wait(predicate, timeout_s: float, step_s: float = 0.005) -> float | None:
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def be_quota(node: RealNode, v2: bool) -> int:
-    """The besteffort CFS quota in µs, −1 when unlimited (v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``)."""
-    if not v2:
-        return int(node.read("cpu", node.be_dir, "cpu.cfs_quota_us"))
-    quota = node.read("cpu", node.be_dir, "cpu.max").split()[0]
-    return -1 if quota == "max" else int(quota)
-
-
 def cpu_round(index: int, v2: bool = False) -> float | None:
     node = RealNode(f"bench-cpu-{index}", PODS, v2=v2)
     try:
         node.spawn("be")
         node.start(parse_node_slo_spec({"resourceUsedThresholdWithBE": {
             "enable": True, "cpuSuppressThresholdPercent": 65, "cpuSuppressPolicy": "cfsQuota"}}))
-        quota = lambda: be_quota(node, v2)  # noqa: E731
+        quota = lambda: node.be_quota().quota_us  # noqa: E731
         # Steady: the quota has been set and stayed within 10 % for 2 s (BE alone gets ~65 % of the node).
         steady_deadline = time.monotonic() + 15
         previous, stable_since = quota(), time.monotonic()

@@ -35,9 +35,12 @@ from koordlet.qosmanager import QoSManagerConfig, new_qos_manager
 from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupDriver, CgroupFS, CgroupVersion
+from koordlet.system.cgroup_stats import read_cfs_quota
 from koordlet.system.kubepods import KubeCgroupLayout
+from koordlet.system.resources import cpu_shares_to_weight
 from runtimeproxy.api import cri_pb2 as cri
 from tests.support.waiting import wait_until
+from tests.koordlet.qosmanager.realnode import skip_unless_v2_writable
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
 from tests.support.proxy import ProxyProcess
@@ -58,22 +61,6 @@ BE_SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500",
                                   "limits": {"kubernetes.io/batch-cpu": "1500", "kubernetes.io/batch-memory": "96Mi"}}}}
 BE_LABELS = {LABEL_QOS_CLASS: "BE"}
 LS_LABELS = {LABEL_QOS_CLASS: "LS"}
-
-
-def _skip_unless_real_v2() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    controllers = V2 / "cgroup.controllers"
-    if not controllers.exists():
-        pytest.skip("/sys/fs/cgroup is not a cgroup v2 root (this host has cgroup v1; the VM stage runs this)")
-    missing = {"cpu", "cpuset", "memory"} - set(controllers.read_text().split())
-    if missing:
-        pytest.skip(f"kernel lacks cgroup v2 controllers {sorted(missing)}")
-
-
-def runc_weight(shares: int) -> int:
-    """runc's (and our executor's) cpu.shares → cpu.weight conversion: 2..262144 onto 1..10000."""
-    return 1 + ((shares - 2) * 9999) // 262142
 
 
 def _sandbox(name: str, kube_qos: KubeQoS, labels: dict[str, str], annotations: dict[str, str]) -> cri.PodSandboxConfig:
@@ -118,7 +105,7 @@ class Story:
 
 @pytest.fixture(scope="module")
 def real_v2() -> None:
-    _skip_unless_real_v2()
+    skip_unless_v2_writable()
 
 
 @pytest.fixture(scope="module")
@@ -185,12 +172,12 @@ def story(real_v2: None, containerd_socket: str, tmp_path_factory: pytest.TempPa
 def test_v2_pods_start_through_the_proxy_with_the_hooks_values_in_the_v2_files(story: Story) -> None:
     be, ls = story.be, story.ls
     # BE: the batch-resource hook's shares 512 / quota 1.5 cores / 96Mi, as cpu.weight, cpu.max, memory.max.
-    assert be.read("cpu.weight") == str(runc_weight(512)) == "20"
+    assert be.read("cpu.weight") == str(cpu_shares_to_weight(512)) == "20"  # runc maps shares the same way
     assert be.read("cpu.max") == "150000 100000"
     assert be.read("memory.max") == str(96 * MiB)
     # LS: the CRI request's values, the cpuset the scheduler chose, and with it an unbound quota (a pod bound
     # to its CPUs must not be throttled; Koordinator #489), though the request asked for 2 cores.
-    assert ls.read("cpu.weight") == str(runc_weight(1024))
+    assert ls.read("cpu.weight") == str(cpu_shares_to_weight(1024))
     assert ls.read("cpu.max") == "max 100000"
     assert ls.read("memory.max") == str(256 * MiB)
     assert ls.read("cpuset.cpus") == story.ls_cpus
@@ -215,12 +202,13 @@ def test_v2_reconciler_sets_the_pod_level_and_restores_a_hand_changed_value(
     assert wait_until(lambda: be.read("cpu.weight") == "20", RECONCILE_INTERVAL_S + 3.0)
 
 
-def _manager(story: Story, slo_spec: dict, gates: dict[str, bool]):  # noqa: ANN202
+def _manager(story: Story, slo_spec: dict, gates: dict[str, bool], cache: MetricCache | None = None):  # noqa: ANN202
+    """A QoS manager over the story's pods with only ``gates`` on; ``cache``: where collectors put usage."""
     story.states.set_node_slo(parse_node_slo_spec(slo_spec))
     fs = CgroupFS.detect()
     config = QoSManagerConfig(node_name="v2-node", feature_gates={
         "BECPUSuppress": False, "CPUBurst": False, "RdtResctrl": False, "CgroupReconcile": False, **gates})
-    return new_qos_manager(story.states, MetricCache(), ResourceExecutor(fs), LAYOUT,
+    return new_qos_manager(story.states, cache or MetricCache(), ResourceExecutor(fs), LAYOUT,
                            config=config, started_at=time.time() - 60)
 
 
@@ -294,17 +282,15 @@ def _pod_cgroups(story: Story) -> list[PodCgroup]:
 def test_v2_suppress_shrinks_the_besteffort_cpu_max_of_real_pods_and_gives_it_back(story: Story) -> None:
     cores = os.cpu_count() or 2
     besteffort = V2 / LAYOUT.qos_dir(KubeQoS.BESTEFFORT)
-    quota = lambda: -1 if (q := (besteffort / "cpu.max").read_text().split()[0]) == "max" else int(q)  # noqa: E731
+    quota = lambda: read_cfs_quota(str(besteffort), CgroupVersion.V2).quota_us  # noqa: E731
     node = NodeResourceCollector(interval_s=1.0)
     pods = PodResourceCollector(lambda: _pod_cgroups(story), CgroupFS.detect(), interval_s=1.0,
                                 be_cgroup_dir=LAYOUT.qos_dir(KubeQoS.BESTEFFORT), node=node)
     cache = MetricCache()
     runner = CollectorRunner(cache, [node, pods])
-    story.states.set_node_slo(parse_node_slo_spec({"resourceUsedThresholdWithBE": {
-        "enable": True, "cpuSuppressThresholdPercent": 60, "cpuSuppressPolicy": "cfsQuota"}}))
-    manager = new_qos_manager(story.states, cache, ResourceExecutor(CgroupFS.detect()), LAYOUT, config=QoSManagerConfig(
-        node_name="v2-node", feature_gates={"BECPUSuppress": True, "CPUBurst": False, "RdtResctrl": False,
-                                            "CgroupReconcile": False}), started_at=time.time() - 60)
+    manager = _manager(story, {"resourceUsedThresholdWithBE": {
+        "enable": True, "cpuSuppressThresholdPercent": 60, "cpuSuppressPolicy": "cfsQuota"}}, {"BECPUSuppress": True},
+        cache)
     be_burn = _burn(story, story.be, cores, "be-burn")
     ls_burn = _burn(story, story.ls, len(parse_cpu_list(story.ls_cpus)), "ls-burn")  # one per CPU of its cpuset
     runner.start()

@@ -18,6 +18,7 @@ from koordlet.executor import ResourceExecutor, ResourceUpdate
 from koordlet.executor.executor import InvalidUpdateError, UnsupportedResourceError
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.resources import CGROUP_RESOURCES, ValueKind
+from tests.koordlet.qosmanager.realnode import skip_unless_v2_writable
 
 pytestmark = pytest.mark.cgroupv2
 
@@ -46,20 +47,10 @@ V1_ONLY = {"net_cls.classid"}
 TASKS = {"cgroup.procs", "tasks"}
 
 
-def _real_v2_or_skip() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    if not (ROOT / "cgroup.controllers").exists():
-        pytest.skip("/sys/fs/cgroup is not a cgroup v2 root (the VM stage of make test runs this)")
-    missing = set(CONTROLLERS) - set((ROOT / "cgroup.controllers").read_text().split())
-    if missing:
-        pytest.skip(f"kernel lacks cgroup v2 controllers {sorted(missing)}")
-
-
 @pytest.fixture
 def leaf() -> Iterator[str]:
     """``koordlet-py-registry-<pid>/pod/ctr`` with every controller enabled down to the leaf."""
-    _real_v2_or_skip()
+    skip_unless_v2_writable(CONTROLLERS)
     top = f"koordlet-py-registry-{os.getpid()}"
     made: list[Path] = []
     try:

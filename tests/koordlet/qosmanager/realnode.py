@@ -29,6 +29,7 @@ from koordlet.metricsadvisor import CollectorRunner, NodeResourceCollector, PodC
 from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
+from koordlet.system.cgroup_stats import CfsQuota, read_cfs_quota
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.procfs import parse_meminfo
 from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups, skip_unless_v1_writable
@@ -47,8 +48,8 @@ V2_ROOT = "/sys/fs/cgroup"
 V2_CONTROLLERS = ("cpu", "cpuset", "memory")
 
 
-def skip_unless_v2_writable() -> None:
-    """Skip unless /sys/fs/cgroup is a writable cgroup v2 root with the cpu, cpuset and memory controllers."""
+def skip_unless_v2_writable(needed: Sequence[str] = V2_CONTROLLERS) -> None:
+    """Skip unless /sys/fs/cgroup is a writable cgroup v2 root with the ``needed`` controllers."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create cgroup v2 dirs")
     try:
@@ -56,7 +57,7 @@ def skip_unless_v2_writable() -> None:
             controllers = f.read().split()
     except OSError:
         pytest.skip(f"{V2_ROOT} is not a cgroup v2 root (this machine has cgroup v1)")
-    missing = [c for c in V2_CONTROLLERS if c not in controllers]
+    missing = [c for c in needed if c not in controllers]
     if missing:
         pytest.skip(f"kernel lacks cgroup v2 controllers {missing}")
 
@@ -151,6 +152,10 @@ class RealNode:
     @property
     def be_dir(self) -> str:
         return self.layout.qos_dir(KubeQoS.BESTEFFORT)
+
+    def be_quota(self) -> CfsQuota:
+        """The besteffort dir's CFS quota (v1 ``cpu.cfs_quota_us``/``cfs_period_us``, v2 ``cpu.max``)."""
+        return read_cfs_quota(self.fs.cgroup_dir("cpu", self.be_dir), self.fs.version)
 
     def cpu_usage_ns(self, cgroup_dir: str) -> int:
         if self.fs.version is CgroupVersion.V2:

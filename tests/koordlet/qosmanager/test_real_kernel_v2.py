@@ -55,9 +55,9 @@ def _with_container(node: RealNode, pod_name: str, container: ContainerMeta) -> 
 
 
 def _be_quota(node: RealNode) -> int:
-    quota, period = node.read("cpu", node.be_dir, "cpu.max").split()
-    assert int(period) == 100000
-    return -1 if quota == "max" else int(quota)
+    quota = node.be_quota()
+    assert quota.period_us == 100000
+    return quota.quota_us
 
 
 def test_v2_suppress_cfs_quota_shrinks_cpu_max_under_ls_load_and_gives_it_back_after(v2_node: RealNode) -> None:
