@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, fields, replace
 
 from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
 from koordlet.api.pod import PodMeta
+from koordlet.api.units import CFS_PERIOD_US
 
-CFS_PERIOD_US = 100_000
 MIN_CPU_SHARES = 2
 MAX_CPU_SHARES = 262_144
 MIN_CFS_QUOTA_US = 1000

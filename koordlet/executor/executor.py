@@ -238,6 +238,18 @@ class ResourceExecutor:
             raise
         metrics.RESOURCE_UPDATES.labels(resource=resource_name, status=metrics.STATUS_WRITTEN).inc()
 
+    def read_resctrl(self, group: str, filename: str) -> str:
+        """Content of ``schemata`` or ``tasks`` of resctrl group ``group``; "" when the group has no such file
+        yet."""
+        try:
+            path = self._resctrl_path(group, filename)
+            with open(path, encoding="ascii") as f:
+                return f.read()
+        except (CgroupNotFoundError, FileNotFoundError):
+            return ""
+        except OSError as exc:
+            raise ExecutorError(f"cannot read {path}: {exc.strerror}") from exc
+
     def ensure_resctrl_group(self, group: str) -> bool:
         """Create resctrl group ``group`` (a mkdir in the resctrl fs); True when it was created."""
         if self.resctrl_root is None:

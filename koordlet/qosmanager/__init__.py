@@ -1,20 +1,26 @@
 """The QoS manager and its strategies (koordinator.md §4): suppress, burst, memory QoS, evictions, resctrl.
 
-:func:`new_qos_manager` wires the strategies the way the daemon runs them; each strategy module can also
-be used on its own (``decide`` functions are pure).
+Every strategy has one shape (see :mod:`koordlet.qosmanager.framework`): a frozen config from the NodeSLO
+and a pure ``decide(snapshot, config) -> Plan``, registered in :data:`STRATEGIES`. :func:`new_qos_manager`
+wires them the way the daemon runs them: the manager ticks them and one
+:class:`~koordlet.actuator.PlanRunner` carries their plans out through the executor and the evictor.
+
+A new strategy: a module here with its ``Config`` (``from_node_slo``, ``enabled``, ``needs``), its ``decide``
+and ``STRATEGY = Strategy(name, gate, Config, decide)``, added to :data:`STRATEGIES` (and its interval flag to
+:func:`new_qos_manager`); ``memoryevict.py`` is the smallest to copy.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
+from koordlet.actuator import PlanRunner
 from koordlet.eviction import Evictor
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
-from koordlet.qosmanager.cpuburst import CPUBurst
-from koordlet.qosmanager.cpuevict import BECPUEvict
-from koordlet.qosmanager.cpusuppress import CPUSuppress
+from koordlet.qosmanager import cpuburst, cpuevict, cpusuppress, memoryevict, memoryqos, resctrl
 from koordlet.qosmanager.framework import (
     DEFAULT_FEATURE_GATES,
     GATE_BE_CPU_MANAGER,
@@ -23,15 +29,33 @@ from koordlet.qosmanager.framework import (
     Strategy,
     resolve_feature_gates,
 )
-from koordlet.qosmanager.memoryevict import BEMemoryEvict
-from koordlet.qosmanager.memoryqos import MemoryQoS
-from koordlet.qosmanager.resctrl import ResctrlReconcile
+from koordlet.qosmanager.metrics import GAUGES
 from koordlet.qosmanager.snapshot import Snapshot, SnapshotBuilder
 from koordlet.statesinformer.api import StatesProvider
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.sysfs import CPUInfo, SysfsError, read_cpu_topology
 
 logger = logging.getLogger(__name__)
+
+# Every strategy, in tick order (the manager runs them in this order when they are due together).
+STRATEGIES: tuple[Strategy, ...] = (
+    cpusuppress.STRATEGY,
+    cpuburst.STRATEGY,
+    memoryqos.STRATEGY,
+    resctrl.STRATEGY,
+    memoryevict.STRATEGY,
+    cpuevict.STRATEGY,
+)
+_EVICTIONS = (memoryevict.STRATEGY.name, cpuevict.STRATEGY.name)
+
+
+def _interval_s(strategy: Strategy, config: QoSManagerConfig) -> float:
+    """The flag that sets each strategy's interval (koordinator.md §4.1)."""
+    return {
+        cpusuppress.STRATEGY.name: config.cpu_suppress_interval_s,
+        memoryevict.STRATEGY.name: config.memory_evict_interval_s,
+        cpuevict.STRATEGY.name: config.cpu_evict_interval_s,
+    }.get(strategy.name, config.reconcile_interval_s)
 
 
 def new_qos_manager(
@@ -53,44 +77,36 @@ def new_qos_manager(
     start (BECPUEvict rests 20 s after it; default now).
     """
     config = config or QoSManagerConfig()
+    config = replace(config, started_at=time.time() if started_at is None else started_at)
     if cpus is None:
         try:
             cpus = read_cpu_topology(sys_root)
         except SysfsError as exc:
             logger.warning("no CPU topology (%s); the cpuset suppress policy will not pick CPUs", exc)
             cpus = ()
-    builder = SnapshotBuilder(states, cache, cpus, config.collect_res_used_interval_s)
+    builder = SnapshotBuilder(states, cache, cpus, config.collect_res_used_interval_s, reader=executor,
+                              layout=layout)
     strategies: list[Strategy] = []
-    if config.gate(GATE_BE_CPU_MANAGER):
-        # §4.2: with the BE CPU manager, BE pods get their cpusets from it and suppress stays off.
-        logger.info("feature gate %s is on: CPU suppress is off", GATE_BE_CPU_MANAGER)
-    else:
-        strategies.append(CPUSuppress(builder, executor, layout, config.cpu_suppress_interval_s, config.node_name))
-    strategies += [
-        CPUBurst(builder, executor, layout, config.reconcile_interval_s, config.node_name),
-        MemoryQoS(builder, executor, layout, config.reconcile_interval_s),
-        ResctrlReconcile(builder, executor, layout, config.reconcile_interval_s),
-    ]
-    if evictor is not None:
-        strategies.append(BEMemoryEvict(builder, evictor, config.memory_evict_interval_s,
-                                        config.memory_evict_cool_time_s))
-        strategies.append(BECPUEvict(builder, evictor, config.cpu_evict_interval_s, config.cpu_evict_cool_time_s,
-                                     started_at=time.time() if started_at is None else started_at))
-    else:
+    for strategy in STRATEGIES:
+        if strategy is cpusuppress.STRATEGY and config.gate(GATE_BE_CPU_MANAGER):
+            # §4.2: with the BE CPU manager, BE pods get their cpusets from it and suppress stays off.
+            logger.info("feature gate %s is on: CPU suppress is off", GATE_BE_CPU_MANAGER)
+            continue
+        if strategy.name in _EVICTIONS and evictor is None:
+            continue
+        strategies.append(replace(strategy, interval_s=_interval_s(strategy, config)))
+    if evictor is None:
         logger.info("no evictor: the eviction strategies are off")
-    return QoSManager(states, strategies, config, phase_source=builder.latest_collection)
+    runner = PlanRunner(executor, evictor, GAUGES)
+    return QoSManager(states, strategies, config, phase_source=builder.latest_collection, builder=builder,
+                      runner=runner)
 
 
 __all__ = [
     "DEFAULT_FEATURE_GATES",
-    "BECPUEvict",
-    "BEMemoryEvict",
-    "CPUBurst",
-    "CPUSuppress",
-    "MemoryQoS",
+    "STRATEGIES",
     "QoSManager",
     "QoSManagerConfig",
-    "ResctrlReconcile",
     "Snapshot",
     "SnapshotBuilder",
     "Strategy",

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import enum
 import logging
-import random
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -33,12 +33,15 @@ from koordlet.api.nodeslo import (
 )
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import QoSClass
-from koordlet.executor import ExecutorError, ResourceExecutor
+from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
+from koordlet.plan import CgroupWrite, GaugeSet, Plan, WriteStep
 from koordlet.qosmanager import metrics
-from koordlet.qosmanager.framework import GATE_CPU_BURST, CgroupWrite, WriteStep, apply_steps
+from koordlet.qosmanager.framework import GATE_CPU_BURST, QoSManagerConfig, Strategy
 from koordlet.qosmanager.snapshot import (
+    CgroupRead,
+    Needs,
+    Scope,
     Snapshot,
-    SnapshotBuilder,
     container_cgroup_dir,
     container_resource,
     parse_quota_us,
@@ -48,14 +51,12 @@ from koordlet.system.kubepods import KubeCgroupLayout
 
 logger = logging.getLogger(__name__)
 
-CFS_PERIOD_US = 100000
-CFS_BURST_MAX_US = 100 * 10 * 100000  # the registry's validator maximum
+CFS_BURST_MAX_US = 100 * 10 * CFS_PERIOD_US  # the registry's validator maximum
 SCALE_UP_RATIO = 1.2
 SCALE_DOWN_RATIO = 0.8
 COOLING_RATIO = 0.9  # share pool ≥ 0.9 × threshold is "cooling"
 NODE_STATE_WINDOW_MAX_S = 10.0
 LIMITER_REFILL_BELOW_PERCENT = 60.0
-UNLIMITED = -1
 _QUOTA_BURST_POLICIES = (CPU_BURST_POLICY_CFS_QUOTA_BURST_ONLY, CPU_BURST_POLICY_AUTO)
 _STATIC_BURST_POLICIES = (CPU_BURST_POLICY_CPU_BURST_ONLY, CPU_BURST_POLICY_AUTO)
 _INELIGIBLE_QOS = (QoSClass.LSR, QoSClass.LSE, QoSClass.BE)
@@ -238,7 +239,7 @@ def node_state_window_s(reconcile_interval_s: float) -> float:
     return min(5 * reconcile_interval_s, NODE_STATE_WINDOW_MAX_S)
 
 
-def decide(
+def decide_burst(
     snapshot: Snapshot,
     containers: tuple[BurstContainer, ...],
     current: BurstCurrent,
@@ -317,103 +318,113 @@ def decide(
     )
 
 
-class CPUBurst:
-    """The burst strategy: snapshot → :func:`decide` → executor. Keeps the token buckets of live containers."""
+@dataclass(frozen=True, slots=True)
+class BurstConfig:
+    """Burst reads its per-pod config from the snapshot (node strategy + pod annotation), so it is always on:
+    pods can turn burst on by annotation even when the node policy is none."""
 
-    name = "cpuburst"
-    feature_gate = GATE_CPU_BURST
+    window_s: float = node_state_window_s(1.0)  # of the share-pool averages
+    enabled: bool = True
 
-    def __init__(
-        self,
-        builder: SnapshotBuilder,
-        executor: ResourceExecutor,
-        layout: KubeCgroupLayout,
-        interval_s: float = 1.0,
-        node_name: str = "",
-        rng: Callable[[], float] = random.random,
-    ) -> None:
-        self.interval_s = interval_s
-        self._builder = builder
-        self._executor = executor
-        self._layout = layout
-        self._node_name = node_name
-        self._rng = rng
-        self._buckets: dict[str, TokenBucket] = {}
-        self._labelled: dict[str, dict[str, str]] = {}  # container id → metric labels, to drop gone ones
-        self.last_decision: BurstDecision | None = None
+    @classmethod
+    def from_node_slo(cls, spec: NodeSLOSpec, flags: QoSManagerConfig | None = None) -> BurstConfig:
+        return cls(window_s=node_state_window_s(flags.reconcile_interval_s if flags else 1.0))
 
-    def active(self, spec: NodeSLOSpec) -> bool:
-        # Pods can turn burst on by annotation even when the node policy is none, so always run.
-        return True
+    @property
+    def needs(self) -> Needs:
+        return Needs(node_cpu_avg_window_s=self.window_s,
+                     cgroup_reads=(CgroupRead("cpu.cfs_quota_us", Scope.PODS),
+                                   CgroupRead("cpu.cfs_quota_us", Scope.CONTAINERS)))
 
-    def deactivate(self) -> None:
-        self._buckets.clear()
 
-    def _read_quota(self, cgroup_dir: str) -> int:
-        try:
-            return parse_quota_us(self._executor.read("cpu.cfs_quota_us", cgroup_dir))
-        except (ExecutorError, ValueError) as exc:
-            logger.debug("cannot read the cfs quota of %s: %s", cgroup_dir, exc)
-            return UNLIMITED
+@dataclass(frozen=True, slots=True)
+class BurstMemo:
+    """Token buckets of live containers and the metric labels exported last tick (to drop gone ones)."""
 
-    def _refresh_buckets(self, containers: tuple[BurstContainer, ...], now: float) -> dict[str, TokenBucket]:
-        """Buckets for containers with a limiter: new ones start with a random fill in [0, 0.5 × capacity);
-        a bucket not used for 2 × period expires (and the state stays bounded by the live containers)."""
-        live: dict[str, TokenBucket] = {}
-        for entry in containers:
-            config = entry.config
-            if config.cfs_quota_burst_period_seconds < 0 or config.policy not in _QUOTA_BURST_POLICIES:
-                continue
-            cid = entry.container.container_id
-            bucket = self._buckets.get(cid)
-            expired = bucket is not None and now - bucket.updated_at > 2 * config.cfs_quota_burst_period_seconds
-            capacity = bucket_capacity(config)
-            if bucket is None or expired or bucket.capacity != capacity:
-                bucket = TokenBucket(capacity, self._rng() * 0.5 * capacity, now)
-            live[cid] = bucket
-        return live
+    buckets: Mapping[str, TokenBucket] = field(default_factory=dict)
+    labelled: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
-    def run(self, now: float) -> None:
-        snapshot = self._builder.build(now=now, node_cpu_avg_window_s=node_state_window_s(self.interval_s))
-        if snapshot is None:
-            return
-        containers = eligible_containers(snapshot, self._layout)
-        current = BurstCurrent(
-            container_quota_us={e.container.container_id: self._read_quota(e.container_dir) for e in containers},
-            pod_quota_us={e.pod.uid: self._read_quota(e.pod_dir) for e in containers},
-        )
-        buckets = self._refresh_buckets(containers, now)
-        decision = decide(snapshot, containers, current, buckets)
-        apply_steps(self._executor, decision.steps, self.name)
-        self._buckets = {**buckets, **decision.buckets}
-        self.last_decision = decision
-        self._export(containers, decision)
 
-    def _export(self, containers: tuple[BurstContainer, ...], decision: BurstDecision) -> None:
-        labelled: dict[str, dict[str, str]] = {}
-        for entry in containers:
-            cid = entry.container.container_id
-            labels = {
-                "node": self._node_name,
-                "pod_namespace": entry.pod.namespace,
-                "pod_name": entry.pod.name,
-                "container_id": cid,
-                "container_name": entry.container.name,
-            }
-            if cid in decision.container_quota_us:
-                metrics.CONTAINER_SCALED_CFS_QUOTA_US.labels(**labels).set(decision.container_quota_us[cid])
-            if cid in decision.container_burst_us:
-                metrics.CONTAINER_SCALED_CFS_BURST_US.labels(**labels).set(decision.container_burst_us[cid])
-            labelled[cid] = labels
-        # Series of containers that are gone are removed: the exported set stays bounded.
-        for cid, labels in self._labelled.items():
-            if labelled.get(cid) != labels:
-                for gauge in (metrics.CONTAINER_SCALED_CFS_QUOTA_US, metrics.CONTAINER_SCALED_CFS_BURST_US):
-                    try:
-                        gauge.remove(*labels.values())
-                    except KeyError:
-                        pass  # never set for this container
-        self._labelled = labelled
+def _quota(snapshot: Snapshot, cgroup_dir: str) -> int:
+    raw = snapshot.cgroup_value("cpu.cfs_quota_us", cgroup_dir)
+    if raw is None:
+        return UNLIMITED
+    try:
+        return parse_quota_us(raw)
+    except ValueError as exc:
+        logger.debug("cannot parse the cfs quota %r of %s: %s", raw, cgroup_dir, exc)
+        return UNLIMITED
+
+
+def initial_fill(container_id: str) -> float:
+    """Where a new container's bucket starts, in [0, 0.5) of its capacity: spread by container id, so that
+    containers started together do not all burst together (Koordinator draws it at random)."""
+    return zlib.crc32(container_id.encode()) / 2**32 * 0.5
+
+
+def refresh_buckets(
+    containers: tuple[BurstContainer, ...], previous: Mapping[str, TokenBucket], now: float
+) -> dict[str, TokenBucket]:
+    """Buckets for containers with a limiter: new ones start at :func:`initial_fill`; a bucket not used for
+    2 × period expires (and the state stays bounded by the live containers)."""
+    live: dict[str, TokenBucket] = {}
+    for entry in containers:
+        config = entry.config
+        if config.cfs_quota_burst_period_seconds < 0 or config.policy not in _QUOTA_BURST_POLICIES:
+            continue
+        cid = entry.container.container_id
+        bucket = previous.get(cid)
+        expired = bucket is not None and now - bucket.updated_at > 2 * config.cfs_quota_burst_period_seconds
+        capacity = bucket_capacity(config)
+        if bucket is None or expired or bucket.capacity != capacity:
+            bucket = TokenBucket(capacity, initial_fill(cid) * capacity, now)
+        live[cid] = bucket
+    return live
+
+
+def _gauges(
+    node: str, containers: tuple[BurstContainer, ...], decision: BurstDecision,
+    previous: Mapping[str, tuple[tuple[str, str], ...]],
+) -> tuple[tuple[GaugeSet, ...], dict[str, tuple[tuple[str, str], ...]]]:
+    gauges: list[GaugeSet] = []
+    labelled: dict[str, tuple[tuple[str, str], ...]] = {}
+    for entry in containers:
+        cid = entry.container.container_id
+        labels = (("node", node), ("pod_namespace", entry.pod.namespace), ("pod_name", entry.pod.name),
+                  ("container_id", cid), ("container_name", entry.container.name))
+        if cid in decision.container_quota_us:
+            gauges.append(GaugeSet(metrics.CONTAINER_SCALED_CFS_QUOTA_US_NAME, labels,
+                                   decision.container_quota_us[cid]))
+        if cid in decision.container_burst_us:
+            gauges.append(GaugeSet(metrics.CONTAINER_SCALED_CFS_BURST_US_NAME, labels,
+                                   decision.container_burst_us[cid]))
+        labelled[cid] = labels
+    # Series of containers that are gone are removed: the exported set stays bounded.
+    for cid, labels in previous.items():
+        if labelled.get(cid) != labels:
+            gauges.append(GaugeSet(metrics.CONTAINER_SCALED_CFS_QUOTA_US_NAME, labels, None))
+            gauges.append(GaugeSet(metrics.CONTAINER_SCALED_CFS_BURST_US_NAME, labels, None))
+    return tuple(gauges), labelled
+
+
+def decide(snapshot: Snapshot, config: BurstConfig) -> Plan:
+    """Burst's plan for the eligible containers of the snapshot, with their quotas as read back."""
+    memo = snapshot.memo if isinstance(snapshot.memo, BurstMemo) else BurstMemo()
+    if not config.enabled:
+        return Plan(memo=BurstMemo(labelled=memo.labelled))
+    containers = eligible_containers(snapshot, snapshot.layout)
+    current = BurstCurrent(
+        container_quota_us={e.container.container_id: _quota(snapshot, e.container_dir) for e in containers},
+        pod_quota_us={e.pod.uid: _quota(snapshot, e.pod_dir) for e in containers},
+    )
+    buckets = refresh_buckets(containers, memo.buckets, snapshot.timestamp)
+    decision = decide_burst(snapshot, containers, current, buckets)
+    gauges, labelled = _gauges(snapshot.node.name, containers, decision, memo.labelled)
+    return Plan(decision.steps, gauges=gauges,
+                memo=BurstMemo(MappingProxyType({**buckets, **decision.buckets}), labelled), report=decision)
+
+
+STRATEGY = Strategy("cpuburst", GATE_CPU_BURST, BurstConfig, decide)
 
 
 __all__ = [
@@ -421,11 +432,13 @@ __all__ = [
     "BurstCurrent",
     "BurstDecision",
     "BurstOperation",
-    "CPUBurst",
+    "BurstConfig",
+    "BurstMemo",
     "SharePoolState",
     "TokenBucket",
     "container_operation",
     "decide",
+    "decide_burst",
     "eligible_containers",
     "scaled_quota",
     "share_pool_state",

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from koordlet.api.keys import RESOURCE_BATCH_CPU
 from koordlet.api.nodeslo import CPU_EVICT_POLICY_ALLOCATABLE, CPU_EVICT_POLICY_REAL_LIMIT, NodeSLOSpec
-from koordlet.eviction import Evictor
-from koordlet.qosmanager.framework import GATE_BE_CPU_EVICT
-from koordlet.qosmanager.snapshot import BECPUWindow, Snapshot, SnapshotBuilder, is_be, pod_batch_cpu_request_milli
-from koordlet.qosmanager.victims import EvictionStrategy, Victim, plan_victims
+from koordlet.plan import Plan, Victim, planned_victims
+from koordlet.qosmanager.framework import GATE_BE_CPU_EVICT, QoSManagerConfig, Strategy
+from koordlet.qosmanager.snapshot import BECPUWindow, Needs, Snapshot, is_be, pod_batch_cpu_request_milli
+from koordlet.qosmanager.victims import EvictMemo, eviction_plan, resting_until
 
 logger = logging.getLogger(__name__)
 
@@ -37,17 +37,30 @@ class CPUEvictConfig:
     usage_threshold_percent: int = 90
     time_window_s: int | None = None
     policy: str = CPU_EVICT_POLICY_REAL_LIMIT
+    enabled: bool = True  # resourceUsedThresholdWithBE.enable
+    collect_interval_s: float = 1.0  # flag -collect-res-used-interval
+    cool_time_s: float = DEFAULT_COOL_TIME_S  # flag -cpu-evict-cool-time-seconds
+    started_at: float | None = None  # the agent's start (wall clock): rests the cool time after it
 
     @classmethod
-    def from_node_slo(cls, spec: NodeSLOSpec) -> CPUEvictConfig:
+    def from_node_slo(cls, spec: NodeSLOSpec, flags: QoSManagerConfig | None = None) -> CPUEvictConfig:
         t = spec.resource_used_threshold_with_be
+        flags = flags or QoSManagerConfig(cpu_evict_cool_time_s=DEFAULT_COOL_TIME_S)
         return cls(
             upper_percent=t.cpu_evict_be_satisfaction_upper_percent,
             lower_percent=t.cpu_evict_be_satisfaction_lower_percent,
             usage_threshold_percent=t.cpu_evict_be_usage_threshold_percent,
             time_window_s=t.cpu_evict_time_window_seconds,
             policy=t.cpu_evict_policy,
+            enabled=t.enable,
+            collect_interval_s=flags.collect_res_used_interval_s,
+            cool_time_s=flags.cpu_evict_cool_time_s,
+            started_at=flags.started_at,
         )
+
+    @property
+    def needs(self) -> Needs:
+        return Needs(be_window_s=self.window_s(self.collect_interval_s))
 
     @property
     def valid(self) -> bool:
@@ -98,7 +111,7 @@ def cpu_victims(snapshot: Snapshot) -> tuple[Victim, ...]:
     return tuple(victims)
 
 
-def decide(snapshot: Snapshot, config: CPUEvictConfig, evicting: Collection[str] = ()) -> CPUEvictDecision:
+def decide_release(snapshot: Snapshot, config: CPUEvictConfig, evicting: Collection[str] = ()) -> CPUEvictDecision:
     if not config.valid:
         return CPUEvictDecision(0.0, None, reason="satisfaction bounds not set or invalid")
     window: BECPUWindow | None = snapshot.be_cpu
@@ -118,47 +131,35 @@ def decide(snapshot: Snapshot, config: CPUEvictConfig, evicting: Collection[str]
     if release <= 0:
         return CPUEvictDecision(0.0, satisfaction)
     candidates = cpu_victims(snapshot)
-    return CPUEvictDecision(release, satisfaction, candidates, plan_victims(candidates, release, evicting))
+    victims = planned_victims(candidates, release, frozenset(evicting))
+    return CPUEvictDecision(release, satisfaction, candidates, victims)
 
 
-class BECPUEvict(EvictionStrategy):
-    name = "cpuevict"
-    feature_gate = GATE_BE_CPU_EVICT
+def decide(snapshot: Snapshot, config: CPUEvictConfig) -> Plan:
+    """Evict BE pods to bring BE CPU satisfaction back to upper%; rests the cool time after start and after
+    an eviction."""
+    last = snapshot.last
+    initial = float("-inf") if config.started_at is None else config.started_at + config.cool_time_s
+    until = resting_until(snapshot.memo, last.at if last is not None and last.evicted else None,
+                          config.cool_time_s, initial)
+    memo = EvictMemo(until)
+    if not config.enabled or snapshot.timestamp < until:
+        return Plan(memo=memo)
+    decision = decide_release(snapshot, config)
+    if not decision.triggered:
+        return Plan(memo=memo, report=decision)
+    window = snapshot.be_cpu
+    assert window is not None
 
-    def __init__(
-        self,
-        builder: SnapshotBuilder,
-        evictor: Evictor,
-        interval_s: float = 1.0,
-        cool_time_s: float = DEFAULT_COOL_TIME_S,
-        started_at: float | None = None,
-    ) -> None:
-        """``started_at``: wall-clock start of the agent; the strategy rests for ``cool_time_s`` after it."""
-        resting_until = float("-inf") if started_at is None else started_at + cool_time_s
-        super().__init__(builder, evictor, interval_s, cool_time_s, resting_until)
-        self.last_decision: CPUEvictDecision | None = None
+    def message(victim: Victim) -> str:
+        return (
+            f"BE CPU satisfaction {decision.satisfaction:.3f} (limit {window.avg_real_limit_milli:.0f}m / "
+            f"request {window.avg_request_milli:.0f}m, usage {window.avg_usage_milli:.0f}m) <= "
+            f"{config.lower_percent}%, releasing {decision.release_milli:.0f}m to reach {config.upper_percent}%; "
+            f"this pod requests {victim.releases:.0f}m batch-cpu"
+        )
 
-    def run(self, now: float) -> None:
-        if self.resting(now):
-            return
-        spec_config = CPUEvictConfig.from_node_slo(self._builder.node_slo())
-        snapshot = self._builder.build(now=now, be_window_s=spec_config.window_s(self._builder.collect_interval_s))
-        if snapshot is None:
-            return
-        config = CPUEvictConfig.from_node_slo(snapshot.node_slo)
-        decision = decide(snapshot, config)
-        self.last_decision = decision
-        if not decision.triggered:
-            return
-        window = snapshot.be_cpu
-        assert window is not None
+    return eviction_plan(GATE_BE_CPU_EVICT, decision.release_milli, decision.candidates, message, memo, decision)
 
-        def message(victim: Victim) -> str:
-            return (
-                f"BE CPU satisfaction {decision.satisfaction:.3f} (limit {window.avg_real_limit_milli:.0f}m / "
-                f"request {window.avg_request_milli:.0f}m, usage {window.avg_usage_milli:.0f}m) <= "
-                f"{config.lower_percent}%, releasing {decision.release_milli:.0f}m to reach {config.upper_percent}%; "
-                f"this pod requests {victim.releases:.0f}m batch-cpu"
-            )
 
-        self.evict(now, decision.candidates, decision.release_milli, message)
+STRATEGY = Strategy("cpuevict", GATE_BE_CPU_EVICT, CPUEvictConfig, decide)

@@ -9,6 +9,9 @@ Switching policy, or turning suppress off, restores what the other policy impose
 
 Not modelled: kubelet's static CPU manager policy variant (container-level cpusets only) and the
 ``BECPUManager`` gate's share-pool reset.
+
+The strategy reads the besteffort ``cpuset.cpus`` and ``cpu.cfs_quota_us`` through its snapshot
+(``SuppressConfig.needs``) and remembers the policy it last carried out in ``Plan.memo``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from koordlet.api.annotations import AnnotationError, parse_node_reservation, parse_resource_status
 from koordlet.api.annotations import parse_system_qos_resource as _parse_system_qos
@@ -35,28 +38,29 @@ from koordlet.api.nodeslo import (
 )
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
-from koordlet.executor import ExecutorError, ResourceExecutor
+from koordlet.plan import CgroupWrite, GaugeSet, Plan, WriteStep
 from koordlet.qosmanager import metrics
-from koordlet.qosmanager.framework import GATE_BE_CPU_SUPPRESS, CgroupWrite, WriteStep, apply_steps
+from koordlet.qosmanager.framework import GATE_BE_CPU_SUPPRESS, QoSManagerConfig, Strategy
 from koordlet.qosmanager.snapshot import (
+    CgroupRead,
+    Needs,
+    Scope,
     Snapshot,
-    SnapshotBuilder,
     container_cgroup_dir,
     parse_quota_us,
     pod_cgroup_dir,
 )
 from koordlet.system.kubepods import KubeCgroupLayout
+from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.system.sysfs import CPUInfo
 
 logger = logging.getLogger(__name__)
 
 BE_MIN_CPUSET_CORES = 2  # beMinCPUSetCores
 CPUSET_GROWTH_RATIO = 0.1  # growth per tick, of the node's CPUs
-CFS_PERIOD_US = 100000
 CFS_QUOTA_MIN_US = 2000
 CFS_QUOTA_SKIP_RATIO = 0.01  # changes below 1 % of capacity are not written
 CFS_QUOTA_INCREASE_RATIO = 0.1  # increases capped at 10 % of capacity per tick
-UNLIMITED = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,15 +68,25 @@ class SuppressConfig:
     threshold_percent: int = 65
     min_percent: int | None = None
     policy: str = CPU_SUPPRESS_POLICY_CPUSET
+    enabled: bool = True  # resourceUsedThresholdWithBE.enable
 
     @classmethod
-    def from_node_slo(cls, spec: NodeSLOSpec) -> SuppressConfig:
+    def from_node_slo(cls, spec: NodeSLOSpec, flags: QoSManagerConfig | None = None) -> SuppressConfig:
         threshold = spec.resource_used_threshold_with_be
         return cls(
             threshold_percent=threshold.cpu_suppress_threshold_percent,
             min_percent=threshold.cpu_suppress_min_percent,
             policy=threshold.cpu_suppress_policy,
+            enabled=threshold.enable,
         )
+
+    @property
+    def needs(self) -> Needs:
+        return _NEEDS
+
+
+_NEEDS = Needs(cgroup_reads=(CgroupRead("cpuset.cpus", Scope.BESTEFFORT),
+                             CgroupRead("cpu.cfs_quota_us", Scope.BESTEFFORT)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +344,7 @@ def decide_cfs_quota(budget_cores: float, current_quota_us: int, capacity_cores:
 # --------------------------------------------------------------------------------------------- decide
 
 
-def decide(
+def decide_suppress(
     snapshot: Snapshot,
     config: SuppressConfig,
     current: SuppressCurrent,
@@ -377,76 +391,58 @@ def decide_restore(snapshot: Snapshot, layout: KubeCgroupLayout) -> tuple[WriteS
 # ------------------------------------------------------------------------------------------- strategy
 
 
-@dataclass(slots=True)
-class _State:
+@dataclass(frozen=True, slots=True)
+class SuppressMemo:
+    """What suppress remembers between ticks: the policy it last carried out."""
+
     last_policy: str | None = None
-    last_decision: SuppressDecision | None = field(default=None)
 
 
-class CPUSuppress:
-    """The suppress strategy: snapshot → :func:`decide` → executor."""
-
-    name = "cpusuppress"
-    feature_gate = GATE_BE_CPU_SUPPRESS
-
-    def __init__(
-        self,
-        builder: SnapshotBuilder,
-        executor: ResourceExecutor,
-        layout: KubeCgroupLayout,
-        interval_s: float = 1.0,
-        node_name: str = "",
-    ) -> None:
-        self.interval_s = interval_s
-        self._builder = builder
-        self._executor = executor
-        self._layout = layout
-        self._node_name = node_name
-        self._state = _State()
-
-    @property
-    def last_decision(self) -> SuppressDecision | None:
-        return self._state.last_decision
-
-    def active(self, spec: NodeSLOSpec) -> bool:
-        return spec.resource_used_threshold_with_be.enable
-
-    def _current(self) -> SuppressCurrent:
-        be_dir = self._layout.qos_dir(KubeQoS.BESTEFFORT)
-        cpus: tuple[int, ...] = ()
-        quota = UNLIMITED
+def current_of(snapshot: Snapshot) -> SuppressCurrent:
+    """What the besteffort cgroup held when the snapshot was taken (its ``needs`` reads)."""
+    be_dir = snapshot.layout.qos_dir(KubeQoS.BESTEFFORT)
+    cpus: tuple[int, ...] = ()
+    quota = UNLIMITED
+    raw = snapshot.cgroup_value("cpuset.cpus", be_dir)
+    if raw is not None:
         try:
-            cpus = parse_cpu_list(self._executor.read("cpuset.cpus", be_dir))
-        except (ExecutorError, ValueError) as exc:
-            logger.debug("cannot read the besteffort cpuset: %s", exc)
+            cpus = parse_cpu_list(raw)
+        except ValueError as exc:
+            logger.debug("cannot parse the besteffort cpuset %r: %s", raw, exc)
+    raw = snapshot.cgroup_value("cpu.cfs_quota_us", be_dir)
+    if raw is not None:
         try:
-            quota = parse_quota_us(self._executor.read("cpu.cfs_quota_us", be_dir))
-        except (ExecutorError, ValueError) as exc:
-            logger.debug("cannot read the besteffort cfs quota: %s", exc)
-        return SuppressCurrent(be_cpus=cpus, be_cfs_quota_us=quota)
+            quota = parse_quota_us(raw)
+        except ValueError as exc:
+            logger.debug("cannot parse the besteffort cfs quota %r: %s", raw, exc)
+    return SuppressCurrent(be_cpus=cpus, be_cfs_quota_us=quota)
 
-    def run(self, now: float) -> None:
-        snapshot = self._builder.build(now=now)
-        if snapshot is None:
-            return
-        config = SuppressConfig.from_node_slo(snapshot.node_slo)
-        decision = decide(snapshot, config, self._current(), self._layout, self._state.last_policy)
-        apply_steps(self._executor, decision.steps, self.name)
-        self._state.last_policy = config.policy
-        self._state.last_decision = decision
-        if decision.budget is not None:
-            metrics.BE_SUPPRESS_LS_USED_CPU_CORES.labels(node=self._node_name).set(decision.budget.ls_used_cores)
-            metrics.BE_SUPPRESS_BE_USED_CPU_CORES.labels(node=self._node_name).set(decision.budget.be_used_cores)
-        if decision.be_cpus is not None:
-            metrics.BE_SUPPRESS_CPU_CORES.labels(node=self._node_name, type="cpuset").set(len(decision.be_cpus))
-        if decision.be_cfs_quota_us is not None:
-            metrics.BE_SUPPRESS_CPU_CORES.labels(node=self._node_name, type="cfsQuota").set(
-                decision.be_cfs_quota_us / CFS_PERIOD_US
-            )
 
-    def deactivate(self) -> None:
-        snapshot = self._builder.build()
-        if snapshot is None:
-            return
-        apply_steps(self._executor, decide_restore(snapshot, self._layout), self.name)
-        self._state.last_policy = None
+def _gauges(node: str, decision: SuppressDecision) -> tuple[GaugeSet, ...]:
+    gauges: list[GaugeSet] = []
+    if decision.budget is not None:
+        gauges.append(GaugeSet(metrics.BE_SUPPRESS_LS_USED_CPU_CORES_NAME, (("node", node),),
+                               decision.budget.ls_used_cores))
+        gauges.append(GaugeSet(metrics.BE_SUPPRESS_BE_USED_CPU_CORES_NAME, (("node", node),),
+                               decision.budget.be_used_cores))
+    if decision.be_cpus is not None:
+        gauges.append(GaugeSet(metrics.BE_SUPPRESS_CPU_CORES_NAME, (("node", node), ("type", "cpuset")),
+                               len(decision.be_cpus)))
+    if decision.be_cfs_quota_us is not None:
+        gauges.append(GaugeSet(metrics.BE_SUPPRESS_CPU_CORES_NAME, (("node", node), ("type", "cfsQuota")),
+                               decision.be_cfs_quota_us / CFS_PERIOD_US))
+    return tuple(gauges)
+
+
+def decide(snapshot: Snapshot, config: SuppressConfig) -> Plan:
+    """Suppress's plan: the policy's limit (plus the restore of the other policy's after a switch); with
+    suppress switched off, the restore of both."""
+    if not config.enabled:
+        return Plan(decide_restore(snapshot, snapshot.layout), memo=SuppressMemo())
+    memo = snapshot.memo if isinstance(snapshot.memo, SuppressMemo) else SuppressMemo()
+    decision = decide_suppress(snapshot, config, current_of(snapshot), snapshot.layout, memo.last_policy)
+    return Plan(decision.steps, gauges=_gauges(snapshot.node.name, decision), memo=SuppressMemo(config.policy),
+                report=decision)
+
+
+STRATEGY = Strategy("cpusuppress", GATE_BE_CPU_SUPPRESS, SuppressConfig, decide)

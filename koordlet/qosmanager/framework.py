@@ -1,9 +1,11 @@
 """The QoS manager: runs each strategy on its own interval, behind its feature gate and NodeSLO switch.
 
-Shape (STYLE.md, kubelet ``cm``): a strategy module has a config taken from NodeSLO, a pure
-``decide(snapshot, ...) -> actions`` and a ``Strategy`` object that builds the snapshot, calls ``decide``
-and hands the actions to the executor (cgroup writes) or the evictor. The manager knows strategies only
-through the :class:`Strategy` protocol.
+Shape (one for every strategy, checked by tests/koordlet/qosmanager/test_registry.py): a strategy module
+has a frozen config built by ``from_node_slo(spec, flags)`` and a pure ``decide(snapshot, config) -> Plan``,
+and registers them as a :class:`Strategy` (``STRATEGY`` at the bottom of the module; the list is
+:data:`koordlet.qosmanager.STRATEGIES`). The manager builds the snapshot the config ``needs``, calls
+``decide`` and hands the :class:`~koordlet.plan.Plan` to the one :class:`~koordlet.actuator.PlanRunner`;
+strategies never see the executor or the evictor. The smallest strategy to copy: ``memoryevict.py``.
 
 One thread ticks all strategies (as the collector runner does): strategies are cheap, and one thread keeps
 the agent's cost flat. Ticks are put just after the collector's (``phase_source``: the time of the newest
@@ -22,16 +24,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
+from koordlet.actuator import PlanRecord, PlanRunner
 from koordlet.api.nodeslo import NodeSLOSpec
-from koordlet.executor import BatchResult, ResourceExecutor, ResourceUpdate
+from koordlet.metriccache import MetricCache
+from koordlet.plan import Plan
 from koordlet.qosmanager import metrics
+from koordlet.qosmanager.snapshot import Needs, Snapshot, SnapshotBuilder
 from koordlet.statesinformer.api import StatesProvider
-from koordlet.system.resources import UnknownCgroupResourceError
 from koordlet.ticker import TickerThread
 
 logger = logging.getLogger(__name__)
+
+C = TypeVar("C")
 
 PHASE_LAG_S = 0.1  # strategies tick this long after the collector's tick
 
@@ -76,105 +82,68 @@ class QoSManagerConfig:
     memory_evict_interval_s: float = 1.0
     memory_evict_cool_time_s: float = 4.0
     cpu_evict_cool_time_s: float = 20.0
+    started_at: float | None = None  # the agent's wall-clock start (BECPUEvict rests its cool time after it)
     feature_gates: Mapping[str, bool] = field(default_factory=lambda: DEFAULT_FEATURE_GATES)
 
     def gate(self, name: str) -> bool:
         return bool(resolve_feature_gates(self.feature_gates).get(name, False))
 
 
-# ------------------------------------------------------------------------------------------------ actions
-
-
-@dataclass(frozen=True, slots=True)
-class CgroupWrite:
-    """Write ``value`` (v1 semantics) to ``resource`` of ``cgroup_dir`` (relative to the hierarchy root)."""
-
-    resource: str
-    cgroup_dir: str
-    value: str | int
-
-
-@dataclass(frozen=True, slots=True)
-class WriteStep:
-    """Writes carried out together: in the given order, or ``leveled`` (parents loosened first, then exact
-    values children first; the executor's leveled update)."""
-
-    writes: tuple[CgroupWrite, ...]
-    leveled: bool = False
-
-
-def apply_steps(executor: ResourceExecutor, steps: Sequence[WriteStep], strategy: str) -> BatchResult:
-    """Carry out ``steps`` in order through the executor; failures are logged, counted and returned."""
-    written = skipped = 0
-    failures = []
-    for step in steps:
-        updates: list[ResourceUpdate] = []
-        for write in step.writes:
-            try:
-                updates.append(ResourceUpdate.of(write.resource, write.cgroup_dir, write.value))
-            except UnknownCgroupResourceError:
-                logger.error("strategy %s asked for unknown resource %s", strategy, write.resource)
-                metrics.STRATEGY_WRITE_FAILURES.labels(strategy=strategy).inc()
-        result = executor.leveled_update(updates) if step.leveled else executor.update_batch(updates)
-        written += result.written
-        skipped += result.skipped
-        failures.extend(result.failures)
-    for failure in failures:
-        metrics.STRATEGY_WRITE_FAILURES.labels(strategy=strategy).inc()
-        logger.debug(
-            "strategy %s: %s of %r not written: %s",
-            strategy,
-            failure.update.resource.name,
-            failure.update.cgroup_dir,
-            failure.error,
-        )
-    return BatchResult(written=written, skipped=skipped, failures=tuple(failures))
-
-
 # ---------------------------------------------------------------------------------------------- strategy
 
 
-class Strategy(Protocol):
-    """What the manager needs of a strategy."""
+class StrategyConfig(Protocol):
+    """A strategy's frozen config: what the NodeSLO (and the agent's flags) say, read once per tick."""
 
     @property
-    def name(self) -> str: ...
-
-    @property
-    def feature_gate(self) -> str: ...
-
-    @property
-    def interval_s(self) -> float: ...
-
-    def active(self, spec: NodeSLOSpec) -> bool:
+    def enabled(self) -> bool:
         """The NodeSLO switch (e.g. ``resourceUsedThresholdWithBE.enable``); the gate is checked by the manager."""
         ...
 
-    def run(self, now: float) -> None:
-        """One tick: snapshot, decide, act. Raising is allowed; the manager logs and counts it."""
+    @property
+    def needs(self) -> Needs:
+        """What the snapshot must hold for ``decide``: metric windows, cgroup values, kernel probes."""
         ...
 
-    def deactivate(self) -> None:
-        """Called once when the strategy turns inactive (NodeSLO switch off): undo what it imposed."""
-        ...
+
+@dataclass(frozen=True, slots=True)
+class Strategy(Generic[C]):
+    """One QoS strategy: ``config.from_node_slo(spec, flags)`` gives a frozen config, ``decide(snapshot,
+    config)`` a :class:`~koordlet.plan.Plan`; nothing else. ``decide`` reads only its arguments (its state
+    of the last tick comes back as ``snapshot.memo``) and is called with a disabled config once when the
+    NodeSLO switch turns off, to undo what it imposed."""
+
+    name: str
+    feature_gate: str
+    config: type[C]
+    decide: Callable[[Snapshot, C], Plan]
+    interval_s: float = 1.0
+
+    def configure(self, spec: NodeSLOSpec, flags: QoSManagerConfig) -> C:
+        return self.config.from_node_slo(spec, flags)  # type: ignore[attr-defined]
 
 
 class _Scheduled:
-    __slots__ = ("active", "failing", "next_due", "strategy")
+    __slots__ = ("active", "failing", "memo", "next_due", "plan", "record", "strategy")
 
     def __init__(self, strategy: Strategy) -> None:
         self.strategy = strategy
         self.next_due = 0.0
         self.failing = False
         self.active: bool | None = None  # unknown until the first tick
+        self.memo: Any = None
+        self.plan: Plan | None = None
+        self.record: PlanRecord | None = None
 
 
 class QoSManager(TickerThread):
     """Ticks the strategies on their intervals in one daemon thread until :meth:`stop`.
 
     Strategies whose feature gate is off are not scheduled at all. Before each tick the states provider
-    must have synced; the NodeSLO switch of the strategy is checked with the current spec, and a strategy
-    that turns inactive gets one :meth:`Strategy.deactivate` call.
+    must have synced. Each tick of a strategy: config from the current NodeSLO → snapshot with what the
+    config needs (and the strategy's memo) → ``decide`` → the plan runner. A strategy whose NodeSLO switch
+    is off is not run, except once when it turns off: then ``decide`` gets the disabled config and its
+    plan undoes what the strategy imposed.
     """
 
     def __init__(
@@ -185,10 +154,20 @@ class QoSManager(TickerThread):
         monotonic: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         phase_source: Callable[[], float | None] | None = None,
+        *,
+        builder: SnapshotBuilder | None = None,
+        runner: PlanRunner | None = None,
     ) -> None:
-        """``phase_source``: wall-clock time of the newest collection, or None before the first one."""
+        """``phase_source``: wall-clock time of the newest collection, or None before the first one (default:
+        the builder's). ``builder``/``runner``: where snapshots come from and who carries plans out (default:
+        a builder on ``states`` and an empty metric cache; a runner that cannot write — tests of the
+        schedule)."""
         self._config = config or QoSManagerConfig()
-        self._phase_source = phase_source
+        self._builder = builder or SnapshotBuilder(states, MetricCache(),
+                                                   collect_interval_s=self._config.collect_res_used_interval_s)
+        self._runner = runner
+        self._phase_source = phase_source if phase_source is not None or builder is None else (
+            builder.latest_collection)
         names = [s.name for s in strategies]
         if len(set(names)) != len(names):
             raise ValueError(f"strategy names must be unique: {names}")
@@ -219,12 +198,37 @@ class QoSManager(TickerThread):
     def scheduled(self) -> list[str]:
         return [entry.strategy.name for entry in self._entries]
 
-    def run_strategy(self, name: str) -> bool:
-        """Run one strategy now (tests, benchmarks); True when it ran without error."""
+    def _entry(self, name: str) -> _Scheduled:
         for entry in self._entries:
             if entry.strategy.name == name:
-                return self._run(entry)
+                return entry
         raise KeyError(name)
+
+    def last_plan(self, name: str) -> Plan | None:
+        """The plan of the newest tick of strategy ``name`` (None before its first decision)."""
+        return self._entry(name).plan
+
+    def last_record(self, name: str) -> PlanRecord | None:
+        """What the runner did with that plan."""
+        return self._entry(name).record
+
+    def run_strategy(self, name: str) -> bool:
+        """Run one strategy now (tests, benchmarks); True when it ran without error."""
+        return self._run(self._entry(name))
+
+    def _tick_once(self, entry: _Scheduled, config: Any, now: float) -> None:
+        snapshot = self._builder.build(config.needs, now=now, memo=entry.memo, last=entry.record)
+        if snapshot is None:
+            return
+        plan = entry.strategy.decide(snapshot, config)
+        entry.plan = plan
+        entry.memo = plan.memo
+        if self._runner is None:
+            return
+        record = self._runner.run(plan, entry.strategy.name, now)
+        entry.record = record
+        if record.failed:
+            metrics.STRATEGY_WRITE_FAILURES.labels(strategy=entry.strategy.name).inc(record.failed)
 
     def _run(self, entry: _Scheduled) -> bool:
         strategy = entry.strategy
@@ -232,18 +236,18 @@ class QoSManager(TickerThread):
             metrics.STRATEGY_RUNS.labels(strategy=strategy.name, status="skipped").inc()
             return False
         try:
-            active = strategy.active(self._states.node_slo())
-            if not active:
+            config = strategy.configure(self._states.node_slo(), self._config)
+            if not config.enabled:
                 if entry.active is not False:
                     logger.info("qos strategy %s inactive by NodeSLO", strategy.name)
-                    strategy.deactivate()
-                entry.active = False
+                    entry.active = False
+                    self._tick_once(entry, config, self._wall_clock())  # the undo plan
                 metrics.STRATEGY_RUNS.labels(strategy=strategy.name, status="skipped").inc()
                 return True
             if entry.active is not True:
                 logger.info("qos strategy %s active", strategy.name)
             entry.active = True
-            strategy.run(self._wall_clock())
+            self._tick_once(entry, config, self._wall_clock())
         except Exception:  # a daemon loop: log, count, go on (STYLE.md)
             metrics.STRATEGY_RUNS.labels(strategy=strategy.name, status="error").inc()
             if not entry.failing:

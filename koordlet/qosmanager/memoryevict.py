@@ -14,10 +14,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from koordlet.api.nodeslo import NodeSLOSpec
-from koordlet.eviction import Evictor
-from koordlet.qosmanager.framework import GATE_BE_MEMORY_EVICT
-from koordlet.qosmanager.snapshot import Snapshot, SnapshotBuilder, is_be
-from koordlet.qosmanager.victims import EvictionStrategy, Victim, plan_victims
+from koordlet.plan import Plan, Victim, planned_victims
+from koordlet.qosmanager.framework import GATE_BE_MEMORY_EVICT, QoSManagerConfig, Strategy
+from koordlet.qosmanager.snapshot import Needs, Snapshot, is_be
+from koordlet.qosmanager.victims import EvictMemo, eviction_plan, resting_until
 
 logger = logging.getLogger(__name__)
 
@@ -28,11 +28,21 @@ DEFAULT_COOL_TIME_S = 4.0
 class MemoryEvictConfig:
     threshold_percent: int = 70
     lower_percent: int = 68
+    enabled: bool = True  # resourceUsedThresholdWithBE.enable
+    cool_time_s: float = DEFAULT_COOL_TIME_S  # flag -memory-evict-cool-time-seconds
 
     @classmethod
-    def from_node_slo(cls, spec: NodeSLOSpec) -> MemoryEvictConfig:
+    def from_node_slo(cls, spec: NodeSLOSpec, flags: QoSManagerConfig | None = None) -> MemoryEvictConfig:
         threshold = spec.resource_used_threshold_with_be
-        return cls(threshold.memory_evict_threshold_percent, threshold.effective_memory_evict_lower_percent)
+        return cls(threshold.memory_evict_threshold_percent, threshold.effective_memory_evict_lower_percent,
+                   threshold.enable, flags.memory_evict_cool_time_s if flags else DEFAULT_COOL_TIME_S)
+
+    @property
+    def needs(self) -> Needs:
+        return _NEEDS
+
+
+_NEEDS = Needs()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +65,9 @@ def memory_victims(snapshot: Snapshot) -> tuple[Victim, ...]:
     return tuple(victims)
 
 
-def decide(snapshot: Snapshot, config: MemoryEvictConfig, evicting: Collection[str] = ()) -> MemoryEvictDecision:
+def decide_release(
+    snapshot: Snapshot, config: MemoryEvictConfig, evicting: Collection[str] = ()
+) -> MemoryEvictDecision:
     capacity = snapshot.capacity_memory_bytes
     used = snapshot.node_memory_bytes
     if used is None or capacity <= 0:
@@ -65,47 +77,38 @@ def decide(snapshot: Snapshot, config: MemoryEvictConfig, evicting: Collection[s
         return MemoryEvictDecision(usage_percent, 0, (), ())
     release = capacity * (usage_percent - config.lower_percent) // 100
     candidates = memory_victims(snapshot)
-    return MemoryEvictDecision(usage_percent, release, candidates, plan_victims(candidates, release, evicting))
+    victims = planned_victims(candidates, release, frozenset(evicting))
+    return MemoryEvictDecision(usage_percent, release, candidates, victims)
 
 
-class BEMemoryEvict(EvictionStrategy):
-    name = "memoryevict"
-    feature_gate = GATE_BE_MEMORY_EVICT
+def decide(snapshot: Snapshot, config: MemoryEvictConfig) -> Plan:
+    """Evict BE pods to release what is above the lower percent; rests the cool time after an eviction."""
+    last = snapshot.last
+    until = resting_until(snapshot.memo, last.at if last is not None and last.evicted else None,
+                          config.cool_time_s, float("-inf"))
+    memo = EvictMemo(until)
+    if not config.enabled or snapshot.timestamp < until:
+        return Plan(memo=memo)
+    decision = decide_release(snapshot, config)
+    if not decision.triggered:
+        return Plan(memo=memo, report=decision)
+    capacity = snapshot.capacity_memory_bytes
+    logger.info(
+        "node memory %d%% >= %d%%: releasing %d bytes from BE pods",
+        decision.usage_percent,
+        config.threshold_percent,
+        decision.release_bytes,
+    )
 
-    def __init__(
-        self,
-        builder: SnapshotBuilder,
-        evictor: Evictor,
-        interval_s: float = 1.0,
-        cool_time_s: float = DEFAULT_COOL_TIME_S,
-    ) -> None:
-        super().__init__(builder, evictor, interval_s, cool_time_s)
-        self.last_decision: MemoryEvictDecision | None = None
-
-    def run(self, now: float) -> None:
-        if self.resting(now):
-            return
-        snapshot = self._builder.build(now=now)
-        if snapshot is None:
-            return
-        config = MemoryEvictConfig.from_node_slo(snapshot.node_slo)
-        decision = decide(snapshot, config)
-        self.last_decision = decision
-        if not decision.triggered:
-            return
-        capacity = snapshot.capacity_memory_bytes
-        logger.info(
-            "node memory %d%% >= %d%%: releasing %d bytes from BE pods",
-            decision.usage_percent,
-            config.threshold_percent,
-            decision.release_bytes,
+    def message(victim: Victim) -> str:
+        return (
+            f"node memory usage {decision.usage_percent}% of {capacity} bytes >= threshold "
+            f"{config.threshold_percent}%, releasing {decision.release_bytes} bytes down to "
+            f"{config.lower_percent}%; this pod uses {int(victim.releases)} bytes"
         )
 
-        def message(victim: Victim) -> str:
-            return (
-                f"node memory usage {decision.usage_percent}% of {capacity} bytes >= threshold "
-                f"{config.threshold_percent}%, releasing {decision.release_bytes} bytes down to "
-                f"{config.lower_percent}%; this pod uses {int(victim.releases)} bytes"
-            )
+    return eviction_plan(GATE_BE_MEMORY_EVICT, decision.release_bytes, decision.candidates, message, memo,
+                         decision)
 
-        self.evict(now, decision.candidates, decision.release_bytes, message)
+
+STRATEGY = Strategy("memoryevict", GATE_BE_MEMORY_EVICT, MemoryEvictConfig, decide)

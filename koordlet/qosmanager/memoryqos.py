@@ -17,8 +17,6 @@ any of them (plain cgroup v1) makes the strategy a no-op.
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from koordlet.api.annotations import AnnotationError, parse_memory_qos
@@ -26,11 +24,12 @@ from koordlet.api.keys import ANNOTATION_MEMORY_QOS, RESOURCE_BATCH_MEMORY, RESO
 from koordlet.api.nodeslo import MemoryQOS, NodeSLOSpec, recommended_memory_qos
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
-from koordlet.executor import ExecutorError, ResourceExecutor, UnsupportedResourceError
-from koordlet.qosmanager.framework import GATE_CGROUP_RECONCILE, CgroupWrite, WriteStep, apply_steps
+from koordlet.api.units import UNLIMITED
+from koordlet.plan import CgroupWrite, Plan, WriteStep
+from koordlet.qosmanager.framework import GATE_CGROUP_RECONCILE, QoSManagerConfig, Strategy
 from koordlet.qosmanager.snapshot import (
+    Needs,
     Snapshot,
-    SnapshotBuilder,
     container_cgroup_dir,
     container_resource,
     is_be,
@@ -42,7 +41,6 @@ from koordlet.system.kubepods import KubeCgroupLayout
 
 logger = logging.getLogger(__name__)
 
-UNLIMITED = -1
 HIERARCHICAL_RESOURCES = ("memory.min", "memory.low", "memory.high")
 ANOLIS_RESOURCES = (
     "memory.wmark_ratio",
@@ -149,7 +147,7 @@ def _anolis_writes(values: MemoryValues) -> list[CgroupWrite]:
     ]
 
 
-def decide(
+def decide_steps(
     snapshot: Snapshot, layout: KubeCgroupLayout, page_size: int, supported: frozenset[str] = frozenset(ALL_RESOURCES)
 ) -> tuple[WriteStep, ...]:
     """The writes of one tick, restricted to the ``supported`` files."""
@@ -172,63 +170,42 @@ def decide(
     return tuple(steps)
 
 
-class MemoryQoS:
-    name = "memoryqos"
-    feature_gate = GATE_CGROUP_RECONCILE
+@dataclass(frozen=True, slots=True)
+class MemoryQoSConfig:
+    """Memory QoS reads the per-class configs from the snapshot's NodeSLO and the pod annotations, so it is
+    always on; disabled classes get the none values."""
 
-    def __init__(
-        self,
-        builder: SnapshotBuilder,
-        executor: ResourceExecutor,
-        layout: KubeCgroupLayout,
-        interval_s: float = 1.0,
-        page_size: int | None = None,
-        probe: Callable[[str], bool] | None = None,
-    ) -> None:
-        """``probe(resource) -> bool``: whether the kernel has that file (default: read it on the kubepods dir
-        through the executor)."""
-        self.interval_s = interval_s
-        self._builder = builder
-        self._executor = executor
-        self._layout = layout
-        self._page_size = page_size or os.sysconf("SC_PAGE_SIZE")
-        self._probe = probe or self._kernel_has
-        self._supported: frozenset[str] | None = None
-        self.last_steps: tuple[WriteStep, ...] = ()
+    enabled: bool = True
 
-    def _kernel_has(self, resource: str) -> bool:
-        try:
-            self._executor.read(resource, self._layout.kubepods_dir())
-        except UnsupportedResourceError:
-            return False
-        except ExecutorError as exc:
-            logger.debug("cannot probe %s: %s", resource, exc)
-            return False
-        return True
+    @classmethod
+    def from_node_slo(cls, spec: NodeSLOSpec, flags: QoSManagerConfig | None = None) -> MemoryQoSConfig:
+        return cls()
 
     @property
-    def supported(self) -> frozenset[str]:
-        if self._supported is None:
-            self._supported = frozenset(r for r in ALL_RESOURCES if self._probe(r))
-            missing = sorted(set(ALL_RESOURCES) - self._supported)
-            if not self._supported:
-                logger.info("memory QoS is a no-op: this kernel has none of %s", ", ".join(ALL_RESOURCES))
-            elif missing:
-                logger.info("memory QoS: this kernel lacks %s; those files are skipped", ", ".join(missing))
-        return self._supported
+    def needs(self) -> Needs:
+        return _NEEDS
 
-    def active(self, spec: NodeSLOSpec) -> bool:
-        return True
 
-    def deactivate(self) -> None:
-        """Nothing to undo: the values follow the NodeSLO, whose disabled classes get the none values."""
+_NEEDS = Needs(kernel_files=ALL_RESOURCES)
 
-    def run(self, now: float) -> None:
-        supported = self.supported
-        if not supported:
-            return
-        snapshot = self._builder.build(now=now)
-        if snapshot is None:
-            return
-        self.last_steps = decide(snapshot, self._layout, self._page_size, supported)
-        apply_steps(self._executor, self.last_steps, self.name)
+
+def _log_missing(supported: frozenset[str]) -> None:
+    missing = [r for r in ALL_RESOURCES if r not in supported]
+    if not supported:
+        logger.info("memory QoS is a no-op: this kernel has none of %s", ", ".join(ALL_RESOURCES))
+    elif missing:
+        logger.info("memory QoS: this kernel lacks %s; those files are skipped", ", ".join(missing))
+
+
+def decide(snapshot: Snapshot, config: MemoryQoSConfig) -> Plan:
+    """min/low/high (and the Anolis files) of every QoS dir, pod and container, limited to the files this
+    kernel has (``snapshot.kernel_files``); what the kernel lacks is logged at the first tick."""
+    supported = snapshot.kernel_files
+    if snapshot.memo is None:
+        _log_missing(supported)
+    if not supported or not config.enabled:
+        return Plan(memo=True)
+    return Plan(decide_steps(snapshot, snapshot.layout, snapshot.page_size, supported), memo=True)
+
+
+STRATEGY = Strategy("memoryqos", GATE_CGROUP_RECONCILE, MemoryQoSConfig, decide)

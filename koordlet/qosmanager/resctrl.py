@@ -9,74 +9,30 @@ enables resctrl gets the PIDs of its containers' and sandbox's cgroups moved to 
 (LSE → LSR; the class comes from the label or the kube QoS).
 
 A node without ``info/L3/cbm_mask`` (no RDT, or resctrl not mounted) makes the strategy a no-op, logged
-once. Creating the three group dirs is the one thing done here rather than in the executor, which writes
-files only; the group names are constants.
+once (by the snapshot builder, which reads the resctrl facts). The plan makes the three groups, writes
+their schemata and asks the runner to move the pods' tasks in (tasks already there are not written again).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from koordlet.api.keys import ANNOTATION_RESCTRL
 from koordlet.api.nodeslo import NodeSLOSpec, ResctrlQOS
+from koordlet.api.pod import PodMeta
 from koordlet.api.qos import QoSClass
-from koordlet.api.resctrl import VENDOR_INTEL, ResctrlMathError, l3_mask, mb_value
-from koordlet.executor import ExecutorError, ResourceExecutor
-from koordlet.qosmanager.framework import GATE_RDT_RESCTRL
-from koordlet.qosmanager.snapshot import Snapshot, SnapshotBuilder, container_cgroup_dir, pod_cgroup_dir
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.api.resctrl import l3_mask, mb_value
+from koordlet.plan import Plan, ResctrlAction, ResctrlGroup, ResctrlMoveTasks, ResctrlWrite
+from koordlet.qosmanager.framework import GATE_RDT_RESCTRL, QoSManagerConfig, Strategy
+from koordlet.qosmanager.snapshot import Needs, Snapshot, container_cgroup_dir, pod_cgroup_dir
+from koordlet.system.kubepods import CgroupPathError
+from koordlet.system.resctrl import ResctrlInfo
 
 logger = logging.getLogger(__name__)
 
 GROUPS = (QoSClass.LSR.value, QoSClass.LS.value, QoSClass.BE.value)
-
-
-class ResctrlInfoError(ResctrlMathError):
-    """The resctrl tree cannot be understood (bad cbm_mask or schemata)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ResctrlInfo:
-    cbm_mask: int
-    cache_ids: tuple[int, ...]
-    has_mb: bool = True
-    vendor: str = VENDOR_INTEL
-
-
-def read_resctrl_info(resctrl_root: str, vendor: str = VENDOR_INTEL) -> ResctrlInfo | None:
-    """``info/L3/cbm_mask`` and the cache ids of the root ``schemata``; None when RDT is absent."""
-    try:
-        with open(os.path.join(resctrl_root, "info", "L3", "cbm_mask"), encoding="ascii") as f:
-            cbm_text = f.read().strip()
-        with open(os.path.join(resctrl_root, "schemata"), encoding="ascii") as f:
-            schemata = f.read()
-    except FileNotFoundError:
-        return None
-    try:
-        cbm = int(cbm_text, 16)
-    except ValueError as exc:
-        raise ResctrlInfoError(f"bad cbm_mask {cbm_text!r}") from exc
-    cache_ids: list[int] = []
-    has_mb = False
-    for line in schemata.splitlines():
-        kind, _, entries = line.strip().partition(":")
-        kind = kind.strip()
-        if kind == "MB":
-            has_mb = True
-        if kind != "L3":
-            continue
-        for entry in entries.split(";"):
-            cache_id, _, _ = entry.partition("=")
-            try:
-                cache_ids.append(int(cache_id))
-            except ValueError as exc:
-                raise ResctrlInfoError(f"bad L3 entry {entry!r} in schemata") from exc
-    if not cache_ids:
-        raise ResctrlInfoError("no L3 line in the root schemata")
-    return ResctrlInfo(cbm, tuple(sorted(cache_ids)), has_mb, vendor)
 
 
 def schemata_text(info: ResctrlInfo, config: ResctrlQOS) -> str:
@@ -97,124 +53,73 @@ def group_of(qos: QoSClass) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class ResctrlConfig:
+    """On while any class enables ``resctrlQOS``; the schemata come from the snapshot's NodeSLO."""
+
+    enabled: bool = True
+
+    @classmethod
+    def from_node_slo(cls, spec: NodeSLOSpec, flags: QoSManagerConfig | None = None) -> ResctrlConfig:
+        strategy = spec.resource_qos_strategy
+        return cls(enabled=any(strategy.for_class(QoSClass(g)).resctrl_qos.enable for g in GROUPS))
+
+    @property
+    def needs(self) -> Needs:
+        return _NEEDS
+
+
+_NEEDS = Needs(resctrl=True)
+
+
+@dataclass(frozen=True, slots=True)
 class ResctrlDecision:
     schemata: Mapping[str, str]  # group → schemata text
-    tasks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # group → PIDs to move in
+    tasks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # group → cgroup dirs whose tasks move in
 
 
-def decide(
-    snapshot: Snapshot,
-    info: ResctrlInfo,
-    pod_tasks: Mapping[str, tuple[int, ...]],
-    group_tasks: Mapping[str, frozenset[int]],
-) -> ResctrlDecision:
-    """``pod_tasks``: PIDs in each pod's cgroups (by uid); ``group_tasks``: PIDs already in each group."""
+def pod_dirs(snapshot: Snapshot, pod: PodMeta) -> tuple[str, ...]:
+    """The cgroup dirs of a pod's containers and sandbox (their tasks are the pod's)."""
+    layout = snapshot.layout
+    pod_dir = pod_cgroup_dir(layout, pod)
+    if pod_dir is None:
+        return ()
+    dirs = [d for c in pod.containers if (d := container_cgroup_dir(layout, pod_dir, c)) is not None]
+    if pod.sandbox_id:
+        try:
+            dirs.append(layout.container_dir(pod_dir, pod.sandbox_id))
+        except CgroupPathError:
+            logger.debug("unsafe sandbox id of %s", pod.key)
+    return tuple(dirs)
+
+
+def decide_groups(snapshot: Snapshot, info: ResctrlInfo) -> ResctrlDecision:
+    """Schemata of the three class groups, and the pods whose tasks move into each."""
     strategy = snapshot.node_slo.resource_qos_strategy
     schemata = {
         group: schemata_text(info, strategy.for_class(QoSClass(group)).resctrl_qos) for group in GROUPS
     }
-    moves: dict[str, list[int]] = {}
+    moves: dict[str, list[str]] = {}
     for pod in snapshot.pods:
         if pod.phase not in ("Running", "Pending", "") or ANNOTATION_RESCTRL in pod.annotations:
             continue
         group = group_of(pod.qos_class)
         if group is None or not strategy.for_class(pod.qos_class).resctrl_qos.enable:
             continue
-        present = group_tasks.get(group, frozenset())
-        moves.setdefault(group, []).extend(pid for pid in pod_tasks.get(pod.uid, ()) if pid not in present)
-    return ResctrlDecision(schemata, {group: tuple(sorted(set(pids))) for group, pids in moves.items() if pids})
+        moves.setdefault(group, []).extend(pod_dirs(snapshot, pod))
+    return ResctrlDecision(schemata, {group: tuple(dirs) for group, dirs in moves.items() if dirs})
 
 
-class ResctrlReconcile:
-    name = "resctrl"
-    feature_gate = GATE_RDT_RESCTRL
+def decide(snapshot: Snapshot, config: ResctrlConfig) -> Plan:
+    """Make the groups, write their schemata, move the pods' tasks in; a no-op without RDT
+    (``snapshot.resctrl`` None). Switched off, the groups are left in place."""
+    info = snapshot.resctrl
+    if info is None or not config.enabled:
+        return Plan()
+    decision = decide_groups(snapshot, info)
+    actions: list[ResctrlAction] = [ResctrlGroup(group) for group in GROUPS]
+    actions += [ResctrlWrite(group, "schemata", text) for group, text in decision.schemata.items()]
+    actions += [ResctrlMoveTasks(group, dirs) for group, dirs in decision.tasks.items()]
+    return Plan(resctrl=tuple(actions), report=decision)
 
-    def __init__(
-        self,
-        builder: SnapshotBuilder,
-        executor: ResourceExecutor,
-        layout: KubeCgroupLayout,
-        interval_s: float = 1.0,
-        vendor: str = VENDOR_INTEL,
-    ) -> None:
-        self.interval_s = interval_s
-        self._builder = builder
-        self._executor = executor
-        self._layout = layout
-        self._vendor = vendor
-        self._info: ResctrlInfo | None = None
-        self._probed = False
-        self.last_decision: ResctrlDecision | None = None
 
-    def active(self, spec: NodeSLOSpec) -> bool:
-        strategy = spec.resource_qos_strategy
-        return any(strategy.for_class(QoSClass(g)).resctrl_qos.enable for g in GROUPS)
-
-    def deactivate(self) -> None:
-        """Groups are left in place: removing them would move their tasks to the root group anyway."""
-
-    def _resctrl_info(self) -> ResctrlInfo | None:
-        root = self._executor.resctrl_root
-        if not self._probed:
-            self._probed = True
-            self._info = read_resctrl_info(root, self._vendor) if root else None
-            if self._info is None:
-                logger.info("resctrl QoS is a no-op: no RDT (info/L3/cbm_mask) under %s", root)
-        return self._info
-
-    def _pids(self, cgroup_dir: str) -> tuple[int, ...]:
-        try:
-            text = self._executor.read("tasks", cgroup_dir)
-        except ExecutorError:
-            return ()
-        return tuple(int(line) for line in text.split() if line.isdigit())
-
-    def _pod_tasks(self, snapshot: Snapshot) -> dict[str, tuple[int, ...]]:
-        tasks: dict[str, tuple[int, ...]] = {}
-        for pod in snapshot.pods:
-            pod_dir = pod_cgroup_dir(self._layout, pod)
-            if pod_dir is None:
-                continue
-            pids: list[int] = []
-            dirs = [container_cgroup_dir(self._layout, pod_dir, c) for c in pod.containers]
-            if pod.sandbox_id:
-                try:
-                    dirs.append(self._layout.container_dir(pod_dir, pod.sandbox_id))
-                except CgroupPathError:
-                    logger.debug("unsafe sandbox id of %s", pod.key)
-            for cgroup_dir in dirs:
-                if cgroup_dir is not None:
-                    pids.extend(self._pids(cgroup_dir))
-            tasks[pod.uid] = tuple(pids)
-        return tasks
-
-    def _group_tasks(self, root: str) -> dict[str, frozenset[int]]:
-        present: dict[str, frozenset[int]] = {}
-        for group in GROUPS:
-            try:
-                with open(os.path.join(root, group, "tasks"), encoding="ascii") as f:
-                    present[group] = frozenset(int(line) for line in f.read().split() if line.isdigit())
-            except FileNotFoundError:
-                present[group] = frozenset()
-        return present
-
-    def run(self, now: float) -> None:
-        info = self._resctrl_info()
-        root = self._executor.resctrl_root
-        if info is None or root is None:
-            return
-        snapshot = self._builder.build(now=now)
-        if snapshot is None:
-            return
-        for group in GROUPS:
-            self._executor.ensure_resctrl_group(group)  # the executor is the only writer, mkdir included
-        decision = decide(snapshot, info, self._pod_tasks(snapshot), self._group_tasks(root))
-        self.last_decision = decision
-        for group, text in decision.schemata.items():
-            self._executor.write_resctrl(group, "schemata", text)
-        for group, pids in decision.tasks.items():
-            for pid in pids:
-                try:
-                    self._executor.write_resctrl(group, "tasks", str(pid))
-                except ExecutorError as exc:
-                    logger.debug("cannot move task %d to resctrl group %s: %s", pid, group, exc)
+STRATEGY = Strategy("resctrl", GATE_RDT_RESCTRL, ResctrlConfig, decide)

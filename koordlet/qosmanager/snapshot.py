@@ -8,11 +8,15 @@ hand-made snapshots. "Latest" values are the newest sample inside 2 × the colle
 
 from __future__ import annotations
 
+import enum
+import logging
 import math
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from koordlet.api.keys import (
     RESOURCE_BATCH_CPU,
@@ -21,9 +25,11 @@ from koordlet.api.keys import (
     RESOURCE_MEMORY,
     canonical_resource_name,
 )
+from koordlet.actuator import PlanRecord
 from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
+from koordlet.executor import ExecutorError, ResourceExecutor, UnsupportedResourceError
 from koordlet.metriccache import (
     Label,
     MetricCache,
@@ -33,11 +39,15 @@ from koordlet.metriccache import (
 from koordlet.metricsadvisor.pods import BE_CPU_REAL_LIMIT, BE_CPU_REQUEST, BE_CPU_USAGE
 from koordlet.statesinformer.api import NodeInfo, StatesProvider
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.system.resctrl import ResctrlInfo, ResctrlInfoError, read_resctrl_info
 from koordlet.system.sysfs import CPUInfo
+
+logger = logging.getLogger(__name__)
 
 HOST_APP_CPU_USAGE = MetricKind.HOST_APP_CPU_USAGE
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
+_EMPTY_VALUES: Mapping[tuple[str, str], str] = MappingProxyType({})
 
 
 # The node_be cpu series the pod collector writes (usage, request, real limit; milli-cores).
@@ -60,6 +70,34 @@ class BECPUWindow:
     last_real_limit_milli: float
 
 
+class Scope(enum.StrEnum):
+    """Which cgroup dirs a :class:`CgroupRead` covers."""
+
+    BESTEFFORT = "besteffort"  # the besteffort QoS dir
+    PODS = "pods"  # every pod dir
+    CONTAINERS = "containers"  # every container dir (init containers included)
+    SANDBOXES = "sandboxes"  # every pod's sandbox (pause) container dir
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupRead:
+    """Read ``resource`` of every dir in ``scope`` into the snapshot (``Snapshot.cgroup_value``)."""
+
+    resource: str
+    scope: Scope
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What a strategy's ``decide`` reads beyond the node, NodeSLO, pods and latest metrics (its config says)."""
+
+    node_cpu_avg_window_s: float | None = None  # averages of node and pod CPU over this window
+    be_window_s: float | None = None  # node_be CPU series over this window
+    cgroup_reads: tuple[CgroupRead, ...] = ()
+    kernel_files: tuple[str, ...] = ()  # cgroup files to probe on the kubepods dir (once per agent)
+    resctrl: bool = False  # the resctrl tree's L3/MB facts
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """What a strategy sees at one tick. Usage maps are keyed by pod uid / bare container id."""
@@ -80,6 +118,17 @@ class Snapshot:
     node_cpu_avg_cores: float | None = None  # average over the window the builder was asked for
     pod_cpu_avg_cores: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # same window
     be_cpu: BECPUWindow | None = None
+    layout: KubeCgroupLayout = field(default_factory=KubeCgroupLayout)
+    page_size: int = 4096
+    cgroup_values: Mapping[tuple[str, str], str] = field(default_factory=lambda: _EMPTY_VALUES)
+    kernel_files: frozenset[str] = frozenset()  # of the probed ones, those this kernel has
+    resctrl: ResctrlInfo | None = None
+    memo: Any = None  # the strategy's ``Plan.memo`` of its previous tick
+    last: PlanRecord | None = None  # what the runner did with the strategy's previous plan
+
+    def cgroup_value(self, resource: str, cgroup_dir: str) -> str | None:
+        """A value read for this tick (``Needs.cgroup_reads``); None when it was not read or not readable."""
+        return self.cgroup_values.get((resource, cgroup_dir))
 
     def pod(self, uid: str) -> PodMeta | None:
         for pod in self.pods:
@@ -173,7 +222,8 @@ def pod_kube_qos(pod: PodMeta) -> KubeQoS:
 
 
 class SnapshotBuilder:
-    """Reads the states provider and the metric cache into a :class:`Snapshot`."""
+    """Reads the states provider, the metric cache and (through the executor's reads) the cgroup values a
+    strategy's config needs into a :class:`Snapshot`."""
 
     def __init__(
         self,
@@ -182,16 +232,34 @@ class SnapshotBuilder:
         cpus: tuple[CPUInfo, ...] = (),
         collect_interval_s: float = 1.0,
         clock: Callable[[], float] = time.time,
+        *,
+        reader: ResourceExecutor | None = None,
+        layout: KubeCgroupLayout | None = None,
+        resctrl_vendor: str = "intel",
+        page_size: int | None = None,
     ) -> None:
+        """``reader``: the executor whose reads fill ``Needs.cgroup_reads``, ``kernel_files`` and ``resctrl``
+        (without it those stay empty); ``layout``: kubelet's cgroup layout the dirs are built with."""
         self._states = states
         self._cache = cache
         self._cpus = cpus
         self._interval_s = collect_interval_s
         self._clock = clock
+        self._reader = reader
+        self._layout = layout or KubeCgroupLayout()
+        self._vendor = resctrl_vendor
+        self._page_size = page_size or os.sysconf("SC_PAGE_SIZE")
+        self._kernel_files: dict[str, bool] = {}  # probed once: the kernel does not grow files
+        self._resctrl: ResctrlInfo | None = None
+        self._resctrl_probed = False
 
     @property
     def collect_interval_s(self) -> float:
         return self._interval_s
+
+    @property
+    def layout(self) -> KubeCgroupLayout:
+        return self._layout
 
     def latest_collection(self) -> float | None:
         """Wall-clock time of the newest node memory sample (every node collection writes one)."""
@@ -218,20 +286,24 @@ class SnapshotBuilder:
 
     def build(
         self,
+        needs: Needs | None = None,
         *,
         node_cpu_avg_window_s: float | None = None,
         be_window_s: float | None = None,
         now: float | None = None,
+        memo: Any = None,
+        last: PlanRecord | None = None,
     ) -> Snapshot | None:
-        """A snapshot of now; None while the node is not known yet."""
+        """A snapshot of now with what ``needs`` asks for; None while the node is not known yet."""
+        needs = needs or Needs(node_cpu_avg_window_s=node_cpu_avg_window_s, be_window_s=be_window_s)
         node = self._states.node()
         if node is None:
             return None
         now = self._clock() if now is None else now
         node_cpu_avg: float | None = None
         pod_cpu_avg: Mapping[str, float] = _EMPTY
-        if node_cpu_avg_window_s is not None:
-            start = now - node_cpu_avg_window_s
+        if needs.node_cpu_avg_window_s is not None:
+            start = now - needs.node_cpu_avg_window_s
             aggregate = self._cache.query(SeriesKey.of(MetricKind.NODE_CPU_USAGE), start, now)
             node_cpu_avg = None if aggregate is None else aggregate.avg
             averages: dict[str, float] = {}
@@ -241,11 +313,12 @@ class SnapshotBuilder:
                 if uid is not None and pod_aggregate is not None:
                     averages[uid] = pod_aggregate.avg
             pod_cpu_avg = MappingProxyType(averages)
+        pods = self._states.pods()
         return Snapshot(
             timestamp=now,
             node=node,
             node_slo=self._states.node_slo(),
-            pods=self._states.pods(),
+            pods=pods,
             cpus=self._cpus,
             collect_interval_s=self._interval_s,
             node_cpu_cores=self._latest(SeriesKey.of(MetricKind.NODE_CPU_USAGE), now),
@@ -259,8 +332,78 @@ class SnapshotBuilder:
             host_app_cpu_cores=self._latest_by_label(HOST_APP_CPU_USAGE, Label.HOST_APP_NAME, now),
             node_cpu_avg_cores=node_cpu_avg,
             pod_cpu_avg_cores=pod_cpu_avg,
-            be_cpu=None if be_window_s is None else self._be_window(be_window_s, now),
+            be_cpu=None if needs.be_window_s is None else self._be_window(needs.be_window_s, now),
+            layout=self._layout,
+            page_size=self._page_size,
+            cgroup_values=self._read_cgroups(needs.cgroup_reads, pods),
+            kernel_files=self._probe(needs.kernel_files),
+            resctrl=self._resctrl_info() if needs.resctrl else None,
+            memo=memo,
+            last=last,
         )
+
+    # ------------------------------------------------------------------------------------ the reads
+
+    def scope_dirs(self, scope: Scope, pods: tuple[PodMeta, ...]) -> list[str]:
+        """The cgroup dirs of ``scope`` for ``pods`` (dirs that cannot be built safely are left out)."""
+        layout = self._layout
+        if scope is Scope.BESTEFFORT:
+            return [layout.qos_dir(KubeQoS.BESTEFFORT)]
+        dirs: list[str] = []
+        for pod in pods:
+            pod_dir = pod_cgroup_dir(layout, pod)
+            if pod_dir is None:
+                continue
+            if scope is Scope.PODS:
+                dirs.append(pod_dir)
+            elif scope is Scope.CONTAINERS:
+                dirs.extend(d for c in pod.containers if (d := container_cgroup_dir(layout, pod_dir, c)) is not None)
+            elif pod.sandbox_id:
+                try:
+                    dirs.append(layout.container_dir(pod_dir, pod.sandbox_id))
+                except CgroupPathError:
+                    logger.debug("unsafe sandbox id of %s", pod.key)
+        return dirs
+
+    def _read_cgroups(self, reads: tuple[CgroupRead, ...], pods: tuple[PodMeta, ...]) -> Mapping[tuple[str, str], str]:
+        if not reads or self._reader is None:
+            return _EMPTY_VALUES
+        values: dict[tuple[str, str], str] = {}
+        for read in reads:
+            for cgroup_dir in self.scope_dirs(read.scope, pods):
+                try:
+                    values[(read.resource, cgroup_dir)] = self._reader.read(read.resource, cgroup_dir)
+                except ExecutorError as exc:
+                    logger.debug("cannot read %s of %s: %s", read.resource, cgroup_dir, exc)
+        return MappingProxyType(values)
+
+    def _probe(self, files: tuple[str, ...]) -> frozenset[str]:
+        if not files or self._reader is None:
+            return frozenset()
+        for name in files:
+            if name not in self._kernel_files:
+                try:
+                    self._reader.read(name, self._layout.kubepods_dir())
+                    self._kernel_files[name] = True
+                except UnsupportedResourceError:
+                    self._kernel_files[name] = False
+                except ExecutorError as exc:
+                    logger.debug("cannot probe %s: %s", name, exc)
+                    self._kernel_files[name] = False
+        return frozenset(name for name in files if self._kernel_files[name])
+
+    def _resctrl_info(self) -> ResctrlInfo | None:
+        if not self._resctrl_probed:
+            self._resctrl_probed = True
+            root = self._reader.resctrl_root if self._reader is not None else None
+            try:
+                self._resctrl = read_resctrl_info(root, self._vendor) if root else None
+            except ResctrlInfoError as exc:
+                logger.warning("resctrl QoS is a no-op: %s", exc)
+                self._resctrl = None
+            if self._resctrl is None:
+                logger.info("resctrl QoS is a no-op: no RDT (info/L3/cbm_mask) under %s", root)
+        return self._resctrl
 
     def _be_window(self, window_s: float, now: float) -> BECPUWindow | None:
         start = now - window_s

@@ -43,7 +43,7 @@ def read_resctrl_node(resctrl_root: str | None) -> ResctrlNode | None:
     """The node's RDT capabilities for the pod-level resctrl hook; None without RDT."""
     if not resctrl_root:
         return None
-    from koordlet.qosmanager.resctrl import ResctrlInfoError, read_resctrl_info
+    from koordlet.system.resctrl import ResctrlInfoError, read_resctrl_info
 
     try:
         info = read_resctrl_info(resctrl_root)

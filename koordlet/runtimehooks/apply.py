@@ -1,4 +1,5 @@
-"""Plugin results -> executor updates, and the contexts plugins see, built from what koordlet knows."""
+"""Plugin results -> plans (cgroup writes, resctrl actions) for the plan runner; and the contexts plugins
+see, built from what koordlet knows."""
 
 from __future__ import annotations
 
@@ -6,31 +7,62 @@ from dataclasses import replace
 
 from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_from_milli
 from koordlet.api.pod import ContainerMeta, PodMeta
-from koordlet.executor import ResourceUpdate
+from koordlet.api.units import CFS_PERIOD_US
+from koordlet.plan import (
+    CgroupWrite,
+    Plan,
+    ResctrlAction,
+    ResctrlGroup,
+    ResctrlMoveTasks,
+    ResctrlWrite,
+    WriteStep,
+)
 from runtimeproxy.api import hookapi_pb2 as hookapi
 
-# Files whose values must respect the parent/child order on cgroup v1 (leveled update).
-_LEVELED = ("cpu.cfs_quota_us", "memory.limit_in_bytes", "cpuset.cpus")
-
-
-def cgroup_updates(changes: Changes, cgroup_dir: str) -> tuple[list[ResourceUpdate], list[ResourceUpdate]]:
-    """(leveled, plain) updates that put ``changes`` on ``cgroup_dir``; an empty cpuset is not written
-    (it means "follow the parent", which a container dir already does)."""
-    leveled: list[ResourceUpdate] = []
-    plain: list[ResourceUpdate] = []
+def cgroup_writes(changes: Changes, cgroup_dir: str) -> tuple[list[CgroupWrite], list[CgroupWrite]]:
+    """(leveled, plain) writes that put ``changes`` on ``cgroup_dir``: quota, memory limit and cpuset must
+    respect the parent/child order on cgroup v1 (leveled); an empty cpuset is not written (it means "follow
+    the parent", which a container dir already does)."""
+    leveled: list[CgroupWrite] = []
+    plain: list[CgroupWrite] = []
     if changes.cfs_quota_us is not None:
-        leveled.append(ResourceUpdate.of("cpu.cfs_quota_us", cgroup_dir, changes.cfs_quota_us))
+        leveled.append(CgroupWrite("cpu.cfs_quota_us", cgroup_dir, changes.cfs_quota_us))
     if changes.memory_limit_bytes is not None:
-        leveled.append(ResourceUpdate.of("memory.limit_in_bytes", cgroup_dir, changes.memory_limit_bytes))
+        leveled.append(CgroupWrite("memory.limit_in_bytes", cgroup_dir, changes.memory_limit_bytes))
     if changes.cpuset_cpus:
-        leveled.append(ResourceUpdate.of("cpuset.cpus", cgroup_dir, changes.cpuset_cpus))
+        leveled.append(CgroupWrite("cpuset.cpus", cgroup_dir, changes.cpuset_cpus))
     if changes.cpu_shares is not None:
-        plain.append(ResourceUpdate.of("cpu.shares", cgroup_dir, changes.cpu_shares))
+        plain.append(CgroupWrite("cpu.shares", cgroup_dir, changes.cpu_shares))
     if changes.bvt_warp_ns is not None:
-        plain.append(ResourceUpdate.of("cpu.bvt_warp_ns", cgroup_dir, changes.bvt_warp_ns))
+        plain.append(CgroupWrite("cpu.bvt_warp_ns", cgroup_dir, changes.bvt_warp_ns))
     if changes.cpu_idle is not None:
-        plain.append(ResourceUpdate.of("cpu.idle", cgroup_dir, changes.cpu_idle))
+        plain.append(CgroupWrite("cpu.idle", cgroup_dir, changes.cpu_idle))
     return leveled, plain
+
+
+def steps_of(leveled: list[CgroupWrite], plain: list[CgroupWrite]) -> tuple[WriteStep, ...]:
+    steps = []
+    if leveled:
+        steps.append(WriteStep(tuple(leveled), leveled=True))
+    if plain:
+        steps.append(WriteStep(tuple(plain)))
+    return tuple(steps)
+
+
+def resctrl_actions(changes: Changes, task_dirs: tuple[str, ...] = ()) -> tuple[ResctrlAction, ...]:
+    """The pod's resctrl group with its schemata, and the processes of ``task_dirs`` moved in."""
+    group, schemata = changes.resctrl_group, changes.resctrl_schemata
+    if not (group and schemata):
+        return ()
+    actions: list[ResctrlAction] = [ResctrlGroup(group), ResctrlWrite(group, "schemata", schemata)]
+    if task_dirs:
+        actions.append(ResctrlMoveTasks(group, task_dirs, source="cgroup.procs"))
+    return tuple(actions)
+
+
+def pod_level_plan(changes: Changes, pod_dir: str) -> Plan:
+    """What the hook server writes itself for a pod-level answer: the pod dir's values and its resctrl group."""
+    return Plan(steps_of(*cgroup_writes(changes, pod_dir)), resctrl=resctrl_actions(changes))
 
 
 def pod_from_sandbox_request(req: hookapi.PodSandboxHookRequest, known: PodMeta | None = None) -> PodMeta:
@@ -79,7 +111,7 @@ def apply_to_container_response(changes: Changes, resp: hookapi.ContainerResourc
     if changes.cfs_quota_us is not None:
         r.cpu_quota = changes.cfs_quota_us
         if changes.cfs_quota_us > 0 and r.cpu_period <= 0:
-            r.cpu_period = 100_000
+            r.cpu_period = CFS_PERIOD_US
     if changes.cpuset_cpus is not None:
         r.cpuset_cpus = changes.cpuset_cpus
     if changes.memory_limit_bytes is not None:

@@ -3,8 +3,9 @@ every pod and container on a timer and whenever the pods or the NodeSLO change, 
 without the proxy, after a koordlet restart, and after someone changed a file by hand.
 
 Pods carrying the skip-hookserver label are left alone here too: the label opts a pod out of koordlet's
-runtime hooks as a whole. Quota, memory limit and cpuset go through the executor's leveled update (pod
-before its containers where a value grows, after them where it shrinks), as cgroup v1 requires.
+runtime hooks as a whole. Each pod's results become one :class:`~koordlet.plan.Plan` (:meth:`pod_plan`)
+that the plan runner carries out: quota, memory limit and cpuset as a leveled step (pod before its
+containers where a value grows, after them where it shrinks), as cgroup v1 requires.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from hooks import registry
 from hooks.protocol import NodeContext, PodContext
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
-from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor, UnsupportedResourceError
+from koordlet.actuator import PlanRunner
+from koordlet.executor import CgroupNotFoundError, ResourceExecutor, UnsupportedResourceError
+from koordlet.plan import Plan
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 
 from . import metrics
-from .apply import cgroup_updates, container_context_from_meta
+from .apply import cgroup_writes, container_context_from_meta, resctrl_actions, steps_of
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ class Reconciler:
         self._pods = pods
         self._node = node
         self._plugins = plugins
-        self._executor = executor
+        self._runner = PlanRunner(executor)
         self._layout = layout
         self.interval_s = interval_s
         self._wake = threading.Event()
@@ -55,51 +58,41 @@ class Reconciler:
         kube_qos = pod.effective_kube_qos
         return self._layout.pod_dir(pod.uid, kube_qos) if kube_qos is not None else None
 
-    def reconcile_pod(self, pod: PodMeta, node: NodeContext, plugins: list[registry.Plugin]) -> int:
-        """Apply one pod's results; returns the number of failed writes (pods gone meanwhile excluded)."""
+    def pod_plan(self, pod: PodMeta, node: NodeContext, plugins: list[registry.Plugin]) -> Plan:
+        """The plugins' results for one pod and its containers, as a plan (empty when the pod has no dir)."""
         pod_dir = self._pod_dir(pod)
         if pod_dir is None:
-            return 0
+            return Plan()
         pod_changes = registry.run_pod(plugins, node, PodContext(pod), self._report)
-        leveled, plain = cgroup_updates(pod_changes, pod_dir)
+        leveled, plain = cgroup_writes(pod_changes, pod_dir)
+        container_dirs: list[str] = []
         for container in pod.containers:
             if not container.container_id:
                 continue
             changes = registry.run_container(plugins, node, container_context_from_meta(pod, container),
                                              self._report)
-            more_leveled, more_plain = cgroup_updates(
-                changes, self._layout.container_dir(pod_dir, container.container_id, container.runtime))
+            container_dir = self._layout.container_dir(pod_dir, container.container_id, container.runtime)
+            container_dirs.append(container_dir)
+            more_leveled, more_plain = cgroup_writes(changes, container_dir)
             leveled += more_leveled
             plain += more_plain
-        failed = 0
+        return Plan(steps_of(leveled, plain), resctrl=resctrl_actions(pod_changes, tuple(container_dirs)))
+
+    def reconcile_pod(self, pod: PodMeta, node: NodeContext, plugins: list[registry.Plugin]) -> int:
+        """Apply one pod's results; returns the number of failed writes (pods gone meanwhile excluded)."""
         # verify: a value someone changed since koordlet wrote it is written again at once, not after the
         # executor's 60 s write cache expires (that is what the reconciler is for).
-        for result in (self._executor.leveled_update(leveled, verify=True),
-                       self._executor.update_batch(plain, verify=True)):
-            for failure in result.failures:
-                # gone pods (no dir) and kernels without a file are not failures: nothing to do there
-                if not isinstance(failure.error, CgroupNotFoundError | UnsupportedResourceError):
-                    failed += 1
-                    log.warning("reconcile %s: %s", pod.key, failure.error)
-        if pod_changes.resctrl_group and pod_changes.resctrl_schemata:
-            failed += self._reconcile_resctrl(pod, pod_dir, pod_changes.resctrl_group, pod_changes.resctrl_schemata)
+        record = self._runner.run(self.pod_plan(pod, node, plugins), "reconciler", verify=True)
+        failed = 0
+        for failure in record.failures:
+            # gone pods (no dir) and kernels without a file are not failures: nothing to do there
+            if not isinstance(failure.error, CgroupNotFoundError | UnsupportedResourceError):
+                failed += 1
+                log.warning("reconcile %s: %s", pod.key, failure.error)
+        for error in record.resctrl_errors:
+            failed += 1
+            log.warning("reconcile %s: resctrl group %s", pod.key, error)
         return failed
-
-    def _reconcile_resctrl(self, pod: PodMeta, pod_dir: str, group: str, schemata: str) -> int:
-        try:
-            self._executor.ensure_resctrl_group(group)
-            self._executor.write_resctrl(group, "schemata", schemata)
-            tasks = set()
-            for container in pod.containers:
-                if container.container_id:
-                    cdir = self._layout.container_dir(pod_dir, container.container_id, container.runtime)
-                    tasks.update(self._executor.read("cgroup.procs", cdir).split())
-            for pid in sorted(tasks):
-                self._executor.write_resctrl(group, "tasks", pid)
-        except ExecutorError as err:
-            log.warning("reconcile %s: resctrl group %s: %s", pod.key, group, err)
-            return 1
-        return 0
 
     def reconcile_once(self) -> None:
         started = time.perf_counter()

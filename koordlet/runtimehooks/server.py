@@ -18,7 +18,8 @@ import grpc
 from hooks import registry
 from hooks.protocol import NodeContext, PodContext
 from koordlet.api.pod import PodMeta
-from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor
+from koordlet.actuator import PlanRunner
+from koordlet.executor import CgroupNotFoundError, ResourceExecutor
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 from runtimeproxy.api import hookapi_pb2 as hookapi
 from runtimeproxy.api import hookapi_pb2_grpc as hookapi_grpc
@@ -26,7 +27,7 @@ from runtimeproxy.api import hookapi_pb2_grpc as hookapi_grpc
 from . import metrics
 from .apply import (
     apply_to_container_response,
-    cgroup_updates,
+    pod_level_plan,
     container_context_from_request,
     pod_from_container_request,
     pod_from_sandbox_request,
@@ -42,7 +43,7 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         self._plugins = plugins
         self._node = node
         self._known_pod = known_pod
-        self._executor = executor
+        self._runner = PlanRunner(executor)
         self._layout = layout
         self._disabled = disabled_stages
 
@@ -91,19 +92,14 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         except CgroupPathError as err:
             log.warning("pod %s: bad cgroup parent: %s", pod.key, err)
             return
-        leveled, plain = cgroup_updates(changes, pod_dir)
-        for result in (self._executor.leveled_update(leveled), self._executor.update_batch(plain)):
-            for failure in result.failures:
-                if isinstance(failure.error, CgroupNotFoundError):
-                    log.debug("pod %s: %s not there yet; the reconciler will apply it", pod.key, pod_dir)
-                else:
-                    log.warning("pod %s: %s", pod.key, failure.error)
-        if changes.resctrl_group and changes.resctrl_schemata:
-            try:
-                self._executor.ensure_resctrl_group(changes.resctrl_group)
-                self._executor.write_resctrl(changes.resctrl_group, "schemata", changes.resctrl_schemata)
-            except ExecutorError as err:
-                log.warning("pod %s: resctrl group %s: %s", pod.key, changes.resctrl_group, err)
+        record = self._runner.run(pod_level_plan(changes, pod_dir), "hookserver")
+        for failure in record.failures:
+            if isinstance(failure.error, CgroupNotFoundError):
+                log.debug("pod %s: %s not there yet; the reconciler will apply it", pod.key, pod_dir)
+            else:
+                log.warning("pod %s: %s", pod.key, failure.error)
+        for error in record.resctrl_errors:
+            log.warning("pod %s: resctrl group %s", pod.key, error)
 
     @staticmethod
     def _pod_echo(request: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:

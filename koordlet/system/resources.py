@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from koordlet.api.cpuset import CPUListError, format_cpu_list, parse_cpu_list
+from koordlet.api.units import CFS_PERIOD_US
 from koordlet.system.cgroup import CgroupVersion
 
 INT64_MAX = 2**63 - 1
-CFS_PERIOD_DEFAULT_US = 100000
 PID_MAX_LIMIT = 4194304  # kernel PID_MAX_LIMIT on 64-bit
 CPU_SHARES_MIN = 2
 CPU_SHARES_MAX = 262144
@@ -142,7 +142,7 @@ def cpu_shares_to_weight(shares: int) -> int:
 def _split_cpu_max(current: str | None) -> tuple[str, str]:
     parts = (current or "").split()
     quota = parts[0] if parts and (parts[0] == "max" or parts[0].isdigit()) else "max"
-    period = parts[1] if len(parts) > 1 and parts[1].isdigit() else str(CFS_PERIOD_DEFAULT_US)
+    period = parts[1] if len(parts) > 1 and parts[1].isdigit() else str(CFS_PERIOD_US)
     return quota, period
 
 
@@ -262,7 +262,7 @@ _RESOURCES = (
         to_v2=_period_to_cpu_max,
         description="CFS period; v2 second field of cpu.max, quota kept",
     ),
-    _rw("cpu.cfs_burst_us", "cpu", _int_range(0, 100 * 10 * 100000), v2_file="cpu.max.burst"),
+    _rw("cpu.cfs_burst_us", "cpu", _int_range(0, 100 * 10 * CFS_PERIOD_US), v2_file="cpu.max.burst"),
     _rw("cpu.bvt_warp_ns", "cpu", _int_range(-1, 2), description="group identity (Anolis/Alinux)"),
     _rw("cpu.idle", "cpu", _BOOL, description="SCHED_IDLE group"),
     # cpuset

@@ -12,8 +12,9 @@ from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.eviction import POD_EVICTION, POD_EVICTION_DETAIL, EvictionOutcome, Evictor, reason_for
 from koordlet.metriccache import MetricCache, MetricKind, SeriesKey
-from koordlet.qosmanager.cpuevict import BECPUEvict
-from koordlet.qosmanager.memoryevict import BEMemoryEvict
+from koordlet.actuator import PlanRunner
+from koordlet.executor import ResourceExecutor
+from koordlet.qosmanager import QoSManager, QoSManagerConfig, cpuevict, memoryevict
 from koordlet.qosmanager.snapshot import (
     BE_CPU_REAL_LIMIT_KEY,
     BE_CPU_REQUEST_KEY,
@@ -21,10 +22,20 @@ from koordlet.qosmanager.snapshot import (
     SnapshotBuilder,
 )
 from koordlet.statesinformer.api import NodeInfo, StaticStates
+from koordlet.system.cgroup import CgroupFS
 from tests.koordlet.qosmanager.factory import spec
 from tests.support.apiserver import ApiServer
 
 GiB = 1 << 30
+
+
+def _manager(states: StaticStates, builder: SnapshotBuilder, evictor: Evictor, strategy, clock: list[float],
+             started_at: float | None = None) -> QoSManager:
+    """The QoS manager with one eviction strategy, its plans carried out by a runner with ``evictor``."""
+    config = QoSManagerConfig(node_name="node-1", started_at=started_at,
+                              feature_gates={strategy.feature_gate: True})
+    runner = PlanRunner(ResourceExecutor(CgroupFS(root="/nonexistent-root")), evictor)
+    return QoSManager(states, [strategy], config, wall_clock=lambda: clock[0], builder=builder, runner=runner)
 
 
 class FakeClock:
@@ -135,16 +146,20 @@ def test_memory_evict_strategy_evicts_be_pods_in_order_and_rests(
     cache.append(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE), now, 12 * GiB)  # 75 %: release 7 % = 1.12 GiB
     for name, used in (("web", 6 * GiB), ("big", 1 * GiB), ("small", GiB // 2)):
         cache.append(SeriesKey.of(MetricKind.POD_MEMORY_USAGE, pod_uid=uids[name]), now, used)
-    strategy = BEMemoryEvict(SnapshotBuilder(states, cache), Evictor("node-1", api_client=api_client))
-    strategy.run(now)
-    assert strategy.last_round is not None and strategy.last_round.evicted == ("default/big", "default/small")
+    clock = [now]
+    manager = _manager(states, SnapshotBuilder(states, cache), Evictor("node-1", api_client=api_client),
+                       memoryevict.STRATEGY, clock)
+    assert manager.run_strategy("memoryevict")
+    record = manager.last_record("memoryevict")
+    assert record is not None and record.evicted == ("default/big", "default/small")
     assert server.get_object("pods", "web", "default") is not None
     assert _evictions(server, "web") == 0
     messages = [e["message"] for e in server.list_objects("events", "default")]
     assert any("75%" in m and "1073741824 bytes" in m for m in messages)
     server.clear_requests()
     cache.append(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE), now + 1, 12 * GiB)
-    strategy.run(now + 1)  # inside the 4 s cool-down
+    clock[0] = now + 1
+    assert manager.run_strategy("memoryevict")  # inside the 4 s cool-down
     assert not server.requests("POST")
 
 
@@ -201,14 +216,18 @@ def test_cpu_evict_strategy_evicts_for_low_satisfaction_and_rests_after_start(
     _be_cpu_series(cache, 970.0, 1000.0, usage=1450.0, request=4000.0, limit=1500.0)
     builder = SnapshotBuilder(states, cache)
     evictor = Evictor("node-1", api_client=api_client)
-    just_started = BECPUEvict(builder, evictor, started_at=990.0)
-    just_started.run(1000.0)  # within 20 s of the start
-    assert just_started.last_decision is None and not server.requests("POST")
-    strategy = BECPUEvict(builder, evictor, started_at=900.0)
-    strategy.run(1000.0)
+    clock = [1000.0]
+    just_started = _manager(states, builder, evictor, cpuevict.STRATEGY, clock, started_at=990.0)
+    assert just_started.run_strategy("cpuevict")  # within 20 s of the start
+    plan = just_started.last_plan("cpuevict")
+    assert plan is not None and plan.report is None and not server.requests("POST")
+    manager = _manager(states, builder, evictor, cpuevict.STRATEGY, clock, started_at=900.0)
+    assert manager.run_strategy("cpuevict")
     # release = 4000 × (0.8 − 1500/4000) = 1700m: small (prio 3000, 1000m) then big (3000m)
-    assert strategy.last_decision is not None and strategy.last_decision.release_milli == pytest.approx(1700)
-    assert strategy.last_round is not None and strategy.last_round.evicted == ("default/small", "default/big")
+    plan = manager.last_plan("cpuevict")
+    assert plan is not None and plan.report.release_milli == pytest.approx(1700)
+    record = manager.last_record("cpuevict")
+    assert record is not None and record.evicted == ("default/small", "default/big")
     assert _evictions(server, "web") == 0
     reasons = {e["reason"] for e in server.list_objects("events", "default")}
     assert reasons == {"BECPUEvict"}

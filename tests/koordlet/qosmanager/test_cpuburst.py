@@ -13,7 +13,7 @@ from koordlet.qosmanager.cpuburst import (
     TokenBucket,
     bucket_capacity,
     container_operation,
-    decide,
+    decide_burst,
     eligible_containers,
     scaled_quota,
     share_pool_state,
@@ -109,7 +109,7 @@ def test_scale_up_writes_pod_then_container_and_caps_burst_at_quota() -> None:
     snap = _burst_snapshot()
     containers = eligible_containers(snap, LAYOUT)
     current = BurstCurrent({CID: 100000}, {"uid-ls": 100000})
-    decision = decide(snap, containers, current, {})
+    decision = decide_burst(snap, containers, current, {})
     assert decision.operations[CID] is BurstOperation.UP
     quota_step, burst_step = decision.steps
     assert [(w.cgroup_dir, w.value) for w in quota_step.writes] == [
@@ -122,7 +122,8 @@ def test_scale_up_writes_pod_then_container_and_caps_burst_at_quota() -> None:
 
 def test_overload_scales_down_container_then_pod() -> None:
     snap = _burst_snapshot(node_cpu_avg_cores=7.0)
-    decision = decide(snap, eligible_containers(snap, LAYOUT), BurstCurrent({CID: 150000}, {"uid-ls": 150000}), {})
+    decision = decide_burst(snap, eligible_containers(snap, LAYOUT), BurstCurrent({CID: 150000}, {"uid-ls": 150000}),
+                            {})
     assert decision.node_state is SharePoolState.OVERLOAD
     assert [w.cgroup_dir for w in decision.steps[0].writes] == [
         f"kubepods/burstable/poduid-ls/{CID}",
@@ -134,7 +135,7 @@ def test_overload_scales_down_container_then_pod() -> None:
 def test_unlimited_pod_quota_stays_and_empty_bucket_scales_down() -> None:
     snap = _burst_snapshot(period_s=10, container_cpu_cores={CID: 2.0})
     bucket = TokenBucket(2000.0, 50.0, snap.timestamp - 1.0)  # 200 % for 1 s consumes 100 tokens
-    decision = decide(snap, eligible_containers(snap, LAYOUT), BurstCurrent({CID: 200000}, {"uid-ls": -1}),
+    decision = decide_burst(snap, eligible_containers(snap, LAYOUT), BurstCurrent({CID: 200000}, {"uid-ls": -1}),
                       {CID: bucket})
     assert decision.operations[CID] is BurstOperation.DOWN
     assert [w.cgroup_dir for w in decision.steps[0].writes] == [f"kubepods/burstable/poduid-ls/{CID}"]
@@ -143,7 +144,8 @@ def test_unlimited_pod_quota_stays_and_empty_bucket_scales_down() -> None:
 
 def test_policy_without_quota_burst_resets_to_the_limit() -> None:
     snap = _burst_snapshot(policy="cpuBurstOnly")
-    decision = decide(snap, eligible_containers(snap, LAYOUT), BurstCurrent({CID: 180000}, {"uid-ls": 180000}), {})
+    decision = decide_burst(snap, eligible_containers(snap, LAYOUT), BurstCurrent({CID: 180000}, {"uid-ls": 180000}),
+                            {})
     assert decision.operations[CID] is BurstOperation.RESET
     assert decision.container_quota_us[CID] == 100000
 

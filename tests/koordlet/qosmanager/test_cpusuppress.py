@@ -16,7 +16,7 @@ from koordlet.qosmanager.cpusuppress import (
     be_cpuset_size,
     candidate_buckets,
     choose_be_cpus,
-    decide,
+    decide_suppress,
     decide_cfs_quota,
     select_cpus,
     suppress_budget,
@@ -137,7 +137,7 @@ def test_candidates_exclude_reserved_and_lse_cpus() -> None:
 
 
 def test_cpuset_decision_writes_union_then_exact_over_every_besteffort_dir() -> None:
-    decision = decide(_base(), SuppressConfig(), SuppressCurrent(be_cpus=tuple(range(8))), LAYOUT)
+    decision = decide_suppress(_base(), SuppressConfig(), SuppressCurrent(be_cpus=tuple(range(8))), LAYOUT)
     assert decision.be_cpus == (0, 4)  # budget 1.7 → 2 CPUs → one whole core
     (step,) = decision.steps
     assert step.leveled
@@ -165,7 +165,7 @@ def test_cfs_quota_policy(budget: float, current: int, expected: int | None) -> 
 
 def test_cfs_quota_decision_and_switch_restores_the_cpuset() -> None:
     config = SuppressConfig(policy="cfsQuota")
-    decision = decide(_base(), config, SuppressCurrent(be_cfs_quota_us=-1), LAYOUT, previous_policy="cpuset")
+    decision = decide_suppress(_base(), config, SuppressCurrent(be_cfs_quota_us=-1), LAYOUT, previous_policy="cpuset")
     restore, quota = decision.steps
     assert {w.value for w in restore.writes} == {"0-7"}
     assert quota.writes[0].resource == "cpu.cfs_quota_us" and quota.writes[0].value == 170000
@@ -173,7 +173,7 @@ def test_cfs_quota_decision_and_switch_restores_the_cpuset() -> None:
 
 
 def test_switch_back_to_cpuset_restores_unlimited_quota() -> None:
-    decision = decide(_base(), SuppressConfig(), SuppressCurrent(), LAYOUT, previous_policy="cfsQuota")
+    decision = decide_suppress(_base(), SuppressConfig(), SuppressCurrent(), LAYOUT, previous_policy="cfsQuota")
     assert decision.steps[0].writes[0].resource == "cpu.cfs_quota_us"
     assert decision.steps[0].writes[0].value == -1
 

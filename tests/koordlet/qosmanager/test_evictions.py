@@ -29,20 +29,20 @@ def _memory_snapshot(used: float, **fields):
 
 
 def test_memory_release_down_to_threshold_minus_two() -> None:
-    decision = memoryevict.decide(_memory_snapshot(12 * GiB), memoryevict.MemoryEvictConfig(70, 68))
+    decision = memoryevict.decide_release(_memory_snapshot(12 * GiB), memoryevict.MemoryEvictConfig(70, 68))
     assert decision.usage_percent == 75
     assert decision.release_bytes == CAPACITY * (75 - 68) // 100
 
 
 def test_memory_victims_lowest_priority_then_largest_usage_then_idle_pods_by_name_desc() -> None:
-    decision = memoryevict.decide(_memory_snapshot(12 * GiB), memoryevict.MemoryEvictConfig(70, 68))
+    decision = memoryevict.decide_release(_memory_snapshot(12 * GiB), memoryevict.MemoryEvictConfig(70, 68))
     assert [v.pod.name for v in decision.candidates] == ["c", "a", "b", "e", "d"]
     # 100 MiB + 800 MiB < 1.2 GB release; + 600 MiB reaches it
     assert [v.pod.name for v in decision.victims] == ["c", "a", "b"]
 
 
 def test_memory_pods_already_evicting_count_as_released() -> None:
-    decision = memoryevict.decide(_memory_snapshot(12 * GiB), memoryevict.MemoryEvictConfig(70, 68),
+    decision = memoryevict.decide_release(_memory_snapshot(12 * GiB), memoryevict.MemoryEvictConfig(70, 68),
                                   evicting={"uid-a"})
     assert [v.pod.name for v in decision.victims] == ["c", "b"]
 
@@ -56,7 +56,7 @@ def test_memory_pods_already_evicting_count_as_released() -> None:
     ],
 )
 def test_memory_release_amounts(used: int, lower: int, expected: int) -> None:
-    assert memoryevict.decide(_memory_snapshot(used), memoryevict.MemoryEvictConfig(70, lower)).release_bytes \
+    assert memoryevict.decide_release(_memory_snapshot(used), memoryevict.MemoryEvictConfig(70, lower)).release_bytes \
         == expected
 
 
@@ -66,7 +66,7 @@ def test_memory_config_defaults_from_node_slo() -> None:
 
 
 def test_memory_no_sample_no_eviction() -> None:
-    assert not memoryevict.decide(_memory_snapshot(None), memoryevict.MemoryEvictConfig()).triggered
+    assert not memoryevict.decide_release(_memory_snapshot(None), memoryevict.MemoryEvictConfig()).triggered
 
 
 # ------------------------------------------------------------------------------------------ BE CPU
@@ -92,13 +92,13 @@ def _cpu_snapshot(window: BECPUWindow | None, **fields):
 
 
 def test_satisfaction_release_from_averages() -> None:
-    decision = cpuevict.decide(_cpu_snapshot(_window()), CONFIG)
+    decision = cpuevict.decide_release(_cpu_snapshot(_window()), CONFIG)
     assert decision.satisfaction == pytest.approx(0.375)  # 1500 / 4000
     assert decision.release_milli == pytest.approx(4000 * (0.8 - 0.375))  # 1700
 
 
 def test_satisfaction_release_takes_the_smaller_of_avg_and_last() -> None:
-    decision = cpuevict.decide(_cpu_snapshot(_window(last=(1900.0, 4000.0, 2000.0))), CONFIG)
+    decision = cpuevict.decide_release(_cpu_snapshot(_window(last=(1900.0, 4000.0, 2000.0))), CONFIG)
     assert decision.release_milli == pytest.approx(4000 * (0.8 - 0.5))  # last-based 1200 < 1700
 
 
@@ -112,15 +112,15 @@ def test_satisfaction_release_takes_the_smaller_of_avg_and_last() -> None:
     ],
 )
 def test_satisfaction_windows(window: BECPUWindow, expected: float) -> None:
-    assert cpuevict.decide(_cpu_snapshot(window), CONFIG).release_milli == pytest.approx(expected)
+    assert cpuevict.decide_release(_cpu_snapshot(window), CONFIG).release_milli == pytest.approx(expected)
 
 
 def test_evict_by_allocatable_uses_batch_cpu_allocatable() -> None:
     config = cpuevict.CPUEvictConfig(80, 50, policy="evictByAllocatable")
     snap = _cpu_snapshot(_window(), node=node(8000, batch_cpu_milli=1000))
-    assert cpuevict.decide(snap, config).release_milli == pytest.approx(4000 * (0.8 - 0.25))
+    assert cpuevict.decide_release(snap, config).release_milli == pytest.approx(4000 * (0.8 - 0.25))
     snap = _cpu_snapshot(_window(), node=node(8000, batch_cpu_milli=0))
-    assert cpuevict.decide(snap, config).release_milli == pytest.approx(4000 * (0.8 - 1 / 4000))
+    assert cpuevict.decide_release(snap, config).release_milli == pytest.approx(4000 * (0.8 - 1 / 4000))
 
 
 @pytest.mark.parametrize(
@@ -134,11 +134,11 @@ def test_evict_by_allocatable_uses_batch_cpu_allocatable() -> None:
     ],
 )
 def test_invalid_or_missing_bounds_keep_the_feature_inert(config: cpuevict.CPUEvictConfig) -> None:
-    assert not cpuevict.decide(_cpu_snapshot(_window()), config).triggered
+    assert not cpuevict.decide_release(_cpu_snapshot(_window()), config).triggered
 
 
 def test_cpu_victims_lowest_priority_then_highest_usage_per_request() -> None:
-    decision = cpuevict.decide(_cpu_snapshot(_window()), CONFIG)
+    decision = cpuevict.decide_release(_cpu_snapshot(_window()), CONFIG)
     assert [v.pod.name for v in decision.candidates] == ["p3", "p2", "p1"]  # ratios: p2 1.0, p1 0.5
     assert [v.releases for v in decision.candidates] == [500.0, 1000.0, 2000.0]
     assert [v.pod.name for v in decision.victims] == ["p3", "p2", "p1"]  # 500 + 1000 < 1700

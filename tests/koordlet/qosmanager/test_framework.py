@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -12,37 +13,44 @@ from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
 from koordlet.eviction import Evictor
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
-from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
+from koordlet.plan import Plan
+from koordlet.qosmanager import QoSManager, QoSManagerConfig, Strategy, new_qos_manager
 from koordlet.qosmanager.metrics import STRATEGY_RUNS, value_of
+from koordlet.qosmanager.snapshot import Needs, Snapshot
 from koordlet.statesinformer.api import StaticStates
 from koordlet.system.cgroup import CgroupFS
 from tests.koordlet.qosmanager.factory import LAYOUT, node, spec
 
 
-class Recorder:
-    """A strategy that records what the manager asks of it."""
+@dataclass(frozen=True)
+class _SwitchConfig:
+    enabled: bool
+    needs: Needs = Needs()
 
-    feature_gate = "BECPUSuppress"
+    @classmethod
+    def from_node_slo(cls, node_slo: NodeSLOSpec, flags: object = None) -> _SwitchConfig:
+        return cls(node_slo.resource_used_threshold_with_be.enable)
+
+
+class Recorder:
+    """A strategy that records what the manager asks of it (``strategy`` is what the manager gets)."""
 
     def __init__(self, name: str = "recorder", interval_s: float = 0.05, fail: bool = False) -> None:
-        self.name = name
-        self.interval_s = interval_s
         self.fail = fail
         self.runs: list[float] = []
         self.deactivations = 0
         self.ran = threading.Event()
+        self.strategy = Strategy(name, "BECPUSuppress", _SwitchConfig, self.decide, interval_s)
 
-    def active(self, node_slo: NodeSLOSpec) -> bool:
-        return node_slo.resource_used_threshold_with_be.enable
-
-    def run(self, now: float) -> None:
-        self.runs.append(now)
+    def decide(self, snapshot: Snapshot, config: _SwitchConfig) -> Plan:
+        if not config.enabled:
+            self.deactivations += 1
+            return Plan()
+        self.runs.append(snapshot.timestamp)
         self.ran.set()
         if self.fail:
             raise OSError("disk on fire")
-
-    def deactivate(self) -> None:
-        self.deactivations += 1
+        return Plan()
 
 
 def test_default_gates_schedule_suppress_burst_and_resctrl_only() -> None:
@@ -61,14 +69,15 @@ def test_gates_turn_on_memory_qos_and_evictions() -> None:
 
 
 def test_collect_interval_below_one_second_disables_the_manager() -> None:
-    manager = QoSManager(StaticStates(node=node()), [Recorder()], QoSManagerConfig(collect_res_used_interval_s=0.5))
+    manager = QoSManager(StaticStates(node=node()), [Recorder().strategy],
+                         QoSManagerConfig(collect_res_used_interval_s=0.5))
     assert manager.scheduled == []
 
 
 def test_nodeslo_switch_off_deactivates_once_and_on_runs() -> None:
     states = StaticStates(node=node(), node_slo=default_node_slo_spec())  # enable defaults to false
     recorder = Recorder()
-    manager = QoSManager(states, [recorder])
+    manager = QoSManager(states, [recorder.strategy])
     for _ in range(3):
         manager.run_strategy("recorder")
     assert recorder.deactivations == 1 and recorder.runs == []
@@ -82,13 +91,13 @@ def test_nodeslo_switch_off_deactivates_once_and_on_runs() -> None:
 
 def test_unsynced_states_skip_every_strategy() -> None:
     recorder = Recorder()
-    manager = QoSManager(StaticStates(node=None, node_slo=spec()), [recorder])
+    manager = QoSManager(StaticStates(node=None, node_slo=spec()), [recorder.strategy])
     assert manager.run_strategy("recorder") is False and recorder.runs == []
 
 
 def test_failing_strategy_is_counted_logged_once_and_retried(caplog: pytest.LogCaptureFixture) -> None:
     recorder = Recorder(name="failing", fail=True)
-    manager = QoSManager(StaticStates(node=node(), node_slo=spec()), [recorder])
+    manager = QoSManager(StaticStates(node=node(), node_slo=spec()), [recorder.strategy])
     before = value_of(STRATEGY_RUNS, strategy="failing", status="error")
     with caplog.at_level(logging.WARNING, logger="koordlet.qosmanager.framework"):
         results = [manager.run_strategy("failing") for _ in range(3)]
@@ -101,7 +110,7 @@ def test_failing_strategy_is_counted_logged_once_and_retried(caplog: pytest.LogC
 
 def test_thread_runs_strategies_on_their_interval_and_stops() -> None:
     fast, slow = Recorder("fast", 0.05), Recorder("slow", 10.0)
-    manager = QoSManager(StaticStates(node=node(), node_slo=spec()), [fast, slow])
+    manager = QoSManager(StaticStates(node=node(), node_slo=spec()), [fast.strategy, slow.strategy])
     manager.start()
     try:
         deadline = time.monotonic() + 2.0
@@ -117,15 +126,15 @@ def test_thread_runs_strategies_on_their_interval_and_stops() -> None:
 
 def test_duplicate_names_and_bad_intervals_are_refused() -> None:
     with pytest.raises(ValueError):
-        QoSManager(StaticStates(node=node()), [Recorder("a"), Recorder("a")])
+        QoSManager(StaticStates(node=node()), [Recorder("a").strategy, Recorder("a").strategy])
     with pytest.raises(ValueError):
-        QoSManager(StaticStates(node=node()), [Recorder("a", interval_s=0)])
+        QoSManager(StaticStates(node=node()), [Recorder("a", interval_s=0).strategy])
 
 
 def test_first_tick_follows_the_collectors_phase() -> None:
     # Collected at wall 1000.0, now 1000.3: the collector ticks again at 1001.0, strategies 0.1 s later.
-    manager = QoSManager(StaticStates(node=node()), [Recorder()], monotonic=lambda: 100.0,
+    manager = QoSManager(StaticStates(node=node()), [Recorder().strategy], monotonic=lambda: 100.0,
                          wall_clock=lambda: 1000.3, phase_source=lambda: 1000.0)
     assert manager._first_due() == pytest.approx(100.8)
-    unphased = QoSManager(StaticStates(node=node()), [Recorder()], monotonic=lambda: 100.0)
+    unphased = QoSManager(StaticStates(node=node()), [Recorder().strategy], monotonic=lambda: 100.0)
     assert unphased._first_due() == 100.0

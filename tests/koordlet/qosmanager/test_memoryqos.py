@@ -10,7 +10,8 @@ import pytest
 from koordlet.api.keys import ANNOTATION_MEMORY_QOS
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta
-from koordlet.qosmanager.memoryqos import HIERARCHICAL_RESOURCES, MemoryQoS, decide, decide_values
+from koordlet.qosmanager import QoSManager, QoSManagerConfig
+from koordlet.qosmanager.memoryqos import HIERARCHICAL_RESOURCES, STRATEGY, decide_steps, decide_values
 from koordlet.qosmanager.snapshot import SnapshotBuilder
 from koordlet.statesinformer.api import StaticStates
 from tests.koordlet.qosmanager.factory import LAYOUT, GiB, be_pod, node, pod, snapshot
@@ -77,10 +78,10 @@ def test_annotation_none_turns_a_pod_off() -> None:
 
 def test_writes_are_leveled_and_limited_to_supported_files() -> None:
     snap = snapshot(node=node(), node_slo=SLO, pods=(LS,))
-    steps = decide(snap, LAYOUT, PAGE, frozenset(HIERARCHICAL_RESOURCES))
+    steps = decide_steps(snap, LAYOUT, PAGE, frozenset(HIERARCHICAL_RESOURCES))
     assert len(steps) == 1 and steps[0].leveled
     assert {w.resource for w in steps[0].writes} == set(HIERARCHICAL_RESOURCES)
-    full = decide(snap, LAYOUT, PAGE)
+    full = decide_steps(snap, LAYOUT, PAGE)
     assert {w.resource for w in full[1].writes} >= {"memory.wmark_ratio", "memory.priority", "memory.oom.group"}
 
 
@@ -91,11 +92,14 @@ def test_kernel_without_memory_qos_files_is_a_noop_with_one_log_line(caplog: pyt
 
     states = StaticStates(node=node(), node_slo=SLO, pods=(LS,))
     executor = ResourceExecutor(CgroupFS(root="/nonexistent-root"))
-    strategy = MemoryQoS(SnapshotBuilder(states, MetricCache()), executor, LAYOUT, probe=lambda resource: False)
+    builder = SnapshotBuilder(states, MetricCache(), reader=executor, layout=LAYOUT)  # no file: the probe fails
+    manager = QoSManager(states, [STRATEGY], QoSManagerConfig(feature_gates={"CgroupReconcile": True}),
+                         builder=builder)
     with caplog.at_level(logging.INFO, logger="koordlet.qosmanager.memoryqos"):
-        strategy.run(1000.0)
-        strategy.run(1001.0)
-    assert strategy.last_steps == ()
+        manager.run_strategy("memoryqos")
+        manager.run_strategy("memoryqos")
+    plan = manager.last_plan("memoryqos")
+    assert plan is not None and plan.steps == ()
     assert [r.message for r in caplog.records].count(
         "memory QoS is a no-op: this kernel has none of " + ", ".join(
             ("memory.min", "memory.low", "memory.high", "memory.wmark_ratio", "memory.wmark_scale_factor",

@@ -11,7 +11,7 @@ from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.eviction import EvictionOutcome, Evictor
 from koordlet.qosmanager import cpuevict, memoryevict
 from koordlet.qosmanager.snapshot import BECPUWindow
-from koordlet.qosmanager.victims import plan_victims
+from koordlet.plan import Victim, planned_victims
 from tests.koordlet.qosmanager.factory import GiB, node, snapshot
 
 _pods = st.lists(
@@ -47,14 +47,12 @@ def test_eviction_strategies_only_pick_be_pods(raw, used_percent: int, evicting:
     snap = snapshot(node=node(8000, capacity), pods=pods, node_memory_bytes=capacity * used_percent / 100,
                     pod_memory_bytes=memory, pod_cpu_cores=cpu,
                     be_cpu=BECPUWindow(10, 10, 3900, 4000, 500, 3900, 4000, 500))
-    memory_decision = memoryevict.decide(snap, memoryevict.MemoryEvictConfig(), evicting)
-    cpu_decision = cpuevict.decide(snap, cpuevict.CPUEvictConfig(80, 50), evicting)
+    memory_decision = memoryevict.decide_release(snap, memoryevict.MemoryEvictConfig(), evicting)
+    cpu_decision = cpuevict.decide_release(snap, cpuevict.CPUEvictConfig(80, 50), evicting)
     picked = [*memory_decision.candidates, *memory_decision.victims, *cpu_decision.candidates, *cpu_decision.victims]
     assert all(v.pod.qos_class is QoSClass.BE for v in picked)
     # Even a hand-built candidate list with non-BE pods in it yields only BE victims.
-    from koordlet.qosmanager.victims import Victim
-
-    planned = plan_victims([Victim(p, 1.0) for p in pods], float(len(pods)), evicting)
+    planned = planned_victims([Victim(p, 1.0) for p in pods], float(len(pods)), frozenset(evicting))
     assert all(v.pod.qos_class is QoSClass.BE for v in planned)
 
 

@@ -11,13 +11,11 @@ from koordlet.api.pod import ContainerMeta
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
 from koordlet.api.resctrl import ResctrlMathError, l3_mask, mb_value
-from koordlet.qosmanager.resctrl import (
-    ResctrlInfo,
-    ResctrlReconcile,
-    read_resctrl_info,
-    schemata_text,
-)
+from koordlet.actuator import PlanRunner
+from koordlet.qosmanager import QoSManager
+from koordlet.qosmanager.resctrl import STRATEGY, schemata_text
 from koordlet.qosmanager.snapshot import SnapshotBuilder
+from koordlet.system.resctrl import ResctrlInfo, read_resctrl_info
 from koordlet.statesinformer.api import StaticStates
 from koordlet.system.cgroup import CgroupFS
 from tests.koordlet.qosmanager.factory import LAYOUT, be_pod, node, pod
@@ -83,20 +81,23 @@ def test_groups_get_schemata_and_pod_tasks_are_moved_in(tmp_path: Path) -> None:
         (directory / "tasks").write_text(pids)
     executor = ResourceExecutor(CgroupFS(root=str(cgroup_root)), resctrl_root=str(resctrl))
     states = StaticStates(node=node(), node_slo=SLO, pods=(be, ls, lsr))
-    strategy = ResctrlReconcile(SnapshotBuilder(states, MetricCache()), executor, LAYOUT)
-    assert strategy.active(SLO)
-    strategy.run(1000.0)
+    manager = QoSManager(states, [STRATEGY], builder=SnapshotBuilder(states, MetricCache(), reader=executor,
+                                                                      layout=LAYOUT), runner=PlanRunner(executor))
+    assert STRATEGY.configure(SLO, manager.config).enabled
+    assert manager.run_strategy("resctrl")
     assert (resctrl / "BE" / "schemata").read_text() == "L3:0=f;1=f\nMB:0=60;1=60\n"
     assert (resctrl / "LS" / "schemata").read_text() == "L3:0=7ff;1=7ff\nMB:0=100;1=100\n"
-    decision = strategy.last_decision
-    assert decision is not None
-    assert dict(decision.tasks) == {"BE": (101, 102), "LS": (202,)}
+    record = manager.last_record("resctrl")
+    assert record is not None
+    assert dict(record.moved_tasks) == {"BE": (101, 102), "LS": (202,)}
     assert (resctrl / "BE" / "tasks").read_text() == "102"  # a plain file keeps the last write
 
 
 def test_no_rdt_is_a_noop(tmp_path: Path) -> None:
     executor = ResourceExecutor(CgroupFS(root=str(tmp_path)), resctrl_root=str(tmp_path / "resctrl"))
-    strategy = ResctrlReconcile(SnapshotBuilder(StaticStates(node=node(), node_slo=SLO), MetricCache()),
-                                executor, LAYOUT)
-    strategy.run(1000.0)
-    assert strategy.last_decision is None and not (tmp_path / "resctrl").exists()
+    states = StaticStates(node=node(), node_slo=SLO)
+    manager = QoSManager(states, [STRATEGY], builder=SnapshotBuilder(states, MetricCache(), reader=executor,
+                                                                      layout=LAYOUT), runner=PlanRunner(executor))
+    assert manager.run_strategy("resctrl")
+    plan = manager.last_plan("resctrl")
+    assert plan is not None and plan.empty and not (tmp_path / "resctrl").exists()

@@ -1,0 +1,215 @@
+"""The one runner of :class:`~koordlet.plan.Plan` s: cgroup writes and resctrl through the executor,
+evictions through the evictor, gauges on the QoS manager's metrics; and a record of what it did.
+
+Every part that changes the node (QoS strategies, the runtime hooks' reconciler, the hook server's pod-level
+writes) hands its Plan to a :class:`PlanRunner`; none of them calls the executor or the evictor itself.
+A failed write never stops the rest of the plan: it is counted in the record (and logged at debug level;
+the executor counts every outcome in Prometheus itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from prometheus_client import Gauge
+
+from koordlet.eviction import EvictionOutcome, Evictor
+from koordlet.executor import BatchResult, ExecutorError, ResourceExecutor, ResourceUpdate, UpdateFailure
+from koordlet.plan import (
+    Evictions,
+    GaugeSet,
+    Plan,
+    ResctrlAction,
+    ResctrlGroup,
+    ResctrlMoveTasks,
+    ResctrlWrite,
+    Victim,
+    WriteStep,
+    walk_victims,
+)
+from koordlet.system.resources import UnknownCgroupResourceError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRecord:
+    """What one :meth:`PlanRunner.run` did."""
+
+    source: str
+    at: float
+    written: int = 0
+    skipped: int = 0
+    failures: tuple[UpdateFailure, ...] = ()
+    unknown_resources: tuple[str, ...] = ()  # resources the plan named that the registry does not know
+    resctrl_written: int = 0
+    resctrl_errors: tuple[str, ...] = ()
+    moved_tasks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # resctrl group → PIDs moved in
+    released: float = 0.0
+    evicted: tuple[str, ...] = ()  # pod keys whose eviction was accepted
+    blocked: tuple[str, ...] = ()  # pod keys whose eviction was refused
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures) + len(self.unknown_resources) + len(self.resctrl_errors)
+
+
+@dataclass(slots=True)
+class _Counts:
+    written: int = 0
+    skipped: int = 0
+    failures: list[UpdateFailure] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    resctrl_written: int = 0
+    resctrl_errors: list[str] = field(default_factory=list)
+    moved: dict[str, list[int]] = field(default_factory=dict)
+
+
+class PlanRunner:
+    """Carries plans out. ``verify``: compare a cached write with the file before skipping it (the reconciler,
+    which must restore a value someone changed by hand at once)."""
+
+    def __init__(self, executor: ResourceExecutor, evictor: Evictor | None = None,
+                 gauges: Mapping[str, Gauge] | None = None) -> None:
+        """``gauges``: the gauges plans may set, by name (the QoS manager's metrics)."""
+        self._executor = executor
+        self._evictor = evictor
+        self._gauges = dict(gauges or {})
+        self._lock = threading.Lock()
+        self._last: dict[str, PlanRecord] = {}
+
+    @property
+    def executor(self) -> ResourceExecutor:
+        return self._executor
+
+    @property
+    def evictor(self) -> Evictor | None:
+        return self._evictor
+
+    def last(self, source: str) -> PlanRecord | None:
+        """The record of the newest plan run for ``source``."""
+        with self._lock:
+            return self._last.get(source)
+
+    @property
+    def records(self) -> Mapping[str, PlanRecord]:
+        with self._lock:
+            return MappingProxyType(dict(self._last))
+
+    def run(self, plan: Plan, source: str, now: float = 0.0, *, verify: bool = False) -> PlanRecord:
+        counts = _Counts()
+        for step in plan.steps:
+            self._write(step, counts, verify)
+        for action in plan.resctrl:
+            self._resctrl(action, counts)
+        released, evicted, blocked = 0.0, (), ()
+        if plan.evictions is not None:
+            released, evicted, blocked = self._evict(plan.evictions)
+        for gauge in plan.gauges:
+            self._set_gauge(gauge)
+        record = PlanRecord(
+            source=source,
+            at=now,
+            written=counts.written,
+            skipped=counts.skipped,
+            failures=tuple(counts.failures),
+            unknown_resources=tuple(counts.unknown),
+            resctrl_written=counts.resctrl_written,
+            resctrl_errors=tuple(counts.resctrl_errors),
+            moved_tasks=MappingProxyType({group: tuple(pids) for group, pids in counts.moved.items()}),
+            released=released,
+            evicted=evicted,
+            blocked=blocked,
+        )
+        for failure in record.failures:
+            logger.debug("%s: %s of %r not written: %s", source, failure.update.resource.name,
+                         failure.update.cgroup_dir, failure.error)
+        with self._lock:
+            self._last[source] = record
+        return record
+
+    def _set_gauge(self, update: GaugeSet) -> None:
+        gauge = self._gauges.get(update.name)
+        if gauge is None:
+            logger.error("a plan set the unknown gauge %s", update.name)
+            return
+        labels = dict(update.labels)
+        if update.value is not None:
+            gauge.labels(**labels).set(update.value)
+            return
+        try:
+            gauge.remove(*(labels[name] for name in gauge._labelnames))
+        except KeyError:
+            pass  # never set for these labels
+
+    def _write(self, step: WriteStep, counts: _Counts, verify: bool) -> None:
+        updates: list[ResourceUpdate] = []
+        for write in step.writes:
+            try:
+                updates.append(ResourceUpdate.of(write.resource, write.cgroup_dir, write.value))
+            except UnknownCgroupResourceError:
+                logger.error("a plan asked for the unknown resource %s", write.resource)
+                counts.unknown.append(write.resource)
+        if not updates:
+            return
+        if step.leveled:
+            result: BatchResult = self._executor.leveled_update(updates, verify=verify)
+        else:
+            result = self._executor.update_batch(updates, verify=verify)
+        counts.written += result.written
+        counts.skipped += result.skipped
+        counts.failures.extend(result.failures)
+
+    def _resctrl(self, action: ResctrlAction, counts: _Counts) -> None:
+        try:
+            if isinstance(action, ResctrlGroup):
+                self._executor.ensure_resctrl_group(action.group)
+            elif isinstance(action, ResctrlWrite):
+                self._executor.write_resctrl(action.group, action.file, action.value)
+                counts.resctrl_written += 1
+            else:
+                self._move_tasks(action, counts)
+        except ExecutorError as exc:
+            counts.resctrl_errors.append(f"{action.group}: {exc}")
+            logger.debug("resctrl action %r not carried out: %s", action, exc)
+
+    def _move_tasks(self, action: ResctrlMoveTasks, counts: _Counts) -> None:
+        present = set(self._executor.read_resctrl(action.group, "tasks").split())
+        wanted: list[str] = []
+        for cgroup_dir in action.cgroup_dirs:
+            try:
+                text = self._executor.read(action.source, cgroup_dir)
+            except ExecutorError:
+                continue  # gone meanwhile
+            wanted.extend(pid for pid in text.split() if pid.isdigit() and pid not in present)
+        for pid in sorted(set(wanted), key=int):
+            try:
+                self._executor.write_resctrl(action.group, "tasks", pid)
+                counts.resctrl_written += 1
+                counts.moved.setdefault(action.group, []).append(int(pid))
+            except ExecutorError as exc:  # a task that exited meanwhile: ESRCH
+                logger.debug("cannot move task %s to resctrl group %s: %s", pid, action.group, exc)
+
+    def _evict(self, request: Evictions) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
+        evictor = self._evictor
+        if evictor is None:
+            logger.warning("%s asked for evictions but this agent has no evictor", request.feature)
+            return 0.0, (), ()
+
+        def outcome(victim: Victim) -> str:
+            if evictor.is_evicting(victim.pod.uid):
+                return "released"
+            result = evictor.evict(victim.pod, request.feature, victim.message)
+            if not result.releases:
+                return "refused"
+            return "evicted" if result.outcome is EvictionOutcome.EVICTED else "released"
+
+        released, accepted, refused = walk_victims(request.candidates, request.target, outcome)
+        if released < request.target:
+            logger.info("%s: released %.0f of %.0f after trying every candidate", request.feature, released,
+                        request.target)
+        return released, tuple(v.pod.key for v in accepted), tuple(v.pod.key for v in refused)
