@@ -35,8 +35,8 @@ from koordlet.gpu.health import GPUHealth, HealthBoard
 from koordlet.gpu.nvml import GPUInfo
 from koordlet.gpu.service import GPUService
 from koordlet.nodelock import NodeLocker
-from runtimeproxy.api import deviceplugin_pb2 as pb
-from runtimeproxy.api import deviceplugin_pb2_grpc as pb_grpc
+from wire import deviceplugin_pb2 as pb
+from wire import deviceplugin_pb2_grpc as pb_grpc
 
 _log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_from_milli
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.executor import ResourceUpdate
-from runtimeproxy.api import hookapi_pb2 as hookapi
+from wire import hookapi_pb2 as hookapi
 
 # Files whose values must respect the parent/child order on cgroup v1 (leveled update).
 _LEVELED = ("cpu.cfs_quota_us", "memory.limit_in_bytes", "cpuset.cpus")

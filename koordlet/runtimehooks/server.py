@@ -20,8 +20,8 @@ from hooks.protocol import NodeContext, PodContext
 from koordlet.api.pod import PodMeta
 from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
-from runtimeproxy.api import hookapi_pb2 as hookapi
-from runtimeproxy.api import hookapi_pb2_grpc as hookapi_grpc
+from wire import hookapi_pb2 as hookapi
+from wire import hookapi_pb2_grpc as hookapi_grpc
 
 from . import metrics
 from .apply import (

@@ -12,8 +12,8 @@ from concurrent import futures
 
 import grpc
 
-from runtimeproxy.api import deviceplugin_pb2 as pb
-from runtimeproxy.api import deviceplugin_pb2_grpc as pb_grpc
+from wire import deviceplugin_pb2 as pb
+from wire import deviceplugin_pb2_grpc as pb_grpc
 
 
 class _Registration(pb_grpc.RegistrationServicer):

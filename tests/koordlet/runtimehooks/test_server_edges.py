@@ -16,9 +16,9 @@ from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig, read_resctrl
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout
-from runtimeproxy.api import hookapi_pb2 as hookapi
-from runtimeproxy.api import hookapi_pb2_grpc as hookapi_grpc
 from runtimeproxy.server import StartupError
+from wire import hookapi_pb2 as hookapi
+from wire import hookapi_pb2_grpc as hookapi_grpc
 
 UID, CID = "0a0b0c0d-0000-4000-8000-000000000002", "d" * 64
 BE_LABELS = {"koordinator.sh/qosClass": "BE"}
