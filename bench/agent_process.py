@@ -37,9 +37,9 @@ if __package__ in (None, ""):
 import psutil  # noqa: E402
 import yaml  # noqa: E402
 
-from runtimeproxy.api import cri_pb2 as cri  # noqa: E402
 from tests.support.containerd import REPO, Containerd  # noqa: E402
 from tests.support.cri import CriClient, PodFactory  # noqa: E402
+from wire import cri_pb2 as cri  # noqa: E402
 
 NODE = "bench-node"
 CGROUP_ROOT = "/koordlet-py-bench-agent"

@@ -31,8 +31,8 @@ from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.kubepods import KubeCgroupLayout
-from runtimeproxy.api import hookapi_pb2 as hookapi
-from runtimeproxy.api import hookapi_pb2_grpc as hookapi_grpc
+from wire import hookapi_pb2 as hookapi
+from wire import hookapi_pb2_grpc as hookapi_grpc
 
 GATES = {"BatchResource": True, "CPUSetAllocator": True, "GroupIdentity": True}
 SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500"},

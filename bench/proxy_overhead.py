@@ -32,11 +32,11 @@ sys.path.insert(0, str(REPO))
 import grpc
 import psutil
 
-from runtimeproxy.api import cri_pb2 as cri
 from tests.support.containerd import Containerd
 from tests.support.cri import CriClient, PodFactory
 from tests.support.hookserver import RecordingHookServer, echo, register
 from tests.support.proxy import ProxyProcess
+from wire import cri_pb2 as cri
 
 BENCH_CONTAINERD = Containerd("/run/koordlet-py/bench/containerd", "/var/lib/koordlet-py/bench/containerd")
 

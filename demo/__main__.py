@@ -28,10 +28,10 @@ sys.path.insert(0, str(REPO))
 import grpc  # noqa: E402
 import yaml  # noqa: E402
 
-from runtimeproxy.api import cri_pb2 as cri  # noqa: E402
 from tests.support.containerd import Containerd  # noqa: E402
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config  # noqa: E402
 from tests.support.proxy import ProxyProcess, wait_for_socket  # noqa: E402
+from wire import cri_pb2 as cri  # noqa: E402
 
 # Its own kubelet --cgroup-root, so a test session running beside it never shares a kubepods tree with it.
 CGROUP_ROOT = "/koordlet-py-demo"

@@ -32,8 +32,8 @@ from prometheus_client import REGISTRY, Counter
 
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import QoSClass, parse_kube_qos, qos_class_for_pod
-from runtimeproxy.api import cri_pb2 as cri
-from runtimeproxy.api import cri_pb2_grpc as cri_grpc
+from wire import cri_pb2 as cri
+from wire import cri_pb2_grpc as cri_grpc
 
 logger = logging.getLogger(__name__)
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import os
 import signal
 import socket
-import stat
 import time
 from dataclasses import dataclass
+
+from wire.sockets import SocketPathError, chmod_socket, prepare_socket, remove_socket
 
 from . import h2
 from .backend import RuntimeClient
@@ -41,30 +40,6 @@ class ProxyOptions:
     hook_timeout_s: float = 2.0
     checkpoint_path: str | None = "/var/lib/koord-runtimeproxy/store.json"
     store_gc_interval_s: float = 60.0
-
-
-def prepare_socket(path: str) -> None:
-    """Make the socket's directory; refuse a live socket, remove a stale one."""
-    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise StartupError(f"{path} exists and is not a socket; refusing to replace it")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(path)
-    except OSError as err:
-        if err.errno not in (errno.ECONNREFUSED, errno.ENOENT):
-            raise StartupError(f"cannot check existing socket {path}: {err}") from err
-        log.info("removing stale socket %s", path)
-        os.unlink(path)
-    else:
-        raise StartupError(f"another process is serving {path}; refusing to start over it")
-    finally:
-        probe.close()
 
 
 class ProxyServer:
@@ -129,14 +104,17 @@ class ProxyServer:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         opts = self.options
-        prepare_socket(opts.listen_path)
+        try:
+            prepare_socket(opts.listen_path)
+        except SocketPathError as err:
+            raise StartupError(str(err)) from err
         self.registry.start()
         try:
             await self.store.rebuild(self._runtime_call)
         except ConnectionError as err:
             log.error("store not rebuilt from the runtime (%s): hooks for existing pods will lack details", err)
         server = await loop.create_unix_server(self.relay, opts.listen_path, backlog=1024)
-        os.chmod(opts.listen_path, 0o660)
+        chmod_socket(opts.listen_path)
         http = None
         if opts.metrics_port >= 0:
             http = await serve_http(opts.metrics_host, opts.metrics_port, self.metrics, self.ready)
@@ -161,10 +139,7 @@ class ProxyServer:
 
     async def _drain(self, server: asyncio.AbstractServer) -> None:
         server.close()
-        try:
-            os.unlink(self.options.listen_path)
-        except FileNotFoundError:
-            pass
+        remove_socket(self.options.listen_path)
         self.relay.start_drain()
         deadline = time.monotonic() + self.options.drain_timeout_s
         while self.relay.in_flight() and time.monotonic() < deadline:

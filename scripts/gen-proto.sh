@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Regenerate the Python stubs of proto/*.proto into one place: runtimeproxy/api/.
-#   scripts/gen-proto.sh [OUTDIR]   (default runtimeproxy/api; tests call it with a temp dir)
+# Regenerate the Python stubs of proto/*.proto into one place: the wire package (wire/*_pb2*.py).
+#   scripts/gen-proto.sh [OUTDIR]   (default wire; tests call it with a temp dir)
 # grpc_tools writes absolute imports ("import cri_pb2"); they are made package-relative so
-# the stubs live inside the runtimeproxy.api package without touching sys.path.
+# the stubs live inside the wire package without touching sys.path. wire/__init__.py is
+# hand-written (the package holds more than stubs), so it is not generated.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-out=${1:-$here/runtimeproxy/api}
+out=${1:-$here/wire}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 cd "$here/proto"
@@ -13,4 +14,3 @@ cd "$here/proto"
 for f in "$out"/*_pb2_grpc.py "$out"/*_pb2.py; do
   sed -i -E 's/^import ([a-z0-9_]+_pb2) as /from . import \1 as /' "$f"
 done
-[ -f "$out/__init__.py" ] || printf '"""Generated protobuf and gRPC stubs (make proto). Do not edit."""\n' > "$out/__init__.py"

@@ -1,6 +1,8 @@
-"""Dependency direction (DESIGN.md §2): runtimeproxy imports nothing of koordlet or hooks; hooks
-imports only koordlet.api (and itself); koordlet.api imports no other koordlet part, and koordlet.system
-only koordlet.api (the two leaves, api the lower one)."""
+"""Dependency direction (DESIGN.md §2): wire (the stubs and socket helpers both sides share) imports
+nothing of koordlet, runtimeproxy or hooks; runtimeproxy imports nothing of koordlet or hooks, and
+koordlet nothing of runtimeproxy (both meet only in wire); hooks imports only koordlet.api (and itself,
+and wire if it needs to); koordlet.api imports no other koordlet part, and koordlet.system only
+koordlet.api (the two leaves, api the lower one)."""
 
 from __future__ import annotations
 
@@ -38,8 +40,16 @@ def _top(name: str) -> str:
     return name.split(".")[0]
 
 
+def test_wire_imports_nothing_of_koordlet_runtimeproxy_or_hooks() -> None:
+    assert _violations("wire", lambda n: _top(n) not in ("koordlet", "runtimeproxy", "hooks")) == []
+
+
 def test_runtimeproxy_imports_nothing_of_koordlet_or_hooks() -> None:
     assert _violations("runtimeproxy", lambda n: _top(n) not in ("koordlet", "hooks")) == []
+
+
+def test_koordlet_imports_nothing_of_runtimeproxy() -> None:
+    assert _violations("koordlet", lambda n: _top(n) != "runtimeproxy") == []
 
 
 def test_hooks_import_only_koordlet_api() -> None:

@@ -35,8 +35,9 @@ from koordlet.gpu.health import GPUHealth, HealthBoard
 from koordlet.gpu.nvml import GPUInfo
 from koordlet.gpu.service import GPUService
 from koordlet.nodelock import NodeLocker
-from runtimeproxy.api import deviceplugin_pb2 as pb
-from runtimeproxy.api import deviceplugin_pb2_grpc as pb_grpc
+from wire import deviceplugin_pb2 as pb
+from wire import deviceplugin_pb2_grpc as pb_grpc
+from wire.sockets import remove_socket
 
 _log = logging.getLogger(__name__)
 
@@ -193,8 +194,7 @@ class DevicePluginServer:
         self._registered_kubelet: tuple[int, int] | None = None
 
     def _serve(self) -> None:
-        if os.path.lexists(self.socket_path):
-            os.unlink(self.socket_path)  # ours from a previous run; kubelet never reuses our name
+        remove_socket(self.socket_path)  # ours from a previous run; kubelet never reuses our name
         servicer = self._factory()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="devplugin"))
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
@@ -294,8 +294,7 @@ class DevicePluginServer:
             self._thread = None
         with self._lock:
             self._halt()
-        if os.path.lexists(self.socket_path):
-            os.unlink(self.socket_path)
+        remove_socket(self.socket_path)
 
 
 def gpu_device_plugin(

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ from koordlet.api.pod import PodMeta
 from koordlet.executor import ResourceExecutor
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.system.kubepods import KubeCgroupLayout
+from wire.sockets import remove_socket
 
 from .reconciler import Reconciler
 from .registration import remove_registration, write_registration
@@ -92,7 +92,6 @@ class RuntimeHooks:
 
     def start(self) -> None:
         if self.config.serve_hooks:
-            os.makedirs(os.path.dirname(self.config.socket_path) or ".", mode=0o755, exist_ok=True)
             self._server = serve(self.service, self.config.socket_path)
             write_registration(self.config.config_dir, self.config.host_endpoint, self.config.failure_policy,
                                self.stages())
@@ -106,8 +105,5 @@ class RuntimeHooks:
             remove_registration(self.config.config_dir)
             self._server.stop(grace=min(timeout_s, 2.0)).wait(timeout_s)
             self._server = None
-            try:
-                os.unlink(self.config.socket_path)
-            except FileNotFoundError:
-                pass
+            remove_socket(self.config.socket_path)
         self.reconciler.stop(timeout_s)

@@ -17,7 +17,8 @@ from koordlet.plan import (
     ResctrlWrite,
     WriteStep,
 )
-from runtimeproxy.api import hookapi_pb2 as hookapi
+from wire import hookapi_pb2 as hookapi
+
 
 def cgroup_writes(changes: Changes, cgroup_dir: str) -> tuple[list[CgroupWrite], list[CgroupWrite]]:
     """(leveled, plain) writes that put ``changes`` on ``cgroup_dir``: quota, memory limit and cpuset must

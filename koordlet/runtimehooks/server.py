@@ -21,8 +21,9 @@ from koordlet.api.pod import PodMeta
 from koordlet.actuator import PlanRunner
 from koordlet.executor import CgroupNotFoundError, ResourceExecutor
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
-from runtimeproxy.api import hookapi_pb2 as hookapi
-from runtimeproxy.api import hookapi_pb2_grpc as hookapi_grpc
+from wire import hookapi_pb2 as hookapi
+from wire import hookapi_pb2_grpc as hookapi_grpc
+from wire.sockets import chmod_socket, prepare_socket
 
 from . import metrics
 from .apply import (
@@ -150,14 +151,10 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
 
 def serve(service: HookService, socket_path: str, workers: int = 4) -> grpc.Server:
     """Start the gRPC server on a unix socket (0660); refuses a live socket, removes a stale one."""
-    import os
-
-    from runtimeproxy.server import prepare_socket
-
     prepare_socket(socket_path)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="runtime-hook"))
     hookapi_grpc.add_RuntimeHookServiceServicer_to_server(service, server)
     server.add_insecure_port(f"unix://{socket_path}")
     server.start()
-    os.chmod(socket_path, 0o660)
+    chmod_socket(socket_path)
     return server

@@ -25,8 +25,8 @@ from google.protobuf.message import DecodeError
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import kube_qos_from_cgroup_parent
 from koordlet.statesinformer.informer import PodSourceError
-from runtimeproxy.api import cri_pb2 as cri
-from runtimeproxy.api import cri_pb2_grpc as cri_grpc
+from wire import cri_pb2 as cri
+from wire import cri_pb2_grpc as cri_grpc
 
 logger = logging.getLogger(__name__)
 

@@ -165,8 +165,8 @@ def test_memory_evict_strategy_evicts_be_pods_in_order_and_rests(
 
 @pytest.mark.containerd
 def test_local_mode_kills_a_be_pods_containers_through_the_cri(containerd_socket: str) -> None:
-    from runtimeproxy.api import cri_pb2 as cri
     from tests.support.cri import CriClient, PodFactory
+    from wire import cri_pb2 as cri
 
     client = CriClient(containerd_socket)
     factory = PodFactory(client)

@@ -11,11 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from runtimeproxy.api import cri_pb2 as cri
-from runtimeproxy.api import hookapi_pb2 as hookapi
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
 from tests.support.hookserver import RecordingHookServer, echo, register
 from tests.support.proxy import ProxyProcess
+from wire import cri_pb2 as cri
+from wire import hookapi_pb2 as hookapi
 
 pytestmark = pytest.mark.containerd
 CGROUP_V1 = Path("/sys/fs/cgroup")

@@ -7,9 +7,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from runtimeproxy.api import cri_pb2 as cri
 from tests.support.containerd import IMAGE
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
+from wire import cri_pb2 as cri
 
 pytestmark = pytest.mark.containerd
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from runtimeproxy.api import cri_pb2 as cri
 from runtimeproxy.store import Store, container_request, pod_request_from_config
+from wire import cri_pb2 as cri
 
 
 def _pod(name: str) -> cri.PodSandboxConfig:

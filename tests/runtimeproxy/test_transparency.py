@@ -10,9 +10,9 @@ import threading
 import grpc
 import pytest
 
-from runtimeproxy.api import cri_pb2 as cri
 from tests.support.fakeruntime import FakeRuntime
 from tests.support.proxy import ProxyProcess
+from wire import cri_pb2 as cri
 
 RELAYED = "/runtime.v1.RuntimeService/Version"
 HOOKED = "/runtime.v1.RuntimeService/CreateContainer"

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from runtimeproxy.api import cri_pb2 as cri
-from runtimeproxy.api import cri_pb2_grpc as cri_grpc
+from wire import cri_pb2 as cri
+from wire import cri_pb2_grpc as cri_grpc
 
 from .containerd import CGROUP_ROOT, IMAGE
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from runtimeproxy.api import cri_pb2 as cri
+from wire import cri_pb2 as cri
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from runtimeproxy.api import hookapi_pb2 as hookapi
+from wire import hookapi_pb2 as hookapi
 
 _TYPES = {
     "PreRunPodSandbox": (hookapi.PodSandboxHookRequest, hookapi.PodSandboxHookResponse),

@@ -12,8 +12,9 @@ from concurrent import futures
 
 import grpc
 
-from runtimeproxy.api import deviceplugin_pb2 as pb
-from runtimeproxy.api import deviceplugin_pb2_grpc as pb_grpc
+from wire import deviceplugin_pb2 as pb
+from wire import deviceplugin_pb2_grpc as pb_grpc
+from wire.sockets import remove_socket
 
 
 class _Registration(pb_grpc.RegistrationServicer):
@@ -48,5 +49,4 @@ class TestKubelet:
 
     def stop(self) -> None:
         self._server.stop(grace=None).wait()
-        if os.path.lexists(self.socket):
-            os.unlink(self.socket)
+        remove_socket(self.socket)

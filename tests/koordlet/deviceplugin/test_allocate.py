@@ -17,11 +17,11 @@ from koordlet.gpu.health import HealthBoard
 from koordlet.gpu.service import GPUService
 from koordlet.gpu.nvml import discover, open_nvml
 from koordlet.nodelock import NodeLocker
-from runtimeproxy.api import deviceplugin_pb2 as pb
-from runtimeproxy.api import deviceplugin_pb2_grpc as pb_grpc
 from tests.koordlet.deviceplugin.kube import gpu_pod, node_annotations, pod_annotations
 from tests.koordlet.deviceplugin.kubelet import TestKubelet
 from tests.koordlet.gpu.fake_nvml import FakeNvml, h100_gpus
+from wire import deviceplugin_pb2 as pb
+from wire import deviceplugin_pb2_grpc as pb_grpc
 
 NODE = "node-a"
 KEY = api.ANNOTATION_NODE_LOCK

@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtimeproxy.api import deviceplugin_pb2 as pb
+from wire import deviceplugin_pb2 as pb
 
 EXPECTED = {
     "DevicePluginOptions": {"pre_start_required": 1, "get_preferred_allocation_available": 2},

@@ -12,10 +12,10 @@ from koordlet.deviceplugin.server import DevicePluginError, DevicePluginServer, 
 from koordlet.gpu.health import HealthBoard
 from koordlet.gpu.nvml import discover, open_nvml
 from koordlet.nodelock import NodeLocker
-from runtimeproxy.api import deviceplugin_pb2 as pb
-from runtimeproxy.api import deviceplugin_pb2_grpc as pb_grpc
 from tests.koordlet.deviceplugin.kubelet import TestKubelet
 from tests.koordlet.gpu.fake_nvml import FakeNvml, h100_gpus
+from wire import deviceplugin_pb2 as pb
+from wire import deviceplugin_pb2_grpc as pb_grpc
 
 
 @pytest.fixture

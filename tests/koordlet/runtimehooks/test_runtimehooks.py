@@ -17,12 +17,12 @@ from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.kubepods import KubeCgroupLayout
-from runtimeproxy.api import cri_pb2 as cri
-from runtimeproxy.api import hookapi_pb2 as hookapi
-from runtimeproxy.api import hookapi_pb2_grpc as hookapi_grpc
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
 from tests.support.proxy import ProxyProcess
+from wire import cri_pb2 as cri
+from wire import hookapi_pb2 as hookapi
+from wire import hookapi_pb2_grpc as hookapi_grpc
 
 GATES = {"BatchResource": True, "CPUSetAllocator": True, "GroupIdentity": True, "GPUEnvInject": True}
 SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi"},

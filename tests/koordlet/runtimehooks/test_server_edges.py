@@ -16,9 +16,9 @@ from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig, read_resctrl
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout
-from runtimeproxy.api import hookapi_pb2 as hookapi
-from runtimeproxy.api import hookapi_pb2_grpc as hookapi_grpc
-from runtimeproxy.server import StartupError
+from wire import hookapi_pb2 as hookapi
+from wire import hookapi_pb2_grpc as hookapi_grpc
+from wire.sockets import SocketPathError
 
 UID, CID = "0a0b0c0d-0000-4000-8000-000000000002", "d" * 64
 BE_LABELS = {"koordinator.sh/qosClass": "BE"}
@@ -40,7 +40,7 @@ def test_live_socket_is_refused_and_a_stale_one_replaced(tmp_path: Path) -> None
     live.bind(str(path))
     live.listen(1)
     try:
-        with pytest.raises(StartupError, match="another process"):
+        with pytest.raises(SocketPathError, match="another process"):
             _hooks(tmp_path, {"BatchResource": True}).start()
     finally:
         live.close()

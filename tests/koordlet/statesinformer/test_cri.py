@@ -14,9 +14,9 @@ from koordlet.statesinformer.cri import CriPodSource
 from koordlet.statesinformer.informer import PodSourceError
 from koordlet.system.cgroup import CgroupDriver
 from koordlet.system.kubepods import KubeCgroupLayout
-from runtimeproxy.api import cri_pb2 as cri
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory
+from wire import cri_pb2 as cri
 
 
 @pytest.fixture
