@@ -96,7 +96,7 @@ class RuntimeClient:
 
 def probe_version(endpoint: str, timeout: float) -> str:
     """Call CRI Version on the runtime; returns "name version (api)" or raises ConnectionError."""
-    from .api import cri_pb2
+    from wire import cri_pb2
 
     with grpc.insecure_channel(f"unix://{endpoint}") as channel:
         method = channel.unary_unary(

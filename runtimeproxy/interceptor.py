@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 from google.protobuf.message import DecodeError, Message
 
 from . import h2
-from .api import cri_pb2 as cri
-from .api import hookapi_pb2 as hookapi
+from wire import cri_pb2 as cri
+from wire import hookapi_pb2 as hookapi
 from .backend import RuntimeClient, call_metadata
 from .hookclient import HookClient, HookError
 from .hookconfig import HookType, Registry

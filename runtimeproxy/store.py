@@ -29,8 +29,8 @@ from collections.abc import Awaitable, Callable
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from .api import cri_pb2 as cri
-from .api import hookapi_pb2 as hookapi
+from wire import cri_pb2 as cri
+from wire import hookapi_pb2 as hookapi
 
 log = logging.getLogger(__name__)
 
