@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _imports(package: str) -> list[tuple[Path, str]]:
     found = []
-    for path in sorted((REPO / package).rglob("*.py")):
+    root = REPO / package
+    for path in [root] if root.is_file() else sorted(root.rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         package_parts = path.parent.relative_to(REPO).parts
         for node in ast.walk(tree):
@@ -67,3 +68,19 @@ def test_koordlet_leaves_import_no_other_koordlet_part(leaf: str, may_import: tu
         pytest.skip(f"no {leaf} yet")
     allowed = (leaf.replace("/", "."), *may_import)
     assert _violations(leaf, lambda n: _top(n) != "koordlet" or n == "koordlet" or n.startswith(allowed)) == []
+
+
+_MANAGER_MODULES = ("__init__.py", "framework.py", "snapshot.py")  # the manager, its wiring, the snapshot reads
+
+
+def test_strategies_never_touch_the_executor_or_the_evictor() -> None:
+    """A strategy hands a Plan to the runner; only the manager's modules know the runner, the executor (for the
+    snapshot's reads) and the evictor."""
+    forbidden = ("koordlet.executor", "koordlet.eviction", "koordlet.actuator")
+    found = [(p, name) for p, name in _imports("koordlet/qosmanager") if p.name not in _MANAGER_MODULES]
+    assert [f"{p.relative_to(REPO)} imports {name}" for p, name in found if name.startswith(forbidden)] == []
+
+
+def test_plan_is_plain_data_below_every_writer() -> None:
+    """koordlet.plan imports only koordlet.api: the strategies, the runtime hooks and the runner all use it."""
+    assert _violations("koordlet/plan.py", lambda n: _top(n) != "koordlet" or n.startswith("koordlet.api")) == []
