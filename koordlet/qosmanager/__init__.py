@@ -29,6 +29,7 @@ from koordlet.qosmanager.resctrl import ResctrlReconcile
 from koordlet.qosmanager.snapshot import Snapshot, SnapshotBuilder
 from koordlet.statesinformer.api import StatesProvider
 from koordlet.system.kubepods import KubeCgroupLayout
+from koordlet.system.roots import SYS_DIR
 from koordlet.system.sysfs import CPUInfo, SysfsError, read_cpu_topology
 
 logger = logging.getLogger(__name__)
@@ -42,20 +43,20 @@ def new_qos_manager(
     *,
     evictor: Evictor | None = None,
     config: QoSManagerConfig | None = None,
-    sys_root: str = "/",
+    sys_dir: str = SYS_DIR,
     cpus: tuple[CPUInfo, ...] | None = None,
     started_at: float | None = None,
 ) -> QoSManager:
     """The manager with every strategy; eviction strategies only when an ``evictor`` is given.
 
     ``layout``: kubelet's cgroup driver and ``--cgroup-root``; ``cpus``: the CPU topology for the cpuset
-    policy, else read from ``<sys_root>/sys/devices/system/cpu``; ``started_at``: the agent's wall-clock
+    policy, else read from ``<sys_dir>/devices/system/cpu``; ``started_at``: the agent's wall-clock
     start (BECPUEvict rests 20 s after it; default now).
     """
     config = config or QoSManagerConfig()
     if cpus is None:
         try:
-            cpus = read_cpu_topology(sys_root)
+            cpus = read_cpu_topology(sys_dir)
         except SysfsError as exc:
             logger.warning("no CPU topology (%s); the cpuset suppress policy will not pick CPUs", exc)
             cpus = ()

@@ -16,67 +16,22 @@ files only; the group names are constants.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from koordlet.api.keys import ANNOTATION_RESCTRL
 from koordlet.api.nodeslo import NodeSLOSpec, ResctrlQOS
 from koordlet.api.qos import QoSClass
-from koordlet.api.resctrl import VENDOR_INTEL, ResctrlMathError, l3_mask, mb_value
+from koordlet.api.resctrl import VENDOR_INTEL, l3_mask, mb_value
 from koordlet.executor import ExecutorError, ResourceExecutor
 from koordlet.qosmanager.framework import GATE_RDT_RESCTRL
 from koordlet.qosmanager.snapshot import Snapshot, SnapshotBuilder, container_cgroup_dir, pod_cgroup_dir
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.system.resctrl import ResctrlInfo, read_group_tasks, read_resctrl_info
 
 logger = logging.getLogger(__name__)
 
 GROUPS = (QoSClass.LSR.value, QoSClass.LS.value, QoSClass.BE.value)
-
-
-class ResctrlInfoError(ResctrlMathError):
-    """The resctrl tree cannot be understood (bad cbm_mask or schemata)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ResctrlInfo:
-    cbm_mask: int
-    cache_ids: tuple[int, ...]
-    has_mb: bool = True
-    vendor: str = VENDOR_INTEL
-
-
-def read_resctrl_info(resctrl_root: str, vendor: str = VENDOR_INTEL) -> ResctrlInfo | None:
-    """``info/L3/cbm_mask`` and the cache ids of the root ``schemata``; None when RDT is absent."""
-    try:
-        with open(os.path.join(resctrl_root, "info", "L3", "cbm_mask"), encoding="ascii") as f:
-            cbm_text = f.read().strip()
-        with open(os.path.join(resctrl_root, "schemata"), encoding="ascii") as f:
-            schemata = f.read()
-    except FileNotFoundError:
-        return None
-    try:
-        cbm = int(cbm_text, 16)
-    except ValueError as exc:
-        raise ResctrlInfoError(f"bad cbm_mask {cbm_text!r}") from exc
-    cache_ids: list[int] = []
-    has_mb = False
-    for line in schemata.splitlines():
-        kind, _, entries = line.strip().partition(":")
-        kind = kind.strip()
-        if kind == "MB":
-            has_mb = True
-        if kind != "L3":
-            continue
-        for entry in entries.split(";"):
-            cache_id, _, _ = entry.partition("=")
-            try:
-                cache_ids.append(int(cache_id))
-            except ValueError as exc:
-                raise ResctrlInfoError(f"bad L3 entry {entry!r} in schemata") from exc
-    if not cache_ids:
-        raise ResctrlInfoError("no L3 line in the root schemata")
-    return ResctrlInfo(cbm, tuple(sorted(cache_ids)), has_mb, vendor)
 
 
 def schemata_text(info: ResctrlInfo, config: ResctrlQOS) -> str:
@@ -189,14 +144,7 @@ class ResctrlReconcile:
         return tasks
 
     def _group_tasks(self, root: str) -> dict[str, frozenset[int]]:
-        present: dict[str, frozenset[int]] = {}
-        for group in GROUPS:
-            try:
-                with open(os.path.join(root, group, "tasks"), encoding="ascii") as f:
-                    present[group] = frozenset(int(line) for line in f.read().split() if line.isdigit())
-            except FileNotFoundError:
-                present[group] = frozenset()
-        return present
+        return read_group_tasks(root, GROUPS)
 
     def run(self, now: float) -> None:
         info = self._resctrl_info()

@@ -90,7 +90,7 @@ def test_kernel_without_memory_qos_files_is_a_noop_with_one_log_line(caplog: pyt
     from koordlet.system.cgroup import CgroupFS
 
     states = StaticStates(node=node(), node_slo=SLO, pods=(LS,))
-    executor = ResourceExecutor(CgroupFS(root="/nonexistent-root"))
+    executor = ResourceExecutor(CgroupFS(mount_dir="/nonexistent-root/sys/fs/cgroup"))
     strategy = MemoryQoS(SnapshotBuilder(states, MetricCache()), executor, LAYOUT, probe=lambda resource: False)
     with caplog.at_level(logging.INFO, logger="koordlet.qosmanager.memoryqos"):
         strategy.run(1000.0)

@@ -11,15 +11,11 @@ from koordlet.api.pod import ContainerMeta
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
 from koordlet.api.resctrl import ResctrlMathError, l3_mask, mb_value
-from koordlet.qosmanager.resctrl import (
-    ResctrlInfo,
-    ResctrlReconcile,
-    read_resctrl_info,
-    schemata_text,
-)
+from koordlet.qosmanager.resctrl import ResctrlReconcile, schemata_text
 from koordlet.qosmanager.snapshot import SnapshotBuilder
 from koordlet.statesinformer.api import StaticStates
 from koordlet.system.cgroup import CgroupFS
+from koordlet.system.resctrl import ResctrlInfo, read_resctrl_info
 from tests.koordlet.qosmanager.factory import LAYOUT, be_pod, node, pod
 
 SLO = parse_node_slo_spec({"resourceQOSStrategy": {
@@ -81,7 +77,7 @@ def test_groups_get_schemata_and_pod_tasks_are_moved_in(tmp_path: Path) -> None:
         directory = cgroup_root / "sys/fs/cgroup/cpu" / rel
         directory.mkdir(parents=True)
         (directory / "tasks").write_text(pids)
-    executor = ResourceExecutor(CgroupFS(root=str(cgroup_root)), resctrl_root=str(resctrl))
+    executor = ResourceExecutor(CgroupFS(mount_dir=str(cgroup_root / "sys/fs/cgroup")), resctrl_root=str(resctrl))
     states = StaticStates(node=node(), node_slo=SLO, pods=(be, ls, lsr))
     strategy = ResctrlReconcile(SnapshotBuilder(states, MetricCache()), executor, LAYOUT)
     assert strategy.active(SLO)
@@ -95,7 +91,7 @@ def test_groups_get_schemata_and_pod_tasks_are_moved_in(tmp_path: Path) -> None:
 
 
 def test_no_rdt_is_a_noop(tmp_path: Path) -> None:
-    executor = ResourceExecutor(CgroupFS(root=str(tmp_path)), resctrl_root=str(tmp_path / "resctrl"))
+    executor = ResourceExecutor(CgroupFS(str(tmp_path / "sys/fs/cgroup")), resctrl_root=str(tmp_path / "resctrl"))
     strategy = ResctrlReconcile(SnapshotBuilder(StaticStates(node=node(), node_slo=SLO), MetricCache()),
                                 executor, LAYOUT)
     strategy.run(1000.0)
