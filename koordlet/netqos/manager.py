@@ -1,7 +1,7 @@
 """Keep the uplink's HTB layout in step with NodeSLO and the pods (Koordinator gate ``TCNetworkQoS``).
 
 On every NodeSLO or pod change (states informer callbacks) and every ``interval_s``, one sync:
-``spec_from_node_slo`` + ``plan`` over the pods that have IPs, then :func:`koordlet.netqos.tc.apply`
+``spec_from_node_slo`` + ``plan`` over the pods that have IPs, then :func:`koordlet.system.tc.apply`
 (changes only the difference). When NodeSLO no longer asks for tc network QoS, our qdisc (handle 1:, HTB)
 is taken off the uplink; any other root qdisc is left alone. The syncs run on the manager's own thread,
 so a callback only wakes it. Failures are logged and counted (``koordlet_netqos_apply_total{status}``),
@@ -22,9 +22,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 from pyroute2.netlink.exceptions import NetlinkError
 
-from koordlet.netqos import tc
 from koordlet.netqos.plan import QDISC_MAJOR, NetPod, NetQoSError, handle, net_pod, plan, spec_from_node_slo
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
+from koordlet.system import tc
 from koordlet.system.net import UplinkError, default_route_interface, link_speed_bps
 from koordlet.system.roots import PROC_DIR, SYS_DIR
 
@@ -65,7 +65,7 @@ class NetQoSManager:
         self._states = states
         self._uplink = uplink
         self._interval_s = interval_s
-        self._ipr_factory = ipr_factory or _iproute
+        self._ipr_factory = ipr_factory or tc.open_iproute
         self._proc_dir = proc_dir
         self._sys_dir = sys_dir
         self._applies = Counter(
@@ -141,9 +141,3 @@ class NetQoSManager:
             return STATUS_APPLIED if tc.apply(ipr, uplink, wanted) else STATUS_UNCHANGED
         finally:
             ipr.close()
-
-
-def _iproute() -> Any:
-    from pyroute2 import IPRoute
-
-    return IPRoute()

@@ -25,7 +25,7 @@ from koordlet.netqos.manager import (
     NetQoSManager,
 )
 from koordlet.netqos.plan import classid
-from koordlet.netqos.tc import read_link
+from koordlet.system.tc import read_link
 from koordlet.statesinformer.api import StaticStates
 from tests.koordlet.statesinformer.waiting import wait_for
 
