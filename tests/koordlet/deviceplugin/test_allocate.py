@@ -60,7 +60,7 @@ def plugin(kube, tmp_path) -> Iterator[Plugin]:
         (dev_root / name).write_text("")
     plugin_dir = tempfile.mkdtemp(prefix="kdp-", dir="/tmp")
     kubelet = TestKubelet(plugin_dir)
-    server = gpu_device_plugin(kube.core, NODE, service, plugin_dir=plugin_dir, dev_root=str(dev_root))
+    server = gpu_device_plugin(kube.core, NODE, service, plugin_dir=plugin_dir, dev_dir=str(dev_root))
     try:
         server.start()
         with kubelet.plugin_channel(kubelet.next_registration()) as channel:
