@@ -63,7 +63,7 @@ def main() -> int:
     states = StaticStates(node=NodeInfo("bench"))
     config = RuntimeHooksConfig(socket_path=str(tmp / "koordlet.sock"), host_endpoint=str(tmp / "koordlet.sock"),
                                 config_dir=str(tmp / "hookserver.d"), reconcile_interval_s=3600, feature_gates=GATES)
-    executor = ResourceExecutor(CgroupFS(root="/"))
+    executor = ResourceExecutor(CgroupFS())
     hooks = RuntimeHooks(config, states, executor, KubeCgroupLayout(cgroup_root=cgroup_root))
     made: list[Path] = []
     try:

@@ -62,6 +62,7 @@ from koordlet.statesinformer.nodeslo_file import NodeSLOFileWatcher
 from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
+from koordlet.system.roots import HostDirs
 
 logger = logging.getLogger(__name__)
 
@@ -104,9 +105,16 @@ def raise_nofile_limit() -> int:
     return soft
 
 
+def host_dirs(config: KoordletConfig) -> HostDirs:
+    """The kernel filesystems' mount dirs from ``-proc-root-dir``, ``-sys-root-dir``, ``-sys-fs-root-dir``
+    and ``-cgroup-root-dir``."""
+    return HostDirs.from_flags(proc_root_dir=config.proc_root_dir, sys_root_dir=config.sys_root_dir,
+                               sys_fs_root_dir=config.sys_fs_root_dir, cgroup_root_dir=config.cgroup_root_dir)
+
+
 def cgroup_fs_of(config: KoordletConfig) -> CgroupFS:
-    """``-cgroup-root-dir`` as a CgroupFS (the mount dir below ``/``)."""
-    return CgroupFS.detect(root="/", mount=config.cgroup_root_dir.strip("/"))
+    """``-cgroup-root-dir`` as a CgroupFS."""
+    return CgroupFS.detect(host_dirs(config).cgroup_mount_dir)
 
 
 def local_node_info(node_name: str) -> NodeInfo:
@@ -115,14 +123,6 @@ def local_node_info(node_name: str) -> NodeInfo:
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     amounts = {"cpu": cpus * 1000, "memory": memory}
     return NodeInfo(name=node_name, capacity=dict(amounts), allocatable=dict(amounts))
-
-
-def _sys_root(config: KoordletConfig) -> str:
-    sys_dir = config.sys_root_dir.rstrip("/")
-    if sys_dir.endswith("/sys"):
-        return sys_dir[: -len("/sys")] or "/"
-    logger.warning("-sys-root-dir %s does not end in /sys; reading the CPU topology from /sys", sys_dir)
-    return "/"
 
 
 def _api_client(config: KoordletConfig) -> kubernetes.client.ApiClient:
@@ -158,7 +158,7 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
         feature_gates=config.feature_gates,
     )
     return new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
-                           sys_root=_sys_root(config))
+                           sys_dir=host_dirs(config).sys_dir)
 
 
 def _runtime_hooks(ctx: AgentContext) -> Component | None:
@@ -173,7 +173,7 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         disabled_stages=frozenset(config.runtime_hooks_disable_stages),
         reconcile_interval_s=config.runtime_hooks_reconcile_interval_s,
         feature_gates=config.feature_gates,
-        resctrl_root=os.path.join(config.sys_fs_root_dir, "resctrl"),
+        resctrl_dir=host_dirs(config).resctrl_dir,
         serve_hooks=config.runtime_hooks_network == "unix",
     )
     return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout)
@@ -186,8 +186,9 @@ def _netqos(ctx: AgentContext) -> Component | None:
     from koordlet.netqos.manager import NetQoSManager
 
     config = ctx.config
-    return NetQoSManager(ctx.states, uplink=config.netqos_uplink, proc_root=config.proc_root_dir,
-                         sys_dir=config.sys_root_dir, registry=ctx.metrics.registry)
+    dirs = host_dirs(config)
+    return NetQoSManager(ctx.states, uplink=config.netqos_uplink, proc_dir=dirs.proc_dir,
+                         sys_dir=dirs.sys_dir, registry=ctx.metrics.registry)
 
 
 def default_components() -> list[ComponentFactory]:
@@ -239,8 +240,9 @@ class Koordlet:
         self.metrics_server = server
         self._started("metrics server", lambda timeout: server.stop(timeout))
 
+        dirs = host_dirs(config)
         cgroup_fs = cgroup_fs_of(config)
-        executor = ResourceExecutor(cgroup_fs, resctrl_root=os.path.join(config.sys_fs_root_dir, "resctrl"),
+        executor = ResourceExecutor(cgroup_fs, resctrl_root=dirs.resctrl_dir,
                                     force_update_seconds=float(config.resource_force_update_seconds))
         driver = detect_cgroup_driver(cgroup_fs, config.kubelet_cgroup_root)
         layout = KubeCgroupLayout(driver, config.kubelet_cgroup_root)
@@ -258,7 +260,7 @@ class Koordlet:
         self.metrics.bind(cache, states, stale_after_s=max(10.0, 3 * config.collect_res_used_interval_s),
                           psi_stale_after_s=3 * config.psi_collector_interval_s)
 
-        node_collector = NodeResourceCollector(config.proc_root_dir, config.collect_res_used_interval_s)
+        node_collector = NodeResourceCollector(dirs.proc_dir, config.collect_res_used_interval_s)
         collectors: list[Any] = [
             node_collector,
             PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
@@ -267,13 +269,13 @@ class Koordlet:
                                  host_apps=host_app_cgroup_source(states.node_slo, layout)),
         ]
         if config.gate("PSICollector"):
-            collectors.append(NodePsiCollector(config.proc_root_dir, config.psi_collector_interval_s))
+            collectors.append(NodePsiCollector(dirs.proc_dir, config.psi_collector_interval_s))
             collectors.append(PodPsiCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
                                               config.psi_collector_interval_s))
         gpu_service = None
         if config.gate("Accelerators"):
             # A short NVML event wait keeps the health thread quick to stop.
-            gpu_service = GPUService.start(self._nvml, sys_root=_sys_root(config), poll_timeout_ms=1000)
+            gpu_service = GPUService.start(self._nvml, sys_dir=dirs.sys_dir, poll_timeout_ms=1000)
             if gpu_service is not None:
                 collectors.append(GPUCollector(gpu_service, config.collect_res_used_interval_s))
                 # Registered before the metrics advisor: stopped after the collector and the report loop.

@@ -84,3 +84,50 @@ def test_strategies_never_touch_the_executor_or_the_evictor() -> None:
 def test_plan_is_plain_data_below_every_writer() -> None:
     """koordlet.plan imports only koordlet.api: the strategies, the runtime hooks and the runner all use it."""
     assert _violations("koordlet/plan.py", lambda n: _top(n) != "koordlet" or n.startswith("koordlet.api")) == []
+
+
+# Kernel state (/proc, /sys, cgroups, resctrl, /dev, tc) is read and written under koordlet/system only; the
+# rest of koordlet gets mount dirs from koordlet.system.roots and values from system functions. Flag
+# defaults in config.py are the one place above system that spells such a path; docstrings may name them.
+# Subprocesses (tc, ip, nvidia-smi...) are kernel state too. The executor writes cgroup and resctrl files
+# but only below the CgroupFS and resctrl dir it is given, so it spells no path and passes.
+_KERNEL_PREFIXES = ("/proc", "/sys", "/dev")
+_MAY_SPELL_KERNEL_PATHS = ("koordlet/system/", "koordlet/config.py")
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                ids.add(id(first.value))
+    return ids
+
+
+def _is_kernel_path(text: str) -> bool:
+    """``/proc``, ``/sys/...``, ``/dev/...``, and the same below a host root (``sys/bus/...`` joined to ``/``)."""
+    return any(text == prefix or text.startswith((prefix + "/", prefix[1:] + "/")) for prefix in _KERNEL_PREFIXES)
+
+
+def _kernel_access_outside_system() -> list[str]:
+    found = []
+    for path in sorted((REPO / "koordlet").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith(_MAY_SPELL_KERNEL_PATHS):
+            continue
+        tree = ast.parse(path.read_text(), rel)
+        docstrings = _docstring_nodes(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                if _is_kernel_path(node.value):
+                    found.append(f"{rel}:{node.lineno} spells {node.value!r}")
+            elif isinstance(node, ast.Import):
+                found += [f"{rel}:{node.lineno} imports {a.name}" for a in node.names if _top(a.name) == "subprocess"]
+            elif isinstance(node, ast.ImportFrom) and not node.level and _top(node.module or "") == "subprocess":
+                found.append(f"{rel}:{node.lineno} imports from subprocess")
+    return found
+
+
+def test_only_koordlet_system_touches_kernel_files() -> None:
+    assert _kernel_access_outside_system() == []

@@ -23,7 +23,6 @@ kubelet may call Allocate concurrently; one mutex serialises the calls (as HAMi 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +36,8 @@ from koordlet.api import device as api
 from koordlet.gpu.health import GPUHealth
 from koordlet.gpu.nvml import GPUInfo
 from koordlet.nodelock import NodeLock, NodeLocker, NodeLockError, NodeLockValueError
+from koordlet.system.devfs import device_path, existing_devices
+from koordlet.system.roots import DEV_DIR
 
 _log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class SchedulerAllocator:
         gpus: Callable[[], Sequence[GPUInfo]],
         health: Callable[[], Mapping[str, GPUHealth]],
         resource_name: str = api.RESOURCE_NVIDIA_GPU,
-        dev_root: str = "/dev",
+        dev_dir: str = DEV_DIR,
         timeout_s: float = DEFAULT_ALLOCATE_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -125,7 +126,7 @@ class SchedulerAllocator:
         self._gpus = gpus
         self._health = health
         self.resource_name = resource_name
-        self._dev_root = dev_root
+        self._dev_dir = dev_dir
         self._timeout_s = timeout_s
         self._clock = clock
         self._mutex = threading.Lock()
@@ -223,12 +224,10 @@ class SchedulerAllocator:
     # -- building the answer -----------------------------------------------------------------------
 
     def _device_nodes(self, gpus: Sequence[api.GPUAllocation]) -> tuple[DeviceNode, ...]:
-        nodes = [DeviceNode(f"/dev/nvidia{gpu.minor}", f"/dev/nvidia{gpu.minor}") for gpu in gpus]
-        for name in CONTROL_DEVICE_NODES:
-            # A device spec whose host node is missing makes the runtime fail the container.
-            if os.path.exists(os.path.join(self._dev_root, name)):
-                nodes.append(DeviceNode(f"/dev/{name}", f"/dev/{name}"))
-        return tuple(nodes)
+        names = [f"nvidia{gpu.minor}" for gpu in gpus]
+        # A device spec whose host node is missing makes the runtime fail the container.
+        names += existing_devices(CONTROL_DEVICE_NODES, self._dev_dir)
+        return tuple(DeviceNode(device_path(name), device_path(name)) for name in names)
 
     def _check_gpus_here(self, who: str, gpus: Sequence[api.GPUAllocation]) -> None:
         by_minor = {gpu.minor: gpu for gpu in self._gpus()}

@@ -35,6 +35,7 @@ from koordlet.gpu.health import GPUHealth, HealthBoard
 from koordlet.gpu.nvml import GPUInfo
 from koordlet.gpu.service import GPUService
 from koordlet.nodelock import NodeLocker
+from koordlet.system.roots import DEV_DIR
 from wire import deviceplugin_pb2 as pb
 from wire import deviceplugin_pb2_grpc as pb_grpc
 from wire.sockets import remove_socket
@@ -304,7 +305,7 @@ def gpu_device_plugin(
     resource_name: str = api.RESOURCE_NVIDIA_GPU,
     plugin_dir: str = DEVICE_PLUGIN_PATH,
     lock_key: str = api.ANNOTATION_NODE_LOCK,
-    dev_root: str = "/dev",
+    dev_dir: str = DEV_DIR,
 ) -> DevicePluginServer:
     """The device plugin wired to koordlet's GPU service and the API server (call .start())."""
 
@@ -318,7 +319,7 @@ def gpu_device_plugin(
         gpus,
         service.board.snapshot,
         resource_name=resource_name,
-        dev_root=dev_root,
+        dev_dir=dev_dir,
     )
     return DevicePluginServer(
         lambda: GPUDevicePluginServicer(gpus, service.board, allocator), resource_name, plugin_dir=plugin_dir

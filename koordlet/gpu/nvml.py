@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import time
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Self
+
+from koordlet.system.roots import SYS_DIR
+from koordlet.system.sysfs import pci_device_numa_node, pci_device_parent_bridge
 
 _log = logging.getLogger(__name__)
 
@@ -87,32 +89,6 @@ def normalise_pci_bus_id(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}" if domain else rest
 
 
-def _sysfs_pci_dir(bus_id: str, sys_root: str) -> str:
-    return os.path.join(sys_root, "sys/bus/pci/devices", bus_id)
-
-
-def sysfs_numa_node(bus_id: str, sys_root: str = "/") -> int | None:
-    """NUMA node of a PCI device from sysfs; -1 there means the platform does not say."""
-    try:
-        with open(os.path.join(_sysfs_pci_dir(bus_id, sys_root), "numa_node"), encoding="ascii") as f:
-            node = int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-    return node if node >= 0 else None
-
-
-def sysfs_pcie_switch_id(bus_id: str, sys_root: str = "/") -> str:
-    """The bridge above the GPU in the PCI tree (its parent directory in /sys/devices), "" if unknown.
-
-    GPUs behind the same PCIe switch share this id, which is what the Device CR's pcieID is for.
-    """
-    link = _sysfs_pci_dir(bus_id, sys_root)
-    if not os.path.lexists(link):
-        return ""
-    parent = os.path.basename(os.path.dirname(os.path.realpath(link)))
-    return parent
-
-
 class NvmlSession:
     """An initialised NVML: nvmlInit on open, nvmlShutdown on close (NVML counts the pairs)."""
 
@@ -179,7 +155,7 @@ def open_nvml(nvml: NvmlModule | None = None) -> NvmlSession | None:
     return session
 
 
-def _numa_node(nvml: NvmlModule, handle: Any, bus_id: str, sys_root: str) -> int | None:
+def _numa_node(nvml: NvmlModule, handle: Any, bus_id: str, sys_dir: str) -> int | None:
     try:
         node = int(nvml.nvmlDeviceGetNumaNodeId(handle))
     except nvml.NVMLError_NotSupported:
@@ -190,10 +166,10 @@ def _numa_node(nvml: NvmlModule, handle: Any, bus_id: str, sys_root: str) -> int
         node = -1
     if node >= 0:
         return node
-    return sysfs_numa_node(bus_id, sys_root)
+    return pci_device_numa_node(bus_id, sys_dir)
 
 
-def discover(session: NvmlSession, sys_root: str = "/") -> GPUInventory:
+def discover(session: NvmlSession, sys_dir: str = SYS_DIR) -> GPUInventory:
     """One discovery pass over every GPU NVML sees.
 
     Raises NvmlUnavailableError when NVML fails for the node as a whole; a GPU whose own queries
@@ -225,9 +201,9 @@ def discover(session: NvmlSession, sys_root: str = "/") -> GPUInventory:
                 minor=minor,
                 model=model,
                 memory_total_bytes=memory_total,
-                numa_node=_numa_node(nvml, handle, bus_id, sys_root),
+                numa_node=_numa_node(nvml, handle, bus_id, sys_dir),
                 pci_bus_id=bus_id,
-                pcie_switch_id=sysfs_pcie_switch_id(bus_id, sys_root),
+                pcie_switch_id=pci_device_parent_bridge(bus_id, sys_dir),
             )
         )
     return GPUInventory(driver_version=driver_version, gpus=tuple(gpus))
@@ -257,8 +233,8 @@ def read_usage(session: NvmlSession, inventory: GPUInventory) -> list[GPUUsage]:
     return samples
 
 
-def timed_discovery(session: NvmlSession, sys_root: str = "/") -> tuple[GPUInventory, float]:
+def timed_discovery(session: NvmlSession, sys_dir: str = SYS_DIR) -> tuple[GPUInventory, float]:
     """discover() and the seconds it took (reported by the real-GPU check)."""
     start = time.perf_counter()
-    inventory = discover(session, sys_root)
+    inventory = discover(session, sys_dir)
     return inventory, time.perf_counter() - start

@@ -9,6 +9,7 @@ from typing import Any
 from koordlet.gpu.devicecr import build_device
 from koordlet.gpu.health import DEFAULT_RECOVER_AFTER_S, HealthBoard, XidHealthWatcher
 from koordlet.gpu.nvml import GPUInventory, GPUUsage, NvmlModule, NvmlSession, discover, open_nvml, read_usage
+from koordlet.system.roots import SYS_DIR
 from koordlet.gpu.reporter import DeviceReporter, ReportResult
 
 _log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ class GPUService:
     def start(
         cls,
         nvml: NvmlModule | None = None,
-        sys_root: str = "/",
+        sys_dir: str = SYS_DIR,
         recover_after_s: float = DEFAULT_RECOVER_AFTER_S,
         poll_timeout_ms: int = 5000,
     ) -> GPUService | None:
@@ -37,7 +38,7 @@ class GPUService:
         session = open_nvml(nvml)
         if session is None:
             return None
-        inventory = discover(session, sys_root)
+        inventory = discover(session, sys_dir)
         if not inventory.gpus:
             session.close()
             _log.info("GPU support off: no GPU could be read through NVML")

@@ -8,13 +8,13 @@ cores = Δbusy_ticks / (Δt × CLK_TCK). The first collection only primes. Memor
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from koordlet.metriccache import MetricKind, Sample, SeriesKey
-from koordlet.system.procfs import KeptFile, clock_ticks_per_second, parse_meminfo, parse_proc_stat
+from koordlet.system.procfs import NodeProcFiles, clock_ticks_per_second
+from koordlet.system.roots import PROC_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +37,12 @@ class NodeResourceCollector:
 
     def __init__(
         self,
-        proc_root: str = "/proc",
+        proc_dir: str = PROC_DIR,
         interval_s: float = 1.0,
         monotonic_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.interval_s = interval_s
-        self._stat = KeptFile(os.path.join(proc_root, "stat"))
-        self._meminfo = KeptFile(os.path.join(proc_root, "meminfo"))
+        self._files = NodeProcFiles(proc_dir)
         self._ticks_per_s = clock_ticks_per_second()
         self._monotonic_ns = monotonic_ns
         self._prev: tuple[int, int] | None = None  # (monotonic ns, busy ticks)
@@ -54,8 +53,8 @@ class NodeResourceCollector:
 
     def collect(self, now: float) -> list[Sample]:
         read_ns = self._monotonic_ns()
-        busy = parse_proc_stat(self._stat.read()).node.busy_ticks
-        memory = parse_meminfo(self._meminfo.read())
+        busy = self._files.proc_stat().node.busy_ticks
+        memory = self._files.meminfo()
         samples = [
             Sample(NODE_MEMORY, now, float(memory.used_bytes)),
             Sample(NODE_MEMORY_WITH_PAGE_CACHE, now, float(memory.used_with_page_cache_bytes)),
@@ -72,5 +71,4 @@ class NodeResourceCollector:
         return samples
 
     def close(self) -> None:
-        self._stat.close()
-        self._meminfo.close()
+        self._files.close()

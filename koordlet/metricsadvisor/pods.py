@@ -22,7 +22,6 @@ cost at 150 containers; give the agent a RLIMIT_NOFILE of a few thousand to keep
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from koordlet.metriccache import (
 )
 from koordlet.metricsadvisor.node import NodeResourceCollector
 from koordlet.system import cgroup_stats
-from koordlet.system.cgroup import CgroupFS, CgroupVersion
+from koordlet.system.cgroup import CgroupFS
 from koordlet.system.procfs import KeptFiles, ProcParseError
 
 logger = logging.getLogger(__name__)
@@ -169,7 +168,6 @@ class PodResourceCollector:
         self._node = node
         self._collect_page_cache = collect_page_cache
         self._monotonic_ns = monotonic_ns
-        self._v2 = self._fs.version is CgroupVersion.V2
         self._prev: dict[str, _CgroupReading] = {}
         self._targets: dict[str, _Target] = {}
         self._files = KeptFiles()
@@ -197,11 +195,13 @@ class PodResourceCollector:
             if target is not None:
                 self._files.forget(target.paths)
             fs = self._fs
+            files = cgroup_stats.usage_files(fs.cgroup_dir("cpu", rel), fs.cgroup_dir("cpuacct", rel),
+                                             fs.cgroup_dir("memory", rel), fs.version)
             target = _Target(
                 rel=rel,
-                cpu_stat_path=os.path.join(fs.cgroup_dir("cpu", rel), "cpu.stat"),
-                usage_path=None if self._v2 else os.path.join(fs.cgroup_dir("cpuacct", rel), "cpuacct.usage"),
-                memory_stat_path=os.path.join(fs.cgroup_dir("memory", rel), "memory.stat"),
+                cpu_stat_path=files.cpu_stat,
+                usage_path=files.cpuacct_usage,
+                memory_stat_path=files.memory_stat,
                 keys=(
                     SeriesKey.of(kinds.cpu, **labels),
                     SeriesKey.of(kinds.memory, **labels),

@@ -7,21 +7,21 @@ where the kernel has no readable /proc/pressure (CONFIG_PSI off or ``psi=0``).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 from koordlet.metriccache import Label, MetricKind, Sample, SeriesKey
 from koordlet.metricsadvisor.pods import PodSource
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
+from koordlet.system.cgroup_stats import cgroup_psi_files
+from koordlet.system.roots import PROC_DIR
 from koordlet.system.procfs import (
     PSI_RESOURCES,
     KeptFiles,
     ProcParseError,
     Psi,
-    node_psi_path,
     node_psi_supported,
     parse_psi,
-    read_psi,
+    read_node_psi,
 )
 
 logger = logging.getLogger(__name__)
@@ -59,22 +59,22 @@ def psi_samples(
 class NodePsiCollector:
     name = "node_psi"
 
-    def __init__(self, proc_root: str = "/proc", interval_s: float = 10.0) -> None:
+    def __init__(self, proc_dir: str = PROC_DIR, interval_s: float = 10.0) -> None:
         self.interval_s = interval_s
-        self._proc_root = proc_root
+        self._proc_dir = proc_dir
         self._supported: bool | None = None
 
     def enabled(self) -> bool:
         if self._supported is None:
-            self._supported = node_psi_supported(self._proc_root)
+            self._supported = node_psi_supported(self._proc_dir)
             if not self._supported:
-                logger.info("PSI collector off: %s/pressure is missing or unreadable", self._proc_root)
+                logger.info("PSI collector off: %s/pressure is missing or unreadable", self._proc_dir)
         return self._supported
 
     def collect(self, now: float) -> list[Sample]:
         samples: list[Sample] = []
         for resource in PSI_RESOURCES:
-            samples.extend(psi_samples(read_psi(node_psi_path(resource, self._proc_root)), resource, now))
+            samples.extend(psi_samples(read_node_psi(resource, self._proc_dir), resource, now))
         return samples
 
 
@@ -142,8 +142,8 @@ class PodPsiCollector:
             self._files.forget(path for _, path in target.paths)
             del self._targets[ident]
         for directory in self._candidates(rel):
-            if os.path.exists(os.path.join(directory, "cpu.pressure")):
-                paths = tuple((r, os.path.join(directory, f"{r}.pressure")) for r in PSI_RESOURCES)
+            paths = cgroup_psi_files(directory)
+            if paths is not None:
                 target = _PsiTarget(rel, paths, _psi_keys(kind, labels))
                 self._targets[ident] = target
                 return target

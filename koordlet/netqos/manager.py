@@ -1,21 +1,20 @@
 """Keep the uplink's HTB layout in step with NodeSLO and the pods (Koordinator gate ``TCNetworkQoS``).
 
 On every NodeSLO or pod change (states informer callbacks) and every ``interval_s``, one sync:
-``spec_from_node_slo`` + ``plan`` over the pods that have IPs, then :func:`koordlet.netqos.tc.apply`
+``spec_from_node_slo`` + ``plan`` over the pods that have IPs, then :func:`koordlet.system.tc.apply`
 (changes only the difference). When NodeSLO no longer asks for tc network QoS, our qdisc (handle 1:, HTB)
 is taken off the uplink; any other root qdisc is left alone. The syncs run on the manager's own thread,
 so a callback only wakes it. Failures are logged and counted (``koordlet_netqos_apply_total{status}``),
 never fatal: the next change or tick tries again.
 
-The uplink is ``uplink`` or, when empty, the interface of the default route in ``<proc root>/net/route``
+The uplink is ``uplink`` or, when empty, the interface of the default route in ``<proc dir>/net/route``
 (read at every sync: it may change). Its speed (``<sys dir>/class/net/<if>/speed``, Mbit/s) stands in for
-``systemStrategy.totalNetworkBandwidth`` when NodeSLO leaves that at 0.
+``systemStrategy.totalNetworkBandwidth`` when NodeSLO leaves that at 0. :mod:`koordlet.system.net` reads both.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -23,60 +22,21 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 from pyroute2.netlink.exceptions import NetlinkError
 
-from koordlet.netqos import tc
 from koordlet.netqos.plan import QDISC_MAJOR, NetPod, NetQoSError, handle, net_pod, plan, spec_from_node_slo
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
+from koordlet.system import tc
+from koordlet.system.net import UplinkError, default_route_interface, link_speed_bps
+from koordlet.system.roots import PROC_DIR, SYS_DIR
 
 _log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 10.0
 _DONE_PHASES = ("Succeeded", "Failed")
-_RTF_UP = 0x1
 
 STATUS_APPLIED = "applied"
 STATUS_UNCHANGED = "unchanged"
 STATUS_REMOVED = "removed"
 STATUS_ERROR = "error"
-
-
-class UplinkError(OSError):
-    """No uplink named and no default route to find one."""
-
-
-def default_route_interface(proc_root: str) -> str:
-    """The interface of the IPv4 default route (destination and mask 0, up), from ``<proc_root>/net/route``."""
-    path = os.path.join(proc_root, "net", "route")
-    try:
-        with open(path, encoding="ascii") as file:
-            lines = file.read().splitlines()[1:]
-    except OSError as exc:
-        raise UplinkError(f"cannot read {path}: {exc}") from exc
-    best: tuple[int, str] | None = None
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 8:
-            continue
-        try:
-            destination, flags, mask = int(fields[1], 16), int(fields[3], 16), int(fields[7], 16)
-            metric = int(fields[6])
-        except ValueError:
-            continue
-        if destination == 0 and mask == 0 and flags & _RTF_UP and (best is None or metric < best[0]):
-            best = (metric, fields[0])
-    if best is None:
-        raise UplinkError(f"no default route in {path}")
-    return best[1]
-
-
-def link_speed_bps(sys_dir: str, ifname: str) -> int:
-    """The link's speed in bits/s from ``<sys_dir>/class/net/<if>/speed``; 0 when unknown (down, virtual)."""
-    path = os.path.join(sys_dir, "class", "net", ifname, "speed")
-    try:
-        with open(path, encoding="ascii") as file:
-            mbit = int(file.read().strip())
-    except (OSError, ValueError):  # the kernel answers EINVAL for a link that is down
-        return 0
-    return mbit * 1_000_000 if mbit > 0 else 0
 
 
 def pods_for_netqos(states: StatesProvider) -> list[NetPod]:
@@ -96,8 +56,8 @@ class NetQoSManager:
         uplink: str = "",
         interval_s: float = DEFAULT_INTERVAL_S,
         ipr_factory: Callable[[], Any] | None = None,
-        proc_root: str = "/proc",
-        sys_dir: str = "/sys",
+        proc_dir: str = PROC_DIR,
+        sys_dir: str = SYS_DIR,
         registry: CollectorRegistry | None = None,
     ) -> None:
         if interval_s <= 0:
@@ -105,8 +65,8 @@ class NetQoSManager:
         self._states = states
         self._uplink = uplink
         self._interval_s = interval_s
-        self._ipr_factory = ipr_factory or _iproute
-        self._proc_root = proc_root
+        self._ipr_factory = ipr_factory or tc.open_iproute
+        self._proc_dir = proc_dir
         self._sys_dir = sys_dir
         self._applies = Counter(
             "koordlet_netqos_apply", "network QoS syncs by outcome", ["status"], registry=registry
@@ -168,8 +128,8 @@ class NetQoSManager:
         return status
 
     def _sync(self) -> str:
-        uplink = self._uplink or default_route_interface(self._proc_root)
-        spec = spec_from_node_slo(self._states.node_slo(), link_speed_bps(self._sys_dir, uplink))
+        uplink = self._uplink or default_route_interface(self._proc_dir)
+        spec = spec_from_node_slo(self._states.node_slo(), link_speed_bps(uplink, self._sys_dir))
         ipr = self._ipr_factory()
         try:
             if spec is None:
@@ -181,9 +141,3 @@ class NetQoSManager:
             return STATUS_APPLIED if tc.apply(ipr, uplink, wanted) else STATUS_UNCHANGED
         finally:
             ipr.close()
-
-
-def _iproute() -> Any:
-    from pyroute2 import IPRoute
-
-    return IPRoute()

@@ -1,6 +1,6 @@
 """Network QoS plan: NodeSLO + pods -> the HTB qdisc, classes and filters one uplink should carry.
 
-Pure: no netlink, no files. :mod:`koordlet.netqos.tc` compares a plan with what is on the link and
+Pure: no netlink, no files. :mod:`koordlet.system.tc` compares a plan with what is on the link and
 changes only the difference.
 
 Layout (Koordinator's tc mode, reference/koordinator.md §3.3 NetQoS): an HTB qdisc with major 1 on the
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from koordlet.api.annotations import AnnotationError, PodNetworkQOS, parse_network_qos
 from koordlet.api.keys import ANNOTATION_NETWORK_QOS
+from koordlet.api.netqos import HTBClass, IPFilter, NetQoSPlan, handle
 from koordlet.api.nodeslo import NET_QOS_POLICY_TC, NetworkQOS, NodeSLOSpec
 from koordlet.api.qos import QoSClass
 from koordlet.api.quantity import QuantityError, parse_quantity
@@ -54,17 +55,8 @@ class NetQoSError(ValueError):
     """The NodeSLO or a pod cannot be turned into a network QoS plan."""
 
 
-def handle(major: int, minor: int) -> int:
-    """tc handle ``major:minor`` as the kernel stores it."""
-    return (major << 16) | minor
-
-
 def classid(minor: int) -> int:
     return handle(QDISC_MAJOR, minor)
-
-
-def format_handle(value: int) -> str:
-    return f"{value >> 16:x}:{value & 0xFFFF:x}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,34 +85,6 @@ class NetPod:
     ips: tuple[str, ...]
     qos: QoSClass
     egress_limit_bps: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class HTBClass:
-    classid: int
-    parent: int
-    rate_bps: int
-    ceil_bps: int
-    quantum_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class IPFilter:
-    """Send packets whose source address is ``ip`` to class ``classid``."""
-
-    ip: str
-    classid: int
-
-
-@dataclass(frozen=True, slots=True)
-class NetQoSPlan:
-    qdisc_handle: int
-    default_classid: int
-    classes: tuple[HTBClass, ...]
-    filters: tuple[IPFilter, ...]
-
-    def class_by_id(self) -> dict[int, HTBClass]:
-        return {c.classid: c for c in self.classes}
 
 
 def resolve_rate(value: int | str, total_bps: int) -> int:

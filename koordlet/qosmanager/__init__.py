@@ -33,6 +33,7 @@ from koordlet.qosmanager.metrics import GAUGES
 from koordlet.qosmanager.snapshot import Snapshot, SnapshotBuilder
 from koordlet.statesinformer.api import StatesProvider
 from koordlet.system.kubepods import KubeCgroupLayout
+from koordlet.system.roots import SYS_DIR
 from koordlet.system.sysfs import CPUInfo, SysfsError, read_cpu_topology
 
 logger = logging.getLogger(__name__)
@@ -66,21 +67,21 @@ def new_qos_manager(
     *,
     evictor: Evictor | None = None,
     config: QoSManagerConfig | None = None,
-    sys_root: str = "/",
+    sys_dir: str = SYS_DIR,
     cpus: tuple[CPUInfo, ...] | None = None,
     started_at: float | None = None,
 ) -> QoSManager:
     """The manager with every strategy; eviction strategies only when an ``evictor`` is given.
 
     ``layout``: kubelet's cgroup driver and ``--cgroup-root``; ``cpus``: the CPU topology for the cpuset
-    policy, else read from ``<sys_root>/sys/devices/system/cpu``; ``started_at``: the agent's wall-clock
+    policy, else read from ``<sys_dir>/devices/system/cpu``; ``started_at``: the agent's wall-clock
     start (BECPUEvict rests 20 s after it; default now).
     """
     config = config or QoSManagerConfig()
     config = replace(config, started_at=time.time() if started_at is None else started_at)
     if cpus is None:
         try:
-            cpus = read_cpu_topology(sys_root)
+            cpus = read_cpu_topology(sys_dir)
         except SysfsError as exc:
             logger.warning("no CPU topology (%s); the cpuset suppress policy will not pick CPUs", exc)
             cpus = ()

@@ -18,6 +18,7 @@ from koordlet.executor import ResourceExecutor
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.system.kubepods import KubeCgroupLayout
 from wire.sockets import remove_socket
+from koordlet.system.resctrl import ResctrlInfoError, read_resctrl_info
 
 from .reconciler import Reconciler
 from .registration import remove_registration, write_registration
@@ -35,20 +36,18 @@ class RuntimeHooksConfig:
     disabled_stages: frozenset[str] = frozenset()
     reconcile_interval_s: float = 10.0
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
-    resctrl_root: str | None = None
+    resctrl_dir: str | None = None
     serve_hooks: bool = True  # False: reconciler only (no proxy on this node)
 
 
-def read_resctrl_node(resctrl_root: str | None) -> ResctrlNode | None:
+def read_resctrl_node(resctrl_dir: str | None) -> ResctrlNode | None:
     """The node's RDT capabilities for the pod-level resctrl hook; None without RDT."""
-    if not resctrl_root:
+    if not resctrl_dir:
         return None
-    from koordlet.system.resctrl import ResctrlInfoError, read_resctrl_info
-
     try:
-        info = read_resctrl_info(resctrl_root)
+        info = read_resctrl_info(resctrl_dir)
     except ResctrlInfoError as err:
-        log.warning("resctrl at %s unusable: %s", resctrl_root, err)
+        log.warning("resctrl at %s unusable: %s", resctrl_dir, err)
         return None
     return None if info is None else ResctrlNode(info.cbm_mask, info.cache_ids, info.has_mb, info.vendor)
 
@@ -70,7 +69,7 @@ class RuntimeHooks:
         self.config = config
         self.states = states
         self.plugins = registry.enabled(config.feature_gates)
-        self._resctrl = read_resctrl_node(config.resctrl_root) if config.feature_gates.get("Resctrl") else None
+        self._resctrl = read_resctrl_node(config.resctrl_dir) if config.feature_gates.get("Resctrl") else None
         self._bvt = group_identity_supported(executor, layout)
         self.reconciler = Reconciler(states.pods, self.node_context, lambda: self.plugins, executor, layout,
                                      config.reconcile_interval_s)

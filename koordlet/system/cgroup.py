@@ -1,8 +1,11 @@
 """Where the cgroup hierarchies are: version (v1/v2) and kubelet cgroup driver detection (koordinator.md §8.2).
 
-Every function takes the filesystem root (default ``/``) so tests point it at a fixture tree. Version
-detection reads ``<root>/proc/self/mountinfo`` rather than statfs: it gives the same answer for the
-live system (the filesystem type of ``/sys/fs/cgroup``), works for a fixture root, and needs no ctypes.
+Every function takes the cgroup mount dir ``cgroup_mount_dir`` (default ``/sys/fs/cgroup``;
+:mod:`koordlet.system.roots`) so tests point it at a fixture tree. Version detection looks that dir up in
+``<proc_dir>/self/mountinfo`` rather than calling statfs: it gives the same answer for the live system (the
+filesystem type of the mount), works for a fixture tree, and needs no ctypes. The agent reads its own
+``/proc/self/mountinfo`` (the default ``proc_dir``), not ``-proc-root-dir``'s: the mount dir is a path in
+the agent's own mount namespace.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ import logging
 import os
 from dataclasses import dataclass
 
+from koordlet.system.roots import CGROUP_MOUNT_DIR, PROC_DIR
+
 logger = logging.getLogger(__name__)
 
-CGROUP_MOUNT = "sys/fs/cgroup"
-MOUNTINFO = "proc/self/mountinfo"
+MOUNTINFO = "self/mountinfo"
 
 
 class CgroupVersion(enum.IntEnum):
@@ -72,18 +76,18 @@ def parse_mountinfo(text: str) -> list[MountInfo]:
     return mounts
 
 
-def detect_cgroup_version(root: str = "/", mount: str = CGROUP_MOUNT) -> CgroupVersion:
-    """V2 when ``/<mount>`` is a cgroup2 filesystem in ``<root>/proc/self/mountinfo``, else V1.
+def detect_cgroup_version(cgroup_mount_dir: str = CGROUP_MOUNT_DIR, proc_dir: str = PROC_DIR) -> CgroupVersion:
+    """V2 when ``cgroup_mount_dir`` is a cgroup2 filesystem in ``<proc_dir>/self/mountinfo``, else V1.
 
     A missing mountinfo (a bare fixture tree) counts as V1. The last mount on a mount point wins, as in
     the kernel's view of overmounts.
     """
-    target = "/" + mount.strip("/")
+    target = os.path.normpath("/" + cgroup_mount_dir.strip("/"))
     try:
-        with open(os.path.join(root, MOUNTINFO), encoding="utf-8", errors="replace") as f:
+        with open(os.path.join(proc_dir, MOUNTINFO), encoding="utf-8", errors="replace") as f:
             mounts = parse_mountinfo(f.read())
     except FileNotFoundError:
-        logger.debug("no mountinfo under %s; assuming cgroup v1", root)
+        logger.debug("no mountinfo under %s; assuming cgroup v1", proc_dir)
         return CgroupVersion.V1
     fs_type = ""
     for mount_entry in mounts:
@@ -94,23 +98,19 @@ def detect_cgroup_version(root: str = "/", mount: str = CGROUP_MOUNT) -> CgroupV
 
 @dataclass(frozen=True, slots=True)
 class CgroupFS:
-    """The cgroup hierarchies of a host: ``<root>/<mount>/<subsystem>/`` on v1, ``<root>/<mount>/`` on v2.
+    """The cgroup hierarchies of a host: ``<mount_dir>/<subsystem>/`` on v1, ``<mount_dir>/`` on v2.
 
-    Cgroup dirs handed to :meth:`cgroup_dir` are relative to a hierarchy root (a leading ``/`` is allowed,
-    as in CRI cgroup parents); they are not checked here — the executor checks every path it writes.
+    ``mount_dir`` is the cgroup mount dir (``cgroup_mount_dir`` elsewhere). Cgroup dirs handed to
+    :meth:`cgroup_dir` are relative to a hierarchy root (a leading ``/`` is allowed, as in CRI cgroup
+    parents); they are not checked here — the executor checks every path it writes.
     """
 
-    root: str = "/"
+    mount_dir: str = CGROUP_MOUNT_DIR
     version: CgroupVersion = CgroupVersion.V1
-    mount: str = CGROUP_MOUNT
 
     @classmethod
-    def detect(cls, root: str = "/", mount: str = CGROUP_MOUNT) -> CgroupFS:
-        return cls(root=root, version=detect_cgroup_version(root, mount), mount=mount)
-
-    @property
-    def mount_dir(self) -> str:
-        return os.path.join(self.root, self.mount)
+    def detect(cls, cgroup_mount_dir: str = CGROUP_MOUNT_DIR, proc_dir: str = PROC_DIR) -> CgroupFS:
+        return cls(mount_dir=cgroup_mount_dir, version=detect_cgroup_version(cgroup_mount_dir, proc_dir))
 
     def hierarchy_dir(self, subsystem: str) -> str:
         """Root of the hierarchy holding ``subsystem`` (v2: the unified root for every subsystem)."""

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 
 from koordlet.api.cpuset import CPUListError, parse_cpu_list
-from koordlet.system.procfs import ProcParseError, Psi, read_file_bytes, read_psi
+from koordlet.system.procfs import PSI_RESOURCES, ProcParseError, Psi, read_file_bytes, read_psi
 
 logger = logging.getLogger(__name__)
 
@@ -231,3 +231,29 @@ def read_cgroup_psi(cgroup_dir: str, resource: str) -> Psi:
     if resource not in ("cpu", "memory", "io"):
         raise ValueError(f"unknown PSI resource {resource!r}")
     return read_psi(os.path.join(cgroup_dir, f"{resource}.pressure"))
+
+
+def cgroup_psi_files(cgroup_dir: str) -> tuple[tuple[str, str], ...] | None:
+    """``(resource, path)`` of each ``<resource>.pressure`` of a cgroup, for reading through kept
+    descriptors; None when the cgroup has no ``cpu.pressure`` (no PSI there)."""
+    if not os.path.exists(os.path.join(cgroup_dir, "cpu.pressure")):
+        return None
+    return tuple((resource, os.path.join(cgroup_dir, f"{resource}.pressure")) for resource in PSI_RESOURCES)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageFiles:
+    """The files a per-tick usage reading of one cgroup takes, for reading through kept descriptors."""
+
+    cpu_stat: str
+    cpuacct_usage: str | None  # v1 only: v2 has usage_usec in cpu.stat
+    memory_stat: str
+
+
+def usage_files(cpu_dir: str, cpuacct_dir: str, memory_dir: str, version: int) -> UsageFiles:
+    """The usage files of a cgroup given its dir in each hierarchy (v2: the same dir three times)."""
+    return UsageFiles(
+        cpu_stat=os.path.join(cpu_dir, "cpu.stat"),
+        cpuacct_usage=None if _is_v2(version) else os.path.join(cpuacct_dir, "cpuacct.usage"),
+        memory_stat=os.path.join(memory_dir, "memory.stat"),
+    )

@@ -1,10 +1,11 @@
 """Readers for /proc: node CPU ticks, memory, pressure stall information (PSI), process CPU time.
 
-Every reader takes the proc root (default ``/proc``) so tests point it at a fixture tree. Parsers take the
-raw bytes so they can be tested on their own. Reading is the hot path of the 1 s collectors, so files are
-read with ``os.open``/``os.read`` (a third cheaper than ``open().read()`` here) or, for files read every
-tick at a fixed path, through a :class:`KeptFile` that keeps the descriptor and uses ``os.pread`` (half the
-cost again). No subprocesses: ``CLK_TCK`` comes from ``os.sysconf``.
+Every reader takes the procfs mount dir ``proc_dir`` (default ``/proc``; :mod:`koordlet.system.roots`) so
+tests point it at a fixture tree. Parsers take the raw bytes so they can be tested on their own. Reading
+is the hot path of the 1 s collectors, so files are read with ``os.open``/``os.read`` (a third cheaper
+than ``open().read()`` here) or, for files read every tick at a fixed path, through a :class:`KeptFile`
+that keeps the descriptor and uses ``os.pread`` (half the cost again). No subprocesses: ``CLK_TCK`` comes
+from ``os.sysconf``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import resource
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from koordlet.system.roots import PROC_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -207,8 +210,28 @@ def parse_proc_stat(data: bytes) -> ProcStat:
     return ProcStat(node=node, per_cpu=tuple(per_cpu))
 
 
-def read_proc_stat(proc_root: str = "/proc") -> ProcStat:
-    return parse_proc_stat(read_file_bytes(os.path.join(proc_root, "stat")))
+def read_proc_stat(proc_dir: str = PROC_DIR) -> ProcStat:
+    return parse_proc_stat(read_file_bytes(os.path.join(proc_dir, "stat")))
+
+
+class NodeProcFiles:
+    """``/proc/stat`` and ``/proc/meminfo`` read every tick through kept descriptors (the node collector)."""
+
+    __slots__ = ("_meminfo", "_stat")
+
+    def __init__(self, proc_dir: str = PROC_DIR) -> None:
+        self._stat = KeptFile(os.path.join(proc_dir, "stat"))
+        self._meminfo = KeptFile(os.path.join(proc_dir, "meminfo"))
+
+    def proc_stat(self) -> ProcStat:
+        return parse_proc_stat(self._stat.read())
+
+    def meminfo(self) -> MemInfo:
+        return parse_meminfo(self._meminfo.read())
+
+    def close(self) -> None:
+        self._stat.close()
+        self._meminfo.close()
 
 
 def clock_ticks_per_second() -> int:
@@ -282,8 +305,8 @@ def parse_meminfo(data: bytes) -> MemInfo:
     )
 
 
-def read_meminfo(proc_root: str = "/proc") -> MemInfo:
-    return parse_meminfo(read_file_bytes(os.path.join(proc_root, "meminfo")))
+def read_meminfo(proc_dir: str = PROC_DIR) -> MemInfo:
+    return parse_meminfo(read_file_bytes(os.path.join(proc_dir, "meminfo")))
 
 
 # ------------------------------------------------------------------------------------------------- PSI
@@ -348,16 +371,21 @@ def read_psi(path: str) -> Psi:
     return parse_psi(read_file_bytes(path))
 
 
-def node_psi_path(resource: str, proc_root: str = "/proc") -> str:
+def node_psi_path(resource: str, proc_dir: str = PROC_DIR) -> str:
     if resource not in PSI_RESOURCES:
         raise ValueError(f"unknown PSI resource {resource!r}, want one of {PSI_RESOURCES}")
-    return os.path.join(proc_root, "pressure", resource)
+    return os.path.join(proc_dir, "pressure", resource)
 
 
-def node_psi_supported(proc_root: str = "/proc") -> bool:
+def read_node_psi(resource: str, proc_dir: str = PROC_DIR) -> Psi:
+    """The system-wide ``/proc/pressure/<resource>``."""
+    return read_psi(node_psi_path(resource, proc_dir))
+
+
+def node_psi_supported(proc_dir: str = PROC_DIR) -> bool:
     """True when the kernel exposes readable system-wide PSI (CONFIG_PSI=y and not psi=0)."""
     try:
-        read_psi(node_psi_path("cpu", proc_root))
+        read_psi(node_psi_path("cpu", proc_dir))
     except (OSError, ProcParseError):
         return False
     return True
@@ -380,5 +408,5 @@ def parse_pid_cpu_ticks(data: bytes) -> int:
         raise ProcParseError(f"bad pid stat tail {rest[:80]!r}") from err
 
 
-def read_pid_cpu_ticks(pid: int, proc_root: str = "/proc") -> int:
-    return parse_pid_cpu_ticks(read_file_bytes(os.path.join(proc_root, str(pid), "stat")))
+def read_pid_cpu_ticks(pid: int, proc_dir: str = PROC_DIR) -> int:
+    return parse_pid_cpu_ticks(read_file_bytes(os.path.join(proc_dir, str(pid), "stat")))

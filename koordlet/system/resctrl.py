@@ -1,6 +1,7 @@
-"""The resctrl tree's facts: the L3 capacity bitmask and the cache ids and MB line of the root ``schemata``.
+"""Reads of the resctrl filesystem (``/sys/fs/resctrl``): the node's RDT capabilities.
 
-Rooted at the resctrl mount itself (``resctrl_dir``, e.g. ``/sys/fs/resctrl``).
+Every reader takes the resctrl mount dir ``resctrl_dir`` (:mod:`koordlet.system.roots`). Writes (schemata,
+tasks, group dirs) and the reads of a group's files go through the executor.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""CPU facts from sysfs: online CPUs and topology (``/sys/devices/system/cpu``), every reader under a root.
+"""Facts from sysfs: online CPUs and topology (``/sys/devices/system/cpu``), PCI devices' NUMA node and
+upstream bridge (``/sys/bus/pci/devices``).
+
+Every reader takes the sysfs mount dir ``sys_dir`` (default ``/sys``; :mod:`koordlet.system.roots`).
 
 The CPU-list syntax is shared with the API package (``koordlet.api.cpuset``) and re-exported here.
 A machine without NUMA information in sysfs (arm64 minikube, Koordinator #89) is reported as NUMA node 0
@@ -13,11 +16,13 @@ import re
 from dataclasses import dataclass
 
 from koordlet.api.cpuset import CPUListError, format_cpu_list, parse_cpu_list
+from koordlet.system.roots import SYS_DIR
 
 logger = logging.getLogger(__name__)
 
-CPU_SYSFS = "sys/devices/system/cpu"
-NODE_SYSFS = "sys/devices/system/node"
+CPU_SYSFS = "devices/system/cpu"
+NODE_SYSFS = "devices/system/node"
+PCI_DEVICES_SYSFS = "bus/pci/devices"
 _NODE_DIR = re.compile(r"^node(\d+)$")
 
 __all__ = [
@@ -27,6 +32,8 @@ __all__ = [
     "format_cpu_list",
     "num_online_cpus",
     "parse_cpu_list",
+    "pci_device_numa_node",
+    "pci_device_parent_bridge",
     "read_cpu_topology",
     "read_online_cpus",
 ]
@@ -56,17 +63,17 @@ def _read_text(path: str) -> str:
         return f.read()
 
 
-def read_online_cpus(root: str = "/") -> tuple[int, ...]:
+def read_online_cpus(sys_dir: str = SYS_DIR) -> tuple[int, ...]:
     """Ids of the online CPUs (``/sys/devices/system/cpu/online``)."""
-    path = os.path.join(root, CPU_SYSFS, "online")
+    path = os.path.join(sys_dir, CPU_SYSFS, "online")
     try:
         return parse_cpu_list(_read_text(path))
     except (OSError, CPUListError) as exc:
         raise SysfsError(f"cannot read online CPUs from {path}: {exc}") from exc
 
 
-def num_online_cpus(root: str = "/") -> int:
-    return len(read_online_cpus(root))
+def num_online_cpus(sys_dir: str = SYS_DIR) -> int:
+    return len(read_online_cpus(sys_dir))
 
 
 def _read_int(path: str) -> int:
@@ -76,9 +83,9 @@ def _read_int(path: str) -> int:
         raise SysfsError(f"cannot read an integer from {path}: {exc}") from exc
 
 
-def _cpu_nodes_from_node_dirs(root: str) -> dict[int, int]:
+def _cpu_nodes_from_node_dirs(sys_dir: str) -> dict[int, int]:
     """cpu id → NUMA node from ``/sys/devices/system/node/node*/cpulist`` (fallback when cpuN has no nodeM)."""
-    base = os.path.join(root, NODE_SYSFS)
+    base = os.path.join(sys_dir, NODE_SYSFS)
     nodes: dict[int, int] = {}
     try:
         entries = os.listdir(base)
@@ -98,16 +105,16 @@ def _cpu_nodes_from_node_dirs(root: str) -> dict[int, int]:
     return nodes
 
 
-def read_cpu_topology(root: str = "/") -> tuple[CPUInfo, ...]:
+def read_cpu_topology(sys_dir: str = SYS_DIR) -> tuple[CPUInfo, ...]:
     """Topology of every online CPU, sorted by cpu id.
 
     core and socket from ``cpuN/topology/{core_id,physical_package_id}``; NUMA node from the ``cpuN/nodeM``
     link, else from ``node/nodeM/cpulist``, else 0.
     """
-    base = os.path.join(root, CPU_SYSFS)
+    base = os.path.join(sys_dir, CPU_SYSFS)
     fallback_nodes: dict[int, int] | None = None
     infos: list[CPUInfo] = []
-    for cpu in read_online_cpus(root):
+    for cpu in read_online_cpus(sys_dir):
         cpu_dir = os.path.join(base, f"cpu{cpu}")
         core_id = _read_int(os.path.join(cpu_dir, "topology", "core_id"))
         socket_id = _read_int(os.path.join(cpu_dir, "topology", "physical_package_id"))
@@ -122,7 +129,36 @@ def read_cpu_topology(root: str = "/") -> tuple[CPUInfo, ...]:
             raise SysfsError(f"cannot list {cpu_dir}: {exc}") from exc
         if node_id is None:
             if fallback_nodes is None:
-                fallback_nodes = _cpu_nodes_from_node_dirs(root)
+                fallback_nodes = _cpu_nodes_from_node_dirs(sys_dir)
             node_id = fallback_nodes.get(cpu, 0)
         infos.append(CPUInfo(cpu_id=cpu, core_id=core_id, socket_id=max(socket_id, 0), node_id=node_id))
     return tuple(infos)
+
+
+# ------------------------------------------------------------------------------------------------- PCI
+
+
+def _pci_device_dir(bus_id: str, sys_dir: str) -> str:
+    return os.path.join(sys_dir, PCI_DEVICES_SYSFS, bus_id)
+
+
+def pci_device_numa_node(bus_id: str, sys_dir: str = SYS_DIR) -> int | None:
+    """NUMA node of a PCI device from sysfs; -1 there means the platform does not say."""
+    try:
+        with open(os.path.join(_pci_device_dir(bus_id, sys_dir), "numa_node"), encoding="ascii") as f:
+            node = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def pci_device_parent_bridge(bus_id: str, sys_dir: str = SYS_DIR) -> str:
+    """The bridge above a PCI device in the PCI tree (its parent directory in /sys/devices), "" if unknown.
+
+    Devices behind the same PCIe switch share this id.
+    """
+    link = _pci_device_dir(bus_id, sys_dir)
+    if not os.path.lexists(link):
+        return ""
+    return os.path.basename(os.path.dirname(os.path.realpath(link)))
+

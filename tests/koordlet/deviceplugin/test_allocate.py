@@ -52,7 +52,7 @@ class Plugin:
 @pytest.fixture
 def plugin(kube, tmp_path) -> Iterator[Plugin]:
     kube.node(NODE)
-    service = GPUService.start(FakeNvml(h100_gpus(4)), sys_root=str(tmp_path), poll_timeout_ms=20)
+    service = GPUService.start(FakeNvml(h100_gpus(4)), sys_dir=str(tmp_path / "sys"), poll_timeout_ms=20)
     assert service is not None
     dev_root = tmp_path / "dev"
     dev_root.mkdir()
@@ -60,7 +60,7 @@ def plugin(kube, tmp_path) -> Iterator[Plugin]:
         (dev_root / name).write_text("")
     plugin_dir = tempfile.mkdtemp(prefix="kdp-", dir="/tmp")
     kubelet = TestKubelet(plugin_dir)
-    server = gpu_device_plugin(kube.core, NODE, service, plugin_dir=plugin_dir, dev_root=str(dev_root))
+    server = gpu_device_plugin(kube.core, NODE, service, plugin_dir=plugin_dir, dev_dir=str(dev_root))
     try:
         server.start()
         with kubelet.plugin_channel(kubelet.next_registration()) as channel:
@@ -178,7 +178,7 @@ def test_allocate_past_its_time_budget_fails_and_releases_the_lock(kube, tmp_pat
     kube.node(NODE)
     kube.pod(gpu_pod("p1", node=NODE, annotations={api.ANNOTATION_DEVICE_ALLOCATED: allocated(0)}, gpus={"main": 1}))
     with open_nvml(FakeNvml(h100_gpus(1))) as session:
-        gpus = discover(session, sys_root=str(tmp_path)).gpus
+        gpus = discover(session, sys_dir=str(tmp_path / "sys")).gpus
     locker = NodeLocker(kube.core)
     ticks = iter(range(0, 1000, 20))  # every clock read is 20 s later: a very slow API server
     allocator = SchedulerAllocator(kube.core, NODE, locker, lambda: gpus, dict, timeout_s=10,

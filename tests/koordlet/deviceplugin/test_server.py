@@ -33,7 +33,7 @@ def gpus(tmp_path):
     nvml = FakeNvml(h100_gpus(2))
     nvml.gpus[1].numa_node = 1
     with open_nvml(nvml) as session:
-        return discover(session, sys_root=str(tmp_path)).gpus
+        return discover(session, sys_dir=str(tmp_path / "sys")).gpus
 
 
 def make_server(plugin_dir: str, gpus, board: HealthBoard) -> DevicePluginServer:

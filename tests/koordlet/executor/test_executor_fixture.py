@@ -44,7 +44,7 @@ def _v2_tree(root: Path, dirs: tuple[str, ...] = ("kubepods", "kubepods/burstabl
         path.mkdir(parents=True, exist_ok=True)
         for name, content in V2_FILES.items():
             (path / name).write_text(content + "\n")
-    return CgroupFS(root=str(root), version=CgroupVersion.V2)
+    return CgroupFS(mount_dir=str(root / "sys/fs/cgroup"), version=CgroupVersion.V2)
 
 
 def _read(root: Path, rel: str, name: str) -> str:
@@ -159,7 +159,7 @@ def test_resctrl_writes_stay_in_the_resctrl_root(tmp_path: Path) -> None:
     resctrl = tmp_path / "resctrl"
     (resctrl / "koordlet-pod1").mkdir(parents=True)
     (resctrl / "koordlet-pod1" / "schemata").write_text("L3:0=fff\n")
-    executor = ResourceExecutor(CgroupFS(root=str(tmp_path)), resctrl_root=str(resctrl))
+    executor = ResourceExecutor(CgroupFS(mount_dir=str(tmp_path / "sys/fs/cgroup")), resctrl_root=str(resctrl))
     executor.write_resctrl("koordlet-pod1", "schemata", "L3:0=f\n")
     assert (resctrl / "koordlet-pod1" / "schemata").read_text() == "L3:0=f\n"
     with pytest.raises(UnsafePathError):
@@ -167,7 +167,7 @@ def test_resctrl_writes_stay_in_the_resctrl_root(tmp_path: Path) -> None:
     with pytest.raises(InvalidUpdateError):
         executor.write_resctrl("koordlet-pod1", "../../passwd", "x")
     with pytest.raises(UnsupportedResourceError):
-        ResourceExecutor(CgroupFS(root=str(tmp_path))).write_resctrl("LS", "schemata", "x")
+        ResourceExecutor(CgroupFS(mount_dir=str(tmp_path / "sys/fs/cgroup"))).write_resctrl("LS", "schemata", "x")
 
 
 _path_parts = st.sampled_from(["..", ".", "", "kubepods", "burstable", "pod1234", "evil", "/", "//", "x\x00"])
@@ -183,7 +183,7 @@ def test_no_cgroup_dir_writes_outside_the_hierarchy(tmp_path: Path, parts: list[
         outside.mkdir()
         (outside / "cpu.weight").write_text("100\n")
         os.symlink(outside, host / "sys/fs/cgroup/kubepods/evil")
-    executor = ResourceExecutor(CgroupFS(root=str(host), version=CgroupVersion.V2), force_update_seconds=0)
+    executor = ResourceExecutor(CgroupFS(str(host / "sys/fs/cgroup"), CgroupVersion.V2), force_update_seconds=0)
     cgroup_dir = ("/" if leading_slash else "") + "/".join(parts)
     try:
         executor.update(ResourceUpdate.of("cpu.shares", cgroup_dir, 2))
@@ -196,7 +196,7 @@ def test_no_cgroup_dir_writes_outside_the_hierarchy(tmp_path: Path, parts: list[
 def test_resctrl_groups_are_created_by_the_executor_and_names_checked(tmp_path: Path) -> None:
     root = tmp_path / "resctrl"
     root.mkdir()
-    executor = ResourceExecutor(CgroupFS(root=str(tmp_path)), resctrl_root=str(root))
+    executor = ResourceExecutor(CgroupFS(mount_dir=str(tmp_path / "sys/fs/cgroup")), resctrl_root=str(root))
     assert executor.ensure_resctrl_group("BE") is True
     assert executor.ensure_resctrl_group("BE") is False
     assert (root / "BE").is_dir()

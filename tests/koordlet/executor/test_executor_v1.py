@@ -62,7 +62,7 @@ class PrivateCgroups:
 def _private(controller: str, name: str) -> Iterator[PrivateCgroups]:
     if os.geteuid() != 0:
         pytest.skip("needs root to create cgroup v1 dirs")
-    if detect_cgroup_version("/") is not CgroupVersion.V1:
+    if detect_cgroup_version() is not CgroupVersion.V1:
         pytest.skip("host is not on cgroup v1")
     if not os.path.isfile(os.path.join(CGROUP_MOUNT, controller, "cgroup.procs")):
         pytest.skip(f"cgroup v1 hierarchy {controller} is not mounted at {CGROUP_MOUNT}/{controller}")
@@ -85,7 +85,7 @@ def cpuset_cgroups() -> Iterator[PrivateCgroups]:
 
 @pytest.fixture
 def executor() -> ResourceExecutor:
-    return ResourceExecutor(CgroupFS(root="/", version=CgroupVersion.V1))
+    return ResourceExecutor(CgroupFS(version=CgroupVersion.V1))
 
 
 def _quota(rel: str, value: int) -> ResourceUpdate:

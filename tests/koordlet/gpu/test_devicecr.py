@@ -21,7 +21,7 @@ T1 = datetime(2026, 11, 23, 8, 0, 0, tzinfo=UTC)
 @pytest.fixture
 def inventory(tmp_path):
     with open_nvml(FakeNvml(h100_gpus(2))) as session:
-        return discover(session, sys_root=str(tmp_path))
+        return discover(session, sys_dir=str(tmp_path / "sys"))
 
 
 def healthy(inventory) -> dict[str, GPUHealth]:

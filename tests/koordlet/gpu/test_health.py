@@ -19,7 +19,7 @@ class Clock:
 def setup(tmp_path):
     nvml = FakeNvml(h100_gpus(2))
     session = open_nvml(nvml)
-    inventory = discover(session, sys_root=str(tmp_path))
+    inventory = discover(session, sys_dir=str(tmp_path / "sys"))
     uuids = [g.uuid for g in inventory.gpus]
     board = HealthBoard(uuids)
     clock = Clock()
@@ -93,7 +93,7 @@ def test_watchers_wake_on_a_change_both_ways(setup) -> None:
 def test_lost_gpu_without_event_support_is_caught_by_the_probe_and_comes_back(tmp_path) -> None:
     nvml = FakeNvml(events_supported=False)
     with open_nvml(nvml) as session:
-        inventory = discover(session, sys_root=str(tmp_path))
+        inventory = discover(session, sys_dir=str(tmp_path / "sys"))
         uuid = inventory.gpus[0].uuid
         board = HealthBoard([uuid])
         watcher = XidHealthWatcher(session, board, [uuid], recover_after_s=0.0)

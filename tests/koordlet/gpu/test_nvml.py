@@ -1,5 +1,4 @@
 import logging
-import os
 
 import pytest
 
@@ -9,10 +8,9 @@ from koordlet.gpu.nvml import (
     normalise_pci_bus_id,
     open_nvml,
     read_usage,
-    sysfs_numa_node,
-    sysfs_pcie_switch_id,
 )
 from koordlet.metriccache import MetricCache, SeriesKey
+from tests.koordlet.system.pci_tree import pci_tree
 from tests.koordlet.gpu.fake_nvml import H100_DRIVER, H100_MEMORY_TOTAL, H100_NAME, FakeNvml, h100_gpus
 
 
@@ -23,7 +21,7 @@ def nvml() -> FakeNvml:
 
 def test_discovery_reads_the_h100_inventory(nvml: FakeNvml, tmp_path) -> None:
     with open_nvml(nvml) as session:
-        inventory = discover(session, sys_root=str(tmp_path))
+        inventory = discover(session, sys_dir=str(tmp_path / "sys"))
     assert inventory.driver_version == H100_DRIVER
     assert inventory.model == H100_NAME
     (gpu,) = inventory.gpus
@@ -36,7 +34,7 @@ def test_discovery_reads_the_h100_inventory(nvml: FakeNvml, tmp_path) -> None:
 
 def test_numa_not_supported_reads_as_unknown_not_a_failure(nvml: FakeNvml, tmp_path) -> None:
     with open_nvml(nvml) as session:
-        (gpu,) = discover(session, sys_root=str(tmp_path)).gpus
+        (gpu,) = discover(session, sys_dir=str(tmp_path / "sys")).gpus
     assert gpu.numa_node is None
 
 
@@ -44,31 +42,16 @@ def test_numa_from_nvml_when_supported(tmp_path) -> None:
     gpus = h100_gpus(2)
     gpus[1].numa_node = 1
     with open_nvml(FakeNvml(gpus)) as session:
-        inventory = discover(session, sys_root=str(tmp_path))
+        inventory = discover(session, sys_dir=str(tmp_path / "sys"))
     assert [g.numa_node for g in inventory.gpus] == [None, 1]
 
 
-def _pci_tree(root, bus_id: str, numa: str, bridge: str = "0000:00:01.0") -> None:
-    device_dir = root / "sys/devices/pci0000:00" / bridge / bus_id
-    device_dir.mkdir(parents=True)
-    (device_dir / "numa_node").write_text(numa + "\n")
-    links = root / "sys/bus/pci/devices"
-    links.mkdir(parents=True, exist_ok=True)
-    os.symlink(os.path.relpath(device_dir, links), links / bus_id)
-
-
 def test_numa_and_pcie_switch_fall_back_to_sysfs(nvml: FakeNvml, tmp_path) -> None:
-    _pci_tree(tmp_path, "0000:00:06.0", "1")
+    pci_tree(tmp_path, "0000:00:06.0", "1")
     with open_nvml(nvml) as session:
-        (gpu,) = discover(session, sys_root=str(tmp_path)).gpus
+        (gpu,) = discover(session, sys_dir=str(tmp_path / "sys")).gpus
     assert gpu.numa_node == 1
     assert gpu.pcie_switch_id == "0000:00:01.0"
-
-
-def test_sysfs_numa_minus_one_is_unknown(tmp_path) -> None:
-    _pci_tree(tmp_path, "0000:00:06.0", "-1")
-    assert sysfs_numa_node("0000:00:06.0", str(tmp_path)) is None
-    assert sysfs_pcie_switch_id("0000:00:07.0", str(tmp_path)) == ""
 
 
 def test_pci_bus_id_normalised_to_sysfs_form() -> None:
@@ -95,7 +78,7 @@ def test_a_gpu_failing_its_queries_is_left_out(tmp_path) -> None:
     gpus = h100_gpus(2)
     gpus[0].lost = True
     with open_nvml(FakeNvml(gpus)) as session:
-        inventory = discover(session, sys_root=str(tmp_path))
+        inventory = discover(session, sys_dir=str(tmp_path / "sys"))
     assert [g.minor for g in inventory.gpus] == [1]
 
 
@@ -104,7 +87,7 @@ def test_usage_reports_utilisation_and_memory_used(tmp_path) -> None:
     gpus[1].util_gpu = 87
     gpus[1].memory_used = 40 * 2**30
     with open_nvml(FakeNvml(gpus)) as session:
-        inventory = discover(session, sys_root=str(tmp_path))
+        inventory = discover(session, sys_dir=str(tmp_path / "sys"))
         usage = {u.minor: u for u in read_usage(session, inventory)}
     assert usage[0].gpu_util_percent == 0
     assert usage[1].gpu_util_percent == 87
@@ -117,7 +100,7 @@ def test_usage_lands_in_the_metric_cache_under_koordinator_series_names(tmp_path
     gpus[0].util_gpu = 42
     cache = MetricCache()
     with open_nvml(FakeNvml(gpus)) as session:
-        inventory = discover(session, sys_root=str(tmp_path))
+        inventory = discover(session, sys_dir=str(tmp_path / "sys"))
         assert record_usage(cache, read_usage(session, inventory), timestamp=100.0) == 2
     labels = {"gpu_minor": "0", "gpu_device_uuid": gpus[0].uuid}
     assert cache.latest(SeriesKey.of("node_gpu_core_usage", **labels)) == (100.0, 42.0)

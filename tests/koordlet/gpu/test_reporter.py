@@ -18,7 +18,7 @@ def stored(kube) -> dict:
 
 @pytest.fixture
 def service(tmp_path):
-    started = GPUService.start(FakeNvml(h100_gpus(2)), sys_root=str(tmp_path), poll_timeout_ms=20)
+    started = GPUService.start(FakeNvml(h100_gpus(2)), sys_dir=str(tmp_path / "sys"), poll_timeout_ms=20)
     assert started is not None
     try:
         yield started
@@ -89,7 +89,7 @@ def test_node_gets_seed_004_gpu_labels_once(kube, service) -> None:
 
 
 def test_service_is_off_on_a_node_without_nvml(tmp_path) -> None:
-    assert GPUService.start(FakeNvml(library=False), sys_root=str(tmp_path)) is None
+    assert GPUService.start(FakeNvml(library=False), sys_dir=str(tmp_path / "sys")) is None
 
 
 def test_service_health_thread_applies_xid_events(service) -> None:

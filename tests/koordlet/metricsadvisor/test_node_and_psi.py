@@ -33,7 +33,7 @@ def test_first_collection_primes_and_second_gives_cores_from_busy_tick_delta(tmp
     (tmp_path / "stat").write_bytes(_stat(1000, 50000))
     (tmp_path / "meminfo").write_bytes(MEMINFO)
     clock = FakeMonotonic()
-    collector = NodeResourceCollector(proc_root=str(tmp_path), monotonic_ns=clock)
+    collector = NodeResourceCollector(proc_dir=str(tmp_path), monotonic_ns=clock)
     try:
         first = {s.key.kind: s.value for s in collector.collect(100.0)}
         assert MetricKind.NODE_CPU_USAGE not in first
@@ -63,7 +63,7 @@ def test_live_node_usage_is_within_the_machine() -> None:
 
 
 def test_psi_collector_is_off_without_pressure_files(tmp_path: Path) -> None:
-    assert NodePsiCollector(proc_root=str(tmp_path)).enabled() is False
+    assert NodePsiCollector(proc_dir=str(tmp_path)).enabled() is False
 
 
 def test_psi_collector_emits_some_and_full_per_resource_and_window(tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ def test_psi_collector_emits_some_and_full_per_resource_and_window(tmp_path: Pat
         (tmp_path / "pressure" / name).write_bytes(
             b"some avg10=2.00 avg60=1.00 avg300=0.50 total=99\nfull avg10=1.00 avg60=0.50 avg300=0.10 total=9\n"
         )
-    collector = NodePsiCollector(proc_root=str(tmp_path))
+    collector = NodePsiCollector(proc_dir=str(tmp_path))
     assert collector.enabled()
     samples = collector.collect(5.0)
     assert len(samples) == 3 + 6 + 6  # cpu has no "full" line on this fixture

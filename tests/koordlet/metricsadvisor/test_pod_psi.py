@@ -22,7 +22,7 @@ WITH_FULL = b"some avg10=2.00 avg60=1.00 avg300=0.50 total=99\nfull avg10=1.00 a
 
 
 def _fs(tmp_path: Path, version: int) -> CgroupFS:
-    return CgroupFS(root=str(tmp_path), version=CgroupVersion(version), mount="cgroup")
+    return CgroupFS(mount_dir=str(tmp_path / "cgroup"), version=CgroupVersion(version))
 
 
 def _pressure(directory: Path, cpu: bytes = CPU_NO_FULL, other: bytes = WITH_FULL) -> None:

@@ -67,7 +67,7 @@ def _memory_stat_v2(anon: int, file_bytes: int) -> bytes:
 
 def _fs(tmp_path: Path, version: int) -> CgroupFS:
     """A fixture tree whose hierarchies are under <tmp>/cgroup (v1: one dir per controller)."""
-    return CgroupFS(root=str(tmp_path), version=CgroupVersion(version), mount="cgroup")
+    return CgroupFS(mount_dir=str(tmp_path / "cgroup"), version=CgroupVersion(version))
 
 
 def _write_v1(tmp_path: Path, rel: str, usage_ns: int, periods: int, throttled: int, anon: int) -> None:
@@ -220,7 +220,7 @@ def test_system_usage_is_node_minus_pods_clamped_at_zero(tmp_path: Path) -> None
     _write_v2(tmp_path, POD.cgroup_dir, 0, 0, 0, 100 << 20)
     _write_v2(tmp_path, POD.containers[0].cgroup_dir, 0, 0, 0, 100 << 20)
     clock = FakeMonotonic()
-    node = NodeResourceCollector(proc_root=str(tmp_path))
+    node = NodeResourceCollector(proc_dir=str(tmp_path))
     collector = PodResourceCollector(lambda: [POD], _fs(tmp_path, 2), node=node, monotonic_ns=clock)
     node.last_usage = NodeUsage(timestamp=1.0, cpu_cores=None, memory_bytes=300 << 20)
     first = _by_key(collector.collect(1.0))
@@ -248,7 +248,7 @@ def test_host_applications_are_read_and_left_out_of_system_usage(tmp_path: Path,
     write(tmp_path, POD.containers[0].cgroup_dir, 0, 0, 0, 100 << 20)
     write(tmp_path, app.cgroup_dir, 0, 10, 1, 50 << 20)
     clock = FakeMonotonic()
-    node = NodeResourceCollector(proc_root=str(tmp_path))
+    node = NodeResourceCollector(proc_dir=str(tmp_path))
     collector = PodResourceCollector(lambda: [POD], _fs(tmp_path, version), node=node, monotonic_ns=clock,
                                      host_apps=lambda: [app])
     node.last_usage = NodeUsage(timestamp=1.0, cpu_cores=None, memory_bytes=400 << 20)
@@ -270,7 +270,7 @@ def test_host_applications_are_read_and_left_out_of_system_usage(tmp_path: Path,
 def test_a_host_application_without_its_cgroup_is_said_once_and_counted_as_system(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     app = HostAppCgroup("ghost", "host/ghost")
-    node = NodeResourceCollector(proc_root=str(tmp_path))
+    node = NodeResourceCollector(proc_dir=str(tmp_path))
     collector = PodResourceCollector(list, _fs(tmp_path, 2), node=node, host_apps=lambda: [app])
     node.last_usage = NodeUsage(timestamp=1.0, cpu_cores=None, memory_bytes=300 << 20)
     with caplog.at_level("WARNING", logger="koordlet.metricsadvisor.pods"):

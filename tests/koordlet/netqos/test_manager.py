@@ -23,18 +23,14 @@ from koordlet.netqos.manager import (
     STATUS_REMOVED,
     STATUS_UNCHANGED,
     NetQoSManager,
-    UplinkError,
-    default_route_interface,
-    link_speed_bps,
 )
 from koordlet.netqos.plan import classid
-from koordlet.netqos.tc import read_link
+from koordlet.system.tc import read_link
 from koordlet.statesinformer.api import StaticStates
 from tests.koordlet.statesinformer.waiting import wait_for
 
 UPLINK, PEER = "kqm-up", "kqm-peer"
 BE_IP, LS_IP = "10.214.0.2", "10.214.0.3"
-ROUTE_HEADER = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
 
 
 @pytest.fixture
@@ -178,34 +174,6 @@ def test_link_speed_stands_in_for_total_bandwidth(namespace: str, tmp_path: Path
     assert manager.sync_once() == "applied"
     ceilings = {c.classid: c.ceil_bytes for c in _link(namespace).classes}
     assert ceilings[classid(1)] == 1_000_000_000 // 8 and ceilings[classid(4)] == 200_000_000 // 8
-
-
-def test_default_route_interface_is_the_up_default_route_with_the_lowest_metric(tmp_path: Path) -> None:
-    route = tmp_path / "net" / "route"
-    route.parent.mkdir()
-    route.write_text(
-        ROUTE_HEADER
-        + "eth9\t00000000\t010200C0\t0002\t0\t0\t0\t00000000\t0\t0\t0\n"  # down: skipped
-        + "eth1\t00000000\t010200C0\t0003\t0\t0\t200\t00000000\t0\t0\t0\n"
-        + "eth0\t00000000\t010200C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
-        + "eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
-    )
-    assert default_route_interface(str(tmp_path)) == "eth0"
-    route.write_text(ROUTE_HEADER + "eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")
-    with pytest.raises(UplinkError, match="no default route"):
-        default_route_interface(str(tmp_path))
-    with pytest.raises(UplinkError):
-        default_route_interface(str(tmp_path / "absent"))
-
-
-def test_link_speed_unknown_is_zero(tmp_path: Path) -> None:
-    assert link_speed_bps(str(tmp_path), "eth0") == 0
-    speed = tmp_path / "class" / "net" / "eth0" / "speed"
-    speed.parent.mkdir(parents=True)
-    speed.write_text("-1\n")  # what virtual links report
-    assert link_speed_bps(str(tmp_path), "eth0") == 0
-    speed.write_text("25000\n")
-    assert link_speed_bps(str(tmp_path), "eth0") == 25_000_000_000
 
 
 def test_daemon_adds_the_manager_only_with_the_tc_network_qos_gate(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ class Recorder:
 
 def test_default_gates_schedule_suppress_burst_and_resctrl_only() -> None:
     states = StaticStates(node=node())
-    manager = new_qos_manager(states, MetricCache(), ResourceExecutor(CgroupFS(root="/nonexistent")), LAYOUT)
+    manager = new_qos_manager(states, MetricCache(), ResourceExecutor(CgroupFS("/nonexistent/sys/fs/cgroup")), LAYOUT)
     assert manager.scheduled == ["cpusuppress", "cpuburst", "resctrl"]
 
 
@@ -63,7 +63,7 @@ def test_gates_turn_on_memory_qos_and_evictions() -> None:
     config = QoSManagerConfig(feature_gates={"CgroupReconcile": True, "BEMemoryEvict": True, "BECPUEvict": True,
                                              "CPUBurst": False})
     manager = new_qos_manager(StaticStates(node=node()), MetricCache(),
-                              ResourceExecutor(CgroupFS(root="/nonexistent")), LAYOUT,
+                              ResourceExecutor(CgroupFS("/nonexistent/sys/fs/cgroup")), LAYOUT,
                               evictor=Evictor("node-1", cri_endpoint="/nonexistent.sock"), config=config)
     assert manager.scheduled == ["cpusuppress", "memoryqos", "resctrl", "memoryevict", "cpuevict"]
 

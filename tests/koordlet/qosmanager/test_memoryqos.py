@@ -91,7 +91,7 @@ def test_kernel_without_memory_qos_files_is_a_noop_with_one_log_line(caplog: pyt
     from koordlet.system.cgroup import CgroupFS
 
     states = StaticStates(node=node(), node_slo=SLO, pods=(LS,))
-    executor = ResourceExecutor(CgroupFS(root="/nonexistent-root"))
+    executor = ResourceExecutor(CgroupFS(mount_dir="/nonexistent-root/sys/fs/cgroup"))
     builder = SnapshotBuilder(states, MetricCache(), reader=executor, layout=LAYOUT)  # no file: the probe fails
     manager = QoSManager(states, [STRATEGY], QoSManagerConfig(feature_gates={"CgroupReconcile": True}),
                          builder=builder)

@@ -79,7 +79,7 @@ def test_groups_get_schemata_and_pod_tasks_are_moved_in(tmp_path: Path) -> None:
         directory = cgroup_root / "sys/fs/cgroup/cpu" / rel
         directory.mkdir(parents=True)
         (directory / "tasks").write_text(pids)
-    executor = ResourceExecutor(CgroupFS(root=str(cgroup_root)), resctrl_root=str(resctrl))
+    executor = ResourceExecutor(CgroupFS(mount_dir=str(cgroup_root / "sys/fs/cgroup")), resctrl_root=str(resctrl))
     states = StaticStates(node=node(), node_slo=SLO, pods=(be, ls, lsr))
     manager = QoSManager(states, [STRATEGY], builder=SnapshotBuilder(states, MetricCache(), reader=executor,
                                                                       layout=LAYOUT), runner=PlanRunner(executor))
@@ -94,7 +94,7 @@ def test_groups_get_schemata_and_pod_tasks_are_moved_in(tmp_path: Path) -> None:
 
 
 def test_no_rdt_is_a_noop(tmp_path: Path) -> None:
-    executor = ResourceExecutor(CgroupFS(root=str(tmp_path)), resctrl_root=str(tmp_path / "resctrl"))
+    executor = ResourceExecutor(CgroupFS(str(tmp_path / "sys/fs/cgroup")), resctrl_root=str(tmp_path / "resctrl"))
     states = StaticStates(node=node(), node_slo=SLO)
     manager = QoSManager(states, [STRATEGY], builder=SnapshotBuilder(states, MetricCache(), reader=executor,
                                                                       layout=LAYOUT), runner=PlanRunner(executor))

@@ -23,7 +23,7 @@ NODE = "node-1"
 
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[GPUService]:
-    started = GPUService.start(FakeNvml(h100_gpus(2)), sys_root=str(tmp_path), poll_timeout_ms=50)
+    started = GPUService.start(FakeNvml(h100_gpus(2)), sys_dir=str(tmp_path / "sys"), poll_timeout_ms=50)
     assert started is not None
     try:
         yield started

@@ -50,7 +50,7 @@ def test_v2_tree_gets_cpu_max_weight_and_memory_max(tmp_path: Path) -> None:
         for name, content in {"cpu.max": "max 100000", "cpu.weight": "100", "memory.max": "max",
                               "cpuset.cpus": "", "cpu.idle": "0"}.items():
             (d / name).write_text(content + "\n")
-    _reconciler(CgroupFS(root=str(tmp_path), version=CgroupVersion.V2), "/").reconcile_once()
+    _reconciler(CgroupFS(mount_dir=str(tmp_path / "sys/fs/cgroup"), version=CgroupVersion.V2), "/").reconcile_once()
     container = pod_dir / CID
     assert (container / "cpu.max").read_text().strip() == "150000 100000"
     assert (container / "cpu.weight").read_text().strip() == "20"  # shares 512 -> 1 + 510 * 9999 / 262142
@@ -65,7 +65,7 @@ def test_v2_tree_gets_cpu_idle_for_be_pods_under_core_sched(tmp_path: Path) -> N
         (d / "cpu.idle").write_text("0\n")
     slo = parse_node_slo_spec({"resourceQOSStrategy": {"policies": {"cpuPolicy": "coreSched"},
                                                        "beClass": {"cpuQOS": {"enable": True, "schedIdle": 1}}}})
-    _reconciler(CgroupFS(root=str(tmp_path), version=CgroupVersion.V2), "/", slo,
+    _reconciler(CgroupFS(mount_dir=str(tmp_path / "sys/fs/cgroup"), version=CgroupVersion.V2), "/", slo,
                 {"CoreSched": True}).reconcile_once()
     assert (pod_dir / "cpu.idle").read_text().strip() == "1"
     assert (pod_dir / CID / "cpu.idle").read_text().strip() == "0"  # pod level only; the child inherits
@@ -82,7 +82,7 @@ def test_anolis_bvt_is_written_where_the_kernel_has_it(tmp_path: Path) -> None:
         d.mkdir(parents=True)
         (d / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     slo = parse_node_slo_spec({"resourceQOSStrategy": {"beClass": {"cpuQOS": {"enable": True}}}})
-    _reconciler(CgroupFS(root=str(tmp_path), version=CgroupVersion.V1), "/", slo).reconcile_once()
+    _reconciler(CgroupFS(str(tmp_path / "sys/fs/cgroup"), CgroupVersion.V1), "/", slo).reconcile_once()
     assert (pod_dir / "cpu.bvt_warp_ns").read_text().strip() == "-1"
     assert (pod_dir / CID / "cpu.shares").read_text().strip() == "512"
 
@@ -108,7 +108,7 @@ def test_real_cgroup_v2_reconcile(tmp_path: Path) -> None:
             made.append(d)
             if d != pod_dir / CID:
                 (d / "cgroup.subtree_control").write_text("+cpu +memory")
-        _reconciler(CgroupFS(root="/", version=CgroupVersion.V2), base).reconcile_once()
+        _reconciler(CgroupFS(version=CgroupVersion.V2), base).reconcile_once()
         assert (pod_dir / CID / "cpu.max").read_text().split() == ["150000", "100000"]
         assert (pod_dir / CID / "cpu.weight").read_text().strip() == "20"
         assert (pod_dir / CID / "memory.max").read_text().strip() == str(96 << 20)

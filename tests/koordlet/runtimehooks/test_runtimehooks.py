@@ -37,7 +37,7 @@ def _hooks(tmp_path: Path, states: StaticStates, cgroup_root: str = "/", interva
                                 host_endpoint=str(tmp_path / "koordlet.sock"),
                                 config_dir=str(tmp_path / "hookserver.d"), reconcile_interval_s=interval_s,
                                 feature_gates=GATES)
-    executor = ResourceExecutor(CgroupFS(root=cgroup_root))
+    executor = ResourceExecutor(CgroupFS(mount_dir=os.path.join(cgroup_root, "sys/fs/cgroup")))
     return RuntimeHooks(config, states, executor, KubeCgroupLayout(cgroup_root=CGROUP_ROOT))
 
 

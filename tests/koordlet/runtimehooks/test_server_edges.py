@@ -28,8 +28,8 @@ def _hooks(tmp_path: Path, gates: dict[str, bool], resctrl_root: str | None = No
     config = RuntimeHooksConfig(socket_path=str(tmp_path / "koordlet.sock"),
                                 host_endpoint=str(tmp_path / "koordlet.sock"),
                                 config_dir=str(tmp_path / "hookserver.d"), reconcile_interval_s=60.0,
-                                feature_gates=gates, resctrl_root=resctrl_root)
-    executor = ResourceExecutor(CgroupFS(root=str(tmp_path / "cg"), version=CgroupVersion.V1),
+                                feature_gates=gates, resctrl_dir=resctrl_root)
+    executor = ResourceExecutor(CgroupFS(mount_dir=str(tmp_path / "cg" / "sys/fs/cgroup"), version=CgroupVersion.V1),
                                 resctrl_root=resctrl_root)
     return RuntimeHooks(config, StaticStates(node=NodeInfo("n1")), executor, KubeCgroupLayout(cgroup_root="/"))
 

@@ -38,7 +38,7 @@ def prefix() -> Iterator[str]:
 def test_new_pod_dir_under_a_qos_dir_is_reported(prefix: str) -> None:
     added: list[str] = []
     layout = KubeCgroupLayout(CgroupDriver.CGROUPFS, f"/{prefix}")
-    watcher = PodCgroupWatcher(CgroupFS("/", CgroupVersion.V1), layout, added.append)
+    watcher = PodCgroupWatcher(CgroupFS("/sys/fs/cgroup", CgroupVersion.V1), layout, added.append)
     watcher.start()
     try:
         assert len(watcher.watched) == 3
@@ -54,7 +54,8 @@ def test_new_pod_dir_under_a_qos_dir_is_reported(prefix: str) -> None:
 
 
 def test_missing_qos_dirs_are_skipped(tmp_path: Path) -> None:
-    watcher = PodCgroupWatcher(CgroupFS(str(tmp_path), CgroupVersion.V1), KubeCgroupLayout(), lambda uid: None)
+    cgroup_fs = CgroupFS(str(tmp_path / "sys/fs/cgroup"), CgroupVersion.V1)
+    watcher = PodCgroupWatcher(cgroup_fs, KubeCgroupLayout(), lambda uid: None)
     watcher.start()
     try:
         assert watcher.watched == []

@@ -29,10 +29,10 @@ MOUNTINFO_V2 = """\
 """
 
 
-def _root_with_mountinfo(tmp_path: Path, text: str) -> str:
+def _proc_with_mountinfo(tmp_path: Path, text: str) -> str:
     (tmp_path / "proc" / "self").mkdir(parents=True)
     (tmp_path / "proc" / "self" / "mountinfo").write_text(text)
-    return str(tmp_path)
+    return str(tmp_path / "proc")
 
 
 def test_parse_mountinfo_reads_type_and_unescapes_mount_points() -> None:
@@ -43,34 +43,34 @@ def test_parse_mountinfo_reads_type_and_unescapes_mount_points() -> None:
 
 
 def test_hybrid_v1_host_is_v1_even_with_a_unified_mount(tmp_path: Path) -> None:
-    assert detect_cgroup_version(_root_with_mountinfo(tmp_path, MOUNTINFO_V1)) is CgroupVersion.V1
+    assert detect_cgroup_version(proc_dir=_proc_with_mountinfo(tmp_path, MOUNTINFO_V1)) is CgroupVersion.V1
 
 
 def test_cgroup2_at_sys_fs_cgroup_is_v2(tmp_path: Path) -> None:
-    assert detect_cgroup_version(_root_with_mountinfo(tmp_path, MOUNTINFO_V2)) is CgroupVersion.V2
+    assert detect_cgroup_version(proc_dir=_proc_with_mountinfo(tmp_path, MOUNTINFO_V2)) is CgroupVersion.V2
 
 
 def test_missing_mountinfo_means_v1(tmp_path: Path) -> None:
-    assert detect_cgroup_version(str(tmp_path)) is CgroupVersion.V1
+    assert detect_cgroup_version(proc_dir=str(tmp_path / "proc")) is CgroupVersion.V1
 
 
 def test_this_host_agrees_with_the_kernel() -> None:
     with open("/proc/self/mountinfo") as f:
         types = [m.fs_type for m in parse_mountinfo(f.read()) if m.mount_point == "/sys/fs/cgroup"]
     expected = CgroupVersion.V2 if types and types[-1] == "cgroup2" else CgroupVersion.V1
-    assert detect_cgroup_version("/") is expected
+    assert detect_cgroup_version() is expected
 
 
 def test_hierarchy_dirs_per_version(tmp_path: Path) -> None:
-    v1 = CgroupFS(root=str(tmp_path), version=CgroupVersion.V1)
-    v2 = CgroupFS(root=str(tmp_path), version=CgroupVersion.V2)
+    v1 = CgroupFS(mount_dir=str(tmp_path / "sys/fs/cgroup"), version=CgroupVersion.V1)
+    v2 = CgroupFS(mount_dir=str(tmp_path / "sys/fs/cgroup"), version=CgroupVersion.V2)
     assert v1.cgroup_dir("cpu", "/kubepods/besteffort") == f"{tmp_path}/sys/fs/cgroup/cpu/kubepods/besteffort"
     assert v2.cgroup_dir("cpu", "kubepods/besteffort") == f"{tmp_path}/sys/fs/cgroup/kubepods/besteffort"
     assert v2.hierarchy_dir("memory") == v2.hierarchy_dir("cpu") == f"{tmp_path}/sys/fs/cgroup"
 
 
 def test_driver_detected_from_kubepods_dir_name(tmp_path: Path) -> None:
-    fs = CgroupFS(root=str(tmp_path))
+    fs = CgroupFS(mount_dir=str(tmp_path / "sys/fs/cgroup"))
     cpu = tmp_path / "sys" / "fs" / "cgroup" / "cpu"
     cpu.mkdir(parents=True)
     assert detect_cgroup_driver(fs) is CgroupDriver.CGROUPFS  # nothing yet: default
@@ -82,6 +82,6 @@ def test_driver_detected_from_kubepods_dir_name(tmp_path: Path) -> None:
 
 
 def test_driver_detection_on_v2_looks_at_the_unified_root(tmp_path: Path) -> None:
-    fs = CgroupFS(root=str(tmp_path), version=CgroupVersion.V2)
+    fs = CgroupFS(mount_dir=str(tmp_path / "sys/fs/cgroup"), version=CgroupVersion.V2)
     (tmp_path / "sys" / "fs" / "cgroup" / "kubepods.slice").mkdir(parents=True)
     assert detect_cgroup_driver(fs) is CgroupDriver.SYSTEMD

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from koordlet.system.sysfs import CPUInfo, SysfsError, num_online_cpus, read_cpu_topology, read_online_cpus
+from koordlet.system.sysfs import (
+    CPUInfo,
+    SysfsError,
+    num_online_cpus,
+    pci_device_numa_node,
+    pci_device_parent_bridge,
+    read_cpu_topology,
+    read_online_cpus,
+)
+from tests.koordlet.system.pci_tree import pci_tree
 
 
 def _make_cpu_tree(root: Path, layout: dict[int, tuple[int, int, int | None]], online: str) -> None:
@@ -39,8 +48,8 @@ def test_topology_of_two_sockets_with_hyperthreads(tmp_path: Path) -> None:
         7: (1, 1, 1),
     }
     _make_cpu_tree(tmp_path, layout, "0-7")
-    topology = read_cpu_topology(str(tmp_path))
-    assert len(topology) == 8 and num_online_cpus(str(tmp_path)) == 8
+    topology = read_cpu_topology(str(tmp_path / "sys"))
+    assert len(topology) == 8 and num_online_cpus(str(tmp_path / "sys")) == 8
     assert topology[6] == CPUInfo(cpu_id=6, core_id=0, socket_id=1, node_id=1)
     siblings = [cpu.cpu_id for cpu in topology if cpu.core_key == (1, 0)]
     assert siblings == [2, 6]
@@ -51,22 +60,28 @@ def test_offline_cpus_are_skipped_and_missing_numa_falls_back(tmp_path: Path) ->
     node0 = tmp_path / "sys" / "devices" / "system" / "node" / "node0"
     node0.mkdir(parents=True)
     (node0 / "cpulist").write_text("0-1\n")
-    topology = read_cpu_topology(str(tmp_path))
+    topology = read_cpu_topology(str(tmp_path / "sys"))
     assert [cpu.cpu_id for cpu in topology] == [0, 1, 3]
     assert [cpu.node_id for cpu in topology] == [0, 0, 0]  # cpu3 has no NUMA info at all → node 0
 
 
 def test_missing_or_malformed_sysfs_raises_sysfs_error(tmp_path: Path) -> None:
     with pytest.raises(SysfsError):
-        read_online_cpus(str(tmp_path))
+        read_online_cpus(str(tmp_path / "sys"))
     _make_cpu_tree(tmp_path, {0: (0, 0, 0)}, "0-1")  # cpu1 online but no topology dir
     with pytest.raises(SysfsError):
-        read_cpu_topology(str(tmp_path))
+        read_cpu_topology(str(tmp_path / "sys"))
 
 
 def test_this_host_topology_matches_os_cpu_count() -> None:
     if not os.path.exists("/sys/devices/system/cpu/online"):
         pytest.skip("no sysfs on this host")
-    topology = read_cpu_topology("/")
-    assert topology and [cpu.cpu_id for cpu in topology] == list(read_online_cpus("/"))
+    topology = read_cpu_topology()
+    assert topology and [cpu.cpu_id for cpu in topology] == list(read_online_cpus())
     assert all(cpu.socket_id >= 0 and cpu.node_id >= 0 for cpu in topology)
+
+
+def test_pci_numa_minus_one_is_unknown(tmp_path: Path) -> None:
+    pci_tree(tmp_path, "0000:00:06.0", "-1")
+    assert pci_device_numa_node("0000:00:06.0", str(tmp_path / "sys")) is None
+    assert pci_device_parent_bridge("0000:00:07.0", str(tmp_path / "sys")) == ""

@@ -18,7 +18,7 @@ import pytest
 
 from koordlet.api.qos import QoSClass
 from koordlet.netqos.plan import ClassRates, NetPod, NetQoSSpec, classid, plan
-from koordlet.netqos.tc import AddFilter, ChangeClass, DeleteClass, DeleteFilter, apply, read_link, remove
+from koordlet.system.tc import AddFilter, ChangeClass, DeleteClass, DeleteFilter, apply, read_link, remove
 
 MBIT = 1_000_000
 SENDER_IF, RECEIVER_IF = "kq-up", "kq-peer"

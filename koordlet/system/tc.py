@@ -8,7 +8,8 @@ Order matters to the kernel: an HTB class with a filter bound to it cannot be de
 class needs its parent. So: stale filters out, stale classes out (children first), classes in (parents
 first), new filters in.
 
-The ``ipr`` argument is a pyroute2 ``IPRoute`` or ``NetNS`` (tests run in network namespaces they create).
+The ``ipr`` argument is a pyroute2 ``IPRoute`` (:func:`open_iproute`) or ``NetNS`` (tests run in network
+namespaces they create). The plan comes from :mod:`koordlet.netqos.plan`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,7 @@ from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from koordlet.netqos.plan import (
-    HTBClass,
-    IPFilter,
-    NetQoSPlan,
-    format_handle,
-)
+from koordlet.api.netqos import HTBClass, IPFilter, NetQoSPlan, format_handle
 
 _log = logging.getLogger(__name__)
 
@@ -381,3 +377,10 @@ def remove(ipr: Any, ifname: str, plan_handle: int) -> bool:
     except NetlinkError as exc:
         raise NetQoSApplyError(f"{ifname}: delete qdisc: {exc}") from exc
     return True
+
+
+def open_iproute() -> Any:
+    """An rtnetlink socket in the agent's network namespace (close it after use)."""
+    from pyroute2 import IPRoute
+
+    return IPRoute()
