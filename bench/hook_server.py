@@ -104,7 +104,7 @@ def main() -> int:
         steady_us = (time.perf_counter() - t0) / args.ticks / args.containers * 1e6
         drift_total = 0.0
         for _ in range(args.ticks):
-            hooks.reconciler._executor.forget()  # as if every value had drifted: all writes happen
+            executor.forget()  # as if every value had drifted: all writes happen
             t0 = time.perf_counter()
             hooks.reconciler.reconcile_once()
             drift_total += time.perf_counter() - t0
