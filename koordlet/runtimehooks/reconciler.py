@@ -10,7 +10,6 @@ before its containers where a value grows, after them where it shrinks), as cgro
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -20,6 +19,7 @@ from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
 from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor, UnsupportedResourceError
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.ticker import PeriodicThread
 
 from . import metrics
 from .apply import cgroup_updates, container_context_from_meta
@@ -39,9 +39,8 @@ class Reconciler:
         self._executor = executor
         self._layout = layout
         self.interval_s = interval_s
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = PeriodicThread("runtime-hooks-reconciler", lambda: self.interval_s, self.reconcile_once,
+                                      on_error=lambda err: log.exception("reconcile pass failed"))
         self.passes = 0
 
     @staticmethod
@@ -119,26 +118,11 @@ class Reconciler:
 
     def trigger(self) -> None:
         """Reconcile soon (pods or rules changed)."""
-        self._wake.set()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self.reconcile_once()
-            except Exception:  # noqa: BLE001 - the loop must outlive one bad pass
-                log.exception("reconcile pass failed")
+        self._thread.wake()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="runtime-hooks-reconciler", daemon=True)
+        """The first pass at once, then every interval and on every trigger."""
         self._thread.start()
-        self.trigger()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        return self._thread.stop(timeout_s)
