@@ -25,7 +25,6 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from kubernetes.client.exceptions import ApiException
 from koordlet.api.nodeslo import HostApplication
 from koordlet.api.pod import PodMeta
 from koordlet.config import ConfigError, format_duration, parse_duration
+from koordlet.fileutil import write_atomic
 from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
 from koordlet.ticker import PeriodicThread
@@ -326,14 +326,7 @@ class NodeMetricReporter:
         if path is None:
             raise ValueError("no report dir")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".nodemetric-", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                yaml.safe_dump(obj, handle, sort_keys=False)
-            os.replace(tmp, path)
-        except OSError:
-            os.unlink(tmp)
-            raise
+        write_atomic(path, yaml.safe_dump(obj, sort_keys=False), prefix=".nodemetric-")
         self._written(status)
         return ReportOutcome.WRITTEN
 
