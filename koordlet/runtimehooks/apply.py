@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_from_milli
@@ -9,8 +10,19 @@ from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.executor import ResourceUpdate
 from runtimeproxy.api import hookapi_pb2 as hookapi
 
+from . import metrics
+
+log = logging.getLogger(__name__)
+
 # Files whose values must respect the parent/child order on cgroup v1 (leveled update).
 _LEVELED = ("cpu.cfs_quota_us", "memory.limit_in_bytes", "cpuset.cpus")
+
+
+def report_plugin_error(plugin: str, pod: str, err: Exception) -> None:
+    """The error callback of ``registry.run_pod``/``run_container``: the plugin is skipped for this pod,
+    logged and counted."""
+    log.warning("hook plugin %s skipped for %s: %s", plugin, pod, err)
+    metrics.PLUGIN_ERRORS.labels(plugin).inc()
 
 
 def cgroup_updates(changes: Changes, cgroup_dir: str) -> tuple[list[ResourceUpdate], list[ResourceUpdate]]:
@@ -72,16 +84,21 @@ def container_context_from_meta(pod: PodMeta, container: ContainerMeta) -> Conta
     )
 
 
-def apply_to_container_response(changes: Changes, resp: hookapi.ContainerResourceHookResponse) -> None:
-    r = resp.container_resources
+def apply_to_resources(changes: Changes, r: hookapi.LinuxContainerResources, *, container: bool = True) -> None:
+    """Plugin results onto the CRI resources of a hook answer (the one place they are copied). A pod sandbox
+    answer (``container=False``) takes shares, quota and the memory limit only: no cpuset, no default period."""
     if changes.cpu_shares is not None:
         r.cpu_shares = changes.cpu_shares
     if changes.cfs_quota_us is not None:
         r.cpu_quota = changes.cfs_quota_us
-        if changes.cfs_quota_us > 0 and r.cpu_period <= 0:
+        if container and changes.cfs_quota_us > 0 and r.cpu_period <= 0:
             r.cpu_period = 100_000
-    if changes.cpuset_cpus is not None:
+    if container and changes.cpuset_cpus is not None:
         r.cpuset_cpus = changes.cpuset_cpus
     if changes.memory_limit_bytes is not None:
         r.memory_limit_in_bytes = max(changes.memory_limit_bytes, 0)  # CRI: 0 = unlimited
+
+
+def apply_to_container_response(changes: Changes, resp: hookapi.ContainerResourceHookResponse) -> None:
+    apply_to_resources(changes, resp.container_resources)
     resp.container_envs.update(changes.envs)

@@ -22,7 +22,7 @@ from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 from koordlet.ticker import PeriodicThread
 
 from . import metrics
-from .apply import cgroup_updates, container_context_from_meta
+from .apply import cgroup_updates, container_context_from_meta, report_plugin_error
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,7 @@ class Reconciler:
                                       on_error=lambda err: log.exception("reconcile pass failed"))
         self.passes = 0
 
-    @staticmethod
-    def _report(plugin: str, pod: str, err: Exception) -> None:
-        log.warning("hook plugin %s skipped for %s: %s", plugin, pod, err)
-        metrics.PLUGIN_ERRORS.labels(plugin).inc()
+    _report = staticmethod(report_plugin_error)
 
     def _pod_dir(self, pod: PodMeta) -> str | None:
         if pod.cgroup_parent:
