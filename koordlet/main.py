@@ -1,9 +1,10 @@
 """The koordlet daemon: builds every part from the configuration and runs them in Koordinator's order (§1.2).
 
 Start: metrics HTTP server (``/healthz`` is 503 until the start is complete) → executor → metric cache →
-states informer (waits until synced, bounded; PLEG) → metrics advisor → qos manager → extra components (the
-runtime hooks seam, below) → reporters. SIGTERM/SIGINT stop everything in reverse order, each part with its
-share of ``-stop-timeout``; the process exits 0 after a clean stop.
+states informer (its node and NodeSLO sources first; waits until synced, bounded; PLEG) → GPU service →
+metrics advisor → qos manager → runtime hooks → network QoS → reporters. SIGTERM/SIGINT stop everything in
+reverse order, each part with its share of what is left of ``-stop-timeout`` (so the whole stop stays within
+it); the process exits 0 after a clean stop.
 
 Two ways to run:
 - with an API server (in-cluster config or ``-kubeconfig``): node and NodeSLO watched, pods from kubelet
@@ -11,11 +12,12 @@ Two ways to run:
 - ``-local-mode``: NodeSLO from ``-node-slo-file`` (watched), pods from the CRI at ``-cri-endpoint``, the
   node's capacity from this host, NodeMetric written as YAML under ``-report-dir``.
 
-Components: :class:`Koordlet` takes ``extra_components`` (default :func:`default_components`: the qos
-manager, the runtime hooks, then the network QoS manager where ``TCNetworkQoS`` is on): factories called
-with the :class:`AgentContext` (config, states, executor, cgroup layout, cache, metrics) that return an
-object with ``start()`` and ``stop()``; they are started after the metrics advisor and before the
-reporters, and stopped in reverse.
+Parts: every part is built by a factory ``(AgentContext) -> Component | None`` (:data:`ComponentFactory`),
+called in start order (:func:`agent_parts`). The :class:`AgentContext` is filled in step by step: a factory
+finds there what the parts before it built and may put what it builds for the ones after it; it returns what
+is to be started and stopped, or None (nothing that runs, or off on this node). :class:`Koordlet` takes
+``extra_components`` (default :func:`default_components`: the qos manager, the runtime hooks, then the network
+QoS manager where ``TCNetworkQoS`` is on): they run after the metrics advisor and before the reporters.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import kubernetes.client
 import kubernetes.config
@@ -41,9 +43,11 @@ from koordlet.gpu.service import GPUService
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
 from koordlet.executor import ResourceExecutor
+from koordlet.gpu.nvml import NvmlModule
 from koordlet.metriccache import MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer
 from koordlet.metricsadvisor import (
+    Collector,
     CollectorRunner,
     NodePsiCollector,
     NodeResourceCollector,
@@ -55,7 +59,7 @@ from koordlet.reporters.nodemetric import NodeMetricReporter
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
 from koordlet.statesinformer.cri import CriPodSource
-from koordlet.statesinformer.informer import StatesInformer
+from koordlet.statesinformer.informer import PodSource, StatesInformer
 from koordlet.statesinformer.kube import KubeStates
 from koordlet.statesinformer.kubelet import KubeletPodSource, kubelet_url
 from koordlet.statesinformer.nodeslo_file import NodeSLOFileWatcher
@@ -73,23 +77,56 @@ _NOFILE_CEILING = 1 << 20
 class Component(Protocol):
     def start(self) -> None: ...
 
-    def stop(self) -> None: ...
+    def stop(self, timeout_s: float) -> bool | None:
+        """Stop within ``timeout_s``; False (or None) when something was left running."""
+        ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AgentContext:
-    """What a component factory gets."""
+    """What the part factories build on, filled in start order. The fields below the line are set by the
+    part that builds them; reading one before that part ran raises AttributeError."""
 
     config: KoordletConfig
-    states: StatesInformer
-    executor: ResourceExecutor
-    layout: KubeCgroupLayout
-    cache: MetricCache
     metrics: KoordletMetrics
-    api_client: Any | None
+    api_client: kubernetes.client.ApiClient | None = None  # None in local mode
+    nvml: NvmlModule | None = None
+    states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S
+    abort: threading.Event = field(default_factory=threading.Event)  # a stop was asked for during the start
+    # ---- built by the parts
+    cgroup_fs: CgroupFS = field(init=False)
+    executor: ResourceExecutor = field(init=False)
+    layout: KubeCgroupLayout = field(init=False)
+    cache: MetricCache = field(init=False)
+    pod_source: PodSource = field(init=False)
+    states: StatesInformer = field(init=False)
+    kube: KubeStates | None = field(default=None, init=False)  # the node and NodeSLO watchers (API server)
+    gpu: GPUService | None = field(default=None, init=False)  # gate Accelerators, with a GPU
+    reporter: NodeMetricReporter | None = field(default=None, init=False)
 
 
 ComponentFactory = Callable[[AgentContext], Component | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A named step of the start: what ``build`` returns is started, logged as ``name``, stopped in reverse."""
+
+    name: str
+    build: ComponentFactory
+
+
+class _Running:
+    """A part that is running once built (its factory had to start it, or it has nothing to start)."""
+
+    def __init__(self, stop: Callable[[float], bool | None]) -> None:
+        self._stop = stop
+
+    def start(self) -> None:
+        pass
+
+    def stop(self, timeout_s: float) -> bool | None:
+        return self._stop(timeout_s)
 
 
 def raise_nofile_limit() -> int:
@@ -133,6 +170,128 @@ def _api_client(config: KoordletConfig) -> kubernetes.client.ApiClient:
         client = kubernetes.client.ApiClient()
     client.user_agent = "koordlet"
     return client
+
+
+def _executor(ctx: AgentContext) -> Component | None:
+    """The executor, and the cgroup layout it writes in."""
+    config = ctx.config
+    cgroup_fs = ctx.cgroup_fs = cgroup_fs_of(config)
+    ctx.executor = ResourceExecutor(cgroup_fs, resctrl_root=host_dirs(config).resctrl_dir,
+                                    force_update_seconds=float(config.resource_force_update_seconds))
+    driver = detect_cgroup_driver(cgroup_fs, config.kubelet_cgroup_root)
+    layout = ctx.layout = KubeCgroupLayout(driver, config.kubelet_cgroup_root)
+    logger.info("cgroup %s, driver %s, kubelet cgroup root %s", cgroup_fs.version.name, driver.value,
+                layout.cgroup_root)
+    return None
+
+
+def _metric_cache(ctx: AgentContext) -> Component | None:
+    ctx.cache = MetricCache()
+    return None
+
+
+def _states_informer_built(ctx: AgentContext) -> Component | None:
+    """The pod source (the CRI in local mode, else kubelet ``/pods``) and the informer over it; the informer
+    is started after its node and NodeSLO sources."""
+    config = ctx.config
+    if ctx.api_client is None:
+        source: PodSource = CriPodSource(config.cri_endpoint, timeout_s=config.kubelet_sync_timeout_s,
+                                         runtime=config.default_runtime_type)
+    else:
+        def base_url() -> str | None:
+            raw = ctx.kube.raw_node if ctx.kube is not None else None
+            if raw is None:
+                return None
+            return kubelet_url(raw, config.kubelet_preferred_address_type, config.kubelet_port,
+                               config.kubelet_insecure_tls, config.kubelet_read_only_port)
+
+        source = KubeletPodSource(base_url, ctx.layout, timeout_s=config.kubelet_sync_timeout_s,
+                                  token_file=config.kubelet_token_file, client_cert=config.kubelet_client_cert,
+                                  client_key=config.kubelet_client_key,
+                                  default_runtime=config.default_runtime_type,
+                                  observe=ctx.metrics.observe_kubelet_request)
+    ctx.pod_source = source
+    ctx.states = StatesInformer(source, config.kubelet_sync_interval_s, ctx.cache,
+                                count_error=ctx.metrics.observe_states_error)
+    return None
+
+
+def _node_sources(ctx: AgentContext) -> Component | None:
+    """Local mode: this host as the node and the NodeSLO file watcher; else the node and NodeSLO watchers."""
+    config, states, api_client = ctx.config, ctx.states, ctx.api_client
+    if api_client is None:
+        states.set_node(local_node_info(config.node_name))
+        return NodeSLOFileWatcher(config.node_slo_file, states)
+    kube = ctx.kube = KubeStates(config.node_name, kubernetes.client.CoreV1Api(api_client),
+                                 kubernetes.client.CustomObjectsApi(api_client), states,
+                                 count_error=ctx.metrics.observe_states_error)
+    return kube
+
+
+def _cri_pod_source(ctx: AgentContext) -> Component | None:
+    """The CRI connection of the pod source, closed after the informer stopped."""
+    source = ctx.pod_source
+    if not isinstance(source, CriPodSource):
+        return None
+    return _Running(lambda timeout_s: source.close())
+
+
+def _states_informer(ctx: AgentContext) -> Component | None:
+    return ctx.states
+
+
+def _states_synced(ctx: AgentContext) -> Component | None:
+    """Wait (bounded, cut short by a stop) until the informer has synced."""
+    states, abort = ctx.states, ctx.abort
+    deadline = time.monotonic() + ctx.states_sync_timeout_s
+    while not states.wait_synced(0.1) and time.monotonic() < deadline and not abort.is_set():
+        pass
+    if not states.has_synced() and not abort.is_set():
+        logger.warning("states informer not synced after %.0f s; starting the rest anyway",
+                       ctx.states_sync_timeout_s)
+    return None
+
+
+def _pleg(ctx: AgentContext) -> Component | None:
+    states = ctx.states
+    return PodCgroupWatcher(ctx.cgroup_fs, ctx.layout, lambda pod_uid: states.request_resync(follow_up_s=1.0))
+
+
+def _gpu_service(ctx: AgentContext) -> Component | None:
+    """NVML, the GPU inventory and health (gate ``Accelerators``); before the metrics advisor, whose GPU
+    collector reads it, so it is stopped after the collector and the Device report loop."""
+    config = ctx.config
+    if not config.gate("Accelerators"):
+        return None
+    # A short NVML event wait keeps the health thread quick to stop.
+    gpu = ctx.gpu = GPUService.start(ctx.nvml, sys_dir=host_dirs(config).sys_dir, poll_timeout_ms=1000)
+    return _Running(gpu.stop) if gpu is not None else None
+
+
+def _collectors(ctx: AgentContext) -> list[Collector]:
+    config, states, layout, cgroup_fs = ctx.config, ctx.states, ctx.layout, ctx.cgroup_fs
+    node_collector = NodeResourceCollector(host_dirs(config).proc_dir, config.collect_res_used_interval_s)
+    collectors: list[Collector] = [
+        node_collector,
+        PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
+                             config.collect_res_used_interval_s, be_cgroup_dir=layout.qos_dir(KubeQoS.BESTEFFORT),
+                             node=node_collector, collect_page_cache=config.enable_pagecache_collector,
+                             host_apps=host_app_cgroup_source(states.node_slo, layout)),
+    ]
+    if config.gate("PSICollector"):
+        collectors.append(NodePsiCollector(host_dirs(config).proc_dir, config.psi_collector_interval_s))
+        collectors.append(PodPsiCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
+                                          config.psi_collector_interval_s))
+    if ctx.gpu is not None:
+        collectors.append(GPUCollector(ctx.gpu, config.collect_res_used_interval_s))
+    return collectors
+
+
+def _metrics_advisor(ctx: AgentContext) -> Component | None:
+    config = ctx.config
+    ctx.metrics.bind(ctx.cache, ctx.states, stale_after_s=max(10.0, 3 * config.collect_res_used_interval_s),
+                     psi_stale_after_s=3 * config.psi_collector_interval_s)
+    return CollectorRunner(ctx.cache, _collectors(ctx), registry=ctx.metrics.registry)
 
 
 def _qos_manager(ctx: AgentContext) -> Component | None:
@@ -197,33 +356,97 @@ def default_components() -> list[ComponentFactory]:
     return [_qos_manager, _runtime_hooks, _netqos]
 
 
+def _device_reporter(ctx: AgentContext) -> Component | None:
+    """The Device object, with a GPU service only."""
+    if ctx.gpu is None:
+        return None
+    config, api_client, kube = ctx.config, ctx.api_client, ctx.kube
+    custom_api = kubernetes.client.CustomObjectsApi(api_client) if api_client is not None else None
+    file_path = None if custom_api is not None else Path(config.report_dir) / f"device-{config.node_name}.yaml"
+    reporter = DeviceReporter(config.node_name, custom_api=custom_api, file_path=file_path)
+
+    def node_uid() -> str:
+        raw = kube.raw_node if kube is not None else None
+        return str(((raw or {}).get("metadata") or {}).get("uid") or "")
+
+    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, node_uid)
+
+
+def _nodemetric_reporter(ctx: AgentContext) -> Component | None:
+    config, api_client, states, metrics = ctx.config, ctx.api_client, ctx.states, ctx.metrics
+    if not config.enable_node_metric_report:
+        return None
+    custom_api = kubernetes.client.CustomObjectsApi(api_client) if api_client is not None else None
+    reporter = ctx.reporter = NodeMetricReporter(
+        config.node_name, ctx.cache, states.pods, custom_api=custom_api,
+        report_dir=config.report_dir if api_client is None else None,
+        default_interval_s=config.report_interval_s, create_missing=config.create_node_metric,
+        observe=metrics.observe_report,
+        on_report=metrics.observe_node_metric_status if config.gate("NodeMetricPromMetrics") else None,
+        host_apps=lambda: states.node_slo().host_applications,
+    )
+    return reporter
+
+
+def _component_part(factory: ComponentFactory) -> Part:
+    return Part(getattr(factory, "__name__", type(factory).__name__).lstrip("_"), factory)
+
+
+def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
+    """Every part in start order (§1.2), ``components`` between the metrics advisor and the reporters."""
+    return [
+        Part("executor", _executor),
+        Part("metric cache", _metric_cache),
+        Part("pod source", _states_informer_built),
+        Part("node and NodeSLO sources", _node_sources),
+        Part("CRI pod source", _cri_pod_source),
+        Part("states informer", _states_informer),
+        Part("states sync", _states_synced),
+        Part("PLEG", _pleg),
+        Part("GPU service", _gpu_service),
+        Part("metrics advisor", _metrics_advisor),
+        *(_component_part(factory) for factory in components),
+        Part("Device reporter", _device_reporter),
+        Part("NodeMetric reporter", _nodemetric_reporter),
+    ]
+
+
 class Koordlet:
     """The agent. ``start()`` builds and starts; ``stop()`` stops what was started, newest first."""
 
-    def __init__(self, config: KoordletConfig, api_client: Any | None = None,
+    def __init__(self, config: KoordletConfig, api_client: kubernetes.client.ApiClient | None = None,
                  extra_components: Sequence[ComponentFactory] | None = None,
-                 states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S, nvml: Any | None = None) -> None:
+                 states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S, nvml: NvmlModule | None = None) -> None:
         """``nvml``: the NVML module for the ``Accelerators`` gate (default: pynvml from nvidia-ml-py)."""
         self.config = config
         self._nvml = nvml
-        self._kube: KubeStates | None = None
         self._api_client = api_client
-        self._factories = list(default_components() if extra_components is None else extra_components)
+        self._parts = agent_parts(default_components() if extra_components is None else extra_components)
         self._sync_timeout_s = states_sync_timeout_s
-        self._stoppers: list[tuple[str, Callable[[float], None]]] = []
+        self._stoppers: list[tuple[str, Callable[[float], bool | None]]] = []
         self.started = threading.Event()
         self._abort = threading.Event()
         self.metrics = KoordletMetrics(config.node_name)
-        self.cache: MetricCache | None = None
-        self.states: StatesInformer | None = None
-        self.reporter: NodeMetricReporter | None = None
+        self.ctx: AgentContext | None = None
         self.metrics_server: MetricsServer | None = None
+
+    @property
+    def cache(self) -> MetricCache | None:
+        return getattr(self.ctx, "cache", None)
+
+    @property
+    def states(self) -> StatesInformer | None:
+        return getattr(self.ctx, "states", None)
+
+    @property
+    def reporter(self) -> NodeMetricReporter | None:
+        return self.ctx.reporter if self.ctx is not None else None
 
     def request_stop(self) -> None:
         """Cut a start in progress short (a signal during the states sync wait); call :meth:`stop` after."""
         self._abort.set()
 
-    def _started(self, name: str, stop: Callable[[float], None]) -> None:
+    def _started(self, name: str, stop: Callable[[float], bool | None]) -> None:
         self._stoppers.append((name, stop))
         logger.info("started %s", name)
 
@@ -238,143 +461,31 @@ class Koordlet:
                                healthy=self.started.is_set)
         server.start()
         self.metrics_server = server
-        self._started("metrics server", lambda timeout: server.stop(timeout))
+        self._started("metrics server", server.stop)
 
-        dirs = host_dirs(config)
-        cgroup_fs = cgroup_fs_of(config)
-        executor = ResourceExecutor(cgroup_fs, resctrl_root=dirs.resctrl_dir,
-                                    force_update_seconds=float(config.resource_force_update_seconds))
-        driver = detect_cgroup_driver(cgroup_fs, config.kubelet_cgroup_root)
-        layout = KubeCgroupLayout(driver, config.kubelet_cgroup_root)
-        logger.info("cgroup %s, driver %s, kubelet cgroup root %s", cgroup_fs.version.name, driver.value,
-                    layout.cgroup_root)
-
-        cache = self.cache = MetricCache()
-        states = self._start_states(api_client, layout, cache)
-        if not self._abort.is_set():
-            pleg = PodCgroupWatcher(cgroup_fs, layout, lambda pod_uid: states.request_resync(follow_up_s=1.0))
-            pleg.start()
-            self._started("PLEG", pleg.stop)
-        if self._abort.is_set():
-            return False
-        self.metrics.bind(cache, states, stale_after_s=max(10.0, 3 * config.collect_res_used_interval_s),
-                          psi_stale_after_s=3 * config.psi_collector_interval_s)
-
-        node_collector = NodeResourceCollector(dirs.proc_dir, config.collect_res_used_interval_s)
-        collectors: list[Any] = [
-            node_collector,
-            PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
-                                 config.collect_res_used_interval_s, be_cgroup_dir=layout.qos_dir(KubeQoS.BESTEFFORT),
-                                 node=node_collector, collect_page_cache=config.enable_pagecache_collector,
-                                 host_apps=host_app_cgroup_source(states.node_slo, layout)),
-        ]
-        if config.gate("PSICollector"):
-            collectors.append(NodePsiCollector(dirs.proc_dir, config.psi_collector_interval_s))
-            collectors.append(PodPsiCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
-                                              config.psi_collector_interval_s))
-        gpu_service = None
-        if config.gate("Accelerators"):
-            # A short NVML event wait keeps the health thread quick to stop.
-            gpu_service = GPUService.start(self._nvml, sys_dir=dirs.sys_dir, poll_timeout_ms=1000)
-            if gpu_service is not None:
-                collectors.append(GPUCollector(gpu_service, config.collect_res_used_interval_s))
-                # Registered before the metrics advisor: stopped after the collector and the report loop.
-                self._started("GPU service", lambda timeout: gpu_service.stop())
-        runner = CollectorRunner(cache, collectors, registry=self.metrics.registry)
-        runner.start()
-        self._started("metrics advisor", runner.stop)
-
-        ctx = AgentContext(config, states, executor, layout, cache, self.metrics, api_client)
-        for factory in self._factories:
-            component = factory(ctx)
-            if component is None:
-                continue
-            component.start()
-            name = getattr(factory, "__name__", type(component).__name__).lstrip("_")
-            self._started(name, lambda timeout, c=component: c.stop())
-
-        if gpu_service is not None:
-            self._start_device_reporter(gpu_service, api_client)
-        if config.enable_node_metric_report:
-            custom_api = kubernetes.client.CustomObjectsApi(api_client) if api_client is not None else None
-            reporter = self.reporter = NodeMetricReporter(
-                config.node_name, cache, states.pods, custom_api=custom_api,
-                report_dir=config.report_dir if api_client is None else None,
-                default_interval_s=config.report_interval_s, create_missing=config.create_node_metric,
-                observe=self.metrics.observe_report,
-                on_report=self.metrics.observe_node_metric_status if config.gate("NodeMetricPromMetrics") else None,
-                host_apps=lambda: states.node_slo().host_applications,
-            )
-            reporter.start()
-            self._started("NodeMetric reporter", reporter.stop)
+        ctx = self.ctx = AgentContext(config, self.metrics, api_client, self._nvml, self._sync_timeout_s,
+                                      self._abort)
+        for part in self._parts:
+            component = part.build(ctx)
+            if component is not None:
+                component.start()
+                self._started(part.name, component.stop)
+            if self._abort.is_set():
+                return False
         self.started.set()
         logger.info("koordlet started on node %s", config.node_name)
         return True
 
-    def _start_device_reporter(self, service: GPUService, api_client: Any | None) -> None:
-        config = self.config
-        custom_api = kubernetes.client.CustomObjectsApi(api_client) if api_client is not None else None
-        file_path = None if custom_api is not None else Path(config.report_dir) / f"device-{config.node_name}.yaml"
-        reporter = DeviceReporter(config.node_name, custom_api=custom_api, file_path=file_path)
-        kube = self._kube
-
-        def node_uid() -> str:
-            raw = kube.raw_node if kube is not None else None
-            return str(((raw or {}).get("metadata") or {}).get("uid") or "")
-
-        loop = DeviceReportLoop(service, reporter, config.node_topology_sync_interval_s, node_uid)
-        loop.start()
-        self._started("Device reporter", loop.stop)
-
-    def _start_states(self, api_client: Any | None, layout: KubeCgroupLayout, cache: MetricCache) -> StatesInformer:
-        config = self.config
-        count = self.metrics.observe_states_error
-        if api_client is None:
-            source: Any = CriPodSource(config.cri_endpoint, timeout_s=config.kubelet_sync_timeout_s,
-                                       runtime=config.default_runtime_type)
-        else:
-            def base_url() -> str | None:
-                raw = self._kube.raw_node if self._kube is not None else None
-                if raw is None:
-                    return None
-                return kubelet_url(raw, config.kubelet_preferred_address_type, config.kubelet_port,
-                                   config.kubelet_insecure_tls, config.kubelet_read_only_port)
-
-            source = KubeletPodSource(base_url, layout, timeout_s=config.kubelet_sync_timeout_s,
-                                      token_file=config.kubelet_token_file, client_cert=config.kubelet_client_cert,
-                                      client_key=config.kubelet_client_key,
-                                      default_runtime=config.default_runtime_type,
-                                      observe=self.metrics.observe_kubelet_request)
-        states = self.states = StatesInformer(source, config.kubelet_sync_interval_s, cache, count_error=count)
-        if api_client is None:
-            states.set_node(local_node_info(config.node_name))
-            watcher = NodeSLOFileWatcher(config.node_slo_file, states)
-            watcher.start()
-            self._started("NodeSLO file watcher", watcher.stop)
-        else:
-            kube = KubeStates(config.node_name, kubernetes.client.CoreV1Api(api_client),
-                              kubernetes.client.CustomObjectsApi(api_client), states, count_error=count)
-            self._kube = kube
-            kube.start()
-            self._started("node/NodeSLO watchers", kube.stop)
-        if isinstance(source, CriPodSource):
-            self._started("CRI pod source", lambda timeout: source.close())
-        states.start()
-        self._started("states informer", states.stop)
-        deadline = time.monotonic() + self._sync_timeout_s
-        while not states.wait_synced(0.1) and time.monotonic() < deadline and not self._abort.is_set():
-            pass
-        if not states.has_synced() and not self._abort.is_set():
-            logger.warning("states informer not synced after %.0f s; starting the rest anyway", self._sync_timeout_s)
-        return states
-
     def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the parts newest first within ``timeout_s`` (default ``-stop-timeout``): each gets an equal
+        share of what is left, so time one part does not use goes to the parts after it, and the shares
+        never add up to more than the whole."""
         budget = self.config.stop_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + budget
         self.started.clear()
         while self._stoppers:
             name, stop = self._stoppers.pop()
-            remaining = max(deadline - time.monotonic(), 0.1)
+            remaining = max(deadline - time.monotonic(), 0.0)
             share = remaining / (len(self._stoppers) + 1)
             try:
                 stop(share)

@@ -12,8 +12,6 @@ from __future__ import annotations
 import copy
 import enum
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from koordlet.api import device as api
+from koordlet.fileutil import write_atomic
 from koordlet.gpu.devicecr import semantically_equal
 
 _log = logging.getLogger(__name__)
@@ -143,15 +142,11 @@ class DeviceReporter:
         existing = self._read_file(path)
         if existing is not None and semantically_equal(existing, desired):
             return ReportResult.UNCHANGED
-        directory = path.parent
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".device-", dir=directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = yaml.safe_dump(dict(desired), sort_keys=False)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                yaml.safe_dump(dict(desired), f, sort_keys=False)
-            os.replace(tmp, path)
+            write_atomic(path, text, prefix=".device-")
         except OSError as exc:
-            os.unlink(tmp)
             raise DeviceReportError(f"write {path}: {exc}") from exc
         self.last_written = copy.deepcopy(dict(desired))
         return ReportResult.WRITTEN

@@ -11,6 +11,7 @@ from koordlet.gpu.health import DEFAULT_RECOVER_AFTER_S, HealthBoard, XidHealthW
 from koordlet.gpu.nvml import GPUInventory, GPUUsage, NvmlModule, NvmlSession, discover, open_nvml, read_usage
 from koordlet.system.roots import SYS_DIR
 from koordlet.gpu.reporter import DeviceReporter, ReportResult
+from koordlet.ticker import join_thread
 
 _log = logging.getLogger(__name__)
 
@@ -64,10 +65,13 @@ class GPUService:
         desired = self.device_object(reporter.node_name, node_uid, reporter.previous())
         return reporter.report(desired)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Stop the health thread, waiting at most ``timeout_s`` (it is in an NVML event wait of up to
+        ``poll_timeout_ms``), then close the NVML session; True when the thread ended in time."""
         self._stop.set()
         self.board.close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        thread, self._thread = self._thread, None
+        stopped = join_thread(thread, "gpu-health", timeout_s)
         self.watcher.stop()
         self.session.close()
+        return stopped

@@ -15,7 +15,6 @@ The uplink is ``uplink`` or, when empty, the interface of the default route in `
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +26,7 @@ from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.system import tc
 from koordlet.system.net import UplinkError, default_route_interface, link_speed_bps
 from koordlet.system.roots import PROC_DIR, SYS_DIR
+from koordlet.ticker import PeriodicThread
 
 _log = logging.getLogger(__name__)
 
@@ -64,57 +64,38 @@ class NetQoSManager:
             raise ValueError(f"interval must be positive, got {interval_s}")
         self._states = states
         self._uplink = uplink
-        self._interval_s = interval_s
         self._ipr_factory = ipr_factory or tc.open_iproute
         self._proc_dir = proc_dir
         self._sys_dir = sys_dir
         self._applies = Counter(
             "koordlet_netqos_apply", "network QoS syncs by outcome", ["status"], registry=registry
         )
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = PeriodicThread("netqos", interval_s, self.sync_once, on_error=self._unexpected)
         self._registered = False
         self._plan_handle = handle(QDISC_MAJOR, 0)
         self.syncs = 0  # completed syncs (any outcome), for observers and tests
 
     def start(self) -> None:
-        if self._thread is not None:
+        """The first sync at once, then every interval and on every NodeSLO or pod change."""
+        if self._thread.running:
             return
         if not self._registered:
             self._states.register_callback(CallbackKind.NODE_SLO_SPEC, "netqos", self.request_sync)
             self._states.register_callback(CallbackKind.ALL_PODS, "netqos", self.request_sync)
             self._registered = True
-        self._stopping.clear()
-        self._wake.set()  # first sync right away
-        self._thread = threading.Thread(target=self._run, name="netqos", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._stopping.set()
-        self._wake.set()
-        thread.join(timeout_s)
-        if thread.is_alive():
-            _log.warning("network QoS thread did not stop within %.1f s", timeout_s)
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        return self._thread.stop(timeout_s)
 
     def request_sync(self) -> None:
         """Wake the sync thread (callbacks call this; it returns at once)."""
-        self._wake.set()
+        self._thread.wake()
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            self._wake.wait(self._interval_s)
-            self._wake.clear()
-            if self._stopping.is_set():
-                return
-            try:
-                self.sync_once()
-            except Exception:  # noqa: BLE001 - an unforeseen failure must not end the thread; next tick retries
-                _log.exception("network QoS sync failed unexpectedly")
-                self._applies.labels(status=STATUS_ERROR).inc()
+    def _unexpected(self, err: Exception) -> None:
+        # An unforeseen failure must not end the thread; the next tick retries.
+        _log.exception("network QoS sync failed unexpectedly")
+        self._applies.labels(status=STATUS_ERROR).inc()
 
     def sync_once(self) -> str:
         """One sync; returns its status (also counted). Never raises for a sync failure."""

@@ -10,7 +10,6 @@ which skips unchanged objects; a failed write is logged once when failing starts
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 
 import urllib3
@@ -20,6 +19,7 @@ from koordlet.gpu.metrics import usage_samples
 from koordlet.gpu.reporter import DeviceReporter, DeviceReportError
 from koordlet.gpu.service import GPUService
 from koordlet.metriccache import Sample
+from koordlet.ticker import PeriodicThread
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,7 @@ class DeviceReportLoop:
         self._node_uid = node_uid
         self._observe = observe or (lambda outcome: None)
         self._failing = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = PeriodicThread("device-reporter", interval_s, self.report_once)
         self.reports = 0
 
     def report_once(self) -> bool:
@@ -73,20 +72,9 @@ class DeviceReportLoop:
         self._observe(result.value)
         return True
 
-    def _loop(self) -> None:
-        while True:
-            self.report_once()
-            if self._stop.wait(self._interval_s):
-                return
-
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("Device report loop already started")
-        self._thread = threading.Thread(target=self._loop, name="device-reporter", daemon=True)
+        """The first report at once, then every interval."""
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        return self._thread.stop(timeout_s)

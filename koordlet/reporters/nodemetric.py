@@ -25,8 +25,6 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,8 +38,10 @@ from kubernetes.client.exceptions import ApiException
 from koordlet.api.nodeslo import HostApplication
 from koordlet.api.pod import PodMeta
 from koordlet.config import ConfigError, format_duration, parse_duration
+from koordlet.fileutil import write_atomic
 from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
+from koordlet.ticker import PeriodicThread
 
 logger = logging.getLogger(__name__)
 
@@ -246,8 +246,7 @@ class NodeMetricReporter:
         self.pending: dict[str, Any] | None = None  # a report that could not be written yet
         self.last_written: dict[str, Any] | None = None
         self._missing_logged = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: PeriodicThread | None = None
 
     @property
     def file_path(self) -> str | None:
@@ -327,38 +326,22 @@ class NodeMetricReporter:
         if path is None:
             raise ValueError("no report dir")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".nodemetric-", dir=os.path.dirname(path))
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                yaml.safe_dump(obj, handle, sort_keys=False)
-            os.replace(tmp, path)
-        except OSError:
-            os.unlink(tmp)
-            raise
+        write_atomic(path, yaml.safe_dump(obj, sort_keys=False), prefix=".nodemetric-")
         self._written(status)
         return ReportOutcome.WRITTEN
 
     # ------------------------------------------------------------------------------------- timer
-
-    def _loop(self, first_delay_s: float) -> None:
-        delay = first_delay_s
-        while not self._stop.wait(delay):
-            self.report_once()
-            delay = self.policy.report_interval_s
 
     def start(self, first_delay_s: float | None = None) -> None:
         """Report every interval; the first report after ``first_delay_s`` (default: one interval)."""
         if self._thread is not None:
             raise RuntimeError("NodeMetric reporter already started")
         delay = self.policy.report_interval_s if first_delay_s is None else first_delay_s
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, args=(delay,), name="nodemetric-reporter", daemon=True)
+        self._thread = PeriodicThread("nodemetric-reporter", lambda: self.policy.report_interval_s, self.report_once,
+                                      first_delay_s=delay)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                logger.warning("NodeMetric reporter did not stop within %.1f s", timeout_s)
-            self._thread = None
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop the timer; a report in flight is waited for at most ``timeout_s``."""
+        thread, self._thread = self._thread, None
+        return thread.stop(timeout_s) if thread is not None else True

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -99,10 +100,13 @@ class RuntimeHooks:
         self.reconciler.start()
         log.info("runtime hooks: plugins %s, stages %s", [p.name for p in self.plugins], self.stages())
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Within ``timeout_s`` in all: the hook server gets half of it, the reconciler what is left."""
+        deadline = time.monotonic() + timeout_s
         if self._server is not None:
             remove_registration(self.config.config_dir)
-            self._server.stop(grace=min(timeout_s, 2.0)).wait(timeout_s)
+            server_s = timeout_s / 2
+            self._server.stop(grace=min(server_s, 2.0)).wait(server_s)
             self._server = None
             remove_socket(self.config.socket_path)
-        self.reconciler.stop(timeout_s)
+        return self.reconciler.stop(max(deadline - time.monotonic(), 0.0))

@@ -3,6 +3,7 @@ see, built from what koordlet knows."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_from_milli
@@ -18,6 +19,17 @@ from koordlet.plan import (
     WriteStep,
 )
 from wire import hookapi_pb2 as hookapi
+
+from . import metrics
+
+log = logging.getLogger(__name__)
+
+
+def report_plugin_error(plugin: str, pod: str, err: Exception) -> None:
+    """The error callback of ``registry.run_pod``/``run_container``: the plugin is skipped for this pod,
+    logged and counted."""
+    log.warning("hook plugin %s skipped for %s: %s", plugin, pod, err)
+    metrics.PLUGIN_ERRORS.labels(plugin).inc()
 
 
 def cgroup_writes(changes: Changes, cgroup_dir: str) -> tuple[list[CgroupWrite], list[CgroupWrite]]:
@@ -105,16 +117,21 @@ def container_context_from_meta(pod: PodMeta, container: ContainerMeta) -> Conta
     )
 
 
-def apply_to_container_response(changes: Changes, resp: hookapi.ContainerResourceHookResponse) -> None:
-    r = resp.container_resources
+def apply_to_resources(changes: Changes, r: hookapi.LinuxContainerResources, *, container: bool = True) -> None:
+    """Plugin results onto the CRI resources of a hook answer (the one place they are copied). A pod sandbox
+    answer (``container=False``) takes shares, quota and the memory limit only: no cpuset, no default period."""
     if changes.cpu_shares is not None:
         r.cpu_shares = changes.cpu_shares
     if changes.cfs_quota_us is not None:
         r.cpu_quota = changes.cfs_quota_us
-        if changes.cfs_quota_us > 0 and r.cpu_period <= 0:
+        if container and changes.cfs_quota_us > 0 and r.cpu_period <= 0:
             r.cpu_period = CFS_PERIOD_US
-    if changes.cpuset_cpus is not None:
+    if container and changes.cpuset_cpus is not None:
         r.cpuset_cpus = changes.cpuset_cpus
     if changes.memory_limit_bytes is not None:
         r.memory_limit_in_bytes = max(changes.memory_limit_bytes, 0)  # CRI: 0 = unlimited
+
+
+def apply_to_container_response(changes: Changes, resp: hookapi.ContainerResourceHookResponse) -> None:
+    apply_to_resources(changes, resp.container_resources)
     resp.container_envs.update(changes.envs)

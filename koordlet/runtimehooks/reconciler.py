@@ -11,7 +11,6 @@ containers where a value grows, after them where it shrinks), as cgroup v1 requi
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -23,9 +22,10 @@ from koordlet.actuator import PlanRunner
 from koordlet.executor import CgroupNotFoundError, ResourceExecutor, UnsupportedResourceError
 from koordlet.plan import Plan
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.ticker import PeriodicThread
 
 from . import metrics
-from .apply import cgroup_writes, container_context_from_meta, resctrl_actions, steps_of
+from .apply import cgroup_writes, container_context_from_meta, report_plugin_error, resctrl_actions, steps_of
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +42,11 @@ class Reconciler:
         self._runner = PlanRunner(executor)
         self._layout = layout
         self.interval_s = interval_s
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = PeriodicThread("runtime-hooks-reconciler", lambda: self.interval_s, self.reconcile_once,
+                                      on_error=lambda err: log.exception("reconcile pass failed"))
         self.passes = 0
 
-    @staticmethod
-    def _report(plugin: str, pod: str, err: Exception) -> None:
-        log.warning("hook plugin %s skipped for %s: %s", plugin, pod, err)
-        metrics.PLUGIN_ERRORS.labels(plugin).inc()
+    _report = staticmethod(report_plugin_error)
 
     def _pod_dir(self, pod: PodMeta) -> str | None:
         if pod.cgroup_parent:
@@ -112,26 +108,11 @@ class Reconciler:
 
     def trigger(self) -> None:
         """Reconcile soon (pods or rules changed)."""
-        self._wake.set()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self.reconcile_once()
-            except Exception:  # noqa: BLE001 - the loop must outlive one bad pass
-                log.exception("reconcile pass failed")
+        self._thread.wake()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="runtime-hooks-reconciler", daemon=True)
+        """The first pass at once, then every interval and on every trigger."""
         self._thread.start()
-        self.trigger()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        return self._thread.stop(timeout_s)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
+
+from koordlet.fileutil import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -17,17 +18,8 @@ def write_registration(config_dir: str, endpoint: str, failure_policy: str, hook
     """Write ``koordlet.json`` atomically (tab-indented, like Koordinator); returns its path."""
     os.makedirs(config_dir, mode=0o755, exist_ok=True)
     doc = {"remote-endpoint": endpoint, "failure-policy": failure_policy, "runtime-hooks": list(hooks)}
-    fd, tmp = tempfile.mkstemp(prefix=".koordlet-", suffix=".tmp", dir=config_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent="\t")
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        path = os.path.join(config_dir, FILE_NAME)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    path = os.path.join(config_dir, FILE_NAME)
+    write_atomic(path, json.dumps(doc, indent="\t") + "\n", prefix=".koordlet-", suffix=".tmp", mode=0o644)
     log.info("registered hook server %s for %s in %s", endpoint, ", ".join(hooks) or "no hooks", path)
     return path
 

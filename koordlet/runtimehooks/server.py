@@ -28,10 +28,12 @@ from wire.sockets import chmod_socket, prepare_socket
 from . import metrics
 from .apply import (
     apply_to_container_response,
+    apply_to_resources,
     pod_level_plan,
     container_context_from_request,
     pod_from_container_request,
     pod_from_sandbox_request,
+    report_plugin_error,
 )
 
 log = logging.getLogger(__name__)
@@ -48,10 +50,7 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         self._layout = layout
         self._disabled = disabled_stages
 
-    @staticmethod
-    def _report(plugin: str, pod: str, err: Exception) -> None:
-        log.warning("hook plugin %s skipped for %s: %s", plugin, pod, err)
-        metrics.PLUGIN_ERRORS.labels(plugin).inc()
+    _report = staticmethod(report_plugin_error)
 
     def _timed(self, hook: str, stage: str, fn, request, echo):
         started = time.perf_counter()
@@ -76,12 +75,7 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         changes = registry.run_pod(plugins, self._node(), PodContext(pod), self._report)
         if not changes:
             return resp
-        if changes.cpu_shares is not None:
-            resp.resources.cpu_shares = changes.cpu_shares
-        if changes.cfs_quota_us is not None:
-            resp.resources.cpu_quota = changes.cfs_quota_us
-        if changes.memory_limit_bytes is not None:
-            resp.resources.memory_limit_in_bytes = max(changes.memory_limit_bytes, 0)
+        apply_to_resources(changes, resp.resources, container=False)
         self._write_pod_level(pod, changes)
         return resp
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -22,6 +21,7 @@ from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
 from koordlet.api.pod import PodMeta
 from koordlet.metriccache import Label, MetricCache
 from koordlet.statesinformer.api import Callbacks, CallbackKind, NodeInfo
+from koordlet.ticker import PeriodicThread
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +71,9 @@ class StatesInformer:
         self._pods_failing = False
         self._callbacks = Callbacks()
         self._synced = threading.Event()
-        self._stop = threading.Event()
-        self._resync = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._follow_up_at: float | None = None
+        # §8.1: event-driven syncs at most 5 per second, however many pods appear at once.
+        self._thread = PeriodicThread("statesinformer-pods", sync_interval_s, self.sync_pods, fixed_rate=True,
+                                      min_gap_s=MIN_RESYNC_GAP_S)
         self.pod_syncs = 0
         self.pod_sync_failures = 0
 
@@ -106,7 +105,7 @@ class StatesInformer:
             changed = node != self._node
             self._node = node
         if first and not self._pods_synced:
-            self._resync.set()  # the kubelet address comes with the node: poll now, not a sync interval later
+            self._thread.wake()  # the kubelet address comes with the node: poll now, not a sync interval later
         self._update_synced()
         if changed:
             self._callbacks.fire(CallbackKind.NODE_METADATA)
@@ -188,38 +187,11 @@ class StatesInformer:
     def request_resync(self, follow_up_s: float = 0.0) -> None:
         """Poll pods now (a new pod cgroup appeared, §8.1 PLEG), and once more ``follow_up_s`` later: the
         cgroup appears before the runtime reports the sandbox ready, so the first poll can miss the pod."""
-        if follow_up_s > 0:
-            self._follow_up_at = time.monotonic() + follow_up_s
-        self._resync.set()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            self.sync_pods()
-            remaining = self._sync_interval_s - (time.monotonic() - started)
-            follow_up_at = self._follow_up_at
-            if follow_up_at is not None:
-                if follow_up_at <= started:
-                    self._follow_up_at = None  # this sync was the follow-up
-                else:
-                    remaining = min(remaining, follow_up_at - time.monotonic())
-            if self._resync.wait(max(remaining, 0.0)):
-                # §8.1: event-driven syncs at most 5 per second, however many pods appear at once.
-                self._stop.wait(max(MIN_RESYNC_GAP_S - (time.monotonic() - started), 0.0))
-                self._resync.clear()
+        self._thread.wake(follow_up_s)
 
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("states informer already started")
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="statesinformer-pods", daemon=True)
+        """The first poll at once, then every sync interval (from the start of the previous poll)."""
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        self._resync.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                logger.warning("pod sync thread did not stop within %.1f s", timeout_s)
-            self._thread = None
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        return self._thread.stop(timeout_s)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +35,7 @@ from koordlet.api.nodeslo import NodeSLOError, parse_node_slo_spec, default_node
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.nodeslo_file import NodeSLOSink
+from koordlet.ticker import join_thread
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +142,7 @@ class ObjectWatcher:
         self._thread = threading.Thread(target=self._loop, name=f"watch-{self.what}", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 2.0) -> None:
+    def stop(self, timeout_s: float = 2.0) -> bool:
         self._stop.set()
         with self._response_lock:
             response = self._response
@@ -149,11 +151,8 @@ class ObjectWatcher:
                 response.shutdown()  # wakes the blocked read at once
             except OSError as err:
                 logger.debug("%s watch shutdown: %s", self.what, err)
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                logger.warning("%s watcher did not stop within %.1f s", self.what, timeout_s)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        return join_thread(thread, f"{self.what} watcher", timeout_s)
 
 
 def node_info_from_node(node: Mapping[str, Any]) -> NodeInfo:
@@ -262,6 +261,8 @@ class KubeStates:
         self.node_watcher.start()
         self.node_slo_watcher.start()
 
-    def stop(self, timeout_s: float = 2.0) -> None:
-        self.node_slo_watcher.stop(timeout_s)
-        self.node_watcher.stop(timeout_s)
+    def stop(self, timeout_s: float = 2.0) -> bool:
+        """Both watchers within ``timeout_s`` in all: the first gets half, the second what is left."""
+        deadline = time.monotonic() + timeout_s
+        stopped = self.node_slo_watcher.stop(timeout_s / 2)
+        return self.node_watcher.stop(max(deadline - time.monotonic(), 0.0)) and stopped

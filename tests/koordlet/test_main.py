@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +21,7 @@ import yaml
 
 from koordlet.config import parse_config
 from koordlet.main import AgentContext, Koordlet, raise_nofile_limit
+from koordlet.ticker import PeriodicThread
 from tests.koordlet.statesinformer.waiting import wait_for
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory
@@ -163,7 +165,7 @@ class Recorder:
         assert self.ctx.states.has_synced()  # started after the states informer synced
         self.order.append(f"start {self.name}")
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float) -> None:
         self.order.append(f"stop {self.name}")
 
 
@@ -191,6 +193,58 @@ def test_extra_components_start_after_states_and_stop_in_reverse(containerd_sock
         agent.stop(5.0)
     assert order == ["start hooks", "start other", "stop other", "stop hooks"]
     assert not agent.started.is_set()
+
+
+class SlowPart:
+    """A periodic part whose every run takes far longer than any stop timeout (a report stuck in flight)."""
+
+    def __init__(self, name: str, release: threading.Event) -> None:
+        self.running = threading.Event()
+        self.stop_timeouts: list[float] = []
+        self.stopped: bool | None = None
+        self._loop = PeriodicThread(name, 60.0, lambda: (self.running.set(), release.wait(30.0)))
+
+    def start(self) -> None:
+        self._loop.start()
+
+    def stop(self, timeout_s: float) -> bool:
+        self.stop_timeouts.append(timeout_s)
+        self.stopped = self._loop.stop(timeout_s)
+        return self.stopped
+
+
+def test_stop_of_slow_parts_stays_within_the_stop_timeout(tmp_path: Path) -> None:
+    """Parts that do not stop in time get their share of ``-stop-timeout`` each, never more: the states
+    informer is stuck in a pod poll (a CRI socket that accepts and never answers, 30 s call timeout) and two
+    components are stuck in a run."""
+    silent = socket.socket(socket.AF_UNIX)
+    silent.bind(str(tmp_path / "silent.sock"))
+    silent.listen(16)
+    config = parse_config(
+        ["-local-mode", f"-node-slo-file={tmp_path / 'slo.yaml'}", f"-cri-endpoint={tmp_path / 'silent.sock'}",
+         f"-report-dir={tmp_path}", f"-cgroup-root-dir={tmp_path / 'cgroup'}", "-proc-root-dir=/proc/",
+         "-addr=127.0.0.1:0", "-report-interval=30s", "-kubelet-sync-timeout=30s", "-stop-timeout=2s",
+         "-sys-root-dir=/sys/"],
+        {"NODE_NAME": NODE})
+    release = threading.Event()
+    slow = [SlowPart("slow-a", release), SlowPart("slow-b", release)]
+    agent = Koordlet(config, extra_components=[lambda ctx, part=part: part for part in slow],
+                     states_sync_timeout_s=0.5)
+    try:
+        assert agent.start()
+        assert all(part.running.wait(5.0) for part in slow)
+        started = time.monotonic()
+        agent.stop()
+        elapsed = time.monotonic() - started
+        # Slack: the metrics HTTP server's shutdown waits out its 0.5 s poll, whatever it is given.
+        assert elapsed <= config.stop_timeout_s + 0.6, elapsed
+        assert [part.stopped for part in slow] == [False, False]
+        # Each got a share (newest first), not the whole budget.
+        shares = [part.stop_timeouts[0] for part in slow]
+        assert all(0 < share < config.stop_timeout_s / 2 for share in shares), shares
+    finally:
+        release.set()
+        silent.close()
 
 
 def test_api_server_mode_watches_node_and_slo_lists_kubelet_pods_and_reports_status(tmp_path: Path) -> None:

@@ -89,7 +89,7 @@ def test_manager_follows_node_slo_and_pods_on_a_real_link(namespace: str, tmp_pa
     manager = NetQoSManager(states, uplink=UPLINK, interval_s=60.0, ipr_factory=lambda: NetNS(namespace),
                             sys_dir=str(tmp_path), registry=registry)
     manager.start()
-    thread = manager._thread
+    stopped = False
     try:
         assert wait_for(lambda: manager.syncs >= 1)
         assert _link(namespace).qdisc_kind != "htb"  # off: nothing of ours appears
@@ -114,8 +114,8 @@ def test_manager_follows_node_slo_and_pods_on_a_real_link(namespace: str, tmp_pa
         assert wait_for(lambda: _count(registry, STATUS_REMOVED) == 1)
         assert _count(registry, "applied") >= 3 and _count(registry, STATUS_ERROR) == 0
     finally:
-        manager.stop()
-    assert thread is not None and not thread.is_alive()
+        stopped = manager.stop()
+    assert stopped
 
 
 def test_a_foreign_root_qdisc_is_left_alone_when_network_qos_is_off(namespace: str, tmp_path: Path) -> None:
@@ -153,12 +153,12 @@ def test_timer_resyncs_and_stop_is_prompt(namespace: str, tmp_path: Path) -> Non
     manager = NetQoSManager(StaticStates(node_slo=_slo(True)), uplink="kqm-absent", interval_s=0.05,
                             ipr_factory=lambda: NetNS(namespace), sys_dir=str(tmp_path), registry=registry)
     manager.start()
-    thread = manager._thread
+    stopped = False
     try:
         assert wait_for(lambda: manager.syncs >= 3)  # no callback fired: the timer drives these
     finally:
-        manager.stop(timeout_s=2.0)
-    assert thread is not None and not thread.is_alive() and _count(registry, STATUS_ERROR) >= 3
+        stopped = manager.stop(timeout_s=2.0)
+    assert stopped and _count(registry, STATUS_ERROR) >= 3
 
 
 def test_link_speed_stands_in_for_total_bandwidth(namespace: str, tmp_path: Path) -> None:
