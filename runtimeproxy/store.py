@@ -22,7 +22,6 @@ import asyncio
 import json
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Awaitable, Callable
 
@@ -31,6 +30,7 @@ from google.protobuf.message import DecodeError
 
 from wire import cri_pb2 as cri
 from wire import hookapi_pb2 as hookapi
+from wire.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -194,14 +194,7 @@ class Store:
         with self._write_lock:  # writes land in the order they were scheduled
             try:
                 os.makedirs(directory, mode=0o700, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", dir=directory)
-                try:
-                    with os.fdopen(fd, "w") as f:
-                        f.write(text)
-                    os.replace(tmp, self.checkpoint_path)  # atomic: readers see the old or the new file
-                except BaseException:
-                    os.unlink(tmp)
-                    raise
+                write_atomic(self.checkpoint_path, text, prefix=".checkpoint-")  # readers see old or new
             except OSError as err:
                 log.error("cannot write store checkpoint %s: %s", self.checkpoint_path, err)
 

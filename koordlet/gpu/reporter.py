@@ -20,7 +20,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from koordlet.api import device as api
-from koordlet.fileutil import write_atomic
+from wire.files import write_atomic
 from koordlet.gpu.devicecr import semantically_equal
 
 _log = logging.getLogger(__name__)

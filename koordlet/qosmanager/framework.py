@@ -37,8 +37,6 @@ from koordlet.ticker import TickerThread
 
 logger = logging.getLogger(__name__)
 
-C = TypeVar("C")
-
 PHASE_LAG_S = 0.1  # strategies tick this long after the collector's tick
 
 # Feature gates of the QoS strategies and their defaults (koordinator.md §9.2).
@@ -104,6 +102,9 @@ class StrategyConfig(Protocol):
     def needs(self) -> Needs:
         """What the snapshot must hold for ``decide``: metric windows, cgroup values, kernel probes."""
         ...
+
+
+C = TypeVar("C", bound=StrategyConfig)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 from koordlet.api.nodeslo import HostApplication
 from koordlet.api.pod import PodMeta
 from koordlet.config import ConfigError, format_duration, parse_duration
-from koordlet.fileutil import write_atomic
+from wire.files import write_atomic
 from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
 from koordlet.ticker import PeriodicThread

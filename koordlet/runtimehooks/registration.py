@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from koordlet.fileutil import write_atomic
+from wire.files import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ def _manager(states: StaticStates, builder: SnapshotBuilder, evictor: Evictor, s
     """The QoS manager with one eviction strategy, its plans carried out by a runner with ``evictor``."""
     config = QoSManagerConfig(node_name="node-1", started_at=started_at,
                               feature_gates={strategy.feature_gate: True})
-    runner = PlanRunner(ResourceExecutor(CgroupFS(root="/nonexistent-root")), evictor)
+    runner = PlanRunner(ResourceExecutor(CgroupFS("/nonexistent-root/sys/fs/cgroup")), evictor)
     return QoSManager(states, [strategy], config, wall_clock=lambda: clock[0], builder=builder, runner=runner)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hooks.protocol import Changes
 from koordlet.runtimehooks.apply import apply_to_container_response, apply_to_resources
-from runtimeproxy.api import hookapi_pb2 as hookapi
+from wire import hookapi_pb2 as hookapi
 
 CHANGES = Changes(cpu_shares=2, cfs_quota_us=50_000, cpuset_cpus="0-1", memory_limit_bytes=-1, envs={"A": "1"})
 

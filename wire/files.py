@@ -1,6 +1,7 @@
-"""Writing a file so that a reader sees the old or the new content, never a torn one (a leaf: stdlib only).
+"""Writing a file so that a reader sees the old or the new content, never a torn one (stdlib only).
 
-runtimeproxy/store.py keeps its own copy: runtimeproxy must not import koordlet.
+Both sides use it: the proxy's store checkpoint, and the agent's hook registration, NodeMetric and Device
+YAML files.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from koordlet.fileutil import write_atomic
+from wire.files import write_atomic
 
 
 def test_replaces_the_file_with_the_mode_asked_for(tmp_path: Path) -> None:
