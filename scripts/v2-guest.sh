@@ -29,12 +29,13 @@ case "$mode" in
   tests)
     # Only the modules that mark tests cgroupv2: importing the whole tree under emulation to deselect the
     # rest would cost ~100 s. A test marked some other way (a conftest hook) is still found with args.
+    # -v: one line per test, so a slow or stuck test shows on the console (the systemd guest logs lines).
     if [ $# -eq 0 ]; then
       mapfile -t files < <(grep -rlE --include='test_*.py' 'mark\.cgroupv2' tests | sort)
       [ ${#files[@]} -gt 0 ] || { log "no module marks a test cgroupv2"; finish 1; }
       set -- "${files[@]}"
     fi
-    .venv/bin/python -m pytest -q -rs -p no:cacheprovider -m cgroupv2 -o junit_family=xunit1 \
+    .venv/bin/python -m pytest -v -rs -p no:cacheprovider -m cgroupv2 -o junit_family=xunit1 \
       --junitxml="$out/junit.xml" "$@"
     rc=$?
     # The tests remove every cgroup they made (containerd-down.sh prunes runc's parents): on the real v2

@@ -23,7 +23,7 @@ from koordlet.api.nodeslo import CPU_EVICT_POLICY_ALLOCATABLE, CPU_EVICT_POLICY_
 from koordlet.plan import Plan, Victim, planned_victims
 from koordlet.qosmanager.framework import GATE_BE_CPU_EVICT, QoSManagerConfig, Strategy
 from koordlet.qosmanager.snapshot import BECPUWindow, Needs, Snapshot, is_be, pod_batch_cpu_request_milli
-from koordlet.qosmanager.victims import EvictMemo, eviction_plan, resting_until
+from koordlet.qosmanager.victims import eviction_plan, rest
 
 logger = logging.getLogger(__name__)
 
@@ -138,12 +138,9 @@ def decide_release(snapshot: Snapshot, config: CPUEvictConfig, evicting: Collect
 def decide(snapshot: Snapshot, config: CPUEvictConfig) -> Plan:
     """Evict BE pods to bring BE CPU satisfaction back to upper%; rests the cool time after start and after
     an eviction."""
-    last = snapshot.last
     initial = float("-inf") if config.started_at is None else config.started_at + config.cool_time_s
-    until = resting_until(snapshot.memo, last.at if last is not None and last.evicted else None,
-                          config.cool_time_s, initial)
-    memo = EvictMemo(until)
-    if not config.enabled or snapshot.timestamp < until:
+    memo = rest(snapshot, config.cool_time_s, initial)
+    if not config.enabled or snapshot.timestamp < memo.resting_until:
         return Plan(memo=memo)
     decision = decide_release(snapshot, config)
     if not decision.triggered:

@@ -17,7 +17,7 @@ from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.plan import Plan, Victim, planned_victims
 from koordlet.qosmanager.framework import GATE_BE_MEMORY_EVICT, QoSManagerConfig, Strategy
 from koordlet.qosmanager.snapshot import Needs, Snapshot, is_be
-from koordlet.qosmanager.victims import EvictMemo, eviction_plan, resting_until
+from koordlet.qosmanager.victims import eviction_plan, rest
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +83,8 @@ def decide_release(
 
 def decide(snapshot: Snapshot, config: MemoryEvictConfig) -> Plan:
     """Evict BE pods to release what is above the lower percent; rests the cool time after an eviction."""
-    last = snapshot.last
-    until = resting_until(snapshot.memo, last.at if last is not None and last.evicted else None,
-                          config.cool_time_s, float("-inf"))
-    memo = EvictMemo(until)
-    if not config.enabled or snapshot.timestamp < until:
+    memo = rest(snapshot, config.cool_time_s)
+    if not config.enabled or snapshot.timestamp < memo.resting_until:
         return Plan(memo=memo)
     decision = decide_release(snapshot, config)
     if not decision.triggered:

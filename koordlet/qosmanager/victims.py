@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from koordlet.plan import Evictions, Plan, Victim
+from koordlet.qosmanager.snapshot import Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,13 +23,14 @@ class EvictMemo:
     resting_until: float = float("-inf")
 
 
-def resting_until(memo: object, last_evicted_at: float | None, cool_time_s: float, initial: float) -> float:
-    """When the strategy may act again: the memo's rest, extended by a cool time after the previous tick's
-    accepted evictions (``last_evicted_at``); ``initial`` before the first tick."""
-    until = memo.resting_until if isinstance(memo, EvictMemo) else initial
-    if last_evicted_at is not None:
-        until = max(until, last_evicted_at + cool_time_s)
-    return until
+def rest(snapshot: Snapshot, cool_time_s: float, initial: float = float("-inf")) -> EvictMemo:
+    """The strategy's rest after this snapshot: the memo's, extended by ``cool_time_s`` after the previous
+    tick's accepted evictions (``snapshot.last``); ``initial`` before the first tick."""
+    until = snapshot.memo.resting_until if isinstance(snapshot.memo, EvictMemo) else initial
+    last = snapshot.last
+    if last is not None and last.evicted:
+        until = max(until, last.at + cool_time_s)
+    return EvictMemo(until)
 
 
 def eviction_plan(feature: str, target: float, candidates: Sequence[Victim], message: Callable[[Victim], str],
