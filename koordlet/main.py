@@ -37,13 +37,12 @@ from typing import Protocol
 import kubernetes.client
 import kubernetes.config
 
-from koordlet.gpu.reporter import DeviceReporter
-from koordlet.gpu.service import GPUService
-
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
 from koordlet.executor import ResourceExecutor
 from koordlet.gpu.nvml import NvmlModule
+from koordlet.gpu.reporter import DeviceReporter
+from koordlet.gpu.service import GPUService
 from koordlet.metriccache import MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer
 from koordlet.metricsadvisor import (

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from koordlet.executor import metrics
+from koordlet.system import kernfs
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.resources import CgroupResource, InvalidCgroupValueError, get_resource
 
@@ -216,8 +217,7 @@ class ResourceExecutor:
             resource = get_resource(resource)
         path = self._checked_path(resource, cgroup_dir, subsystem)
         try:
-            with open(path, encoding="ascii", errors="replace") as f:
-                return f.read().strip()
+            return kernfs.read_text(path)
         except FileNotFoundError as exc:
             if not os.path.isdir(os.path.dirname(path)):
                 raise CgroupNotFoundError(f"cgroup dir {os.path.dirname(path)} does not exist") from exc
@@ -243,8 +243,7 @@ class ResourceExecutor:
         yet."""
         try:
             path = self._resctrl_path(group, filename)
-            with open(path, encoding="ascii") as f:
-                return f.read()
+            return kernfs.read_raw(path)
         except (CgroupNotFoundError, FileNotFoundError):
             return ""
         except OSError as exc:
@@ -260,9 +259,8 @@ class ResourceExecutor:
         if not _inside(os.path.realpath(self.resctrl_root), path):
             raise UnsafePathError(f"{path} resolves outside the resctrl root {self.resctrl_root}")
         try:
-            os.mkdir(path)
-        except FileExistsError:
-            return False
+            if not kernfs.make_dir(path):
+                return False
         except OSError as exc:
             metrics.RESOURCE_UPDATES.labels(resource="resctrl.group", status=metrics.STATUS_FAILED).inc()
             raise WriteFailedError(f"cannot create resctrl group {path}: {exc}", exc.errno) from exc
@@ -306,8 +304,7 @@ class ResourceExecutor:
             return False
         try:
             target = self._target(update)
-            with open(target.path, encoding="ascii", errors="replace") as f:
-                current = f.read().strip()
+            current = kernfs.read_text(target.path)
             loosened = merge(current, target.value)
             if loosened == current:
                 return False
@@ -391,12 +388,7 @@ class ResourceExecutor:
     def _write_file(self, resource_name: str, path: str, content: str) -> None:
         started = time.perf_counter()
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                # A zero-length write never reaches the kernel handler; "\n" is how echo clears a cpuset.
-                os.write(fd, content.encode() or b"\n")
-            finally:
-                os.close(fd)
+            kernfs.write_nofollow(path, content)
         except OSError as exc:
             self._cache.pop(path, None)
             self._observe(resource_name, "failed", started)
@@ -414,8 +406,7 @@ class ResourceExecutor:
     @staticmethod
     def _read_current(path: str) -> str | None:
         try:
-            with open(path, encoding="ascii", errors="replace") as f:
-                return f.read().strip()
+            return kernfs.read_text(path)
         except OSError:
             return None
 
