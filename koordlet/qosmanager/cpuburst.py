@@ -151,12 +151,17 @@ def pod_burst_config(pod: PodMeta, node_strategy: CPUBurstStrategy) -> CPUBurstS
         return node_strategy
 
 
+def is_eligible(pod: PodMeta) -> bool:
+    """A running or pending pod whose qosClass label is not LSR/LSE/BE (§4.3)."""
+    return pod.phase in ("Running", "Pending", "") and pod.qos_label not in _INELIGIBLE_QOS
+
+
 def eligible_containers(snapshot: Snapshot, layout: KubeCgroupLayout) -> tuple[BurstContainer, ...]:
     """Containers of running/pending pods whose qosClass label is not LSR/LSE/BE (§4.3)."""
     node_strategy = snapshot.node_slo.cpu_burst_strategy
     found: list[BurstContainer] = []
     for pod in snapshot.pods:
-        if pod.phase not in ("Running", "Pending", "") or pod.qos_label in _INELIGIBLE_QOS:
+        if not is_eligible(pod):
             continue
         pod_dir = pod_cgroup_dir(layout, pod)
         if pod_dir is None:
@@ -333,8 +338,8 @@ class BurstConfig:
     @property
     def needs(self) -> Needs:
         return Needs(node_cpu_avg_window_s=self.window_s,
-                     cgroup_reads=(CgroupRead("cpu.cfs_quota_us", Scope.PODS),
-                                   CgroupRead("cpu.cfs_quota_us", Scope.CONTAINERS)))
+                     cgroup_reads=(CgroupRead("cpu.cfs_quota_us", Scope.PODS, is_eligible),
+                                   CgroupRead("cpu.cfs_quota_us", Scope.APP_CONTAINERS, is_eligible)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,15 +76,18 @@ class Scope(enum.StrEnum):
     BESTEFFORT = "besteffort"  # the besteffort QoS dir
     PODS = "pods"  # every pod dir
     CONTAINERS = "containers"  # every container dir (init containers included)
+    APP_CONTAINERS = "app-containers"  # every container dir but the init containers
     SANDBOXES = "sandboxes"  # every pod's sandbox (pause) container dir
 
 
 @dataclass(frozen=True, slots=True)
 class CgroupRead:
-    """Read ``resource`` of every dir in ``scope`` into the snapshot (``Snapshot.cgroup_value``)."""
+    """Read ``resource`` of every dir in ``scope`` into the snapshot (``Snapshot.cgroup_value``); with
+    ``pods``, only of the pods it accepts (a strategy reads what it decides on, not every pod's files)."""
 
     resource: str
     scope: Scope
+    pods: Callable[[PodMeta], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +361,9 @@ class SnapshotBuilder:
                 dirs.append(pod_dir)
             elif scope is Scope.CONTAINERS:
                 dirs.extend(d for c in pod.containers if (d := container_cgroup_dir(layout, pod_dir, c)) is not None)
+            elif scope is Scope.APP_CONTAINERS:
+                dirs.extend(d for c in pod.containers
+                            if not c.is_init and (d := container_cgroup_dir(layout, pod_dir, c)) is not None)
             elif pod.sandbox_id:
                 try:
                     dirs.append(layout.container_dir(pod_dir, pod.sandbox_id))
@@ -370,7 +376,8 @@ class SnapshotBuilder:
             return _EMPTY_VALUES
         values: dict[tuple[str, str], str] = {}
         for read in reads:
-            for cgroup_dir in self.scope_dirs(read.scope, pods):
+            selected = pods if read.pods is None else tuple(p for p in pods if read.pods(p))
+            for cgroup_dir in self.scope_dirs(read.scope, selected):
                 try:
                     values[(read.resource, cgroup_dir)] = self._reader.read(read.resource, cgroup_dir)
                 except ExecutorError as exc:

@@ -56,3 +56,37 @@ def test_no_snapshot_before_the_node_is_known() -> None:
 @pytest.mark.parametrize("text,expected", [("-1", -1), ("50000", 50000), ("max 100000", -1), ("20000 100000", 20000)])
 def test_quota_read_back_in_both_versions(text: str, expected: int) -> None:
     assert parse_quota_us(text) == expected
+
+
+def test_needs_read_the_cgroup_values_of_the_selected_pods_and_probe_kernel_files(tmp_path) -> None:
+    from koordlet.api.pod import ContainerMeta
+    from koordlet.executor import ResourceExecutor
+    from koordlet.qosmanager.snapshot import CgroupRead, Needs, Scope
+    from koordlet.system.cgroup import CgroupFS, CgroupVersion
+    from tests.koordlet.qosmanager.factory import LAYOUT, be_pod, pod
+
+    ls = pod("ls", "LS", containers=(ContainerMeta("app", container_id="a" * 12),
+                                     ContainerMeta("init", container_id="c" * 12, is_init=True)))
+    be = be_pod("be", containers=(ContainerMeta("job", container_id="b" * 12),))
+    cpu = tmp_path / "sys/fs/cgroup/cpu"
+    for rel, quota in (("kubepods", "-1"), ("kubepods/burstable/poduid-ls", "200000"),
+                       ("kubepods/burstable/poduid-ls/" + "a" * 12, "150000"),
+                       ("kubepods/burstable/poduid-ls/" + "c" * 12, "50000"),
+                       ("kubepods/besteffort/poduid-be", "-1"), ("kubepods/besteffort/poduid-be/" + "b" * 12, "-1")):
+        (cpu / rel).mkdir(parents=True, exist_ok=True)
+        (cpu / rel / "cpu.cfs_quota_us").write_text(quota + "\n")
+    (cpu / "kubepods/cpu.shares").write_text("1024\n")
+    executor = ResourceExecutor(CgroupFS(str(tmp_path / "sys/fs/cgroup"), CgroupVersion.V1))
+    builder = SnapshotBuilder(StaticStates(node=node(), pods=(ls, be)), MetricCache(), reader=executor,
+                              layout=LAYOUT)
+    not_be = lambda p: p.qos_label is not None and p.qos_label.value == "LS"  # noqa: E731
+    needs = Needs(cgroup_reads=(CgroupRead("cpu.cfs_quota_us", Scope.PODS, not_be),
+                                CgroupRead("cpu.cfs_quota_us", Scope.APP_CONTAINERS, not_be)),
+                  kernel_files=("cpu.shares", "cpu.bvt_warp_ns"))
+    snap = builder.build(needs, now=100.0, memo="kept")
+    assert snap is not None and snap.memo == "kept" and snap.layout is LAYOUT
+    assert dict(snap.cgroup_values) == {
+        ("cpu.cfs_quota_us", "kubepods/burstable/poduid-ls"): "200000",
+        ("cpu.cfs_quota_us", "kubepods/burstable/poduid-ls/" + "a" * 12): "150000",
+    }  # the BE pod and the init container are not read
+    assert snap.kernel_files == frozenset({"cpu.shares"})  # this "kernel" has no bvt_warp_ns
