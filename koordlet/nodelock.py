@@ -2,7 +2,12 @@
 
 The scheduler takes the lock in Bind, the device plugin releases it when kubelet's Allocate for
 that pod is answered, so Allocate knows which pod it serves. The lock is an annotation on the
-Node, value `<RFC3339 time>,<namespace>,<pod>` (a bare timestamp, the legacy form, is still read).
+Node. Two values are read:
+- `<RFC3339 time>,<namespace>,<pod>`: ours and HAMi's; this module writes it;
+- a bare `<RFC3339 time>`: seed 000's format (Koordinator #2198, HAMi's original 4pd.io lock). It names
+  no pod; the device plugin then serves the Pending pod of the node that waits for its devices.
+Times are Go's time.RFC3339 / RFC3339Nano: `2006-01-02T15:04:05Z` or `...+08:00`, optionally with
+1-9 fraction digits; nothing else (no space separator, no missing zone).
 
 Rules (HAMi's, plus what its users asked for):
 - a live lock held by another pod fails `lock()` with NodeLockHeldError; the same pod re-locking
@@ -13,17 +18,21 @@ Rules (HAMi's, plus what its users asked for):
 - every write is a patch carrying metadata.resourceVersion (optimistic concurrency); a 409 is
   retried up to 5 times with a backoff that starts at 100 ms and doubles;
 - `release()` removes only the caller's lock and retries like `lock()`; `held()` releases on
-  every path out of its block.
+  every path out of its block;
+- `release_stale()` removes a lock nobody can use (unreadable, or its pod is gone) only while the
+  annotation still holds exactly that raw value; it logs one line and records a Warning Event on the
+  Node naming the pod (when known), the node and the raw value. Messages always show the raw value.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -64,7 +73,11 @@ class NodeLockConflictError(NodeLockError):
 
 
 class NodeLockValueError(ValueError):
-    """The annotation value is not `<RFC3339>[,<namespace>,<pod>]`."""
+    """The annotation value is not `<RFC3339>[,<namespace>,<pod>]`; `value` is the raw value."""
+
+    def __init__(self, message: str, value: str = "") -> None:
+        super().__init__(message)
+        self.value = value
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +85,8 @@ class NodeLock:
     acquired_at: datetime
     namespace: str
     pod: str
+    # The annotation value exactly as read from the node ("" for a lock we build ourselves).
+    raw: str = field(default="", compare=False)
 
     @property
     def owner(self) -> str:
@@ -79,6 +94,11 @@ class NodeLock:
 
     def value(self) -> str:
         return f"{format_rfc3339(self.acquired_at)},{self.namespace},{self.pod}"
+
+    @property
+    def shown(self) -> str:
+        """The value as it is on the node, for messages."""
+        return self.raw or self.value()
 
     def expired(self, now: datetime, expiry: timedelta = DEFAULT_EXPIRY) -> bool:
         return now - self.acquired_at > expiry
@@ -91,30 +111,36 @@ def format_rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# Go's time.RFC3339 layout (RFC3339Nano adds the fraction); time.Parse takes the fraction either way.
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.(\d{1,9}))?(?:Z|[+-]\d{2}:\d{2})", re.ASCII)
+
+
 def parse_rfc3339(text: str) -> datetime:
-    text = text.strip()
-    if "." in text:
-        # Go's RFC3339Nano has up to 9 fraction digits; Python takes 6.
-        head, _, tail = text.partition(".")
-        digits = len(tail) - len(tail.lstrip("0123456789"))
-        tail = tail[:digits][:6] + tail[digits:]
-        text = f"{head}.{tail}"
+    match = _RFC3339.fullmatch(text.strip())
+    if match is None:
+        raise NodeLockValueError(f"not an RFC3339 time: {text!r}", text)
+    iso = match.group(0)
+    if match.group(1) is not None:
+        # Python takes at most 6 fraction digits.
+        start, end = match.span(1)
+        iso = iso[:start] + match.group(1)[:6].ljust(6, "0") + iso[end:]
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise NodeLockValueError(f"not an RFC3339 time: {text!r}") from exc
-    if moment.tzinfo is None:
-        raise NodeLockValueError(f"RFC3339 time without zone: {text!r}")
-    return moment
+        return datetime.fromisoformat(iso)
+    except ValueError as exc:  # e.g. month 13, offset hour 25
+        raise NodeLockValueError(f"not an RFC3339 time: {text!r}", text) from exc
 
 
 def parse_lock_value(value: str) -> NodeLock:
+    """`<RFC3339>,<namespace>,<pod>` or a bare `<RFC3339>` (seed 000); errors quote the raw value."""
     parts = value.split(",")
-    if len(parts) == 1:
-        return NodeLock(parse_rfc3339(parts[0]), "", "")
-    if len(parts) != 3 or not parts[1] or not parts[2]:
-        raise NodeLockValueError(f"node lock value {value!r} is not '<RFC3339>,<namespace>,<pod>'")
-    return NodeLock(parse_rfc3339(parts[0]), parts[1], parts[2])
+    try:
+        if len(parts) == 1:
+            return NodeLock(parse_rfc3339(parts[0]), "", "", raw=value)
+        if len(parts) != 3 or not parts[1] or not parts[2]:
+            raise NodeLockValueError("expected '<RFC3339>,<namespace>,<pod>' or '<RFC3339>'", value)
+        return NodeLock(parse_rfc3339(parts[0]), parts[1], parts[2], raw=value)
+    except NodeLockValueError as exc:
+        raise NodeLockValueError(f"node lock value {value!r} is unreadable: {exc}", value) from exc
 
 
 def pod_requests_gpu(container: Any) -> bool:
@@ -159,6 +185,7 @@ class NodeLocker:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         sleep: Callable[[float], None] = time.sleep,
         owner_waiting: Callable[[Any, str], bool] = pod_waiting_for_devices,
+        event_namespace: str = "default",
     ) -> None:
         self._api = core_api
         self.key = key
@@ -168,6 +195,7 @@ class NodeLocker:
         self._clock = clock
         self._sleep = sleep
         self._owner_waiting = owner_waiting
+        self._event_namespace = event_namespace
 
     def _read_node(self, node_name: str) -> Any:
         try:
@@ -212,25 +240,54 @@ class NodeLocker:
         except TransportError as exc:
             raise NodeLockError(f"node lock owner {lock.owner}: read pod: {exc}") from exc
 
-    def _may_take_over(self, node_name: str, lock: NodeLock, now: datetime) -> bool:
-        """Whether an existing lock of another pod may be replaced; raises NodeLockHeldError if not."""
+    def _record_event(self, node: Any, reason: str, message: str) -> None:
+        """A Warning Event on the Node; failing to record it is logged, never raised."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        name = node.metadata.name
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": self._event_namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node.metadata.uid or ""},
+            "reason": reason, "message": message[:1024], "type": "Warning",
+            "source": {"component": "koordlet", "host": name},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "reportingComponent": "koordlet", "reportingInstance": name,
+        }
+        try:
+            self._api.create_namespaced_event(self._event_namespace, body)
+        except ApiException as exc:
+            _log.warning("node %s: cannot record the %s event: %s %s", name, reason, exc.status, exc.reason)
+        except TransportError as exc:
+            _log.warning("node %s: cannot record the %s event: %s", name, reason, exc)
+
+    def _report_dropped(self, node: Any, value: str, why: str, pod: str, action: str) -> None:
+        """One log line and one Warning Event for a lock nobody can use that we removed or replaced."""
+        who = f"pod {pod}" if pod else "pod unknown"
+        message = f"node lock {self.key}={value!r} on node {node.metadata.name} ({who}) {action}: {why}"
+        _log.warning("%s", message)
+        self._record_event(node, "NodeLockReleased", message)
+
+    def _may_take_over(self, node_name: str, lock: NodeLock, now: datetime) -> str:
+        """Why an existing lock of another pod may be replaced ("" when it merely expired, a reason when
+        nobody can use it); raises NodeLockHeldError if it may not."""
         owner = self._owner_pod(lock) if lock.pod else None
         if not lock.expired(now, self.expiry):
             if lock.pod and owner is None:
-                _log.warning("node %s: taking over dangling lock of deleted pod %s", node_name, lock.owner)
-                return True
+                return f"owner pod {lock.owner} not found"
             raise NodeLockHeldError(
-                f"node {node_name} is locked by {lock.owner} since {format_rfc3339(lock.acquired_at)} "
-                f"(expires after {self.expiry})"
+                f"node {node_name} is locked by {lock.owner} ({self.key}={lock.shown!r}, "
+                f"expires after {self.expiry})"
             )
         if owner is not None and self._owner_waiting(owner, node_name):
             raise NodeLockHeldError(
-                f"node {node_name}: lock of {lock.owner} expired at "
+                f"node {node_name}: lock of {lock.owner} ({self.key}={lock.shown!r}) expired at "
                 f"{format_rfc3339(lock.acquired_at + self.expiry)} but its pod is still pending on the node "
                 "waiting for its devices; not handing it over"
             )
-        _log.warning("node %s: taking over expired lock of %s", node_name, lock.owner)
-        return True
+        if lock.pod and owner is None:
+            return f"expired, and owner pod {lock.owner} not found"
+        _log.warning("node %s: taking over expired lock %r of %s", node_name, lock.shown, lock.owner)
+        return ""
 
     def lock(self, node_name: str, namespace: str, pod: str) -> NodeLock:
         """Take the node's lock for the pod (or return it if the pod already holds it)."""
@@ -238,18 +295,23 @@ class NodeLocker:
             node = self._read_node(node_name)
             now = self._clock()
             value = (node.metadata.annotations or {}).get(self.key)
+            dropped = ""  # why the lock on the node is one nobody can use
+            dropped_pod = ""
             if value is not None:
                 try:
                     existing = parse_lock_value(value)
                 except NodeLockValueError as exc:
-                    _log.warning("node %s: replacing unreadable lock %r: %s", node_name, value, exc)
+                    dropped = str(exc)
                     existing = None
                 if existing is not None:
                     if existing.owned_by(namespace, pod):
                         return existing
-                    self._may_take_over(node_name, existing, now)
+                    dropped = self._may_take_over(node_name, existing, now)
+                    dropped_pod = existing.owner if existing.pod else ""
             wanted = NodeLock(now.replace(microsecond=0), namespace, pod)
             if self._patch(node_name, node.metadata.resource_version, wanted.value()):
+                if dropped:
+                    self._report_dropped(node, value or "", dropped, dropped_pod, f"replaced by {wanted.owner}")
                 _log.debug("node %s locked by %s", node_name, wanted.owner)
                 return wanted
             if attempt + 1 < self._retries:
@@ -259,12 +321,21 @@ class NodeLocker:
             f"{self._retries} tries"
         )
 
-    def release(self, node_name: str, namespace: str, pod: str) -> bool:
-        """Remove the pod's lock. False when the node holds no lock of this pod (nothing to do)."""
+    def release(self, node_name: str, namespace: str, pod: str, value: str | None = None) -> bool:
+        """Remove the pod's lock. False when the node holds no lock of this pod (nothing to do).
+        With `value` (the raw annotation once read), only that exact lock is removed: an owner-less
+        bare-timestamp lock is released only while it is still the one that was served."""
+        expected = value
         for attempt in range(self._retries):
             node = self._read_node(node_name)
             value = (node.metadata.annotations or {}).get(self.key)
             if value is None:
+                return False
+            if expected is not None and value != expected:
+                _log.warning(
+                    "node %s: not releasing lock %r on behalf of %s/%s: it is no longer %r",
+                    node_name, value, namespace, pod, expected,
+                )
                 return False
             try:
                 existing = parse_lock_value(value)
@@ -282,6 +353,24 @@ class NodeLocker:
                 self._backoff(attempt)
         raise NodeLockConflictError(
             f"release of node lock {self.key} on {node_name} for {namespace}/{pod}: conflict on every one of "
+            f"{self._retries} tries"
+        )
+
+    def release_stale(self, node_name: str, value: str, why: str, pod: str = "") -> bool:
+        """Remove a lock nobody can use (unreadable, or its pod is gone) while the annotation still holds
+        exactly `value` (raw); one log line and a Warning Event naming `pod` (if known), the node and
+        the raw value. False when the node no longer holds that value."""
+        for attempt in range(self._retries):
+            node = self._read_node(node_name)
+            if (node.metadata.annotations or {}).get(self.key) != value:
+                return False
+            if self._patch(node_name, node.metadata.resource_version, None):
+                self._report_dropped(node, value, why, pod, "released")
+                return True
+            if attempt + 1 < self._retries:
+                self._backoff(attempt)
+        raise NodeLockConflictError(
+            f"release of node lock {self.key}={value!r} on {node_name}: conflict on every one of "
             f"{self._retries} tries"
         )
 

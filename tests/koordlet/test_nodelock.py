@@ -19,7 +19,7 @@ from koordlet.nodelock import (
     NodeLockValueError,
     parse_lock_value,
 )
-from tests.koordlet.deviceplugin.kube import gpu_pod, node_annotations
+from tests.koordlet.deviceplugin.kube import gpu_pod, node_annotations, set_node_lock, warning_events
 
 NODE = "node-a"
 
@@ -216,3 +216,92 @@ def test_api_errors_other_than_conflict_are_not_retried(kube) -> None:
         locker.lock(NODE, "ns", "p1")
     with pytest.raises(NodeLockError, match="404"):
         locker.lock("no-such-node", "ns", "p1")
+
+
+# -- both lock formats; locks nobody can use (issue #16) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        # Go's time.RFC3339 (seed 000: "value is the system timestamp") and RFC3339Nano forms.
+        ("2026-11-23T07:00:00Z", datetime(2026, 11, 23, 7, 0, 0, tzinfo=UTC)),
+        ("2026-11-23T15:00:00+08:00", datetime(2026, 11, 23, 7, 0, 0, tzinfo=UTC)),
+        ("2026-11-23T02:00:00-05:00", datetime(2026, 11, 23, 7, 0, 0, tzinfo=UTC)),
+        ("2026-11-23T07:00:00.5Z", datetime(2026, 11, 23, 7, 0, 0, 500000, tzinfo=UTC)),
+        ("2026-11-23T15:00:00.123456789+08:00", datetime(2026, 11, 23, 7, 0, 0, 123456, tzinfo=UTC)),
+    ],
+)
+def test_bare_rfc3339_lock_in_every_form_go_writes_is_read_with_its_raw_value(value: str, expected) -> None:
+    lock = parse_lock_value(value)
+    assert (lock.acquired_at, lock.namespace, lock.pod) == (expected, "", "")
+    assert lock.shown == value, "messages show the value as it is on the node"
+    assert parse_lock_value(f"{value},ns,p").shown == f"{value},ns,p"
+
+
+@pytest.mark.parametrize("value", ["2026-11-23 07:00:00Z", "20261123T070000Z", "2026-11-23T07:00Z",
+                                   "2026-11-23T07:00:00+0800", "2026-11-23T07:00:00.Z", "2026-11-23T07:00:00z"])
+def test_timestamps_go_would_not_parse_as_rfc3339_are_unreadable_and_quoted_raw(value: str) -> None:
+    with pytest.raises(NodeLockValueError) as info:
+        parse_lock_value(value)
+    assert info.value.value == value
+    assert repr(value) in str(info.value)
+
+
+def test_held_lock_error_shows_the_raw_value_not_a_reformatted_one(kube) -> None:
+    kube.node(NODE)
+    kube.pod(gpu_pod("p1", node=NODE))
+    raw = "2026-11-23T15:00:00.250+08:00,ns,p1"
+    set_node_lock(kube, NODE, raw)
+    locker = NodeLocker(kube.core, clock=Clock())
+    with pytest.raises(NodeLockHeldError, match="locked by ns/p1") as info:
+        locker.lock(NODE, "ns", "p2")
+    assert repr(raw) in str(info.value)
+
+
+def test_release_stale_removes_only_that_raw_value_with_a_warning_event(kube) -> None:
+    kube.node(NODE)
+    raw = "2026-11-23T07:00:00.123456789Z,ns"
+    set_node_lock(kube, NODE, raw)
+    locker = NodeLocker(kube.core)
+    assert locker.release_stale(NODE, "2026-11-23T07:00:00Z", "test") is False, "another value: left alone"
+    assert node_annotations(kube, NODE)[KEY] == raw
+    assert warning_events(kube) == []
+    assert locker.release_stale(NODE, raw, "unreadable", pod="ns/p9") is True
+    assert KEY not in node_annotations(kube, NODE)
+    (event,) = warning_events(kube)
+    assert event["involvedObject"]["kind"] == "Node" and event["involvedObject"]["name"] == NODE
+    assert repr(raw) in event["message"] and NODE in event["message"] and "ns/p9" in event["message"]
+    assert locker.release_stale(NODE, raw, "again") is False
+
+
+def test_release_stale_is_a_guarded_patch_retried_on_conflict(kube) -> None:
+    kube.node(NODE)
+    set_node_lock(kube, NODE, "junk")
+    locker = NodeLocker(kube.core, sleep=lambda _s: None)
+    kube.server.clear_requests()
+    kube.server.fail_next("PATCH", rf"/nodes/{NODE}$", status=409, count=2)
+    assert locker.release_stale(NODE, "junk", "unreadable") is True
+    patches = kube.server.requests("PATCH", rf"/nodes/{NODE}$")
+    assert len(patches) == 3 and all(r.body["metadata"]["resourceVersion"] for r in patches)
+    assert KEY not in node_annotations(kube, NODE)
+
+
+@pytest.mark.parametrize("raw, pod", [("not a lock, at all", ""), ("2026-11-23T07:00:00+08:00,ns,gone", "ns/gone")])
+def test_lock_replacing_an_unreadable_or_orphaned_lock_records_a_warning_event_with_the_raw_value(
+    kube, raw: str, pod: str
+) -> None:
+    kube.node(NODE)
+    set_node_lock(kube, NODE, raw)
+    assert NodeLocker(kube.core, clock=Clock()).lock(NODE, "ns", "p2").pod == "p2"
+    (event,) = warning_events(kube)
+    assert repr(raw) in event["message"] and NODE in event["message"] and pod in event["message"]
+
+
+def test_bare_lock_is_released_by_whoever_is_served_only_while_it_is_unchanged(kube) -> None:
+    kube.node(NODE)
+    set_node_lock(kube, NODE, "2026-11-23T07:00:00Z")
+    locker = NodeLocker(kube.core)
+    assert locker.release(NODE, "", "", value="2026-11-23T07:00:01Z") is False
+    assert locker.release(NODE, "", "", value="2026-11-23T07:00:00Z") is True
+    assert KEY not in node_annotations(kube, NODE)

@@ -34,6 +34,9 @@ class Kube:
             self.core.delete_namespaced_pod(meta["name"], meta["namespace"])
         for node in self.server.list_objects("nodes"):
             self.core.delete_node(node["metadata"]["name"])
+        for event in self.server.list_objects("events"):
+            meta = event["metadata"]
+            self.core.delete_namespaced_event(meta["name"], meta["namespace"])
         for device in self.server.list_objects("devices"):
             self.custom.delete_cluster_custom_object(
                 api.DEVICE_GROUP, api.DEVICE_VERSION, api.DEVICE_PLURAL, device["metadata"]["name"]
@@ -68,6 +71,15 @@ def gpu_pod(
         "spec": {"nodeName": node, "containers": containers},
         "status": {"phase": phase},
     }
+
+
+def set_node_lock(kube: Kube, node: str, value: str) -> None:
+    """Write the node lock annotation as another scheduler would, raw."""
+    kube.core.patch_node(node, {"metadata": {"annotations": {api.ANNOTATION_NODE_LOCK: value}}})
+
+
+def warning_events(kube: Kube) -> list[dict]:
+    return [e for e in kube.server.list_objects("events") if e.get("type") == "Warning"]
 
 
 def node_annotations(kube: Kube, name: str) -> dict[str, str]:
