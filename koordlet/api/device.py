@@ -32,6 +32,9 @@ LABEL_GPU_ISOLATION_PROVIDER = "koordinator.sh/gpu-isolation-provider"
 # Ours: written by the device plugin when kubelet's Allocate handed a container its devices.
 # JSON object {"<container name>": [minor, ...]}; a pod is "bound" once every GPU container is in it.
 ANNOTATION_DEVICE_BOUND = "koordlet.koordinator.sh/device-bound"
+# Written by Koordinator's scheduler-side device plugin adapters at Bind: unix nanoseconds
+# (reference/peers.md §6.4); orders the pods an owner-less (bare timestamp) node lock may be for.
+ANNOTATION_BIND_TIMESTAMP = "scheduling.koordinator.sh/bind-timestamp"
 
 # Node lock (seed 000, peers.md §6.4). HAMi and Koordinator's scheduler-side device plugin adapter
 # both use this key with the value "<RFC3339>,<namespace>,<pod>", so a scheduler of either kind

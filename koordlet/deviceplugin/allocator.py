@@ -5,7 +5,10 @@ the node lock in Bind (koordlet/nodelock.py), and writes the GPUs it chose into 
 `scheduling.koordinator.sh/device-allocated` annotation. Here:
 
 1. the pod is the holder of the node lock; it must be on this node, Pending, carry the
-   annotation, and still have a GPU container without devices (ANNOTATION_DEVICE_BOUND);
+   annotation, and still have a GPU container without devices (ANNOTATION_DEVICE_BOUND). A lock
+   that is a bare RFC3339 timestamp (seed 000's format) names no pod: as the seed says, Allocate
+   then serves the latest Pending pod of this node that waits for its devices (latest by the
+   scheduler's bind-timestamp annotation, else by creation), and releases the lock like any other;
 2. the annotation's GPUs are split over the pod's GPU containers in order (init containers first,
    as kubelet admits them), each taking as many as it requests of our resource; the container
    kubelet asks for is the next one not yet bound, and its count must equal the request's;
@@ -16,7 +19,9 @@ the node lock in Bind (koordlet/nodelock.py), and writes the GPUs it chose into 
    the pod is bound - and on every error and on timeout, so a failed pod never blocks the node.
 
 An Allocate that cannot find or match its pod fails with an error naming the pod and the
-annotation that was missing, stale or mismatched; kubelet then fails the pod's admission.
+annotation that was missing, stale or mismatched; kubelet then fails the pod's admission. A lock
+nobody can use - unreadable, its pod gone, or a bare lock with no pod waiting - is released with
+a Warning Event carrying the raw annotation value (NodeLocker.release_stale).
 kubelet may call Allocate concurrently; one mutex serialises the calls (as HAMi does).
 """
 
@@ -54,6 +59,17 @@ class AllocationTimeoutError(AllocationError):
     """Allocate ran past its time budget."""
 
 
+class StaleLockError(AllocationError):
+    """The node lock serves no pod (unreadable, its pod is gone, or no pod waits); it is to be
+    released. `value` is the raw annotation value, `pod` the owner when known."""
+
+    def __init__(self, message: str, value: str, why: str, pod: str = "") -> None:
+        super().__init__(message)
+        self.value = value
+        self.why = why
+        self.pod = pod
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceNode:
     container_path: str
@@ -88,10 +104,25 @@ class _Target:
 
     @property
     def name(self) -> str:
-        return f"{self.pod.metadata.namespace}/{self.pod.metadata.name}"
+        return _pod_name(self.pod)
 
     def pending(self) -> list[_GpuContainer]:
         return [c for c in self.containers if c.name not in self.bound]
+
+
+def _pod_name(pod: Any) -> str:
+    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+
+
+def _bind_order(pod: Any) -> tuple[int, float, str]:
+    """Later binds sort higher: the scheduler's bind-timestamp (unix ns), then creation time."""
+    stamp = (pod.metadata.annotations or {}).get(api.ANNOTATION_BIND_TIMESTAMP, "")
+    created = pod.metadata.creation_timestamp
+    return (
+        int(stamp) if stamp.isdigit() else -1,
+        created.timestamp() if created is not None else 0.0,
+        _pod_name(pod),
+    )
 
 
 def _requested(container: Any, resource_name: str) -> int:
@@ -141,9 +172,11 @@ class SchedulerAllocator:
         try:
             lock = self._locker.current(self.node_name)
         except NodeLockValueError as exc:
-            raise AllocationError(
-                f"node {self.node_name}: annotation {self._locker.key} is unreadable ({exc}); cannot tell which "
-                "pod this Allocate is for"
+            raise StaleLockError(
+                f"node {self.node_name}: annotation {self._locker.key}: {exc}; cannot tell which pod this Allocate "
+                "is for",
+                exc.value,
+                str(exc),
             ) from exc
         except NodeLockError as exc:
             raise AllocationError(f"node {self.node_name}: cannot read the node lock: {exc}") from exc
@@ -153,26 +186,73 @@ class SchedulerAllocator:
                 f"this Allocate of {self.resource_name} cannot be matched to a pod (the scheduler must lock the "
                 "node in Bind)"
             )
-        if not lock.pod:
-            raise AllocationError(
-                f"node {self.node_name}: annotation {self._locker.key}={lock.value()!r} is a legacy lock without a "
-                "pod name; cannot tell which pod this Allocate is for"
-            )
         return lock
 
-    def _target(self, lock: NodeLock) -> _Target:
+    def _waits_for_devices(self, pod: Any) -> bool:
+        """Pending here, not deleting, given GPUs by the scheduler, and a container of our resource unbound."""
+        if (pod.status.phase if pod.status else None) not in (None, "Pending"):
+            return False
+        if pod.metadata.deletion_timestamp is not None:
+            return False
+        annotations = pod.metadata.annotations or {}
+        if api.ANNOTATION_DEVICE_ALLOCATED not in annotations:
+            return False
+        try:
+            bound = api.parse_device_bound(annotations.get(api.ANNOTATION_DEVICE_BOUND) or "{}")
+        except api.DeviceAnnotationError:
+            bound = {}
+        containers = list(pod.spec.init_containers or []) + list(pod.spec.containers or [])
+        return any(_requested(c, self.resource_name) > 0 and c.name not in bound for c in containers)
+
+    def _lock_pod(self, lock: NodeLock) -> Any:
+        """The pod the lock is for: its named owner, or for a bare-timestamp lock the latest pod of this
+        node waiting for its devices. StaleLockError when there is none."""
+        if not lock.pod:
+            return self._pending_pod(lock)
         who = f"pod {lock.owner}"
         try:
-            pod = self._api.read_namespaced_pod(lock.pod, lock.namespace, _request_timeout=self._timeout_s)
+            return self._api.read_namespaced_pod(lock.pod, lock.namespace, _request_timeout=self._timeout_s)
         except ApiException as exc:
             if exc.status == 404:
-                raise AllocationError(
-                    f"{who} named by node lock annotation {self._locker.key} on {self.node_name} does not exist "
-                    "(stale lock)"
+                raise StaleLockError(
+                    f"{who} named by node lock annotation {self._locker.key}={lock.shown!r} on {self.node_name} "
+                    "does not exist (stale lock)",
+                    lock.shown,
+                    f"owner pod {lock.owner} not found",
+                    lock.owner,
                 ) from exc
             raise AllocationError(f"{who}: read failed: {exc.status} {exc.reason}") from exc
         except TransportError as exc:
             raise AllocationTimeoutError(f"{who}: read failed or timed out: {exc}") from exc
+
+    def _pending_pod(self, lock: NodeLock) -> Any:
+        what = f"node {self.node_name}: bare-timestamp lock {self._locker.key}={lock.shown!r}"
+        try:
+            pods = self._api.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={self.node_name}", _request_timeout=self._timeout_s
+            ).items
+        except ApiException as exc:
+            raise AllocationError(f"{what}: listing the node's pods failed: {exc.status} {exc.reason}") from exc
+        except TransportError as exc:
+            raise AllocationTimeoutError(f"{what}: listing the node's pods failed or timed out: {exc}") from exc
+        waiting = sorted((pod for pod in pods if self._waits_for_devices(pod)), key=_bind_order)
+        if not waiting:
+            raise StaleLockError(
+                f"{what} names no pod and no Pending pod on the node waits for {self.resource_name} "
+                f"(annotation {api.ANNOTATION_DEVICE_ALLOCATED}); cannot tell which pod this Allocate is for",
+                lock.shown,
+                f"no Pending pod on the node waits for {self.resource_name}",
+            )
+        if len(waiting) > 1:
+            _log.warning(
+                "%s: %d pods wait for devices (%s); serving the latest bound, %s",
+                what, len(waiting), ", ".join(_pod_name(p) for p in waiting), _pod_name(waiting[-1]),
+            )
+        return waiting[-1]
+
+    def _target(self, lock: NodeLock) -> _Target:
+        pod = self._lock_pod(lock)
+        who = f"pod {_pod_name(pod)}"
         node = pod.spec.node_name if pod.spec else None
         if node not in (None, "", self.node_name):
             raise AllocationError(
@@ -269,22 +349,35 @@ class SchedulerAllocator:
 
     def _release(self, lock: NodeLock, why: str) -> None:
         try:
-            released = self._locker.release(self.node_name, lock.namespace, lock.pod)
+            # Only the lock that was read: an owner-less lock carries no name to check.
+            released = self._locker.release(self.node_name, lock.namespace, lock.pod, value=lock.raw or None)
         except NodeLockError as exc:
-            _log.error("node %s: releasing the lock of %s (%s) failed: %s", self.node_name, lock.owner, why, exc)
+            _log.error(
+                "node %s: releasing the lock %r of %s (%s) failed: %s", self.node_name, lock.shown, lock.owner, why, exc
+            )
             return
         if released:
-            _log.info("node %s: lock of %s released (%s)", self.node_name, lock.owner, why)
+            _log.info("node %s: lock %r of %s released (%s)", self.node_name, lock.shown, lock.owner, why)
+
+    def _release_stale(self, stale: StaleLockError) -> None:
+        try:
+            self._locker.release_stale(self.node_name, stale.value, stale.why, pod=stale.pod)
+        except NodeLockError as exc:
+            _log.error("node %s: releasing the stale lock %r failed: %s", self.node_name, stale.value, exc)
 
     def allocate(self, device_id_requests: Sequence[Sequence[str]]) -> list[ContainerAllocation]:
         """Answer one AllocateRequest (one entry per container, each the device IDs kubelet picked)."""
         with self._mutex:
             deadline = self._clock() + self._timeout_s
-            lock = self._lock_holder()
+            try:
+                lock = self._lock_holder()
+            except StaleLockError as exc:
+                self._release_stale(exc)
+                raise
             outcome = "error"
             try:
                 target = self._target(lock)
-                self._check_time(deadline, f"reading pod {lock.owner}")
+                self._check_time(deadline, f"reading the pod of lock {lock.shown!r}")
                 answers, still_pending = self._answer(target, device_id_requests)
                 self._check_time(deadline, f"matching pod {target.name}")
                 self._record(target, {a.container: tuple(g.minor for g in a.gpus) for a in answers})
@@ -292,9 +385,13 @@ class SchedulerAllocator:
             except AllocationTimeoutError:
                 outcome = "timeout"
                 raise
+            except StaleLockError as exc:
+                outcome = "stale"
+                self._release_stale(exc)
+                raise
             finally:
                 # Every way out but "another container of this pod is still to come" frees the node.
-                if outcome != "pending":
+                if outcome not in ("pending", "stale"):
                     self._release(lock, "all GPU containers bound" if outcome == "done" else outcome)
             for answer in answers:
                 _log.info(

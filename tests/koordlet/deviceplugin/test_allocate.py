@@ -6,6 +6,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 
 import grpc
 import pytest
@@ -17,7 +18,13 @@ from koordlet.gpu.health import HealthBoard
 from koordlet.gpu.service import GPUService
 from koordlet.gpu.nvml import discover, open_nvml
 from koordlet.nodelock import NodeLocker
-from tests.koordlet.deviceplugin.kube import gpu_pod, node_annotations, pod_annotations
+from tests.koordlet.deviceplugin.kube import (
+    gpu_pod,
+    node_annotations,
+    pod_annotations,
+    set_node_lock,
+    warning_events,
+)
 from tests.koordlet.deviceplugin.kubelet import TestKubelet
 from tests.koordlet.gpu.fake_nvml import FakeNvml, h100_gpus
 from wire import deviceplugin_pb2 as pb
@@ -231,3 +238,93 @@ def test_allocate_serves_the_lock_holder_not_other_pending_gpu_pods(plugin: Plug
     assert api.ANNOTATION_DEVICE_BOUND in pod_annotations(plugin.kube, "p1")
     assert api.ANNOTATION_DEVICE_BOUND not in pod_annotations(plugin.kube, "older")
     assert api.ANNOTATION_DEVICE_BOUND not in pod_annotations(plugin.kube, "newer")
+
+
+# -- seed 000's bare-timestamp lock; locks nobody can use (issue #16) ---------------------------------------
+
+
+def go_rfc3339_now() -> str:
+    """What seed 000's scheduler writes: Go's time.Now().Format(time.RFC3339Nano) in a +08:00 zone."""
+    now = datetime.now(timezone(timedelta(hours=8)))
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%f") + "123" + now.strftime("%z")[:3] + ":" + now.strftime("%z")[3:]
+
+
+def test_bare_timestamp_lock_of_the_seed_is_served_to_the_pending_pod_and_released(plugin: Plugin) -> None:
+    plugin.kube.pod(gpu_pod("done", node=NODE, annotations={api.ANNOTATION_DEVICE_ALLOCATED: allocated(0),
+                                                            api.ANNOTATION_DEVICE_BOUND: '{"main":[0]}'}))
+    plugin.kube.pod(gpu_pod("running", node=NODE, phase="Running",
+                            annotations={api.ANNOTATION_DEVICE_ALLOCATED: allocated(1)}))
+    plugin.kube.pod(gpu_pod("elsewhere", node="node-b", annotations={api.ANNOTATION_DEVICE_ALLOCATED: allocated(0)}))
+    plugin.kube.pod(gpu_pod("p1", node=NODE, annotations={api.ANNOTATION_DEVICE_ALLOCATED: allocated(2, 3)},
+                            gpus={"main": 2}))
+    set_node_lock(plugin.kube, NODE, go_rfc3339_now())
+    response = plugin.allocate([plugin.uuid(0), plugin.uuid(1)])
+    assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "2,3"
+    assert json.loads(pod_annotations(plugin.kube, "p1")[api.ANNOTATION_DEVICE_BOUND]) == {"main": [2, 3]}
+    assert KEY not in node_annotations(plugin.kube, NODE), "the device plugin releases the lock after Allocate"
+    assert warning_events(plugin.kube) == [], "serving a lock is no warning"
+
+
+def test_bare_timestamp_lock_serves_the_latest_bound_pod_and_keeps_the_lock_for_its_next_container(
+    plugin: Plugin,
+) -> None:
+    plugin.kube.pod(gpu_pod("older", node=NODE, annotations={api.ANNOTATION_DEVICE_ALLOCATED: allocated(0),
+                                                             api.ANNOTATION_BIND_TIMESTAMP: "1000"}))
+    plugin.kube.pod(gpu_pod("latest", node=NODE, gpus={"a": 1, "b": 1},
+                            annotations={api.ANNOTATION_DEVICE_ALLOCATED: allocated(3, 1),
+                                         api.ANNOTATION_BIND_TIMESTAMP: "2000"}))
+    raw = "2026-11-23T07:00:00Z"
+    set_node_lock(plugin.kube, NODE, raw)
+    assert plugin.allocate([plugin.uuid(0)]).container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "3"
+    assert node_annotations(plugin.kube, NODE)[KEY] == raw, "container b is still to come"
+    assert plugin.allocate([plugin.uuid(0)]).container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "1"
+    assert KEY not in node_annotations(plugin.kube, NODE)
+    assert api.ANNOTATION_DEVICE_BOUND not in pod_annotations(plugin.kube, "older")
+
+
+def test_bare_timestamp_lock_with_no_pod_waiting_is_released_with_a_warning_event(plugin: Plugin) -> None:
+    raw = "2026-11-23T15:00:00+08:00"
+    set_node_lock(plugin.kube, NODE, raw)
+    with pytest.raises(grpc.RpcError) as info:
+        plugin.allocate([plugin.uuid(0)])
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert repr(raw) in info.value.details()
+    assert KEY not in node_annotations(plugin.kube, NODE)
+    (event,) = warning_events(plugin.kube)
+    assert repr(raw) in event["message"] and NODE in event["message"]
+
+
+@pytest.mark.parametrize("raw", ["locked-by-someone", "2026-11-23T07:00:00.123456789Z,ns", " 2026-11-23 07:00:00Z"])
+def test_unreadable_lock_is_released_with_a_warning_event_carrying_the_raw_value(plugin: Plugin, raw: str) -> None:
+    plugin.kube.pod(gpu_pod("p1", node=NODE, annotations={api.ANNOTATION_DEVICE_ALLOCATED: allocated(0)}))
+    set_node_lock(plugin.kube, NODE, raw)
+    # GetPreferredAllocation is advice: it falls back to a plain pick and leaves the lock alone.
+    available = [g.uuid for g in plugin.gpus]
+    plugin.stub.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=[
+        pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=1)]), timeout=10)
+    assert node_annotations(plugin.kube, NODE)[KEY] == raw and warning_events(plugin.kube) == []
+    with pytest.raises(grpc.RpcError) as info:
+        plugin.allocate([plugin.uuid(0)])
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert repr(raw) in info.value.details(), "the error shows the value as it is on the node"
+    assert KEY not in node_annotations(plugin.kube, NODE)
+    (event,) = warning_events(plugin.kube)
+    assert event["involvedObject"]["kind"] == "Node" and event["involvedObject"]["name"] == NODE
+    assert repr(raw) in event["message"] and NODE in event["message"]
+    assert api.ANNOTATION_DEVICE_BOUND not in pod_annotations(plugin.kube, "p1"), "nobody is served"
+
+
+def test_lock_whose_pod_is_gone_is_released_with_a_warning_event_naming_the_pod(plugin: Plugin) -> None:
+    raw = "2026-11-23T15:00:00.5+08:00,ns,gone"
+    set_node_lock(plugin.kube, NODE, raw)
+    plugin.kube.server.clear_requests()
+    with pytest.raises(grpc.RpcError, match="pod ns/gone .* does not exist") as info:
+        plugin.allocate([plugin.uuid(0)])
+    assert repr(raw) in info.value.details()
+    assert KEY not in node_annotations(plugin.kube, NODE)
+    (event,) = warning_events(plugin.kube)
+    assert "ns/gone" in event["message"] and NODE in event["message"] and repr(raw) in event["message"]
+    # The release was one patch, guarded by the node's resourceVersion.
+    (patch,) = plugin.kube.server.requests("PATCH", rf"/nodes/{NODE}$")
+    assert patch.body["metadata"]["resourceVersion"] and patch.body["metadata"]["annotations"] == {KEY: None}
+
