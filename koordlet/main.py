@@ -40,10 +40,11 @@ import kubernetes.config
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
 from koordlet.executor import ResourceExecutor
+from koordlet.gpu.metrics import gpu_devices
 from koordlet.gpu.nvml import NvmlModule
 from koordlet.gpu.reporter import DeviceReporter
 from koordlet.gpu.service import GPUService
-from koordlet.metriccache import MetricCache
+from koordlet.metriccache import GPU_DEVICES_KV, MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer
 from koordlet.metricsadvisor import (
     Collector,
@@ -264,7 +265,10 @@ def _gpu_service(ctx: AgentContext) -> Component | None:
         return None
     # A short NVML event wait keeps the health thread quick to stop.
     gpu = ctx.gpu = GPUService.start(ctx.nvml, sys_dir=host_dirs(config).sys_dir, poll_timeout_ms=1000)
-    return _Running(gpu.stop) if gpu is not None else None
+    if gpu is None:
+        return None
+    ctx.cache.set_kv(GPU_DEVICES_KV, gpu_devices(gpu.inventory))  # for NodeMetric and Prometheus
+    return _Running(gpu.stop)
 
 
 def _collectors(ctx: AgentContext) -> list[Collector]:
@@ -282,7 +286,8 @@ def _collectors(ctx: AgentContext) -> list[Collector]:
         collectors.append(PodPsiCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
                                           config.psi_collector_interval_s))
     if ctx.gpu is not None:
-        collectors.append(GPUCollector(ctx.gpu, config.collect_res_used_interval_s))
+        collectors.append(GPUCollector(ctx.gpu, config.collect_res_used_interval_s,
+                                       pods=pod_cgroup_source(states.pods, layout), cgroup_fs=cgroup_fs))
     return collectors
 
 

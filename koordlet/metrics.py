@@ -7,8 +7,8 @@ reports the agent's own cost (``process_resident_memory_bytes``, ``process_cpu_s
 open fds). ``/internal-metrics`` and ``/external-metrics`` serve the same text (Koordinator splits
 them; nothing reads them apart). ``/healthz`` answers 200 while the agent's health check passes.
 
-The real-time gauges (node usage, container requests/limits, node allocatable, pod and container PSI)
-are computed at scrape time from the metric cache and the states provider (a custom collector): no
+The real-time gauges (node usage, container requests/limits, node allocatable, pod and container PSI,
+GPU usage) are computed at scrape time from the metric cache and the states provider (a custom collector): no
 timer thread, and a scrape never shows a value older than the cache's latest sample.
 """
 
@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
-from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
+from koordlet.metriccache import GPU_DEVICES_KV, GPUDevice, Label, MetricCache, MetricKind, SeriesKey
 from koordlet.statesinformer.api import StatesProvider
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,30 @@ _PSI_LABELS = ("psi_resource_type", "psi_precision", "psi_degree", "cpu_full_sup
 _POD_PSI_LABELS = ("node", "pod_uid", "pod_name", "pod_namespace", *_PSI_LABELS)
 _CONTAINER_PSI_LABELS = ("node", "pod_uid", "pod_name", "pod_namespace", "container_id", "container_name",
                          *_PSI_LABELS)
+# GPU gauges. Koordinator exports no GPU metric to Prometheus; these take the names of its metric-cache
+# kinds (metriccache/metric_types.go: node_gpu_core_usage, node_gpu_memory_usage, node_gpu_memory_total,
+# pod_gpu_*, container_gpu_*) under the koordlet subsystem, its GPU property labels (gpu_minor,
+# gpu_device_uuid) and its Prometheus pod/container labels (metrics/metrics.go).
+_GPU_LABELS = ("gpu_minor", "gpu_device_uuid")
+_GPU_NODE_LABELS = ("node", *_GPU_LABELS)
+_GPU_POD_LABELS = ("node", "pod_uid", "pod_name", "pod_namespace", *_GPU_LABELS)
+_GPU_CONTAINER_LABELS = ("node", "pod_uid", "pod_name", "pod_namespace", "container_id", "container_name",
+                         *_GPU_LABELS)
+_GPU_SERIES = (  # (metric name, help, cache kind, level)
+    ("koordlet_node_gpu_core_usage", "GPU core (SM) usage of one GPU, percent", MetricKind.NODE_GPU_CORE_USAGE,
+     "node"),
+    ("koordlet_node_gpu_memory_usage", "GPU memory used on one GPU, bytes", MetricKind.NODE_GPU_MEMORY_USAGE,
+     "node"),
+    ("koordlet_pod_gpu_core_usage", "GPU core (SM) usage of a pod on one GPU, percent",
+     MetricKind.POD_GPU_CORE_USAGE, "pod"),
+    ("koordlet_pod_gpu_memory_usage", "GPU memory a pod uses on one GPU, bytes", MetricKind.POD_GPU_MEMORY_USAGE,
+     "pod"),
+    ("koordlet_container_gpu_core_usage", "GPU core (SM) usage of a container on one GPU, percent",
+     MetricKind.CONTAINER_GPU_CORE_USAGE, "container"),
+    ("koordlet_container_gpu_memory_usage", "GPU memory a container uses on one GPU, bytes",
+     MetricKind.CONTAINER_GPU_MEMORY_USAGE, "container"),
+)
+_GPU_LEVEL_LABELS = {"node": _GPU_NODE_LABELS, "pod": _GPU_POD_LABELS, "container": _GPU_CONTAINER_LABELS}
 _PSI_RESOURCE_TYPE = {"cpu": "cpu", "memory": "mem", "io": "io"}  # Koordinator's psi_resource_type values
 
 
@@ -84,6 +108,7 @@ class _LiveGauges:
                     family.add_metric([node], latest[1])
         yield cpu
         yield memory
+        yield from self._gpu()
         if self._states is None:
             return
         requests = GaugeMetricFamily("koordlet_container_resource_requests", "Container resource requests",
@@ -108,6 +133,52 @@ class _LiveGauges:
                 allocatable.add_metric([node, resource, unit], amount / divisor)
         yield allocatable
         yield from self._psi()
+
+    def _gpu(self) -> Iterator[Metric]:
+        """The GPU gauges from the cache's latest GPU samples and its GPU list (KV ``gpu_devices``)."""
+        cache = self._cache
+        if cache is None:
+            return
+        gpus = cache.get_kv(GPU_DEVICES_KV)
+        if not isinstance(gpus, tuple) or not gpus:
+            return  # no GPU on this node (or gate Accelerators off): no GPU family at all
+        total = GaugeMetricFamily("koordlet_node_gpu_memory_total", "GPU memory of one GPU, bytes",
+                                  labels=list(_GPU_NODE_LABELS))
+        for gpu in gpus:
+            if isinstance(gpu, GPUDevice):
+                total.add_metric([self._node, str(gpu.minor), gpu.uuid], gpu.memory_total_bytes)
+        yield total
+        pods: dict[str, tuple[str, str]] = {}
+        containers: dict[str, tuple[str, str]] = {}  # container ID -> (pod UID, container name)
+        if self._states is not None:
+            for pod in self._states.pods():
+                pods[pod.uid] = (pod.name, pod.namespace)
+                for container in pod.containers:
+                    containers[container.container_id] = (pod.uid, container.name)
+        now = time.time()
+        for name, help_text, kind, level in _GPU_SERIES:
+            family = GaugeMetricFamily(name, help_text, labels=list(_GPU_LEVEL_LABELS[level]))
+            for key in cache.keys(kind):
+                sample = cache.latest(key)
+                if sample is None or now - sample[0] > self._stale_after_s:
+                    continue
+                gpu_labels = [key.label(Label.GPU_MINOR) or "", key.label(Label.GPU_DEVICE_UUID) or ""]
+                if level == "node":
+                    family.add_metric([self._node, *gpu_labels], sample[1])
+                    continue
+                if level == "pod":
+                    pod_uid, container_id, container_name = key.label(Label.POD_UID) or "", None, ""
+                else:
+                    container_id = key.label(Label.CONTAINER_ID) or ""
+                    pod_uid, container_name = containers.get(container_id, ("", ""))
+                if pod_uid not in pods:
+                    continue  # gone (or not known yet): its series go at the next cache GC
+                pod_name, namespace = pods[pod_uid]
+                owner = [pod_uid, pod_name, namespace]
+                if container_id is not None:
+                    owner += [container_id, container_name]
+                family.add_metric([self._node, *owner, *gpu_labels], sample[1])
+            yield family
 
     def _psi(self) -> Iterator[Metric]:
         """``koordlet_pod_psi`` and ``koordlet_container_psi`` from the cache's latest PSI samples."""

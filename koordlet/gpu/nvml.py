@@ -76,6 +76,17 @@ class GPUUsage:
     memory_total_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessGPUUsage:
+    """One process's share of one GPU (NVML per-process accounting, koordinator.md §7.1)."""
+
+    pid: int
+    uuid: str
+    minor: int
+    sm_util_percent: int  # latest nvmlDeviceGetProcessUtilization sample; 0 when NVML has none
+    memory_used_bytes: int  # nvmlDeviceGetComputeRunningProcesses usedGpuMemory; 0 when not available
+
+
 def _text(value: str | bytes) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
@@ -96,6 +107,8 @@ class NvmlSession:
         self.nvml = nvml
         self._open = False
         self._handles: dict[str, Any] = {}
+        # Per GPU, the newest process-utilisation sample seen (NVML µs clock): the next read asks for newer ones.
+        self.last_process_sample_us: dict[str, int] = {}
 
     def open(self) -> Self:
         self.nvml.nvmlInit()
@@ -231,6 +244,54 @@ def read_usage(session: NvmlSession, inventory: GPUInventory) -> list[GPUUsage]:
             )
         )
     return samples
+
+
+def _latest_sm_util(nvml: NvmlModule, handle: Any, since_us: int) -> tuple[dict[int, int], int]:
+    """pid -> SM utilisation of its newest sample newer than ``since_us``, and the newest timestamp seen.
+
+    NVML raises NotFound when no process ran a kernel since ``since_us``: every process is idle then."""
+    try:
+        samples = nvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+    except nvml.NVMLError_NotFound:
+        return {}, since_us
+    newest: dict[int, tuple[int, int]] = {}
+    latest = since_us
+    for sample in samples:
+        pid, stamp = int(sample.pid), int(sample.timeStamp)
+        latest = max(latest, stamp)
+        if pid not in newest or stamp >= newest[pid][0]:
+            newest[pid] = (stamp, int(sample.smUtil))
+    return {pid: util for pid, (_, util) in newest.items()}, latest
+
+
+def read_process_usage(session: NvmlSession, inventory: GPUInventory) -> list[ProcessGPUUsage]:
+    """Per process and GPU: SM utilisation and memory used, for every compute process NVML lists.
+
+    ``nvmlDeviceGetComputeRunningProcesses`` names the processes and their memory; the SM share comes from
+    ``nvmlDeviceGetProcessUtilization`` (the newest sample since the previous read). Koordinator drops a
+    process without a utilisation sample; here it stays with 0 % so the memory it holds is still counted.
+    A GPU whose reads fail is skipped for this round."""
+    nvml = session.nvml
+    out: list[ProcessGPUUsage] = []
+    for gpu in inventory.gpus:
+        try:
+            handle = session.handle(gpu.uuid)
+            processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            if not processes:
+                continue
+            sm_util, latest = _latest_sm_util(nvml, handle, session.last_process_sample_us.get(gpu.uuid, 0))
+        except (KeyError, nvml.NVMLError) as exc:
+            _log.debug("GPU %s process usage read failed: %s", gpu.uuid, exc)
+            continue
+        session.last_process_sample_us[gpu.uuid] = latest
+        memory: dict[int, int] = {}
+        for process in processes:
+            used = getattr(process, "usedGpuMemory", None)  # None: NVML_VALUE_NOT_AVAILABLE
+            memory[int(process.pid)] = memory.get(int(process.pid), 0) + (int(used) if used is not None else 0)
+        for pid, used in sorted(memory.items()):
+            out.append(ProcessGPUUsage(pid=pid, uuid=gpu.uuid, minor=gpu.minor,
+                                       sm_util_percent=sm_util.get(pid, 0), memory_used_bytes=used))
+    return out
 
 
 def timed_discovery(session: NvmlSession, sys_dir: str = SYS_DIR) -> tuple[GPUInventory, float]:

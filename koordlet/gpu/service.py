@@ -8,7 +8,17 @@ from typing import Any
 
 from koordlet.gpu.devicecr import build_device
 from koordlet.gpu.health import DEFAULT_RECOVER_AFTER_S, HealthBoard, XidHealthWatcher
-from koordlet.gpu.nvml import GPUInventory, GPUUsage, NvmlModule, NvmlSession, discover, open_nvml, read_usage
+from koordlet.gpu.nvml import (
+    GPUInventory,
+    GPUUsage,
+    NvmlModule,
+    NvmlSession,
+    ProcessGPUUsage,
+    discover,
+    open_nvml,
+    read_process_usage,
+    read_usage,
+)
 from koordlet.system.roots import SYS_DIR
 from koordlet.gpu.reporter import DeviceReporter, ReportResult
 from koordlet.ticker import join_thread
@@ -57,6 +67,9 @@ class GPUService:
 
     def usage(self) -> list[GPUUsage]:
         return read_usage(self.session, self.inventory)
+
+    def process_usage(self) -> list[ProcessGPUUsage]:
+        return read_process_usage(self.session, self.inventory)
 
     def device_object(self, node_name: str, node_uid: str = "", previous: Any = None) -> dict[str, Any]:
         return build_device(node_name, self.inventory, self.board.snapshot(), node_uid, previous)

@@ -51,6 +51,18 @@ class Label(StrEnum):
     HOST_APP_NAME = "host_app_name"
 
 
+# The GPUs of the node in the cache's KV (Koordinator keeps ``GPUDevices`` there: uuid, minor, memory
+# total); NodeMetric needs the totals for ``koordinator.sh/gpu-memory-ratio``.
+GPU_DEVICES_KV = "gpu_devices"
+
+
+@dataclass(frozen=True, slots=True)
+class GPUDevice:
+    uuid: str
+    minor: int
+    memory_total_bytes: int
+
+
 # Values of be_allocation (koordinator.md §4.4 spells the last one "real-limit").
 BE_ALLOCATION_USAGE = "usage"
 BE_ALLOCATION_REQUEST = "request"

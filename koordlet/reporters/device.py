@@ -2,7 +2,9 @@
 
 The NVML session, inventory and health watcher are :class:`koordlet.gpu.service.GPUService`; this module only
 schedules them. :class:`GPUCollector` puts per-GPU core and memory usage into the metric cache on the
-collector runner's clock (§7.1: "with node collector"). :class:`DeviceReportLoop` writes the Device object
+collector runner's clock (§7.1: "with node collector"), and, given the pods, each pod's and container's
+GPU usage: NVML's per-process usage attributed through the PIDs in each container's ``cgroup.procs``.
+:class:`DeviceReportLoop` writes the Device object
 every ``-node-topology-sync-interval`` (3 s, §5.1) through :class:`koordlet.gpu.reporter.DeviceReporter`,
 which skips unchanged objects; a failed write is logged once when failing starts and retried next tick.
 """
@@ -15,10 +17,13 @@ from collections.abc import Callable
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from koordlet.gpu.metrics import usage_samples
+from koordlet.gpu.metrics import PodPIDs, process_samples, usage_samples
 from koordlet.gpu.reporter import DeviceReporter, DeviceReportError
 from koordlet.gpu.service import GPUService
 from koordlet.metriccache import Sample
+from koordlet.metricsadvisor.pods import PodSource
+from koordlet.system.cgroup import CgroupFS
+from koordlet.system.cgroup_stats import CgroupStatError, read_cgroup_procs
 from koordlet.ticker import PeriodicThread
 
 logger = logging.getLogger(__name__)
@@ -31,15 +36,40 @@ class GPUCollector:
 
     name = "gpu"
 
-    def __init__(self, service: GPUService, interval_s: float = 1.0) -> None:
+    def __init__(self, service: GPUService, interval_s: float = 1.0, pods: PodSource | None = None,
+                 cgroup_fs: CgroupFS | None = None) -> None:
         self.interval_s = interval_s
         self._service = service
+        self._pods = pods
+        self._cgroup_fs = cgroup_fs or CgroupFS()
 
     def enabled(self) -> bool:
         return bool(self._service.inventory.gpus)
 
     def collect(self, now: float) -> list[Sample]:
-        return usage_samples(self._service.usage(), now)
+        samples = usage_samples(self._service.usage(), now)
+        if self._pods is None:
+            return samples
+        processes = self._service.process_usage()
+        if processes:  # no GPU process: no cgroup to read
+            samples += process_samples(processes, self._pod_pids(), now)
+        return samples
+
+    def _pod_pids(self) -> list[PodPIDs]:
+        """The PIDs of every container of every pod; a container whose cgroup is gone is left out."""
+        assert self._pods is not None
+        out = []
+        for pod in self._pods():
+            containers: dict[str, tuple[int, ...]] = {}
+            for container in pod.containers:
+                try:
+                    containers[container.container_id] = read_cgroup_procs(
+                        self._cgroup_fs.cgroup_dir("cpu", container.cgroup_dir))
+                except (OSError, CgroupStatError) as exc:
+                    logger.debug("no PIDs of container %s: %s", container.container_id, exc)
+            if containers:
+                out.append(PodPIDs(pod.pod_uid, containers))
+        return out
 
 
 class DeviceReportLoop:

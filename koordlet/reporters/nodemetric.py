@@ -8,6 +8,10 @@ What is reported, from the metric cache:
   podsMetric                   each pod's avg usage over the aggregate duration, sorted by namespace/name,
                                with its Koordinator QoS and priority class
   hostApplicationMetric        the same for each NodeSLO ``hostApplications`` entry, with its priority and QoS
+  nodeUsage.devices /          one ``gpu`` DeviceInfo per GPU of the cache's KV ``gpu_devices`` that has samples:
+  podUsage.devices             avg ``koordinator.sh/gpu-core`` (percent of one GPU), ``gpu-memory`` (bytes) and
+                               ``gpu-memory-ratio`` (100 × memory / total), truncated to integers, as
+                               Koordinator's ``collectNodeGPUMetric`` / ``collectPodGPUMetric`` do
 CPU is written in milli-cores (``1234m``), memory in bytes. ``nodeMemoryCollectPolicy`` picks the memory
 series (``usageWithPageCache`` uses the with-page-cache one; ``usageWithHotPageCache`` has no kidled
 data here and falls back to the default).
@@ -39,7 +43,7 @@ from koordlet.api.nodeslo import HostApplication
 from koordlet.api.pod import PodMeta
 from koordlet.config import ConfigError, format_duration, parse_duration
 from wire.files import write_atomic
-from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
+from koordlet.metriccache import GPU_DEVICES_KV, GPUDevice, Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
 from koordlet.ticker import PeriodicThread
 
@@ -104,6 +108,10 @@ _AGGREGATORS: Mapping[str, Callable[[Aggregate], float]] = {
 }
 
 
+GPU_CORE = "koordinator.sh/gpu-core"
+GPU_MEMORY = "koordinator.sh/gpu-memory"
+GPU_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
+
 _NODE_KINDS = (MetricKind.NODE_CPU_USAGE, MetricKind.NODE_MEMORY_USAGE, MetricKind.NODE_MEMORY_USAGE_WITH_PAGE_CACHE)
 _POD_KINDS = (MetricKind.POD_CPU_USAGE, MetricKind.POD_MEMORY_USAGE, MetricKind.POD_MEMORY_USAGE_WITH_PAGE_CACHE)
 _HOST_APP_KINDS = (MetricKind.HOST_APP_CPU_USAGE, MetricKind.HOST_APP_MEMORY_USAGE,
@@ -141,6 +149,30 @@ class StatusBuilder:
             resources["memory"] = _memory_quantity(memory.avg)
         return {"resources": resources}
 
+    def _gpus(self) -> tuple[GPUDevice, ...]:
+        value = self._cache.get_kv(GPU_DEVICES_KV)
+        if not isinstance(value, tuple):
+            return ()
+        return tuple(gpu for gpu in value if isinstance(gpu, GPUDevice))
+
+    def _gpu_usage(self, gpus: Sequence[GPUDevice], core_kind: str, memory_kind: str, start: float, end: float,
+                   **owner: str) -> list[dict[str, Any]]:
+        """DeviceInfo entries (type gpu) with the avg usage of each GPU that has both series in the window."""
+        devices = []
+        for gpu in gpus:
+            labels = {**owner, Label.GPU_MINOR.value: str(gpu.minor), Label.GPU_DEVICE_UUID.value: gpu.uuid}
+            core = self._cache.query(SeriesKey.of(core_kind, **labels), start, end)
+            memory = self._cache.query(SeriesKey.of(memory_kind, **labels), start, end)
+            if core is None or memory is None:
+                continue
+            ratio = 100 * memory.avg / gpu.memory_total_bytes if gpu.memory_total_bytes > 0 else 0.0
+            devices.append({
+                "type": "gpu", "id": gpu.uuid, "minor": gpu.minor, "health": False,
+                "resources": {GPU_CORE: str(max(int(core.avg), 0)), GPU_MEMORY: str(max(int(memory.avg), 0)),
+                              GPU_MEMORY_RATIO: str(max(int(ratio), 0))},
+            })
+        return devices
+
     def _aggregated(self, series: _Series, durations_s: Sequence[float], now: float) -> list[dict[str, Any]]:
         out = []
         for duration in durations_s:
@@ -165,6 +197,11 @@ class StatusBuilder:
             "nodeUsage": self._avg_usage(node_series, start, now),
             "systemUsage": self._avg_usage(self._SYSTEM, start, now),
         }
+        gpus = self._gpus()
+        node_devices = self._gpu_usage(gpus, MetricKind.NODE_GPU_CORE_USAGE, MetricKind.NODE_GPU_MEMORY_USAGE,
+                                       start, now)
+        if node_devices:
+            node_metric["nodeUsage"]["devices"] = node_devices
         aggregated_node = self._aggregated(node_series, policy.durations_s, now)
         if aggregated_node:
             node_metric["aggregatedNodeUsages"] = aggregated_node
@@ -176,6 +213,10 @@ class StatusBuilder:
             usage = self._avg_usage(self._series(_POD_KINDS, policy, **{Label.POD_UID: pod.uid}), start, now)
             if not usage["resources"]:
                 continue  # no samples yet (new pod) or gone: nothing to say
+            pod_devices = self._gpu_usage(gpus, MetricKind.POD_GPU_CORE_USAGE, MetricKind.POD_GPU_MEMORY_USAGE,
+                                          start, now, **{Label.POD_UID.value: pod.uid})
+            if pod_devices:
+                usage["devices"] = pod_devices
             entry: dict[str, Any] = {"namespace": pod.namespace, "name": pod.name, "podUsage": usage}
             if pod.priority_class.value:
                 entry["priority"] = pod.priority_class.value

@@ -12,6 +12,7 @@ File names per version (reference/koordinator.md §10, peers.md §9.1):
   memory usage     v1 ``memory.usage_in_bytes``         v2 ``memory.current``
   CFS quota        v1 ``cpu.cfs_quota_us`` + ``cpu.cfs_period_us``   v2 ``cpu.max``
   cpuset           ``cpuset.cpus`` (v2 reads ``cpuset.cpus.effective``: an empty ``cpuset.cpus`` inherits)
+  processes        ``cgroup.procs`` (both versions; on v1 read it in the cpu hierarchy)
 """
 
 from __future__ import annotations
@@ -221,6 +222,25 @@ def read_cfs_quota(cpu_dir: str, version: int) -> CfsQuota:
     quota = _parse_single_int(read_file_bytes(os.path.join(cpu_dir, "cpu.cfs_quota_us")), "cpu.cfs_quota_us")
     period = _parse_single_int(read_file_bytes(os.path.join(cpu_dir, "cpu.cfs_period_us")), "cpu.cfs_period_us")
     return CfsQuota(quota_us=quota if quota >= 0 else -1, period_us=period)
+
+
+# ------------------------------------------------------------------------------------------- processes
+
+
+def parse_cgroup_procs(data: bytes) -> tuple[int, ...]:
+    """The PIDs of a ``cgroup.procs`` file (one per line), sorted and without duplicates."""
+    pids: set[int] = set()
+    for line in data.split():
+        try:
+            pids.add(int(line))
+        except ValueError:
+            raise CgroupStatError(f"cgroup.procs: not a PID: {line[:32]!r}") from None
+    return tuple(sorted(pids))
+
+
+def read_cgroup_procs(cgroup_dir: str) -> tuple[int, ...]:
+    """The PIDs in ``cgroup_dir`` itself (not its children); OSError when the cgroup is gone."""
+    return parse_cgroup_procs(read_file_bytes(os.path.join(cgroup_dir, "cgroup.procs")))
 
 
 # ------------------------------------------------------------------------------------------------- PSI

@@ -9,7 +9,7 @@ import pytest
 
 import koordlet.executor.metrics  # noqa: F401 - defines its counters on the default registry
 from koordlet.api.pod import ContainerMeta, PodMeta
-from koordlet.metriccache import MetricCache, MetricKind, SeriesKey
+from koordlet.metriccache import GPU_DEVICES_KV, GPUDevice, MetricCache, MetricKind, SeriesKey
 from koordlet.metrics import KoordletMetrics, MetricsServer, exposition
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 
@@ -132,3 +132,37 @@ def test_http_serves_merged_registries_health_and_404(server: tuple[MetricsServe
     health[0] = False
     assert fetch(running.port, "/healthz")[0] == 503
     assert fetch(running.port, "/nope")[0] == 404
+
+
+def test_gpu_series_are_served_with_gpu_and_owner_labels() -> None:
+    uuid = "GPU-00000000-1a2b-3c4d-5e6f-00a0b0c0d0e0"
+    gpu = {"gpu_minor": "0", "gpu_device_uuid": uuid}
+    cache = MetricCache()
+    cache.set_kv(GPU_DEVICES_KV, (GPUDevice(uuid, 0, 85520809984),))
+    now = time.time()
+    cache.append(SeriesKey.of(MetricKind.NODE_GPU_CORE_USAGE, **gpu), now, 60.0)
+    cache.append(SeriesKey.of(MetricKind.NODE_GPU_MEMORY_USAGE, **gpu), now, float(40 << 30))
+    cache.append(SeriesKey.of(MetricKind.POD_GPU_CORE_USAGE, pod_uid="u1", **gpu), now, 45.0)
+    cache.append(SeriesKey.of(MetricKind.CONTAINER_GPU_CORE_USAGE, container_id="c1", **gpu), now, 45.0)
+    cache.append(SeriesKey.of(MetricKind.CONTAINER_GPU_MEMORY_USAGE, container_id="c1", **gpu), now, float(20 << 30))
+    cache.append(SeriesKey.of(MetricKind.CONTAINER_GPU_CORE_USAGE, container_id="c-gone", **gpu), now, 5.0)
+    running = MetricsServer(KoordletMetrics(NODE, cache, states()).registry, "127.0.0.1", 0)
+    running.start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{running.port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    finally:
+        running.stop()
+    node = f'gpu_device_uuid="{uuid}",gpu_minor="0",node="node-1"'
+    assert f"koordlet_node_gpu_core_usage{{{node}}} 60.0" in text
+    assert f"koordlet_node_gpu_memory_usage{{{node}}} 4.294967296e+10" in text
+    assert f"koordlet_node_gpu_memory_total{{{node}}} 8.5520809984e+10" in text
+    assert (f'koordlet_pod_gpu_core_usage{{gpu_device_uuid="{uuid}",gpu_minor="0",node="node-1",pod_name="web",'
+            f'pod_namespace="shop",pod_uid="u1"}} 45.0') in text
+    container = (f'container_id="c1",container_name="app",gpu_device_uuid="{uuid}",gpu_minor="0",node="node-1",'
+                 f'pod_name="web",pod_namespace="shop",pod_uid="u1"')
+    assert f"koordlet_container_gpu_core_usage{{{container}}} 45.0" in text
+    assert f"koordlet_container_gpu_memory_usage{{{container}}} 2.147483648e+10" in text
+    assert "c-gone" not in text
+    # a node without GPUs shows no GPU family at all
+    assert "gpu" not in exposition([KoordletMetrics(NODE, MetricCache(), states()).registry]).decode()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 
 H100_NAME = "NVIDIA H100 80GB HBM3"
@@ -42,6 +43,24 @@ class NVMLError_Uninitialized(NVMLError):
     pass
 
 
+class NVMLError_NotFound(NVMLError):
+    pass
+
+
+@dataclass
+class FakeProcess:
+    """A compute process on a GPU: what nvmlDeviceGetComputeRunningProcesses lists (pid, usedGpuMemory) and
+    the utilisation samples nvmlDeviceGetProcessUtilization returns for it (µs timestamps, SM %)."""
+
+    pid: int
+    used_gpu_memory: int | None  # None: NVML_VALUE_NOT_AVAILABLE, as pynvml reports it
+    sm_util: int = 0
+    mem_util: int = 0
+    # None: NVML keeps sampling it (a fresh sample at every call, stamped now); 0: no sample at all (it ran
+    # no kernel); a number: one sample at that time, seen once by a caller passing an older timestamp.
+    sample_time_us: int | None = None
+
+
 @dataclass
 class FakeGPU:
     uuid: str
@@ -54,6 +73,29 @@ class FakeGPU:
     util_memory: int = 0
     numa_node: int | None = None  # None: NVML says NotSupported, as on the VM
     lost: bool = False
+    processes: list[FakeProcess] = field(default_factory=list)
+
+
+@dataclass
+class _ProcessInfo:
+    """pynvml's c_nvmlProcessInfo_t as the Python binding hands it out."""
+
+    pid: int
+    usedGpuMemory: int | None
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
+
+
+@dataclass
+class _ProcessUtilizationSample:
+    """pynvml's c_nvmlProcessUtilizationSample_t."""
+
+    pid: int
+    timeStamp: int
+    smUtil: int
+    memUtil: int
+    encUtil: int = 0
+    decUtil: int = 0
 
 
 @dataclass
@@ -106,6 +148,7 @@ class FakeNvml:
     NVMLError_Timeout = NVMLError_Timeout
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
     NVMLError_Uninitialized = NVMLError_Uninitialized
+    NVMLError_NotFound = NVMLError_NotFound
     nvmlEventTypeSingleBitEccError = 1
     nvmlEventTypeDoubleBitEccError = 2
     nvmlEventTypeXidCriticalError = 8
@@ -186,6 +229,20 @@ class FakeNvml:
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> _Util:
         gpu = self._gpu(handle)
         return _Util(gpu=gpu.util_gpu, memory=gpu.util_memory)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[_ProcessInfo]:
+        return [_ProcessInfo(p.pid, p.used_gpu_memory) for p in self._gpu(handle).processes]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: int, timeStamp: int) -> list[_ProcessUtilizationSample]:
+        """Samples newer than ``timeStamp``; NVML answers NOT_FOUND when there is none (pynvml raises)."""
+        now_us = time.time_ns() // 1000
+        samples = [_ProcessUtilizationSample(p.pid, stamp, p.sm_util, p.mem_util)
+                   for p in self._gpu(handle).processes
+                   for stamp in [now_us if p.sample_time_us is None else p.sample_time_us]
+                   if stamp and stamp > timeStamp]
+        if not samples:
+            raise NVMLError_NotFound("Not Found")
+        return samples
 
     # -- events
     def nvmlEventSetCreate(self) -> _EventSet:

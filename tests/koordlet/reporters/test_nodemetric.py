@@ -14,7 +14,7 @@ import yaml
 
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import PodMeta
-from koordlet.metriccache import Label, MetricCache, MetricKind, Sample, SeriesKey
+from koordlet.metriccache import GPU_DEVICES_KV, GPUDevice, Label, MetricCache, MetricKind, Sample, SeriesKey
 from koordlet.reporters.nodemetric import (
     CollectPolicy,
     NodeMetricReporter,
@@ -234,3 +234,49 @@ def test_timer_reports_and_stops_quickly(tmp_path: Path) -> None:
     finally:
         nm.stop(2.0)
     assert (tmp_path / "nodemetric-node-1.yaml").exists()
+
+
+# ------------------------------------------------------------------------------------ GPU devices
+
+GPU0 = GPUDevice("GPU-00000000-1a2b-3c4d-5e6f-00a0b0c0d0e0", 0, 85520809984)  # an H100 (gpu-machine.md)
+GPU1 = GPUDevice("GPU-00000001-1a2b-3c4d-5e6f-00a0b0c0d0e1", 1, 85520809984)
+
+
+def gpu_cache() -> MetricCache:
+    """filled_cache() plus GPU0 at 60 % / 40 GiB on the node, of which pod web holds 45 % / 20 GiB; GPU1 unsampled."""
+    cache = filled_cache()
+    cache.set_kv(GPU_DEVICES_KV, (GPU0, GPU1))
+    gpu = {Label.GPU_MINOR: "0", Label.GPU_DEVICE_UUID: GPU0.uuid}
+    pod_gpu = {Label.POD_UID: "u-web", **gpu}
+    samples = []
+    for i in range(SPAN_S):
+        t = NOW - SPAN_S + 1 + i
+        samples += [
+            Sample(SeriesKey.of(MetricKind.NODE_GPU_CORE_USAGE, **gpu), t, 60.0),
+            Sample(SeriesKey.of(MetricKind.NODE_GPU_MEMORY_USAGE, **gpu), t, float(40 << 30)),
+            Sample(SeriesKey.of(MetricKind.POD_GPU_CORE_USAGE, **pod_gpu), t, 45.0),
+            Sample(SeriesKey.of(MetricKind.POD_GPU_MEMORY_USAGE, **pod_gpu), t, float(20 << 30)),
+        ]
+    cache.append_samples(samples)
+    return cache
+
+
+def test_gpu_usage_reported_as_devices_of_node_and_pod_usage(server: ApiServer,
+                                                              custom: kubernetes.client.CustomObjectsApi) -> None:
+    seed_node_metric(server)
+    nm = NodeMetricReporter(NODE, gpu_cache(), lambda: PODS, custom_api=custom, wall_clock=lambda: NOW)
+    assert nm.report_once() is ReportOutcome.UPDATED  # the CRD schema accepted the devices
+    status = server.get_object("nodemetrics", NODE)["status"]
+    assert status["nodeMetric"]["nodeUsage"]["devices"] == [
+        {"type": "gpu", "id": GPU0.uuid, "minor": 0, "health": False,
+         "resources": {"koordinator.sh/gpu-core": "60", "koordinator.sh/gpu-memory": str(40 << 30),
+                       "koordinator.sh/gpu-memory-ratio": "50"}},
+    ]
+    pods = {p["name"]: p for p in status["podsMetric"]}
+    assert pods["web"]["podUsage"]["devices"] == [
+        {"type": "gpu", "id": GPU0.uuid, "minor": 0, "health": False,
+         "resources": {"koordinator.sh/gpu-core": "45", "koordinator.sh/gpu-memory": str(20 << 30),
+                       "koordinator.sh/gpu-memory-ratio": "25"}},
+    ]
+    assert "devices" not in pods["spark"]["podUsage"]
+    assert pods["web"]["podUsage"]["resources"] == {"cpu": "1500m", "memory": "1000000000"}
