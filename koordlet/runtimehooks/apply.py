@@ -96,7 +96,7 @@ def _with_spec(pod: PodMeta, known: PodMeta | None) -> PodMeta:
     if known is None:
         return pod
     return replace(pod, containers=known.containers, priority=known.priority, kube_qos=known.kube_qos,
-                   phase=known.phase)
+                   phase=known.phase, requests_known=known.requests_known)
 
 
 def container_context_from_request(pod: PodMeta, req: hookapi.ContainerResourceHookRequest) -> ContainerContext:
