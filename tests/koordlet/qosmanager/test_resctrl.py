@@ -147,18 +147,24 @@ def test_switched_off_the_groups_it_made_are_removed_and_their_tasks_go_back_to_
     assert sorted(p.name for p in resctrl.iterdir()) == ["info", "other", "schemata", "tasks"]
 
 
-def test_switched_off_groups_that_were_there_before_are_left_alone(tmp_path: Path) -> None:
+def test_switched_off_only_the_group_it_made_goes_and_groups_that_were_there_stay(tmp_path: Path) -> None:
     resctrl = _resctrl_tree(tmp_path)
+    for name in ("schemata", "tasks"):
+        (resctrl / "BE" / name).unlink()
+    (resctrl / "BE").rmdir()  # LSR and LS were there before the agent; BE it makes
     executor = ResourceExecutor(CgroupFS(str(tmp_path / "sys/fs/cgroup")), resctrl_root=str(resctrl))
     states = StaticStates(node=node(), node_slo=SLO)
     manager = QoSManager(states, [STRATEGY], builder=SnapshotBuilder(states, MetricCache(), reader=executor,
                                                                       layout=LAYOUT), runner=PlanRunner(executor))
-    assert manager.run_strategy("resctrl") and manager.run_strategy("resctrl")
+    assert manager.run_strategy("resctrl")
+    _kernel_mkdir(resctrl)
+    assert manager.run_strategy("resctrl")
     states.set_node_slo(parse_node_slo_spec({}))
     assert manager.run_strategy("resctrl")
     plan = manager.last_plan("resctrl")
-    assert plan is not None and plan.empty
-    assert all((resctrl / group / "schemata").is_file() for group in ("LSR", "LS", "BE"))
+    assert plan is not None and [(type(a).__name__, a.group) for a in plan.resctrl] == [("ResctrlRemoveGroup", "BE")]
+    assert not (resctrl / "BE").exists()
+    assert all((resctrl / group / "schemata").is_file() for group in ("LSR", "LS"))
 
 
 def test_removing_a_group_refuses_anything_but_the_kernels_files(tmp_path: Path) -> None:
