@@ -71,6 +71,8 @@ def batch_amounts(pod: PodMeta) -> dict[str, BatchAmounts]:
     if raw:
         spec = _parse_spec(raw)
         sources = {name: (c.requests, c.limits) for name, c in spec.containers.items()}
+    elif not pod.requests_known:  # the CRI pod source: no batch requests or limits known, leave it alone
+        return {}
     else:
         sources = {c.name: (c.requests, c.limits) for c in pod.containers if not c.is_init}
     amounts = {

@@ -26,6 +26,7 @@ from koordlet.plan import (
     ResctrlAction,
     ResctrlGroup,
     ResctrlMoveTasks,
+    ResctrlRemoveGroup,
     ResctrlWrite,
     Victim,
     WriteStep,
@@ -49,6 +50,8 @@ class PlanRecord:
     resctrl_written: int = 0
     resctrl_errors: tuple[str, ...] = ()
     moved_tasks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # resctrl group → PIDs moved in
+    created_groups: tuple[str, ...] = ()  # resctrl groups this run made (missing before)
+    removed_groups: tuple[str, ...] = ()  # resctrl groups this run removed
     released: float = 0.0
     evicted: tuple[str, ...] = ()  # pod keys whose eviction was accepted
     blocked: tuple[str, ...] = ()  # pod keys whose eviction was refused
@@ -67,6 +70,8 @@ class _Counts:
     resctrl_written: int = 0
     resctrl_errors: list[str] = field(default_factory=list)
     moved: dict[str, list[int]] = field(default_factory=dict)
+    created: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
 
 
 class PlanRunner:
@@ -121,6 +126,8 @@ class PlanRunner:
             resctrl_written=counts.resctrl_written,
             resctrl_errors=tuple(counts.resctrl_errors),
             moved_tasks=MappingProxyType({group: tuple(pids) for group, pids in counts.moved.items()}),
+            created_groups=tuple(counts.created),
+            removed_groups=tuple(counts.removed),
             released=released,
             evicted=evicted,
             blocked=blocked,
@@ -167,15 +174,32 @@ class PlanRunner:
     def _resctrl(self, action: ResctrlAction, counts: _Counts) -> None:
         try:
             if isinstance(action, ResctrlGroup):
-                self._executor.ensure_resctrl_group(action.group)
+                if self._executor.ensure_resctrl_group(action.group):
+                    counts.created.append(action.group)
             elif isinstance(action, ResctrlWrite):
                 self._executor.write_resctrl(action.group, action.file, action.value)
                 counts.resctrl_written += 1
+            elif isinstance(action, ResctrlRemoveGroup):
+                self._remove_group(action, counts)
             else:
                 self._move_tasks(action, counts)
         except ExecutorError as exc:
             counts.resctrl_errors.append(f"{action.group}: {exc}")
             logger.debug("resctrl action %r not carried out: %s", action, exc)
+
+    def _remove_group(self, action: ResctrlRemoveGroup, counts: _Counts) -> None:
+        """The group's tasks to the root group's ``tasks`` (recorded as moved to ""), then the group away."""
+        for pid in sorted({p for p in self._executor.read_resctrl(action.group, "tasks").split() if p.isdigit()},
+                          key=int):
+            try:
+                self._executor.write_resctrl("", "tasks", pid)
+                counts.resctrl_written += 1
+                counts.moved.setdefault("", []).append(int(pid))
+            except ExecutorError as exc:  # a task that exited meanwhile: ESRCH
+                logger.debug("cannot move task %s back to the root resctrl group: %s", pid, exc)
+        if self._executor.remove_resctrl_group(action.group):
+            counts.resctrl_written += 1
+            counts.removed.append(action.group)
 
     def _move_tasks(self, action: ResctrlMoveTasks, counts: _Counts) -> None:
         present = set(self._executor.read_resctrl(action.group, "tasks").split())

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from koordlet import features
+
 ENV_NODE_NAME = "NODE_NAME"
 ENV_AGENT_MODE = "agent_mode"
 ENV_KUBECONFIG = "KUBECONFIG"
@@ -36,22 +38,10 @@ class ConfigError(ValueError):
     """The command line or environment cannot configure koordlet."""
 
 
-# §9.2: Beta gates default on, Alpha gates default off.
-BETA_GATES = (
-    "BECPUSuppress", "CPUBurst", "RdtResctrl", "NodeTopologyReport", "GroupIdentity", "CPUSetAllocator",
-    "BatchResource",
-)
-ALPHA_GATES = (
-    "AuditEvents", "AuditEventsHTTPHandler", "BECPUManager", "BECPUEvict", "CPUEvict", "CPUAllocatableEvict",
-    "BEMemoryEvict", "MemoryEvict", "MemoryAllocatableEvict", "SystemConfig", "ResctrlCollector", "CgroupReconcile",
-    "Accelerators", "RDMADevices", "CPICollector", "Libpfm4", "PSICollector", "BlkIOReconcile", "ColdPageCollector",
-    "HugePageReport", "PodResourcesProxy", "HamiCoreVGPUMonitor", "PerCPUMetric", "NodeMetricPromMetrics",
-    "GPUEnvInject", "RDMADeviceInject", "CPUNormalization", "CoreSched", "TerwayQoS", "TCNetworkQoS", "Resctrl",
-    "OOMScoreAdj",
-)
-DEFAULT_FEATURE_GATES: Mapping[str, bool] = MappingProxyType(
-    {**dict.fromkeys(BETA_GATES, True), **dict.fromkeys(ALPHA_GATES, False)}
-)
+# §9.2: Beta gates default on, Alpha gates default off; the one table is koordlet/features.py.
+BETA_GATES = features.BETA_GATES
+ALPHA_GATES = features.ALPHA_GATES
+DEFAULT_FEATURE_GATES: Mapping[str, bool] = features.DEFAULTS
 _ALL_ALPHA, _ALL_BETA = "AllAlpha", "AllBeta"
 
 _TRUE = {"1", "t", "true", "y", "yes", "on"}

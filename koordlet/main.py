@@ -37,6 +37,7 @@ from typing import Protocol
 import kubernetes.client
 import kubernetes.config
 
+from koordlet import features
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
 from koordlet.executor import ResourceExecutor
@@ -461,6 +462,7 @@ class Koordlet:
             self._api_client = _api_client(config)
         api_client = self._api_client if not config.local_mode else None
 
+        features.report(config.feature_gates, self.metrics.registry, config.node_name)  # inert gates: log, gauge
         server = MetricsServer(self.metrics.registry, config.metrics_host, config.metrics_port,
                                healthy=self.started.is_set)
         server.start()

@@ -7,7 +7,8 @@ themselves; :class:`koordlet.actuator.PlanRunner` carries a Plan out and records
 A Plan holds, carried out in this order:
 1. ``steps``: cgroup writes (:class:`WriteStep`: in the given order, or ``leveled`` — parents loosened
    first, then exact values children first, the executor's leveled update);
-2. ``resctrl``: resctrl actions (make a group, write a group file, move the tasks of cgroups into a group);
+2. ``resctrl``: resctrl actions (make a group, write a group file, move the tasks of cgroups into a group,
+   remove a group after moving its tasks back to the root group);
 3. ``evictions``: an :class:`Evictions` request (ordered candidates and the amount to release);
 4. ``gauges``: Prometheus gauge values to set or remove (so a decision's figures are exported by the runner,
    not by the strategy).
@@ -71,7 +72,15 @@ class ResctrlMoveTasks:
     source: str = "tasks"
 
 
-ResctrlAction = ResctrlGroup | ResctrlWrite | ResctrlMoveTasks
+@dataclass(frozen=True, slots=True)
+class ResctrlRemoveGroup:
+    """Undo :class:`ResctrlGroup`: move the tasks of ``group`` back to the root group, then remove the group
+    (an rmdir under the resctrl root)."""
+
+    group: str
+
+
+ResctrlAction = ResctrlGroup | ResctrlWrite | ResctrlMoveTasks | ResctrlRemoveGroup
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,6 +71,10 @@ class PodMeta:
     phase: str = ""  # Pending/Running/Succeeded/Failed; "" where the source does not say (CRI)
     sandbox_id: str = ""  # the CRI pod sandbox id, where the source knows it
     ips: tuple[str, ...] = ()  # the pod's IP addresses (a hostNetwork pod: the node's, or none)
+    # Whether the source knows the pod spec's requests. The CRI (local mode) does not: its containers carry
+    # the limits and the cpu request kubelet encoded in the Linux resources (cpu.shares), but no memory or
+    # extended-resource (batch-cpu/batch-memory) requests. What needs those leaves such a pod as it is.
+    requests_known: bool = True
 
     @property
     def effective_kube_qos(self) -> KubeQoS | None:

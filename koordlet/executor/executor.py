@@ -42,6 +42,8 @@ DEFAULT_FORCE_UPDATE_SECONDS = 60.0
 _CACHE_MAX_ENTRIES = 16384
 _RESCTRL_FILES = ("schemata", "tasks")
 _RESCTRL_GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# The files the kernel makes in a resctrl control group (its mon_data/mon_groups dirs go with an rmdir too).
+RESCTRL_GROUP_FILES = frozenset({"schemata", "tasks", "cpus", "cpus_list", "mode", "size"})
 
 
 class ExecutorError(Exception):
@@ -249,8 +251,7 @@ class ResourceExecutor:
         except OSError as exc:
             raise ExecutorError(f"cannot read {path}: {exc.strerror}") from exc
 
-    def ensure_resctrl_group(self, group: str) -> bool:
-        """Create resctrl group ``group`` (a mkdir in the resctrl fs); True when it was created."""
+    def _resctrl_group_path(self, group: str) -> str:
         if self.resctrl_root is None:
             raise UnsupportedResourceError("no resctrl root configured")
         if not group or not _RESCTRL_GROUP.match(group):
@@ -258,6 +259,44 @@ class ResourceExecutor:
         path = os.path.join(self.resctrl_root, group)
         if not _inside(os.path.realpath(self.resctrl_root), path):
             raise UnsafePathError(f"{path} resolves outside the resctrl root {self.resctrl_root}")
+        return path
+
+    def remove_resctrl_group(self, group: str) -> bool:
+        """Remove resctrl group ``group`` (an rmdir in the resctrl fs; never the root group); True when it was
+        removed, False when it did not exist. Move its tasks out first (the kernel would give them to the
+        root group anyway).
+
+        On resctrl the rmdir takes the group's files with it. A plain directory standing in for resctrl (a
+        test tree) is not empty: its files are removed first only when every entry is a regular file with a
+        name the kernel gives a group's files (``schemata``, ``tasks``, ``cpus`` …); anything else is refused
+        (:class:`UnsafePathError`) and nothing is removed."""
+        path = self._resctrl_group_path(group)
+        try:
+            try:
+                removed = kernfs.remove_dir(path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                entries = kernfs.dir_entries(path)
+                foreign = sorted(name for name, plain in entries if not plain or name not in RESCTRL_GROUP_FILES)
+                if foreign:
+                    metrics.RESOURCE_UPDATES.labels(resource="resctrl.group", status=metrics.STATUS_UNSAFE_PATH).inc()
+                    raise UnsafePathError(f"not removing {path}: it holds {foreign}, not only a resctrl "
+                                          "group's files") from exc
+                for name, _ in entries:
+                    kernfs.remove_file(os.path.join(path, name))
+                removed = kernfs.remove_dir(path)
+        except OSError as exc:
+            metrics.RESOURCE_UPDATES.labels(resource="resctrl.group", status=metrics.STATUS_FAILED).inc()
+            raise WriteFailedError(f"cannot remove resctrl group {path}: {exc.strerror}", exc.errno) from exc
+        if removed:
+            logger.debug("removed resctrl group %s", path)
+            metrics.RESOURCE_UPDATES.labels(resource="resctrl.group", status=metrics.STATUS_WRITTEN).inc()
+        return removed
+
+    def ensure_resctrl_group(self, group: str) -> bool:
+        """Create resctrl group ``group`` (a mkdir in the resctrl fs); True when it was created."""
+        path = self._resctrl_group_path(group)
         try:
             if not kernfs.make_dir(path):
                 return False

@@ -114,6 +114,9 @@ def cpu_victims(snapshot: Snapshot) -> tuple[Victim, ...]:
 def decide_release(snapshot: Snapshot, config: CPUEvictConfig, evicting: Collection[str] = ()) -> CPUEvictDecision:
     if not config.valid:
         return CPUEvictDecision(0.0, None, reason="satisfaction bounds not set or invalid")
+    if any(is_be(pod) and not pod.requests_known for pod in snapshot.pods):
+        # Satisfaction and what a victim releases are batch-cpu requests: not known (the CRI pod source).
+        return CPUEvictDecision(0.0, None, reason="BE pods' batch-cpu requests are not known")
     window: BECPUWindow | None = snapshot.be_cpu
     if window is None:
         return CPUEvictDecision(0.0, None, reason="no BE metrics")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic, Protocol, TypeVar
 
+from koordlet import features
 from koordlet.actuator import PlanRecord, PlanRunner
 from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.metriccache import MetricCache
@@ -48,17 +49,11 @@ GATE_CGROUP_RECONCILE = "CgroupReconcile"
 GATE_RDT_RESCTRL = "RdtResctrl"
 GATE_BE_CPU_MANAGER = "BECPUManager"
 
-DEFAULT_FEATURE_GATES: Mapping[str, bool] = MappingProxyType(
-    {
-        GATE_BE_CPU_SUPPRESS: True,
-        GATE_CPU_BURST: True,
-        GATE_RDT_RESCTRL: True,
-        GATE_BE_CPU_EVICT: False,
-        GATE_BE_MEMORY_EVICT: False,
-        GATE_CGROUP_RECONCILE: False,
-        GATE_BE_CPU_MANAGER: False,
-    }
-)
+DEFAULT_FEATURE_GATES: Mapping[str, bool] = MappingProxyType({  # defaults from the one table (koordlet.features)
+    name: features.DEFAULTS[name] for name in (GATE_BE_CPU_SUPPRESS, GATE_CPU_BURST, GATE_RDT_RESCTRL,
+                                               GATE_BE_CPU_EVICT, GATE_BE_MEMORY_EVICT, GATE_CGROUP_RECONCILE,
+                                               GATE_BE_CPU_MANAGER)
+})
 
 
 def resolve_feature_gates(overrides: Mapping[str, bool] | None) -> Mapping[str, bool]:

@@ -9,6 +9,9 @@ Per pod: the class config from the merged NodeSLO, then the pod annotation ``koo
              (BE: batch-memory) or the node's allocatable memory
   kubeQoS    min/low = Σ of its pods; the kubepods dir (Guaranteed) the sum over all three;
              priority/use_priority_oom/oom.group from the class of the QoS dir
+A pod whose source does not know its requests (``requests_known`` False: the CRI pod source of local mode)
+is left as it is, pod and containers, and so are min/low of its QoS dir and of the kubepods dir: a sum
+without its request would lower them. (The CRI source says so once at start-up.)
 min/low/high go through the executor's leveled update (parents raised first, exact values children
 first). Files the kernel lacks are dropped once, at the first tick, with one log line; a kernel without
 any of them (plain cgroup v1) makes the strategy a no-op.
@@ -59,8 +62,8 @@ class MemoryValues:
     """What one cgroup dir gets. ``high`` None: not written at this level."""
 
     cgroup_dir: str
-    min_bytes: int
-    low_bytes: int
+    min_bytes: int | None  # None (with low): not written, a request under this dir is unknown
+    low_bytes: int | None
     high_bytes: int | None = None
     qos: MemoryQOS | None = None  # source of the Anolis values; None: not written
 
@@ -99,8 +102,12 @@ def decide_values(snapshot: Snapshot, layout: KubeCgroupLayout, page_size: int) 
     spec = snapshot.node_slo
     allocatable = int(snapshot.node.allocatable.get(RESOURCE_MEMORY, 0))
     sums: dict[KubeQoS, tuple[int, int]] = dict.fromkeys(KubeQoS, (0, 0))
+    unknown: set[KubeQoS] = set()  # QoS dirs holding a pod whose requests are not known
     pod_values: list[MemoryValues] = []
     for pod in snapshot.pods:
+        if not pod.requests_known:
+            unknown.add(pod_kube_qos(pod))
+            continue
         pod_dir = pod_cgroup_dir(layout, pod)
         if pod_dir is None:
             continue
@@ -124,9 +131,12 @@ def decide_values(snapshot: Snapshot, layout: KubeCgroupLayout, page_size: int) 
     for kube_qos in (KubeQoS.BURSTABLE, KubeQoS.BESTEFFORT):
         qos_min, qos_low = sums[kube_qos]
         qos_config = spec.resource_qos_strategy.for_class(_QOS_DIR_CLASS[kube_qos]).memory_qos
-        qos_values.append(MemoryValues(layout.qos_dir(kube_qos), qos_min, qos_low, None, qos_config))
-    total_min = sum(v[0] for v in sums.values())
-    total_low = sum(v[1] for v in sums.values())
+        if kube_qos in unknown:
+            qos_values.append(MemoryValues(layout.qos_dir(kube_qos), None, None, None, qos_config))
+        else:
+            qos_values.append(MemoryValues(layout.qos_dir(kube_qos), qos_min, qos_low, None, qos_config))
+    total_min = sum(v[0] for v in sums.values()) if not unknown else None
+    total_low = sum(v[1] for v in sums.values()) if not unknown else None
     guaranteed = spec.resource_qos_strategy.for_class(QoSClass.LSR).memory_qos
     qos_values.insert(0, MemoryValues(layout.qos_dir(KubeQoS.GUARANTEED), total_min, total_low, None, guaranteed))
     return tuple(qos_values + pod_values)
@@ -155,8 +165,9 @@ def decide_steps(
     leveled: list[CgroupWrite] = []
     plain: list[CgroupWrite] = []
     for value in values:
-        leveled.append(CgroupWrite("memory.min", value.cgroup_dir, value.min_bytes))
-        leveled.append(CgroupWrite("memory.low", value.cgroup_dir, value.low_bytes))
+        if value.min_bytes is not None and value.low_bytes is not None:
+            leveled.append(CgroupWrite("memory.min", value.cgroup_dir, value.min_bytes))
+            leveled.append(CgroupWrite("memory.low", value.cgroup_dir, value.low_bytes))
         if value.high_bytes is not None:
             leveled.append(CgroupWrite("memory.high", value.cgroup_dir, value.high_bytes))
         plain.extend(_anolis_writes(value))

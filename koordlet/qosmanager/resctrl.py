@@ -11,6 +11,11 @@ enables resctrl gets the PIDs of its containers' and sandbox's cgroups moved to 
 A node without ``info/L3/cbm_mask`` (no RDT, or resctrl not mounted) makes the strategy a no-op, logged
 once (by the snapshot builder, which reads the resctrl facts). The plan makes the three groups, writes
 their schemata and asks the runner to move the pods' tasks in (tasks already there are not written again).
+
+Switched off (every class's ``resctrlQOS.enable`` false), the groups this strategy made are removed, their
+tasks moved back to the root group first. Only what it made is undone: the runner's record names the groups
+its mkdir created (``PlanRecord.created_groups``, back as ``snapshot.last``), and the memo keeps them from tick
+to tick, so groups that were there before (another tool's, or a previous agent's) are left alone.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from koordlet.api.nodeslo import NodeSLOSpec, ResctrlQOS
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import QoSClass
 from koordlet.api.resctrl import l3_mask, mb_value
-from koordlet.plan import Plan, ResctrlAction, ResctrlGroup, ResctrlMoveTasks, ResctrlWrite
+from koordlet.plan import Plan, ResctrlAction, ResctrlGroup, ResctrlMoveTasks, ResctrlRemoveGroup, ResctrlWrite
 from koordlet.qosmanager.framework import GATE_RDT_RESCTRL, QoSManagerConfig, Strategy
 from koordlet.qosmanager.snapshot import Needs, Snapshot, container_cgroup_dir, pod_cgroup_dir
 from koordlet.system.kubepods import CgroupPathError
@@ -111,15 +116,21 @@ def decide_groups(snapshot: Snapshot, info: ResctrlInfo) -> ResctrlDecision:
 
 def decide(snapshot: Snapshot, config: ResctrlConfig) -> Plan:
     """Make the groups, write their schemata, move the pods' tasks in; a no-op without RDT
-    (``snapshot.resctrl`` None). Switched off, the groups are left in place."""
+    (``snapshot.resctrl`` None). Switched off, the groups made earlier (``snapshot.memo``) are removed, their
+    tasks back in the root group."""
+    made: frozenset[str] = frozenset(snapshot.memo or ())
+    if snapshot.last is not None:
+        made = (made | frozenset(snapshot.last.created_groups)) - frozenset(snapshot.last.removed_groups)
+    if not config.enabled:
+        return Plan(resctrl=tuple(ResctrlRemoveGroup(group) for group in GROUPS if group in made), memo=made)
     info = snapshot.resctrl
-    if info is None or not config.enabled:
-        return Plan()
+    if info is None:
+        return Plan(memo=made)
     decision = decide_groups(snapshot, info)
     actions: list[ResctrlAction] = [ResctrlGroup(group) for group in GROUPS]
     actions += [ResctrlWrite(group, "schemata", text) for group, text in decision.schemata.items()]
     actions += [ResctrlMoveTasks(group, dirs) for group, dirs in decision.tasks.items()]
-    return Plan(resctrl=tuple(actions), report=decision)
+    return Plan(resctrl=tuple(actions), memo=made, report=decision)
 
 
 STRATEGY = Strategy("resctrl", GATE_RDT_RESCTRL, ResctrlConfig, decide)

@@ -96,7 +96,7 @@ def _with_spec(pod: PodMeta, known: PodMeta | None) -> PodMeta:
     if known is None:
         return pod
     return replace(pod, containers=known.containers, priority=known.priority, kube_qos=known.kube_qos,
-                   phase=known.phase)
+                   phase=known.phase, requests_known=known.requests_known)
 
 
 def container_context_from_request(pod: PodMeta, req: hookapi.ContainerResourceHookRequest) -> ContainerContext:
@@ -129,7 +129,9 @@ def apply_to_resources(changes: Changes, r: hookapi.LinuxContainerResources, *, 
     if container and changes.cpuset_cpus is not None:
         r.cpuset_cpus = changes.cpuset_cpus
     if changes.memory_limit_bytes is not None:
-        r.memory_limit_in_bytes = max(changes.memory_limit_bytes, 0)  # CRI: 0 = unlimited
+        # Koordinator answers -1 for "unlimited" (koordinator.md §3.3); the proxy takes only a limit > 0
+        # (§2.7), so a -1 leaves kubelet's own value (0, unlimited, for a BE container) in the CRI request.
+        r.memory_limit_in_bytes = changes.memory_limit_bytes
 
 
 def apply_to_container_response(changes: Changes, resp: hookapi.ContainerResourceHookResponse) -> None:

@@ -10,6 +10,10 @@ Requests and limits are derived back from the Linux resources kubelet computed (
 conversion): cpu limit = quota × 1000 / period milli-cores, cpu request = shares × 1000 / 1024 (shares of
 2 are kubelet's "no request"), memory limit = memory_limit_in_bytes. A container of a BestEffort pod has
 none. Kube QoS comes from the cgroup parent (§2.6). The pod phase is not known here ("").
+
+Memory and extended-resource requests are not in the Linux resources, so every pod from here has
+``requests_known=False``: memory QoS and BE CPU eviction leave such pods (and the QoS dirs above them) as
+they are. Said once, when the source is made.
 """
 
 from __future__ import annotations
@@ -75,6 +79,9 @@ class CriPodSource:
         self._runtime_name = runtime
         self._sandboxes: dict[str, tuple[str, tuple[str, ...]]] = {}  # id -> (cgroup parent, IPs)
         self._container_resources: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
+        logger.info("pods from the CRI carry no memory or batch-resource requests (requests_known=False): "
+                    "memory QoS and BE CPU eviction leave those pods, and memory QoS their QoS dirs' min/low, "
+                    "as they are")
 
     def close(self) -> None:
         self._channel.close()
@@ -127,6 +134,7 @@ class CriPodSource:
                     labels=dict(sandbox.labels), annotations=dict(sandbox.annotations),
                     kube_qos=kube_qos_from_cgroup_parent(parent) if parent else None,
                     cgroup_parent=parent, containers=tuple(metas), sandbox_id=sandbox.id, ips=ips,
+                    requests_known=False,
                 ))
         except (grpc.RpcError, DecodeError) as err:
             detail = err.details() if isinstance(err, grpc.RpcError) and hasattr(err, "details") else err

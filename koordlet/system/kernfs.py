@@ -41,3 +41,23 @@ def make_dir(path: str) -> bool:
     except FileExistsError:
         return False
     return True
+
+
+def remove_dir(path: str) -> bool:
+    """rmdir (a cgroup or a resctrl group: the kernel removes its own files with it); False when missing."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def dir_entries(path: str) -> list[tuple[str, bool]]:
+    """(name, is a regular file, not a symlink) of each entry of ``path``."""
+    with os.scandir(path) as entries:
+        return [(entry.name, entry.is_file(follow_symlinks=False)) for entry in entries]
+
+
+def remove_file(path: str) -> None:
+    """unlink one file (never follows a symlink: unlink removes the link itself)."""
+    os.unlink(path)

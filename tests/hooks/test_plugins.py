@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from hooks import batchresource, coresched, cpunormalization, cpuset, gpu, groupidentity, registry, resctrl
 from hooks.protocol import (
+    NO_CHANGES,
     Changes,
     ContainerContext,
     ContainerResources,
@@ -72,6 +73,17 @@ def test_batch_resources_from_the_pod_spec_and_missing_limits_mean_unlimited() -
     ))
     changes = batchresource.pod(PodContext(pod), batchresource.rule(NODE))
     assert changes == Changes(cpu_shares=2048, cfs_quota_us=-1, memory_limit_bytes=-1)
+
+
+def test_batch_resources_leave_a_pod_whose_requests_are_unknown_alone_unless_annotated() -> None:
+    """A pod from the CRI pod source (local mode) knows no batch requests: no shares of 2, no -1 quota on a
+    guess. The annotation, which kubelet passes to the sandbox, is still read."""
+    containers = (ContainerMeta("a", "c1", requests={"kubernetes.io/batch-cpu": 1000}),)
+    local = be_pod(annotations={}, containers=containers, requests_known=False)
+    assert batchresource.pod(PodContext(local), batchresource.rule(NODE)) == NO_CHANGES
+    assert batchresource.container(ContainerContext(local, "a"), batchresource.rule(NODE)) == NO_CHANGES
+    annotated = be_pod(requests_known=False)
+    assert batchresource.pod(PodContext(annotated), batchresource.rule(NODE)).cpu_shares == 768
 
 
 def test_cfs_quota_suppress_and_normalization_change_be_quotas() -> None:

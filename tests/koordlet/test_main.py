@@ -4,6 +4,7 @@ SIGTERM."""
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import socket
@@ -351,3 +352,35 @@ def test_pleg_finds_a_new_pod_long_before_the_sync_interval(containerd_socket: s
         assert wait_for(lambda: "pleg-second" in {p.name for p in states.pods()}, timeout_s=5.0)
     finally:
         agent.stop(5.0)
+
+
+def test_start_names_the_inert_gates_that_are_on_once_and_exports_every_gate(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = parse_config(
+        ["-local-mode", f"-node-slo-file={tmp_path / 'slo.yaml'}", f"-report-dir={tmp_path}",
+         f"-cri-endpoint={tmp_path / 'none.sock'}", f"-cgroup-root-dir={tmp_path / 'cgroup'}",
+         "-addr=127.0.0.1:0", "-feature-gates=OOMScoreAdj=true,CPUEvict=false,CgroupReconcile=true"],
+        {"NODE_NAME": NODE})
+    agent = Koordlet(config, extra_components=[], states_sync_timeout_s=0.5)
+    with caplog.at_level("INFO", logger="koordlet"):
+        try:
+            assert agent.start()
+            assert agent.metrics_server is not None
+            status, text = get(f"http://127.0.0.1:{agent.metrics_server.port}/metrics")
+        finally:
+            agent.stop()
+    inert = [r.getMessage() for r in caplog.records if "not implemented by koordlet-py" in r.getMessage()]
+    assert inert == ["feature gates on but not implemented by koordlet-py (accepted, no effect): "
+                     "NodeTopologyReport, OOMScoreAdj"]
+    assert status == 200
+    lines = [line for line in text.splitlines() if line.startswith("koordlet_feature_gate{")]
+    assert len(lines) == 39
+    def value(name: str) -> str:
+        [line] = [x for x in lines if f'name="{name}"' in x]
+        assert f'node="{NODE}"' in line
+        return line.rsplit(" ", 1)[1] + " " + re.search(r'implemented="(\w+)"', line).group(1)
+    assert value("OOMScoreAdj") == "1.0 no"
+    assert value("NodeTopologyReport") == "1.0 no"
+    assert value("CPUEvict") == "0.0 no"
+    assert value("CgroupReconcile") == "1.0 yes"
+    assert value("BECPUManager") == "0.0 partial"

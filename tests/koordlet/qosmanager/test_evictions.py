@@ -91,6 +91,18 @@ def _cpu_snapshot(window: BECPUWindow | None, **fields):
     return snapshot(**values)
 
 
+def test_be_pods_with_unknown_requests_are_never_evicted_for_cpu() -> None:
+    """The CRI pod source knows no batch-cpu requests: satisfaction and what a victim releases are unknown."""
+    from dataclasses import replace
+
+    pods = _cpu_snapshot(_window()).pods
+    snap = _cpu_snapshot(_window(), pods=tuple(replace(p, requests_known=False) if p.name == "p3" else p
+                                               for p in pods))
+    decision = cpuevict.decide_release(snap, CONFIG)
+    assert not decision.triggered and decision.victims == ()
+    assert cpuevict.decide_release(_cpu_snapshot(_window()), CONFIG).triggered  # with the specs: it would
+
+
 def test_satisfaction_release_from_averages() -> None:
     decision = cpuevict.decide_release(_cpu_snapshot(_window()), CONFIG)
     assert decision.satisfaction == pytest.approx(0.375)  # 1500 / 4000

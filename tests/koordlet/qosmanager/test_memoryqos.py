@@ -104,3 +104,61 @@ def test_kernel_without_memory_qos_files_is_a_noop_with_one_log_line(caplog: pyt
         "memory QoS is a no-op: this kernel has none of " + ", ".join(
             ("memory.min", "memory.low", "memory.high", "memory.wmark_ratio", "memory.wmark_scale_factor",
              "memory.wmark_min_adj", "memory.priority", "memory.use_priority_oom", "memory.oom.group"))) == 1
+
+
+def _unknown(p):
+    from dataclasses import replace
+    return replace(p, requests_known=False)
+
+
+def test_pods_with_unknown_requests_and_their_qos_dirs_are_left_alone() -> None:
+    """The CRI pod source (local mode) knows no memory requests: such a pod gets no write, and neither do
+    min/low of its QoS dir nor of kubepods (their sums would drop its request); other QoS dirs go on."""
+    values = _values(pods=(_unknown(LS), BE))
+    assert "kubepods/burstable/poduid-ls" not in values and "kubepods/burstable/poduid-ls/aaaaaaaaaaaa" not in values
+    assert (values["kubepods/burstable"].min_bytes, values["kubepods/burstable"].low_bytes) == (None, None)
+    assert (values["kubepods"].min_bytes, values["kubepods"].low_bytes) == (None, None)
+    assert values["kubepods/besteffort"].min_bytes == 512 * MiB
+    assert values["kubepods/besteffort/poduid-be"].min_bytes == 512 * MiB
+    snap = snapshot(node=node(), node_slo=SLO, pods=(_unknown(LS), BE))
+    written = {(w.resource, w.cgroup_dir) for step in decide_steps(snap, LAYOUT, PAGE) for w in step.writes}
+    assert not any(d.startswith("kubepods/burstable/poduid-ls") for _, d in written)
+    assert not {("memory.min", "kubepods"), ("memory.low", "kubepods"), ("memory.min", "kubepods/burstable"),
+                ("memory.low", "kubepods/burstable")} & written
+    assert ("memory.wmark_ratio", "kubepods/burstable") in written  # class values, not sums: still written
+    assert ("memory.min", "kubepods/besteffort") in written
+
+
+def test_local_mode_pods_leave_the_memory_files_as_they_are_on_a_fixture_tree(tmp_path) -> None:  # noqa: ANN001
+    from koordlet.actuator import PlanRunner
+    from koordlet.executor import ResourceExecutor
+    from koordlet.metriccache import MetricCache
+    from koordlet.system.cgroup import CgroupFS
+
+    mount = tmp_path / "sys/fs/cgroup"
+    dirs = ("kubepods", "kubepods/burstable", "kubepods/besteffort", "kubepods/burstable/poduid-ls",
+            "kubepods/burstable/poduid-ls/aaaaaaaaaaaa", "kubepods/besteffort/poduid-be",
+            "kubepods/besteffort/poduid-be/bbbbbbbbbbbb")
+    for d in dirs:
+        (mount / "memory" / d).mkdir(parents=True, exist_ok=True)
+        for name in HIERARCHICAL_RESOURCES:
+            (mount / "memory" / d / name).write_text("7\n")  # the kernel's (or someone's) value
+
+    def read(d: str, name: str) -> str:
+        return (mount / "memory" / d / name).read_text().strip()
+
+    states = StaticStates(node=node(8000, 16 * GiB, allocatable_memory=15 * GiB), node_slo=SLO,
+                          pods=(_unknown(LS), _unknown(BE)))
+    executor = ResourceExecutor(CgroupFS(mount_dir=str(mount)))
+    manager = QoSManager(states, [STRATEGY], QoSManagerConfig(feature_gates={"CgroupReconcile": True}),
+                         builder=SnapshotBuilder(states, MetricCache(), reader=executor, layout=LAYOUT),
+                         runner=PlanRunner(executor))
+    assert manager.run_strategy("memoryqos")
+    assert {(d, n): read(d, n) for d in dirs for n in HIERARCHICAL_RESOURCES} == {
+        (d, n): "7" for d in dirs for n in HIERARCHICAL_RESOURCES}
+    states.set_pods((LS, BE))  # with the pod specs (API server mode): every value right
+    assert manager.run_strategy("memoryqos")
+    assert read("kubepods/burstable/poduid-ls", "memory.min") == str(GiB // 2)
+    assert read("kubepods/burstable", "memory.min") == str(GiB // 2)
+    assert read("kubepods", "memory.min") == str(GiB // 2 + 512 * MiB)
+    assert read("kubepods/besteffort/poduid-be/bbbbbbbbbbbb", "memory.low") == str(512 * MiB)

@@ -147,3 +147,34 @@ def test_v2_memory_qos_writes_min_low_high(v2_node: RealNode) -> None:
     # the kubepods QoS dir is the last write of the tick, and reading it once right after the pod's value
     # appeared races the manager's thread (the "burstable memory.min 0" first seen in the VM).
     assert wait_until(lambda: got() == want, 10.0), {k: (v, want[k]) for k, v in got().items() if v != want[k]}
+
+
+def test_v2_memory_qos_leaves_local_mode_pods_alone_and_writes_them_with_specs(v2_node: RealNode) -> None:
+    """Pods from the CRI pod source (local mode, ``requests_known`` False) keep their memory.min/low/high and
+    so do their QoS dirs; the same pods with their specs get the right values."""
+    container = ContainerMeta("app", container_id=CONTAINER_ID, requests={"memory": 256 * MiB},
+                              limits={"memory": 512 * MiB})
+    container_dir = _with_container(v2_node, "ls", container)
+    pod_dir = v2_node.pod_dir(v2_node.pod("ls"))
+    burstable = v2_node.layout.qos_dir(KubeQoS.BURSTABLE)
+    before = {(pod_dir, "memory.min"): str(8 * MiB), (pod_dir, "memory.low"): str(8 * MiB),
+              (container_dir, "memory.high"): str(64 * MiB),
+              (burstable, "memory.min"): str(8 * MiB), (burstable, "memory.low"): str(8 * MiB)}
+    for (cgroup_dir, name), value in before.items():  # someone's values, not ours
+        with open(os.path.join(v2_node.fs.cgroup_dir("memory", cgroup_dir), name), "w") as f:
+            f.write(value)
+    with_specs = list(v2_node.states.pods())
+    v2_node.states.set_pods([replace(p, requests_known=False) for p in with_specs])
+    slo = parse_node_slo_spec({"resourceQOSStrategy": {"lsClass": {"memoryQOS": {
+        "enable": True, "minLimitPercent": 100, "lowLimitPercent": 100, "throttlingPercent": 50}}}})
+    manager = v2_node.start(slo, config=QoSManagerConfig(feature_gates={
+        "CgroupReconcile": True, "BECPUSuppress": False, "CPUBurst": False, "RdtResctrl": False}))
+    got = lambda: {k: v2_node.read("memory", *k) for k in before}  # noqa: E731
+    assert wait_until(lambda: manager.last_record("memoryqos") is not None, 10.0)
+    time.sleep(2.5)  # two more ticks
+    assert got() == before
+    v2_node.states.set_pods(with_specs)
+    want = {(pod_dir, "memory.min"): str(256 * MiB), (pod_dir, "memory.low"): str(256 * MiB),
+            (container_dir, "memory.high"): str(384 * MiB),
+            (burstable, "memory.min"): str(256 * MiB), (burstable, "memory.low"): str(256 * MiB)}
+    assert wait_until(lambda: got() == want, 10.0), {k: (v, want[k]) for k, v in got().items() if v != want[k]}

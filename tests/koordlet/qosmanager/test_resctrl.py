@@ -8,7 +8,7 @@ import pytest
 
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta
-from koordlet.executor import ResourceExecutor
+from koordlet.executor import ResourceExecutor, UnsafePathError
 from koordlet.metriccache import MetricCache
 from koordlet.api.resctrl import ResctrlMathError, l3_mask, mb_value
 from koordlet.actuator import PlanRunner
@@ -101,3 +101,94 @@ def test_no_rdt_is_a_noop(tmp_path: Path) -> None:
     assert manager.run_strategy("resctrl")
     plan = manager.last_plan("resctrl")
     assert plan is not None and plan.empty and not (tmp_path / "resctrl").exists()
+
+
+def _kernel_mkdir(resctrl: Path) -> None:
+    """What the kernel puts in a new resctrl group; a fixture's mkdir makes an empty dir."""
+    for group in ("LSR", "LS", "BE"):
+        for name in ("schemata", "tasks", "cpus", "cpus_list", "mode", "size"):
+            if (resctrl / group).is_dir() and not (resctrl / group / name).exists():
+                (resctrl / group / name).write_text("")
+
+
+def test_switched_off_the_groups_it_made_are_removed_and_their_tasks_go_back_to_the_root(tmp_path: Path) -> None:
+    resctrl = tmp_path / "resctrl"
+    (resctrl / "info" / "L3").mkdir(parents=True)
+    (resctrl / "info" / "L3" / "cbm_mask").write_text("7ff\n")
+    (resctrl / "schemata").write_text("L3:0=7ff\n")
+    (resctrl / "tasks").write_text("1\n")
+    (resctrl / "other").mkdir()  # a group someone else made: never touched
+    cgroup_root = tmp_path / "host"
+    be = be_pod("be", containers=(ContainerMeta("job", container_id="a" * 12),))
+    directory = cgroup_root / "sys/fs/cgroup/cpu/kubepods/besteffort/poduid-be" / ("a" * 12)
+    directory.mkdir(parents=True)
+    (directory / "tasks").write_text("101\n102\n")
+    executor = ResourceExecutor(CgroupFS(mount_dir=str(cgroup_root / "sys/fs/cgroup")), resctrl_root=str(resctrl))
+    states = StaticStates(node=node(), node_slo=SLO, pods=(be,))
+    manager = QoSManager(states, [STRATEGY], builder=SnapshotBuilder(states, MetricCache(), reader=executor,
+                                                                      layout=LAYOUT), runner=PlanRunner(executor))
+    assert manager.run_strategy("resctrl")
+    record = manager.last_record("resctrl")
+    assert record is not None and record.created_groups == ("LSR", "LS", "BE")
+    _kernel_mkdir(resctrl)
+    assert manager.run_strategy("resctrl")
+    assert (resctrl / "BE" / "tasks").read_text() == "102"
+    (resctrl / "BE" / "tasks").write_text("101\n102\n")  # a fixture file keeps one write; the kernel keeps all
+
+    states.set_node_slo(parse_node_slo_spec({"resourceQOSStrategy": {}}))  # every class's resctrlQOS off
+    assert manager.run_strategy("resctrl")
+    plan = manager.last_plan("resctrl")
+    assert plan is not None
+    assert [type(a).__name__ for a in plan.resctrl] == ["ResctrlRemoveGroup"] * 3
+    record = manager.last_record("resctrl")
+    assert record is not None and record.resctrl_errors == ()
+    assert dict(record.moved_tasks) == {"": (101, 102)} and record.removed_groups == ("LSR", "LS", "BE")
+    assert (resctrl / "tasks").read_text() == "102"  # moved back (the fixture file keeps the last write)
+    assert sorted(p.name for p in resctrl.iterdir()) == ["info", "other", "schemata", "tasks"]
+
+
+def test_switched_off_only_the_group_it_made_goes_and_groups_that_were_there_stay(tmp_path: Path) -> None:
+    resctrl = _resctrl_tree(tmp_path)
+    for name in ("schemata", "tasks"):
+        (resctrl / "BE" / name).unlink()
+    (resctrl / "BE").rmdir()  # LSR and LS were there before the agent; BE it makes
+    executor = ResourceExecutor(CgroupFS(str(tmp_path / "sys/fs/cgroup")), resctrl_root=str(resctrl))
+    states = StaticStates(node=node(), node_slo=SLO)
+    manager = QoSManager(states, [STRATEGY], builder=SnapshotBuilder(states, MetricCache(), reader=executor,
+                                                                      layout=LAYOUT), runner=PlanRunner(executor))
+    assert manager.run_strategy("resctrl")
+    _kernel_mkdir(resctrl)
+    assert manager.run_strategy("resctrl")
+    states.set_node_slo(parse_node_slo_spec({}))
+    assert manager.run_strategy("resctrl")
+    plan = manager.last_plan("resctrl")
+    assert plan is not None and [(type(a).__name__, a.group) for a in plan.resctrl] == [("ResctrlRemoveGroup", "BE")]
+    assert not (resctrl / "BE").exists()
+    assert all((resctrl / group / "schemata").is_file() for group in ("LSR", "LS"))
+
+
+def test_removing_a_group_refuses_anything_but_the_kernels_files(tmp_path: Path) -> None:
+    resctrl = tmp_path / "resctrl"
+    executor = ResourceExecutor(CgroupFS(str(tmp_path / "cg")), resctrl_root=str(resctrl))
+    for group, extra in (("BE", None), ("LS", "notes.txt"), ("LSR", "mon_groups")):
+        (resctrl / group).mkdir(parents=True)
+        (resctrl / group / "tasks").write_text("")
+        (resctrl / group / "schemata").write_text("")
+        if extra == "notes.txt":
+            (resctrl / group / extra).write_text("mine")
+        elif extra:
+            (resctrl / group / extra).mkdir()
+    assert executor.remove_resctrl_group("BE") and not (resctrl / "BE").exists()
+    assert not executor.remove_resctrl_group("BE")  # gone already
+    for group in ("LS", "LSR"):
+        with pytest.raises(UnsafePathError):
+            executor.remove_resctrl_group(group)
+        assert (resctrl / group / "tasks").is_file()  # nothing removed
+    for bad in ("", "..", "../x", "a/b"):
+        with pytest.raises(UnsafePathError):
+            executor.remove_resctrl_group(bad)
+    (tmp_path / "outside").mkdir()
+    (resctrl / "link").symlink_to(tmp_path / "outside")
+    with pytest.raises(UnsafePathError):
+        executor.remove_resctrl_group("link")
+    assert (tmp_path / "outside").is_dir()

@@ -15,14 +15,14 @@ def test_a_container_answer_takes_every_setting_and_a_period_for_its_quota() -> 
     apply_to_container_response(CHANGES, resp)
     r = resp.container_resources
     assert (r.cpu_shares, r.cpu_quota, r.cpu_period, r.cpuset_cpus, r.memory_limit_in_bytes) == \
-        (2, 50_000, 100_000, "0-1", 0)
+        (2, 50_000, 100_000, "0-1", -1)
     assert dict(resp.container_envs) == {"A": "1"}
 
 
 def test_a_pod_sandbox_answer_takes_no_cpuset_and_no_period() -> None:
     r = hookapi.LinuxContainerResources()
     apply_to_resources(CHANGES, r, container=False)
-    assert (r.cpu_shares, r.cpu_quota, r.cpu_period, r.cpuset_cpus, r.memory_limit_in_bytes) == (2, 50_000, 0, "", 0)
+    assert (r.cpu_shares, r.cpu_quota, r.cpu_period, r.cpuset_cpus, r.memory_limit_in_bytes) == (2, 50_000, 0, "", -1)
 
 
 def test_no_opinion_leaves_the_answer_as_it_was() -> None:

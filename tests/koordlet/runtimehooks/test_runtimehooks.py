@@ -73,6 +73,35 @@ def test_server_answers_full_desired_state_with_batch_resources(served) -> None:
     assert response.pod_cgroup_parent == request.pod_cgroup_parent
 
 
+def test_unlimited_batch_memory_is_answered_as_minus_one_and_the_proxy_keeps_kubelets_limit(served) -> None:
+    """Koordinator's wire answer for a BE container without a batch-memory limit is -1 (not 0); the proxy's
+    merge (§2.7) takes a memory limit only when > 0, so the CRI request keeps kubelet's value."""
+    from runtimeproxy.interceptor import merge_resources
+    from runtimeproxy.store import to_cri_resources
+
+    _, stub = served
+    spec = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500"},
+                                   "limits": {"kubernetes.io/batch-cpu": "1500"}}}}
+    kubelet = hookapi.LinuxContainerResources(cpu_period=100000, cpu_shares=2, memory_limit_in_bytes=0)
+    request = hookapi.ContainerResourceHookRequest(
+        pod_meta=hookapi.PodSandboxMetadata(name="job", namespace="ns", uid="u1"),
+        container_meta=hookapi.ContainerMetadata(name="job", attempt=0), container_resources=kubelet,
+        pod_annotations={"node.koordinator.sh/extended-resource-spec": json.dumps(spec)}, pod_labels=BE_LABELS,
+        pod_cgroup_parent=f"{CGROUP_ROOT}/kubepods/besteffort/podu1")
+    answer = stub.PreCreateContainerHook(request, timeout=5).container_resources
+    assert answer.memory_limit_in_bytes == -1
+    rejected: list[tuple[str, object]] = []
+    for cached_limit in (0, 64 << 20):  # kubelet's own limit: none (a BE pod), or one it set
+        cached = hookapi.LinuxContainerResources()
+        cached.CopyFrom(kubelet)
+        cached.memory_limit_in_bytes = cached_limit
+        merge_resources(cached, answer, lambda name, value: rejected.append((name, value)))
+        crireq = to_cri_resources(cached)
+        assert crireq.memory_limit_in_bytes == cached_limit
+        assert (crireq.cpu_shares, crireq.cpu_quota) == (512, 150000)
+    assert rejected == []
+
+
 def test_registration_file_names_the_stages_and_goes_on_stop(tmp_path: Path) -> None:
     hooks = _hooks(tmp_path, StaticStates(node=NodeInfo("n1")))
     hooks.start()

@@ -52,6 +52,8 @@ def test_pods_listed_from_cri_with_cgroup_parent_and_resources(containerd_socket
         (ctr,) = ls.containers
         assert ctr.container_id == ls_cid and ctr.name == "si-ls"
         assert ctr.limits == {"cpu": 500, "memory": 64 << 20} and ctr.requests == {"cpu": 500}
+        # No memory or batch requests in the Linux resources: the pods say they do not know them.
+        assert not be.requests_known and not ls.requests_known
         # The collectors' view: pod and container dirs under kubelet's --cgroup-root.
         layout = KubeCgroupLayout(CgroupDriver.CGROUPFS, CGROUP_ROOT)
         cgroups = {c.pod_uid: c for c in pod_cgroups([be, ls], layout)}

@@ -1,0 +1,136 @@
+"""Koordinator's koordlet feature gates (koordinator.md §9.2): the one table of every gate koordlet accepts,
+its default, and whether (and where) koordlet-py acts on it.
+
+Every gate Koordinator's koordlet knows is accepted on ``-feature-gates`` so that a DaemonSet written for it
+runs unchanged; a gate koordlet-py does not implement is accepted and does nothing. Such gates are not
+silent: the ones that are on (by default or by the command line) are named in one log line at start-up
+(:func:`inert_enabled`), every gate is exported as ``koordlet_feature_gate{name,stage,implemented}``
+(value 1 when on; :func:`gate_metrics`), and README.md lists the table (a test holds it to this one).
+
+``implemented``: ``"yes"`` — read by the modules in ``where``; ``"partial"`` — read there, but only part of
+Koordinator's feature is done (``note`` says which); ``"no"`` — read by nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from prometheus_client import CollectorRegistry, Gauge
+
+logger = logging.getLogger(__name__)
+
+BETA, ALPHA = "Beta", "Alpha"
+YES, PARTIAL, NO = "yes", "partial", "no"
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    name: str
+    stage: str  # Beta gates default on, Alpha gates off (§9.2)
+    implemented: str = NO
+    where: tuple[str, ...] = ()  # the modules (repo-relative paths) that read the gate
+    note: str = ""
+
+    @property
+    def default(self) -> bool:
+        return self.stage == BETA
+
+    @property
+    def acts(self) -> bool:
+        return self.implemented != NO
+
+
+_QOS = "koordlet/qosmanager/framework.py"
+
+GATES: tuple[Gate, ...] = (
+    # Beta: on by default
+    Gate("BECPUSuppress", BETA, YES, (_QOS,)),
+    Gate("CPUBurst", BETA, YES, (_QOS,)),
+    Gate("RdtResctrl", BETA, YES, (_QOS,)),
+    Gate("NodeTopologyReport", BETA, NO, note="NodeResourceTopology is not reported"),
+    Gate("GroupIdentity", BETA, YES, ("hooks/groupidentity.py",)),
+    Gate("CPUSetAllocator", BETA, YES, ("hooks/cpuset.py",)),
+    Gate("BatchResource", BETA, YES, ("hooks/batchresource.py",)),
+    # Alpha: off by default
+    Gate("AuditEvents", ALPHA),
+    Gate("AuditEventsHTTPHandler", ALPHA),
+    Gate("BECPUManager", ALPHA, PARTIAL, (_QOS,), note="only turns BE CPU suppress off; no BE cpuset manager"),
+    Gate("BECPUEvict", ALPHA, YES, (_QOS,)),
+    Gate("CPUEvict", ALPHA),
+    Gate("CPUAllocatableEvict", ALPHA),
+    Gate("BEMemoryEvict", ALPHA, YES, (_QOS,)),
+    Gate("MemoryEvict", ALPHA),
+    Gate("MemoryAllocatableEvict", ALPHA),
+    Gate("SystemConfig", ALPHA),
+    Gate("ResctrlCollector", ALPHA),
+    Gate("CgroupReconcile", ALPHA, YES, (_QOS,)),
+    Gate("Accelerators", ALPHA, YES, ("koordlet/main.py",)),
+    Gate("RDMADevices", ALPHA),
+    Gate("CPICollector", ALPHA),
+    Gate("Libpfm4", ALPHA),
+    Gate("PSICollector", ALPHA, YES, ("koordlet/main.py",)),
+    Gate("BlkIOReconcile", ALPHA),
+    Gate("ColdPageCollector", ALPHA),
+    Gate("HugePageReport", ALPHA),
+    Gate("PodResourcesProxy", ALPHA),
+    Gate("HamiCoreVGPUMonitor", ALPHA),
+    Gate("PerCPUMetric", ALPHA),
+    Gate("NodeMetricPromMetrics", ALPHA, YES, ("koordlet/main.py",)),
+    Gate("GPUEnvInject", ALPHA, YES, ("hooks/gpu.py",)),
+    Gate("RDMADeviceInject", ALPHA),
+    Gate("CPUNormalization", ALPHA, YES, ("hooks/cpunormalization.py",)),
+    Gate("CoreSched", ALPHA, YES, ("hooks/coresched.py",)),
+    Gate("TerwayQoS", ALPHA),
+    Gate("TCNetworkQoS", ALPHA, YES, ("koordlet/main.py",)),
+    Gate("Resctrl", ALPHA, YES, ("hooks/resctrl.py", "koordlet/runtimehooks/__init__.py")),
+    Gate("OOMScoreAdj", ALPHA),
+)
+BY_NAME: Mapping[str, Gate] = MappingProxyType({gate.name: gate for gate in GATES})
+BETA_GATES: tuple[str, ...] = tuple(g.name for g in GATES if g.stage == BETA)
+ALPHA_GATES: tuple[str, ...] = tuple(g.name for g in GATES if g.stage == ALPHA)
+DEFAULTS: Mapping[str, bool] = MappingProxyType({g.name: g.default for g in GATES})
+
+
+def inert_enabled(gates: Mapping[str, bool]) -> list[str]:
+    """The gates that are on (by default or by the command line) but that koordlet-py does not act on.
+
+    Only gates that are on are named: a gate that is off and does nothing behaves exactly as asked, while
+    a gate that is on (``NodeTopologyReport`` by default, or one a DaemonSet turns on) promises a feature
+    that is not there."""
+    return [g.name for g in GATES if not g.acts and gates.get(g.name, g.default)]
+
+
+def inert_message(gates: Mapping[str, bool]) -> str | None:
+    """The one start-up log line about gates that are on and do nothing; None when there are none."""
+    names = inert_enabled(gates)
+    if not names:
+        return None
+    return f"feature gates on but not implemented by koordlet-py (accepted, no effect): {', '.join(names)}"
+
+
+def gate_samples(gates: Mapping[str, bool]) -> Iterator[tuple[dict[str, str], float]]:
+    """(labels, value) of ``koordlet_feature_gate`` for every known gate: value 1 when on, 0 when off."""
+    for g in GATES:
+        yield {"name": g.name, "stage": g.stage, "implemented": g.implemented}, float(gates.get(g.name, g.default))
+
+
+def readme_table() -> str:
+    """The README's gate table (``tests/koordlet/test_features.py`` checks README.md holds exactly this)."""
+    rows = ["| gate | default | implemented | note |", "|---|---|---|---|"]
+    rows += [f"| `{g.name}` | {'on' if g.default else 'off'} | {g.implemented} | {g.note} |" for g in GATES]
+    return "\n".join(rows)
+
+
+def report(gates: Mapping[str, bool], registry: CollectorRegistry, node: str) -> None:
+    """At start-up: log the gates that are on and do nothing (one line), and export every gate as
+    ``koordlet_feature_gate{node,name,stage,implemented}`` (1 on, 0 off) on the agent's ``registry``."""
+    message = inert_message(gates)
+    if message is not None:
+        logger.warning("%s", message)
+    gauge = Gauge("koordlet_feature_gate", "koordlet feature gates: 1 on, 0 off; implemented yes/partial/no",
+                  ["node", "name", "stage", "implemented"], registry=registry)
+    for labels, value in gate_samples(gates):
+        gauge.labels(node=node, **labels).set(value)
