@@ -14,6 +14,9 @@ Lifecycle, as NVIDIA's plugin: serve on our own socket in kubelet's device-plugi
 dial it to be sure it answers, then Register with kubelet. kubelet wipes the directory when it
 restarts and re-creates `kubelet.sock`; a watch on the directory (watchdog/inotify) notices the
 new kubelet socket, or our own socket vanishing, and restarts the server and registers again.
+
+In the daemon it is the ``device plugin`` part of koordlet/main.py (after the GPU service, gate
+``Accelerators``), started with ``require_kubelet=False``: a kubelet that is not up yet is waited for.
 """
 
 from __future__ import annotations
