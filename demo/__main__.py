@@ -1,7 +1,8 @@
 """make demo: the whole story on one machine, in about two minutes.
 
 A private containerd, koordlet (local mode: pods from the CRI, NodeSLO from a file, NodeMetric
-written to a file) and koord-runtime-proxy in front of containerd. An LS and a BE pod start
+written to a file; two fake GPUs through the tests' fake NVML, its device plugin registering with a test
+kubelet in the demo's temp dir) and koord-runtime-proxy in front of containerd. An LS and a BE pod start
 through the proxy; the demo shows what the hooks set, the reconciler undoing drift, the metrics
 page, the NodeMetric, BE CPU suppressed while LS load rises, and a BE pod evicted under memory
 pressure. Everything it started is stopped at the end, also on Ctrl-C or an error.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import socket
 import statistics
@@ -28,10 +30,13 @@ sys.path.insert(0, str(REPO))
 import grpc  # noqa: E402
 import yaml  # noqa: E402
 
+from tests.koordlet.deviceplugin.kubelet import TestKubelet  # noqa: E402
 from tests.support.containerd import Containerd  # noqa: E402
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config  # noqa: E402
 from tests.support.proxy import ProxyProcess, wait_for_socket  # noqa: E402
 from wire import cri_pb2 as cri  # noqa: E402
+from wire import deviceplugin_pb2 as dp  # noqa: E402
+from wire import deviceplugin_pb2_grpc as dp_grpc  # noqa: E402
 
 # Its own kubelet --cgroup-root, so a test session running beside it never shares a kubepods tree with it.
 CGROUP_ROOT = "/koordlet-py-demo"
@@ -39,6 +44,7 @@ DEMO_CONTAINERD = Containerd("/run/koordlet-py/demo/containerd", "/var/lib/koord
                              cgroup_root=CGROUP_ROOT)
 CGROUP_V1 = Path("/sys/fs/cgroup")
 NODE = "demo-node"
+FAKE_GPUS = 2  # fake NVML (tests/koordlet/gpu/fake_nvml.py): H100s as reference/gpu-machine.md describes one
 BE_LABELS = {"koordinator.sh/qosClass": "BE"}
 LS_LABELS = {"koordinator.sh/qosClass": "LS"}
 BE_SPEC = {"containers": {"batch-job": {"requests": {"kubernetes.io/batch-cpu": "500",
@@ -111,15 +117,19 @@ class Koordlet:
         self.port = free_port()
         self.log_path = workdir / "koordlet.log"
         self.hook_socket = workdir / "koordlet.sock"
+        # kubelet's device plugin dir is <-var-lib-kubelet-dir>/device-plugins: the demo's own, with a test kubelet.
+        self.kubelet_dir = workdir / "kubelet"
+        self.device_plugin_dir = self.kubelet_dir / "device-plugins"
         self.args = [
-            sys.executable, "-m", "koordlet.main", "-local-mode",
+            sys.executable, "-m", "demo.fake_gpu_koordlet", "-local-mode",
             f"-node-slo-file={self.slo_file}", f"-cri-endpoint={cri_socket}", f"-report-dir={self.reports}",
             "-cgroup-root-dir=/sys/fs/cgroup/", f"-kubelet-cgroup-root={CGROUP_ROOT}", "-sys-root-dir=/sys/",
             f"-addr=127.0.0.1:{self.port}", "-report-interval=2s", "-kubelet-sync-interval=1s",
             f"-runtime-hooks-config-path={hook_dir}", f"-runtime-hooks-addr={self.hook_socket}",
             f"-runtime-hooks-host-endpoint={self.hook_socket}", "-runtime-hooks-reconcile-interval=2s",
             f"-sys-fs-root-dir={workdir / 'sysfs'}",
-            "-feature-gates=BEMemoryEvict=true,NodeMetricPromMetrics=true,PSICollector=true",
+            "-feature-gates=BEMemoryEvict=true,NodeMetricPromMetrics=true,PSICollector=true,Accelerators=true",
+            f"-var-lib-kubelet-dir={self.kubelet_dir}",
             "-psi-collector-interval=2s",
         ]
         self.proc: subprocess.Popen | None = None
@@ -130,7 +140,7 @@ class Koordlet:
         tmp.replace(self.slo_file)
 
     def start(self) -> None:
-        env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(REPO), "DEMO_FAKE_GPUS": str(FAKE_GPUS)}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         ok = wait_until(lambda: self._healthy(), 30)
@@ -177,6 +187,32 @@ def burn_in(client: CriClient, container_id: str, seconds: int) -> threading.Thr
     return thread
 
 
+def show_device_plugin(kubelet: TestKubelet) -> TestKubelet:
+    """The GPU device plugin koordlet runs (fake NVML): its registration, the devices kubelet is shown, and
+    a kubelet restart (kubelet.sock removed and re-created) answered by a new registration. Returns the
+    kubelet now running."""
+    try:
+        request = kubelet.next_registration(timeout_s=10)
+    except queue.Empty:
+        say("   the device plugin did not register with the test kubelet within 10 s")
+        return kubelet
+    say(f"   device plugin registered with kubelet as {request.resource_name} (fake NVML: {FAKE_GPUS} GPUs), "
+        f"serving on {request.endpoint}")
+    with kubelet.plugin_channel(request) as channel:
+        listed = next(dp_grpc.DevicePluginStub(channel).ListAndWatch(dp.Empty(), timeout=5))
+    say("   kubelet sees: " + ", ".join(f"{d.ID} {d.health}" for d in listed.devices))
+    kubelet.stop()
+    t0 = time.monotonic()
+    kubelet = TestKubelet(kubelet.plugin_dir)
+    try:
+        again = kubelet.next_registration(timeout_s=10)
+        say(f"   kubelet restarted (kubelet.sock re-created): device plugin registered again as "
+            f"{again.resource_name} after {(time.monotonic() - t0) * 1000:.0f} ms")
+    except queue.Empty:
+        say("   kubelet restarted: the device plugin did not register again within 10 s")
+    return kubelet
+
+
 def main() -> int:  # noqa: C901 - a script that tells a story in order
     if os.geteuid() != 0:
         say("make demo needs root (it runs containerd and writes cgroups)")
@@ -184,7 +220,7 @@ def main() -> int:  # noqa: C901 - a script that tells a story in order
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     tmp = tempfile.TemporaryDirectory(prefix="kpy-demo-")
     workdir = Path(tmp.name)
-    proxy = koordlet = client = direct = pods = None
+    proxy = koordlet = client = direct = pods = kubelet = None
     started = time.monotonic()
     try:
         step("1. A private containerd 1.6 + runc", "cgroupfs driver, a local busybox image, no network")
@@ -192,15 +228,20 @@ def main() -> int:  # noqa: C901 - a script that tells a story in order
         say(f"   up at {socket_path}")
 
         step("2. koordlet, the node agent, in local mode",
-             "pods from the CRI, NodeSLO from a file, NodeMetric to a file; it serves runtime hooks too")
+             "pods from the CRI, NodeSLO from a file, NodeMetric to a file; it serves runtime hooks too, "
+             f"and a GPU device plugin for {FAKE_GPUS} fake GPUs (fake NVML) to a test kubelet")
         hook_dir = str(workdir / "hookserver.d")
         koordlet = Koordlet(workdir, socket_path, hook_dir)
         koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": False}})
+        # No real kubelet here: a test kubelet serves kubelet.sock in the demo's own device plugin dir.
+        koordlet.device_plugin_dir.mkdir(parents=True)
+        kubelet = TestKubelet(str(koordlet.device_plugin_dir))
         koordlet.start()
         say(f"   koordlet pid {koordlet.proc.pid}, metrics on 127.0.0.1:{koordlet.port}")
         registration = Path(hook_dir) / "koordlet.json"
         if wait_until(registration.exists, 10):
             say(f"   it registered its hook server: {json.loads(registration.read_text())}")
+        kubelet = show_device_plugin(kubelet)
 
         step("3. koord-runtime-proxy in front of containerd",
              "kubelet would be pointed at it with --container-runtime-endpoint")
@@ -348,6 +389,8 @@ def main() -> int:  # noqa: C901 - a script that tells a story in order
             proxy.terminate()
         if koordlet is not None:
             koordlet.stop()
+        if kubelet is not None:
+            kubelet.stop()
         DEMO_CONTAINERD.down()
         tmp.cleanup()
 

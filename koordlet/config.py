@@ -21,6 +21,7 @@ must pass ``-addr=0.0.0.0:9316``), ``-kubelet-cgroup-root`` (kubelet's ``--cgrou
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -197,6 +198,12 @@ class KoordletConfig:
         return bool(self.feature_gates.get(name, False))
 
     @property
+    def device_plugin_dir(self) -> str:
+        """kubelet's device plugin directory, ``<-var-lib-kubelet-dir>/device-plugins/`` (its ``kubelet.sock``
+        and our plugin's socket), as Koordinator derives kubelet's other paths from that flag."""
+        return os.path.normpath(os.path.join(self.var_lib_kubelet_dir, "device-plugins"))
+
+    @property
     def metrics_port(self) -> int:
         """The port of ``-addr`` (``:9316``, ``0.0.0.0:9316``)."""
         _, _, port = self.addr.rpartition(":")
@@ -255,7 +262,8 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
     flag("sys-fs-root-dir", str, path("/sys/fs/", "/host-sys-fs/"), "resctrl lives at <this>/resctrl")
     flag("var-run-root-dir", str, path("/var/run/", "/host-var-run/"), "host /var/run")
     flag("run-root-dir", str, path("/run/", "/host-run/"), "host /run")
-    flag("var-lib-kubelet-dir", str, "/var/lib/kubelet/", "kubelet state dir")
+    flag("var-lib-kubelet-dir", str, "/var/lib/kubelet/",
+         "kubelet state dir (the GPU device plugin serves in <this>/device-plugins/)")
     flag("kubelet-cgroup-root", str, "/", "kubelet --cgroup-root (pods live under <this>/kubepods)")
     flag("containerd-endpoint", str, "", "containerd socket (eviction kill path)")
     flag("default-runtime-type", str, "containerd", "runtime of bare container ids")

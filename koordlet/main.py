@@ -2,9 +2,9 @@
 
 Start: metrics HTTP server (``/healthz`` is 503 until the start is complete) → executor → metric cache →
 states informer (its node and NodeSLO sources first; waits until synced, bounded; PLEG) → GPU service →
-metrics advisor → qos manager → runtime hooks → network QoS → reporters. SIGTERM/SIGINT stop everything in
-reverse order, each part with its share of what is left of ``-stop-timeout`` (so the whole stop stays within
-it); the process exits 0 after a clean stop.
+GPU device plugin (with the GPU service) → metrics advisor → qos manager → runtime hooks → network QoS →
+reporters. SIGTERM/SIGINT stop everything in reverse order, each part with its share of what is left of
+``-stop-timeout`` (so the whole stop stays within it); the process exits 0 after a clean stop.
 
 Two ways to run:
 - with an API server (in-cluster config or ``-kubeconfig``): node and NodeSLO watched, pods from kubelet
@@ -272,6 +272,25 @@ def _gpu_service(ctx: AgentContext) -> Component | None:
     return _Running(gpu.stop)
 
 
+def _device_plugin(ctx: AgentContext) -> Component | None:
+    """The kubelet device plugin for this node's GPUs (with the GPU service, so gate ``Accelerators``):
+    serves in ``<-var-lib-kubelet-dir>/device-plugins/``, registers with kubelet over ``kubelet.sock`` there
+    (kubelet not up yet is waited for, not an error), registers again when kubelet re-creates that socket,
+    streams the GPU service's health, and answers Allocate with the scheduler's choice (node lock, seed 000;
+    an API server is needed for that). Stopped before the GPU service."""
+    gpu = ctx.gpu
+    if gpu is None:
+        return None
+    from koordlet.deviceplugin.server import gpu_device_plugin
+
+    config = ctx.config
+    core_api = kubernetes.client.CoreV1Api(ctx.api_client) if ctx.api_client is not None else None
+    server = gpu_device_plugin(core_api, config.node_name, gpu, plugin_dir=config.device_plugin_dir,
+                               dev_dir=host_dirs(config).dev_dir)
+    server.start(require_kubelet=False)
+    return _Running(server.stop)
+
+
 def _collectors(ctx: AgentContext) -> list[Collector]:
     config, states, layout, cgroup_fs = ctx.config, ctx.states, ctx.layout, ctx.cgroup_fs
     node_collector = NodeResourceCollector(host_dirs(config).proc_dir, config.collect_res_used_interval_s)
@@ -409,6 +428,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
         Part("states sync", _states_synced),
         Part("PLEG", _pleg),
         Part("GPU service", _gpu_service),
+        Part("device plugin", _device_plugin),
         Part("metrics advisor", _metrics_advisor),
         *(_component_part(factory) for factory in components),
         Part("Device reporter", _device_reporter),
@@ -500,7 +520,8 @@ class Koordlet:
         logger.info("koordlet stopped")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> int:
+    """The daemon; ``nvml``: the NVML module (default pynvml; the demo passes the tests' fake NVML)."""
     logging.basicConfig(level=os.environ.get("KOORDLET_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -511,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     soft = raise_nofile_limit()
     logger.info("RLIMIT_NOFILE soft limit %d", soft)
     stop_requested = threading.Event()
-    agent = Koordlet(config)
+    agent = Koordlet(config, nvml=nvml)
 
     def on_signal(signum: int, _frame: object) -> None:
         logger.info("received %s, stopping", signal.Signals(signum).name)

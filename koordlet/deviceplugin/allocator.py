@@ -169,6 +169,12 @@ class SchedulerAllocator:
             raise AllocationTimeoutError(f"Allocate on node {self.node_name} timed out ({self._timeout_s}s) {step}")
 
     def _lock_holder(self) -> NodeLock:
+        if self._api is None:
+            raise AllocationError(
+                f"node {self.node_name}: no API server (local mode), so the node lock {self._locker.key} and the "
+                f"pods' {api.ANNOTATION_DEVICE_ALLOCATED} cannot be read; this Allocate of {self.resource_name} "
+                "cannot be matched to the scheduler's choice"
+            )
         try:
             lock = self._locker.current(self.node_name)
         except NodeLockValueError as exc:

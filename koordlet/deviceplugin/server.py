@@ -14,6 +14,9 @@ Lifecycle, as NVIDIA's plugin: serve on our own socket in kubelet's device-plugi
 dial it to be sure it answers, then Register with kubelet. kubelet wipes the directory when it
 restarts and re-creates `kubelet.sock`; a watch on the directory (watchdog/inotify) notices the
 new kubelet socket, or our own socket vanishing, and restarts the server and registers again.
+
+In the daemon it is the ``device plugin`` part of koordlet/main.py (after the GPU service, gate
+``Accelerators``), started with ``require_kubelet=False``: a kubelet that is not up yet is waited for.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from typing import Any
@@ -36,6 +40,7 @@ from koordlet.gpu.nvml import GPUInfo
 from koordlet.gpu.service import GPUService
 from koordlet.nodelock import NodeLocker
 from koordlet.system.roots import DEV_DIR
+from koordlet.ticker import join_thread
 from wire import deviceplugin_pb2 as pb
 from wire import deviceplugin_pb2_grpc as pb_grpc
 from wire.sockets import remove_socket
@@ -147,20 +152,29 @@ class _DirWatch(FileSystemEventHandler):
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         path = os.fsdecode(event.src_path)
-        if event.event_type == "created" and path == self._kubelet_socket:
-            _log.info("kubelet socket %s re-created: kubelet restarted", path)
+        dest = os.fsdecode(getattr(event, "dest_path", "") or "")
+        if (event.event_type == "created" and path == self._kubelet_socket) or (
+            event.event_type == "moved" and dest == self._kubelet_socket
+        ):
+            _log.info("kubelet socket %s (re)created: kubelet restarted", self._kubelet_socket)
             self._wake.set()
         elif event.event_type == "deleted" and path == self._own_socket:
             _log.info("device plugin socket %s removed", path)
             self._wake.set()
 
 
-def _identity(path: str) -> tuple[int, int] | None:
+def _identity(path: str) -> tuple[int, int, int] | None:
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino)
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+# While not registered (kubelet not up yet, or it refused us), the watch loop also retries on its own,
+# 1 s after the failure, doubling up to this bound; a new kubelet.sock retries at once.
+_RETRY_MIN_S = 1.0
+_RETRY_MAX_S = 30.0
 
 
 class DevicePluginServer:
@@ -192,7 +206,8 @@ class DevicePluginServer:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.registrations = 0
-        self._registered_kubelet: tuple[int, int] | None = None
+        self.registered = threading.Event()  # set while the last registration with kubelet succeeded
+        self._registered_kubelet: tuple[int, int, int] | None = None
 
     def _serve(self) -> None:
         remove_socket(self.socket_path)  # ours from a previous run; kubelet never reuses our name
@@ -213,24 +228,44 @@ class DevicePluginServer:
                 raise DevicePluginError(f"device plugin socket {self.socket_path} does not answer: {exc}") from exc
         _log.info("device plugin for %s serving on %s", self.resource_name, self.socket_path)
 
-    def _halt(self) -> None:
+    def _halt(self, grace_s: float = 1.0) -> bool:
+        """Stop the gRPC server, waiting at most ``grace_s`` (+ a little) for its calls; True when it ended."""
         if self._servicer is not None:
             self._servicer.stop()
+        done = True
         if self._server is not None:
-            self._server.stop(grace=1.0).wait()
+            grace_s = max(grace_s, 0.0)
+            done = self._server.stop(grace=grace_s).wait(grace_s + 0.5)
         self._server = self._servicer = None
+        return bool(done)
 
     def register(self) -> None:
         """Register with kubelet; raises DevicePluginError when kubelet refuses or is not there."""
+        self.registered.clear()
         request = pb.RegisterRequest(
             version=API_VERSION,
             endpoint=self.socket_name,
             resource_name=self.resource_name,
             options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
         )
+        if not os.path.exists(self.kubelet_socket):
+            # Not there at all: fail at once (the directory watch sees it appear) rather than wait the dial out.
+            raise DevicePluginError(f"kubelet socket {self.kubelet_socket} does not answer (no such socket)")
         with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+            call = pb_grpc.RegistrationStub(channel).Register.future(
+                request, timeout=self._dial_timeout_s, wait_for_ready=True
+            )
+            finished = threading.Event()
+            call.add_done_callback(lambda _call: finished.set())
+            # A stop cuts the wait for kubelet short.
+            while not finished.wait(0.05):
+                if self._stop.is_set():
+                    call.cancel()
+                    raise DevicePluginError(f"stopped while registering with {self.kubelet_socket}")
             try:
-                pb_grpc.RegistrationStub(channel).Register(request, timeout=self._dial_timeout_s, wait_for_ready=True)
+                call.result()
+            except grpc.FutureCancelledError as exc:
+                raise DevicePluginError(f"registration with {self.kubelet_socket} cancelled") from exc
             except grpc.RpcError as exc:
                 if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                     raise DevicePluginError(
@@ -241,37 +276,56 @@ class DevicePluginServer:
                 ) from exc
         self.registrations += 1
         self._registered_kubelet = _identity(self.kubelet_socket)
+        self.registered.set()
         _log.info("registered %s with kubelet at %s", self.resource_name, self.kubelet_socket)
 
     def _needs_restart(self) -> bool:
-        # Our own unlink/bind in _serve fires events too; only a new kubelet socket or a missing
-        # socket of ours is a reason to start over.
+        # Our own unlink/bind in _serve fires events too, and a kubelet.sock event may arrive after we
+        # already registered with that very socket (a restart woken by our socket's removal): only a
+        # kubelet socket other than the one we registered with (device, inode and change time), a missing
+        # socket of ours or a registration still to be done is a reason to start over.
+        if not self.registered.is_set():
+            return True
         current = _identity(self.kubelet_socket)
         return not os.path.exists(self.socket_path) or (current is not None and current != self._registered_kubelet)
 
     def _restart(self) -> None:
         with self._lock:
+            if self._stop.is_set():
+                return
             self._halt()
             self._serve()
             self.register()
 
-    def start(self) -> None:
-        """Serve, register, and watch the directory for kubelet restarts."""
+    def start(self, require_kubelet: bool = True) -> None:
+        """Serve, register, and watch the directory for kubelet restarts.
+
+        ``require_kubelet``: a failed first registration raises DevicePluginError (and nothing is left
+        running); with False (the daemon) it is logged and retried when kubelet's socket appears, and
+        every ``_RETRY_MIN_S``..``_RETRY_MAX_S`` (doubling) until it succeeds."""
+        self._stop.clear()
         os.makedirs(self.plugin_dir, exist_ok=True)
         self._observer = Observer()
-        self._observer.schedule(_DirWatch(self.kubelet_socket, self.socket_path, self._wake), self.plugin_dir)
+        self._observer.schedule(
+            _DirWatch(self.kubelet_socket, self.socket_path, self._wake),
+            self.plugin_dir,
+        )
         self._observer.start()
         try:
             self._restart()
-        except DevicePluginError:
-            self.stop()
-            raise
+        except DevicePluginError as exc:
+            if require_kubelet:
+                self.stop()
+                raise
+            _log.warning("device plugin for %s not registered yet: %s; waiting for kubelet", self.resource_name,
+                         exc)
         self._thread = threading.Thread(target=self._loop, name="deviceplugin-watch", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
+        retry_s = _RETRY_MIN_S
         while not self._stop.is_set():
-            self._wake.wait()
+            self._wake.wait(None if self.registered.is_set() else retry_s)
             if self._stop.is_set():
                 return
             self._wake.clear()
@@ -279,23 +333,40 @@ class DevicePluginServer:
                 continue
             try:
                 self._restart()
+                retry_s = _RETRY_MIN_S
             except DevicePluginError as exc:
-                # kubelet may still be coming up; its socket's creation wakes us again.
-                _log.warning("device plugin restart failed: %s", exc)
+                # kubelet may still be coming up; its socket's creation wakes us again, else the retry.
+                _log.warning("device plugin registration failed (next try within %.0f s): %s", retry_s, exc)
+                retry_s = min(retry_s * 2, _RETRY_MAX_S)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Stop watching and serving within ``timeout_s``; remove our socket. True when everything ended in
+        time (a registration attempt in flight may hold the loop for up to the dial timeout)."""
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+
+        def left() -> float:
+            return max(deadline - time.monotonic(), 0.0)
+
         self._stop.set()
         self._wake.set()
+        ended = True
         if self._observer is not None:
             self._observer.stop()
-            self._observer.join(timeout=5)
+            self._observer.join(timeout=left())
+            ended = not self._observer.is_alive()
             self._observer = None
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-            self._thread = None
-        with self._lock:
-            self._halt()
+        ended = join_thread(self._thread, "deviceplugin-watch", left()) and ended
+        self._thread = None
+        if self._lock.acquire(timeout=left()):
+            try:
+                ended = self._halt(grace_s=min(1.0, left() / 2)) and ended
+            finally:
+                self._lock.release()
+        else:
+            ended = False
+        self.registered.clear()
         remove_socket(self.socket_path)
+        return ended
 
 
 def gpu_device_plugin(
@@ -307,7 +378,9 @@ def gpu_device_plugin(
     lock_key: str = api.ANNOTATION_NODE_LOCK,
     dev_dir: str = DEV_DIR,
 ) -> DevicePluginServer:
-    """The device plugin wired to koordlet's GPU service and the API server (call .start())."""
+    """The device plugin wired to koordlet's GPU service and the API server (call .start()). Without an API
+    server (``core_api`` None: local mode) it registers and lists the GPUs, but Allocate fails with a clear
+    error: the scheduler's choice lives in the API server."""
 
     def gpus() -> Sequence[GPUInfo]:
         return service.inventory.gpus

@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -262,6 +264,8 @@ def test_api_server_mode_watches_node_and_slo_lists_kubelet_pods_and_reports_sta
     kubelet_base = next(serving)
     token = tmp_path / "token"
     token.write_text("abc")
+    # Accelerators starts the GPU device plugin in <-var-lib-kubelet-dir>/device-plugins: a short dir of our own.
+    kubelet_dir = tempfile.mkdtemp(prefix="kdm-", dir="/tmp")
     with ApiServer() as server, kube_api_client(server) as api:
         server.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
                      "status": {"capacity": {"cpu": "4", "memory": "8Gi"}, "allocatable": {"cpu": "4", "memory": "8Gi"},
@@ -274,7 +278,7 @@ def test_api_server_mode_watches_node_and_slo_lists_kubelet_pods_and_reports_sta
         config = parse_config(
             [f"-cgroup-root-dir={tmp_path / 'cgroup'}", f"-kubelet-token-file={token}", "-addr=127.0.0.1:0",
              "-report-interval=1s", f"-sys-fs-root-dir={tmp_path}", "-sys-root-dir=/sys/",
-             "-feature-gates=Accelerators=true"],
+             "-feature-gates=Accelerators=true", f"-var-lib-kubelet-dir={kubelet_dir}"],
             {"NODE_NAME": NODE})
         agent = Koordlet(config, api_client=api, extra_components=[], states_sync_timeout_s=10,
                          nvml=FakeNvml(h100_gpus(1)))
@@ -306,6 +310,7 @@ def test_api_server_mode_watches_node_and_slo_lists_kubelet_pods_and_reports_sta
             agent.stop(5.0)
             assert time.monotonic() - started < 5.0
             serving.close()
+            shutil.rmtree(kubelet_dir, ignore_errors=True)
 
 
 def test_sigterm_while_waiting_for_states_sync_exits_quickly(tmp_path: Path) -> None:
