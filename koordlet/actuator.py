@@ -87,23 +87,10 @@ class PlanRunner:
         self._lock = threading.Lock()
         self._last: dict[str, PlanRecord] = {}
 
-    @property
-    def executor(self) -> ResourceExecutor:
-        return self._executor
-
-    @property
-    def evictor(self) -> Evictor | None:
-        return self._evictor
-
     def last(self, source: str) -> PlanRecord | None:
         """The record of the newest plan run for ``source``."""
         with self._lock:
             return self._last.get(source)
-
-    @property
-    def records(self) -> Mapping[str, PlanRecord]:
-        with self._lock:
-            return MappingProxyType(dict(self._last))
 
     def run(self, plan: Plan, source: str, now: float = 0.0, *, verify: bool = False) -> PlanRecord:
         counts = _Counts()

@@ -126,10 +126,6 @@ class Plan:
     def empty(self) -> bool:
         return not (self.steps or self.resctrl or self.evictions or self.gauges)
 
-    @property
-    def writes(self) -> tuple[CgroupWrite, ...]:
-        return tuple(w for step in self.steps for w in step.writes)
-
 
 def walk_victims(
     candidates: Sequence[Victim], target: float, outcome: Any

@@ -256,21 +256,10 @@ class SnapshotBuilder:
         self._resctrl: ResctrlInfo | None = None
         self._resctrl_probed = False
 
-    @property
-    def collect_interval_s(self) -> float:
-        return self._interval_s
-
-    @property
-    def layout(self) -> KubeCgroupLayout:
-        return self._layout
-
     def latest_collection(self) -> float | None:
         """Wall-clock time of the newest node memory sample (every node collection writes one)."""
         latest = self._cache.latest(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE))
         return None if latest is None else latest[0]
-
-    def node_slo(self) -> NodeSLOSpec:
-        return self._states.node_slo()
 
     def _latest(self, key: SeriesKey, now: float) -> float | None:
         aggregate = self._cache.query(key, now - 2 * self._interval_s, now)
