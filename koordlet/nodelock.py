@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
@@ -42,6 +42,15 @@ from urllib3.exceptions import HTTPError as TransportError
 from koordlet.api import device as api
 
 _log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class _Conflict:
+    """What one round of :meth:`NodeLocker._retrying` returns when its guarded patch got a 409."""
+
+
+CONFLICT = _Conflict()
 
 DEFAULT_EXPIRY = timedelta(minutes=5)
 DEFAULT_RETRIES = 5
@@ -289,9 +298,22 @@ class NodeLocker:
         _log.warning("node %s: taking over expired lock %r of %s", node_name, lock.shown, lock.owner)
         return ""
 
+    def _retrying(self, what: str, attempt: Callable[[], T | _Conflict]) -> T:
+        """Run ``attempt`` (one read-decide-patch round) until it returns something other than CONFLICT (a
+        409 on the resourceVersion-guarded patch), backing off between rounds; NodeLockConflictError after
+        the last one, naming ``what``."""
+        for tries in range(self._retries):
+            result = attempt()
+            if not isinstance(result, _Conflict):
+                return result
+            if tries + 1 < self._retries:
+                self._backoff(tries)
+        raise NodeLockConflictError(f"{what}: conflict on every one of {self._retries} tries")
+
     def lock(self, node_name: str, namespace: str, pod: str) -> NodeLock:
         """Take the node's lock for the pod (or return it if the pod already holds it)."""
-        for attempt in range(self._retries):
+
+        def attempt() -> NodeLock | _Conflict:
             node = self._read_node(node_name)
             now = self._clock()
             value = (node.metadata.annotations or {}).get(self.key)
@@ -309,24 +331,22 @@ class NodeLocker:
                     dropped = self._may_take_over(node_name, existing, now)
                     dropped_pod = existing.owner if existing.pod else ""
             wanted = NodeLock(now.replace(microsecond=0), namespace, pod)
-            if self._patch(node_name, node.metadata.resource_version, wanted.value()):
-                if dropped:
-                    self._report_dropped(node, value or "", dropped, dropped_pod, f"replaced by {wanted.owner}")
-                _log.debug("node %s locked by %s", node_name, wanted.owner)
-                return wanted
-            if attempt + 1 < self._retries:
-                self._backoff(attempt)
-        raise NodeLockConflictError(
-            f"node lock {self.key} on {node_name} for {namespace}/{pod}: conflict on every one of "
-            f"{self._retries} tries"
-        )
+            if not self._patch(node_name, node.metadata.resource_version, wanted.value()):
+                return CONFLICT
+            if dropped:
+                self._report_dropped(node, value or "", dropped, dropped_pod, f"replaced by {wanted.owner}")
+            _log.debug("node %s locked by %s", node_name, wanted.owner)
+            return wanted
+
+        return self._retrying(f"node lock {self.key} on {node_name} for {namespace}/{pod}", attempt)
 
     def release(self, node_name: str, namespace: str, pod: str, value: str | None = None) -> bool:
         """Remove the pod's lock. False when the node holds no lock of this pod (nothing to do).
         With `value` (the raw annotation once read), only that exact lock is removed: an owner-less
         bare-timestamp lock is released only while it is still the one that was served."""
         expected = value
-        for attempt in range(self._retries):
+
+        def attempt() -> bool | _Conflict:
             node = self._read_node(node_name)
             value = (node.metadata.annotations or {}).get(self.key)
             if value is None:
@@ -346,33 +366,28 @@ class NodeLocker:
                     "node %s: not releasing lock of %s on behalf of %s/%s", node_name, existing.owner, namespace, pod
                 )
                 return False
-            if self._patch(node_name, node.metadata.resource_version, None):
-                _log.debug("node %s unlocked by %s/%s", node_name, namespace, pod)
-                return True
-            if attempt + 1 < self._retries:
-                self._backoff(attempt)
-        raise NodeLockConflictError(
-            f"release of node lock {self.key} on {node_name} for {namespace}/{pod}: conflict on every one of "
-            f"{self._retries} tries"
-        )
+            if not self._patch(node_name, node.metadata.resource_version, None):
+                return CONFLICT
+            _log.debug("node %s unlocked by %s/%s", node_name, namespace, pod)
+            return True
+
+        return self._retrying(f"release of node lock {self.key} on {node_name} for {namespace}/{pod}", attempt)
 
     def release_stale(self, node_name: str, value: str, why: str, pod: str = "") -> bool:
         """Remove a lock nobody can use (unreadable, or its pod is gone) while the annotation still holds
         exactly `value` (raw); one log line and a Warning Event naming `pod` (if known), the node and
         the raw value. False when the node no longer holds that value."""
-        for attempt in range(self._retries):
+
+        def attempt() -> bool | _Conflict:
             node = self._read_node(node_name)
             if (node.metadata.annotations or {}).get(self.key) != value:
                 return False
-            if self._patch(node_name, node.metadata.resource_version, None):
-                self._report_dropped(node, value, why, pod, "released")
-                return True
-            if attempt + 1 < self._retries:
-                self._backoff(attempt)
-        raise NodeLockConflictError(
-            f"release of node lock {self.key}={value!r} on {node_name}: conflict on every one of "
-            f"{self._retries} tries"
-        )
+            if not self._patch(node_name, node.metadata.resource_version, None):
+                return CONFLICT
+            self._report_dropped(node, value, why, pod, "released")
+            return True
+
+        return self._retrying(f"release of node lock {self.key}={value!r} on {node_name}", attempt)
 
     @contextmanager
     def held(self, node_name: str, namespace: str, pod: str) -> Iterator[NodeLock]:
