@@ -10,9 +10,6 @@ import kubernetes.client
 from prometheus_client import CollectorRegistry, Gauge
 
 from koordlet.actuator import PlanRunner
-from koordlet.api.keys import LABEL_QOS_CLASS
-from koordlet.api.pod import PodMeta
-from koordlet.api.qos import KubeQoS
 from koordlet.eviction import Evictor
 from koordlet.executor import ResourceExecutor
 from koordlet.plan import (
@@ -27,6 +24,7 @@ from koordlet.plan import (
     WriteStep,
 )
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
+from tests.koordlet.qosmanager.factory import seed_pod
 from tests.support.apiserver import ApiServer
 
 
@@ -78,23 +76,12 @@ def test_writes_resctrl_and_gauges_are_carried_out_and_recorded(tmp_path: Path) 
     assert runner.run(Plan(), "empty").failed == 0
 
 
-def _seed(server: ApiServer, name: str, qos: str, kube_qos: str) -> PodMeta:
-    obj = server.seed({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": name, LABEL_QOS_CLASS: qos}},
-        "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "localhost/busybox"}]},
-        "status": {"phase": "Running", "qosClass": kube_qos, "conditions": [{"type": "Ready", "status": "True"}]},
-    })
-    return PodMeta(name=name, namespace="default", uid=obj["metadata"]["uid"], labels={LABEL_QOS_CLASS: qos},
-                   kube_qos=KubeQoS(kube_qos), phase="Running")
-
-
 def test_evictions_walk_the_candidates_skip_a_refused_pod_and_never_ask_for_a_non_be_pod(
         tmp_path: Path, server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
-    guarded = _seed(server, "guarded", "BE", "BestEffort")
-    web = _seed(server, "web", "LS", "Burstable")
-    free = _seed(server, "free", "BE", "BestEffort")
-    spare = _seed(server, "spare", "BE", "BestEffort")
+    guarded = seed_pod(server, "guarded", "BE", "BestEffort", app="guarded")
+    web = seed_pod(server, "web", "LS", "Burstable", app="web")
+    free = seed_pod(server, "free", "BE", "BestEffort", app="free")
+    spare = seed_pod(server, "spare", "BE", "BestEffort", app="spare")
     kubernetes.client.PolicyV1Api(api_client).create_namespaced_pod_disruption_budget("default", {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "guarded"},
         "spec": {"selector": {"matchLabels": {"app": "guarded"}}, "minAvailable": 1}})

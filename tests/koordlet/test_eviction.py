@@ -23,7 +23,7 @@ from koordlet.qosmanager.snapshot import (
 )
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS
-from tests.koordlet.qosmanager.factory import spec
+from tests.koordlet.qosmanager.factory import seed_pod, spec
 from tests.support.apiserver import ApiServer
 
 GiB = 1 << 30
@@ -48,24 +48,13 @@ class FakeClock:
         return self.now
 
 
-def _seed_pod(server: ApiServer, name: str, qos: str, kube_qos: str, app: str = "batch") -> PodMeta:
-    obj = server.seed({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": app, LABEL_QOS_CLASS: qos}},
-        "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "localhost/busybox"}]},
-        "status": {"phase": "Running", "qosClass": kube_qos, "conditions": [{"type": "Ready", "status": "True"}]},
-    })
-    return PodMeta(name=name, namespace="default", uid=obj["metadata"]["uid"], labels={LABEL_QOS_CLASS: qos},
-                   kube_qos=KubeQoS(kube_qos), phase="Running")
-
-
 def _evictions(server: ApiServer, name: str) -> int:
     return len(server.requests("POST", rf"/pods/{name}/eviction$"))
 
 
 def test_be_pod_is_evicted_through_the_api_with_a_warning_event(
         server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
-    pod = _seed_pod(server, "job-0", "BE", "BestEffort")
+    pod = seed_pod(server, "job-0", "BE", "BestEffort")
     evictor = Evictor("node-1", api_client=api_client)
     before = POD_EVICTION.labels(node="node-1", reason=reason_for("BEMemoryEvict"))._value.get()
     result = evictor.evict(pod, "BEMemoryEvict", "node memory usage 75% >= threshold 70%")
@@ -85,8 +74,8 @@ def test_be_pod_is_evicted_through_the_api_with_a_warning_event(
 
 def test_disruption_budget_429_keeps_the_pod_and_is_retried_later(
         server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
-    pod = _seed_pod(server, "job-0", "BE", "BestEffort")
-    _seed_pod(server, "job-1", "BE", "BestEffort")
+    pod = seed_pod(server, "job-0", "BE", "BestEffort")
+    seed_pod(server, "job-1", "BE", "BestEffort")
     policy = kubernetes.client.PolicyV1Api(api_client)
     policy.create_namespaced_pod_disruption_budget("default", {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "batch-pdb"},
@@ -107,7 +96,7 @@ def test_disruption_budget_429_keeps_the_pod_and_is_retried_later(
 
 
 def test_non_be_pod_is_never_evicted(server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
-    pod = _seed_pod(server, "web-0", "LS", "Burstable")
+    pod = seed_pod(server, "web-0", "LS", "Burstable")
     evictor = Evictor("node-1", api_client=api_client)
     assert evictor.evict(pod, "BEMemoryEvict", "x").outcome is EvictionOutcome.NOT_BE
     assert _evictions(server, "web-0") == 0 and server.get_object("pods", "web-0", "default") is not None
@@ -116,7 +105,7 @@ def test_non_be_pod_is_never_evicted(server: ApiServer, api_client: kubernetes.c
 def test_pod_is_checked_again_against_the_api_server(
         server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
     """A stale caller view that says BE does not evict a pod the API server knows as LS."""
-    _seed_pod(server, "web-0", "LS", "Burstable")
+    seed_pod(server, "web-0", "LS", "Burstable")
     live_uid = server.get_object("pods", "web-0", "default")["metadata"]["uid"]
     stale = PodMeta(name="web-0", namespace="default", uid=live_uid, labels={LABEL_QOS_CLASS: "BE"},
                     kube_qos=KubeQoS.BESTEFFORT)
@@ -134,9 +123,9 @@ def test_evictor_needs_an_api_server_or_a_runtime() -> None:
 def test_memory_evict_strategy_evicts_be_pods_in_order_and_rests(
         server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
     pods = (
-        _seed_pod(server, "web", "LS", "Burstable", app="web"),
-        _seed_pod(server, "big", "BE", "BestEffort"),
-        _seed_pod(server, "small", "BE", "BestEffort"),
+        seed_pod(server, "web", "LS", "Burstable", app="web"),
+        seed_pod(server, "big", "BE", "BestEffort"),
+        seed_pod(server, "small", "BE", "BestEffort"),
     )
     uids = {p.name: p.uid for p in pods}
     node = NodeInfo("node-1", capacity={"cpu": 8000, "memory": 16 * GiB}, allocatable={"memory": 16 * GiB})
@@ -203,9 +192,9 @@ def _be_cpu_series(cache: MetricCache, start: float, end: float, usage: float, r
 
 def test_cpu_evict_strategy_evicts_for_low_satisfaction_and_rests_after_start(
         server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
-    big = replace(_seed_pod(server, "big", "BE", "BestEffort"), priority=5000)
-    small = replace(_seed_pod(server, "small", "BE", "BestEffort"), priority=3000)
-    web = _seed_pod(server, "web", "LS", "Burstable", app="web")
+    big = replace(seed_pod(server, "big", "BE", "BestEffort"), priority=5000)
+    small = replace(seed_pod(server, "small", "BE", "BestEffort"), priority=3000)
+    web = seed_pod(server, "web", "LS", "Burstable", app="web")
     big = replace(big, containers=(ContainerMeta("m", requests={"kubernetes.io/batch-cpu": 3000}),))
     small = replace(small, containers=(ContainerMeta("m", requests={"kubernetes.io/batch-cpu": 1000}),))
     node = NodeInfo("node-1", capacity={"cpu": 8000, "memory": 16 * GiB})

@@ -12,6 +12,7 @@ from koordlet.qosmanager.snapshot import Snapshot
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.sysfs import CPUInfo
+from tests.support.apiserver import ApiServer
 
 GiB = 1 << 30
 LAYOUT = KubeCgroupLayout()
@@ -84,3 +85,15 @@ def snapshot(**fields: object) -> Snapshot:
     values: dict[str, object] = {"timestamp": 1000.0, "node": node(), "node_slo": spec()}
     values.update(fields)
     return Snapshot(**values)  # type: ignore[arg-type]
+
+
+def seed_pod(server: ApiServer, name: str, qos: str, kube_qos: str, app: str = "batch") -> PodMeta:
+    """A Running pod on node-1 in the project's API server, and its PodMeta as the states would have it."""
+    obj = server.seed({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": app, LABEL_QOS_CLASS: qos}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "localhost/busybox"}]},
+        "status": {"phase": "Running", "qosClass": kube_qos, "conditions": [{"type": "Ready", "status": "True"}]},
+    })
+    return PodMeta(name=name, namespace="default", uid=obj["metadata"]["uid"], labels={LABEL_QOS_CLASS: qos},
+                   kube_qos=KubeQoS(kube_qos), phase="Running")
