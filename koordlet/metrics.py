@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -80,6 +81,24 @@ def _unit(resource: str) -> tuple[str, float]:
     return _RESOURCE_UNITS.get(resource, ("integer", 1.0))
 
 
+@dataclass(frozen=True, slots=True)
+class _Owners:
+    """Who the pod and container series of the cache belong to, from the states at scrape time."""
+
+    pods: Mapping[str, tuple[str, str]]  # pod UID -> (name, namespace)
+    containers: Mapping[str, tuple[str, str]]  # container ID -> (pod UID, container name)
+
+    @classmethod
+    def of(cls, states: StatesProvider | None) -> _Owners:
+        pods: dict[str, tuple[str, str]] = {}
+        containers: dict[str, tuple[str, str]] = {}
+        for pod in states.pods() if states is not None else ():
+            pods[pod.uid] = (pod.name, pod.namespace)
+            for container in pod.containers:
+                containers[container.container_id] = (pod.uid, container.name)
+        return cls(pods, containers)
+
+
 class _LiveGauges:
     """Gauges read at scrape time from the cache (node usage) and the states (requests, limits)."""
 
@@ -108,7 +127,8 @@ class _LiveGauges:
                     family.add_metric([node], latest[1])
         yield cpu
         yield memory
-        yield from self._gpu()
+        owners = _Owners.of(self._states)
+        yield from self._gpu(owners)
         if self._states is None:
             return
         requests = GaugeMetricFamily("koordlet_container_resource_requests", "Container resource requests",
@@ -132,9 +152,9 @@ class _LiveGauges:
                 unit, divisor = _unit(resource)
                 allocatable.add_metric([node, resource, unit], amount / divisor)
         yield allocatable
-        yield from self._psi()
+        yield from self._psi(owners)
 
-    def _gpu(self) -> Iterator[Metric]:
+    def _gpu(self, owners: _Owners) -> Iterator[Metric]:
         """The GPU gauges from the cache's latest GPU samples and its GPU list (KV ``gpu_devices``)."""
         cache = self._cache
         if cache is None:
@@ -148,13 +168,7 @@ class _LiveGauges:
             if isinstance(gpu, GPUDevice):
                 total.add_metric([self._node, str(gpu.minor), gpu.uuid], gpu.memory_total_bytes)
         yield total
-        pods: dict[str, tuple[str, str]] = {}
-        containers: dict[str, tuple[str, str]] = {}  # container ID -> (pod UID, container name)
-        if self._states is not None:
-            for pod in self._states.pods():
-                pods[pod.uid] = (pod.name, pod.namespace)
-                for container in pod.containers:
-                    containers[container.container_id] = (pod.uid, container.name)
+        pods, containers = owners.pods, owners.containers
         now = time.time()
         for name, help_text, kind, level in _GPU_SERIES:
             family = GaugeMetricFamily(name, help_text, labels=list(_GPU_LEVEL_LABELS[level]))
@@ -180,7 +194,7 @@ class _LiveGauges:
                 family.add_metric([self._node, *owner, *gpu_labels], sample[1])
             yield family
 
-    def _psi(self) -> Iterator[Metric]:
+    def _psi(self, owners: _Owners) -> Iterator[Metric]:
         """``koordlet_pod_psi`` and ``koordlet_container_psi`` from the cache's latest PSI samples."""
         pod_family = GaugeMetricFamily("koordlet_pod_psi", "Pod pressure stall information (percent)",
                                        labels=list(_POD_PSI_LABELS))
@@ -190,12 +204,7 @@ class _LiveGauges:
         cache, states = self._cache, self._states
         if cache is None or states is None:
             return
-        names: dict[str, tuple[str, str]] = {}
-        container_names: dict[str, str] = {}
-        for pod in states.pods():
-            names[pod.uid] = (pod.name, pod.namespace)
-            for container in pod.containers:
-                container_names[container.container_id] = container.name
+        names = owners.pods
         now = time.time()
         for kind, family in ((MetricKind.POD_PSI, pod_family), (MetricKind.CONTAINER_PSI, container_family)):
             latest: dict[SeriesKey, float] = {}
@@ -219,7 +228,7 @@ class _LiveGauges:
                     family.add_metric([self._node, pod_uid, pod_name, namespace, *psi], value)
                 else:
                     family.add_metric([self._node, pod_uid, pod_name, namespace, container_id,
-                                       container_names.get(container_id, ""), *psi], value)
+                                       owners.containers.get(container_id, ("", ""))[1], *psi], value)
         yield pod_family
         yield container_family
 
