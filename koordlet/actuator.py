@@ -176,34 +176,33 @@ class PlanRunner:
 
     def _remove_group(self, action: ResctrlRemoveGroup, counts: _Counts) -> None:
         """The group's tasks to the root group's ``tasks`` (recorded as moved to ""), then the group away."""
-        for pid in sorted({p for p in self._executor.read_resctrl(action.group, "tasks").split() if p.isdigit()},
-                          key=int):
-            try:
-                self._executor.write_resctrl("", "tasks", pid)
-                counts.resctrl_written += 1
-                counts.moved.setdefault("", []).append(int(pid))
-            except ExecutorError as exc:  # a task that exited meanwhile: ESRCH
-                logger.debug("cannot move task %s back to the root resctrl group: %s", pid, exc)
+        pids = {p for p in self._executor.read_resctrl(action.group, "tasks").split() if p.isdigit()}
+        self._write_tasks("", pids, counts)
         if self._executor.remove_resctrl_group(action.group):
             counts.resctrl_written += 1
             counts.removed.append(action.group)
 
     def _move_tasks(self, action: ResctrlMoveTasks, counts: _Counts) -> None:
         present = set(self._executor.read_resctrl(action.group, "tasks").split())
-        wanted: list[str] = []
+        wanted: set[str] = set()
         for cgroup_dir in action.cgroup_dirs:
             try:
                 text = self._executor.read(action.source, cgroup_dir)
             except ExecutorError:
                 continue  # gone meanwhile
-            wanted.extend(pid for pid in text.split() if pid.isdigit() and pid not in present)
-        for pid in sorted(set(wanted), key=int):
+            wanted.update(pid for pid in text.split() if pid.isdigit() and pid not in present)
+        self._write_tasks(action.group, wanted, counts)
+
+    def _write_tasks(self, group: str, pids: set[str], counts: _Counts) -> None:
+        """Write each PID (in numeric order) to ``group``'s ``tasks`` ("" = the root group); a task that exited
+        meanwhile (ESRCH) is skipped."""
+        for pid in sorted(pids, key=int):
             try:
-                self._executor.write_resctrl(action.group, "tasks", pid)
+                self._executor.write_resctrl(group, "tasks", pid)
                 counts.resctrl_written += 1
-                counts.moved.setdefault(action.group, []).append(int(pid))
-            except ExecutorError as exc:  # a task that exited meanwhile: ESRCH
-                logger.debug("cannot move task %s to resctrl group %s: %s", pid, action.group, exc)
+                counts.moved.setdefault(group, []).append(int(pid))
+            except ExecutorError as exc:
+                logger.debug("cannot move task %s to resctrl group %r: %s", pid, group, exc)
 
     def _evict(self, request: Evictions) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
         evictor = self._evictor
