@@ -75,9 +75,7 @@ class Scope(enum.StrEnum):
 
     BESTEFFORT = "besteffort"  # the besteffort QoS dir
     PODS = "pods"  # every pod dir
-    CONTAINERS = "containers"  # every container dir (init containers included)
     APP_CONTAINERS = "app-containers"  # every container dir but the init containers
-    SANDBOXES = "sandboxes"  # every pod's sandbox (pause) container dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,16 +346,9 @@ class SnapshotBuilder:
                 continue
             if scope is Scope.PODS:
                 dirs.append(pod_dir)
-            elif scope is Scope.CONTAINERS:
-                dirs.extend(d for c in pod.containers if (d := container_cgroup_dir(layout, pod_dir, c)) is not None)
-            elif scope is Scope.APP_CONTAINERS:
+            else:
                 dirs.extend(d for c in pod.containers
                             if not c.is_init and (d := container_cgroup_dir(layout, pod_dir, c)) is not None)
-            elif pod.sandbox_id:
-                try:
-                    dirs.append(layout.container_dir(pod_dir, pod.sandbox_id))
-                except CgroupPathError:
-                    logger.debug("unsafe sandbox id of %s", pod.key)
         return dirs
 
     def _read_cgroups(self, reads: tuple[CgroupRead, ...], pods: tuple[PodMeta, ...]) -> Mapping[tuple[str, str], str]:
