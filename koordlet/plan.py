@@ -20,7 +20,7 @@ detail (budgets, usage, victims), for logs and tests.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,7 +128,7 @@ class Plan:
 
 
 def walk_victims(
-    candidates: Sequence[Victim], target: float, outcome: Any
+    candidates: Sequence[Victim], target: float, outcome: Callable[[Victim], str]
 ) -> tuple[float, list[Victim], list[Victim]]:
     """The one eviction walk: candidates in order until ``target`` is released, BE pods only.
 
