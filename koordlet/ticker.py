@@ -3,7 +3,8 @@ return when the next thing is due (monotonic seconds) — and sleeps until then 
 
 :class:`TickerThread` is the base (the collector runner and the QoS manager schedule several things on it);
 :class:`PeriodicThread` runs one function on an interval, for the parts with a single job (the states
-informer's pod sync, the runtime hooks reconciler, network QoS, the NodeMetric and Device reporters).
+informer's pod sync, the runtime hooks reconciler, network QoS, the NodeMetric and Device reporters, the
+device plugin's kubelet watch).
 
 Stopping is bounded: ``stop(timeout_s)`` sets the stop event, waits at most ``timeout_s`` for the thread,
 logs when it did not end in time and says whether it did; a tick still running then is left behind (the

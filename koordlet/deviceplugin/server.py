@@ -40,7 +40,7 @@ from koordlet.gpu.nvml import GPUInfo
 from koordlet.gpu.service import GPUService
 from koordlet.nodelock import NodeLocker
 from koordlet.system.roots import DEV_DIR
-from koordlet.ticker import join_thread
+from koordlet.ticker import PeriodicThread
 from wire import deviceplugin_pb2 as pb
 from wire import deviceplugin_pb2_grpc as pb_grpc
 from wire.sockets import remove_socket
@@ -145,7 +145,7 @@ class GPUDevicePluginServicer(pb_grpc.DevicePluginServicer):
 
 
 class _DirWatch(FileSystemEventHandler):
-    def __init__(self, kubelet_socket: str, own_socket: str, wake: threading.Event) -> None:
+    def __init__(self, kubelet_socket: str, own_socket: str, wake: Callable[[], None]) -> None:
         self._kubelet_socket = kubelet_socket
         self._own_socket = own_socket
         self._wake = wake
@@ -157,10 +157,10 @@ class _DirWatch(FileSystemEventHandler):
             event.event_type == "moved" and dest == self._kubelet_socket
         ):
             _log.info("kubelet socket %s (re)created: kubelet restarted", self._kubelet_socket)
-            self._wake.set()
+            self._wake()
         elif event.event_type == "deleted" and path == self._own_socket:
             _log.info("device plugin socket %s removed", path)
-            self._wake.set()
+            self._wake()
 
 
 def _identity(path: str) -> tuple[int, int, int] | None:
@@ -175,6 +175,8 @@ def _identity(path: str) -> tuple[int, int, int] | None:
 # 1 s after the failure, doubling up to this bound; a new kubelet.sock retries at once.
 _RETRY_MIN_S = 1.0
 _RETRY_MAX_S = 30.0
+# While registered, only a directory event (or a stop) wakes the watch; this is the loop's idle period.
+_REGISTERED_CHECK_S = 24 * 3600.0
 
 
 class DevicePluginServer:
@@ -200,10 +202,10 @@ class DevicePluginServer:
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
         self._servicer: GPUDevicePluginServicer | None = None
-        self._wake = threading.Event()
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # cuts a registration wait short
         self._observer: Any = None
-        self._thread: threading.Thread | None = None
+        self._retry_s = _RETRY_MIN_S
+        self._watch: PeriodicThread | None = None
         self._lock = threading.Lock()
         self.registrations = 0
         self.registered = threading.Event()  # set while the last registration with kubelet succeeded
@@ -304,10 +306,11 @@ class DevicePluginServer:
         running); with False (the daemon) it is logged and retried when kubelet's socket appears, and
         every ``_RETRY_MIN_S``..``_RETRY_MAX_S`` (doubling) until it succeeds."""
         self._stop.clear()
+        self._retry_s = _RETRY_MIN_S
         os.makedirs(self.plugin_dir, exist_ok=True)
         self._observer = Observer()
         self._observer.schedule(
-            _DirWatch(self.kubelet_socket, self.socket_path, self._wake),
+            _DirWatch(self.kubelet_socket, self.socket_path, self._wake_watch),
             self.plugin_dir,
         )
         self._observer.start()
@@ -319,25 +322,31 @@ class DevicePluginServer:
                 raise
             _log.warning("device plugin for %s not registered yet: %s; waiting for kubelet", self.resource_name,
                          exc)
-        self._thread = threading.Thread(target=self._loop, name="deviceplugin-watch", daemon=True)
-        self._thread.start()
+        # Registered: check at once (a kubelet restart during the first registration woke nobody yet);
+        # not: the first retry after its delay.
+        self._watch = PeriodicThread("deviceplugin-watch", self._check_interval_s, self._check,
+                                     first_delay_s=0.0 if self.registered.is_set() else self._retry_s)
+        self._watch.start()
 
-    def _loop(self) -> None:
-        retry_s = _RETRY_MIN_S
-        while not self._stop.is_set():
-            self._wake.wait(None if self.registered.is_set() else retry_s)
-            if self._stop.is_set():
-                return
-            self._wake.clear()
-            if not self._needs_restart():
-                continue
-            try:
-                self._restart()
-                retry_s = _RETRY_MIN_S
-            except DevicePluginError as exc:
-                # kubelet may still be coming up; its socket's creation wakes us again, else the retry.
-                _log.warning("device plugin registration failed (next try within %.0f s): %s", retry_s, exc)
-                retry_s = min(retry_s * 2, _RETRY_MAX_S)
+    def _wake_watch(self) -> None:
+        watch = self._watch
+        if watch is not None:
+            watch.wake()
+
+    def _check_interval_s(self) -> float:
+        return _REGISTERED_CHECK_S if self.registered.is_set() else self._retry_s
+
+    def _check(self) -> None:
+        """One round of the watch (woken by a directory event, or the retry while unregistered)."""
+        if self._stop.is_set() or not self._needs_restart():
+            return
+        try:
+            self._restart()
+            self._retry_s = _RETRY_MIN_S
+        except DevicePluginError as exc:
+            # kubelet may still be coming up; its socket's creation wakes us again, else the retry.
+            _log.warning("device plugin registration failed (next try within %.0f s): %s", self._retry_s, exc)
+            self._retry_s = min(self._retry_s * 2, _RETRY_MAX_S)
 
     def stop(self, timeout_s: float = 10.0) -> bool:
         """Stop watching and serving within ``timeout_s``; remove our socket. True when everything ended in
@@ -348,15 +357,15 @@ class DevicePluginServer:
             return max(deadline - time.monotonic(), 0.0)
 
         self._stop.set()
-        self._wake.set()
         ended = True
         if self._observer is not None:
             self._observer.stop()
             self._observer.join(timeout=left())
             ended = not self._observer.is_alive()
             self._observer = None
-        ended = join_thread(self._thread, "deviceplugin-watch", left()) and ended
-        self._thread = None
+        if self._watch is not None:
+            ended = self._watch.stop(left()) and ended
+            self._watch = None
         if self._lock.acquire(timeout=left()):
             try:
                 ended = self._halt(grace_s=min(1.0, left() / 2)) and ended
