@@ -27,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
-from koordlet.metriccache import GPU_DEVICES_KV, GPUDevice, Label, MetricCache, MetricKind, SeriesKey
+from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
 from koordlet.statesinformer.api import StatesProvider
 
 logger = logging.getLogger(__name__)
@@ -159,14 +159,13 @@ class _LiveGauges:
         cache = self._cache
         if cache is None:
             return
-        gpus = cache.get_kv(GPU_DEVICES_KV)
-        if not isinstance(gpus, tuple) or not gpus:
+        gpus = cache.gpu_devices()
+        if not gpus:
             return  # no GPU on this node (or gate Accelerators off): no GPU family at all
         total = GaugeMetricFamily("koordlet_node_gpu_memory_total", "GPU memory of one GPU, bytes",
                                   labels=list(_GPU_NODE_LABELS))
         for gpu in gpus:
-            if isinstance(gpu, GPUDevice):
-                total.add_metric([self._node, str(gpu.minor), gpu.uuid], gpu.memory_total_bytes)
+            total.add_metric([self._node, str(gpu.minor), gpu.uuid], gpu.memory_total_bytes)
         yield total
         pods, containers = owners.pods, owners.containers
         now = time.time()

@@ -28,7 +28,7 @@ from array import array
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from koordlet.metriccache.series import Label, MetricKind, Sample, SeriesKey
+from koordlet.metriccache.series import GPU_DEVICES_KV, GPUDevice, Label, MetricKind, Sample, SeriesKey
 
 logger = logging.getLogger(__name__)
 
@@ -272,3 +272,8 @@ class MetricCache:
     def get_kv(self, key: str, default: object = None) -> object:
         with self._lock:
             return self._kv.get(key, default)
+
+    def gpu_devices(self) -> tuple[GPUDevice, ...]:
+        """The node's GPUs (KV ``gpu_devices``, set where the GPU service runs); () on a node without."""
+        value = self.get_kv(GPU_DEVICES_KV)
+        return tuple(gpu for gpu in value if isinstance(gpu, GPUDevice)) if isinstance(value, tuple) else ()

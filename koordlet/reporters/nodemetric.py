@@ -43,7 +43,7 @@ from koordlet.api.nodeslo import HostApplication
 from koordlet.api.pod import PodMeta
 from koordlet.config import ConfigError, format_duration, parse_duration
 from wire.files import write_atomic
-from koordlet.metriccache import GPU_DEVICES_KV, GPUDevice, Label, MetricCache, MetricKind, SeriesKey
+from koordlet.metriccache import GPUDevice, Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
 from koordlet.ticker import PeriodicThread
 
@@ -149,12 +149,6 @@ class StatusBuilder:
             resources["memory"] = _memory_quantity(memory.avg)
         return {"resources": resources}
 
-    def _gpus(self) -> tuple[GPUDevice, ...]:
-        value = self._cache.get_kv(GPU_DEVICES_KV)
-        if not isinstance(value, tuple):
-            return ()
-        return tuple(gpu for gpu in value if isinstance(gpu, GPUDevice))
-
     def _gpu_usage(self, gpus: Sequence[GPUDevice], core_kind: str, memory_kind: str, start: float, end: float,
                    **owner: str) -> list[dict[str, Any]]:
         """DeviceInfo entries (type gpu) with the avg usage of each GPU that has both series in the window."""
@@ -197,7 +191,7 @@ class StatusBuilder:
             "nodeUsage": self._avg_usage(node_series, start, now),
             "systemUsage": self._avg_usage(self._SYSTEM, start, now),
         }
-        gpus = self._gpus()
+        gpus = self._cache.gpu_devices()
         node_devices = self._gpu_usage(gpus, MetricKind.NODE_GPU_CORE_USAGE, MetricKind.NODE_GPU_MEMORY_USAGE,
                                        start, now)
         if node_devices:
