@@ -172,12 +172,16 @@ def test_be_pod_through_the_proxy_gets_its_batch_resources_on_disk_and_skip_labe
         states.set_pods([pod_meta("job", sandbox.metadata.uid, BE_LABELS, cid),
                          pod_meta("skipped", skipped.metadata.uid, dict(skipped.labels), cid2)])
         (CGROUP_V1 / "cpu" / cgroup / "cpu.cfs_quota_us").write_text("50000")
-        deadline = time.monotonic() + 10
-        while read("cpu", "cpu.cfs_quota_us") != "150000":
-            assert time.monotonic() < deadline, "the reconciler did not restore the quota"
-            time.sleep(0.1)
         pod_dir = sandbox.linux.cgroup_parent.lstrip("/")
-        assert (CGROUP_V1 / "cpu" / pod_dir / "cpu.cfs_quota_us").read_text().strip() == "150000"
+        pod_quota = lambda: (CGROUP_V1 / "cpu" / pod_dir / "cpu.cfs_quota_us").read_text().strip()  # noqa: E731
+        # one reconcile pass writes the container and the pod level one after the other (the tighter
+        # child first): wait for the pass to finish, i.e. for both values
+        deadline = time.monotonic() + 10
+        while (read("cpu", "cpu.cfs_quota_us"), pod_quota()) != ("150000", "150000"):
+            assert time.monotonic() < deadline, (
+                f"the reconciler did not restore the quotas: container {read('cpu', 'cpu.cfs_quota_us')}, "
+                f"pod {pod_quota()}")
+            time.sleep(0.1)
         assert (CGROUP_V1 / "memory" / pod_dir / "memory.limit_in_bytes").read_text().strip() == str(96 << 20)
         assert (CGROUP_V1 / "cpu" / cgroup2 / "cpu.shares").read_text().strip() == "1024"  # skip label: left alone
     finally:
