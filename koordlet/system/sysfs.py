@@ -1,5 +1,6 @@
-"""Facts from sysfs: online CPUs and topology (``/sys/devices/system/cpu``), PCI devices' NUMA node and
-upstream bridge (``/sys/bus/pci/devices``).
+"""Facts from sysfs: online CPUs and topology (``/sys/devices/system/cpu``), NUMA nodes with their CPUs, memory
+and distances (``/sys/devices/system/node``), isolated CPUs, PCI devices' NUMA node and upstream bridge
+(``/sys/bus/pci/devices``).
 
 Every reader takes the sysfs mount dir ``sys_dir`` (default ``/sys``; :mod:`koordlet.system.roots`).
 
@@ -28,6 +29,8 @@ _NODE_DIR = re.compile(r"^node(\d+)$")
 __all__ = [
     "CPUInfo",
     "CPUListError",
+    "NUMANode",
+    "NodeTopology",
     "SysfsError",
     "format_cpu_list",
     "num_online_cpus",
@@ -35,6 +38,9 @@ __all__ = [
     "pci_device_numa_node",
     "pci_device_parent_bridge",
     "read_cpu_topology",
+    "read_isolated_cpus",
+    "read_node_topology",
+    "read_numa_nodes",
     "read_online_cpus",
 ]
 
@@ -133,6 +139,132 @@ def read_cpu_topology(sys_dir: str = SYS_DIR) -> tuple[CPUInfo, ...]:
             node_id = fallback_nodes.get(cpu, 0)
         infos.append(CPUInfo(cpu_id=cpu, core_id=core_id, socket_id=max(socket_id, 0), node_id=node_id))
     return tuple(infos)
+
+
+# ------------------------------------------------------------------------------------------------ NUMA
+
+_NODE_MEM_TOTAL = re.compile(r"^Node\s+\d+\s+MemTotal:\s+(\d+)\s*kB\s*$", re.M)
+
+
+@dataclass(frozen=True, slots=True)
+class NUMANode:
+    """One NUMA node: its online CPUs, its memory (``nodeN/meminfo`` MemTotal) and its distance to every node.
+
+    A memory-only node (CXL, some AMD/ARM parts) has no CPUs; ``distances`` is ((node id, distance), ...) in
+    node order, empty where the kernel does not say.
+    """
+
+    node_id: int
+    cpus: tuple[int, ...]
+    memory_total_bytes: int
+    distances: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTopology:
+    """The machine as the NodeResourceTopology reports it: every online CPU, every NUMA node, isolated CPUs."""
+
+    cpus: tuple[CPUInfo, ...]
+    numa_nodes: tuple[NUMANode, ...]
+    isolated_cpus: tuple[int, ...] = ()
+
+    @property
+    def online_cpus(self) -> tuple[int, ...]:
+        return tuple(cpu.cpu_id for cpu in self.cpus)
+
+    def numa_node(self, node_id: int) -> NUMANode | None:
+        for node in self.numa_nodes:
+            if node.node_id == node_id:
+                return node
+        return None
+
+
+def read_isolated_cpus(sys_dir: str = SYS_DIR) -> tuple[int, ...]:
+    """CPUs taken off the scheduler's balancing by ``isolcpus=`` (``cpu/isolated``); () on kernels without it."""
+    path = os.path.join(sys_dir, CPU_SYSFS, "isolated")
+    try:
+        text = _read_text(path)
+    except FileNotFoundError:
+        return ()
+    except OSError as exc:
+        raise SysfsError(f"cannot read isolated CPUs from {path}: {exc}") from exc
+    try:
+        return parse_cpu_list(text)
+    except CPUListError as exc:
+        raise SysfsError(f"cannot read isolated CPUs from {path}: {exc}") from exc
+
+
+def _node_ids(sys_dir: str) -> list[int]:
+    base = os.path.join(sys_dir, NODE_SYSFS)
+    try:
+        entries = os.listdir(base)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise SysfsError(f"cannot list {base}: {exc}") from exc
+    return sorted(int(m.group(1)) for m in map(_NODE_DIR.match, entries) if m)
+
+
+def _node_memory_bytes(path: str) -> int:
+    try:
+        match = _NODE_MEM_TOTAL.search(_read_text(path))
+    except OSError as exc:
+        raise SysfsError(f"cannot read {path}: {exc}") from exc
+    if match is None:
+        raise SysfsError(f"no MemTotal line in {path}")
+    return int(match.group(1)) * 1024
+
+
+def _node_distances(path: str, node_ids: list[int]) -> tuple[tuple[int, int], ...]:
+    """``nodeN/distance`` lists one distance per online node, in node order."""
+    try:
+        values = [int(v) for v in _read_text(path).split()]
+    except FileNotFoundError:
+        return ()
+    except (OSError, ValueError) as exc:
+        raise SysfsError(f"cannot read NUMA distances from {path}: {exc}") from exc
+    if len(values) != len(node_ids):
+        raise SysfsError(f"{path} has {len(values)} distances for {len(node_ids)} NUMA nodes")
+    return tuple(zip(node_ids, values, strict=True))
+
+
+def read_numa_nodes(sys_dir: str = SYS_DIR, online_cpus: tuple[int, ...] | None = None) -> tuple[NUMANode, ...]:
+    """Every NUMA node under ``devices/system/node``, sorted by id, with its online CPUs.
+
+    A kernel without NUMA support has no node directory: the machine is then one node 0 holding every online
+    CPU, with unknown memory (0).
+    """
+    online = read_online_cpus(sys_dir) if online_cpus is None else online_cpus
+    online_set = set(online)
+    node_ids = _node_ids(sys_dir)
+    if not node_ids:
+        return (NUMANode(node_id=0, cpus=tuple(online), memory_total_bytes=0),)
+    base = os.path.join(sys_dir, NODE_SYSFS)
+    nodes = []
+    for node_id in node_ids:
+        node_dir = os.path.join(base, f"node{node_id}")
+        cpulist = os.path.join(node_dir, "cpulist")
+        try:
+            cpus = parse_cpu_list(_read_text(cpulist))
+        except (OSError, CPUListError) as exc:
+            raise SysfsError(f"cannot read {cpulist}: {exc}") from exc
+        nodes.append(NUMANode(
+            node_id=node_id,
+            cpus=tuple(cpu for cpu in cpus if cpu in online_set),
+            memory_total_bytes=_node_memory_bytes(os.path.join(node_dir, "meminfo")),
+            distances=_node_distances(os.path.join(node_dir, "distance"), node_ids),
+        ))
+    return tuple(nodes)
+
+
+def read_node_topology(sys_dir: str = SYS_DIR) -> NodeTopology:
+    """CPUs, NUMA nodes and isolated CPUs in one read; raises SysfsError when sysfs is missing or malformed."""
+    cpus = read_cpu_topology(sys_dir)
+    return NodeTopology(
+        cpus=cpus,
+        numa_nodes=read_numa_nodes(sys_dir, tuple(cpu.cpu_id for cpu in cpus)),
+        isolated_cpus=read_isolated_cpus(sys_dir),
+    )
 
 
 # ------------------------------------------------------------------------------------------------- PCI

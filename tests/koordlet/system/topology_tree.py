@@ -1,0 +1,112 @@
+"""Fake sysfs CPU/NUMA trees of real machine shapes, built from a compact description.
+
+The files are what the kernel writes: ``cpu/{online,possible,isolated}``, ``cpuN/online`` (absent for cpu0,
+which cannot go offline), ``cpuN/topology/{core_id,physical_package_id}`` only for online CPUs (the kernel
+removes the topology directory of an offline CPU), the ``cpuN/nodeM`` link, and
+``node/nodeM/{cpulist,meminfo,distance}`` plus ``node/online``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from koordlet.api.cpuset import format_cpu_list
+
+GIB_KB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Machine:
+    """``cpus``: every possible CPU → (core_id, package_id, NUMA node); ``offline`` of those are offline."""
+
+    name: str
+    cpus: dict[int, tuple[int, int, int]]
+    node_memory_kb: dict[int, int]
+    offline: frozenset[int] = frozenset()
+    isolated: frozenset[int] = frozenset()
+    distances: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def online(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.cpus) - self.offline))
+
+
+def one_socket_no_smt(cores: int = 4, memory_gib: int = 16) -> Machine:
+    """A small VM or desktop part: one package, one NUMA node, one thread per core."""
+    return Machine("1-socket-no-smt", {cpu: (cpu, 0, 0) for cpu in range(cores)}, {0: memory_gib * GIB_KB})
+
+
+def two_sockets_smt(core_ids: tuple[int, ...] = (0, 1, 2, 8), memory_gib: int = 64) -> Machine:
+    """A two-socket Intel Xeon with hyper-threading: Linux numbers the first thread of every core (socket 0,
+    then socket 1), then the second threads in the same order, so cpuK and cpuK+N/2 are siblings. Core ids
+    have holes as on real Xeons (``core_ids`` per socket), and repeat on each socket."""
+    per_socket = len(core_ids)
+    half = 2 * per_socket
+    cpus: dict[int, tuple[int, int, int]] = {}
+    for thread in range(2):
+        for socket in range(2):
+            for index, core in enumerate(core_ids):
+                cpus[thread * half + socket * per_socket + index] = (core, socket, socket)
+    return Machine("2-sockets-smt", cpus, {0: memory_gib * GIB_KB, 1: memory_gib * GIB_KB},
+                   distances={0: (10, 21), 1: (21, 10)})
+
+
+def four_numa_with_holes() -> Machine:
+    """Two sockets split in two NUMA nodes each (sub-NUMA clustering), 2 cores × 2 threads per node (first
+    threads cpu0-7, second threads cpu8-15), with CPUs 3, 11 and 14 taken offline (``echo 0 > cpuN/online``):
+    the numbering has holes, node 1 lost a whole core and node 3 one thread. CPUs 4 and 12 (one core of
+    node 2) are isolated (``isolcpus=4,12``)."""
+    cpus: dict[int, tuple[int, int, int]] = {}
+    for thread in range(2):
+        for node in range(4):
+            for index in range(2):
+                cpus[thread * 8 + node * 2 + index] = ((node % 2) * 2 + index, node // 2, node)
+    near, same_socket, far = 10, 11, 32
+    distances = {
+        node: tuple(near if other == node else same_socket if other // 2 == node // 2 else far for other in range(4))
+        for node in range(4)
+    }
+    return Machine("4-numa-holes", cpus, dict.fromkeys(range(4), 32 * GIB_KB), offline=frozenset({3, 11, 14}),
+                   isolated=frozenset({4, 12}), distances=distances)
+
+
+MACHINES = (one_socket_no_smt, two_sockets_smt, four_numa_with_holes)
+
+
+def build_tree(root: Path, machine: Machine) -> str:
+    """Write ``machine`` under ``root/sys``; returns that sys dir."""
+    sys_dir = root / "sys"
+    cpu_base = sys_dir / "devices" / "system" / "cpu"
+    node_base = sys_dir / "devices" / "system" / "node"
+    cpu_base.mkdir(parents=True)
+    (cpu_base / "possible").write_text(format_cpu_list(machine.cpus) + "\n")
+    (cpu_base / "online").write_text(format_cpu_list(machine.online) + "\n")
+    (cpu_base / "isolated").write_text(format_cpu_list(machine.isolated) + "\n")
+    nodes = sorted(set(machine.node_memory_kb) | {node for _, _, node in machine.cpus.values()})
+    for node in nodes:
+        node_dir = node_base / f"node{node}"
+        node_dir.mkdir(parents=True)
+        node_cpus = [cpu for cpu, (_, _, n) in machine.cpus.items() if n == node and cpu not in machine.offline]
+        (node_dir / "cpulist").write_text(format_cpu_list(node_cpus) + "\n")
+        kb = machine.node_memory_kb.get(node, 0)
+        (node_dir / "meminfo").write_text(
+            f"Node {node} MemTotal:       {kb} kB\nNode {node} MemFree:        {kb // 2} kB\n"
+            f"Node {node} MemUsed:        {kb - kb // 2} kB\n")
+        if node in machine.distances:
+            (node_dir / "distance").write_text(" ".join(map(str, machine.distances[node])) + "\n")
+    (node_base / "online").write_text(format_cpu_list(nodes) + "\n")
+    for cpu, (core, package, node) in machine.cpus.items():
+        cpu_dir = cpu_base / f"cpu{cpu}"
+        cpu_dir.mkdir()
+        if cpu != 0:
+            (cpu_dir / "online").write_text("0\n" if cpu in machine.offline else "1\n")
+        os.symlink(node_base / f"node{node}", cpu_dir / f"node{node}")
+        if cpu in machine.offline:
+            continue
+        topology = cpu_dir / "topology"
+        topology.mkdir()
+        (topology / "core_id").write_text(f"{core}\n")
+        (topology / "physical_package_id").write_text(f"{package}\n")
+    return str(sys_dir)
