@@ -419,17 +419,21 @@ def parse_node_reservation(value: str) -> NodeReservation:
 
 @dataclass(frozen=True, slots=True)
 class SystemQOSResource:
-    """``node.koordinator.sh/system-qos-resource``: CPUs for SYSTEM-QoS pods, exclusive or shared."""
+    """``node.koordinator.sh/system-qos-resource``: CPUs for SYSTEM-QoS pods, exclusive or shared.
+
+    Exclusive unless ``cpusetExclusive`` is false (Koordinator ``SystemQOSResource.IsCPUSetExclusive``)."""
 
     cpuset: tuple[int, ...] = ()
-    cpuset_exclusive: bool = False
+    cpuset_exclusive: bool = True
 
 
 def parse_system_qos_resource(value: str) -> SystemQOSResource:
     annotation = ANNOTATION_NODE_SYSTEM_QOS_RESOURCE
     data = _object(annotation, _load_json(annotation, value))
     cpuset = _cpu_list_field(annotation, data, "cpuset")
-    exclusive = data.get("cpusetExclusive", False)
+    exclusive = data.get("cpusetExclusive")
+    if exclusive is None:  # absent or null: exclusive
+        exclusive = True
     if not isinstance(exclusive, bool):
         raise AnnotationError(annotation, f"cpusetExclusive: expected true or false, got {show(exclusive)}")
     return SystemQOSResource(cpuset=cpuset, cpuset_exclusive=exclusive)

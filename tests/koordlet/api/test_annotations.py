@@ -167,6 +167,10 @@ def test_node_annotations() -> None:
     assert reservation.reserved_cpus == (0, 1)
     system = parse_system_qos_resource('{"cpuset":"2-3","cpusetExclusive":true}')
     assert system.cpuset == (2, 3) and system.cpuset_exclusive
+    # Koordinator: exclusive unless cpusetExclusive is false (absent and null mean exclusive)
+    assert parse_system_qos_resource('{"cpuset":"2-3"}').cpuset_exclusive
+    assert parse_system_qos_resource('{"cpuset":"2-3","cpusetExclusive":null}').cpuset_exclusive
+    assert not parse_system_qos_resource('{"cpuset":"2-3","cpusetExclusive":false}').cpuset_exclusive
     assert parse_cpu_normalization_ratio("1.234") == 1.23
     assert parse_cpu_normalization_ratio("-1") is None
     with pytest.raises(AnnotationError):
