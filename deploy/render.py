@@ -31,6 +31,7 @@ MANIFESTS = (
     "crds/slo.koordinator.sh_nodeslos.yaml",
     "crds/slo.koordinator.sh_nodemetrics.yaml",
     "crds/scheduling.koordinator.sh_devices.yaml",
+    "crds/topology.node.k8s.io_noderesourcetopologies.yaml",
     "base/rbac.yaml",
     "base/slo-controller-config.yaml",
     "base/koordlet.yaml",

@@ -1,0 +1,434 @@
+"""The node's NodeResourceTopology (``topology.node.k8s.io/v1alpha1``; gate ``NodeTopologyReport``).
+
+What koord-scheduler reads to bind CPUs (Koordinator ``pkg/koordlet/statesinformer/impl/
+states_noderesourcetopology.go``; its scheduler's ``nodenumaresource`` plugin reads it back):
+
+- ``zones``: one per NUMA node, name ``node-N``, type ``Node``, resources ``cpu`` (the node's online CPUs),
+  ``memory`` (its MemTotal), ``hugepages-1Gi`` and ``hugepages-2Mi`` (0: gate ``HugePageReport`` is not
+  implemented), each with capacity = allocatable = available, sorted by name; ``costs`` are the kernel's
+  NUMA distances (Koordinator leaves them out; the NRT API defines them so);
+- ``topologyPolicies``: ``["None"]`` (kubelet's topology manager policy is not read);
+- annotations, JSON with Koordinator's field names: ``node.koordinator.sh/cpu-topology``
+  (``{"detail":[{id,core,socket,node}]}``; ``core`` is a node-wide logical core id like ``lscpu``'s, since
+  sysfs ``core_id`` repeats on every socket and the scheduler groups threads by it),
+  ``node.koordinator.sh/cpu-shared-pools`` and ``…/be-cpu-shared-pools`` (``[{socket,node,cpuset}]``),
+  ``kubelet.koordinator.sh/cpu-manager-policy`` (``{policy,options,reservedCPUs}``; ``{}`` when kubelet's
+  state is unknown), ``node.koordinator.sh/pod-cpu-allocs`` (``[{namespace,name,uid,cpuset,
+  managedByKubelet}]``: kubelet's exclusive CPUs, which the scheduler keeps out of what it binds, and the
+  scheduler's own LSE/LSR cpusets, which it ignores there), ``node.koordinator.sh/reservation`` and
+  ``node.koordinator.sh/system-qos-resource`` (the node's, with the reserved CPUs resolved; ``{}`` when none).
+  The pools come from :mod:`koordlet.api.cpupools`.
+
+Writes: created at once when missing (with an owner reference to the Node); replaced only when what koordlet
+manages changed (the same fields Koordinator compares: topology policies, managed annotations by their
+decoded JSON, zone names, types and managed resources), and then not more often than
+``min_update_interval_s`` (a change waits for the bound, the latest state wins). Others' annotations, labels,
+zones' extra resources are kept. Between writes the object last written or read is the comparison base, so
+an unchanged node costs no API call; it is re-read from the API server every ``resync_s``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from koordlet.api.cpupools import CPUPools, compute_cpu_pools
+from koordlet.api.cpuset import format_cpu_list
+from koordlet.api.keys import (
+    ANNOTATION_NODE_RESERVATION,
+    ANNOTATION_NODE_SYSTEM_QOS_RESOURCE,
+    ANNOTATION_NRT_BE_CPU_SHARED_POOLS,
+    ANNOTATION_NRT_CPU_SHARED_POOLS,
+    ANNOTATION_NRT_CPU_TOPOLOGY,
+    ANNOTATION_NRT_KUBELET_CPU_MANAGER_POLICY,
+    ANNOTATION_NRT_POD_CPU_ALLOCS,
+)
+from koordlet.api.pod import PodMeta
+from koordlet.statesinformer.cpumanager import POLICY_STATIC, CPUManagerState
+from koordlet.system.sysfs import CPUInfo, NodeTopology, SysfsError
+from koordlet.ticker import PeriodicThread
+
+logger = logging.getLogger(__name__)
+
+NRT_GROUP = "topology.node.k8s.io"
+NRT_VERSION = "v1alpha1"
+NRT_PLURAL = "noderesourcetopologies"
+NRT_KIND = "NodeResourceTopology"
+TOPOLOGY_POLICY_NONE = "None"
+ZONE_TYPE_NODE = "Node"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_KOORDINATOR = "Koordinator"
+
+DEFAULT_SYNC_INTERVAL_S = 3.0
+DEFAULT_MIN_UPDATE_INTERVAL_S = 10.0
+DEFAULT_RESYNC_S = 300.0
+TOPOLOGY_REFRESH_S = 60.0  # CPU hotplug is rare; sysfs is re-read this often
+_CONFLICT_RETRIES = 3
+
+# The annotations koordlet owns on the object (Koordinator managedNRTAnnotationKeys, minus cpu-basic-info).
+MANAGED_ANNOTATIONS = (
+    ANNOTATION_NRT_KUBELET_CPU_MANAGER_POLICY,
+    ANNOTATION_NRT_CPU_SHARED_POOLS,
+    ANNOTATION_NRT_BE_CPU_SHARED_POOLS,
+    ANNOTATION_NRT_CPU_TOPOLOGY,
+    ANNOTATION_NRT_POD_CPU_ALLOCS,
+    ANNOTATION_NODE_RESERVATION,
+    ANNOTATION_NODE_SYSTEM_QOS_RESOURCE,
+)
+MANAGED_RESOURCES = ("cpu", "hugepages-1Gi", "hugepages-2Mi", "memory")
+
+
+class NRTReportError(RuntimeError):
+    """The NodeResourceTopology could not be read or written."""
+
+
+# ------------------------------------------------------------------------------------------- the object
+
+
+def zone_name(node_id: int) -> str:
+    return f"node-{node_id}"
+
+
+def logical_core_ids(cpus: Iterable[CPUInfo]) -> dict[int, int]:
+    """cpu id → a node-wide core id: (socket, core_id) pairs numbered in order of their first CPU, as lscpu's
+    CORE column (what Koordinator's koordlet reports)."""
+    numbers: dict[tuple[int, int], int] = {}
+    out: dict[int, int] = {}
+    for cpu in sorted(cpus, key=lambda c: c.cpu_id):
+        out[cpu.cpu_id] = numbers.setdefault(cpu.core_key, len(numbers))
+    return out
+
+
+def cpu_topology_json(cpus: Iterable[CPUInfo]) -> dict[str, Any]:
+    """Koordinator ``CPUTopology``: ``{"detail": [{"id", "core", "socket", "node"}, ...]}`` by cpu id."""
+    ordered = sorted(cpus, key=lambda c: c.cpu_id)
+    cores = logical_core_ids(ordered)
+    return {"detail": [{"id": c.cpu_id, "core": cores[c.cpu_id], "socket": c.socket_id, "node": c.node_id}
+                       for c in ordered]}
+
+
+def kubelet_policy_json(state: CPUManagerState | None) -> dict[str, Any]:
+    """Koordinator ``KubeletCPUManagerPolicy`` (every field omitempty): ``{}`` when kubelet's state is unknown."""
+    if state is None:
+        return {}
+    out: dict[str, Any] = {}
+    if state.policy:
+        out["policy"] = state.policy
+    if state.options:
+        out["options"] = dict(state.options)
+    if state.policy == POLICY_STATIC and state.reserved_cpus:
+        out["reservedCPUs"] = format_cpu_list(state.reserved_cpus)
+    return out
+
+
+def _node_annotation_object(annotations: Mapping[str, str], key: str) -> dict[str, Any]:
+    raw = annotations.get(key)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def reservation_json(annotations: Mapping[str, str], pools: CPUPools) -> dict[str, Any]:
+    """Koordinator ``NodeReservation`` as on the Node, ``reservedCPUs`` resolved (an amount taken by topology)."""
+    raw = _node_annotation_object(annotations, ANNOTATION_NODE_RESERVATION)
+    out = {key: raw[key] for key in ("resources", "applyPolicy") if raw.get(key)}
+    if pools.node_reserved_cpus:
+        out["reservedCPUs"] = format_cpu_list(pools.node_reserved_cpus)
+    return out
+
+
+def system_qos_json(annotations: Mapping[str, str]) -> dict[str, Any]:
+    """Koordinator ``SystemQOSResource`` as on the Node (``cpuset``, ``cpusetExclusive``)."""
+    raw = _node_annotation_object(annotations, ANNOTATION_NODE_SYSTEM_QOS_RESOURCE)
+    out: dict[str, Any] = {}
+    if isinstance(raw.get("cpuset"), str) and raw["cpuset"]:
+        out["cpuset"] = raw["cpuset"]
+    if isinstance(raw.get("cpusetExclusive"), bool):
+        out["cpusetExclusive"] = raw["cpusetExclusive"]
+    return out
+
+
+def _json(value: object) -> str:
+    # Go's encoding/json: compact, and an empty slice field of Koordinator's (a nil slice there) is "null"
+    if isinstance(value, list) and not value:
+        return "null"
+    return json.dumps(value, separators=(",", ":"))
+
+
+def format_bytes(value: int) -> str:
+    """A byte count as a Kubernetes quantity: the largest binary suffix that divides it exactly."""
+    for power, suffix in ((6, "Ei"), (5, "Pi"), (4, "Ti"), (3, "Gi"), (2, "Mi"), (1, "Ki")):
+        if value and value % (1 << (10 * power)) == 0:
+            return f"{value >> (10 * power)}{suffix}"
+    return str(value)
+
+
+def _resource(name: str, amount: str) -> dict[str, str]:
+    return {"name": name, "capacity": amount, "allocatable": amount, "available": amount}
+
+
+def build_zones(topology: NodeTopology) -> list[dict[str, Any]]:
+    zones = []
+    for node in topology.numa_nodes:
+        zone: dict[str, Any] = {"name": zone_name(node.node_id), "type": ZONE_TYPE_NODE}
+        if node.distances:
+            zone["costs"] = [{"name": zone_name(other), "value": distance} for other, distance in node.distances]
+        zone["resources"] = [
+            _resource("cpu", str(len(node.cpus))),
+            _resource("hugepages-1Gi", "0"),
+            _resource("hugepages-2Mi", "0"),
+            _resource("memory", format_bytes(node.memory_total_bytes)),
+        ]
+        zones.append(zone)
+    return sorted(zones, key=lambda z: z["name"])
+
+
+def build_nrt(node_name: str, topology: NodeTopology, pools: CPUPools, kubelet: CPUManagerState | None,
+              node_annotations: Mapping[str, str], node_uid: str = "") -> dict[str, Any]:
+    """The whole NodeResourceTopology object koordlet wants for this node (pure)."""
+    annotations = {
+        ANNOTATION_NRT_CPU_TOPOLOGY: _json(cpu_topology_json(topology.cpus)),
+        ANNOTATION_NRT_CPU_SHARED_POOLS: _json([p.to_json() for p in pools.shared]),
+        ANNOTATION_NRT_BE_CPU_SHARED_POOLS: _json([p.to_json() for p in pools.be_shared]),
+        ANNOTATION_NRT_KUBELET_CPU_MANAGER_POLICY: _json(kubelet_policy_json(kubelet)),
+        ANNOTATION_NRT_POD_CPU_ALLOCS: _json([a.to_json() for a in pools.pod_allocs]),
+        ANNOTATION_NODE_RESERVATION: _json(reservation_json(node_annotations, pools)),
+        ANNOTATION_NODE_SYSTEM_QOS_RESOURCE: _json(system_qos_json(node_annotations)),
+    }
+    metadata: dict[str, Any] = {"name": node_name, "labels": {LABEL_MANAGED_BY: MANAGED_BY_KOORDINATOR},
+                                "annotations": annotations}
+    if node_uid:
+        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid,
+                                        "controller": True, "blockOwnerDeletion": True}]
+    return {"apiVersion": f"{NRT_GROUP}/{NRT_VERSION}", "kind": NRT_KIND, "metadata": metadata,
+            "topologyPolicies": [TOPOLOGY_POLICY_NONE], "zones": build_zones(topology)}
+
+
+def _decoded(value: str | None) -> object:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except ValueError:
+        return ("undecodable", value)
+
+
+def _zone_view(zones: object) -> list[tuple[object, object, object, dict[str, tuple[str, str, str]]]]:
+    view = []
+    for zone in zones if isinstance(zones, list) else []:
+        if not isinstance(zone, dict):
+            continue
+        resources = {r.get("name"): (str(r.get("capacity")), str(r.get("allocatable")), str(r.get("available")))
+                     for r in zone.get("resources") or [] if isinstance(r, dict) and r.get("name") in MANAGED_RESOURCES}
+        view.append((zone.get("name"), zone.get("type"), zone.get("costs"), resources))
+    return view
+
+
+def change_reason(existing: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> str | None:
+    """Why ``existing`` must be rewritten to carry ``desired``'s managed parts; None when it need not be."""
+    if existing is None:
+        return "missing"
+    if existing.get("topologyPolicies") != desired["topologyPolicies"]:
+        return "topologyPolicies"
+    old = (existing.get("metadata") or {}).get("annotations") or {}
+    new = desired["metadata"]["annotations"]
+    for key in MANAGED_ANNOTATIONS:
+        if _decoded(old.get(key)) != _decoded(new.get(key)):
+            return f"annotation {key}"
+    if _zone_view(existing.get("zones")) != _zone_view(desired["zones"]):
+        return "zones"
+    return None
+
+
+def merge_into(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """``existing`` carrying ``desired``'s managed parts; others' annotations, labels and extra zone
+    resources kept (Koordinator ``updateNRT``)."""
+    merged = copy.deepcopy(dict(existing))
+    meta = merged.setdefault("metadata", {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), **desired["metadata"]["annotations"]}
+    if not meta.get("ownerReferences") and desired["metadata"].get("ownerReferences"):
+        meta["ownerReferences"] = copy.deepcopy(desired["metadata"]["ownerReferences"])
+    merged["topologyPolicies"] = list(desired["topologyPolicies"])
+    old_zones = {z.get("name"): z for z in existing.get("zones") or [] if isinstance(z, dict)}
+    zones = []
+    for zone in desired["zones"]:
+        new_zone = copy.deepcopy(zone)
+        old = old_zones.get(zone["name"]) or {}
+        ours = {r["name"] for r in zone["resources"]}
+        extra = [r for r in old.get("resources") or [] if isinstance(r, dict) and r.get("name") not in ours]
+        new_zone["resources"] = sorted(new_zone["resources"] + extra, key=lambda r: str(r.get("name")))
+        if old.get("attributes") and "attributes" not in new_zone:
+            new_zone["attributes"] = old["attributes"]
+        zones.append(new_zone)
+    merged["zones"] = zones
+    return merged
+
+
+# --------------------------------------------------------------------------------------------- API writes
+
+
+class NRTReporter:
+    """Creates or replaces the node's NodeResourceTopology through a kubernetes ``CustomObjectsApi``."""
+
+    def __init__(self, node_name: str, custom_api: Any) -> None:
+        self.node_name = node_name
+        self._api = custom_api
+
+    def get(self) -> dict[str, Any] | None:
+        try:
+            return self._api.get_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, self.node_name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise NRTReportError(f"get NodeResourceTopology {self.node_name}: {exc.status} {exc.reason}") from exc
+
+    def write(self, desired: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Make the stored object carry ``desired``: ("created" | "updated" | "unchanged", the stored object)."""
+        for _attempt in range(_CONFLICT_RETRIES):
+            existing = self.get()
+            if existing is None:
+                try:
+                    stored = self._api.create_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL,
+                                                                    dict(desired))
+                except ApiException as exc:
+                    if exc.status == 409:  # created by someone else meanwhile: compare again
+                        continue
+                    raise NRTReportError(f"create NodeResourceTopology {self.node_name}: {exc.status} "
+                                         f"{exc.body}") from exc
+                return "created", stored
+            reason = change_reason(existing, desired)
+            if reason is None:
+                return "unchanged", existing
+            try:
+                stored = self._api.replace_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, self.node_name,
+                                                                 merge_into(existing, desired))
+            except ApiException as exc:
+                if exc.status == 409:
+                    logger.debug("NodeResourceTopology %s changed meanwhile; retrying", self.node_name)
+                    continue
+                raise NRTReportError(f"update NodeResourceTopology {self.node_name}: {exc.status} "
+                                     f"{exc.body}") from exc
+            logger.info("NodeResourceTopology %s updated (%s)", self.node_name, reason)
+            return "updated", stored
+        raise NRTReportError(f"update NodeResourceTopology {self.node_name}: still conflicting after "
+                             f"{_CONFLICT_RETRIES} tries")
+
+
+# --------------------------------------------------------------------------------------------- the loop
+
+
+class NRTReportLoop:
+    """Computes the node's NRT every ``interval_s`` and writes it when it changed, at most once per
+    ``min_update_interval_s`` (creation is not held back).
+
+    ``cpu_manager``: kubelet's CPU manager state, None when unknown (the integrator wires the reader of
+    ``cpu_manager_state``). ``observe``: called with each tick's outcome (created, updated, unchanged,
+    deferred, failed).
+    """
+
+    def __init__(
+        self,
+        reporter: NRTReporter,
+        read_topology: Callable[[], NodeTopology],
+        pods: Callable[[], Iterable[PodMeta]],
+        cpu_manager: Callable[[], CPUManagerState | None],
+        node_annotations: Callable[[], Mapping[str, str]] = dict,
+        node_uid: Callable[[], str] = str,
+        interval_s: float = DEFAULT_SYNC_INTERVAL_S,
+        min_update_interval_s: float = DEFAULT_MIN_UPDATE_INTERVAL_S,
+        resync_s: float = DEFAULT_RESYNC_S,
+        observe: Callable[[str], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._reporter = reporter
+        self._read_topology = read_topology
+        self._pods = pods
+        self._cpu_manager = cpu_manager
+        self._node_annotations = node_annotations
+        self._node_uid = node_uid
+        self._min_update_interval_s = min_update_interval_s
+        self._resync_s = resync_s
+        self._observe = observe or (lambda outcome: None)
+        self._monotonic = monotonic
+        self._topology: NodeTopology | None = None
+        self._topology_read_at = -float("inf")
+        self._stored: dict[str, Any] | None = None  # the object as last written or read
+        self._stored_at = -float("inf")
+        self._written_at = -float("inf")
+        self._failing = False
+        self._last_problems: tuple[str, ...] = ()
+        self.desired: dict[str, Any] | None = None  # the last object computed (the demo prints it)
+        self.writes = 0
+        self._thread = PeriodicThread("nrt-reporter", interval_s, self.report_once)
+
+    def _topology_now(self, now: float) -> NodeTopology:
+        if self._topology is None or now - self._topology_read_at >= TOPOLOGY_REFRESH_S:
+            try:
+                self._topology = self._read_topology()
+                self._topology_read_at = now
+            except SysfsError as exc:
+                if self._topology is None:
+                    raise
+                logger.warning("CPU topology unreadable, reporting the last one read: %s", exc)
+        return self._topology
+
+    def compute(self) -> dict[str, Any]:
+        """The NRT object for the node as it is now (reads sysfs at most every TOPOLOGY_REFRESH_S)."""
+        topology = self._topology_now(self._monotonic())
+        kubelet = self._cpu_manager()
+        annotations = self._node_annotations()
+        pools = compute_cpu_pools(topology.cpus, self._pods(), kubelet, annotations)
+        if pools.problems != self._last_problems:
+            for problem in pools.problems:
+                logger.warning("CPU pools: skipped %s", problem)
+            self._last_problems = pools.problems
+        self.desired = build_nrt(self._reporter.node_name, topology, pools, kubelet, annotations, self._node_uid())
+        return self.desired
+
+    def report_once(self) -> str:
+        try:
+            outcome = self._report()
+        except (NRTReportError, SysfsError, ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as err:
+            outcome = "failed"
+            if not self._failing:
+                logger.warning("NodeResourceTopology report failed; retrying every tick: %s", err)
+            self._failing = True
+        else:
+            if self._failing:
+                logger.info("NodeResourceTopology report recovered")
+            self._failing = False
+        self._observe(outcome)
+        return outcome
+
+    def _report(self) -> str:
+        desired = self.compute()
+        now = self._monotonic()
+        fresh = now - self._stored_at < self._resync_s
+        if fresh and change_reason(self._stored, desired) is None:
+            return "unchanged"
+        if fresh and self._stored is not None and now - self._written_at < self._min_update_interval_s:
+            return "deferred"
+        outcome, stored = self._reporter.write(desired)
+        self._stored, self._stored_at = stored, now
+        if outcome != "unchanged":
+            self._written_at = now
+            self.writes += 1
+        return outcome
+
+    def start(self) -> None:
+        """The first report at once, then every interval."""
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        return self._thread.stop(timeout_s)
