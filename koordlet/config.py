@@ -154,6 +154,7 @@ class KoordletConfig:
     kubelet_client_key: str
     disable_query_kubelet_config: bool
     node_topology_sync_interval_s: float
+    node_topology_min_update_interval_s: float
     # metrics advisor (§7.1) and cache
     collect_res_used_interval_s: float
     psi_collector_interval_s: float
@@ -278,6 +279,8 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
     flag("kubelet-client-key", str, "", "client key for kubelet")
     switch("disable-query-kubelet-config", False, "do not read kubelet /configz")
     flag("node-topology-sync-interval", parse_duration, 3.0, "Device (and topology) report period")
+    flag("node-topology-min-update-interval", parse_duration, 10.0,
+         "NodeResourceTopology: least time between two updates of the object")
     flag("collect-res-used-interval", parse_duration, 1.0, "node/pod usage collection period")
     flag("psi-collector-interval", parse_duration, 10.0, "PSI collection period")
     switch("enable-pagecache-collector", False, "also collect usage with page cache")
@@ -330,6 +333,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
         "kubelet_sync_interval": "kubelet_sync_interval_s",
         "kubelet_sync_timeout": "kubelet_sync_timeout_s",
         "node_topology_sync_interval": "node_topology_sync_interval_s",
+        "node_topology_min_update_interval": "node_topology_min_update_interval_s",
         "collect_res_used_interval": "collect_res_used_interval_s",
         "psi_collector_interval": "psi_collector_interval_s",
         "runtime_hooks_reconcile_interval": "runtime_hooks_reconcile_interval_s",
@@ -355,5 +359,7 @@ def _check(config: KoordletConfig) -> None:
         raise ConfigError(f"-addr {config.addr!r}: expected [host]:port") from err
     if not 0 <= port <= 65535:
         raise ConfigError(f"-addr {config.addr!r}: port out of range")
+    if config.node_topology_min_update_interval_s < 0:
+        raise ConfigError("-node-topology-min-update-interval must not be negative")
     if bool(config.kubelet_client_cert) != bool(config.kubelet_client_key):
         raise ConfigError("-kubelet-client-cert and -kubelet-client-key go together")

@@ -50,7 +50,7 @@ GATES: tuple[Gate, ...] = (
     Gate("BECPUSuppress", BETA, YES, (_QOS,)),
     Gate("CPUBurst", BETA, YES, (_QOS,)),
     Gate("RdtResctrl", BETA, YES, (_QOS,)),
-    Gate("NodeTopologyReport", BETA, NO, note="NodeResourceTopology is not reported"),
+    Gate("NodeTopologyReport", BETA, YES, ("koordlet/main.py",)),
     Gate("GroupIdentity", BETA, YES, ("hooks/groupidentity.py",)),
     Gate("CPUSetAllocator", BETA, YES, ("hooks/cpuset.py",)),
     Gate("BatchResource", BETA, YES, ("hooks/batchresource.py",)),
@@ -98,7 +98,7 @@ def inert_enabled(gates: Mapping[str, bool]) -> list[str]:
     """The gates that are on (by default or by the command line) but that koordlet-py does not act on.
 
     Only gates that are on are named: a gate that is off and does nothing behaves exactly as asked, while
-    a gate that is on (``NodeTopologyReport`` by default, or one a DaemonSet turns on) promises a feature
+    a gate that is on (by default, or because a DaemonSet turns it on) promises a feature
     that is not there."""
     return [g.name for g in GATES if not g.acts and gates.get(g.name, g.default)]
 

@@ -8,7 +8,7 @@ reporters. SIGTERM/SIGINT stop everything in reverse order, each part with its s
 
 Two ways to run:
 - with an API server (in-cluster config or ``-kubeconfig``): node and NodeSLO watched, pods from kubelet
-  ``/pods``, NodeMetric status reported, Events recorded;
+  ``/pods``, NodeMetric status and NodeResourceTopology reported, Events recorded;
 - ``-local-mode``: NodeSLO from ``-node-slo-file`` (watched), pods from the CRI at ``-cri-endpoint``, the
   node's capacity from this host, NodeMetric written as YAML under ``-report-dir``.
 
@@ -57,6 +57,8 @@ from koordlet.metricsadvisor import (
 )
 from koordlet.reporters.device import GPUCollector, DeviceReportLoop
 from koordlet.reporters.nodemetric import NodeMetricReporter
+from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
+from koordlet.statesinformer.cpumanager import CPUManagerState
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
 from koordlet.statesinformer.cri import CriPodSource
@@ -68,6 +70,7 @@ from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.roots import HostDirs
+from koordlet.system.sysfs import read_node_topology
 
 logger = logging.getLogger(__name__)
 
@@ -396,6 +399,36 @@ def _device_reporter(ctx: AgentContext) -> Component | None:
     return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, node_uid)
 
 
+def _kubelet_cpu_manager(config: KoordletConfig) -> Callable[[], CPUManagerState | None]:
+    """kubelet's CPU manager state for the NodeResourceTopology: None (unknown) until the reader of
+    ``<-var-lib-kubelet-dir>/cpu_manager_state`` is wired here; always None with
+    ``-disable-query-kubelet-config`` (Koordinator then reports no kubelet policy)."""
+    return lambda: None
+
+
+def _nrt_reporter(ctx: AgentContext) -> Component | None:
+    """The NodeResourceTopology (gate ``NodeTopologyReport``), with an API server only."""
+    config, api_client, kube, states = ctx.config, ctx.api_client, ctx.kube, ctx.states
+    if not config.gate("NodeTopologyReport") or api_client is None:
+        return None
+    sys_dir = host_dirs(config).sys_dir
+
+    def node_annotations() -> dict[str, str]:
+        node = states.node()
+        return dict(node.annotations) if node is not None else {}
+
+    def node_uid() -> str:
+        raw = kube.raw_node if kube is not None else None
+        return str(((raw or {}).get("metadata") or {}).get("uid") or "")
+
+    return NRTReportLoop(
+        NRTReporter(config.node_name, kubernetes.client.CustomObjectsApi(api_client)),
+        lambda: read_node_topology(sys_dir), states.pods, _kubelet_cpu_manager(config),
+        node_annotations=node_annotations, node_uid=node_uid, interval_s=config.node_topology_sync_interval_s,
+        min_update_interval_s=config.node_topology_min_update_interval_s,
+        observe=ctx.metrics.observe_node_topology_report)
+
+
 def _nodemetric_reporter(ctx: AgentContext) -> Component | None:
     config, api_client, states, metrics = ctx.config, ctx.api_client, ctx.states, ctx.metrics
     if not config.enable_node_metric_report:
@@ -432,6 +465,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
         Part("metrics advisor", _metrics_advisor),
         *(_component_part(factory) for factory in components),
         Part("Device reporter", _device_reporter),
+        Part("NodeResourceTopology reporter", _nrt_reporter),
         Part("NodeMetric reporter", _nodemetric_reporter),
     ]
 

@@ -251,6 +251,9 @@ class KoordletMetrics:
         self.node_metric_reports = Counter(
             "koordlet_node_metric_reports", "NodeMetric status reports by outcome", ["node", "status"],
             registry=self.registry)
+        self.node_topology_reports = Counter(
+            "koordlet_node_topology_reports", "NodeResourceTopology report ticks by outcome (created, updated, "
+            "unchanged, deferred, failed, bad_annotation)", ["node", "status"], registry=self.registry)
         self.states_errors = Counter(
             "koordlet_states_informer_errors", "States informer failures by source", ["node", "source"],
             registry=self.registry)
@@ -289,6 +292,9 @@ class KoordletMetrics:
 
     def observe_report(self, status: str) -> None:
         self.node_metric_reports.labels(self.node_name, status).inc()
+
+    def observe_node_topology_report(self, status: str) -> None:
+        self.node_topology_reports.labels(self.node_name, status).inc()
 
     def observe_states_error(self, source: str) -> None:
         self.states_errors.labels(self.node_name, source).inc()

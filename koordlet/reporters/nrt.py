@@ -334,7 +334,7 @@ class NRTReportLoop:
 
     ``cpu_manager``: kubelet's CPU manager state, None when unknown (the integrator wires the reader of
     ``cpu_manager_state``). ``observe``: called with each tick's outcome (created, updated, unchanged,
-    deferred, failed).
+    deferred, failed) and once per annotation the pools skipped (bad_annotation).
     """
 
     def __init__(
@@ -389,9 +389,10 @@ class NRTReportLoop:
         kubelet = self._cpu_manager()
         annotations = self._node_annotations()
         pools = compute_cpu_pools(topology.cpus, self._pods(), kubelet, annotations)
-        if pools.problems != self._last_problems:
+        if pools.problems != self._last_problems:  # logged and counted once per new set of bad annotations
             for problem in pools.problems:
                 logger.warning("CPU pools: skipped %s", problem)
+                self._observe("bad_annotation")
             self._last_problems = pools.problems
         self.desired = build_nrt(self._reporter.node_name, topology, pools, kubelet, annotations, self._node_uid())
         return self.desired

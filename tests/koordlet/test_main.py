@@ -305,6 +305,13 @@ def test_api_server_mode_watches_node_and_slo_lists_kubelet_pods_and_reports_sta
             # Accelerators: the Device object is reported, owned by the node.
             device = eventually(lambda: server.get_object("devices", NODE), timeout_s=10)
             assert device and len(device["spec"]["devices"]) == 1
+            # NodeTopologyReport (on by default): this host's NUMA zones and CPU pools, owned by the node.
+            from koordlet.system.sysfs import read_node_topology
+            nrt = eventually(lambda: server.get_object("noderesourcetopologies", NODE), timeout_s=10)
+            assert nrt and [z["name"] for z in nrt["zones"]] == [
+                f"node-{n.node_id}" for n in read_node_topology("/sys").numa_nodes]
+            assert nrt["metadata"]["ownerReferences"][0]["name"] == NODE
+            assert "node.koordinator.sh/cpu-shared-pools" in nrt["metadata"]["annotations"]
         finally:
             started = time.monotonic()
             agent.stop(5.0)
@@ -376,7 +383,7 @@ def test_start_names_the_inert_gates_that_are_on_once_and_exports_every_gate(
             agent.stop()
     inert = [r.getMessage() for r in caplog.records if "not implemented by koordlet-py" in r.getMessage()]
     assert inert == ["feature gates on but not implemented by koordlet-py (accepted, no effect): "
-                     "NodeTopologyReport, OOMScoreAdj"]
+                     "OOMScoreAdj"]
     assert status == 200
     lines = [line for line in text.splitlines() if line.startswith("koordlet_feature_gate{")]
     assert len(lines) == 39
@@ -385,7 +392,7 @@ def test_start_names_the_inert_gates_that_are_on_once_and_exports_every_gate(
         assert f'node="{NODE}"' in line
         return line.rsplit(" ", 1)[1] + " " + re.search(r'implemented="(\w+)"', line).group(1)
     assert value("OOMScoreAdj") == "1.0 no"
-    assert value("NodeTopologyReport") == "1.0 no"
+    assert value("NodeTopologyReport") == "1.0 yes"
     assert value("CPUEvict") == "0.0 no"
     assert value("CgroupReconcile") == "1.0 yes"
     assert value("BECPUManager") == "0.0 partial"
