@@ -213,6 +213,26 @@ def show_device_plugin(kubelet: TestKubelet) -> TestKubelet:
     return kubelet
 
 
+def show_nrt() -> None:
+    """This node's NodeResourceTopology as koordlet reports it with an API server (koordlet/reporters/nrt.py)."""
+    from koordlet.api.cpupools import compute_cpu_pools
+    from koordlet.reporters.nrt import build_nrt
+    from koordlet.system.sysfs import read_node_topology
+
+    topology = read_node_topology()
+    nrt = build_nrt(NODE, topology, compute_cpu_pools(topology.cpus, []), None, {})
+    say("   its NodeResourceTopology (what koord-scheduler reads to bind CPUs; reported with an API server):")
+    for zone in nrt["zones"]:
+        amounts = {r["name"]: r["capacity"] for r in zone["resources"]}
+        say(f"     zone {zone['name']} ({zone['type']}): cpu {amounts['cpu']}, memory {amounts['memory']}")
+    annotations = nrt["metadata"]["annotations"]
+    for key in ("node.koordinator.sh/cpu-topology", "node.koordinator.sh/cpu-shared-pools",
+                "node.koordinator.sh/be-cpu-shared-pools", "kubelet.koordinator.sh/cpu-manager-policy"):
+        say(f"     {key}: {annotations[key]}")
+    if topology.isolated_cpus:
+        say(f"     isolated CPUs: {topology.isolated_cpus}")
+
+
 def main() -> int:  # noqa: C901 - a script that tells a story in order
     if os.geteuid() != 0:
         say("make demo needs root (it runs containerd and writes cgroups)")
@@ -242,6 +262,7 @@ def main() -> int:  # noqa: C901 - a script that tells a story in order
         if wait_until(registration.exists, 10):
             say(f"   it registered its hook server: {json.loads(registration.read_text())}")
         kubelet = show_device_plugin(kubelet)
+        show_nrt()
 
         step("3. koord-runtime-proxy in front of containerd",
              "kubelet would be pointed at it with --container-runtime-endpoint")

@@ -19,6 +19,8 @@ def test_demo_runs_and_stops_everything() -> None:
     text = out.stdout
     assert out.returncode == 0, text[-3000:] + out.stderr[-3000:]
     assert "koordlet_node_used_cpu_cores" in text
+    assert re.search(r"zone node-0 \(Node\): cpu \d+, memory \d+", text), text[:4000]
+    assert "node.koordinator.sh/cpu-shared-pools: [{" in text, text[:4000]
     assert re.search(r"pod default/batch-job: qos BE, priority koord-batch", text)
     busy = [int(q) for q in re.findall(r"LS busy +\d s: besteffort quota (-?\d+)", text)]
     idle_before = int(re.search(r"LS idle: +besteffort quota (-?\d+)", text).group(1))
