@@ -24,6 +24,18 @@ The rules are Koordinator's koordlet (``pkg/koordlet/statesinformer/impl/states_
 Pools are per (socket, NUMA node), sorted by socket then node; a pool whose CPUs all went in step 4 stays,
 with an empty cpuset, as in Koordinator. Pods that have ended (phase Succeeded/Failed) hold no CPUs.
 
+Use (the NRT reporter; the cpuset hook and CPU suppress)::
+
+    pools = compute_cpu_pools(cpus, pods, kubelet_state, node.annotations)
+    pools.shared            # per (socket, node): the cpu-shared-pools annotation
+    pools.shared_cpus       # all LS shared CPUs: an LS / Burstable container's cpuset
+    pools.be_shared_cpus    # what BE may run on at most (suppress shrinks the BE cpuset within it)
+    pools.kubelet_exclusive_cpus, pools.pod_allocs, pools.problems  # the last: log and count them
+
+``cpus`` is ``koordlet.system.sysfs.read_node_topology(sys_dir).cpus``; ``kubelet_state`` a
+``koordlet.statesinformer.cpumanager.CPUManagerState`` or None (both are matched structurally, so this
+leaf module imports neither).
+
 Deviation, on purpose: bad annotations are not fatal; each is skipped and named in :attr:`CPUPools.problems`
 so the caller logs and counts it.
 """
@@ -201,10 +213,14 @@ def compute_cpu_pools(
     pods: Iterable[PodMeta],
     kubelet: KubeletCPUManager | None = None,
     node_annotations: Mapping[str, str] | None = None,
+    *,
+    exclude_kubelet_reserved: bool = False,
 ) -> CPUPools:
     """The node's CPU pools by Koordinator's rules (module docstring). ``cpus``: every online CPU;
     ``pods``: the pods on the node; ``kubelet``: its CPU manager state, None when unknown (then nothing is
-    kubelet's); ``node_annotations``: the Node's (reservation, SYSTEM QoS)."""
+    kubelet's); ``node_annotations``: the Node's (reservation, SYSTEM QoS). ``exclude_kubelet_reserved``:
+    also keep kubelet's reserved CPUs (static policy) out of both pools, for a caller that wants them
+    left to system daemons; the NRT reporter keeps Koordinator's rule (they stay)."""
     annotations = node_annotations or {}
     problems: list[str] = []
     topology = {cpu.cpu_id: cpu for cpu in cpus}
@@ -253,6 +269,11 @@ def compute_cpu_pools(
             ls_pool.pop(cpu, None)
             if pod.qos_label is QoSClass.LSE:
                 be_pool.pop(cpu, None)
+
+    if exclude_kubelet_reserved and kubelet is not None and kubelet.policy == KUBELET_POLICY_STATIC:
+        for cpu in kubelet.reserved_cpus:
+            ls_pool.pop(cpu, None)
+            be_pool.pop(cpu, None)
 
     reserved = _node_reserved_cpus(annotations, topology.values(), problems)
     system_qos = _system_qos_exclusive_cpus(annotations, problems)

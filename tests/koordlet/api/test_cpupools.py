@@ -75,6 +75,8 @@ def test_kubelet_static_exclusive_cpus_leave_both_pools_but_reserved_stay(tmp_pa
         {"namespace": "default", "name": "lsr", "uid": "uid-lsr", "cpuset": "1"},
     ]
     assert pools.kubelet_exclusive_cpus == {4, 5, 6, 12, 13}
+    strict = compute_cpu_pools(_cpus(tmp_path), pods, kubelet, exclude_kubelet_reserved=True)
+    assert _sets(strict.shared) == [(0, 0, "2-3,9-11"), (1, 1, "7,14-15")]
     # the none policy: kubelet binds nothing, whatever its checkpoint says
     none = compute_cpu_pools(_cpus(tmp_path), pods, CPUManagerState(policy="none", assignments=kubelet.assignments))
     assert none.kubelet_exclusive_cpus == frozenset() and none.be_shared_cpus == frozenset(range(16))
