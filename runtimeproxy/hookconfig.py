@@ -61,10 +61,18 @@ class HookServer:
     hooks: frozenset[HookType]
 
 
+# A registration is a few lines of JSON; anything far larger is not one.
+MAX_REGISTRATION_BYTES = 64 << 10
+
+
 def parse_registration(name: str, text: str) -> HookServer:
+    if len(text) > MAX_REGISTRATION_BYTES:
+        raise ConfigError(f"{name}: larger than {MAX_REGISTRATION_BYTES} bytes")
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as err:
+    except RecursionError:
+        raise ConfigError(f"{name}: not valid JSON: nested too deep") from None
+    except ValueError as err:  # JSONDecodeError, and integers too long to convert
         raise ConfigError(f"{name}: not valid JSON: {err}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{name}: expected a JSON object, got {type(doc).__name__}")
@@ -124,7 +132,7 @@ class Registry:
                 continue
             try:
                 with open(path, encoding="utf-8") as f:
-                    servers.append(parse_registration(name, f.read()))
+                    servers.append(parse_registration(name, f.read(MAX_REGISTRATION_BYTES + 1)))
             except (ConfigError, OSError, UnicodeDecodeError) as err:
                 errors[name] = str(err)
         with self._lock:

@@ -9,7 +9,6 @@ Resource amounts come back as integers in Koordinator's units (see ``koordlet.ap
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +38,11 @@ from koordlet.api.nodeslo import (
     MemoryQOS,
 )
 from koordlet.api.quantity import QuantityError, parse_quantity, parse_resource_quantity
+from koordlet.api.safeload import SafeLoadError, load_json
+
+# A pod's annotations together are at most 256 KiB (the API server's limit); none of ours nests deeply.
+MAX_ANNOTATION_BYTES = 256 << 10
+MAX_ANNOTATION_DEPTH = 16
 
 DeviceAllocated = _device.DeviceAllocated
 GPUAllocation = _device.GPUAllocation
@@ -57,9 +61,9 @@ def _load_json(annotation: str, value: object) -> object:
     if not isinstance(value, str):
         raise AnnotationError(annotation, f"value must be a string, got {type(value).__name__}")
     try:
-        return json.loads(value)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; deep nesting recurses
-        raise AnnotationError(annotation, f"not valid JSON: {str(exc)[:80]}") from exc
+        return load_json(value, annotation, max_bytes=MAX_ANNOTATION_BYTES, max_depth=MAX_ANNOTATION_DEPTH)
+    except SafeLoadError as exc:
+        raise AnnotationError(annotation, str(exc).removeprefix(f"{annotation}: ")[:120]) from exc
 
 
 def _object(annotation: str, data: object, where: str = "") -> Mapping[str, object]:

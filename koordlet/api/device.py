@@ -15,6 +15,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from koordlet.api.safeload import SafeLoadError, load_json
+
 # Extended resources (koordinator.md §12).
 RESOURCE_NVIDIA_GPU = "nvidia.com/gpu"
 RESOURCE_KOORD_GPU = "koordinator.sh/gpu"
@@ -99,9 +101,9 @@ def parse_device_allocated(value: str) -> DeviceAllocated:
     Raises DeviceAnnotationError naming the annotation and what is wrong.
     """
     try:
-        data = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_ALLOCATED}: not JSON: {exc}") from exc
+        data = load_json(value, ANNOTATION_DEVICE_ALLOCATED, max_bytes=256 << 10, max_depth=16)
+    except SafeLoadError as exc:
+        raise DeviceAnnotationError(str(exc)) from exc
     if not isinstance(data, dict):
         raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_ALLOCATED}: expected a JSON object")
     raw_gpus = data.get(DEVICE_TYPE_GPU, [])
@@ -145,9 +147,9 @@ def nvidia_visible_devices(gpus: Sequence[GPUAllocation]) -> str:
 def parse_device_bound(value: str) -> dict[str, tuple[int, ...]]:
     """Parse ANNOTATION_DEVICE_BOUND: container name -> minors handed to it by the device plugin."""
     try:
-        data = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_BOUND}: not JSON: {exc}") from exc
+        data = load_json(value, ANNOTATION_DEVICE_BOUND, max_bytes=256 << 10, max_depth=16)
+    except SafeLoadError as exc:
+        raise DeviceAnnotationError(str(exc)) from exc
     if not isinstance(data, dict):
         raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_BOUND}: expected a JSON object")
     bound: dict[str, tuple[int, ...]] = {}

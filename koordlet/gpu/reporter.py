@@ -20,6 +20,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from koordlet.api import device as api
+from koordlet.api.safeload import MAX_DOCUMENT_BYTES, SafeLoadError, load_yaml
 from wire.files import write_atomic
 from koordlet.gpu.devicecr import semantically_equal
 
@@ -129,11 +130,11 @@ class DeviceReporter:
     @staticmethod
     def _read_file(path: Path) -> dict[str, Any] | None:
         try:
-            with open(path, encoding="utf-8") as f:
-                loaded = yaml.safe_load(f)
+            with open(path, "rb") as f:
+                loaded = load_yaml(f.read(MAX_DOCUMENT_BYTES + 1), str(path))
         except FileNotFoundError:
             return None
-        except (OSError, yaml.YAMLError) as exc:
+        except (OSError, SafeLoadError) as exc:
             _log.warning("Device file %s unreadable, rewriting it: %s", path, exc)
             return None
         return loaded if isinstance(loaded, dict) else None

@@ -41,6 +41,8 @@ from kubernetes.client.exceptions import ApiException
 
 from koordlet.api.cpupools import CPUPools, compute_cpu_pools
 from koordlet.api.cpuset import format_cpu_list
+from koordlet.api.safeload import load_json
+from koordlet.api.annotations import MAX_ANNOTATION_BYTES
 from koordlet.api.keys import (
     ANNOTATION_NODE_RESERVATION,
     ANNOTATION_NODE_SYSTEM_QOS_RESOURCE,
@@ -133,7 +135,7 @@ def _node_annotation_object(annotations: Mapping[str, str], key: str) -> dict[st
     if not raw:
         return {}
     try:
-        value = json.loads(raw)
+        value = load_json(raw, key, max_bytes=MAX_ANNOTATION_BYTES)
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
@@ -219,7 +221,7 @@ def _decoded(value: str | None) -> object:
     if value is None:
         return None
     try:
-        return json.loads(value)
+        return load_json(value, "annotation", max_bytes=MAX_ANNOTATION_BYTES)
     except ValueError:
         return ("undecodable", value)
 

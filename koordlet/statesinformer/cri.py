@@ -18,7 +18,6 @@ they are. Said once, when the source is made.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -27,12 +26,15 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from koordlet.api.pod import ContainerMeta, PodMeta
+from koordlet.api.safeload import load_json
 from koordlet.api.qos import kube_qos_from_cgroup_parent
 from koordlet.statesinformer.informer import PodSourceError
 from wire import cri_pb2 as cri
 from wire import cri_pb2_grpc as cri_grpc
 
 logger = logging.getLogger(__name__)
+
+_MAX_INFO_BYTES = 4 << 20  # containerd's verbose status info: the OCI spec and runtime config of one container
 
 _MIN_SHARES = 2  # kubelet's cpu.shares for "no cpu request"
 _OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
@@ -43,7 +45,7 @@ def _verbose_config(info: Any, config_type: type) -> Any | None:
     if not raw:
         return None
     try:
-        config = json.loads(raw).get("config")
+        config = load_json(raw, "container status info", max_bytes=_MAX_INFO_BYTES).get("config")
         if not config:
             return None
         config.pop("envs", None)  # env values are plain strings in containerd's JSON; not needed here

@@ -18,7 +18,6 @@ absent NodeSLO means the defaults.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -33,11 +32,14 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from koordlet.api.nodeslo import NodeSLOError, parse_node_slo_spec, default_node_slo_spec
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
+from koordlet.api.safeload import load_json
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.nodeslo_file import NodeSLOSink
 from koordlet.ticker import join_thread
 
 logger = logging.getLogger(__name__)
+
+_MAX_API_BYTES = 256 << 20  # one list answer or watch event from the API server
 
 SLO_GROUP, SLO_VERSION = "slo.koordinator.sh", "v1alpha1"
 NODE_SLO_PLURAL, NODE_METRIC_PLURAL = "nodeslos", "nodemetrics"
@@ -83,7 +85,7 @@ class ObjectWatcher:
     def _list(self) -> str:
         response = self._list_call(field_selector=self._selector, _preload_content=False,
                                    _request_timeout=(5, 30))
-        document = json.loads(response.data)
+        document = load_json(response.data, "list answer", max_bytes=_MAX_API_BYTES)
         items = document.get("items") or []
         self.lists += 1
         self._on_object(items[0] if items else None)
@@ -105,7 +107,7 @@ class ObjectWatcher:
                 if self._stop.is_set():
                     return
                 try:
-                    event = json.loads(line)
+                    event = load_json(line, "watch event", max_bytes=_MAX_API_BYTES)
                 except ValueError as err:
                     raise WatchError(f"undecodable watch line: {line[:200]!r}") from err
                 kind, obj = event.get("type"), event.get("object") or {}

@@ -10,7 +10,6 @@ rotated token is picked up) or a client certificate, and TLS verification off li
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import ssl
 import time
@@ -19,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from koordlet.api.pod import ContainerMeta, PodMeta, split_container_id
+from koordlet.api.safeload import load_json
 from koordlet.api.qos import KubeQoS, parse_kube_qos
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
 from koordlet.statesinformer.informer import PodSourceError
@@ -190,7 +190,7 @@ class KubeletPodSource:
         if len(body) > _MAX_BODY_BYTES:
             raise PodSourceError(f"GET {base}/pods/: answer larger than {_MAX_BODY_BYTES} bytes")
         try:
-            items = json.loads(body).get("items")
+            items = load_json(body, f"GET {base}/pods/", max_bytes=_MAX_BODY_BYTES).get("items")
         except (ValueError, AttributeError) as err:
             raise PodSourceError(f"GET {base}/pods/: not a PodList: {err}") from err
         if not isinstance(items, list) or not items:
