@@ -13,10 +13,10 @@ Per reference/koordinator.md §2.2 and §2.6–2.7, with its faults fixed:
 
 from __future__ import annotations
 
-import gzip
 import logging
 import re
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 
 from google.protobuf.message import DecodeError, Message
@@ -37,6 +37,30 @@ _PREFIX = "/runtime.v1.RuntimeService/"
 _CPU_LIST = re.compile(r"^$|^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 Backend = Callable[[bytes], Awaitable[CallResult]]
+
+
+class MessageTooLarge(ValueError):
+    """A request message past the proxy's receive limit."""
+
+
+def inflate_bounded(data: bytes, limit: int) -> bytes:
+    """A gzip-compressed gRPC message inflated to at most ``limit`` bytes (MessageTooLarge past it): a
+    64 MiB message compresses to ~64 KiB, and inflating it whole would cost the proxy the 64 MiB."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    chunks: list[bytes] = []
+    size = 0
+    pending = data
+    while pending and not inflater.eof:
+        # in steps of 1 MiB: one growing buffer would be reallocated (and briefly doubled) on the way
+        chunk = inflater.decompress(pending, 1 << 20)
+        size += len(chunk)
+        if size > limit:
+            raise MessageTooLarge(f"received message larger than max (more than {limit} bytes after gzip inflation)")
+        chunks.append(chunk)
+        pending = inflater.unconsumed_tail
+    if not inflater.eof:
+        raise ValueError("truncated gzip message")
+    return b"".join(chunks)
 
 
 def _valid_cpu_list(text: str) -> bool:
@@ -126,8 +150,9 @@ class LifecycleInterceptor:
     def __init__(self, runtime: RuntimeClient, metrics: ProxyMetrics, store: Store,
                  registry: Registry | None = None, hooks: HookClient | None = None,
                  skip_label: tuple[str, str] = ("runtimeproxy.koordinator.sh/skip-hookserver", "true"),
-                 hook_timeout_s: float = 2.0) -> None:
+                 hook_timeout_s: float = 2.0, max_message_bytes: int = 16 << 20) -> None:
         self.runtime = runtime
+        self.max_message_bytes = max_message_bytes
         self.metrics = metrics
         self.store = store
         self.registry = registry
@@ -169,8 +194,11 @@ class LifecycleInterceptor:
                 encoding = next((v for k, v in req.headers if k == b"grpc-encoding"), b"identity")
                 if encoding != b"gzip":
                     return CallResult(h2.GRPC_INTERNAL, f"koord-runtime-proxy: unsupported grpc-encoding {encoding!r}")
-                message = gzip.decompress(message)
-        except (ValueError, OSError, EOFError) as err:
+                message = inflate_bounded(message, self.max_message_bytes)
+        except MessageTooLarge as err:
+            self.metrics.refused("too_large")
+            return CallResult(h2.GRPC_RESOURCE_EXHAUSTED, f"koord-runtime-proxy: {err}")
+        except (ValueError, OSError, EOFError, zlib.error) as err:
             return CallResult(h2.GRPC_INTERNAL, f"koord-runtime-proxy: malformed {req.method} request: {err}")
 
         async def backend(payload: bytes) -> CallResult:

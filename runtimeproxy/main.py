@@ -37,6 +37,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="checkpoint of the pod/container store, rewritten atomically on change ('' = none)")
     p.add_argument("--store-gc-interval", type=float, default=60.0,
                    help="seconds between sweeps of store entries the runtime no longer has")
+    p.add_argument("--max-recv-message-size", type=int, default=16 << 20,
+                   help="largest request message of a hooked call, in bytes (containerd's default); larger ones, "
+                        "or compressed ones that inflate past it, get RESOURCE_EXHAUSTED")
+    p.add_argument("--handshake-timeout", type=float, default=10.0,
+                   help="seconds a new kubelet connection has to send the HTTP/2 preface and its first frame")
+    p.add_argument("--stall-timeout", type=float, default=30.0,
+                   help="seconds a kubelet connection may stay silent in the middle of a frame before it is closed")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p.parse_args(argv)
 
@@ -76,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         hook_timeout_s=args.runtime_hook_timeout,
         checkpoint_path=args.store_checkpoint_path or None,
         store_gc_interval_s=args.store_gc_interval,
+        max_message_bytes=args.max_recv_message_size,
+        handshake_timeout_s=args.handshake_timeout,
+        stall_timeout_s=args.stall_timeout,
     )
     try:
         uvloop.run(ProxyServer(options).run())

@@ -80,6 +80,13 @@ class ProxyMetrics(RelayObserver):
             ["method"],
             registry=self.registry,
         )
+        self.refusals = Counter(
+            "koord_runtimeproxy_refused_total",
+            "Calls refused (too_large, bad_compression) and kubelet connections closed for breaking HTTP/2 "
+            "(protocol, compression) or stalling (idle).",
+            ["reason"],
+            registry=self.registry,
+        )
         self._relay_children: dict[str | bytes, Histogram] = {}
 
     @staticmethod
@@ -94,6 +101,9 @@ class ProxyMetrics(RelayObserver):
             child = self.call_duration.labels(label, "relay")
             self._relay_children[method] = child
         child.observe(seconds)
+
+    def refused(self, reason: str) -> None:
+        self.refusals.labels(reason).inc()
 
     def stage(self, method: str, stage: str, seconds: float) -> None:
         self.call_duration.labels(self.short_method(method), stage).observe(seconds)

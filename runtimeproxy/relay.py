@@ -39,6 +39,25 @@ log = logging.getLogger(__name__)
 # (a stream WINDOW_UPDATE, an RST) are still kept away from the runtime and from kubelet.
 _CLOSED_MEMORY = 256
 _MAX_DECODED_TABLE = 1 << 20
+_MAX_HEADER_BLOCK = 1 << 20  # kubelet's header blocks are a few hundred bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RelayLimits:
+    """What one kubelet connection may cost the proxy.
+
+    ``max_message_bytes``: the largest request message a hooked call may carry (containerd's own default
+    receive limit); a body past it is refused with RESOURCE_EXHAUSTED as soon as it is seen, not after
+    END_STREAM. ``max_frame_bytes``: the largest frame kubelet may send (grpc-go servers, containerd among
+    them, never advertise more than the HTTP/2 default and reject larger frames). ``handshake_timeout_s``:
+    a connection must send the client preface and its first frame within this. ``stall_timeout_s``: a
+    frame started must be complete within this (a client that stops mid-frame holds a buffer).
+    """
+
+    max_message_bytes: int = 16 << 20
+    max_frame_bytes: int = h2.MAX_FRAME
+    handshake_timeout_s: float = 10.0
+    stall_timeout_s: float = 30.0
 
 
 @dataclass(slots=True)
@@ -72,14 +91,18 @@ class RelayObserver:
     def call_finished(self, method: str | bytes, seconds: float) -> None:  # pragma: no cover - default
         pass
 
+    def refused(self, reason: str) -> None:  # pragma: no cover - default
+        """A call or a connection was refused for ``reason`` (too_large, protocol, compression, idle)."""
+
 
 class Relay:
     """Accepts kubelet connections (as an asyncio protocol factory) and relays them."""
 
     def __init__(self, backend_path: str, handler: Handler, hooked_methods: frozenset[str],
-                 observer: RelayObserver | None = None) -> None:
+                 observer: RelayObserver | None = None, limits: RelayLimits | None = None) -> None:
         """``hooked_methods``: gRPC paths withheld and served by ``handler``; all else is relayed."""
         self.backend_path = backend_path
+        self.limits = limits or RelayLimits()
         self.handler = handler
         self.hooked_methods = frozenset(m.encode("ascii") for m in hooked_methods)
         self.observer = observer or RelayObserver()
@@ -126,6 +149,11 @@ class KubeletSide(asyncio.Protocol):
         self.max_stream_id = 0
         self._goaway_sent = False
         self._closed = False
+        self._handshaken = False  # the preface and one complete frame arrived
+        self._last_rx = 0.0  # when kubelet's last bytes arrived
+        # The largest frame kubelet may send: the HTTP/2 default until the runtime's SETTINGS raise it.
+        self.max_frame = relay.limits.max_frame_bytes
+        self._watchdog: asyncio.TimerHandle | None = None
 
     # -- connection life -------------------------------------------------------------------------
     def connection_made(self, transport) -> None:  # uvloop transports are not asyncio.Transport
@@ -133,7 +161,36 @@ class KubeletSide(asyncio.Protocol):
         self.relay.connections.add(self)
         # Hold kubelet until the runtime connection exists; bytes that still arrive are buffered.
         transport.pause_reading()
-        asyncio.get_running_loop().create_task(self._connect_runtime())
+        loop = asyncio.get_running_loop()
+        loop.create_task(self._connect_runtime())
+        self._watchdog = loop.call_later(self.relay.limits.handshake_timeout_s, self._check_idle)
+
+    def _check_idle(self) -> None:
+        """Close a connection that never finished its handshake, or that stopped in the middle of a frame.
+
+        A kubelet connection that completed its handshake and sits idle between frames stays open."""
+        self._watchdog = None
+        if self._closed:
+            return
+        limits = self.relay.limits
+        if not self._handshaken:
+            self._refuse("idle", h2.ERR_PROTOCOL_ERROR, "no HTTP/2 preface and first frame within "
+                                                        f"{limits.handshake_timeout_s:g}s")
+            return
+        midway = self._buf or self._pass or self._hblock is not None
+        if midway and time.monotonic() - self._last_rx >= limits.stall_timeout_s:
+            self._refuse("idle", h2.ERR_PROTOCOL_ERROR, f"a frame stalled for {limits.stall_timeout_s:g}s")
+            return
+        self._watchdog = asyncio.get_running_loop().call_later(limits.stall_timeout_s / 2, self._check_idle)
+
+    def _refuse(self, reason: str, error_code: int, message: str) -> None:
+        """Answer a connection that broke HTTP/2 (or stalled) with GOAWAY, and close it at once."""
+        log.warning("closing kubelet connection: %s", message)
+        self.relay.observer.refused(reason)
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(h2.goaway(self.max_stream_id, error_code, message.encode("utf-8", "replace")[:200]))
+        self.close()
 
     async def _connect_runtime(self) -> None:
         loop = asyncio.get_running_loop()
@@ -165,6 +222,9 @@ class KubeletSide(asyncio.Protocol):
             return
         self._closed = True
         self.relay.connections.discard(self)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         for req in self.hooked.values():
             if req.task is not None:
                 req.task.cancel()
@@ -206,6 +266,7 @@ class KubeletSide(asyncio.Protocol):
 
     # -- kubelet -> runtime ----------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        self._last_rx = time.monotonic()
         if self._pass:
             if len(data) <= self._pass:
                 self._pass -= len(data)
@@ -219,6 +280,10 @@ class KubeletSide(asyncio.Protocol):
             self._buf = b""
         if self._preface:
             k = min(self._preface, len(data))
+            start = len(h2.PREFACE) - self._preface
+            if data[:k] != h2.PREFACE[start : start + k]:
+                self._refuse("protocol", h2.ERR_PROTOCOL_ERROR, "not an HTTP/2 client preface")
+                return
             self._send_up(data[:k])
             self._preface -= k
             data = data[k:]
@@ -226,13 +291,18 @@ class KubeletSide(asyncio.Protocol):
         pos = fwd = 0
         out: list[bytes] = []
         hooked = self.hooked
+        max_frame = self.max_frame
         try:
             while n - pos >= 9:
                 length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
+                if length > max_frame:
+                    self._refuse("protocol", h2.ERR_FRAME_SIZE_ERROR,
+                                 f"a frame of {length} bytes, over the {max_frame}-byte limit")
+                    return
                 ftype = data[pos + 3]
                 end = pos + 9 + length
                 sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-                if ftype == h2.DATA and sid not in hooked:
+                if ftype == h2.DATA and sid not in hooked and sid not in self.closed_hooked:
                     if end > n:
                         self._pass = end - n
                         pos = n
@@ -250,10 +320,14 @@ class KubeletSide(asyncio.Protocol):
                         out.append(h2.rst_stream(withheld))
                         fwd = pos
                     continue
-                if ftype == h2.DATA:  # on a withheld stream
+                if ftype == h2.DATA:  # on a withheld stream, or one the proxy already answered
                     out.append(data[fwd:pos])
                     fwd = end
-                    self._withheld_data(hooked[sid], flags, data[pos + 9 : end], length)
+                    req = hooked.get(sid)
+                    if req is not None:
+                        self._withheld_data(req, flags, data[pos + 9 : end], length)
+                    elif length:
+                        self.write_down(h2.window_update(0, length))  # late bytes: credit them back
                 elif ftype == h2.WINDOW_UPDATE:
                     if sid == 0:
                         if self.owed_credit:
@@ -286,12 +360,15 @@ class KubeletSide(asyncio.Protocol):
                     out.append(data[fwd:pos])
                     fwd = end
                 pos = end
-        except (HPACKDecodeError, ValueError, IndexError) as err:
-            # The same bytes reach the runtime, which will reject them as well; a connection whose
-            # header compression state is lost cannot be relayed any further.
-            log.error("malformed HTTP/2 from kubelet, closing the connection: %s", err)
-            self.close()
+        except HPACKDecodeError as err:
+            # A connection whose header compression state is lost cannot be relayed any further.
+            self._refuse("compression", h2.ERR_COMPRESSION_ERROR, f"malformed HPACK from kubelet: {err}")
             return
+        except (ValueError, IndexError) as err:
+            self._refuse("protocol", h2.ERR_PROTOCOL_ERROR, f"malformed HTTP/2 from kubelet: {err}")
+            return
+        if not self._handshaken and not self._preface and (pos or self._pass):
+            self._handshaken = True
         if pos < n and not self._pass:
             self._buf = data[pos:]
             n = pos
@@ -325,6 +402,8 @@ class KubeletSide(asyncio.Protocol):
         if self._hblock is None or self._hblock[0] != sid:
             raise ValueError(f"CONTINUATION for stream {sid} without a HEADERS frame before it")
         self._hblock[1].extend(payload)
+        if len(self._hblock[1]) > _MAX_HEADER_BLOCK:
+            raise ValueError(f"a header block over {_MAX_HEADER_BLOCK} bytes")
         if not flags & h2.FLAG_END_HEADERS:
             return 0
         sid, block, end_stream = self._hblock
@@ -356,6 +435,13 @@ class KubeletSide(asyncio.Protocol):
             payload = payload[1 : len(payload) - payload[0]]
         req.body += payload
         end_stream = bool(flags & h2.FLAG_END_STREAM)
+        limit = self.relay.limits.max_message_bytes
+        declared = int.from_bytes(req.body[1:5], "big") if len(req.body) >= 5 else 0
+        if len(req.body) > limit + 5 or declared > limit:
+            if length:
+                self.write_down(h2.window_update(0, length))
+            self._too_large(req, max(declared, len(req.body) - 5))
+            return
         if length:
             # The runtime never sees these bytes, so it will never credit them back: we do.
             credit = h2.window_update(0, length)
@@ -364,6 +450,24 @@ class KubeletSide(asyncio.Protocol):
             self.write_down(credit)
         if end_stream:
             self._start_call(req)
+
+    def _too_large(self, req: HookedRequest, size: int) -> None:
+        """Refuse a hooked call whose request is over the message limit, without waiting for the rest."""
+        limit = self.relay.limits.max_message_bytes
+        self.hooked.pop(req.stream_id, None)
+        self._remember_closed(req.stream_id)
+        req.body = bytearray()
+        if req.task is not None:
+            req.task.cancel()
+        self.relay.observer.refused("too_large")
+        log.warning("refusing %s on stream %d: request of at least %d bytes, over the %d-byte limit",
+                    req.method, req.stream_id, size, limit)
+        frames, _ = h2.grpc_response(req.stream_id, h2.GRPC_RESOURCE_EXHAUSTED,
+                                     f"koord-runtime-proxy: received message larger than max ({size} vs. {limit})",
+                                     None)
+        # the answer is complete; RST_STREAM(NO_ERROR) tells kubelet to stop sending the rest of the body
+        self.answered_since_ping = True
+        self.write_down(frames + h2.rst_stream(req.stream_id, h2.ERR_NO_ERROR))
 
     def _start_call(self, req: HookedRequest) -> None:
         req.task = asyncio.get_running_loop().create_task(self._serve_call(req))
@@ -402,6 +506,17 @@ class KubeletSide(asyncio.Protocol):
         entry = self.inflight.pop(sid, None)
         if entry is not None:
             self.relay.observer.call_finished(entry[0], time.perf_counter() - entry[1])
+
+
+def _max_frame_size(data: bytes, start: int, length: int, n: int) -> int:
+    """SETTINGS_MAX_FRAME_SIZE in the runtime's SETTINGS frame at ``data[start:start+length]``; when the frame
+    is split across reads, the protocol's largest (kubelet may then send any size the runtime allows)."""
+    if start + length > n:
+        return (1 << 24) - 1
+    for offset in range(start, start + length - 5, 6):
+        if data[offset] == 0 and data[offset + 1] == 0x5:
+            return int.from_bytes(data[offset + 2 : offset + 6], "big")
+    return 0
 
 
 class RuntimeSide(asyncio.Protocol):
@@ -477,6 +592,8 @@ class RuntimeSide(asyncio.Protocol):
             ftype = data[pos + 3]
             flags = data[pos + 4]
             sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+            if ftype == h2.SETTINGS and not flags & h2.FLAG_ACK:
+                down.max_frame = max(down.max_frame, _max_frame_size(data, pos + 9, length, n))
             self._frames += 1
             rem = length
             self._drop = False

@@ -17,7 +17,7 @@ from .hookclient import HookClient
 from .hookconfig import Registry
 from .interceptor import LifecycleInterceptor
 from .metrics import ProxyMetrics, serve_http
-from .relay import Relay
+from .relay import Relay, RelayLimits
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,9 @@ class ProxyOptions:
     hook_timeout_s: float = 2.0
     checkpoint_path: str | None = "/var/lib/koord-runtimeproxy/store.json"
     store_gc_interval_s: float = 60.0
+    max_message_bytes: int = 16 << 20
+    handshake_timeout_s: float = 10.0
+    stall_timeout_s: float = 30.0
 
 
 class ProxyServer:
@@ -53,8 +56,11 @@ class ProxyServer:
         self.hooks = HookClient()
         self.interceptor = LifecycleInterceptor(
             self.runtime, self.metrics, self.store, self.registry, self.hooks,
-            skip_label=(options.skip_label_key, options.skip_label_value), hook_timeout_s=options.hook_timeout_s)
-        self.relay = Relay(options.backend_path, self.interceptor, self.interceptor.methods, self.metrics)
+            skip_label=(options.skip_label_key, options.skip_label_value), hook_timeout_s=options.hook_timeout_s,
+            max_message_bytes=options.max_message_bytes)
+        limits = RelayLimits(max_message_bytes=options.max_message_bytes,
+                             handshake_timeout_s=options.handshake_timeout_s, stall_timeout_s=options.stall_timeout_s)
+        self.relay = Relay(options.backend_path, self.interceptor, self.interceptor.methods, self.metrics, limits)
         self.metrics.connections.set_function(lambda: len(self.relay.connections))
         self.metrics.store_entries.labels("pod").set_function(lambda: len(self.store.pods))
         self.metrics.store_entries.labels("container").set_function(lambda: len(self.store.containers))

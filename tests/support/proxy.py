@@ -39,8 +39,9 @@ class ProxyProcess:
     """koord-runtime-proxy in a child process, stopped by PID."""
 
     def __init__(self, listen: str, backend: str, *extra: str, log_path: str | None = None,
-                 state_dir: str | None = None) -> None:
+                 state_dir: str | None = None, tree: str | None = None) -> None:
         self.listen = listen
+        self.tree = tree or str(REPO)  # the source tree the proxy runs from (another one: before/after figures)
         self.backend = backend
         self.metrics_port = free_port()
         # Registrations and the store checkpoint live next to the socket, never in /etc or /var/lib.
@@ -62,7 +63,8 @@ class ProxyProcess:
     def start(self, wait: bool = True, timeout_s: float = 15) -> ProxyProcess:
         """Start it; with ``wait``, until its socket answers (killed again if it does not in ``timeout_s``)."""
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.args, cwd=self.tree, env={**os.environ, "PYTHONPATH": self.tree},
+                                     stdout=log, stderr=subprocess.STDOUT)
         log.close()
         if wait:
             try:
