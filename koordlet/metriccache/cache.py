@@ -83,14 +83,17 @@ class Aggregate:
 
 
 class _Ring:
-    """Fixed-capacity ring of (timestamp, value), timestamps strictly increasing."""
+    """Ring of at most ``capacity`` (timestamp, value), timestamps strictly increasing.
+
+    The arrays grow as samples arrive (amortized appends) until they hold ``capacity``, and only then wrap:
+    a series seen for a minute costs a minute of samples, not a full window preallocated."""
 
     __slots__ = ("capacity", "head", "size", "timestamps", "values")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.timestamps = array("d", bytes(8 * capacity))
-        self.values = array("d", bytes(8 * capacity))
+        self.timestamps = array("d")
+        self.values = array("d")
         self.head = 0  # next slot to write
         self.size = 0
 
@@ -100,8 +103,12 @@ class _Ring:
     def append(self, timestamp: float, value: float) -> bool:
         if self.size and timestamp <= self.timestamps[self.last_index()]:
             return False
-        self.timestamps[self.head] = timestamp
-        self.values[self.head] = value
+        if len(self.timestamps) < self.capacity:  # still growing: head == size == len
+            self.timestamps.append(timestamp)
+            self.values.append(value)
+        else:
+            self.timestamps[self.head] = timestamp
+            self.values[self.head] = value
         self.head = (self.head + 1) % self.capacity
         if self.size < self.capacity:
             self.size += 1

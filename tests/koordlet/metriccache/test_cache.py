@@ -165,13 +165,14 @@ def _cache_bytes() -> int:
     return sum(stat.size for stat in snapshot.statistics("filename"))
 
 
-def test_memory_after_a_simulated_day_equals_memory_after_ten_minutes() -> None:
+def test_memory_after_a_simulated_day_equals_memory_once_every_ring_wrapped() -> None:
     """150 containers × 3 kinds + their pods + node kinds, 1 s samples, timestamps fed (no real time).
 
     The whole population runs until its 10 min pod and container rings have wrapped; the node series
     and one container series run on for the full simulated day at 1 s (their 30 min rings wrap 48
-    times). A full day of all 603 series would be 52 M appends (over a minute of Python) and exercises
-    nothing more: once a ring has wrapped, an append only overwrites two preallocated slots.
+    times). Rings grow as samples arrive, so the comparison starts once every ring is full. A full day
+    of all 603 series would be 52 M appends (over a minute of Python) and exercises nothing more: once a
+    ring has wrapped, an append only overwrites two slots.
     """
     pods = [f"pod-{p}" for p in range(50)]
     containers = [(pods[c % 50], f"ctr-{c}") for c in range(150)]
@@ -196,12 +197,12 @@ def test_memory_after_a_simulated_day_equals_memory_after_ten_minutes() -> None:
             for index, key in enumerate(keys):
                 cache.append(key, t0 + t, float((t + index) % 97))
 
-        for t in range(600):
+        for t in range(630):  # the 10 min pod and container rings fill up and wrap
             tick(t, population)
-        after_ten_minutes = _cache_bytes()
-        for t in range(600, 630):  # the 10 min pod and container rings wrap
-            tick(t, population)
-        for t in range(630, day):  # the rest of the day for the longest-lived series (30 min node rings)
+        for t in range(630, 1830):  # the 30 min node rings fill up and wrap
+            tick(t, long_lived)
+        after_the_rings_wrapped = _cache_bytes()
+        for t in range(1830, day):  # the rest of the day for the longest-lived series
             tick(t, long_lived)
         after_a_day = _cache_bytes()
     finally:
@@ -211,7 +212,7 @@ def test_memory_after_a_simulated_day_equals_memory_after_ten_minutes() -> None:
     assert agg is not None and agg.count == 1800
     # Equal up to the Python ints that hold each ring's write position and fill level (≤ 2 × 32 bytes
     # per series; values above 256 are heap objects whose count changes as positions move).
-    assert abs(after_a_day - after_ten_minutes) <= 64 * len(population), (after_ten_minutes, after_a_day)
+    assert abs(after_a_day - after_the_rings_wrapped) <= 64 * len(population), (after_the_rings_wrapped, after_a_day)
     # and the size is what the rings say: 16 bytes per slot, about 8.3 MiB for this node
     slots = sum(cache.capacity_of(key.kind) for key in population)
     assert slots * 16 <= after_a_day <= slots * 16 * 1.1
@@ -235,3 +236,25 @@ def test_container_churn_with_gc_keeps_memory_flat() -> None:
         tracemalloc.stop()
     assert cache.series_count == 0
     assert max(sizes) - min(sizes) <= 4096, sizes
+
+
+def test_rings_grow_as_samples_arrive_and_wrap_at_capacity() -> None:
+    """A new series costs what it holds, not its full window; once full it wraps as before."""
+    cache = MetricCache()
+    key = SeriesKey.of(MetricKind.NODE_CPU_USAGE)
+    capacity = cache.capacity_of(key.kind)
+    tracemalloc.start()
+    try:
+        before = _cache_bytes()
+        for t in range(10):
+            cache.append(key, 1_700_000_000.0 + t, float(t))
+        ten_samples = _cache_bytes() - before
+    finally:
+        tracemalloc.stop()
+    assert ten_samples < capacity * 16 // 10, (ten_samples, capacity)
+    for t in range(10, capacity + 25):
+        cache.append(key, 1_700_000_000.0 + t, float(t))
+    agg = cache.query(key, 0, 2_000_000_000.0)
+    assert agg is not None and agg.count == capacity
+    assert cache.latest(key) == (1_700_000_000.0 + capacity + 24, float(capacity + 24))
+    assert cache.query(key, 1_700_000_000.0, 1_700_000_000.0 + 24) is None  # the first 25 were overwritten
