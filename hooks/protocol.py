@@ -51,6 +51,9 @@ class NodeContext:
     node_annotations: Mapping[str, str] = field(default_factory=dict)
     resctrl: ResctrlNode | None = None
     group_identity_supported: bool = True  # the kernel has cpu.bvt_warp_ns (Anolis); koordlet checks once
+    # What the node has, for the value check (hooks/validate.py); empty / 0 = not known, not checked.
+    online_cpus: frozenset[int] = frozenset()
+    memory_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from koordlet.api.annotations import AnnotationError
 
+from . import validate
 from .protocol import NO_CHANGES, Changes, ContainerContext, NodeContext, PodContext
 
 
@@ -41,6 +42,7 @@ class Plugin:
 PLUGINS: dict[str, Plugin] = {}
 
 ErrorReporter = Callable[[str, str, Exception], None]  # (plugin, pod key, error)
+RejectReporter = Callable[[list["validate.Rejected"]], None]  # the values validate.check dropped
 
 
 def register(plugin: Plugin) -> Plugin:
@@ -76,15 +78,32 @@ def _run(plugins: list[Plugin], node: NodeContext, pod_key: str, call, on_error:
 
 
 def run_pod(plugins: list[Plugin], node: NodeContext, ctx: PodContext,
-            on_error: ErrorReporter | None = None) -> Changes:
-    return _run([p for p in plugins if p.pod is not None], node, ctx.pod.key,
-                lambda plugin, rule: plugin.pod(ctx, rule), on_error)
+            on_error: ErrorReporter | None = None, on_reject: RejectReporter | None = None,
+            parent_quota: validate.ParentQuota = None) -> Changes:
+    """The enabled plugins' merged answer for a pod, checked (validate.check): values the kernel or the node
+    would refuse are dropped and handed to ``on_reject``. ``parent_quota``: the pod's QoS dir quota."""
+    changes = _run([p for p in plugins if p.pod is not None], node, ctx.pod.key,
+                   lambda plugin, rule: plugin.pod(ctx, rule), on_error)
+    return _checked(changes, node, parent_quota, on_reject)
 
 
 def run_container(plugins: list[Plugin], node: NodeContext, ctx: ContainerContext,
-                  on_error: ErrorReporter | None = None) -> Changes:
-    return _run([p for p in plugins if p.container is not None], node, f"{ctx.pod.key}/{ctx.name}",
-                lambda plugin, rule: plugin.container(ctx, rule), on_error)
+                  on_error: ErrorReporter | None = None, on_reject: RejectReporter | None = None,
+                  parent_quota: validate.ParentQuota = None) -> Changes:
+    """As :func:`run_pod`, for a container; ``parent_quota``: its pod dir's quota."""
+    changes = _run([p for p in plugins if p.container is not None], node, f"{ctx.pod.key}/{ctx.name}",
+                   lambda plugin, rule: plugin.container(ctx, rule), on_error)
+    return _checked(changes, node, parent_quota, on_reject)
+
+
+def _checked(changes: Changes, node: NodeContext, parent_quota: validate.ParentQuota,
+             on_reject: RejectReporter | None) -> Changes:
+    if not changes:
+        return changes
+    kept, rejected = validate.check(changes, node, parent_quota)
+    if rejected and on_reject is not None:
+        on_reject(rejected)
+    return kept
 
 
 def _load_all() -> None:

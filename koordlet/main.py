@@ -66,6 +66,7 @@ from koordlet.statesinformer.informer import PodSource, StatesInformer
 from koordlet.statesinformer.kube import KubeStates
 from koordlet.statesinformer.kubelet import KubeletPodSource, kubelet_url
 from koordlet.statesinformer.nodeslo_file import NodeSLOFileWatcher
+from koordlet.events import PodEvents
 from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
@@ -361,8 +362,11 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         feature_gates=config.feature_gates,
         resctrl_dir=host_dirs(config).resctrl_dir,
         serve_hooks=config.runtime_hooks_network == "unix",
+        sys_dir=host_dirs(config).sys_dir,
+        proc_dir=host_dirs(config).proc_dir,
     )
-    return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout)
+    warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
+    return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn)
 
 
 def _netqos(ctx: AgentContext) -> Component | None:

@@ -33,7 +33,7 @@ from koordlet.metriccache import MetricCache
 from koordlet.plan import Plan
 from koordlet.qosmanager import metrics
 from koordlet.qosmanager.snapshot import Needs, Snapshot, SnapshotBuilder
-from koordlet.statesinformer.api import StatesProvider
+from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.ticker import TickerThread
 
 logger = logging.getLogger(__name__)
@@ -257,7 +257,13 @@ class QoSManager(TickerThread):
         return True
 
     def tick(self, monotonic_now: float) -> float:
-        """Run every strategy due at ``monotonic_now``; returns the next due time."""
+        """Run every strategy due at ``monotonic_now``; returns the next due time.
+
+        Woken by a NodeSLO change: a strategy switched on or off runs at once, not at its next tick, so that
+        what it imposed (a suppressed besteffort quota) is undone before pods are admitted under the new spec."""
+        if self._woken:
+            self._woken = False
+            self._run_switched()
         for entry in self._entries:
             if entry.next_due <= monotonic_now:
                 self._run(entry)
@@ -266,6 +272,25 @@ class QoSManager(TickerThread):
                 if entry.next_due <= monotonic_now:
                     entry.next_due = monotonic_now + interval  # fell behind: skip, never catch up in a burst
         return min((entry.next_due for entry in self._entries), default=monotonic_now + 1.0)
+
+    def _run_switched(self) -> None:
+        if not self._states.has_synced():
+            return
+        spec = self._states.node_slo()
+        for entry in self._entries:
+            if entry.active is None:
+                continue  # not run yet: its first tick decides
+            try:
+                enabled = entry.strategy.configure(spec, self._config).enabled
+            except Exception:  # noqa: BLE001 - its own tick reports a bad config
+                continue
+            if enabled != entry.active:
+                self._run(entry)
+
+    def start(self) -> None:
+        """Start ticking; a NodeSLO change wakes the loop (see :meth:`tick`)."""
+        self._states.register_callback(CallbackKind.NODE_SLO_SPEC, "qosmanager", self.wake)
+        super().start()
 
     def _first_due(self) -> float:
         """Monotonic time of the first tick: ``PHASE_LAG_S`` after the collector's next tick when its phase is

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from hooks import registry
@@ -19,8 +19,12 @@ from koordlet.executor import ResourceExecutor
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.system.kubepods import KubeCgroupLayout
 from wire.sockets import remove_socket
+from koordlet.system.procfs import read_meminfo
 from koordlet.system.resctrl import ResctrlInfoError, read_resctrl_info
+from koordlet.system.roots import PROC_DIR, SYS_DIR
+from koordlet.system.sysfs import SysfsError, read_online_cpus
 
+from .apply import RejectedValues
 from .reconciler import Reconciler
 from .registration import remove_registration, write_registration
 from .server import HookService, serve
@@ -39,6 +43,23 @@ class RuntimeHooksConfig:
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     resctrl_dir: str | None = None
     serve_hooks: bool = True  # False: reconciler only (no proxy on this node)
+    sys_dir: str = SYS_DIR  # online CPUs, for the hook value check
+    proc_dir: str = PROC_DIR  # the node's memory, for the hook value check
+
+
+def node_capacity(sys_dir: str, proc_dir: str) -> tuple[frozenset[int], int]:
+    """(online CPUs, memory bytes) of the node, for hooks/validate.py; unknown parts empty / 0 (not checked)."""
+    try:
+        cpus = frozenset(read_online_cpus(sys_dir))
+    except SysfsError as err:
+        log.warning("online CPUs unknown (%s): hook cpusets are not checked against them", err)
+        cpus = frozenset()
+    try:
+        memory = read_meminfo(proc_dir).mem_total_bytes
+    except (OSError, ValueError) as err:
+        log.warning("node memory unknown (%s): hook memory limits are not checked against it", err)
+        memory = 0
+    return cpus, memory
 
 
 def read_resctrl_node(resctrl_dir: str | None) -> ResctrlNode | None:
@@ -66,22 +87,26 @@ def group_identity_supported(executor: ResourceExecutor, layout: KubeCgroupLayou
 
 class RuntimeHooks:
     def __init__(self, config: RuntimeHooksConfig, states: StatesProvider, executor: ResourceExecutor,
-                 layout: KubeCgroupLayout) -> None:
+                 layout: KubeCgroupLayout, warn: Callable[[PodMeta, str, str], None] | None = None) -> None:
+        """``warn``: writes a Warning Event on a pod (an API server is present), for hook values dropped."""
         self.config = config
         self.states = states
         self.plugins = registry.enabled(config.feature_gates)
         self._resctrl = read_resctrl_node(config.resctrl_dir) if config.feature_gates.get("Resctrl") else None
         self._bvt = group_identity_supported(executor, layout)
+        self._online_cpus, self._memory_bytes = node_capacity(config.sys_dir, config.proc_dir)
+        rejects = RejectedValues(warn)
         self.reconciler = Reconciler(states.pods, self.node_context, lambda: self.plugins, executor, layout,
-                                     config.reconcile_interval_s)
+                                     config.reconcile_interval_s, rejects)
         self.service = HookService(lambda: self.plugins, self.node_context, self._known_pod, executor, layout,
-                                   config.disabled_stages)
+                                   config.disabled_stages, rejects)
         self._server = None
 
     def node_context(self) -> NodeContext:
         node = self.states.node()
         return NodeContext(node_slo=self.states.node_slo(), node_annotations=dict(node.annotations) if node else {},
-                           resctrl=self._resctrl, group_identity_supported=self._bvt)
+                           resctrl=self._resctrl, group_identity_supported=self._bvt,
+                           online_cpus=self._online_cpus, memory_bytes=self._memory_bytes)
 
     def _known_pod(self, uid: str) -> PodMeta | None:
         return next((p for p in self.states.pods() if p.uid == uid), None)

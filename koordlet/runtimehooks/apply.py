@@ -4,11 +4,17 @@ see, built from what koordlet knows."""
 from __future__ import annotations
 
 import logging
+import posixpath
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import replace
 
 from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_from_milli
+from hooks.validate import Rejected
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.units import CFS_PERIOD_US
+from koordlet.executor import ExecutorError, ResourceExecutor
 from koordlet.plan import (
     CgroupWrite,
     Plan,
@@ -30,6 +36,83 @@ def report_plugin_error(plugin: str, pod: str, err: Exception) -> None:
     logged and counted."""
     log.warning("hook plugin %s skipped for %s: %s", plugin, pod, err)
     metrics.PLUGIN_ERRORS.labels(plugin).inc()
+
+
+class RejectedValues:
+    """Reports values ``hooks.validate`` dropped: counted each time, logged once per (pod, container, key,
+    value), and a Warning Event on the pod the first time when an API server is present (``warn``)."""
+
+    _MEMORY = 4096  # (pod, container, key, value) already reported; oldest forgotten first
+
+    def __init__(self, warn: Callable[[PodMeta, str, str], None] | None = None) -> None:
+        self._warn = warn
+        self._seen: OrderedDict[tuple[str, str, str, str], None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def reporter(self, pod: PodMeta, container: str = "") -> Callable[[list[Rejected]], None]:
+        """The ``on_reject`` callback of ``registry.run_pod``/``run_container`` for this pod (and container)."""
+        return lambda rejected: self.report(pod, container, rejected)
+
+    def report(self, pod: PodMeta, container: str, rejected: list[Rejected]) -> None:
+        fresh: list[Rejected] = []
+        for item in rejected:
+            metrics.VALUES_REJECTED.labels(item.key.partition(".")[0]).inc()
+            key = (pod.uid or pod.key, container, item.key, repr(item.value)[:200])
+            with self._lock:
+                if key in self._seen:
+                    continue
+                self._seen[key] = None
+                if len(self._seen) > self._MEMORY:
+                    self._seen.popitem(last=False)
+            fresh.append(item)
+        if not fresh:
+            return
+        where = f"{pod.key}/{container}" if container else pod.key
+        text = "; ".join(f"{item.key}={item.value!r:.80}: {item.reason}" for item in fresh)
+        log.warning("hook values dropped for %s (the pod goes on as kubelet asked): %s", where, text)
+        if self._warn is not None:
+            self._warn(pod, "KoordletHookValueRejected",
+                       f"koordlet dropped hook values{' for container ' + container if container else ''} "
+                       f"that the kernel or the node would refuse (check the pod's annotations): {text}")
+
+
+def _quota_of(text: str) -> int | None:
+    """cpu.cfs_quota_us ("-1", "150000") or cgroup v2's cpu.max ("max 100000", "150000 100000"); None: unlimited."""
+    first = text.split()[0] if text.split() else ""
+    if first in ("", "max", "-1"):
+        return None
+    try:
+        value = int(first)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def effective_quota_reader(executor: ResourceExecutor, cgroup_dir: str,
+                           planned: int | None = None) -> Callable[[], int | None]:
+    """A function giving the CPU quota that binds a child of ``cgroup_dir``: the smallest limited quota of
+    ``cgroup_dir`` (``planned`` instead of its file, when a write of it is planned) and its ancestors (cgroup v1
+    refuses a child quota above that with EINVAL). None: nothing above is limited. Reads only when called."""
+
+    def read() -> int | None:
+        limits: list[int] = []
+        directory = cgroup_dir.strip("/")
+        first = True
+        while directory:
+            if first and planned is not None:
+                value = planned if planned > 0 else None
+            else:
+                try:
+                    value = _quota_of(executor.read("cpu.cfs_quota_us", directory))
+                except (ExecutorError, ValueError):
+                    value = None
+            if value is not None:
+                limits.append(value)
+            first = False
+            directory = posixpath.dirname(directory)
+        return min(limits) if limits else None
+
+    return read
 
 
 def cgroup_writes(changes: Changes, cgroup_dir: str) -> tuple[list[CgroupWrite], list[CgroupWrite]]:

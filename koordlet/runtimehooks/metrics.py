@@ -18,6 +18,12 @@ RECONCILER_DURATION_MS = Histogram(
     ["level", "resource_type", "status"],
     buckets=_BUCKETS_MS,
 )
+VALUES_REJECTED = Counter(
+    "koordlet_runtime_hook_value_rejected",
+    "Values hook plugins answered that the kernel or the node would refuse: dropped, the pod goes on as kubelet "
+    "asked (hooks/validate.py), by field.",
+    ["key"],
+)
 PLUGIN_ERRORS = Counter(
     "koordlet_runtime_hook_plugin_errors",
     "Hook plugin runs skipped because their input (an annotation, the NodeSLO) was malformed.",

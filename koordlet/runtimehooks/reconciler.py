@@ -11,6 +11,7 @@ containers where a value grows, after them where it shrinks), as cgroup v1 requi
 from __future__ import annotations
 
 import logging
+import posixpath
 import time
 from collections.abc import Callable
 
@@ -25,7 +26,15 @@ from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 from koordlet.ticker import PeriodicThread
 
 from . import metrics
-from .apply import cgroup_writes, container_context_from_meta, report_plugin_error, resctrl_actions, steps_of
+from .apply import (
+    RejectedValues,
+    cgroup_writes,
+    container_context_from_meta,
+    effective_quota_reader,
+    report_plugin_error,
+    resctrl_actions,
+    steps_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +44,10 @@ _TERMINAL_PHASES = ("Succeeded", "Failed")
 class Reconciler:
     def __init__(self, pods: Callable[[], tuple[PodMeta, ...]], node: Callable[[], NodeContext],
                  plugins: Callable[[], list[registry.Plugin]], executor: ResourceExecutor,
-                 layout: KubeCgroupLayout, interval_s: float = 10.0) -> None:
+                 layout: KubeCgroupLayout, interval_s: float = 10.0, rejects: RejectedValues | None = None) -> None:
         self._pods = pods
+        self._executor = executor
+        self._rejects = rejects or RejectedValues()
         self._node = node
         self._plugins = plugins
         self._runner = PlanRunner(executor)
@@ -59,14 +70,19 @@ class Reconciler:
         pod_dir = self._pod_dir(pod)
         if pod_dir is None:
             return Plan()
-        pod_changes = registry.run_pod(plugins, node, PodContext(pod), self._report)
+        pod_changes = registry.run_pod(plugins, node, PodContext(pod), self._report, self._rejects.reporter(pod),
+                                       effective_quota_reader(self._executor, posixpath.dirname(pod_dir)))
+        # a container's quota is bound by its pod's as this plan leaves it (the pod's write comes first when
+        # it loosens, last when it tightens: leveled)
+        container_parent = effective_quota_reader(self._executor, pod_dir, pod_changes.cfs_quota_us)
         leveled, plain = cgroup_writes(pod_changes, pod_dir)
         container_dirs: list[str] = []
         for container in pod.containers:
             if not container.container_id:
                 continue
             changes = registry.run_container(plugins, node, container_context_from_meta(pod, container),
-                                             self._report)
+                                             self._report, self._rejects.reporter(pod, container.name),
+                                             container_parent)
             container_dir = self._layout.container_dir(pod_dir, container.container_id, container.runtime)
             container_dirs.append(container_dir)
             more_leveled, more_plain = cgroup_writes(changes, container_dir)

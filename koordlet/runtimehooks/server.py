@@ -9,6 +9,7 @@ exists already, and the reconciler does where it did not yet.
 from __future__ import annotations
 
 import logging
+import posixpath
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -27,10 +28,12 @@ from wire.sockets import chmod_socket, prepare_socket
 
 from . import metrics
 from .apply import (
+    RejectedValues,
     apply_to_container_response,
     apply_to_resources,
     pod_level_plan,
     container_context_from_request,
+    effective_quota_reader,
     pod_from_container_request,
     pod_from_sandbox_request,
     report_plugin_error,
@@ -42,8 +45,11 @@ log = logging.getLogger(__name__)
 class HookService(hookapi_grpc.RuntimeHookServiceServicer):
     def __init__(self, plugins: Callable[[], list[registry.Plugin]], node: Callable[[], NodeContext],
                  known_pod: Callable[[str], PodMeta | None], executor: ResourceExecutor,
-                 layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset()) -> None:
+                 layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset(),
+                 rejects: RejectedValues | None = None) -> None:
         self._plugins = plugins
+        self._executor = executor
+        self._rejects = rejects or RejectedValues()
         self._node = node
         self._known_pod = known_pod
         self._runner = PlanRunner(executor)
@@ -72,21 +78,27 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             return resp
         pod = pod_from_sandbox_request(req, self._known_pod(req.pod_meta.uid))
         plugins = [p for p in self._plugins() if registry.Stage.PRE_RUN_POD_SANDBOX in p.stages]
-        changes = registry.run_pod(plugins, self._node(), PodContext(pod), self._report)
+        pod_dir = self._pod_dir(pod.cgroup_parent, f"pod {pod.key}")
+        parent = effective_quota_reader(self._executor, posixpath.dirname(pod_dir)) if pod_dir else None
+        changes = registry.run_pod(plugins, self._node(), PodContext(pod), self._report,
+                                   self._rejects.reporter(pod), parent)
         if not changes:
             return resp
         apply_to_resources(changes, resp.resources, container=False)
-        self._write_pod_level(pod, changes)
+        if pod_dir is not None:
+            self._write_pod_level(pod, pod_dir, changes)
         return resp
 
-    def _write_pod_level(self, pod: PodMeta, changes) -> None:
-        if not pod.cgroup_parent:
-            return
+    def _pod_dir(self, cgroup_parent: str, what: str) -> str | None:
+        if not cgroup_parent:
+            return None
         try:
-            pod_dir = self._layout.dir_from_cgroup_parent(pod.cgroup_parent)
+            return self._layout.dir_from_cgroup_parent(cgroup_parent)
         except CgroupPathError as err:
-            log.warning("pod %s: bad cgroup parent: %s", pod.key, err)
-            return
+            log.warning("%s: bad cgroup parent: %s", what, err)
+            return None
+
+    def _write_pod_level(self, pod: PodMeta, pod_dir: str, changes) -> None:
         record = self._runner.run(pod_level_plan(changes, pod_dir), "hookserver")
         for failure in record.failures:
             if isinstance(failure.error, CgroupNotFoundError):
@@ -120,8 +132,11 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             return resp
         pod = pod_from_container_request(req, self._known_pod(req.pod_meta.uid))
         plugins = [p for p in self._plugins() if stage in p.stages]
-        changes = registry.run_container(plugins, self._node(), container_context_from_request(pod, req),
-                                         self._report)
+        context = container_context_from_request(pod, req)
+        pod_dir = self._pod_dir(req.pod_cgroup_parent or pod.cgroup_parent, pod.key)
+        changes = registry.run_container(plugins, self._node(), context, self._report,
+                                         self._rejects.reporter(pod, context.name),
+                                         effective_quota_reader(self._executor, pod_dir) if pod_dir else None)
         apply_to_container_response(changes, resp)
         return resp
 

@@ -124,6 +124,29 @@ def test_thread_runs_strategies_on_their_interval_and_stops() -> None:
     assert len(fast.runs) == count  # stopped
 
 
+def test_a_nodeslo_switch_runs_the_strategy_at_once_not_at_its_next_tick() -> None:
+    """Suppress switched off must give the besteffort quota back before pods are admitted under the new spec:
+    the NodeSLO change wakes the manager, which runs the switched strategy at once (its interval here: 60 s)."""
+    slow = Recorder("slow", 60.0)
+    states = StaticStates(node=node(), node_slo=spec())
+    manager = QoSManager(states, [slow.strategy])
+    manager.start()
+    try:
+        assert slow.ran.wait(2.0)  # the first tick
+        switched = time.monotonic()
+        states.set_node_slo(default_node_slo_spec())  # enable: false
+        deadline = switched + 2.0
+        while slow.deactivations == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert slow.deactivations == 1, "the switch-off waited for the next tick"
+        assert time.monotonic() - switched < 1.0
+        states.set_node_slo(default_node_slo_spec())  # the same spec again: nothing to switch
+        time.sleep(0.2)
+        assert slow.deactivations == 1 and len(slow.runs) == 1
+    finally:
+        manager.stop(timeout_s=2.0)
+
+
 def test_duplicate_names_and_bad_intervals_are_refused() -> None:
     with pytest.raises(ValueError):
         QoSManager(StaticStates(node=node()), [Recorder("a").strategy, Recorder("a").strategy])

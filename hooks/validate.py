@@ -1,0 +1,155 @@
+"""The one check every value a hook returns passes before it reaches a CRI request or a cgroup file.
+
+``registry.run_pod`` and ``registry.run_container`` end here, so the hook server's answers to the proxy and
+the reconciler's cgroup writes see the same rules. A value no kernel would take, or one outside what the node
+has, is dropped: that field stays as kubelet asked for it, so a malformed annotation can never make a pod
+fail that would start without koordlet. Each dropped value comes back as a :class:`Rejected` for the caller
+to log, count and report.
+
+The rules (cgroup v1 names; the v2 files take the same values through the executor's conversion):
+
+- ``cpu.shares`` 2..262144 (the kernel's range);
+- ``cpu.cfs_quota_us`` -1 (unlimited) or 1000 µs .. the node's capacity (online CPUs × the 100 ms period),
+  which is far below the kernel's own maximum (2^44 - 1 µs); and never above a limited parent's quota
+  (cgroup v1 refuses a child quota above its parent's with EINVAL);
+- ``cpuset.cpus`` "" (follow the parent) or a valid CPU list that is a subset of the node's online CPUs;
+- ``memory.limit_in_bytes`` -1 (unlimited) or one page .. the node's memory;
+- ``cpu.bvt_warp_ns`` -1..2, ``cpu.idle`` 0 or 1;
+- environment variables: POSIX-style names of at most 256 characters, values without NUL of at most 32 KiB;
+- resctrl group names: a plain directory name of at most 64 characters; schemata of at most 4 KiB, one line
+  per resource, printable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from koordlet.api.cpuset import CPUListError, parse_cpu_list
+from koordlet.api.units import CFS_PERIOD_US
+
+from .protocol import MAX_CPU_SHARES, MIN_CFS_QUOTA_US, MIN_CPU_SHARES, Changes, NodeContext
+
+PAGE_BYTES = 4096
+MAX_CPU_LIST_CHARS = 4096
+MAX_ENV_NAME = 256
+MAX_ENV_VALUE = 32 << 10
+MAX_RESCTRL_SCHEMATA = 4096
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESCTRL_GROUP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """One value dropped: the Changes field (``envs.<NAME>`` for an env), the value, and why."""
+
+    key: str
+    value: object
+    reason: str
+
+
+ParentQuota = int | None | Callable[[], int | None]
+
+
+def _quota_problem(quota: int, node: NodeContext, parent_quota: ParentQuota) -> str | None:
+    if quota == -1:
+        return None
+    if quota < MIN_CFS_QUOTA_US:
+        return f"below the kernel's minimum of {MIN_CFS_QUOTA_US} µs (and not -1)"
+    if node.online_cpus:
+        capacity = len(node.online_cpus) * CFS_PERIOD_US
+        if quota > capacity:
+            return f"above the node's capacity of {capacity} µs ({len(node.online_cpus)} CPUs)"
+    parent = parent_quota() if callable(parent_quota) else parent_quota
+    if parent is not None and parent > 0 and quota > parent:
+        return f"above the parent cgroup's quota of {parent} µs"
+    return None
+
+
+def _cpuset_problem(text: str, node: NodeContext) -> str | None:
+    if text == "":
+        return None
+    if len(text) > MAX_CPU_LIST_CHARS:
+        return f"a CPU list longer than {MAX_CPU_LIST_CHARS} characters"
+    try:
+        cpus = parse_cpu_list(text)
+    except CPUListError as err:
+        return f"not a CPU list: {err}"
+    if not cpus:
+        return "an empty CPU list"
+    if node.online_cpus:
+        outside = sorted(set(cpus) - node.online_cpus)
+        if outside:
+            return f"CPUs {outside[:8]} are not online on this node"
+    return None
+
+
+def _memory_problem(limit: int, node: NodeContext) -> str | None:
+    if limit == -1:
+        return None
+    if limit < PAGE_BYTES:
+        return f"below one page ({PAGE_BYTES} bytes)"
+    if node.memory_bytes and limit > node.memory_bytes:
+        return f"above the node's memory of {node.memory_bytes} bytes"
+    return None
+
+
+def _env_problem(name: object, value: object) -> str | None:
+    if not isinstance(name, str) or not _ENV_NAME.match(name) or len(name) > MAX_ENV_NAME:
+        return "not a valid environment variable name"
+    if not isinstance(value, str) or "\x00" in value or len(value) > MAX_ENV_VALUE:
+        return f"not a valid environment value (no NUL, at most {MAX_ENV_VALUE} characters)"
+    return None
+
+
+def _schemata_problem(text: str) -> str | None:
+    if len(text) > MAX_RESCTRL_SCHEMATA:
+        return f"longer than {MAX_RESCTRL_SCHEMATA} characters"
+    if not all(line.isprintable() for line in text.split("\n")):
+        return "not printable text"
+    return None
+
+
+def check(changes: Changes, node: NodeContext, parent_quota: ParentQuota = None) -> tuple[Changes, list[Rejected]]:
+    """``changes`` without the values the kernel or the node would refuse, and what was dropped.
+
+    ``parent_quota``: the ``cpu.cfs_quota_us`` of the cgroup the settings' cgroup lives in (a container's pod,
+    a pod's QoS class dir), or a function reading it (called only when a limited quota is to be checked);
+    -1 or None means unlimited."""
+    rejected: list[Rejected] = []
+    drop: dict[str, object] = {}
+
+    def refuse(key: str, value: object, reason: str | None) -> None:
+        if reason is not None:
+            rejected.append(Rejected(key, value, reason))
+            drop[key] = None
+
+    if changes.cpu_shares is not None and not MIN_CPU_SHARES <= changes.cpu_shares <= MAX_CPU_SHARES:
+        refuse("cpu_shares", changes.cpu_shares, f"outside {MIN_CPU_SHARES}..{MAX_CPU_SHARES}")
+    if changes.cfs_quota_us is not None:
+        refuse("cfs_quota_us", changes.cfs_quota_us, _quota_problem(changes.cfs_quota_us, node, parent_quota))
+    if changes.cpuset_cpus is not None:
+        refuse("cpuset_cpus", changes.cpuset_cpus, _cpuset_problem(changes.cpuset_cpus, node))
+    if changes.memory_limit_bytes is not None:
+        refuse("memory_limit_bytes", changes.memory_limit_bytes, _memory_problem(changes.memory_limit_bytes, node))
+    if changes.bvt_warp_ns is not None and not -1 <= changes.bvt_warp_ns <= 2:
+        refuse("bvt_warp_ns", changes.bvt_warp_ns, "outside -1..2")
+    if changes.cpu_idle is not None and changes.cpu_idle not in (0, 1):
+        refuse("cpu_idle", changes.cpu_idle, "not 0 or 1")
+    if changes.resctrl_group is not None and changes.resctrl_group != "" and (
+            not _RESCTRL_GROUP.match(changes.resctrl_group) or changes.resctrl_group in (".", "..")):
+        refuse("resctrl_group", changes.resctrl_group, "not a plain directory name of at most 64 characters")
+    if changes.resctrl_schemata is not None:
+        refuse("resctrl_schemata", changes.resctrl_schemata, _schemata_problem(changes.resctrl_schemata))
+    envs = changes.envs
+    bad_envs = [(name, value, _env_problem(name, value)) for name, value in envs.items()]
+    bad_envs = [(name, value, reason) for name, value, reason in bad_envs if reason is not None]
+    if bad_envs:
+        for name, value, reason in bad_envs:
+            rejected.append(Rejected(f"envs.{str(name)[:64]}", str(value)[:64], reason or ""))
+        dropped_names = {name for name, _, _ in bad_envs}
+        drop["envs"] = {name: value for name, value in envs.items() if name not in dropped_names}
+    if not drop:
+        return changes, []
+    return replace(changes, **drop), rejected
