@@ -361,3 +361,33 @@ def test_v2_pod_psi_and_usage_are_read_from_the_pods_own_files(story: Story) -> 
     finally:
         collector.close()
         _stop(story, cid)
+
+
+def test_v2_pods_with_the_worst_annotations_start_and_the_bad_values_stay_out_of_the_v2_files(story: Story) -> None:
+    """The hook value check on the unified hierarchy: a batch-cpu limit of 200000000000 milli, a batch-memory
+    limit of 1 byte and resource-status cpusets outside the node's CPUs are dropped; every pod starts."""
+    def batch(cpu: str, memory: str = "64Mi") -> dict[str, str]:
+        limits = {"kubernetes.io/batch-cpu": cpu, "kubernetes.io/batch-memory": memory}
+        spec = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "100"}, "limits": limits}}}
+        return {"node.koordinator.sh/extended-resource-spec": json.dumps(spec)}
+
+    worst = [("huge-quota", KubeQoS.BESTEFFORT, BE_LABELS, batch("200000000000")),
+             ("one-byte", KubeQoS.BESTEFFORT, BE_LABELS, batch("500", "1")),
+             ("cpus-0-63", KubeQoS.BURSTABLE, {LABEL_QOS_CLASS: "LSR"},
+              {ANNOTATION_RESOURCE_STATUS: '{"cpuset":"0-63"}'}),
+             ("cpus-0-65535", KubeQoS.BURSTABLE, {LABEL_QOS_CLASS: "LSR"},
+              {ANNOTATION_RESOURCE_STATUS: '{"cpuset":"0-65535"}'})]
+    online = set(parse_cpu_list((V2 / "cpuset.cpus.effective").read_text()))
+    for name, kube_qos, labels, pod_annotations in worst:
+        sandbox = _sandbox(name, kube_qos, labels, pod_annotations)
+        sid = story.pods.run_pod(sandbox, timeout=STARTUP_TIMEOUT_S)
+        cid = story.pods.create_container(sid, sandbox, container_config("job"))
+        story.pods.client.runtime.StartContainer(cri.StartContainerRequest(container_id=cid), timeout=60)
+        pod_dir = V2 / LAYOUT.dir_from_cgroup_parent(sandbox.linux.cgroup_parent)
+        container_dir = V2 / LAYOUT.container_dir(str(pod_dir.relative_to(V2)), cid)
+        quota = (container_dir / "cpu.max").read_text().split()[0]
+        assert quota == "max" or 1000 <= int(quota) <= len(online) * 100000, (name, quota)
+        memory = (container_dir / "memory.max").read_text().strip()
+        assert memory == "max" or int(memory) >= 4096, (name, memory)
+        cpus = (container_dir / "cpuset.cpus").read_text().strip()
+        assert not cpus or set(parse_cpu_list(cpus)) <= online, (name, cpus)
