@@ -1,26 +1,32 @@
 """CPU sets the scheduler chose (§3.3 CPUSetAllocator).
 
-A pod whose ``scheduling.koordinator.sh/resource-status`` names a cpuset gets it on every container, and
-an unlimited CFS quota at pod and container level (bound pods must not be throttled, Koordinator #489).
-BestEffort containers get an empty cpuset, which clears it: they follow the besteffort parent, whose
-cpuset CPU suppress manages. Share pools (from the NodeResourceTopology koordlet would report) are not
-modelled: LS pods without an allocation keep what kubelet gave them.
+Container cpuset, in Koordinator's order (koordinator.md §3.3):
+
+1. a cpuset in ``scheduling.koordinator.sh/resource-status`` (LSE, LSR: the scheduler's choice) → that cpuset,
+   and an unlimited CFS quota at pod and container level (bound pods must not be throttled, Koordinator #489);
+2. QoS LS → the LS shared pool (every online CPU minus LSE/LSR-bound, kubelet-exclusive, reserved and
+   SYSTEM-exclusive CPUs: ``koordlet.api.cpupools``, what the NodeResourceTopology reports);
+3. kube QoS BestEffort → "" (cleared: BE containers follow the besteffort parent, whose cpuset CPU suppress
+   manages — and never holds LSE or kubelet-exclusive CPUs);
+4. kubelet's CPU manager policy ``static`` (or not known) → unchanged (kubelet owns those cpusets, its
+   exclusive CPUs among them);
+5. policy ``none`` → the LS shared pool.
+
+Without the pools (the node's topology unknown) LS and other pods keep what kubelet gave them.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from koordlet.api.annotations import parse_resource_status
 from koordlet.api.cpuset import format_cpu_list
 from koordlet.api.keys import ANNOTATION_RESOURCE_STATUS
 from koordlet.api.pod import PodMeta
-from koordlet.api.qos import KubeQoS
+from koordlet.api.qos import KubeQoS, QoSClass
 
 from .protocol import NO_CHANGES, Changes, ContainerContext, NodeContext, PodContext
 from .registry import Plugin, Stage, register
-
-
-def rule(node: NodeContext) -> None:
-    return None
 
 
 def allocated_cpuset(pod: PodMeta) -> str:
@@ -30,17 +36,39 @@ def allocated_cpuset(pod: PodMeta) -> str:
     return format_cpu_list(parse_resource_status(raw).cpuset)
 
 
-def pod(ctx: PodContext, _rule: None) -> Changes:
+def pod(ctx: PodContext, _rule: SharePool | None) -> Changes:
     return Changes(cfs_quota_us=-1) if allocated_cpuset(ctx.pod) else NO_CHANGES
 
 
-def container(ctx: ContainerContext, _rule: None) -> Changes:
+def rule(node: NodeContext) -> SharePool:
+    pools = node.cpu_pools
+    shared = format_cpu_list(sorted(pools.shared_cpus)) if pools is not None else ""
+    return SharePool(shared, node.kubelet_cpu_policy)
+
+
+KUBELET_POLICY_NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class SharePool:
+    """The LS shared pool's cpuset ("" when unknown or empty) and kubelet's CPU manager policy ("" unknown)."""
+
+    cpus: str
+    kubelet_policy: str
+
+
+def container(ctx: ContainerContext, share: SharePool | None) -> Changes:
     cpuset = allocated_cpuset(ctx.pod)
     if cpuset:
         return Changes(cpuset_cpus=cpuset, cfs_quota_us=-1)
+    pool = share.cpus if share is not None else ""
+    if ctx.pod.qos_label is QoSClass.LS and pool:
+        return Changes(cpuset_cpus=pool)
     if ctx.pod.effective_kube_qos is KubeQoS.BESTEFFORT:
         return Changes(cpuset_cpus="")
-    return NO_CHANGES
+    if share is None or share.kubelet_policy != KUBELET_POLICY_NONE or not pool:
+        return NO_CHANGES  # static: kubelet owns these cpusets; unknown: it might
+    return Changes(cpuset_cpus=pool)
 
 
 PLUGIN = register(Plugin("cpuset", "CPUSetAllocator", rule, pod=pod, container=container, stages=frozenset(Stage)))

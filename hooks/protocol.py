@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
+from koordlet.api.cpupools import CPUPools
 from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
 from koordlet.api.pod import PodMeta
 from koordlet.api.units import CFS_PERIOD_US
@@ -54,6 +55,10 @@ class NodeContext:
     # What the node has, for the value check (hooks/validate.py); empty / 0 = not known, not checked.
     online_cpus: frozenset[int] = frozenset()
     memory_bytes: int = 0
+    # The node's CPU pools (koordlet.api.cpupools, what the NodeResourceTopology reports) and kubelet's CPU
+    # manager policy; None / "" = unknown (the cpuset hook then leaves LS cpusets as kubelet gave them).
+    cpu_pools: CPUPools | None = None
+    kubelet_cpu_policy: str = ""
 
 
 @dataclass(frozen=True, slots=True)

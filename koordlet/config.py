@@ -153,6 +153,7 @@ class KoordletConfig:
     kubelet_client_cert: str
     kubelet_client_key: str
     disable_query_kubelet_config: bool
+    kubelet_config_file: str
     node_topology_sync_interval_s: float
     node_topology_min_update_interval_s: float
     # metrics advisor (§7.1) and cache
@@ -278,6 +279,8 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
     flag("kubelet-client-cert", str, "", "client certificate for kubelet (instead of a token)")
     flag("kubelet-client-key", str, "", "client key for kubelet")
     switch("disable-query-kubelet-config", False, "do not read kubelet /configz")
+    flag("kubelet-config-file", str, "",
+         "kubelet's KubeletConfiguration file: CPU manager policy options and reservedSystemCPUs (optional)")
     flag("node-topology-sync-interval", parse_duration, 3.0, "Device (and topology) report period")
     flag("node-topology-min-update-interval", parse_duration, 10.0,
          "NodeResourceTopology: least time between two updates of the object")

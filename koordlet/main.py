@@ -58,7 +58,7 @@ from koordlet.metricsadvisor import (
 from koordlet.reporters.device import GPUCollector, DeviceReportLoop
 from koordlet.reporters.nodemetric import NodeMetricReporter
 from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
-from koordlet.statesinformer.cpumanager import CPUManagerState
+from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
 from koordlet.statesinformer.cri import CriPodSource
@@ -108,6 +108,14 @@ class AgentContext:
     kube: KubeStates | None = field(default=None, init=False)  # the node and NodeSLO watchers (API server)
     gpu: GPUService | None = field(default=None, init=False)  # gate Accelerators, with a GPU
     reporter: NodeMetricReporter | None = field(default=None, init=False)
+    _cpu_manager: Callable[[], CPUManagerState | None] | None = field(default=None, init=False)
+
+    @property
+    def cpu_manager(self) -> Callable[[], CPUManagerState | None]:
+        """kubelet's CPU manager state, one reader shared by the cpuset hook, CPU suppress and the NRT."""
+        if self._cpu_manager is None:
+            self._cpu_manager = _kubelet_cpu_manager(self.config)
+        return self._cpu_manager
 
 
 ComponentFactory = Callable[[AgentContext], Component | None]
@@ -345,7 +353,7 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
         feature_gates=config.feature_gates,
     )
     return new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
-                           sys_dir=host_dirs(config).sys_dir)
+                           sys_dir=host_dirs(config).sys_dir, cpu_manager=ctx.cpu_manager)
 
 
 def _runtime_hooks(ctx: AgentContext) -> Component | None:
@@ -366,7 +374,7 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         proc_dir=host_dirs(config).proc_dir,
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
-    return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn)
+    return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
 
 
 def _netqos(ctx: AgentContext) -> Component | None:
@@ -404,10 +412,13 @@ def _device_reporter(ctx: AgentContext) -> Component | None:
 
 
 def _kubelet_cpu_manager(config: KoordletConfig) -> Callable[[], CPUManagerState | None]:
-    """kubelet's CPU manager state for the NodeResourceTopology: None (unknown) until the reader of
-    ``<-var-lib-kubelet-dir>/cpu_manager_state`` is wired here; always None with
+    """kubelet's CPU manager state (``<-var-lib-kubelet-dir>/cpu_manager_state``, options and reserved CPUs from
+    ``-kubelet-config-file``), read again when it changes; always None (unknown) with
     ``-disable-query-kubelet-config`` (Koordinator then reports no kubelet policy)."""
-    return lambda: None
+    if config.disable_query_kubelet_config:
+        return lambda: None
+    return CPUManagerStateReader(os.path.join(config.var_lib_kubelet_dir, "cpu_manager_state"),
+                                 config.kubelet_config_file or None)
 
 
 def _nrt_reporter(ctx: AgentContext) -> Component | None:
@@ -427,7 +438,7 @@ def _nrt_reporter(ctx: AgentContext) -> Component | None:
 
     return NRTReportLoop(
         NRTReporter(config.node_name, kubernetes.client.CustomObjectsApi(api_client)),
-        lambda: read_node_topology(sys_dir), states.pods, _kubelet_cpu_manager(config),
+        lambda: read_node_topology(sys_dir), states.pods, ctx.cpu_manager,
         node_annotations=node_annotations, node_uid=node_uid, interval_s=config.node_topology_sync_interval_s,
         min_update_interval_s=config.node_topology_min_update_interval_s,
         observe=ctx.metrics.observe_node_topology_report)

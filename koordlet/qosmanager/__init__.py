@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from koordlet.actuator import PlanRunner
 from koordlet.eviction import Evictor
@@ -70,12 +72,14 @@ def new_qos_manager(
     sys_dir: str = SYS_DIR,
     cpus: tuple[CPUInfo, ...] | None = None,
     started_at: float | None = None,
+    cpu_manager: Callable[[], Any] | None = None,
 ) -> QoSManager:
     """The manager with every strategy; eviction strategies only when an ``evictor`` is given.
 
     ``layout``: kubelet's cgroup driver and ``--cgroup-root``; ``cpus``: the CPU topology for the cpuset
     policy, else read from ``<sys_dir>/devices/system/cpu``; ``started_at``: the agent's wall-clock
-    start (BECPUEvict rests 20 s after it; default now).
+    start (BECPUEvict rests 20 s after it; default now); ``cpu_manager``: kubelet's CPU manager state
+    (statesinformer.cpumanager), for CPU suppress's static-policy rules.
     """
     config = config or QoSManagerConfig()
     config = replace(config, started_at=time.time() if started_at is None else started_at)
@@ -86,7 +90,7 @@ def new_qos_manager(
             logger.warning("no CPU topology (%s); the cpuset suppress policy will not pick CPUs", exc)
             cpus = ()
     builder = SnapshotBuilder(states, cache, cpus, config.collect_res_used_interval_s, reader=executor,
-                              layout=layout)
+                              layout=layout, cpu_manager=cpu_manager)
     strategies: list[Strategy] = []
     for strategy in STRATEGIES:
         if strategy is cpusuppress.STRATEGY and config.gate(GATE_BE_CPU_MANAGER):

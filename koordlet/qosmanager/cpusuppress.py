@@ -7,8 +7,11 @@ the CPUs) per tick and preferring whole physical cores; ``cfsQuota`` sets the be
 (floor 2000 µs, small changes skipped, increases capped at 10 % of capacity per tick).
 Switching policy, or turning suppress off, restores what the other policy imposed.
 
-Not modelled: kubelet's static CPU manager policy variant (container-level cpusets only) and the
-``BECPUManager`` gate's share-pool reset.
+kubelet's CPU manager (``Needs.kubelet_cpu_manager``): with the ``static`` policy the CPUs kubelet gave a
+container exclusively are never BE candidates, and the cpuset policy uses Koordinator's static variant: the
+besteffort and pod dirs keep the full BE cpuset, the suppressed one is written at container level only (so
+kubelet's own cpuset writes never collide with ours). Not modelled: the ``BECPUManager`` gate's share-pool
+reset.
 
 The strategy reads the besteffort ``cpuset.cpus`` and ``cpu.cfs_quota_us`` through its snapshot
 (``SuppressConfig.needs``) and remembers the policy it last carried out in ``Plan.memo``.
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from koordlet.api.annotations import AnnotationError, parse_node_reservation, parse_resource_status
 from koordlet.api.annotations import parse_system_qos_resource as _parse_system_qos
 from koordlet.api.cpuset import format_cpu_list, parse_cpu_list
+from koordlet.api.cpupools import KUBELET_POLICY_STATIC, compute_cpu_pools
 from koordlet.api.keys import (
     ANNOTATION_NODE_RESERVATION,
     ANNOTATION_NODE_SYSTEM_QOS_RESOURCE,
@@ -86,7 +90,8 @@ class SuppressConfig:
 
 
 _NEEDS = Needs(cgroup_reads=(CgroupRead("cpuset.cpus", Scope.BESTEFFORT),
-                             CgroupRead("cpu.cfs_quota_us", Scope.BESTEFFORT)))
+                             CgroupRead("cpu.cfs_quota_us", Scope.BESTEFFORT)),
+               kubelet_cpu_manager=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,9 +214,18 @@ def _pod_cpuset(pod: PodMeta) -> tuple[int, ...]:
         return ()
 
 
+def kubelet_static(snapshot: Snapshot) -> bool:
+    state = snapshot.kubelet_cpu_manager
+    return state is not None and getattr(state, "policy", "") == KUBELET_POLICY_STATIC
+
+
 def candidate_buckets(snapshot: Snapshot) -> CPUBuckets:
-    """All CPUs − node-reserved − SYSTEM-exclusive − LSE-bound; LSR-bound ones form the LSR bucket (§4.2)."""
+    """All CPUs − node-reserved − SYSTEM-exclusive − LSE-bound − kubelet-exclusive (static policy); LSR-bound
+    ones form the LSR bucket (§4.2)."""
     excluded: set[int] = set()
+    if kubelet_static(snapshot):
+        excluded.update(compute_cpu_pools(snapshot.cpus, snapshot.pods, snapshot.kubelet_cpu_manager,
+                                          {}).kubelet_exclusive_cpus)
     annotations = snapshot.node.annotations
     raw = annotations.get(ANNOTATION_NODE_RESERVATION)
     if raw:
@@ -303,16 +317,17 @@ def choose_be_cpus(buckets: CPUBuckets, size: int) -> tuple[int, ...]:
     return tuple(sorted(select_cpus(buckets.lsr, n_lsr) + select_cpus(buckets.ls, n_ls)))
 
 
-def be_cgroup_dirs(layout: KubeCgroupLayout, pods: Iterable[PodMeta]) -> tuple[str, ...]:
-    """The besteffort QoS dir, the pod dirs under it and their container dirs."""
-    dirs = [layout.qos_dir(KubeQoS.BESTEFFORT)]
+def be_cgroup_dirs(layout: KubeCgroupLayout, pods: Iterable[PodMeta], containers_only: bool = False) -> tuple[str, ...]:
+    """The besteffort QoS dir, the pod dirs under it and their container dirs (only these: ``containers_only``)."""
+    dirs = [] if containers_only else [layout.qos_dir(KubeQoS.BESTEFFORT)]
     for pod in pods:
         if pod.effective_kube_qos is not KubeQoS.BESTEFFORT:
             continue
         pod_dir = pod_cgroup_dir(layout, pod)
         if pod_dir is None:
             continue
-        dirs.append(pod_dir)
+        if not containers_only:
+            dirs.append(pod_dir)
         for container in pod.containers:
             container_dir = container_cgroup_dir(layout, pod_dir, container)
             if container_dir is not None:
@@ -323,6 +338,21 @@ def be_cgroup_dirs(layout: KubeCgroupLayout, pods: Iterable[PodMeta]) -> tuple[s
 def _cpuset_step(dirs: Sequence[str], cpus: Sequence[int]) -> WriteStep:
     value = format_cpu_list(cpus)
     return WriteStep(tuple(CgroupWrite("cpuset.cpus", d, value) for d in dirs), leveled=True)
+
+
+def _cpuset_steps(layout: KubeCgroupLayout, pods: Sequence[PodMeta], cpus: Sequence[int],
+                  full: Sequence[int], static: bool) -> tuple[WriteStep, ...]:
+    """The BE cpuset writes: on every besteffort dir; with kubelet's static policy, the QoS and pod dirs get the
+    full BE cpuset (``full``) and only the containers the suppressed one."""
+    dirs = be_cgroup_dirs(layout, pods)
+    if not static:
+        return (_cpuset_step(dirs, cpus),)
+    containers = set(be_cgroup_dirs(layout, pods, containers_only=True))
+    upper = [d for d in dirs if d not in containers]
+    steps = [_cpuset_step(upper, full)] if full else []
+    if containers:
+        steps.append(_cpuset_step(sorted(containers), cpus))
+    return tuple(steps)
 
 
 # ------------------------------------------------------------------------------------------ cfsQuota
@@ -356,11 +386,11 @@ def decide_suppress(
     budget = suppress_budget(snapshot, config)
     be_qos_dir = layout.qos_dir(KubeQoS.BESTEFFORT)
     buckets = candidate_buckets(snapshot)
-    dirs = be_cgroup_dirs(layout, snapshot.pods)
+    static = kubelet_static(snapshot)
     steps: list[WriteStep] = []
     switched = previous_policy is not None and previous_policy != config.policy
     if switched and config.policy == CPU_SUPPRESS_POLICY_CFS_QUOTA and buckets.all_ids:
-        steps.append(_cpuset_step(dirs, buckets.all_ids))
+        steps.extend(_cpuset_steps(layout, snapshot.pods, buckets.all_ids, buckets.all_ids, static))
     if switched and config.policy == CPU_SUPPRESS_POLICY_CPUSET:
         steps.append(WriteStep((CgroupWrite("cpu.cfs_quota_us", be_qos_dir, UNLIMITED),)))
     if budget is None:
@@ -371,7 +401,7 @@ def decide_suppress(
         )
         cpus = choose_be_cpus(buckets, size)
         if cpus:
-            steps.append(_cpuset_step(dirs, cpus))
+            steps.extend(_cpuset_steps(layout, snapshot.pods, cpus, buckets.all_ids, static))
         return SuppressDecision(budget, config.policy, tuple(steps), be_cpus=cpus)
     quota = decide_cfs_quota(budget.suppress_cores, current.be_cfs_quota_us, snapshot.capacity_cpu_milli / 1000.0)
     if quota is not None:
@@ -384,7 +414,7 @@ def decide_restore(snapshot: Snapshot, layout: KubeCgroupLayout) -> tuple[WriteS
     buckets = candidate_buckets(snapshot)
     steps = [WriteStep((CgroupWrite("cpu.cfs_quota_us", layout.qos_dir(KubeQoS.BESTEFFORT), UNLIMITED),))]
     if buckets.all_ids:
-        steps.append(_cpuset_step(be_cgroup_dirs(layout, snapshot.pods), buckets.all_ids))
+        steps.extend(_cpuset_steps(layout, snapshot.pods, buckets.all_ids, buckets.all_ids, kubelet_static(snapshot)))
     return tuple(steps)
 
 

@@ -97,6 +97,7 @@ class Needs:
     cgroup_reads: tuple[CgroupRead, ...] = ()
     kernel_files: tuple[str, ...] = ()  # cgroup files to probe on the kubepods dir (once per agent)
     resctrl: bool = False  # the resctrl tree's L3/MB facts
+    kubelet_cpu_manager: bool = False  # kubelet's CPU manager state (policy, exclusive CPUs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +125,7 @@ class Snapshot:
     cgroup_values: Mapping[tuple[str, str], str] = field(default_factory=lambda: _EMPTY_VALUES)
     kernel_files: frozenset[str] = frozenset()  # of the probed ones, those this kernel has
     resctrl: ResctrlInfo | None = None
+    kubelet_cpu_manager: Any = None  # a statesinformer.cpumanager.CPUManagerState, None when unknown
     memo: Any = None  # the strategy's ``Plan.memo`` of its previous tick
     last: PlanRecord | None = None  # what the runner did with the strategy's previous plan
 
@@ -238,9 +240,12 @@ class SnapshotBuilder:
         layout: KubeCgroupLayout | None = None,
         resctrl_vendor: str = "intel",
         page_size: int | None = None,
+        cpu_manager: Callable[[], Any] | None = None,
     ) -> None:
         """``reader``: the executor whose reads fill ``Needs.cgroup_reads``, ``kernel_files`` and ``resctrl``
-        (without it those stay empty); ``layout``: kubelet's cgroup layout the dirs are built with."""
+        (without it those stay empty); ``layout``: kubelet's cgroup layout the dirs are built with;
+        ``cpu_manager``: kubelet's CPU manager state (``Needs.kubelet_cpu_manager``), None when unknown."""
+        self._cpu_manager = cpu_manager
         self._states = states
         self._cache = cache
         self._cpus = cpus
@@ -328,6 +333,7 @@ class SnapshotBuilder:
             cgroup_values=self._read_cgroups(needs.cgroup_reads, pods),
             kernel_files=self._probe(needs.kernel_files),
             resctrl=self._resctrl_info() if needs.resctrl else None,
+            kubelet_cpu_manager=self._cpu_manager() if needs.kubelet_cpu_manager and self._cpu_manager else None,
             memo=memo,
             last=last,
         )

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 from hooks import registry
 from hooks.protocol import NodeContext, ResctrlNode
+from koordlet.api.cpupools import CPUPools, compute_cpu_pools
 from koordlet.api.pod import PodMeta
+from koordlet.statesinformer.cpumanager import CPUManagerState
 from koordlet.executor import ResourceExecutor
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.system.kubepods import KubeCgroupLayout
@@ -22,7 +24,7 @@ from wire.sockets import remove_socket
 from koordlet.system.procfs import read_meminfo
 from koordlet.system.resctrl import ResctrlInfoError, read_resctrl_info
 from koordlet.system.roots import PROC_DIR, SYS_DIR
-from koordlet.system.sysfs import SysfsError, read_online_cpus
+from koordlet.system.sysfs import SysfsError, read_cpu_topology, read_online_cpus
 
 from .apply import RejectedValues
 from .reconciler import Reconciler
@@ -87,14 +89,24 @@ def group_identity_supported(executor: ResourceExecutor, layout: KubeCgroupLayou
 
 class RuntimeHooks:
     def __init__(self, config: RuntimeHooksConfig, states: StatesProvider, executor: ResourceExecutor,
-                 layout: KubeCgroupLayout, warn: Callable[[PodMeta, str, str], None] | None = None) -> None:
-        """``warn``: writes a Warning Event on a pod (an API server is present), for hook values dropped."""
+                 layout: KubeCgroupLayout, warn: Callable[[PodMeta, str, str], None] | None = None,
+                 cpu_manager: Callable[[], CPUManagerState | None] | None = None) -> None:
+        """``warn``: writes a Warning Event on a pod (an API server is present), for hook values dropped;
+        ``cpu_manager``: kubelet's CPU manager state, for the cpuset hook's shared pools (None: unknown)."""
         self.config = config
         self.states = states
         self.plugins = registry.enabled(config.feature_gates)
         self._resctrl = read_resctrl_node(config.resctrl_dir) if config.feature_gates.get("Resctrl") else None
         self._bvt = group_identity_supported(executor, layout)
         self._online_cpus, self._memory_bytes = node_capacity(config.sys_dir, config.proc_dir)
+        self._cpu_manager = cpu_manager
+        try:
+            self._topology = read_cpu_topology(config.sys_dir)
+        except SysfsError as err:
+            log.warning("CPU topology unknown (%s): the cpuset hook leaves shared-pool cpusets alone", err)
+            self._topology = ()
+        self._pools_key: tuple | None = None
+        self._pools: CPUPools | None = None
         rejects = RejectedValues(warn)
         self.reconciler = Reconciler(states.pods, self.node_context, lambda: self.plugins, executor, layout,
                                      config.reconcile_interval_s, rejects)
@@ -104,9 +116,26 @@ class RuntimeHooks:
 
     def node_context(self) -> NodeContext:
         node = self.states.node()
-        return NodeContext(node_slo=self.states.node_slo(), node_annotations=dict(node.annotations) if node else {},
+        annotations = dict(node.annotations) if node else {}
+        kubelet = self._cpu_manager() if self._cpu_manager is not None else None
+        return NodeContext(node_slo=self.states.node_slo(), node_annotations=annotations,
                            resctrl=self._resctrl, group_identity_supported=self._bvt,
-                           online_cpus=self._online_cpus, memory_bytes=self._memory_bytes)
+                           online_cpus=self._online_cpus, memory_bytes=self._memory_bytes,
+                           cpu_pools=self._cpu_pools(annotations, kubelet),
+                           kubelet_cpu_policy=kubelet.policy if kubelet is not None else "")
+
+    def _cpu_pools(self, annotations: dict[str, str], kubelet: CPUManagerState | None) -> CPUPools | None:
+        """The node's CPU pools, computed again only when the pods, kubelet's state or the annotations change
+        (hook calls are frequent; the pod list and the state are the same objects while unchanged)."""
+        if not self._topology or kubelet is None:
+            return None  # kubelet's exclusive CPUs unknown: no pool could be trusted to leave them out
+        pods = self.states.pods()
+        items = tuple(sorted(annotations.items()))
+        cached = self._pools_key
+        if cached is None or cached[0] is not pods or cached[1] is not kubelet or cached[2] != items:
+            self._pools = compute_cpu_pools(self._topology, pods, kubelet, annotations)
+            self._pools_key = (pods, kubelet, items)  # held, so an unchanged list is recognised by identity
+        return self._pools
 
     def _known_pod(self, uid: str) -> PodMeta | None:
         return next((p for p in self.states.pods() if p.uid == uid), None)

@@ -170,11 +170,12 @@ class RealNode:
         return (self.cpu_usage_ns(cgroup_dir) - start_ns) / 1e9 / (time.monotonic() - start)
 
     def start(self, node_slo: NodeSLOSpec, *, evictor: Evictor | None = None,
-              config: QoSManagerConfig | None = None) -> QoSManager:
+              config: QoSManagerConfig | None = None, cpu_manager=None) -> QoSManager:
+        """``cpu_manager``: kubelet's CPU manager state provider (statesinformer.cpumanager), for suppress."""
         self.states.set_node_slo(node_slo)
         self.manager = new_qos_manager(self.states, self.cache, self.executor, self.layout, evictor=evictor,
                                        config=config or QoSManagerConfig(node_name=self.node.name),
-                                       started_at=time.time() - 60)
+                                       started_at=time.time() - 60, cpu_manager=cpu_manager)
         self.runner.start()
         self.manager.start()
         return self.manager

@@ -5,19 +5,22 @@ Each test burns or allocates for a few seconds under a private prefix and remove
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
 from koordlet.api.cpuset import parse_cpu_list
-from koordlet.api.keys import ANNOTATION_NODE_RESERVATION
+from koordlet.api.keys import ANNOTATION_NODE_RESERVATION, ANNOTATION_RESOURCE_STATUS
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.eviction import Evictor
 from koordlet.qosmanager import QoSManagerConfig
 from koordlet.qosmanager.metrics import BE_SUPPRESS_CPU_CORES, BE_SUPPRESS_LS_USED_CPU_CORES, value_of
 from koordlet.statesinformer.api import NodeInfo
+from koordlet.statesinformer.cpumanager import CPUAssignment, CPUManagerState
 from tests.koordlet.qosmanager.factory import spec
 from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used
 from tests.support.waiting import wait_until
@@ -91,3 +94,61 @@ def test_memory_over_threshold_produces_an_eviction_request(real_node: RealNode)
         assert not server.requests("POST", r"/pods/ls/eviction$")
         (event,) = server.list_objects("events", "default")
         assert event["reason"] == "BEMemoryEvict" and f"threshold {threshold}%" in event["message"]
+
+
+LSE_PODS = (("lse", QoSClass.LSE, KubeQoS.GUARANTEED), ("ls", QoSClass.LS, KubeQoS.BURSTABLE),
+            ("be", QoSClass.BE, KubeQoS.BESTEFFORT))
+
+
+@pytest.fixture
+def lse_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
+    RealNode.skip_unless_possible()
+    if (os.cpu_count() or 0) < 2:
+        pytest.skip("needs at least 2 CPUs")
+    node = RealNode(request.node.name[:20].replace("[", "-").replace("]", ""), LSE_PODS)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def _bind(node: RealNode, pod_name: str, cpus: str) -> None:
+    """Give ``pod_name`` the scheduler's cpuset (resource-status), as an LSE/LSR pod has."""
+    node.states.set_pods([replace(p, annotations={ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": cpus})})
+                          if p.name == pod_name else p for p in node.states.pods()])
+    node.pods = list(node.states.pods())
+
+
+def test_an_lse_pods_cpus_stay_out_of_the_be_cpuset_while_ls_load_rises(lse_node: RealNode) -> None:
+    online = parse_cpu_list(lse_node.read("cpuset", "", "cpuset.cpus"))
+    lse_cpu = online[-1]
+    _bind(lse_node, "lse", str(lse_cpu))
+    be_process = lse_node.spawn("be")
+    lse_node.spawn("ls")
+    lse_node.start(spec(cpuSuppressThresholdPercent=30))
+    be_cpus = lambda: set(parse_cpu_list(lse_node.read("cpuset", lse_node.be_dir, "cpuset.cpus")))  # noqa: E731
+    assert wait_until(lambda: lse_cpu not in be_cpus(), 5.0), be_cpus()
+    for _ in range(5):  # and it stays out, tick after tick, while LS burns
+        time.sleep(0.5)
+        assert lse_cpu not in be_cpus()
+        assert lse_cpu not in os.sched_getaffinity(be_process.pid)
+
+
+def test_kubelets_exclusive_cpus_stay_out_of_the_be_cpuset_with_the_static_policy(lse_node: RealNode) -> None:
+    online = parse_cpu_list(lse_node.read("cpuset", "", "cpuset.cpus"))
+    exclusive = online[-1]
+    # kubelet's static policy pinned a Guaranteed pod that is not Koordinator's to the last CPU
+    state = CPUManagerState(policy="static", default_cpuset=frozenset(online[:-1]),
+                            assignments=(CPUAssignment(frozenset({exclusive}), pod_uid="guaranteed-uid",
+                                                       container_name="main"),))
+    be_process = lse_node.spawn("be")
+    lse_node.spawn("ls")
+    lse_node.start(spec(cpuSuppressThresholdPercent=30), cpu_manager=lambda: state)
+    be_cpus = lambda: set(parse_cpu_list(lse_node.read("cpuset", lse_node.be_dir, "cpuset.cpus")))  # noqa: E731
+    assert wait_until(lambda: exclusive not in be_cpus(), 5.0), be_cpus()
+    for _ in range(4):
+        time.sleep(0.5)
+        assert exclusive not in be_cpus() and exclusive not in os.sched_getaffinity(be_process.pid)
+    # the static variant: the pod dir keeps the full BE cpuset (every CPU kubelet does not own)
+    pod_dir = lse_node.pod_dir(lse_node.pod("be"))
+    assert set(parse_cpu_list(lse_node.read("cpuset", pod_dir, "cpuset.cpus"))) == set(online[:-1])

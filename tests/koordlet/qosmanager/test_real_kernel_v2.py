@@ -5,6 +5,7 @@ files: cpu.max, cpuset.cpus, cpu.max.burst, memory.min/low/high, memory.current.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -13,10 +14,12 @@ from dataclasses import replace
 import pytest
 
 from koordlet.api.cpuset import parse_cpu_list
+from koordlet.api.keys import ANNOTATION_RESOURCE_STATUS
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.eviction import Evictor
+from koordlet.statesinformer.cpumanager import CPUAssignment, CPUManagerState
 from koordlet.qosmanager import QoSManagerConfig
 from koordlet.system.cgroup import CgroupVersion
 from tests.koordlet.qosmanager.factory import spec
@@ -178,3 +181,63 @@ def test_v2_memory_qos_leaves_local_mode_pods_alone_and_writes_them_with_specs(v
             (container_dir, "memory.high"): str(384 * MiB),
             (burstable, "memory.min"): str(256 * MiB), (burstable, "memory.low"): str(256 * MiB)}
     assert wait_until(lambda: got() == want, 10.0), {k: (v, want[k]) for k, v in got().items() if v != want[k]}
+
+
+LSE_PODS = (("lse", QoSClass.LSE, KubeQoS.GUARANTEED), ("ls", QoSClass.LS, KubeQoS.BURSTABLE),
+            ("be", QoSClass.BE, KubeQoS.BESTEFFORT))
+
+
+@pytest.fixture
+def v2_lse_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
+    skip_unless_v2_writable()
+    node = RealNode(request.node.name[:20], LSE_PODS, v2=True)
+    try:
+        assert node.fs.version is CgroupVersion.V2
+        total = len(parse_cpu_list(node.read("cpuset", "", "cpuset.cpus.effective")))
+        if total < 4:
+            pytest.skip("needs at least 4 CPUs (the VM stage gives 4)")
+        yield node
+    finally:
+        node.close()
+
+
+def test_v2_an_lse_pods_cpus_stay_out_of_the_be_cpuset_while_ls_load_rises(v2_lse_node: RealNode) -> None:
+    node = v2_lse_node
+    online = parse_cpu_list(node.read("cpuset", "", "cpuset.cpus.effective"))
+    lse_cpu = online[-1]
+    bound = {ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": str(lse_cpu)})}
+    node.states.set_pods([replace(p, annotations=bound) if p.name == "lse" else p for p in node.states.pods()])
+    node.pods = list(node.states.pods())
+    be_process = node.spawn("be")
+    burners = [node.spawn("ls") for _ in range(len(online) // 2)]
+    node.start(spec(cpuSuppressThresholdPercent=75))
+    be_cpus = lambda: set(parse_cpu_list(node.read("cpuset", node.be_dir, "cpuset.cpus")))  # noqa: E731
+    assert wait_until(lambda: lse_cpu not in be_cpus() and 2 <= len(be_cpus()) < len(online) - 1, 15.0), be_cpus()
+    for _ in range(4):  # LS load keeps rising and falling; LSE's CPU never comes back to BE
+        time.sleep(0.5)
+        assert lse_cpu not in be_cpus() and lse_cpu not in os.sched_getaffinity(be_process.pid)
+    for burner in burners:
+        burner.kill()
+        burner.wait(10)
+    assert wait_until(lambda: be_cpus() == set(online) - {lse_cpu}, 15.0), be_cpus()  # given back, but not LSE's
+
+
+def test_v2_static_policy_keeps_kubelets_cpus_out_and_suppresses_at_container_level(v2_lse_node: RealNode) -> None:
+    node = v2_lse_node
+    online = parse_cpu_list(node.read("cpuset", "", "cpuset.cpus.effective"))
+    exclusive = online[-1]
+    state = CPUManagerState(policy="static", default_cpuset=frozenset(online[:-1]),
+                            assignments=(CPUAssignment(frozenset({exclusive}), pod_uid="guaranteed-uid",
+                                                       container_name="main"),))
+    container_dir = _with_container(node, "be", ContainerMeta("job", CONTAINER_ID))  # no process: not a leaf
+    burners = [node.spawn("ls") for _ in range(len(online) // 2)]
+    node.start(spec(cpuSuppressThresholdPercent=75), cpu_manager=lambda: state)
+    read = lambda d: set(parse_cpu_list(node.read("cpuset", d, "cpuset.cpus")))  # noqa: E731
+    full = set(online) - {exclusive}
+    # the container holds the suppressed cpuset; the QoS and pod dirs keep every CPU kubelet does not own
+    assert wait_until(lambda: 2 <= len(read(container_dir)) < len(full), 15.0), read(container_dir)
+    assert exclusive not in read(container_dir)
+    assert read(node.be_dir) == full and read(node.pod_dir(node.pod("be"))) == full
+    for burner in burners:
+        burner.kill()
+        burner.wait(10)
