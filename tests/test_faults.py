@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.containerd import Containerd
 from tests.support.cri import PodFactory
-from tests.support.stack import Stack, container_value
+from tests.support.stack import Stack, container_value, http_get, rss_mib
 from wire import cri_pb2 as cri
 
 pytestmark = [pytest.mark.containerd, pytest.mark.cgroupv1]
@@ -102,6 +102,32 @@ def test_containerd_restart_under_the_proxy(tmp_path: Path) -> None:
         stack.stop()
         containerd.down()
         containerd.remove_dirs()
+
+
+def test_a_hostile_nodeslo_file_leaves_healthz_hooks_and_memory_alone(stack: Stack) -> None:
+    """The 402-byte alias bomb (8 levels of 9 aliases) once took the agent's RSS up ~250 MiB, failed /healthz
+    and made hook calls wait their whole deadline. Now it is one counted rejection."""
+    assert stack.koordlet.proc is not None and stack.client is not None
+    pid = stack.koordlet.proc.pid
+    before = stack.figures().koordlet_rss_mib
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    (stack.state / "slo.yaml").write_text("\n".join(lines) + "\nresourceQOSStrategy: *a8\n")
+    metrics_url = f"http://127.0.0.1:{stack.koordlet.port}/metrics"
+    deadline = time.monotonic() + 10
+    while 'koordlet_node_slo_file_rejected_total{reason="alias"}' not in http_get(metrics_url):
+        assert time.monotonic() < deadline, "the hostile file was not counted"
+        time.sleep(0.2)
+    started = time.monotonic()
+    assert "ok" in http_get(f"http://127.0.0.1:{stack.koordlet.port}/healthz")
+    pods = PodFactory(stack.client)
+    try:
+        sandbox, _, cid = stack.run_be_pod(pods, "after-bomb")
+        assert container_value(sandbox, cid, "cpu", "cpu.shares") == "512"  # served by the hooks, in time
+    finally:
+        pods.cleanup()
+    assert time.monotonic() - started < 10
+    assert rss_mib(pid) - before < 16, (before, rss_mib(pid))
 
 
 def test_pod_lifecycles_leave_fds_rss_and_store_flat(stack: Stack) -> None:
