@@ -9,10 +9,12 @@ and through the proxy, alternating rounds so both see the same machine noise:
     the proxy with one no-op hook server and with one hook server that changes resources;
   * what one hook round trip adds to a hooked call (StartContainer on a running container: a cheap
     runtime answer, so the hook dominates), with and without a registered hook server;
-  * the proxy's own CPU time per relayed call.
+  * the proxy's own CPU time per relayed call, and per passthrough call as a ratio to a plain byte pipe
+    on uvloop over the same sockets (bench/bytepipe.py), at 1 and 16 calls in flight, interleaved rounds.
 Prints a table; with --json one JSON object (added_p50_ms, added_p99_ms, throughput_ratio_16,
-heavy_ratio, pod_start_ratio, pod_start_hooked_ratio,
-hook_added_p50_ms, ...). This is a benchmark, not a test: read ratios, not absolutes.
+heavy_ratio, pod_start_ratio, pod_start_hooked_ratio, cpu_ratio_to_pipe_1, cpu_ratio_to_pipe_16,
+hook_added_p50_ms, ...). This is a benchmark, not a test: read ratios, not absolutes. Its containerd and
+sockets are per process, so two runs never collide.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,10 +39,13 @@ import psutil
 from tests.support.containerd import Containerd
 from tests.support.cri import CriClient, PodFactory
 from tests.support.hookserver import RecordingHookServer, echo, register
-from tests.support.proxy import ProxyProcess
+from tests.support.proxy import ProxyProcess, wait_for_socket
 from wire import cri_pb2 as cri
 
-BENCH_CONTAINERD = Containerd("/run/koordlet-py/bench/containerd", "/var/lib/koordlet-py/bench/containerd")
+# Per process: two runs at once never share (or stop) each other's containerd.
+BENCH_CONTAINERD = Containerd(f"/run/koordlet-py/bench-{os.getpid()}/containerd",
+                              f"/var/lib/koordlet-py/bench-{os.getpid()}/containerd")
+BYTEPIPE = Path(__file__).resolve().parent / "bytepipe.py"
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -55,7 +62,19 @@ def time_calls(fn, request, count: int) -> list[float]:
     return out
 
 
-async def throughput(socket_path: str, in_flight: int, seconds: float) -> float:
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def cpu_per_call(socket_path: str, process: psutil.Process, in_flight: int, seconds: float) -> tuple[float, float]:
+    """(calls per second, CPU µs of ``process`` per call) of ListContainers through ``socket_path``."""
+    before = cpu_seconds(process)
+    rate, calls = asyncio.run(throughput(socket_path, in_flight, seconds, count=True))
+    return rate, (cpu_seconds(process) - before) / max(1, calls) * 1e6
+
+
+async def throughput(socket_path: str, in_flight: int, seconds: float, count: bool = False):
     request = cri.ListContainersRequest().SerializeToString()
     async with grpc.aio.insecure_channel(f"unix://{socket_path}") as channel:
         call = channel.unary_unary("/runtime.v1.RuntimeService/ListContainers")
@@ -72,7 +91,8 @@ async def throughput(socket_path: str, in_flight: int, seconds: float) -> float:
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(in_flight)))
-        return done / (time.perf_counter() - started)
+        rate = done / (time.perf_counter() - started)
+        return (rate, done) if count else rate
 
 
 def pod_start_ms(pods: PodFactory, name: str) -> float:
@@ -117,6 +137,9 @@ def main() -> int:
     BENCH_CONTAINERD.up()
     tmp = tempfile.TemporaryDirectory(prefix="kpy-bench-")
     proxy = ProxyProcess(f"{tmp.name}/proxy.sock", BENCH_CONTAINERD.socket, "--log-level", "warning").start()
+    pipe_socket = f"{tmp.name}/pipe.sock"
+    pipe = subprocess.Popen([sys.executable, str(BYTEPIPE), pipe_socket, BENCH_CONTAINERD.socket])
+    wait_for_socket(pipe_socket, 15, pipe)
     direct, via = CriClient(BENCH_CONTAINERD.socket), CriClient(proxy.listen)
     background = PodFactory(direct)
     started = {"direct": PodFactory(direct), "proxy": PodFactory(via)}
@@ -152,6 +175,14 @@ def main() -> int:
         for in_flight in (1, 16):
             for side, sock in (("direct", BENCH_CONTAINERD.socket), ("proxy", proxy.listen)):
                 tput[(side, in_flight)] = asyncio.run(throughput(sock, in_flight, args.seconds))
+        # CPU per passthrough call, relay vs a plain byte pipe over the same sockets, interleaved rounds
+        pipe_ps = psutil.Process(pipe.pid)
+        cpu_us: dict[tuple[str, int], list[float]] = {}
+        for _ in range(args.rounds):
+            for in_flight in (1, 16):
+                for side, sock, process in (("pipe", pipe_socket, pipe_ps), ("proxy", proxy.listen, ps)):
+                    cpu_us.setdefault((side, in_flight), []).append(
+                        cpu_per_call(sock, process, in_flight, args.seconds)[1])
         starts: dict[str, list[float]] = {"direct": [], "proxy": []}
         for i in range(args.pod_starts):
             for side in ("direct", "proxy"):
@@ -175,11 +206,14 @@ def main() -> int:
             factory.cleanup()
         noop_hook.stop()
         changing_hook.stop()
+        pipe.terminate()
+        pipe.wait(10)
         direct.close()
         via.close()
         proxy.terminate()
         tmp.cleanup()
         BENCH_CONTAINERD.down()
+        BENCH_CONTAINERD.remove_dirs()
 
     rows = []
     for name in methods:
@@ -203,6 +237,11 @@ def main() -> int:
         "hook_added_p99_ms": round(percentile(hooked_calls["no-op hook"], 99)
                                    - percentile(hooked_calls["no hook"], 99), 4),
         "proxy_cpu_us_per_call": round(proxy_cpu / max(1, proxy_calls) * 1e6, 1),
+        "cpu_ratio_to_pipe_1": round(
+            statistics.median(cpu_us[("proxy", 1)]) / statistics.median(cpu_us[("pipe", 1)]), 3),
+        "cpu_ratio_to_pipe_16": round(
+            statistics.median(cpu_us[("proxy", 16)]) / statistics.median(cpu_us[("pipe", 16)]), 3),
+        "cpu_us_per_call": {f"{side}_{n}": round(statistics.median(v), 1) for (side, n), v in cpu_us.items()},
         "pods": args.pods,
         "methods": {r[0]: {"direct_p50_ms": round(r[1], 4), "proxy_p50_ms": round(r[2], 4),
                            "direct_p99_ms": round(r[3], 4), "proxy_p99_ms": round(r[4], 4)} for r in rows},
@@ -227,6 +266,11 @@ def main() -> int:
           f"{result['pod_start_resource_hook_ratio']}")
     print(f"one hook round trip adds p50 {result['hook_added_p50_ms']} ms, p99 {result['hook_added_p99_ms']} ms "
           "(hooked StartContainer with vs without a registered hook server)")
+    print(f"CPU per passthrough call (ListContainers), medians of {args.rounds} interleaved rounds: "
+          f"1 in flight relay {result['cpu_us_per_call']['proxy_1']} µs vs byte pipe "
+          f"{result['cpu_us_per_call']['pipe_1']} µs, ratio {result['cpu_ratio_to_pipe_1']}; 16 in flight relay "
+          f"{result['cpu_us_per_call']['proxy_16']} µs vs pipe {result['cpu_us_per_call']['pipe_16']} µs, "
+          f"ratio {result['cpu_ratio_to_pipe_16']}")
     print(f"added p50 (cheap) {result['added_p50_ms']} ms, added p99 {result['added_p99_ms']} ms, "
           f"heavy ratio {result['heavy_ratio']}, proxy CPU {result['proxy_cpu_us_per_call']} µs/call")
     return 0
