@@ -60,8 +60,9 @@ async def _serve(listen: str, backend: str) -> None:
                 return
             back.peer, front.peer = front, back
             for side, other in ((front, back), (back, front)):  # what arrived before both ends were joined
-                for chunk in side.pending:
-                    other.transport.write(chunk)
+                if other.transport is not None and not other.transport.is_closing():
+                    for chunk in side.pending:
+                        other.transport.write(chunk)
                 side.pending.clear()
 
         loop.create_task(connect())

@@ -30,6 +30,9 @@ class Decoder:
         self._size = 0
         self._max_size = max_table_size
         self.max_allowed_table_size = max_allowed_table_size
+        # Changes whenever the dynamic table does: a header block decoded under one version decodes to
+        # the same headers under it again (what the relay's cache of decoded blocks relies on).
+        self.version = 0
         self._huffman: dict[bytes, bytes] = {}
 
     def _entry(self, index: int) -> tuple[bytes, bytes]:
@@ -41,6 +44,7 @@ class Decoder:
             raise HPACKDecodeError(f"header index {index} is not in the table") from None
 
     def _add(self, name: bytes, value: bytes) -> None:
+        self.version += 1
         size = len(name) + len(value) + _ENTRY_OVERHEAD
         if size > self._max_size:
             self._entries.clear()
@@ -55,6 +59,7 @@ class Decoder:
     def _resize(self, new_size: int) -> None:
         if new_size > self.max_allowed_table_size:
             raise HPACKDecodeError(f"table size {new_size} above the allowed {self.max_allowed_table_size}")
+        self.version += 1
         self._max_size = new_size
         while self._size > new_size:
             old_name, old_value = self._entries.pop()

@@ -30,9 +30,28 @@ _BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.
 _MAX_METHOD_LABELS = 256
 
 
+_PENDING_MAX = 4096
+
+
+class _Flush:
+    """Registered before the histograms: collecting it moves the pending observations into them."""
+
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> list:
+        self._metrics.flush()
+        return []
+
+    def describe(self) -> list:
+        return []
+
+
 class ProxyMetrics(RelayObserver):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._pending: list[tuple[str | bytes, float]] = []
+        self.registry.register(_Flush(self))  # first: a scrape flushes before it reads the histograms
         ProcessCollector(registry=self.registry)
         self.call_duration = Histogram(
             "koord_runtimeproxy_call_duration_seconds",
@@ -94,6 +113,20 @@ class ProxyMetrics(RelayObserver):
         return path.rsplit(".", 1)[-1] if path.startswith("/runtime.") else path.lstrip("/")
 
     def call_finished(self, method: str | bytes, seconds: float) -> None:
+        """One relayed call: appended to a list (no lock, no histogram work on the relay's path) and moved into
+        the histogram at the next scrape, or when the list is long."""
+        pending = self._pending
+        pending.append((method, seconds))
+        if len(pending) >= _PENDING_MAX:
+            self.flush()
+
+    def flush(self) -> None:
+        """Move the pending observations into the histograms (before every scrape)."""
+        pending, self._pending = self._pending, []
+        for method, seconds in pending:
+            self._observe(method, seconds)
+
+    def _observe(self, method: str | bytes, seconds: float) -> None:
         child = self._relay_children.get(method)
         if child is None:
             name = method.decode("ascii", "replace") if isinstance(method, bytes) else method

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 _CLOSED_MEMORY = 256
 _MAX_DECODED_TABLE = 1 << 20
 _MAX_HEADER_BLOCK = 1 << 20  # kubelet's header blocks are a few hundred bytes
+_FRAME_HEADER = struct.Struct(">HBBBI")  # length (high 16 bits, low 8), type, flags, stream id
+_BLOCK_CACHE = 512  # decoded header blocks a connection remembers (kubelet repeats a handful)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +140,9 @@ class KubeletSide(asyncio.Protocol):
         self._buf = b""
         self._pass = 0
         self._decoder = Decoder(max_allowed_table_size=_MAX_DECODED_TABLE)
+        # header block -> (decoder version, decoded headers): kubelet's repeated calls send the same bytes,
+        # which decode to the same headers while its dynamic table is unchanged
+        self._blocks: dict[bytes, tuple[int, list[tuple[bytes, bytes]]]] = {}
         self._hblock: tuple[int, bytearray, bool] | None = None
         self.hooked: dict[int, HookedRequest] = {}
         self.closed_hooked: OrderedDict[int, None] = OrderedDict()
@@ -293,15 +299,16 @@ class KubeletSide(asyncio.Protocol):
         hooked = self.hooked
         max_frame = self.max_frame
         try:
+            unpack = _FRAME_HEADER.unpack_from
             while n - pos >= 9:
-                length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
+                high, low, ftype, flags, sid = unpack(data, pos)
+                length = (high << 8) | low
+                sid &= 0x7FFFFFFF
                 if length > max_frame:
                     self._refuse("protocol", h2.ERR_FRAME_SIZE_ERROR,
                                  f"a frame of {length} bytes, over the {max_frame}-byte limit")
                     return
-                ftype = data[pos + 3]
                 end = pos + 9 + length
-                sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
                 if ftype == h2.DATA and sid not in hooked and sid not in self.closed_hooked:
                     if end > n:
                         self._pass = end - n
@@ -311,7 +318,6 @@ class KubeletSide(asyncio.Protocol):
                     continue
                 if end > n:
                     break
-                flags = data[pos + 4]
                 if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
                     withheld = self._header_frame(ftype, flags, sid, data[pos + 9 : end])
                     pos = end
@@ -412,7 +418,17 @@ class KubeletSide(asyncio.Protocol):
 
     def _header_block(self, sid: int, block: bytes, end_stream: bool) -> int:
         # Raw bytes: header values may not be UTF-8 (gRPC "true binary" metadata).
-        headers = self._decoder.decode(block)
+        decoder = self._decoder
+        cached = self._blocks.get(block)
+        if cached is not None and cached[0] == decoder.version:
+            headers = cached[1]
+        else:
+            version = decoder.version
+            headers = decoder.decode(block)
+            if decoder.version == version:  # decoding left the table as it was: the result can be reused
+                if len(self._blocks) >= _BLOCK_CACHE:
+                    self._blocks.clear()
+                self._blocks[block] = (version, headers)
         path = None
         for name, value in headers:
             if name == b":path":
@@ -588,10 +604,9 @@ class RuntimeSide(asyncio.Protocol):
                     self._hdr = data[pos:]
                     fwd = n
                 break
-            length = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
-            ftype = data[pos + 3]
-            flags = data[pos + 4]
-            sid = int.from_bytes(data[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+            high, low, ftype, flags, sid = _FRAME_HEADER.unpack_from(data, pos)
+            length = (high << 8) | low
+            sid &= 0x7FFFFFFF
             if ftype == h2.SETTINGS and not flags & h2.FLAG_ACK:
                 down.max_frame = max(down.max_frame, _max_frame_size(data, pos + 9, length, n))
             self._frames += 1

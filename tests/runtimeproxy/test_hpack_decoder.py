@@ -43,3 +43,20 @@ def test_follows_a_grpc_client_over_many_calls() -> None:
 def test_malformed_blocks_raise_a_decode_error(block: bytes) -> None:
     with pytest.raises(HPACKDecodeError):
         Decoder(max_allowed_table_size=4096).decode(block)
+
+
+def test_the_version_changes_exactly_when_the_dynamic_table_does() -> None:
+    """The relay reuses a decoded header block while the version is unchanged; it must change on every
+    insertion and size update, and never on a block that only reads the tables."""
+    from runtimeproxy.hpack_decoder import Decoder
+
+    decoder = Decoder()
+    indexed_insert = b"\x40\x04name\x05value"  # literal with incremental indexing: inserts (name, value)
+    version = decoder.version
+    assert decoder.decode(indexed_insert) == [(b"name", b"value")]
+    assert decoder.version == version + 1
+    version = decoder.version
+    assert decoder.decode(b"\xbe\x82") == [(b"name", b"value"), (b":method", b"GET")]  # reads only
+    assert decoder.version == version
+    decoder.decode(b"\x20")  # dynamic table size update to 0: evicts
+    assert decoder.version > version
