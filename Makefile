@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test deps proto bench bench-v2 lint v2-check gpu-check clean
+.PHONY: demo test deps proto bench bench-v2 soak lint v2-check gpu-check clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -20,6 +20,10 @@ proto: deps
 
 bench: deps
 	$(PY) bench/proxy_overhead.py
+
+# 300 pod lifecycles through the proxy and the koordlet hooks; exits 1 unless fds, RSS and store stay flat.
+soak: deps
+	$(PY) bench/soak.py
 
 lint: deps
 	$(PY) -m ruff check .

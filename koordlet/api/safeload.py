@@ -90,9 +90,10 @@ def load_yaml(data: bytes | str, what: str, *, max_bytes: int = MAX_DOCUMENT_BYT
               max_depth: int = MAX_DEPTH) -> Any:
     """The one YAML document in ``data`` as plain data; raises :class:`SafeLoadError` (``what`` names it)."""
     text = _text(data, what, max_bytes)
-    loader = _BoundedLoader(text)
-    loader.max_depth = max_depth
+    loader: _BoundedLoader | None = None
     try:
+        loader = _BoundedLoader(text)  # reads the text already: a NUL or control character fails here
+        loader.max_depth = max_depth
         return loader.get_single_data()
     except _Refused as exc:
         raise SafeLoadError(what, exc.reason, str(exc)) from None
@@ -103,7 +104,8 @@ def load_yaml(data: bytes | str, what: str, *, max_bytes: int = MAX_DOCUMENT_BYT
     except (ValueError, TypeError, OverflowError) as exc:  # e.g. an integer of 5000 digits
         raise SafeLoadError(what, "syntax", f"unusable value: {_one_line(str(exc))}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def depth_of(value: Any, limit: int) -> int:

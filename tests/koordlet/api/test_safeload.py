@@ -24,6 +24,12 @@ def test_plain_documents_load() -> None:
     ("a: !!python/object/apply:os.system ['true']\n", "syntax"),
     (b"a: \xff", "encoding"),
     ("#" * (2 << 20), "too_large"),
+    ("a: \x00\n", "syntax"),  # control characters fail while the loader is built, before parsing
+    (b"a: b\x07\n", "syntax"),
+    ("a: !!int abc\n", "syntax"),
+    ("a: !!float abc\n", "syntax"),
+    ("a: 2026-13-45\n", "syntax"),
+    ("a: 2026-01-01 25:00:00\n", "syntax"),
 ])
 def test_hostile_yaml_is_refused_with_a_reason(text: str | bytes, reason: str) -> None:
     started = time.perf_counter()

@@ -102,6 +102,13 @@ HOSTILE = {
     "thresholds_list.yaml": "resourceUsedThresholdWithBE: [1, 2]\n",
     "too_large.yaml": "# " + "x" * (1 << 20) + "\n",
     "deep_mapping.yaml": "x:\n" + "".join("  " * (i + 1) + f"k{i}:\n" for i in range(200)),
+    # values PyYAML's constructors refuse with ValueError (each once ended in a logged traceback)
+    "bad_month.yaml": "resourceUsedThresholdWithBE: {enable: 2026-13-45}\n",
+    "february_30.yaml": "resourceUsedThresholdWithBE: {enable: 2026-02-30}\n",
+    "hour_25.yaml": "resourceUsedThresholdWithBE: {enable: 2026-01-01 25:00:00}\n",
+    "int_tag_not_a_number.yaml": "resourceUsedThresholdWithBE: {cpuSuppressThresholdPercent: !!int abc}\n",
+    "float_tag_not_a_number.yaml": "resourceUsedThresholdWithBE: {cpuSuppressThresholdPercent: !!float abc}\n",
+    "nul_byte.yaml": "resourceUsedThresholdWithBE:\n  enable: \x00\n",
 }
 
 
@@ -173,6 +180,65 @@ def test_watcher_reads_an_unchanged_file_once_and_reloads_only_on_new_content(tm
         os.replace(tmp, path)
         assert wait_for(lambda: applied == [55, 61, 62])
         time.sleep(1.0)
+        assert watcher.reloads == 3
+    finally:
+        watcher.stop()
+
+
+def test_every_hostile_file_through_the_watcher_is_one_counted_line_and_no_traceback(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    thread_errors: list[str] = []
+    monkeypatch.setattr("threading.excepthook", lambda args: thread_errors.append(repr(args.exc_value)))
+    path = tmp_path / "slo.yaml"
+    path.write_text(GOOD)
+    informer = StatesInformer(NoPods(), count_error=lambda source: None, needs_node=False)
+    watcher = NodeSLOFileWatcher(str(path), informer, settle_s=0.05)
+    watcher.start()
+    try:
+        for name in sorted(HOSTILE):
+            path.write_text(GOOD.replace("55", "56"))
+            assert wait_for(lambda: informer.node_slo().resource_used_threshold_with_be
+                            .cpu_suppress_threshold_percent == 56), name
+            path.write_text(GOOD)
+            assert wait_for(lambda: informer.node_slo().resource_used_threshold_with_be
+                            .cpu_suppress_threshold_percent == 55), name
+            rejections = watcher.rejections
+            caplog.clear()
+            content = HOSTILE[name]
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+            assert wait_for(lambda expected=rejections + 1: watcher.rejections == expected), name
+            time.sleep(0.3)  # long enough for a second (wrong) reload to show
+            lines = [r for r in caplog.records if "NodeSLO rejected" in r.getMessage()]
+            assert len(lines) == 1 and watcher.rejections == rejections + 1, (name, caplog.text)
+            assert str(path) in lines[0].getMessage() and "\n" not in lines[0].getMessage()
+            assert not [r for r in caplog.records if r.exc_info], (name, caplog.text)
+            assert informer.node_slo().resource_used_threshold_with_be.cpu_suppress_threshold_percent == 55
+        assert thread_errors == []
+    finally:
+        watcher.stop()
+
+
+def test_a_configmap_symlink_swap_is_applied(tmp_path: Path) -> None:
+    """kubelet updates a ConfigMap volume by writing a new timestamped directory and renaming a ``..data``
+    symlink onto it; the file the agent names is a symlink through ``..data`` that never changes itself."""
+    def publish(version: str, text: str) -> None:
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "slo.yaml").write_text(text)
+        (tmp_path / "..data_tmp").symlink_to(version)
+        os.rename(tmp_path / "..data_tmp", tmp_path / "..data")
+
+    publish("..2026_11_24_00_00_00.1", GOOD)
+    (tmp_path / "slo.yaml").symlink_to("..data/slo.yaml")
+    informer = StatesInformer(NoPods(), count_error=lambda source: None, needs_node=False)
+    watcher = NodeSLOFileWatcher(str(tmp_path / "slo.yaml"), informer, settle_s=0.05)
+    watcher.start()
+    try:
+        threshold = lambda: informer.node_slo().resource_used_threshold_with_be.cpu_suppress_threshold_percent  # noqa: E731
+        assert threshold() == 55
+        publish("..2026_11_24_00_01_00.2", GOOD.replace("55", "63"))
+        assert wait_for(lambda: threshold() == 63)
+        publish("..2026_11_24_00_02_00.3", GOOD.replace("55", "64"))
+        assert wait_for(lambda: threshold() == 64)
         assert watcher.reloads == 3
     finally:
         watcher.stop()
