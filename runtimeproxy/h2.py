@@ -63,6 +63,9 @@ def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes
     return len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + _HDR.pack(stream_id) + payload
 
 
+PING_ACK_HEADER = bytes((0, 0, 8, PING, FLAG_ACK, 0, 0, 0, 0))  # a PING ACK frame without its 8-byte payload
+
+
 def rst_stream(stream_id: int, error_code: int = ERR_CANCEL) -> bytes:
     return frame(RST_STREAM, 0, stream_id, _HDR.pack(error_code))
 

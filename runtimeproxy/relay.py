@@ -15,6 +15,22 @@ Each kubelet connection gets one runtime connection, and frames are copied both 
   answer is written back to kubelet on the original stream with header blocks that never touch
   kubelet's HPACK dynamic table (h2.grpc_response).
 
+Connection-level control frames are answered on each hop, as an HTTP/2 intermediary may (RFC 9113
+section 6.7, 6.9): a PING is acknowledged by the proxy on the hop it came in on and goes no further
+(no PING is ever forwarded, so no PING ACK is either), and connection-level WINDOW_UPDATE frames
+are not forwarded but counted. The proxy keeps each hop's connection send window as the sender sees
+it and passes the credit the other hop gave on with the next frames it writes that way anyway
+(kubelet's next request, the runtime's next answer); it writes credit on its own only when the
+sender's window falls below half the default or the credit held reaches a quarter of it, so no
+sender ever waits on credit the proxy holds. Credit is never invented: what the proxy gives one hop
+is what the other hop gave, plus the bytes only the proxy consumed (withheld request bodies,
+runtime frames kept away from kubelet). A unary call thus costs one read and one write each way,
+plus one write for each peer's BDP PING, instead of also carrying each peer's PING, PING ACK and
+WINDOW_UPDATE across. SETTINGS still pass end to end: their parameters (HPACK table size, frame
+size, stream windows, concurrent streams) govern bytes the proxy forwards unchanged, so the
+endpoint that applies them must be the one that acknowledges them. Stream-level WINDOW_UPDATE
+frames pass end to end too.
+
 Flow control on withheld streams is the proxy's: bytes kubelet sent on them are credited back to
 kubelet by the proxy, and connection-level credit kubelet returns for response bytes the proxy
 wrote is not passed on to the runtime, which never sent them.
@@ -43,6 +59,14 @@ _MAX_DECODED_TABLE = 1 << 20
 _MAX_HEADER_BLOCK = 1 << 20  # kubelet's header blocks are a few hundred bytes
 _FRAME_HEADER = struct.Struct(">HBBBI")  # length (high 16 bits, low 8), type, flags, stream id
 _BLOCK_CACHE = 512  # decoded header blocks a connection remembers (kubelet repeats a handful)
+_CONN_WINDOW = 65535  # every connection's initial send window (RFC 9113 6.9.2; SETTINGS never change it)
+# Held connection credit is written on its own (not with the next frames) once the sender's window is
+# below _LOW_WINDOW or the credit held reaches _FLUSH_CREDIT.
+_LOW_WINDOW = _CONN_WINDOW // 2
+_FLUSH_CREDIT = _CONN_WINDOW // 4
+# The runtime's PINGs are acknowledged with kubelet's next frames, or after this long at most. grpc-go
+# sends one (its BDP probe) on every request it receives; its keepalive waits 20 s for an ACK by default.
+_ACK_DELAY_S = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,10 +172,20 @@ class KubeletSide(asyncio.Protocol):
         self.closed_hooked: OrderedDict[int, None] = OrderedDict()
         self.inflight: dict[int, tuple[bytes, float]] = {}
         self.owed_credit = 0
-        # Ping bookkeeping (see _kubelet_ping): did the proxy, or the runtime, answer calls since the
-        # last PING that went to the runtime?
-        self.answered_since_ping = False
-        self.runtime_wrote_since_ping = False
+        # Connection flow control, per hop (module docstring). ``kubelet_window``: what kubelet may still
+        # send, as kubelet counts it; ``credit_down``: credit the proxy holds for kubelet. The same for the
+        # runtime's sending: ``runtime_window`` and ``credit_up``.
+        self.kubelet_window = _CONN_WINDOW
+        self.credit_down = 0
+        self.runtime_window = _CONN_WINDOW
+        self.credit_up = 0
+        # Frames of the proxy's own for the runtime (PING ACKs, credit) wait here while a kubelet frame is
+        # only partly forwarded, or before kubelet's preface and SETTINGS are through.
+        self._up_queue: list[bytes] = []
+        self._up_open = False
+        self._acks_up = b""  # PING ACKs owed to the runtime, written with the next frames that way
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.max_stream_id = 0
         self._goaway_sent = False
         self._closed = False
@@ -167,7 +201,7 @@ class KubeletSide(asyncio.Protocol):
         self.relay.connections.add(self)
         # Hold kubelet until the runtime connection exists; bytes that still arrive are buffered.
         transport.pause_reading()
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         loop.create_task(self._connect_runtime())
         self._watchdog = loop.call_later(self.relay.limits.handshake_timeout_s, self._check_idle)
 
@@ -231,6 +265,9 @@ class KubeletSide(asyncio.Protocol):
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
         for req in self.hooked.values():
             if req.task is not None:
                 req.task.cancel()
@@ -262,25 +299,82 @@ class KubeletSide(asyncio.Protocol):
             self.up.transport.write(data)
 
     def write_down(self, frames: bytes) -> None:
-        """Write the proxy's own frames to kubelet between two of the runtime's frames."""
+        """Write the proxy's own frames to kubelet between two of the runtime's frames, with the
+        connection credit held for kubelet."""
         if self._closed:
+            return
+        if self.credit_down:
+            frames += self.take_credit_down()
+        if not frames:
             return
         if self.up is None:
             self._pending_down.append(frames)
         else:
             self.up.inject(frames)
 
+    def write_up(self, frames: bytes) -> None:
+        """Write the proxy's own frames to the runtime between two of kubelet's frames, with the connection
+        credit held for the runtime. Called off kubelet's read path (from the runtime side)."""
+        if self._closed:
+            return
+        if self._acks_up:
+            frames += self._acks_up
+            self._acks_up = b""
+        if self.credit_up:
+            frames += self.take_credit_up()
+        if not frames:
+            return
+        if self._up_open and not self._pass and not self._up_queue:
+            self._send_up(frames)
+        else:
+            self._up_queue.append(frames)
+
+    def ack_runtime_ping(self, payload: bytes) -> None:
+        """Owe the runtime a PING ACK: written with kubelet's next frames, or by a timer within _ACK_DELAY_S."""
+        self._acks_up += h2.PING_ACK_HEADER + payload
+        if self._ack_timer is None and self._loop is not None:
+            self._ack_timer = self._loop.call_later(_ACK_DELAY_S, self._ack_due)
+
+    def _ack_due(self) -> None:
+        self._ack_timer = None
+        if self._acks_up:
+            self.write_up(b"")
+
+    def take_credit_down(self) -> bytes:
+        """The WINDOW_UPDATE that hands kubelet the connection credit held for it."""
+        credit, self.credit_down = self.credit_down, 0
+        self.kubelet_window += credit
+        return h2.window_update(0, credit)
+
+    def take_credit_up(self) -> bytes:
+        credit, self.credit_up = self.credit_up, 0
+        self.runtime_window += credit
+        return h2.window_update(0, credit)
+
+    def credit_kubelet(self, n: int) -> None:
+        """Kubelet may send ``n`` more bytes: the runtime credited them, or only the proxy read them."""
+        self.credit_down += n
+        if self.credit_down >= _FLUSH_CREDIT or self.kubelet_window < _LOW_WINDOW:
+            self.write_down(b"")
+
     # -- kubelet -> runtime ----------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         self._last_rx = time.monotonic()
+        out: list[bytes] = []
         if self._pass:
             if len(data) <= self._pass:
                 self._pass -= len(data)
                 self._send_up(data)
+                if not self._pass and self._up_queue and self._up_open:
+                    self._send_up(b"".join(self._up_queue))
+                    self._up_queue.clear()
                 return
             self._send_up(data[: self._pass])
             data = data[self._pass :]
             self._pass = 0
+            if self._up_queue and self._up_open:  # a frame boundary: the proxy's frames may go now
+                out.extend(self._up_queue)
+                self._up_queue.clear()
         if self._buf:
             data = self._buf + data
             self._buf = b""
@@ -295,9 +389,9 @@ class KubeletSide(asyncio.Protocol):
             data = data[k:]
         n = len(data)
         pos = fwd = 0
-        out: list[bytes] = []
         hooked = self.hooked
         max_frame = self.max_frame
+        window = self.kubelet_window
         try:
             unpack = _FRAME_HEADER.unpack_from
             while n - pos >= 9:
@@ -309,11 +403,27 @@ class KubeletSide(asyncio.Protocol):
                                  f"a frame of {length} bytes, over the {max_frame}-byte limit")
                     return
                 end = pos + 9 + length
-                if ftype == h2.DATA and sid not in hooked and sid not in self.closed_hooked:
+                if ftype == h2.DATA:
+                    if sid not in hooked and sid not in self.closed_hooked:
+                        window -= length
+                        if end > n:
+                            self._pass = end - n
+                            pos = n
+                            break
+                        pos = end
+                        continue
                     if end > n:
-                        self._pass = end - n
-                        pos = n
                         break
+                    # on a withheld stream, or one the proxy already answered: only the proxy reads it
+                    out.append(data[fwd:pos])
+                    fwd = end
+                    self.kubelet_window = window - length
+                    req = hooked.get(sid)
+                    if req is not None:
+                        self._withheld_data(req, flags, data[pos + 9 : end], length)
+                    elif length:
+                        self.credit_kubelet(length)  # late bytes: credit them back
+                    window = self.kubelet_window
                     pos = end
                     continue
                 if end > n:
@@ -326,27 +436,28 @@ class KubeletSide(asyncio.Protocol):
                         out.append(h2.rst_stream(withheld))
                         fwd = pos
                     continue
-                if ftype == h2.DATA:  # on a withheld stream, or one the proxy already answered
-                    out.append(data[fwd:pos])
-                    fwd = end
-                    req = hooked.get(sid)
-                    if req is not None:
-                        self._withheld_data(req, flags, data[pos + 9 : end], length)
-                    elif length:
-                        self.write_down(h2.window_update(0, length))  # late bytes: credit them back
-                elif ftype == h2.WINDOW_UPDATE:
+                if ftype == h2.WINDOW_UPDATE:
                     if sid == 0:
+                        # kubelet's connection credit is for this hop; the runtime gets what is owed to it
+                        out.append(data[fwd:pos])
+                        fwd = end
+                        increment = int.from_bytes(data[pos + 9 : pos + 13], "big") & 0x7FFFFFFF
                         if self.owed_credit:
-                            increment = int.from_bytes(data[pos + 9 : pos + 13], "big") & 0x7FFFFFFF
                             taken = min(increment, self.owed_credit)
                             self.owed_credit -= taken
-                            out.append(data[fwd:pos])
-                            fwd = end
-                            if increment - taken:
-                                out.append(h2.window_update(0, increment - taken))
+                            increment -= taken
+                        self.credit_up += increment
                     elif sid in hooked or sid in self.closed_hooked:
                         out.append(data[fwd:pos])
                         fwd = end
+                elif ftype == h2.PING and sid == 0 and length == 8:
+                    # answered on this hop; an ACK can only answer a PING the proxy never sent
+                    out.append(data[fwd:pos])
+                    fwd = end
+                    if not flags & h2.FLAG_ACK:
+                        self.kubelet_window = window
+                        self.write_down(h2.frame(h2.PING, h2.FLAG_ACK, 0, data[pos + 9 : end]))
+                        window = self.kubelet_window
                 elif ftype == h2.RST_STREAM:
                     req = hooked.pop(sid, None)
                     if req is not None or sid in self.closed_hooked:
@@ -358,10 +469,6 @@ class KubeletSide(asyncio.Protocol):
                                 req.task.cancel()
                     else:
                         self.inflight.pop(sid, None)
-                elif ftype == h2.PING and not flags & h2.FLAG_ACK:
-                    if self._kubelet_ping(data[pos + 9 : end]):
-                        out.append(data[fwd:pos])
-                        fwd = end
                 elif ftype == h2.PRIORITY and (sid in hooked or sid in self.closed_hooked):
                     out.append(data[fwd:pos])
                     fwd = end
@@ -373,6 +480,7 @@ class KubeletSide(asyncio.Protocol):
         except (ValueError, IndexError) as err:
             self._refuse("protocol", h2.ERR_PROTOCOL_ERROR, f"malformed HTTP/2 from kubelet: {err}")
             return
+        self.kubelet_window = window
         if not self._handshaken and not self._preface and (pos or self._pass):
             self._handshaken = True
         if pos < n and not self._pass:
@@ -380,22 +488,27 @@ class KubeletSide(asyncio.Protocol):
             n = pos
         if fwd < n:
             out.append(data[fwd:n])
+        if not self._pass:  # the bytes written end at a frame boundary
+            if not self._up_open and not self._preface and pos:
+                self._up_open = True  # kubelet's preface and first frame (its SETTINGS) are through
+            if self._up_open:
+                if self._up_queue:
+                    out.extend(self._up_queue)
+                    self._up_queue.clear()
+                if self._acks_up and any(out):
+                    out.append(self._acks_up)
+                    self._acks_up = b""
+                credit = self.credit_up
+                if credit and (credit >= _FLUSH_CREDIT or self.runtime_window < _LOW_WINDOW or any(out)):
+                    out.append(self.take_credit_up())
+        elif self.credit_up >= _FLUSH_CREDIT or (self.credit_up and self.runtime_window < _LOW_WINDOW):
+            self._up_queue.append(self.take_credit_up())  # written at the next frame boundary
         if out:
-            self._send_up(out[0] if len(out) == 1 else b"".join(out))
-
-    def _kubelet_ping(self, payload: bytes) -> bool:
-        """True when the proxy answers this PING itself instead of the runtime.
-
-        gRPC clients send a (BDP) PING after receiving response data. grpc-go servers count a PING
-        that arrives when they wrote nothing since the previous one as a strike, and close the
-        connection with GOAWAY "too_many_pings" after the third. When only the proxy answered calls
-        since the last PING, the runtime would see exactly that, so the proxy acknowledges the PING.
-        """
-        if self.answered_since_ping and not self.runtime_wrote_since_ping:
-            self.write_down(h2.frame(h2.PING, h2.FLAG_ACK, 0, payload))
-            return True
-        self.answered_since_ping = self.runtime_wrote_since_ping = False
-        return False
+            chunk = out[0] if len(out) == 1 else b"".join(out)
+            if chunk:
+                self._send_up(chunk)
+        if self.credit_down and self.kubelet_window < _LOW_WINDOW:
+            self.write_down(b"")
 
     def _header_frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> int:
         """Feed one HEADERS/CONTINUATION frame; returns the stream id if it starts a withheld call."""
@@ -454,16 +567,18 @@ class KubeletSide(asyncio.Protocol):
         limit = self.relay.limits.max_message_bytes
         declared = int.from_bytes(req.body[1:5], "big") if len(req.body) >= 5 else 0
         if len(req.body) > limit + 5 or declared > limit:
-            if length:
-                self.write_down(h2.window_update(0, length))
+            self.credit_down += length  # written with the refusal
             self._too_large(req, max(declared, len(req.body) - 5))
             return
         if length:
-            # The runtime never sees these bytes, so it will never credit them back: we do.
-            credit = h2.window_update(0, length)
-            if not end_stream:
-                credit += h2.window_update(req.stream_id, length)
-            self.write_down(credit)
+            # The runtime never sees these bytes, so it will never credit them back: we do. The
+            # connection's share goes with the answer unless kubelet runs short before; the stream's
+            # now, while kubelet is still sending the body.
+            if end_stream:
+                self.credit_kubelet(length)
+            else:
+                self.credit_down += length
+                self.write_down(h2.window_update(req.stream_id, length))
         if end_stream:
             self._start_call(req)
 
@@ -482,7 +597,6 @@ class KubeletSide(asyncio.Protocol):
                                      f"koord-runtime-proxy: received message larger than max ({size} vs. {limit})",
                                      None)
         # the answer is complete; RST_STREAM(NO_ERROR) tells kubelet to stop sending the rest of the body
-        self.answered_since_ping = True
         self.write_down(frames + h2.rst_stream(req.stream_id, h2.ERR_NO_ERROR))
 
     def _start_call(self, req: HookedRequest) -> None:
@@ -509,7 +623,6 @@ class KubeletSide(asyncio.Protocol):
             result.trailing_metadata,
         )
         self.owed_credit += data_bytes
-        self.answered_since_ping = True
         self.write_down(frames)
         self.relay.observer.call_finished(req.method, time.perf_counter() - started)
 
@@ -607,12 +720,10 @@ class RuntimeSide(asyncio.Protocol):
             high, low, ftype, flags, sid = _FRAME_HEADER.unpack_from(data, pos)
             length = (high << 8) | low
             sid &= 0x7FFFFFFF
-            if ftype == h2.SETTINGS and not flags & h2.FLAG_ACK:
-                down.max_frame = max(down.max_frame, _max_frame_size(data, pos + 9, length, n))
-            self._frames += 1
-            rem = length
             self._drop = False
             if sid:
+                if ftype == h2.DATA:
+                    down.runtime_window -= length
                 if sid in down.hooked or sid in down.closed_hooked:
                     out.append(data[fwd:pos])
                     if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
@@ -622,19 +733,50 @@ class RuntimeSide(asyncio.Protocol):
                         log.warning("runtime answered withheld stream %d; kept away from kubelet", sid)
                     else:
                         self._drop = True
+                        if ftype == h2.DATA:
+                            down.credit_up += length  # kubelet never sees these bytes, so never credits them
                     fwd = pos + 9
-                else:
-                    if ftype <= h2.HEADERS:
-                        down.runtime_wrote_since_ping = True
-                        if flags & h2.FLAG_END_STREAM:
-                            down.stream_done(sid)
-                    elif ftype == h2.RST_STREAM:
+                elif ftype == h2.DATA or ftype == h2.HEADERS:
+                    if flags & h2.FLAG_END_STREAM:
                         down.stream_done(sid)
+                elif ftype == h2.RST_STREAM:
+                    down.stream_done(sid)
+            elif (ftype == h2.PING and length == 8) or (ftype == h2.WINDOW_UPDATE and length == 4):
+                # answered or counted on this hop (module docstring); never forwarded
+                end = pos + 9 + length
+                out.append(data[fwd:pos])
+                if end > n:  # kept whole until its payload is here
+                    self._hdr = data[pos:]
+                    fwd = n
+                    break
+                fwd = end
+                self._frames += 1
+                pos = end
+                if ftype == h2.PING:
+                    if not flags & h2.FLAG_ACK:
+                        down.ack_runtime_ping(data[pos - 8 : pos])
+                else:
+                    down.credit_down += int.from_bytes(data[pos - 4 : pos], "big") & 0x7FFFFFFF
+                    if self._frames > 1 and (down.credit_down >= _FLUSH_CREDIT or down.kubelet_window < _LOW_WINDOW):
+                        out.append(down.take_credit_down())
+                continue
+            elif ftype == h2.SETTINGS and not flags & h2.FLAG_ACK:
+                down.max_frame = max(down.max_frame, _max_frame_size(data, pos + 9, length, n))
+            self._frames += 1
+            rem = length
             pos += 9
         self._remaining = rem
         if fwd < n and not (self._drop and rem):
             out.append(data[fwd:n])
+        if down.runtime_window < _LOW_WINDOW and down.credit_up:
+            down.write_up(b"")
+        if not out:
+            return
+        if down.credit_down and self._frames > 1 and (not rem or self._drop) and any(out):
+            out.append(down.take_credit_down())  # kubelet's credit goes with frames written anyway
         transport = down.transport
         # uvloop raises on writes to a closed transport (asyncio ignores them): kubelet may be gone.
-        if transport is not None and out and not transport.is_closing():
-            transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if transport is not None and not transport.is_closing():
+            chunk = out[0] if len(out) == 1 else b"".join(out)
+            if chunk:
+                transport.write(chunk)
