@@ -16,20 +16,24 @@ Each kubelet connection gets one runtime connection, and frames are copied both 
   kubelet's HPACK dynamic table (h2.grpc_response).
 
 Connection-level control frames are answered on each hop, as an HTTP/2 intermediary may (RFC 9113
-section 6.7, 6.9): a PING is acknowledged by the proxy on the hop it came in on and goes no further
-(no PING is ever forwarded, so no PING ACK is either), and connection-level WINDOW_UPDATE frames
-are not forwarded but counted. The proxy keeps each hop's connection send window as the sender sees
-it and passes the credit the other hop gave on with the next frames it writes that way anyway
-(kubelet's next request, the runtime's next answer); it writes credit on its own only when the
-sender's window falls below half the default or the credit held reaches a quarter of it, so no
-sender ever waits on credit the proxy holds. Credit is never invented: what the proxy gives one hop
-is what the other hop gave, plus the bytes only the proxy consumed (withheld request bodies,
-runtime frames kept away from kubelet). A unary call thus costs one read and one write each way,
-plus one write for each peer's BDP PING, instead of also carrying each peer's PING, PING ACK and
-WINDOW_UPDATE across. SETTINGS still pass end to end: their parameters (HPACK table size, frame
-size, stream windows, concurrent streams) govern bytes the proxy forwards unchanged, so the
-endpoint that applies them must be the one that acknowledges them. Stream-level WINDOW_UPDATE
-frames pass end to end too.
+sections 6.7 and 6.9), instead of crossing the proxy:
+
+* PING: acknowledged by the proxy on the hop it came in on, and never forwarded (so no PING ACK is
+  either). kubelet's are answered at once. The runtime's (grpc-go sends one, its BDP probe, on every
+  request it receives) are answered with kubelet's next frames to the runtime, or after _ACK_DELAY_S
+  when none come, far inside any keepalive timeout.
+* WINDOW_UPDATE on stream 0: counted, not forwarded. The proxy keeps each sender's connection window
+  as that sender counts it and holds the credit the other hop gave, writing it once it reaches a
+  quarter of the default window, or at once when the sender's window falls below half of it, so no
+  sender ever waits on credit the proxy holds. Credit is never invented: what one hop gets is what
+  the other gave, plus the bytes only the proxy read (withheld request bodies, runtime frames kept
+  away from kubelet). A slow reader holds the runtime at the reader's window, as end to end.
+* SETTINGS pass end to end: their parameters (HPACK table size, frame size, stream windows,
+  concurrent streams) govern bytes the proxy forwards unchanged, so the endpoint that applies them
+  must be the one that acknowledges them. Stream-level WINDOW_UPDATE frames pass end to end too.
+
+A relayed unary call thus costs the proxy one read and one write each way, where a byte pipe also
+carries each peer's PING, PING ACK and WINDOW_UPDATE across, mostly as packets of their own.
 
 Flow control on withheld streams is the proxy's: bytes kubelet sent on them are credited back to
 kubelet by the proxy, and connection-level credit kubelet returns for response bytes the proxy
@@ -67,6 +71,7 @@ _FLUSH_CREDIT = _CONN_WINDOW // 4
 # The runtime's PINGs are acknowledged with kubelet's next frames, or after this long at most. grpc-go
 # sends one (its BDP probe) on every request it receives; its keepalive waits 20 s for an ACK by default.
 _ACK_DELAY_S = 0.005
+_CONN_CREDIT = bytes((0, 0, 4, h2.WINDOW_UPDATE, 0, 0, 0, 0, 0))  # a connection WINDOW_UPDATE without its increment
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,12 +349,12 @@ class KubeletSide(asyncio.Protocol):
         """The WINDOW_UPDATE that hands kubelet the connection credit held for it."""
         credit, self.credit_down = self.credit_down, 0
         self.kubelet_window += credit
-        return h2.window_update(0, credit)
+        return _CONN_CREDIT + credit.to_bytes(4, "big")
 
     def take_credit_up(self) -> bytes:
         credit, self.credit_up = self.credit_up, 0
         self.runtime_window += credit
-        return h2.window_update(0, credit)
+        return _CONN_CREDIT + credit.to_bytes(4, "big")
 
     def credit_kubelet(self, n: int) -> None:
         """Kubelet may send ``n`` more bytes: the runtime credited them, or only the proxy read them."""
@@ -499,7 +504,7 @@ class KubeletSide(asyncio.Protocol):
                     out.append(self._acks_up)
                     self._acks_up = b""
                 credit = self.credit_up
-                if credit and (credit >= _FLUSH_CREDIT or self.runtime_window < _LOW_WINDOW or any(out)):
+                if credit and (credit >= _FLUSH_CREDIT or self.runtime_window < _LOW_WINDOW):
                     out.append(self.take_credit_up())
         elif self.credit_up >= _FLUSH_CREDIT or (self.credit_up and self.runtime_window < _LOW_WINDOW):
             self._up_queue.append(self.take_credit_up())  # written at the next frame boundary
@@ -695,85 +700,91 @@ class RuntimeSide(asyncio.Protocol):
         n = len(data)
         pos = fwd = 0
         rem = self._remaining
+        drop = self._drop
+        frames = self._frames
+        queue = self._queue
+        hooked = down.hooked
+        closed = down.closed_hooked
+        unpack = _FRAME_HEADER.unpack_from
         out: list[bytes] = []
         while True:
             if rem:
-                k = min(rem, n - pos)
-                if self._drop:
+                k = n - pos
+                if rem < k:
+                    k = rem
+                if drop:
                     out.append(data[fwd:pos])
                     fwd = pos + k
                 pos += k
                 rem -= k
                 if rem:
                     break
-            if self._queue and self._frames:
+            if queue and frames:
                 out.append(data[fwd:pos])
                 fwd = pos
-                out.extend(self._queue)
-                self._queue.clear()
+                out.extend(queue)
+                queue.clear()
             if n - pos < 9:
                 if pos < n:  # a split frame header: not forwarded until complete
                     out.append(data[fwd:pos])
                     self._hdr = data[pos:]
                     fwd = n
                 break
-            high, low, ftype, flags, sid = _FRAME_HEADER.unpack_from(data, pos)
-            length = (high << 8) | low
-            sid &= 0x7FFFFFFF
-            self._drop = False
+            high, low, ftype, flags, sid = unpack(data, pos)
+            rem = (high << 8) | low
+            drop = False
+            frames += 1
+            pos += 9
             if sid:
+                sid &= 0x7FFFFFFF
                 if ftype == h2.DATA:
-                    down.runtime_window -= length
-                if sid in down.hooked or sid in down.closed_hooked:
-                    out.append(data[fwd:pos])
+                    down.runtime_window -= rem
+                if sid in hooked or sid in closed:
+                    out.append(data[fwd : pos - 9])
                     if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
                         # Header blocks must still reach kubelet's HPACK decoder; on a stream id no
                         # call uses, kubelet decodes the block and then ignores the frame.
-                        out.append(data[pos : pos + 5] + h2.LAST_STREAM_ID.to_bytes(4, "big"))
+                        out.append(data[pos - 9 : pos - 4] + h2.LAST_STREAM_ID.to_bytes(4, "big"))
                         log.warning("runtime answered withheld stream %d; kept away from kubelet", sid)
                     else:
-                        self._drop = True
+                        drop = True
                         if ftype == h2.DATA:
-                            down.credit_up += length  # kubelet never sees these bytes, so never credits them
-                    fwd = pos + 9
-                elif ftype == h2.DATA or ftype == h2.HEADERS:
-                    if flags & h2.FLAG_END_STREAM:
-                        down.stream_done(sid)
+                            down.credit_up += rem  # kubelet never sees these bytes, so never credits them
+                    fwd = pos
+                elif flags & h2.FLAG_END_STREAM and ftype <= h2.HEADERS:
+                    down.stream_done(sid)
                 elif ftype == h2.RST_STREAM:
                     down.stream_done(sid)
-            elif (ftype == h2.PING and length == 8) or (ftype == h2.WINDOW_UPDATE and length == 4):
+            elif (ftype == h2.PING and rem == 8) or (ftype == h2.WINDOW_UPDATE and rem == 4):
                 # answered or counted on this hop (module docstring); never forwarded
-                end = pos + 9 + length
-                out.append(data[fwd:pos])
+                end = pos + rem
+                out.append(data[fwd : pos - 9])
                 if end > n:  # kept whole until its payload is here
-                    self._hdr = data[pos:]
+                    frames -= 1
+                    self._hdr = data[pos - 9 :]
                     fwd = n
+                    rem = 0
                     break
-                fwd = end
-                self._frames += 1
-                pos = end
+                fwd = pos = end
+                rem = 0
                 if ftype == h2.PING:
                     if not flags & h2.FLAG_ACK:
                         down.ack_runtime_ping(data[pos - 8 : pos])
                 else:
                     down.credit_down += int.from_bytes(data[pos - 4 : pos], "big") & 0x7FFFFFFF
-                    if self._frames > 1 and (down.credit_down >= _FLUSH_CREDIT or down.kubelet_window < _LOW_WINDOW):
+                    if frames > 1 and (down.credit_down >= _FLUSH_CREDIT or down.kubelet_window < _LOW_WINDOW):
                         out.append(down.take_credit_down())
-                continue
             elif ftype == h2.SETTINGS and not flags & h2.FLAG_ACK:
-                down.max_frame = max(down.max_frame, _max_frame_size(data, pos + 9, length, n))
-            self._frames += 1
-            rem = length
-            pos += 9
+                down.max_frame = max(down.max_frame, _max_frame_size(data, pos, rem, n))
         self._remaining = rem
-        if fwd < n and not (self._drop and rem):
+        self._drop = drop
+        self._frames = frames
+        if fwd < n and not (drop and rem):
             out.append(data[fwd:n])
         if down.runtime_window < _LOW_WINDOW and down.credit_up:
             down.write_up(b"")
         if not out:
             return
-        if down.credit_down and self._frames > 1 and (not rem or self._drop) and any(out):
-            out.append(down.take_credit_down())  # kubelet's credit goes with frames written anyway
         transport = down.transport
         # uvloop raises on writes to a closed transport (asyncio ignores them): kubelet may be gone.
         if transport is not None and not transport.is_closing():
