@@ -67,3 +67,22 @@ def test_concurrent_clients_get_distinct_increasing_resource_versions(
         created = list(pool.map(lambda i: core.create_node({"metadata": {"name": f"node-{i}"}}), range(32)))
     versions = sorted(int(node.metadata.resource_version) for node in created)
     assert len(set(versions)) == 32 and versions[-1] <= server.resource_version
+
+
+def test_with_a_token_only_requests_bearing_it_are_served_and_headers_are_recorded() -> None:
+    from tests.support.apiserver import kube_client_config
+
+    with ApiServer(token="s3cret") as server:
+        config = kube_client_config(server)
+        with kubernetes.client.ApiClient(config) as anonymous:
+            with pytest.raises(ApiException) as caught:
+                kubernetes.client.CoreV1Api(anonymous).list_node()
+            assert caught.value.status == 401 and '"reason": "Unauthorized"' in caught.value.body
+        config.api_key = {"authorization": "Bearer s3cret"}
+        with kubernetes.client.ApiClient(config) as authorized:
+            authorized.user_agent = "probe/1"
+            assert kubernetes.client.CoreV1Api(authorized).list_node().items == []
+        denied, served = server.requests("GET", r"/nodes$")
+        assert (denied.status, served.status) == (401, 200)
+        assert "Authorization" not in denied.headers
+        assert served.headers["Authorization"] == "Bearer s3cret" and served.headers["User-Agent"] == "probe/1"

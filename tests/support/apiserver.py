@@ -18,7 +18,8 @@ Served (everything in memory, one lock, thread-safe):
   carries a stale metadata.resourceVersion fails 409 Conflict;
 - discovery (/api, /apis, /apis/<group>, /apis/<group>/<version>), /version, /healthz.
 
-Deliberate simplifications: no authentication; deletes are immediate (no kubelet, no grace
+Deliberate simplifications: no authentication (unless a bearer token is given: then a request
+without `Authorization: Bearer <token>` is 401 Unauthorized); deletes are immediate (no kubelet, no grace
 period) unless finalizers remain; PodDisruptionBudget status is computed by the server at
 eviction time (it plays the disruption controller; pods it evicted stay "expected", as if a
 controller would recreate them); a Running pod without a Ready condition
@@ -81,9 +82,9 @@ WATCH_POLL_SECONDS = 0.5
 MAX_WATCH_SECONDS = 1800
 IDLE_CONNECTION_SECONDS = 60
 
-_REASONS = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict", 410: "Expired",
-            415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
-            503: "ServiceUnavailable", 504: "Timeout"}
+_REASONS = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
+            410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests",
+            500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +187,7 @@ class RecordedRequest:
     content_type: str
     body: JSON
     status: int
+    headers: dict[str, str] = field(default_factory=dict)  # as sent, names in canonical form (Content-Type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +258,8 @@ class ApiServer:
     """The in-memory API server, its HTTP front end on 127.0.0.1 and its serving thread."""
 
     def __init__(self, crd_dir: Path = DEFAULT_CRD_DIR, host: str = "127.0.0.1", port: int = 0,
-                 watch_log_size: int = WATCH_LOG_SIZE) -> None:
+                 watch_log_size: int = WATCH_LOG_SIZE, token: str | None = None) -> None:
+        self._token = token
         self._types = list(BUILTIN_RESOURCES) + resource_types_from_crds(crd_dir)
         self._cond = threading.Condition(threading.RLock())
         self._objects: dict[tuple[str, str, str], dict] = {}  # (qualified plural, namespace, name)
@@ -366,18 +369,24 @@ class ApiServer:
 
     # ------------------------------------------------------------ request entry
 
-    def handle(self, verb: str, raw_path: str, content_type: str, raw_body: bytes) -> _Response | Iterator[bytes]:
+    def handle(self, verb: str, raw_path: str, content_type: str, raw_body: bytes,
+               headers: dict[str, str] | None = None) -> _Response | Iterator[bytes]:
         """Answer one request: a response, or for a watch an iterator of JSON lines."""
+        headers = {name.title(): value for name, value in (headers or {}).items()}  # canonical, as Go's http.Header
         parts = urlsplit(raw_path)
         path = parts.path.rstrip("/") or "/"
         query = {key: values[-1] for key, values in parse_qs(parts.query, keep_blank_values=True).items()}
         body: JSON = None
+        sent: JSON = None  # the body as the client sent it (handling may fill in the parsed one)
         try:
+            if self._token is not None and headers.get("Authorization") != f"Bearer {self._token}":
+                raise ApiStatusError(401, "Unauthorized")
             if raw_body:
                 try:
                     body = json.loads(raw_body)
                 except ValueError as exc:
                     raise ApiStatusError(400, f"request body is not JSON: {exc}") from exc
+                sent = copy.deepcopy(body)
             self._raise_injected_failure(verb, path)
             result: _Response | Iterator[bytes] = self._route_request(verb, path, query, content_type, body)
         except ApiStatusError as error:
@@ -387,7 +396,7 @@ class ApiServer:
             result = _Response(500, ApiStatusError(500, f"internal error: {exc!r}").status())
         code = result.code if isinstance(result, _Response) else 200
         with self._cond:
-            self._requests.append(RecordedRequest(verb, path, query, content_type, body, code))
+            self._requests.append(RecordedRequest(verb, path, query, content_type, sent, code, headers))
         return result
 
     def _raise_injected_failure(self, verb: str, path: str) -> None:
@@ -956,7 +965,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw_body = self.rfile.read(length) if length else b""
-        result = self.server.api.handle(self.command, self.path, self.headers.get("Content-Type", ""), raw_body)
+        result = self.server.api.handle(self.command, self.path, self.headers.get("Content-Type", ""), raw_body,
+                                        dict(self.headers.items()))
         if isinstance(result, _Response):
             payload = result.body.encode() if isinstance(result.body, str) else json.dumps(result.body).encode()
             self.send_response(result.code)
