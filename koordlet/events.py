@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as _Urllib3Error
 
 from koordlet.api.pod import PodMeta
+from koordlet.kubeapi import CoreV1
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 logger = logging.getLogger(__name__)
 
@@ -19,9 +23,9 @@ _UNREACHABLE = (_Urllib3Error, OSError)
 class PodEvents:
     """Writes Events about pods through the API server (``create`` on events, which koordlet's RBAC grants)."""
 
-    def __init__(self, node_name: str, api_client: kubernetes.client.ApiClient) -> None:
+    def __init__(self, node_name: str, api_client: ApiClient) -> None:
         self._node_name = node_name
-        self._api = kubernetes.client.CoreV1Api(api_client)
+        self._api = CoreV1(api_client)
 
     def warning(self, pod: PodMeta, reason: str, message: str) -> None:
         """One Warning Event on ``pod``; failures are logged, never raised (an Event is best effort)."""

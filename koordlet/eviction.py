@@ -1,6 +1,6 @@
 """The evictor: how koordlet removes a BE pod when a QoS strategy asks (koordinator.md §4.4–4.5).
 
-Default path: the Eviction API (``policy/v1`` Eviction through the ``kubernetes`` client), so
+Default path: the Eviction API (``policy/v1`` Eviction through :class:`koordlet.kubeapi.CoreV1`), so
 PodDisruptionBudgets hold. A 429 from the API server means "not now": the pod is left alone and may be
 asked for again after ``retry_after_s``. Each accepted eviction gets a Warning Event on the pod whose
 reason names the strategy and whose message carries the figures that triggered it.
@@ -23,17 +23,21 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import grpc
-import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as _Urllib3Error
 from prometheus_client import REGISTRY, Counter
 
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import QoSClass, parse_kube_qos, qos_class_for_pod
+from koordlet.kubeapi import CoreV1
 from wire import cri_pb2 as cri
 from wire import cri_pb2_grpc as cri_grpc
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +101,7 @@ class Evictor:
         self,
         node_name: str,
         *,
-        api_client: kubernetes.client.ApiClient | None = None,
+        api_client: ApiClient | None = None,
         cri_endpoint: str | None = None,
         kill_by_cri: bool = False,
         pods: Callable[[], Sequence[PodMeta]] | None = None,
@@ -114,7 +118,7 @@ class Evictor:
         if kill_by_cri and cri_endpoint is None:
             raise ValueError("kill_by_cri needs a CRI endpoint")
         self._node_name = node_name
-        self._api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
+        self._api = CoreV1(api_client) if api_client is not None else None
         self._cri_endpoint = cri_endpoint
         self._use_cri = kill_by_cri or api_client is None
         self._pods = pods
@@ -194,11 +198,12 @@ class Evictor:
                 return EvictionResult(EvictionOutcome.GONE)
             logger.warning("cannot read %s before evicting it: %s %s", pod.key, exc.status, exc.reason)
             return EvictionResult(EvictionOutcome.FAILED, f"read: {exc.status}")
-        meta = current.metadata
-        if meta.uid and pod.uid and meta.uid != pod.uid:
+        meta = current.get("metadata") or {}
+        live_uid = meta.get("uid") or ""
+        if live_uid and pod.uid and live_uid != pod.uid:
             return EvictionResult(EvictionOutcome.GONE, "the pod was recreated")
-        kube_qos = parse_kube_qos(current.status.qos_class or "") if current.status is not None else None
-        live_qos = qos_class_for_pod(meta.labels or {}, kube_qos or pod.effective_kube_qos)
+        kube_qos = parse_kube_qos((current.get("status") or {}).get("qosClass") or "")
+        live_qos = qos_class_for_pod(meta.get("labels") or {}, kube_qos or pod.effective_kube_qos)
         if live_qos is not QoSClass.BE:
             logger.error("refusing to evict %s for %s: the API server says its QoS is %r", pod.key, feature, live_qos)
             return EvictionResult(EvictionOutcome.NOT_BE, f"the pod's QoS is now {live_qos!r}")
@@ -220,7 +225,7 @@ class Evictor:
                 return EvictionResult(EvictionOutcome.GONE)
             logger.warning("eviction of %s for %s failed: %s %s", pod.key, feature, exc.status, exc.reason)
             return EvictionResult(EvictionOutcome.FAILED, f"eviction: {exc.status}")
-        self._record_event(pod, meta.uid or pod.uid, feature, message)
+        self._record_event(pod, live_uid or pod.uid, feature, message)
         return EvictionResult(EvictionOutcome.EVICTED)
 
     def _record_event(self, pod: PodMeta, uid: str, feature: str, message: str) -> None:

@@ -45,6 +45,7 @@ from koordlet.gpu.metrics import gpu_devices
 from koordlet.gpu.nvml import NvmlModule
 from koordlet.gpu.reporter import DeviceReporter
 from koordlet.gpu.service import GPUService
+from koordlet.kubeapi import CoreV1, CustomObjects
 from koordlet.metriccache import GPU_DEVICES_KV, MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer
 from koordlet.metricsadvisor import (
@@ -235,8 +236,7 @@ def _node_sources(ctx: AgentContext) -> Component | None:
     if api_client is None:
         states.set_node(local_node_info(config.node_name))
         return NodeSLOFileWatcher(config.node_slo_file, states)
-    kube = ctx.kube = KubeStates(config.node_name, kubernetes.client.CoreV1Api(api_client),
-                                 kubernetes.client.CustomObjectsApi(api_client), states,
+    kube = ctx.kube = KubeStates(config.node_name, CoreV1(api_client), CustomObjects(api_client), states,
                                  count_error=ctx.metrics.observe_states_error)
     return kube
 
@@ -296,7 +296,7 @@ def _device_plugin(ctx: AgentContext) -> Component | None:
     from koordlet.deviceplugin.server import gpu_device_plugin
 
     config = ctx.config
-    core_api = kubernetes.client.CoreV1Api(ctx.api_client) if ctx.api_client is not None else None
+    core_api = CoreV1(ctx.api_client) if ctx.api_client is not None else None
     server = gpu_device_plugin(core_api, config.node_name, gpu, plugin_dir=config.device_plugin_dir,
                                dev_dir=host_dirs(config).dev_dir)
     server.start(require_kubelet=False)
@@ -400,7 +400,7 @@ def _device_reporter(ctx: AgentContext) -> Component | None:
     if ctx.gpu is None:
         return None
     config, api_client, kube = ctx.config, ctx.api_client, ctx.kube
-    custom_api = kubernetes.client.CustomObjectsApi(api_client) if api_client is not None else None
+    custom_api = CustomObjects(api_client) if api_client is not None else None
     file_path = None if custom_api is not None else Path(config.report_dir) / f"device-{config.node_name}.yaml"
     reporter = DeviceReporter(config.node_name, custom_api=custom_api, file_path=file_path)
 
@@ -437,7 +437,7 @@ def _nrt_reporter(ctx: AgentContext) -> Component | None:
         return str(((raw or {}).get("metadata") or {}).get("uid") or "")
 
     return NRTReportLoop(
-        NRTReporter(config.node_name, kubernetes.client.CustomObjectsApi(api_client)),
+        NRTReporter(config.node_name, CustomObjects(api_client)),
         lambda: read_node_topology(sys_dir), states.pods, ctx.cpu_manager,
         node_annotations=node_annotations, node_uid=node_uid, interval_s=config.node_topology_sync_interval_s,
         min_update_interval_s=config.node_topology_min_update_interval_s,
@@ -448,7 +448,7 @@ def _nodemetric_reporter(ctx: AgentContext) -> Component | None:
     config, api_client, states, metrics = ctx.config, ctx.api_client, ctx.states, ctx.metrics
     if not config.enable_node_metric_report:
         return None
-    custom_api = kubernetes.client.CustomObjectsApi(api_client) if api_client is not None else None
+    custom_api = CustomObjects(api_client) if api_client is not None else None
     reporter = ctx.reporter = NodeMetricReporter(
         config.node_name, ctx.cache, states.pods, custom_api=custom_api,
         report_dir=config.report_dir if api_client is None else None,

@@ -30,7 +30,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -40,6 +40,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
 from koordlet.api import device as api
+from koordlet.kubeapi import CoreV1, section
 
 _log = logging.getLogger(__name__)
 
@@ -152,48 +153,47 @@ def parse_lock_value(value: str) -> NodeLock:
         raise NodeLockValueError(f"node lock value {value!r} is unreadable: {exc}", value) from exc
 
 
-def pod_requests_gpu(container: Any) -> bool:
-    resources = getattr(container, "resources", None)
-    names: set[str] = set()
-    for part in (getattr(resources, "limits", None), getattr(resources, "requests", None)):
-        names.update((part or {}).keys())
+def pod_requests_gpu(container: Mapping[str, Any]) -> bool:
+    """The container (JSON) limits or requests one of the GPU resources."""
+    names = set(section(container, "resources", "limits")) | set(section(container, "resources", "requests"))
     return bool(names & GPU_RESOURCE_NAMES)
 
 
-def pod_waiting_for_devices(pod: Any, node_name: str) -> bool:
-    """True while the pod is pending on (or being bound to) the node and not every GPU container
+def pod_waiting_for_devices(pod: Mapping[str, Any], node_name: str) -> bool:
+    """True while the pod (JSON) is pending on (or being bound to) the node and not every GPU container
     has been handed its devices (ANNOTATION_DEVICE_BOUND). A pod in that state must keep its lock."""
-    if (pod.status.phase if pod.status else None) not in (None, "Pending"):
+    if section(pod, "status").get("phase") not in (None, "Pending"):
         return False
-    if pod.metadata.deletion_timestamp is not None:
+    metadata, spec = section(pod, "metadata"), section(pod, "spec")
+    if metadata.get("deletionTimestamp") is not None:
         return False
-    assigned = pod.spec.node_name if pod.spec else None
-    if assigned not in (None, "", node_name):
+    if spec.get("nodeName") not in (None, "", node_name):
         return False
-    bound_value = (pod.metadata.annotations or {}).get(api.ANNOTATION_DEVICE_BOUND)
+    bound_value = section(metadata, "annotations").get(api.ANNOTATION_DEVICE_BOUND)
     if bound_value is None:
         return True
     try:
         bound = api.parse_device_bound(bound_value)
     except api.DeviceAnnotationError:
         return True
-    containers = list(pod.spec.init_containers or []) + list(pod.spec.containers or [])
-    return any(pod_requests_gpu(c) and c.name not in bound for c in containers)
+    containers = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+    return any(pod_requests_gpu(c) and c.get("name") not in bound for c in containers)
 
 
 class NodeLocker:
-    """Takes and releases the node lock through the Kubernetes API (kubernetes CoreV1Api)."""
+    """Takes and releases the node lock through the Kubernetes API (:class:`koordlet.kubeapi.CoreV1`); nodes
+    and pods are handled as the JSON the API server sent."""
 
     def __init__(
         self,
-        core_api: Any,
+        core_api: CoreV1,
         key: str = api.ANNOTATION_NODE_LOCK,
         expiry: timedelta = DEFAULT_EXPIRY,
         retries: int = DEFAULT_RETRIES,
         backoff_s: float = DEFAULT_BACKOFF_S,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         sleep: Callable[[float], None] = time.sleep,
-        owner_waiting: Callable[[Any, str], bool] = pod_waiting_for_devices,
+        owner_waiting: Callable[[Mapping[str, Any], str], bool] = pod_waiting_for_devices,
         event_namespace: str = "default",
     ) -> None:
         self._api = core_api
@@ -206,7 +206,7 @@ class NodeLocker:
         self._owner_waiting = owner_waiting
         self._event_namespace = event_namespace
 
-    def _read_node(self, node_name: str) -> Any:
+    def _read_node(self, node_name: str) -> dict[str, Any]:
         try:
             return self._api.read_node(node_name)
         except ApiException as exc:
@@ -217,10 +217,10 @@ class NodeLocker:
     def current(self, node_name: str) -> NodeLock | None:
         """The lock on the node now, None when free; raises NodeLockValueError on a garbled value."""
         node = self._read_node(node_name)
-        value = (node.metadata.annotations or {}).get(self.key)
+        value = section(node, "metadata", "annotations").get(self.key)
         return None if value is None else parse_lock_value(value)
 
-    def _patch(self, node_name: str, resource_version: str, value: str | None) -> bool:
+    def _patch(self, node_name: str, resource_version: str | None, value: str | None) -> bool:
         """One optimistic write; False on 409 (the node changed since we read it)."""
         body = {"metadata": {"resourceVersion": resource_version, "annotations": {self.key: value}}}
         try:
@@ -239,7 +239,7 @@ class NodeLocker:
         # 100 ms, 200 ms, 400 ms ... with jitter so racing binders do not retry in step.
         self._sleep(self._backoff_s * (2**attempt) * random.uniform(1.0, 1.5))
 
-    def _owner_pod(self, lock: NodeLock) -> Any | None:
+    def _owner_pod(self, lock: NodeLock) -> dict[str, Any] | None:
         try:
             return self._api.read_namespaced_pod(lock.pod, lock.namespace)
         except ApiException as exc:
@@ -249,14 +249,15 @@ class NodeLocker:
         except TransportError as exc:
             raise NodeLockError(f"node lock owner {lock.owner}: read pod: {exc}") from exc
 
-    def _record_event(self, node: Any, reason: str, message: str) -> None:
+    def _record_event(self, node: Mapping[str, Any], reason: str, message: str) -> None:
         """A Warning Event on the Node; failing to record it is logged, never raised."""
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        name = node.metadata.name
+        now = datetime.now(UTC).replace(microsecond=0).isoformat()
+        metadata = section(node, "metadata")
+        name = metadata.get("name") or ""
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{name}.", "namespace": self._event_namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node.metadata.uid or ""},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": metadata.get("uid") or ""},
             "reason": reason, "message": message[:1024], "type": "Warning",
             "source": {"component": "koordlet", "host": name},
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
@@ -269,10 +270,11 @@ class NodeLocker:
         except TransportError as exc:
             _log.warning("node %s: cannot record the %s event: %s", name, reason, exc)
 
-    def _report_dropped(self, node: Any, value: str, why: str, pod: str, action: str) -> None:
+    def _report_dropped(self, node: Mapping[str, Any], value: str, why: str, pod: str, action: str) -> None:
         """One log line and one Warning Event for a lock nobody can use that we removed or replaced."""
         who = f"pod {pod}" if pod else "pod unknown"
-        message = f"node lock {self.key}={value!r} on node {node.metadata.name} ({who}) {action}: {why}"
+        name = section(node, "metadata").get("name")
+        message = f"node lock {self.key}={value!r} on node {name} ({who}) {action}: {why}"
         _log.warning("%s", message)
         self._record_event(node, "NodeLockReleased", message)
 
@@ -316,7 +318,7 @@ class NodeLocker:
         def attempt() -> NodeLock | _Conflict:
             node = self._read_node(node_name)
             now = self._clock()
-            value = (node.metadata.annotations or {}).get(self.key)
+            value = section(node, "metadata", "annotations").get(self.key)
             dropped = ""  # why the lock on the node is one nobody can use
             dropped_pod = ""
             if value is not None:
@@ -331,7 +333,7 @@ class NodeLocker:
                     dropped = self._may_take_over(node_name, existing, now)
                     dropped_pod = existing.owner if existing.pod else ""
             wanted = NodeLock(now.replace(microsecond=0), namespace, pod)
-            if not self._patch(node_name, node.metadata.resource_version, wanted.value()):
+            if not self._patch(node_name, section(node, "metadata").get("resourceVersion"), wanted.value()):
                 return CONFLICT
             if dropped:
                 self._report_dropped(node, value or "", dropped, dropped_pod, f"replaced by {wanted.owner}")
@@ -348,7 +350,7 @@ class NodeLocker:
 
         def attempt() -> bool | _Conflict:
             node = self._read_node(node_name)
-            value = (node.metadata.annotations or {}).get(self.key)
+            value = section(node, "metadata", "annotations").get(self.key)
             if value is None:
                 return False
             if expected is not None and value != expected:
@@ -366,7 +368,7 @@ class NodeLocker:
                     "node %s: not releasing lock of %s on behalf of %s/%s", node_name, existing.owner, namespace, pod
                 )
                 return False
-            if not self._patch(node_name, node.metadata.resource_version, None):
+            if not self._patch(node_name, section(node, "metadata").get("resourceVersion"), None):
                 return CONFLICT
             _log.debug("node %s unlocked by %s/%s", node_name, namespace, pod)
             return True
@@ -380,9 +382,9 @@ class NodeLocker:
 
         def attempt() -> bool | _Conflict:
             node = self._read_node(node_name)
-            if (node.metadata.annotations or {}).get(self.key) != value:
+            if section(node, "metadata", "annotations").get(self.key) != value:
                 return False
-            if not self._patch(node_name, node.metadata.resource_version, None):
+            if not self._patch(node_name, section(node, "metadata").get("resourceVersion"), None):
                 return CONFLICT
             self._report_dropped(node, value, why, pod, "released")
             return True

@@ -40,7 +40,8 @@ from urllib3.exceptions import HTTPError as TransportError
 from koordlet.api import device as api
 from koordlet.gpu.health import GPUHealth
 from koordlet.gpu.nvml import GPUInfo
-from koordlet.nodelock import NodeLock, NodeLocker, NodeLockError, NodeLockValueError
+from koordlet.kubeapi import CoreV1, section
+from koordlet.nodelock import NodeLock, NodeLocker, NodeLockError, NodeLockValueError, parse_rfc3339
 from koordlet.system.devfs import device_path, existing_devices
 from koordlet.system.roots import DEV_DIR
 
@@ -97,7 +98,7 @@ class _GpuContainer:
 
 @dataclass(frozen=True, slots=True)
 class _Target:
-    pod: Any
+    pod: Mapping[str, Any]  # as the API server sent it
     lock: NodeLock
     containers: tuple[_GpuContainer, ...]
     bound: dict[str, tuple[int, ...]]
@@ -110,24 +111,34 @@ class _Target:
         return [c for c in self.containers if c.name not in self.bound]
 
 
-def _pod_name(pod: Any) -> str:
-    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+def _pod_name(pod: Mapping[str, Any]) -> str:
+    metadata = section(pod, "metadata")
+    return f"{metadata.get('namespace')}/{metadata.get('name')}"
 
 
-def _bind_order(pod: Any) -> tuple[int, float, str]:
+def _created_s(pod: Mapping[str, Any]) -> float:
+    created = section(pod, "metadata").get("creationTimestamp")
+    try:
+        return parse_rfc3339(created).timestamp() if isinstance(created, str) else 0.0
+    except NodeLockValueError:
+        return 0.0
+
+
+def _bind_order(pod: Mapping[str, Any]) -> tuple[int, float, str]:
     """Later binds sort higher: the scheduler's bind-timestamp (unix ns), then creation time."""
-    stamp = (pod.metadata.annotations or {}).get(api.ANNOTATION_BIND_TIMESTAMP, "")
-    created = pod.metadata.creation_timestamp
-    return (
-        int(stamp) if stamp.isdigit() else -1,
-        created.timestamp() if created is not None else 0.0,
-        _pod_name(pod),
-    )
+    stamp = section(pod, "metadata", "annotations").get(api.ANNOTATION_BIND_TIMESTAMP, "")
+    return (int(stamp) if stamp.isdigit() else -1, _created_s(pod), _pod_name(pod))
 
 
-def _requested(container: Any, resource_name: str) -> int:
-    resources = getattr(container, "resources", None)
-    for part in (getattr(resources, "limits", None), getattr(resources, "requests", None)):
+def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Init containers first, as kubelet admits them."""
+    spec = section(pod, "spec")
+    return list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+
+
+def _requested(container: Mapping[str, Any], resource_name: str) -> int:
+    resources = section(container, "resources")
+    for part in (resources.get("limits"), resources.get("requests")):
         if part and resource_name in part:
             try:
                 return int(str(part[resource_name]))
@@ -141,7 +152,7 @@ class SchedulerAllocator:
 
     def __init__(
         self,
-        core_api: Any,
+        core_api: CoreV1 | None,
         node_name: str,
         locker: NodeLocker,
         gpus: Callable[[], Sequence[GPUInfo]],
@@ -194,23 +205,22 @@ class SchedulerAllocator:
             )
         return lock
 
-    def _waits_for_devices(self, pod: Any) -> bool:
+    def _waits_for_devices(self, pod: Mapping[str, Any]) -> bool:
         """Pending here, not deleting, given GPUs by the scheduler, and a container of our resource unbound."""
-        if (pod.status.phase if pod.status else None) not in (None, "Pending"):
+        if section(pod, "status").get("phase") not in (None, "Pending"):
             return False
-        if pod.metadata.deletion_timestamp is not None:
+        if section(pod, "metadata").get("deletionTimestamp") is not None:
             return False
-        annotations = pod.metadata.annotations or {}
+        annotations = section(pod, "metadata", "annotations")
         if api.ANNOTATION_DEVICE_ALLOCATED not in annotations:
             return False
         try:
             bound = api.parse_device_bound(annotations.get(api.ANNOTATION_DEVICE_BOUND) or "{}")
         except api.DeviceAnnotationError:
             bound = {}
-        containers = list(pod.spec.init_containers or []) + list(pod.spec.containers or [])
-        return any(_requested(c, self.resource_name) > 0 and c.name not in bound for c in containers)
+        return any(_requested(c, self.resource_name) > 0 and c.get("name") not in bound for c in _containers(pod))
 
-    def _lock_pod(self, lock: NodeLock) -> Any:
+    def _lock_pod(self, lock: NodeLock) -> Mapping[str, Any]:
         """The pod the lock is for: its named owner, or for a bare-timestamp lock the latest pod of this
         node waiting for its devices. StaleLockError when there is none."""
         if not lock.pod:
@@ -231,16 +241,17 @@ class SchedulerAllocator:
         except TransportError as exc:
             raise AllocationTimeoutError(f"{who}: read failed or timed out: {exc}") from exc
 
-    def _pending_pod(self, lock: NodeLock) -> Any:
+    def _pending_pod(self, lock: NodeLock) -> Mapping[str, Any]:
         what = f"node {self.node_name}: bare-timestamp lock {self._locker.key}={lock.shown!r}"
         try:
-            pods = self._api.list_pod_for_all_namespaces(
+            listed = self._api.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node_name}", _request_timeout=self._timeout_s
-            ).items
+            )
         except ApiException as exc:
             raise AllocationError(f"{what}: listing the node's pods failed: {exc.status} {exc.reason}") from exc
         except TransportError as exc:
             raise AllocationTimeoutError(f"{what}: listing the node's pods failed or timed out: {exc}") from exc
+        pods = (listed or {}).get("items") or []
         waiting = sorted((pod for pod in pods if self._waits_for_devices(pod)), key=_bind_order)
         if not waiting:
             raise StaleLockError(
@@ -259,16 +270,16 @@ class SchedulerAllocator:
     def _target(self, lock: NodeLock) -> _Target:
         pod = self._lock_pod(lock)
         who = f"pod {_pod_name(pod)}"
-        node = pod.spec.node_name if pod.spec else None
+        node = section(pod, "spec").get("nodeName")
         if node not in (None, "", self.node_name):
             raise AllocationError(
                 f"{who} holds the node lock {self._locker.key} of {self.node_name} but is bound to node {node} "
                 "(mismatched)"
             )
-        phase = pod.status.phase if pod.status else None
+        phase = section(pod, "status").get("phase")
         if phase not in (None, "Pending"):
             raise AllocationError(f"{who} holds the node lock of {self.node_name} but is {phase}, not Pending (stale)")
-        annotations = pod.metadata.annotations or {}
+        annotations = section(pod, "metadata", "annotations")
         value = annotations.get(api.ANNOTATION_DEVICE_ALLOCATED)
         if value is None:
             raise AllocationError(f"{who}: annotation {api.ANNOTATION_DEVICE_ALLOCATED} is missing")
@@ -285,8 +296,7 @@ class SchedulerAllocator:
                 bound = api.parse_device_bound(bound_value)
             except api.DeviceAnnotationError as exc:
                 raise AllocationError(f"{who}: {exc}") from exc
-        spec_containers = list(pod.spec.init_containers or []) + list(pod.spec.containers or [])
-        wanted = [(c.name, _requested(c, self.resource_name)) for c in spec_containers]
+        wanted = [(c.get("name") or "", _requested(c, self.resource_name)) for c in _containers(pod)]
         wanted = [(name, count) for name, count in wanted if count > 0]
         total = sum(count for _, count in wanted)
         if total != len(allocated.gpus):
@@ -339,9 +349,10 @@ class SchedulerAllocator:
     def _record(self, target: _Target, served: Mapping[str, tuple[int, ...]]) -> None:
         merged = {**target.bound, **served}
         body = {"metadata": {"annotations": {api.ANNOTATION_DEVICE_BOUND: api.format_device_bound(merged)}}}
+        metadata = section(target.pod, "metadata")
         try:
             self._api.patch_namespaced_pod(
-                target.pod.metadata.name, target.pod.metadata.namespace, body, _request_timeout=self._timeout_s
+                metadata.get("name"), metadata.get("namespace"), body, _request_timeout=self._timeout_s
             )
         except ApiException as exc:
             raise AllocationError(

@@ -38,6 +38,7 @@ from koordlet.deviceplugin.allocator import AllocationError, AllocationTimeoutEr
 from koordlet.gpu.health import GPUHealth, HealthBoard
 from koordlet.gpu.nvml import GPUInfo
 from koordlet.gpu.service import GPUService
+from koordlet.kubeapi import CoreV1
 from koordlet.nodelock import NodeLocker
 from koordlet.system.roots import DEV_DIR
 from koordlet.ticker import PeriodicThread
@@ -379,7 +380,7 @@ class DevicePluginServer:
 
 
 def gpu_device_plugin(
-    core_api: Any,
+    core_api: CoreV1 | None,
     node_name: str,
     service: GPUService,
     resource_name: str = api.RESOURCE_NVIDIA_GPU,

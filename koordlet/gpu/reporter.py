@@ -1,4 +1,4 @@
-"""Writes the Device object: through the API server (kubernetes CustomObjectsApi), or as a YAML file.
+"""Writes the Device object: through the API server (:class:`koordlet.kubeapi.CustomObjects`), or as a YAML file.
 
 With an API server: GET the node's Device; 404 -> create; present and semantically equal -> skip;
 otherwise replace with the object's resourceVersion (a 409 means someone else wrote in between:
@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from koordlet.api import device as api
 from koordlet.api.safeload import MAX_DOCUMENT_BYTES, SafeLoadError, load_yaml
+from koordlet.kubeapi import CoreV1, CustomObjects, section
 from wire.files import write_atomic
 from koordlet.gpu.devicecr import semantically_equal
 
@@ -46,11 +47,11 @@ class DeviceReporter:
     def __init__(
         self,
         node_name: str,
-        custom_api: Any | None = None,
+        custom_api: CustomObjects | None = None,
         file_path: Path | None = None,
     ) -> None:
         if custom_api is None and file_path is None:
-            raise ValueError("DeviceReporter needs a CustomObjectsApi or a file path")
+            raise ValueError("DeviceReporter needs a CustomObjects client or a file path")
         self.node_name = node_name
         self._api = custom_api
         self._file_path = file_path
@@ -77,12 +78,12 @@ class DeviceReporter:
                 result = written
         return result
 
-    def _get(self, custom_api: Any) -> dict[str, Any]:
+    def _get(self, custom_api: CustomObjects) -> dict[str, Any]:
         return custom_api.get_cluster_custom_object(
             api.DEVICE_GROUP, api.DEVICE_VERSION, api.DEVICE_PLURAL, self.node_name
         )
 
-    def _report_api(self, custom_api: Any, desired: Mapping[str, Any]) -> ReportResult:
+    def _report_api(self, custom_api: CustomObjects, desired: Mapping[str, Any]) -> ReportResult:
         for _attempt in range(_CONFLICT_RETRIES):
             try:
                 existing = self._get(custom_api)
@@ -153,13 +154,13 @@ class DeviceReporter:
         return ReportResult.WRITTEN
 
 
-def sync_node_labels(core_api: Any, node_name: str, labels: Mapping[str, str]) -> bool:
+def sync_node_labels(core_api: CoreV1, node_name: str, labels: Mapping[str, str]) -> bool:
     """Patch the node's GPU labels when they differ; returns True when a patch was sent."""
     try:
         node = core_api.read_node(node_name)
     except ApiException as exc:
         raise DeviceReportError(f"read node {node_name}: {exc.status} {exc.reason}") from exc
-    current = node.metadata.labels or {}
+    current = section(node, "metadata", "labels")
     if all(current.get(k) == v for k, v in labels.items()):
         return False
     try:

@@ -42,6 +42,7 @@ from kubernetes.client.exceptions import ApiException
 from koordlet.api.nodeslo import HostApplication
 from koordlet.api.pod import PodMeta
 from koordlet.config import ConfigError, format_duration, parse_duration
+from koordlet.kubeapi import CustomObjects
 from wire.files import write_atomic
 from koordlet.metriccache import GPUDevice, Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
@@ -255,7 +256,7 @@ class NodeMetricReporter:
         node_name: str,
         cache: MetricCache,
         pods: Callable[[], Sequence[PodMeta]],
-        custom_api: Any | None = None,
+        custom_api: CustomObjects | None = None,
         report_dir: str | None = None,
         default_interval_s: float = 60.0,
         create_missing: bool = False,
@@ -265,7 +266,7 @@ class NodeMetricReporter:
         host_apps: Callable[[], Sequence[HostApplication]] = tuple,
     ) -> None:
         if custom_api is None and report_dir is None:
-            raise ValueError("NodeMetricReporter needs a CustomObjectsApi or a report dir")
+            raise ValueError("NodeMetricReporter needs a CustomObjects client or a report dir")
         self.node_name = node_name
         self._builder = StatusBuilder(cache)
         self._pods = pods

@@ -53,6 +53,7 @@ from koordlet.api.keys import (
     ANNOTATION_NRT_POD_CPU_ALLOCS,
 )
 from koordlet.api.pod import PodMeta
+from koordlet.kubeapi import CustomObjects
 from koordlet.statesinformer.cpumanager import POLICY_STATIC, CPUManagerState
 from koordlet.system.sysfs import CPUInfo, NodeTopology, SysfsError
 from koordlet.ticker import PeriodicThread
@@ -281,9 +282,9 @@ def merge_into(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[
 
 
 class NRTReporter:
-    """Creates or replaces the node's NodeResourceTopology through a kubernetes ``CustomObjectsApi``."""
+    """Creates or replaces the node's NodeResourceTopology through :class:`koordlet.kubeapi.CustomObjects`."""
 
-    def __init__(self, node_name: str, custom_api: Any) -> None:
+    def __init__(self, node_name: str, custom_api: CustomObjects) -> None:
         self.node_name = node_name
         self._api = custom_api
 

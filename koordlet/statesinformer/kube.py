@@ -26,20 +26,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
-from kubernetes.client import CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from koordlet.api.nodeslo import NodeSLOError, parse_node_slo_spec, default_node_slo_spec
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
 from koordlet.api.safeload import load_json
+from koordlet.kubeapi import MAX_API_BYTES, CoreV1, CustomObjects
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.nodeslo_file import NodeSLOSink
 from koordlet.ticker import join_thread
 
 logger = logging.getLogger(__name__)
-
-_MAX_API_BYTES = 256 << 20  # one list answer or watch event from the API server
 
 SLO_GROUP, SLO_VERSION = "slo.koordinator.sh", "v1alpha1"
 NODE_SLO_PLURAL, NODE_METRIC_PLURAL = "nodeslos", "nodemetrics"
@@ -85,7 +83,7 @@ class ObjectWatcher:
     def _list(self) -> str:
         response = self._list_call(field_selector=self._selector, _preload_content=False,
                                    _request_timeout=(5, 30))
-        document = load_json(response.data, "list answer", max_bytes=_MAX_API_BYTES)
+        document = load_json(response.data, "list answer", max_bytes=MAX_API_BYTES)
         items = document.get("items") or []
         self.lists += 1
         self._on_object(items[0] if items else None)
@@ -107,7 +105,7 @@ class ObjectWatcher:
                 if self._stop.is_set():
                     return
                 try:
-                    event = load_json(line, "watch event", max_bytes=_MAX_API_BYTES)
+                    event = load_json(line, "watch event", max_bytes=MAX_API_BYTES)
                 except ValueError as err:
                     raise WatchError(f"undecodable watch line: {line[:200]!r}") from err
                 kind, obj = event.get("type"), event.get("object") or {}
@@ -183,7 +181,7 @@ def node_info_from_node(node: Mapping[str, Any]) -> NodeInfo:
 class NodeSLOHandler:
     """Turns NodeSLO objects into merged specs for ``sink``; records an Event on the node for a bad one."""
 
-    def __init__(self, node_name: str, sink: NodeSLOSink, core_api: CoreV1Api | None = None,
+    def __init__(self, node_name: str, sink: NodeSLOSink, core_api: CoreV1 | None = None,
                  node_uid: Callable[[], str] = lambda: "", event_namespace: str = "default") -> None:
         self._node_name = node_name
         self._sink = sink
@@ -212,7 +210,7 @@ class NodeSLOHandler:
     def _record_event(self, message: str) -> None:
         if self._core is None:
             return
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.now(UTC).replace(microsecond=0).isoformat()
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{self._node_name}.", "namespace": self._event_namespace},
@@ -233,7 +231,7 @@ class NodeSLOHandler:
 class KubeStates:
     """Node and NodeSLO watchers for one node, pushing into a states informer."""
 
-    def __init__(self, node_name: str, core_api: CoreV1Api, custom_api: CustomObjectsApi, informer: Any,
+    def __init__(self, node_name: str, core_api: CoreV1, custom_api: CustomObjects, informer: Any,
                  resync_s: float = 300.0, backoff_max_s: float = 30.0,
                  count_error: Callable[[str], None] | None = None) -> None:
         self.node_name = node_name

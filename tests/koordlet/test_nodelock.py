@@ -1,4 +1,4 @@
-"""The node lock against a real API server (tests/support/apiserver.py) through the kubernetes client."""
+"""The node lock against a real API server (tests/support/apiserver.py) through koordlet.kubeapi."""
 
 import threading
 import time
@@ -67,7 +67,7 @@ def test_any_annotation_value_parses_or_raises_the_value_error(value: str) -> No
 def test_lock_sets_the_annotation_and_release_removes_it(kube) -> None:
     kube.node(NODE)
     clock = Clock()
-    locker = NodeLocker(kube.core, clock=clock)
+    locker = NodeLocker(kube.agent_core, clock=clock)
     taken = locker.lock(NODE, "ns", "p1")
     assert node_annotations(kube, NODE)[KEY] == "2026-11-23T07:00:00Z,ns,p1"
     assert locker.current(NODE) == taken
@@ -80,7 +80,7 @@ def test_live_lock_of_another_pod_fails_and_same_pod_gets_it_back(kube) -> None:
     kube.node(NODE)
     kube.pod(gpu_pod("p1", node=NODE))
     clock = Clock()
-    locker = NodeLocker(kube.core, clock=clock)
+    locker = NodeLocker(kube.agent_core, clock=clock)
     first = locker.lock(NODE, "ns", "p1")
     clock.now += timedelta(minutes=4, seconds=59)
     with pytest.raises(NodeLockHeldError, match="locked by ns/p1"):
@@ -94,7 +94,7 @@ def test_expired_lock_is_not_handed_over_while_its_owner_still_waits_for_devices
     kube.node(NODE)
     kube.pod(gpu_pod("p1", node=NODE))
     clock = Clock()
-    locker = NodeLocker(kube.core, clock=clock)
+    locker = NodeLocker(kube.agent_core, clock=clock)
     locker.lock(NODE, "ns", "p1")
     clock.now += timedelta(minutes=6)
     with pytest.raises(NodeLockHeldError, match="still pending on the node"):
@@ -110,7 +110,7 @@ def test_expired_lock_of_a_running_or_deleted_owner_is_taken_over(kube) -> None:
     kube.node(NODE)
     kube.pod(gpu_pod("p1", node=NODE, phase="Running"))
     clock = Clock()
-    locker = NodeLocker(kube.core, clock=clock)
+    locker = NodeLocker(kube.agent_core, clock=clock)
     locker.lock(NODE, "ns", "p1")
     clock.now += timedelta(minutes=5, seconds=1)
     assert locker.lock(NODE, "ns", "p2").pod == "p2"
@@ -120,14 +120,14 @@ def test_expired_lock_of_a_running_or_deleted_owner_is_taken_over(kube) -> None:
 
 def test_live_lock_of_a_deleted_pod_is_dangling_and_taken_over(kube) -> None:
     kube.node(NODE)
-    locker = NodeLocker(kube.core, clock=Clock())
+    locker = NodeLocker(kube.agent_core, clock=Clock())
     locker.lock(NODE, "ns", "gone")
     assert locker.lock(NODE, "ns", "p2").pod == "p2"
 
 
 def test_held_releases_on_every_path(kube) -> None:
     kube.node(NODE)
-    locker = NodeLocker(kube.core)
+    locker = NodeLocker(kube.agent_core)
     with pytest.raises(RuntimeError, match="bind failed"), locker.held(NODE, "ns", "p1"):
         assert KEY in node_annotations(kube, NODE)
         raise RuntimeError("bind failed")
@@ -146,7 +146,7 @@ def test_concurrent_binds_never_share_the_lock_and_never_lose_a_release(kube) ->
     errors: list[BaseException] = []
 
     def bind(name: str) -> None:
-        locker = NodeLocker(kube.core, backoff_s=0.005)
+        locker = NodeLocker(kube.agent_core, backoff_s=0.005)
         try:
             while wins[name] < 3:
                 try:
@@ -180,7 +180,7 @@ def test_concurrent_binds_never_share_the_lock_and_never_lose_a_release(kube) ->
 def test_conflicts_are_retried_for_lock_and_release(kube) -> None:
     kube.node(NODE)
     sleeps: list[float] = []
-    locker = NodeLocker(kube.core, sleep=sleeps.append)
+    locker = NodeLocker(kube.agent_core, sleep=sleeps.append)
     kube.server.fail_next("PATCH", rf"/nodes/{NODE}$", status=409, count=2)
     assert locker.lock(NODE, "ns", "p1").pod == "p1"
     kube.server.fail_next("PATCH", rf"/nodes/{NODE}$", status=409, count=4)
@@ -201,7 +201,7 @@ def test_stale_resource_version_is_a_conflict_not_a_lost_update(kube) -> None:
 
 def test_conflict_on_every_try_is_a_clear_error(kube) -> None:
     kube.node(NODE)
-    locker = NodeLocker(kube.core, sleep=lambda _s: None)
+    locker = NodeLocker(kube.agent_core, sleep=lambda _s: None)
     kube.server.fail_next("PATCH", rf"/nodes/{NODE}$", status=409, count=5)
     with pytest.raises(NodeLockConflictError, match="conflict on every one of 5 tries"):
         locker.lock(NODE, "ns", "p1")
@@ -210,7 +210,7 @@ def test_conflict_on_every_try_is_a_clear_error(kube) -> None:
 
 def test_api_errors_other_than_conflict_are_not_retried(kube) -> None:
     kube.node(NODE)
-    locker = NodeLocker(kube.core, sleep=lambda _s: pytest.fail("must not retry"))
+    locker = NodeLocker(kube.agent_core, sleep=lambda _s: pytest.fail("must not retry"))
     kube.server.fail_next("PATCH", rf"/nodes/{NODE}$", status=403)
     with pytest.raises(NodeLockError, match="403"):
         locker.lock(NODE, "ns", "p1")
@@ -253,7 +253,7 @@ def test_held_lock_error_shows_the_raw_value_not_a_reformatted_one(kube) -> None
     kube.pod(gpu_pod("p1", node=NODE))
     raw = "2026-11-23T15:00:00.250+08:00,ns,p1"
     set_node_lock(kube, NODE, raw)
-    locker = NodeLocker(kube.core, clock=Clock())
+    locker = NodeLocker(kube.agent_core, clock=Clock())
     with pytest.raises(NodeLockHeldError, match="locked by ns/p1") as info:
         locker.lock(NODE, "ns", "p2")
     assert repr(raw) in str(info.value)
@@ -263,7 +263,7 @@ def test_release_stale_removes_only_that_raw_value_with_a_warning_event(kube) ->
     kube.node(NODE)
     raw = "2026-11-23T07:00:00.123456789Z,ns"
     set_node_lock(kube, NODE, raw)
-    locker = NodeLocker(kube.core)
+    locker = NodeLocker(kube.agent_core)
     assert locker.release_stale(NODE, "2026-11-23T07:00:00Z", "test") is False, "another value: left alone"
     assert node_annotations(kube, NODE)[KEY] == raw
     assert warning_events(kube) == []
@@ -278,7 +278,7 @@ def test_release_stale_removes_only_that_raw_value_with_a_warning_event(kube) ->
 def test_release_stale_is_a_guarded_patch_retried_on_conflict(kube) -> None:
     kube.node(NODE)
     set_node_lock(kube, NODE, "junk")
-    locker = NodeLocker(kube.core, sleep=lambda _s: None)
+    locker = NodeLocker(kube.agent_core, sleep=lambda _s: None)
     kube.server.clear_requests()
     kube.server.fail_next("PATCH", rf"/nodes/{NODE}$", status=409, count=2)
     assert locker.release_stale(NODE, "junk", "unreadable") is True
@@ -293,7 +293,7 @@ def test_lock_replacing_an_unreadable_or_orphaned_lock_records_a_warning_event_w
 ) -> None:
     kube.node(NODE)
     set_node_lock(kube, NODE, raw)
-    assert NodeLocker(kube.core, clock=Clock()).lock(NODE, "ns", "p2").pod == "p2"
+    assert NodeLocker(kube.agent_core, clock=Clock()).lock(NODE, "ns", "p2").pod == "p2"
     (event,) = warning_events(kube)
     assert repr(raw) in event["message"] and NODE in event["message"] and pod in event["message"]
 
@@ -301,7 +301,7 @@ def test_lock_replacing_an_unreadable_or_orphaned_lock_records_a_warning_event_w
 def test_bare_lock_is_released_by_whoever_is_served_only_while_it_is_unchanged(kube) -> None:
     kube.node(NODE)
     set_node_lock(kube, NODE, "2026-11-23T07:00:00Z")
-    locker = NodeLocker(kube.core)
+    locker = NodeLocker(kube.agent_core)
     assert locker.release(NODE, "", "", value="2026-11-23T07:00:01Z") is False
     assert locker.release(NODE, "", "", value="2026-11-23T07:00:00Z") is True
     assert KEY not in node_annotations(kube, NODE)

@@ -10,14 +10,21 @@ from typing import Any
 import kubernetes.client
 
 from koordlet.api import device as api
+from koordlet.kubeapi import CoreV1, CustomObjects
 from tests.support.apiserver import ApiServer, kube_api_client
 
 
 @dataclass
 class Kube:
+    """The test API server with two kinds of clients on one ApiClient: ``core``/``custom`` (the generated
+    kubernetes client, for setting up and inspecting) and ``agent_core``/``agent_custom`` (koordlet.kubeapi, what
+    koordlet's code is handed)."""
+
     server: ApiServer
     core: kubernetes.client.CoreV1Api
     custom: kubernetes.client.CustomObjectsApi
+    agent_core: CoreV1
+    agent_custom: CustomObjects
 
     def node(self, name: str) -> dict:
         return self.server.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
@@ -46,7 +53,8 @@ class Kube:
 @contextmanager
 def kube_env() -> Iterator[Kube]:
     with ApiServer() as server, kube_api_client(server) as client:
-        yield Kube(server, kubernetes.client.CoreV1Api(client), kubernetes.client.CustomObjectsApi(client))
+        yield Kube(server, kubernetes.client.CoreV1Api(client), kubernetes.client.CustomObjectsApi(client),
+                   CoreV1(client), CustomObjects(client))
 
 
 def gpu_pod(

@@ -67,12 +67,12 @@ def plugin(kube, tmp_path) -> Iterator[Plugin]:
         (dev_root / name).write_text("")
     plugin_dir = tempfile.mkdtemp(prefix="kdp-", dir="/tmp")
     kubelet = TestKubelet(plugin_dir)
-    server = gpu_device_plugin(kube.core, NODE, service, plugin_dir=plugin_dir, dev_dir=str(dev_root))
+    server = gpu_device_plugin(kube.agent_core, NODE, service, plugin_dir=plugin_dir, dev_dir=str(dev_root))
     try:
         server.start()
         with kubelet.plugin_channel(kubelet.next_registration()) as channel:
             # The scheduler's side of the protocol: it locks the node in Bind.
-            scheduler = NodeLocker(kube.core)
+            scheduler = NodeLocker(kube.agent_core)
             yield Plugin(kube, pb_grpc.DevicePluginStub(channel), service.inventory.gpus, service.board, scheduler)
     finally:
         server.stop()
@@ -186,9 +186,9 @@ def test_allocate_past_its_time_budget_fails_and_releases_the_lock(kube, tmp_pat
     kube.pod(gpu_pod("p1", node=NODE, annotations={api.ANNOTATION_DEVICE_ALLOCATED: allocated(0)}, gpus={"main": 1}))
     with open_nvml(FakeNvml(h100_gpus(1))) as session:
         gpus = discover(session, sys_dir=str(tmp_path / "sys")).gpus
-    locker = NodeLocker(kube.core)
+    locker = NodeLocker(kube.agent_core)
     ticks = iter(range(0, 1000, 20))  # every clock read is 20 s later: a very slow API server
-    allocator = SchedulerAllocator(kube.core, NODE, locker, lambda: gpus, dict, timeout_s=10,
+    allocator = SchedulerAllocator(kube.agent_core, NODE, locker, lambda: gpus, dict, timeout_s=10,
                                    clock=lambda: float(next(ticks)))
     locker.lock(NODE, "ns", "p1")
     with pytest.raises(AllocationTimeoutError, match="timed out"):

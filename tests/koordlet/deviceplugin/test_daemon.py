@@ -92,7 +92,7 @@ def test_daemon_registers_reregisters_after_a_kubelet_restart_and_allocates_the_
 
         # The scheduler chose minor 1 and locked the node in Bind; kubelet picks minor 0 on its own.
         kube.pod(gpu_pod("train", node=NODE, annotations={api.ANNOTATION_DEVICE_ALLOCATED: allocated(1)}))
-        NodeLocker(kube.core).lock(NODE, "ns", "train")
+        NodeLocker(kube.agent_core).lock(NODE, "ns", "train")
         with restarted.plugin_channel(again) as channel:
             stub = pb_grpc.DevicePluginStub(channel)
             listed = next(stub.ListAndWatch(pb.Empty(), timeout=5))

@@ -28,7 +28,7 @@ def service(tmp_path):
 
 def test_device_is_created_accepted_by_the_crd_schema_and_then_left_alone(kube, service) -> None:
     node = kube.node(NODE)
-    reporter = DeviceReporter(NODE, custom_api=kube.custom)
+    reporter = DeviceReporter(NODE, custom_api=kube.agent_custom)
     assert service.report(reporter, node_uid=node["metadata"]["uid"]) is ReportResult.CREATED
     obj = stored(kube)
     assert [d["minor"] for d in obj["spec"]["devices"]] == [0, 1]
@@ -42,7 +42,7 @@ def test_device_is_created_accepted_by_the_crd_schema_and_then_left_alone(kube, 
 
 def test_health_flip_updates_the_device_and_keeps_foreign_labels(kube, service) -> None:
     kube.node(NODE)
-    reporter = DeviceReporter(NODE, custom_api=kube.custom)
+    reporter = DeviceReporter(NODE, custom_api=kube.agent_custom)
     service.report(reporter)
     obj = stored(kube)
     obj["metadata"]["labels"]["team.example.com/owner"] = "ml"
@@ -62,7 +62,7 @@ def test_health_flip_updates_the_device_and_keeps_foreign_labels(kube, service) 
 
 def test_update_conflict_is_retried(kube, service) -> None:
     kube.node(NODE)
-    reporter = DeviceReporter(NODE, custom_api=kube.custom)
+    reporter = DeviceReporter(NODE, custom_api=kube.agent_custom)
     service.report(reporter)
     service.board.set(service.inventory.gpus[0].uuid, False, "Xid48")
     kube.server.fail_next("PUT", rf"/devices/{NODE}$", status=409)
@@ -82,10 +82,10 @@ def test_schema_rejects_what_koordinator_would_reject(kube, service) -> None:
 def test_node_gets_seed_004_gpu_labels_once(kube, service) -> None:
     kube.node(NODE)
     labels = api.node_gpu_labels(service.inventory.model, service.inventory.driver_version)
-    assert sync_node_labels(kube.core, NODE, labels) is True
+    assert sync_node_labels(kube.agent_core, NODE, labels) is True
     assert kube.core.read_node(NODE).metadata.labels["kubernetes.io/gpu-model"] == "NVIDIA-H100-80GB-HBM3"
     assert kube.core.read_node(NODE).metadata.labels["kubernetes.io/gpu-driver"] == "580.159.04"
-    assert sync_node_labels(kube.core, NODE, labels) is False
+    assert sync_node_labels(kube.agent_core, NODE, labels) is False
 
 
 def test_service_is_off_on_a_node_without_nvml(tmp_path) -> None:

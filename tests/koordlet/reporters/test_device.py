@@ -7,12 +7,12 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import kubernetes.client
 import pytest
 import yaml
 
 from koordlet.gpu.reporter import DeviceReporter
 from koordlet.gpu.service import GPUService
+from koordlet.kubeapi import CustomObjects
 from koordlet.metriccache import Label, MetricCache, SeriesKey
 from koordlet.metricsadvisor.pods import ContainerCgroup, PodCgroup
 from koordlet.reporters.device import DeviceReportLoop, GPUCollector
@@ -59,7 +59,7 @@ def test_device_written_as_yaml_without_api_server(service: GPUService, tmp_path
 
 def test_device_created_in_api_server_and_failures_retried(service: GPUService) -> None:
     with ApiServer() as server, kube_api_client(server) as api:
-        reporter = DeviceReporter(NODE, custom_api=kubernetes.client.CustomObjectsApi(api))
+        reporter = DeviceReporter(NODE, custom_api=CustomObjects(api))
         outcomes: list[str] = []
         loop = DeviceReportLoop(service, reporter, interval_s=0.05, observe=outcomes.append)
         server.fail_next("POST", r"/devices$", status=500)

@@ -8,12 +8,12 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import kubernetes.client
 import pytest
 import yaml
 
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import PodMeta
+from koordlet.kubeapi import CustomObjects
 from koordlet.metriccache import GPU_DEVICES_KV, GPUDevice, Label, MetricCache, MetricKind, Sample, SeriesKey
 from koordlet.reporters.nodemetric import (
     CollectPolicy,
@@ -145,9 +145,9 @@ def test_collect_policy_from_spec_and_defaults() -> None:
 # ------------------------------------------------------------------------------------ API server
 
 @pytest.fixture
-def custom(server: ApiServer) -> Iterator[kubernetes.client.CustomObjectsApi]:
+def custom(server: ApiServer) -> Iterator[CustomObjects]:
     with kube_api_client(server) as client:
-        yield kubernetes.client.CustomObjectsApi(client)
+        yield CustomObjects(client)
 
 
 def seed_node_metric(server: ApiServer) -> None:
@@ -156,7 +156,7 @@ def seed_node_metric(server: ApiServer) -> None:
                                                   "nodeAggregatePolicy": {"durations": ["5m"]}}}})
 
 
-def reporter(custom: kubernetes.client.CustomObjectsApi, outcomes: list[str] | None = None,
+def reporter(custom: CustomObjects, outcomes: list[str] | None = None,
              **kwargs: object) -> NodeMetricReporter:
     return NodeMetricReporter(NODE, filled_cache(), lambda: PODS, custom_api=custom,
                               observe=(outcomes.append if outcomes is not None else None),
@@ -164,7 +164,7 @@ def reporter(custom: kubernetes.client.CustomObjectsApi, outcomes: list[str] | N
 
 
 def test_status_written_through_status_subresource_and_accepted_by_schema(
-        server: ApiServer, custom: kubernetes.client.CustomObjectsApi) -> None:
+        server: ApiServer, custom: CustomObjects) -> None:
     seed_node_metric(server)
     outcomes: list[str] = []
     nm = reporter(custom, outcomes, host_apps=lambda: HOST_APPS)
@@ -182,7 +182,7 @@ def test_status_written_through_status_subresource_and_accepted_by_schema(
     assert outcomes == ["updated"]
 
 
-def test_conflict_rereads_and_retries(server: ApiServer, custom: kubernetes.client.CustomObjectsApi) -> None:
+def test_conflict_rereads_and_retries(server: ApiServer, custom: CustomObjects) -> None:
     seed_node_metric(server)
     server.fail_next("PUT", r"/nodemetrics/node-1/status$", status=409, count=2)
     assert reporter(custom).report_once() is ReportOutcome.UPDATED
@@ -190,7 +190,7 @@ def test_conflict_rereads_and_retries(server: ApiServer, custom: kubernetes.clie
     assert server.get_object("nodemetrics", NODE)["status"]["podsMetric"]
 
 
-def test_server_error_keeps_report_for_next_tick(server: ApiServer, custom: kubernetes.client.CustomObjectsApi) -> None:
+def test_server_error_keeps_report_for_next_tick(server: ApiServer, custom: CustomObjects) -> None:
     seed_node_metric(server)
     outcomes: list[str] = []
     nm = reporter(custom, outcomes)
@@ -206,7 +206,7 @@ def test_server_error_keeps_report_for_next_tick(server: ApiServer, custom: kube
 
 
 def test_missing_object_is_skipped_or_created_when_asked(server: ApiServer,
-                                                         custom: kubernetes.client.CustomObjectsApi) -> None:
+                                                         custom: CustomObjects) -> None:
     assert reporter(custom).report_once() is ReportOutcome.SKIPPED_MISSING
     assert server.get_object("nodemetrics", NODE) is None
     assert reporter(custom, create_missing=True).report_once() is ReportOutcome.UPDATED
@@ -262,7 +262,7 @@ def gpu_cache() -> MetricCache:
 
 
 def test_gpu_usage_reported_as_devices_of_node_and_pod_usage(server: ApiServer,
-                                                              custom: kubernetes.client.CustomObjectsApi) -> None:
+                                                              custom: CustomObjects) -> None:
     seed_node_metric(server)
     nm = NodeMetricReporter(NODE, gpu_cache(), lambda: PODS, custom_api=custom, wall_clock=lambda: NOW)
     assert nm.report_once() is ReportOutcome.UPDATED  # the CRD schema accepted the devices

@@ -25,6 +25,7 @@ from koordlet.api.keys import (
     LABEL_QOS_CLASS,
 )
 from koordlet.api.pod import PodMeta
+from koordlet.kubeapi import CustomObjects
 from koordlet.reporters.nrt import (
     NRTReporter,
     NRTReportLoop,
@@ -92,9 +93,9 @@ def server() -> Iterator[ApiServer]:
 
 
 @pytest.fixture
-def custom(server: ApiServer) -> Iterator[Any]:
+def custom(server: ApiServer) -> Iterator[CustomObjects]:
     with kube_api_client(server) as api:
-        yield kubernetes.client.CustomObjectsApi(api)
+        yield CustomObjects(api)
 
 
 def _topology(tmp_path: Path, machine=two_sockets_smt) -> NodeTopology:
@@ -241,7 +242,8 @@ def test_loop_retries_failures_and_conflicts_and_rereads_after_resync(tmp_path: 
     policy = server.get_object(PLURAL, NODE)["metadata"]["annotations"][ANNOTATION_NRT_KUBELET_CPU_MANAGER_POLICY]
     assert json.loads(policy)["policy"] == "static"
     # someone deletes the object: noticed at the next resync, recreated
-    custom.delete_cluster_custom_object("topology.node.k8s.io", "v1alpha1", PLURAL, NODE)
+    kubernetes.client.CustomObjectsApi(custom.api_client).delete_cluster_custom_object(
+        "topology.node.k8s.io", "v1alpha1", PLURAL, NODE)
     clock.now += 3
     assert loop.report_once() == "unchanged"
     clock.now += 60

@@ -1,4 +1,4 @@
-"""Node and NodeSLO watchers against the in-repo API server with the real kubernetes client."""
+"""Node and NodeSLO watchers against the in-repo API server through koordlet's API client (koordlet.kubeapi)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import kubernetes.client
 import pytest
 
 from koordlet.api.nodeslo import default_node_slo_spec
+from koordlet.kubeapi import CoreV1, CustomObjects
 from koordlet.statesinformer.informer import StatesInformer
 from koordlet.statesinformer.kube import KubeStates, node_info_from_node
 from tests.koordlet.statesinformer.waiting import wait_for
@@ -44,8 +45,7 @@ def node_slo(spec: dict) -> dict:
 def states(api_client: kubernetes.client.ApiClient) -> Iterator[tuple[StatesInformer, KubeStates, list[str]]]:
     errors: list[str] = []
     informer = StatesInformer(NoPods(), count_error=errors.append)
-    kube = KubeStates(NODE, kubernetes.client.CoreV1Api(api_client),
-                      kubernetes.client.CustomObjectsApi(api_client), informer,
+    kube = KubeStates(NODE, CoreV1(api_client), CustomObjects(api_client), informer,
                       resync_s=30, backoff_max_s=0.4, count_error=errors.append)
     kube.start()
     try:
@@ -123,9 +123,7 @@ def test_watch_errors_reconnect_with_backoff(server: ApiServer,
 
 def test_stop_returns_quickly_while_watching(api_client: kubernetes.client.ApiClient) -> None:
     informer = StatesInformer(NoPods())
-    kube = KubeStates(NODE, kubernetes.client.CoreV1Api(api_client),
-                      kubernetes.client.CustomObjectsApi(api_client), informer,
-                      resync_s=300)
+    kube = KubeStates(NODE, CoreV1(api_client), CustomObjects(api_client), informer, resync_s=300)
     kube.start()
     assert wait_for(lambda: kube.node_watcher.synced.is_set() and kube.node_watcher._response is not None)
     stopped = threading.Event()
