@@ -46,6 +46,7 @@ import asyncio
 import logging
 import struct
 import time
+from time import perf_counter
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -71,6 +72,8 @@ _FLUSH_CREDIT = _CONN_WINDOW // 4
 # The runtime's PINGs are acknowledged with kubelet's next frames, or after this long at most. grpc-go
 # sends one (its BDP probe) on every request it receives; its keepalive waits 20 s for an ACK by default.
 _ACK_DELAY_S = 0.005
+# flags of a HEADERS frame that holds a whole header block and nothing else (END_HEADERS, no PADDED, PRIORITY)
+_WHOLE_PLAIN_BLOCK = h2.FLAG_END_HEADERS | h2.FLAG_PADDED | h2.FLAG_PRIORITY
 _CONN_CREDIT = bytes((0, 0, 4, h2.WINDOW_UPDATE, 0, 0, 0, 0, 0))  # a connection WINDOW_UPDATE without its increment
 
 
@@ -171,7 +174,7 @@ class KubeletSide(asyncio.Protocol):
         self._decoder = Decoder(max_allowed_table_size=_MAX_DECODED_TABLE)
         # header block -> (decoder version, decoded headers): kubelet's repeated calls send the same bytes,
         # which decode to the same headers while its dynamic table is unchanged
-        self._blocks: dict[bytes, tuple[int, list[tuple[bytes, bytes]]]] = {}
+        self._blocks: dict[bytes, tuple[int, list[tuple[bytes, bytes]], bytes | None]] = {}
         self._hblock: tuple[int, bytearray, bool] | None = None
         self.hooked: dict[int, HookedRequest] = {}
         self.closed_hooked: OrderedDict[int, None] = OrderedDict()
@@ -192,6 +195,7 @@ class KubeletSide(asyncio.Protocol):
         self._ack_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.max_stream_id = 0
+        self.call_finished = relay.observer.call_finished
         self._goaway_sent = False
         self._closed = False
         self._handshaken = False  # the preface and one complete frame arrived
@@ -434,7 +438,10 @@ class KubeletSide(asyncio.Protocol):
                 if end > n:
                     break
                 if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
-                    withheld = self._header_frame(ftype, flags, sid, data[pos + 9 : end])
+                    if ftype == h2.HEADERS and flags & _WHOLE_PLAIN_BLOCK == h2.FLAG_END_HEADERS:
+                        withheld = self._header_block(sid, data[pos + 9 : end], flags & h2.FLAG_END_STREAM)
+                    else:
+                        withheld = self._header_frame(ftype, flags, sid, data[pos + 9 : end])
                     pos = end
                     if withheld:
                         out.append(data[fwd:pos])
@@ -534,34 +541,35 @@ class KubeletSide(asyncio.Protocol):
         self._hblock = None
         return self._header_block(sid, bytes(block), end_stream)
 
-    def _header_block(self, sid: int, block: bytes, end_stream: bool) -> int:
+    def _header_block(self, sid: int, block: bytes, end_stream: int) -> int:
         # Raw bytes: header values may not be UTF-8 (gRPC "true binary" metadata).
         decoder = self._decoder
         cached = self._blocks.get(block)
         if cached is not None and cached[0] == decoder.version:
-            headers = cached[1]
+            _, headers, path = cached
         else:
             version = decoder.version
             headers = decoder.decode(block)
+            path = None
+            for name, value in headers:
+                if name == b":path":
+                    path = value
+                    break
             if decoder.version == version:  # decoding left the table as it was: the result can be reused
                 if len(self._blocks) >= _BLOCK_CACHE:
                     self._blocks.clear()
-                self._blocks[block] = (version, headers)
-        path = None
-        for name, value in headers:
-            if name == b":path":
-                path = value
-                break
+                self._blocks[block] = (version, headers, path)
         if path is None:  # request trailers
             return 0
-        self.max_stream_id = max(self.max_stream_id, sid)
+        if sid > self.max_stream_id:
+            self.max_stream_id = sid
         if path in self.relay.hooked_methods:
             req = HookedRequest(sid, path.decode("ascii"), headers)
             self.hooked[sid] = req
             if end_stream:
                 self._start_call(req)
             return sid
-        self.inflight[sid] = (path, time.perf_counter())
+        self.inflight[sid] = (path, perf_counter())
         return 0
 
     def _withheld_data(self, req: HookedRequest, flags: int, payload: bytes, length: int) -> None:
@@ -636,10 +644,6 @@ class KubeletSide(asyncio.Protocol):
         if len(self.closed_hooked) > _CLOSED_MEMORY:
             self.closed_hooked.popitem(last=False)
 
-    def stream_done(self, sid: int) -> None:
-        entry = self.inflight.pop(sid, None)
-        if entry is not None:
-            self.relay.observer.call_finished(entry[0], time.perf_counter() - entry[1])
 
 
 def _max_frame_size(data: bytes, start: int, length: int, n: int) -> int:
@@ -751,10 +755,10 @@ class RuntimeSide(asyncio.Protocol):
                         if ftype == h2.DATA:
                             down.credit_up += rem  # kubelet never sees these bytes, so never credits them
                     fwd = pos
-                elif flags & h2.FLAG_END_STREAM and ftype <= h2.HEADERS:
-                    down.stream_done(sid)
-                elif ftype == h2.RST_STREAM:
-                    down.stream_done(sid)
+                elif (flags & h2.FLAG_END_STREAM and ftype <= h2.HEADERS) or ftype == h2.RST_STREAM:
+                    entry = down.inflight.pop(sid, None)  # a relayed call ended: its time goes to the metrics
+                    if entry is not None:
+                        down.call_finished(entry[0], perf_counter() - entry[1])
             elif (ftype == h2.PING and rem == 8) or (ftype == h2.WINDOW_UPDATE and rem == 4):
                 # answered or counted on this hop (module docstring); never forwarded
                 end = pos + rem
