@@ -83,7 +83,10 @@ class ObjectWatcher:
     def _list(self) -> str:
         response = self._list_call(field_selector=self._selector, _preload_content=False,
                                    _request_timeout=(5, 30))
-        document = load_json(response.data, "list answer", max_bytes=MAX_API_BYTES)
+        try:
+            document = load_json(response.data, "list answer", max_bytes=MAX_API_BYTES)
+        finally:
+            response.release_conn()  # back to the pool, also when the answer is refused
         items = document.get("items") or []
         self.lists += 1
         self._on_object(items[0] if items else None)
