@@ -38,6 +38,7 @@ from koordlet.metriccache import (
 )
 from koordlet.metricsadvisor.pods import BE_CPU_REAL_LIMIT, BE_CPU_REQUEST, BE_CPU_USAGE
 from koordlet.statesinformer.api import NodeInfo, StatesProvider
+from koordlet.system.cgroup_stats import parse_quota_us  # noqa: F401 - the strategies import it from here
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 from koordlet.system.resctrl import ResctrlInfo, ResctrlInfoError, read_resctrl_info
 from koordlet.system.sysfs import CPUInfo
@@ -202,15 +203,6 @@ def container_cgroup_dir(layout: KubeCgroupLayout, pod_dir: str, container: Cont
         return layout.container_dir(pod_dir, container.container_id, container.runtime)
     except CgroupPathError:
         return None
-
-
-def parse_quota_us(text: str) -> int:
-    """A CFS quota as read back: v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max`` ("max 100000"); -1 = unlimited."""
-    first = text.split()[0] if text.split() else ""
-    if first == "max":
-        return -1
-    value = int(first)
-    return -1 if value < 0 else value
 
 
 def pod_kube_qos(pod: PodMeta) -> KubeQoS:

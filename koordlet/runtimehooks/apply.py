@@ -15,6 +15,7 @@ from hooks.validate import Rejected
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.units import CFS_PERIOD_US
 from koordlet.executor import ExecutorError, ResourceExecutor
+from koordlet.system.cgroup_stats import parse_quota_us
 from koordlet.plan import (
     CgroupWrite,
     Plan,
@@ -77,12 +78,9 @@ class RejectedValues:
 
 
 def _quota_of(text: str) -> int | None:
-    """cpu.cfs_quota_us ("-1", "150000") or cgroup v2's cpu.max ("max 100000", "150000 100000"); None: unlimited."""
-    first = text.split()[0] if text.split() else ""
-    if first in ("", "max", "-1"):
-        return None
+    """A limited quota read back (``parse_quota_us``); None when unlimited, zero or unreadable."""
     try:
-        value = int(first)
+        value = parse_quota_us(text)
     except ValueError:
         return None
     return value if value > 0 else None

@@ -216,6 +216,16 @@ def parse_cpu_max(data: bytes) -> CfsQuota:
         raise CgroupStatError(f"cpu.max: bad value {data[:40]!r}") from err
 
 
+def parse_quota_us(text: str) -> int:
+    """A CFS quota as read back through the executor: v1 ``cpu.cfs_quota_us`` ("-1", "150000") or v2
+    ``cpu.max`` ("max 100000", "150000 100000"); -1 = unlimited. ValueError on anything else."""
+    first = text.split()[0] if text.split() else ""
+    if first == "max":
+        return -1
+    value = int(first)
+    return -1 if value < 0 else value
+
+
 def read_cfs_quota(cpu_dir: str, version: int) -> CfsQuota:
     if _is_v2(version):
         return parse_cpu_max(read_file_bytes(os.path.join(cpu_dir, "cpu.max")))
