@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_UNREACHABLE = (_Urllib3Error, OSError)
+UNREACHABLE = (_Urllib3Error, OSError)  # what an API server that cannot be reached raises
 
 
 class PodEvents:
@@ -27,15 +27,16 @@ class PodEvents:
         self._node_name = node_name
         self._api = CoreV1(api_client)
 
-    def warning(self, pod: PodMeta, reason: str, message: str) -> None:
-        """One Warning Event on ``pod``; failures are logged, never raised (an Event is best effort)."""
+    def warning(self, pod: PodMeta, reason: str, message: str, uid: str | None = None) -> None:
+        """One Warning Event on ``pod`` (``uid``: the live pod's, when known better than ``pod.uid``); failures
+        are logged, never raised (an Event is best effort)."""
         now = datetime.now(UTC).isoformat()
         event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
             "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
-                               "uid": pod.uid},
+                               "uid": uid or pod.uid},
             "type": "Warning",
             "reason": reason,
             "message": message[:1024],
@@ -50,5 +51,5 @@ class PodEvents:
             self._api.create_namespaced_event(pod.namespace, event)
         except ApiException as exc:
             logger.warning("cannot record event %s on %s: %s %s", reason, pod.key, exc.status, exc.reason)
-        except _UNREACHABLE as exc:
+        except UNREACHABLE as exc:
             logger.warning("cannot record event %s on %s: API server unreachable: %s", reason, pod.key, exc)

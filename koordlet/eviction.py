@@ -22,16 +22,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import grpc
 from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError as _Urllib3Error
 from prometheus_client import REGISTRY, Counter
 
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import QoSClass, parse_kube_qos, qos_class_for_pod
+from koordlet.events import UNREACHABLE, PodEvents
 from koordlet.kubeapi import CoreV1
 from wire import cri_pb2 as cri
 from wire import cri_pb2_grpc as cri_grpc
@@ -40,9 +39,6 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
 logger = logging.getLogger(__name__)
-
-# The API server not answering at all (refused, reset, timed out) rather than answering with an error.
-_UNREACHABLE = (_Urllib3Error, OSError)
 
 POD_UID_LABEL = "io.kubernetes.pod.uid"  # label kubelet puts on every CRI container
 DEFAULT_RETRY_AFTER_S = 5.0  # after a 429 (PDB) or a failure, before the same pod is asked for again
@@ -119,6 +115,7 @@ class Evictor:
             raise ValueError("kill_by_cri needs a CRI endpoint")
         self._node_name = node_name
         self._api = CoreV1(api_client) if api_client is not None else None
+        self._events = PodEvents(node_name, api_client) if api_client is not None else None
         self._cri_endpoint = cri_endpoint
         self._use_cri = kill_by_cri or api_client is None
         self._pods = pods
@@ -190,7 +187,7 @@ class Evictor:
         assert self._api is not None
         try:
             current = self._api.read_namespaced_pod(pod.name, pod.namespace)
-        except _UNREACHABLE as exc:
+        except UNREACHABLE as exc:
             logger.warning("cannot read %s before evicting it: API server unreachable: %s", pod.key, exc)
             return EvictionResult(EvictionOutcome.FAILED, "read: API server unreachable")
         except ApiException as exc:
@@ -214,7 +211,7 @@ class Evictor:
         }
         try:
             self._api.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
-        except _UNREACHABLE as exc:
+        except UNREACHABLE as exc:
             logger.warning("eviction of %s for %s failed: API server unreachable: %s", pod.key, feature, exc)
             return EvictionResult(EvictionOutcome.FAILED, "eviction: API server unreachable")
         except ApiException as exc:
@@ -225,39 +222,9 @@ class Evictor:
                 return EvictionResult(EvictionOutcome.GONE)
             logger.warning("eviction of %s for %s failed: %s %s", pod.key, feature, exc.status, exc.reason)
             return EvictionResult(EvictionOutcome.FAILED, f"eviction: {exc.status}")
-        self._record_event(pod, live_uid or pod.uid, feature, message)
+        assert self._events is not None
+        self._events.warning(pod, feature, f"evicted by koordlet {feature}: {message}", uid=live_uid or pod.uid)
         return EvictionResult(EvictionOutcome.EVICTED)
-
-    def _record_event(self, pod: PodMeta, uid: str, feature: str, message: str) -> None:
-        assert self._api is not None
-        now = datetime.now(UTC)
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": pod.name,
-                "namespace": pod.namespace,
-                "uid": uid,
-            },
-            "type": "Warning",
-            "reason": feature,
-            "message": f"evicted by koordlet {feature}: {message}",
-            "source": {"component": "koordlet", "host": self._node_name},
-            "reportingComponent": "koordlet",
-            "reportingInstance": self._node_name,
-            "firstTimestamp": now.isoformat(),
-            "lastTimestamp": now.isoformat(),
-            "count": 1,
-        }
-        try:
-            self._api.create_namespaced_event(pod.namespace, event)
-        except ApiException as exc:
-            logger.warning("cannot record the eviction event of %s: %s %s", pod.key, exc.status, exc.reason)
-        except _UNREACHABLE as exc:
-            logger.warning("cannot record the eviction event of %s: API server unreachable: %s", pod.key, exc)
 
     # ----------------------------------------------------------------------------------------- CRI kill
 
