@@ -34,15 +34,22 @@ CONTAINER_ID = "0123456789ab"
 MiB = 1 << 20
 
 
-@pytest.fixture
-def v2_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
+def _v2_real_node(name: str, pods, min_cpus: int = 0) -> Iterator[RealNode]:
+    """A RealNode on the guest's cgroup v2 (skips outside the VM stage), closed after the test."""
     skip_unless_v2_writable()
-    node = RealNode(request.node.name[:20], PODS, v2=True)
+    node = RealNode(name[:20], pods, v2=True)
     try:
         assert node.fs.version is CgroupVersion.V2
+        if min_cpus and len(parse_cpu_list(node.read("cpuset", "", "cpuset.cpus.effective"))) < min_cpus:
+            pytest.skip(f"needs at least {min_cpus} CPUs (the VM stage gives 4)")
         yield node
     finally:
         node.close()
+
+
+@pytest.fixture
+def v2_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
+    yield from _v2_real_node(request.node.name, PODS)
 
 
 def _with_container(node: RealNode, pod_name: str, container: ContainerMeta) -> str:
@@ -189,16 +196,7 @@ LSE_PODS = (("lse", QoSClass.LSE, KubeQoS.GUARANTEED), ("ls", QoSClass.LS, KubeQ
 
 @pytest.fixture
 def v2_lse_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
-    skip_unless_v2_writable()
-    node = RealNode(request.node.name[:20], LSE_PODS, v2=True)
-    try:
-        assert node.fs.version is CgroupVersion.V2
-        total = len(parse_cpu_list(node.read("cpuset", "", "cpuset.cpus.effective")))
-        if total < 4:
-            pytest.skip("needs at least 4 CPUs (the VM stage gives 4)")
-        yield node
-    finally:
-        node.close()
+    yield from _v2_real_node(request.node.name, LSE_PODS, min_cpus=4)
 
 
 def test_v2_an_lse_pods_cpus_stay_out_of_the_be_cpuset_while_ls_load_rises(v2_lse_node: RealNode) -> None:
