@@ -10,11 +10,12 @@ and through the proxy, alternating rounds so both see the same machine noise:
   * what one hook round trip adds to a hooked call (StartContainer on a running container: a cheap
     runtime answer, so the hook dominates), with and without a registered hook server;
   * the proxy's own CPU time per relayed call, and per passthrough call as a ratio to a plain byte pipe
-    on uvloop over the same sockets (bench/bytepipe.py), at 1 and 16 calls in flight, interleaved rounds.
+    on uvloop over the same sockets (bench/bytepipe.py), at 1 and 16 calls in flight, interleaved rounds;
+    with containerd's CPU per call behind each (the relay answers PINGs and connection credit itself).
 Prints a table; with --json one JSON object (added_p50_ms, added_p99_ms, throughput_ratio_16,
 heavy_ratio, pod_start_ratio, pod_start_hooked_ratio, cpu_ratio_to_pipe_1, cpu_ratio_to_pipe_16,
-hook_added_p50_ms, ...). This is a benchmark, not a test: read ratios, not absolutes. Its containerd and
-sockets are per process, so two runs never collide.
+runtime_cpu_ratio_to_pipe_1, runtime_cpu_ratio_to_pipe_16, hook_added_p50_ms, ...). This is a benchmark,
+not a test: read ratios, not absolutes. Its containerd and sockets are per process, so two runs never collide.
 """
 
 from __future__ import annotations
@@ -67,11 +68,15 @@ def cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
-def cpu_per_call(socket_path: str, process: psutil.Process, in_flight: int, seconds: float) -> tuple[float, float]:
-    """(calls per second, CPU µs of ``process`` per call) of ListContainers through ``socket_path``."""
+def cpu_per_call(socket_path: str, process: psutil.Process, in_flight: int, seconds: float,
+                 runtime: psutil.Process | None = None) -> tuple[float, float, float]:
+    """(calls per second, CPU µs of ``process`` per call, CPU µs of ``runtime`` per call) of ListContainers
+    through ``socket_path``."""
     before = cpu_seconds(process)
+    runtime_before = cpu_seconds(runtime) if runtime is not None else 0.0
     rate, calls = asyncio.run(throughput(socket_path, in_flight, seconds, count=True))
-    return rate, (cpu_seconds(process) - before) / max(1, calls) * 1e6
+    runtime_us = (cpu_seconds(runtime) - runtime_before) / max(1, calls) * 1e6 if runtime is not None else 0.0
+    return rate, (cpu_seconds(process) - before) / max(1, calls) * 1e6, runtime_us
 
 
 async def throughput(socket_path: str, in_flight: int, seconds: float, count: bool = False):
@@ -176,13 +181,17 @@ def main() -> int:
             for side, sock in (("direct", BENCH_CONTAINERD.socket), ("proxy", proxy.listen)):
                 tput[(side, in_flight)] = asyncio.run(throughput(sock, in_flight, args.seconds))
         # CPU per passthrough call, relay vs a plain byte pipe over the same sockets, interleaved rounds
+        # and containerd's CPU per call behind each: what the relay's per-hop PINGs and credit save the runtime
         pipe_ps = psutil.Process(pipe.pid)
+        runtime_ps = psutil.Process(int(Path(BENCH_CONTAINERD.run_dir, "containerd.pid").read_text()))
         cpu_us: dict[tuple[str, int], list[float]] = {}
+        runtime_us: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.rounds):
             for in_flight in (1, 16):
                 for side, sock, process in (("pipe", pipe_socket, pipe_ps), ("proxy", proxy.listen, ps)):
-                    cpu_us.setdefault((side, in_flight), []).append(
-                        cpu_per_call(sock, process, in_flight, args.seconds)[1])
+                    _, own, behind = cpu_per_call(sock, process, in_flight, args.seconds, runtime_ps)
+                    cpu_us.setdefault((side, in_flight), []).append(own)
+                    runtime_us.setdefault((side, in_flight), []).append(behind)
         starts: dict[str, list[float]] = {"direct": [], "proxy": []}
         for i in range(args.pod_starts):
             for side in ("direct", "proxy"):
@@ -242,6 +251,12 @@ def main() -> int:
         "cpu_ratio_to_pipe_16": round(
             statistics.median(cpu_us[("proxy", 16)]) / statistics.median(cpu_us[("pipe", 16)]), 3),
         "cpu_us_per_call": {f"{side}_{n}": round(statistics.median(v), 1) for (side, n), v in cpu_us.items()},
+        "runtime_cpu_ratio_to_pipe_1": round(
+            statistics.median(runtime_us[("proxy", 1)]) / statistics.median(runtime_us[("pipe", 1)]), 3),
+        "runtime_cpu_ratio_to_pipe_16": round(
+            statistics.median(runtime_us[("proxy", 16)]) / statistics.median(runtime_us[("pipe", 16)]), 3),
+        "runtime_cpu_us_per_call": {f"{side}_{n}": round(statistics.median(v), 1)
+                                    for (side, n), v in runtime_us.items()},
         "pods": args.pods,
         "methods": {r[0]: {"direct_p50_ms": round(r[1], 4), "proxy_p50_ms": round(r[2], 4),
                            "direct_p99_ms": round(r[3], 4), "proxy_p99_ms": round(r[4], 4)} for r in rows},
@@ -271,6 +286,11 @@ def main() -> int:
           f"{result['cpu_us_per_call']['pipe_1']} µs, ratio {result['cpu_ratio_to_pipe_1']}; 16 in flight relay "
           f"{result['cpu_us_per_call']['proxy_16']} µs vs pipe {result['cpu_us_per_call']['pipe_16']} µs, "
           f"ratio {result['cpu_ratio_to_pipe_16']}")
+    print(f"containerd's CPU per such call behind the relay vs behind the pipe: 1 in flight "
+          f"{result['runtime_cpu_us_per_call']['proxy_1']} vs {result['runtime_cpu_us_per_call']['pipe_1']} µs, "
+          f"ratio {result['runtime_cpu_ratio_to_pipe_1']}; 16 in flight "
+          f"{result['runtime_cpu_us_per_call']['proxy_16']} vs {result['runtime_cpu_us_per_call']['pipe_16']} µs, "
+          f"ratio {result['runtime_cpu_ratio_to_pipe_16']}")
     print(f"added p50 (cheap) {result['added_p50_ms']} ms, added p99 {result['added_p99_ms']} ms, "
           f"heavy ratio {result['heavy_ratio']}, proxy CPU {result['proxy_cpu_us_per_call']} µs/call")
     return 0
