@@ -52,6 +52,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from . import h2
+from .h2 import (CONTINUATION, DATA, FLAG_ACK, FLAG_END_HEADERS, FLAG_END_STREAM, FLAG_PADDED, FLAG_PRIORITY,
+                 HEADERS, PING, PRIORITY, RST_STREAM, SETTINGS, WINDOW_UPDATE)
 from .hpack_decoder import Decoder, HPACKDecodeError
 
 log = logging.getLogger(__name__)
@@ -76,8 +78,9 @@ _FLUSH_CREDIT = _CONN_WINDOW // 4
 # byte pipe's CPU per call against 1.25x at 50 ms, bench/proxy_ab.py).
 _ACK_DELAY_S = 0.05
 # flags of a HEADERS frame that holds a whole header block and nothing else (END_HEADERS, no PADDED, PRIORITY)
-_WHOLE_PLAIN_BLOCK = h2.FLAG_END_HEADERS | h2.FLAG_PADDED | h2.FLAG_PRIORITY
-_CONN_CREDIT = bytes((0, 0, 4, h2.WINDOW_UPDATE, 0, 0, 0, 0, 0))  # a connection WINDOW_UPDATE without its increment
+_WHOLE_PLAIN_BLOCK = FLAG_END_HEADERS | FLAG_PADDED | FLAG_PRIORITY
+_CONN_CREDIT = bytes((0, 0, 4, WINDOW_UPDATE, 0, 0, 0, 0, 0))  # a connection WINDOW_UPDATE without its increment
+_LAST_STREAM_ID = h2.LAST_STREAM_ID.to_bytes(4, "big")  # the stream id withheld streams' header blocks reach kubelet on
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +172,7 @@ class KubeletSide(asyncio.Protocol):
         self.relay = relay
         self.transport: asyncio.Transport | None = None
         self.up: RuntimeSide | None = None
+        self._up_transport = None  # the runtime connection's transport once it exists (kubelet's bytes go there)
         self._pending_up: list[bytes] | None = []
         self._pending_down: list[bytes] = []
         self._preface = len(h2.PREFACE)
@@ -257,6 +261,7 @@ class KubeletSide(asyncio.Protocol):
             up.transport.close()
             return
         self.up = up
+        self._up_transport = up.transport
         pending, self._pending_up = self._pending_up, None
         if pending:
             up.transport.write(b"".join(pending))
@@ -305,10 +310,12 @@ class KubeletSide(asyncio.Protocol):
 
     # -- writing ---------------------------------------------------------------------------------
     def _send_up(self, data: bytes) -> None:
-        if self._pending_up is not None:
+        transport = self._up_transport
+        if transport is not None:
+            if not transport.is_closing():
+                transport.write(data)
+        elif self._pending_up is not None:
             self._pending_up.append(data)
-        elif self.up is not None and self.up.transport is not None and not self.up.transport.is_closing():
-            self.up.transport.write(data)
 
     def write_down(self, frames: bytes) -> None:
         """Write the proxy's own frames to kubelet between two of the runtime's frames, with the
@@ -415,7 +422,7 @@ class KubeletSide(asyncio.Protocol):
                                  f"a frame of {length} bytes, over the {max_frame}-byte limit")
                     return
                 end = pos + 9 + length
-                if ftype == h2.DATA:
+                if ftype == DATA:
                     if sid not in hooked and sid not in self.closed_hooked:
                         window -= length
                         if end > n:
@@ -440,9 +447,9 @@ class KubeletSide(asyncio.Protocol):
                     continue
                 if end > n:
                     break
-                if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
-                    if ftype == h2.HEADERS and flags & _WHOLE_PLAIN_BLOCK == h2.FLAG_END_HEADERS:
-                        withheld = self._header_block(sid, data[pos + 9 : end], flags & h2.FLAG_END_STREAM)
+                if ftype == HEADERS or ftype == CONTINUATION:
+                    if ftype == HEADERS and flags & _WHOLE_PLAIN_BLOCK == FLAG_END_HEADERS:
+                        withheld = self._header_block(sid, data[pos + 9 : end], flags & FLAG_END_STREAM)
                     else:
                         withheld = self._header_frame(ftype, flags, sid, data[pos + 9 : end])
                     pos = end
@@ -451,7 +458,7 @@ class KubeletSide(asyncio.Protocol):
                         out.append(h2.rst_stream(withheld))
                         fwd = pos
                     continue
-                if ftype == h2.WINDOW_UPDATE:
+                if ftype == WINDOW_UPDATE:
                     if sid == 0:
                         # kubelet's connection credit is for this hop; the runtime gets what is owed to it
                         out.append(data[fwd:pos])
@@ -465,15 +472,15 @@ class KubeletSide(asyncio.Protocol):
                     elif sid in hooked or sid in self.closed_hooked:
                         out.append(data[fwd:pos])
                         fwd = end
-                elif ftype == h2.PING and sid == 0 and length == 8:
+                elif ftype == PING and sid == 0 and length == 8:
                     # answered on this hop; an ACK can only answer a PING the proxy never sent
                     out.append(data[fwd:pos])
                     fwd = end
-                    if not flags & h2.FLAG_ACK:
+                    if not flags & FLAG_ACK:
                         self.kubelet_window = window
-                        self.write_down(h2.frame(h2.PING, h2.FLAG_ACK, 0, data[pos + 9 : end]))
+                        self.write_down(h2.frame(PING, FLAG_ACK, 0, data[pos + 9 : end]))
                         window = self.kubelet_window
-                elif ftype == h2.RST_STREAM:
+                elif ftype == RST_STREAM:
                     req = hooked.pop(sid, None)
                     if req is not None or sid in self.closed_hooked:
                         out.append(data[fwd:pos])
@@ -484,7 +491,7 @@ class KubeletSide(asyncio.Protocol):
                                 req.task.cancel()
                     else:
                         self.inflight.pop(sid, None)
-                elif ftype == h2.PRIORITY and (sid in hooked or sid in self.closed_hooked):
+                elif ftype == PRIORITY and (sid in hooked or sid in self.closed_hooked):
                     out.append(data[fwd:pos])
                     fwd = end
                 pos = end
@@ -527,18 +534,18 @@ class KubeletSide(asyncio.Protocol):
 
     def _header_frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> int:
         """Feed one HEADERS/CONTINUATION frame; returns the stream id if it starts a withheld call."""
-        if ftype == h2.HEADERS:
+        if ftype == HEADERS:
             fragment = h2.header_block_fragment(ftype, flags, payload)
-            if not flags & h2.FLAG_END_HEADERS:
-                self._hblock = (sid, bytearray(fragment), bool(flags & h2.FLAG_END_STREAM))
+            if not flags & FLAG_END_HEADERS:
+                self._hblock = (sid, bytearray(fragment), bool(flags & FLAG_END_STREAM))
                 return 0
-            return self._header_block(sid, fragment, bool(flags & h2.FLAG_END_STREAM))
+            return self._header_block(sid, fragment, bool(flags & FLAG_END_STREAM))
         if self._hblock is None or self._hblock[0] != sid:
             raise ValueError(f"CONTINUATION for stream {sid} without a HEADERS frame before it")
         self._hblock[1].extend(payload)
         if len(self._hblock[1]) > _MAX_HEADER_BLOCK:
             raise ValueError(f"a header block over {_MAX_HEADER_BLOCK} bytes")
-        if not flags & h2.FLAG_END_HEADERS:
+        if not flags & FLAG_END_HEADERS:
             return 0
         sid, block, end_stream = self._hblock
         self._hblock = None
@@ -576,10 +583,10 @@ class KubeletSide(asyncio.Protocol):
         return 0
 
     def _withheld_data(self, req: HookedRequest, flags: int, payload: bytes, length: int) -> None:
-        if flags & h2.FLAG_PADDED:
+        if flags & FLAG_PADDED:
             payload = payload[1 : len(payload) - payload[0]]
         req.body += payload
-        end_stream = bool(flags & h2.FLAG_END_STREAM)
+        end_stream = bool(flags & FLAG_END_STREAM)
         limit = self.relay.limits.max_message_bytes
         declared = int.from_bytes(req.body[1:5], "big") if len(req.body) >= 5 else 0
         if len(req.body) > limit + 5 or declared > limit:
@@ -707,7 +714,17 @@ class RuntimeSide(asyncio.Protocol):
         n = len(data)
         pos = fwd = 0
         rem = self._remaining
-        drop = self._drop
+        if rem:  # the rest of a frame begun in an earlier read
+            if rem > n:
+                self._remaining = rem - n
+                if not self._drop:
+                    self._write_down(data)
+                return
+            if self._drop:
+                fwd = rem
+            pos = rem
+            rem = 0
+        drop = False
         frames = self._frames
         queue = self._queue
         hooked = down.hooked
@@ -715,18 +732,7 @@ class RuntimeSide(asyncio.Protocol):
         unpack = _FRAME_HEADER.unpack_from
         out: list[bytes] = []
         while True:
-            if rem:
-                k = n - pos
-                if rem < k:
-                    k = rem
-                if drop:
-                    out.append(data[fwd:pos])
-                    fwd = pos + k
-                pos += k
-                rem -= k
-                if rem:
-                    break
-            if queue and frames:
+            if queue and frames:  # a frame boundary: the proxy's own frames for kubelet go here
                 out.append(data[fwd:pos])
                 fwd = pos
                 out.extend(queue)
@@ -738,63 +744,65 @@ class RuntimeSide(asyncio.Protocol):
                     fwd = n
                 break
             high, low, ftype, flags, sid = unpack(data, pos)
-            rem = (high << 8) | low
-            drop = False
+            length = (high << 8) | low
             frames += 1
-            pos += 9
+            end = pos + 9 + length
             if sid:
                 sid &= 0x7FFFFFFF
-                if ftype == h2.DATA:
-                    down.runtime_window -= rem
+                if ftype == DATA:
+                    down.runtime_window -= length
                 if sid in hooked or sid in closed:
-                    out.append(data[fwd : pos - 9])
-                    if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
+                    out.append(data[fwd:pos])
+                    if ftype == HEADERS or ftype == CONTINUATION:
                         # Header blocks must still reach kubelet's HPACK decoder; on a stream id no
                         # call uses, kubelet decodes the block and then ignores the frame.
-                        out.append(data[pos - 9 : pos - 4] + h2.LAST_STREAM_ID.to_bytes(4, "big"))
+                        out.append(data[pos : pos + 5] + _LAST_STREAM_ID)
+                        fwd = pos + 9
                         log.warning("runtime answered withheld stream %d; kept away from kubelet", sid)
                     else:
                         drop = True
-                        if ftype == h2.DATA:
-                            down.credit_up += rem  # kubelet never sees these bytes, so never credits them
-                    fwd = pos
-                elif (flags & h2.FLAG_END_STREAM and ftype <= h2.HEADERS) or ftype == h2.RST_STREAM:
+                        if ftype == DATA:
+                            down.credit_up += length  # kubelet never sees these bytes, so never credits them
+                        fwd = end
+                elif (flags & FLAG_END_STREAM and ftype <= HEADERS) or ftype == RST_STREAM:
                     entry = down.inflight.pop(sid, None)  # a relayed call ended: its time goes to the metrics
                     if entry is not None:
                         down.call_finished(entry[0], perf_counter() - entry[1])
-            elif (ftype == h2.PING and rem == 8) or (ftype == h2.WINDOW_UPDATE and rem == 4):
+            elif (ftype == PING and length == 8) or (ftype == WINDOW_UPDATE and length == 4):
                 # answered or counted on this hop (module docstring); never forwarded
-                end = pos + rem
-                out.append(data[fwd : pos - 9])
+                out.append(data[fwd:pos])
                 if end > n:  # kept whole until its payload is here
                     frames -= 1
-                    self._hdr = data[pos - 9 :]
+                    self._hdr = data[pos:]
                     fwd = n
-                    rem = 0
                     break
-                fwd = pos = end
-                rem = 0
-                if ftype == h2.PING:
-                    if not flags & h2.FLAG_ACK:
-                        down.ack_runtime_ping(data[pos - 8 : pos])
+                fwd = end
+                if ftype == PING:
+                    if not flags & FLAG_ACK:
+                        down.ack_runtime_ping(data[end - 8 : end])
                 else:
-                    down.credit_down += int.from_bytes(data[pos - 4 : pos], "big") & 0x7FFFFFFF
+                    down.credit_down += int.from_bytes(data[end - 4 : end], "big") & 0x7FFFFFFF
                     if frames > 1 and (down.credit_down >= _FLUSH_CREDIT or down.kubelet_window < _LOW_WINDOW):
                         out.append(down.take_credit_down())
-            elif ftype == h2.SETTINGS and not flags & h2.FLAG_ACK:
-                down.max_frame = max(down.max_frame, _max_frame_size(data, pos, rem, n))
+            elif ftype == SETTINGS and not flags & FLAG_ACK:
+                down.max_frame = max(down.max_frame, _max_frame_size(data, pos + 9, length, n))
+            if end > n:  # the frame goes on in the next read
+                rem = end - n  # a dropped frame's fwd is past n already
+                break
+            pos = end
+            drop = False
         self._remaining = rem
         self._drop = drop
         self._frames = frames
-        if fwd < n and not (drop and rem):
+        if fwd < n:
             out.append(data[fwd:n])
         if down.runtime_window < _LOW_WINDOW and down.credit_up:
             down.write_up(b"")
-        if not out:
-            return
-        transport = down.transport
+        if out:
+            self._write_down(out[0] if len(out) == 1 else b"".join(out))
+
+    def _write_down(self, chunk: bytes) -> None:
+        transport = self.down.transport
         # uvloop raises on writes to a closed transport (asyncio ignores them): kubelet may be gone.
-        if transport is not None and not transport.is_closing():
-            chunk = out[0] if len(out) == 1 else b"".join(out)
-            if chunk:
-                transport.write(chunk)
+        if chunk and transport is not None and not transport.is_closing():
+            transport.write(chunk)
