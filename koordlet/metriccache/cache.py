@@ -141,6 +141,20 @@ class _Ring:
                 high = mid
         return low
 
+    def last_in(self, start: float, end: float) -> float | None:
+        """The value of the newest sample with start <= timestamp <= end (usually the newest of all)."""
+        if not self.size:
+            return None
+        phys = self.last_index()
+        stamp = self.timestamps[phys]
+        if stamp > end:
+            stop = self._upper_bound(end)
+            if not stop:
+                return None
+            phys = self._physical(stop - 1)
+            stamp = self.timestamps[phys]
+        return self.values[phys] if stamp >= start else None
+
     def window(self, start: float, end: float) -> tuple[float, float, list[float]] | None:
         """(first timestamp, last timestamp, values in time order) of samples with start <= t <= end."""
         begin, stop = self._lower_bound(start), self._upper_bound(end)
@@ -252,6 +266,28 @@ class MetricCache:
             avg=math.fsum(values) / count,
             sorted_values=tuple(sorted(values)),
         )
+
+    def last_value(self, key: SeriesKey, start: float, end: float) -> float | None:
+        """``query(key, start, end).last`` without aggregating the window: the newest value in it, or None."""
+        with self._lock:
+            ring = self._series.get(key)
+            return ring.last_in(start, end) if ring is not None else None
+
+    def last_values(self, kind: str, label: str, start: float, end: float) -> dict[str, float]:
+        """{value of ``label``: newest value with start <= timestamp <= end} over the series of ``kind`` that
+        carry ``label`` and have a sample in the window (one pass, one lock)."""
+        out: dict[str, float] = {}
+        with self._lock:
+            for key, ring in self._series.items():
+                if key.kind != kind:
+                    continue
+                ident = key.label(label)
+                if ident is None:
+                    continue
+                value = ring.last_in(start, end)
+                if value is not None:
+                    out[ident] = value
+        return out
 
     def keys(self, kind: str | None = None) -> list[SeriesKey]:
         with self._lock:

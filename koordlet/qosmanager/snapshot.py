@@ -257,19 +257,10 @@ class SnapshotBuilder:
         return None if latest is None else latest[0]
 
     def _latest(self, key: SeriesKey, now: float) -> float | None:
-        aggregate = self._cache.query(key, now - 2 * self._interval_s, now)
-        return None if aggregate is None else aggregate.last
+        return self._cache.last_value(key, now - 2 * self._interval_s, now)
 
     def _latest_by_label(self, kind: str, label: str, now: float) -> Mapping[str, float]:
-        values: dict[str, float] = {}
-        for key in self._cache.keys(kind):
-            ident = key.label(label)
-            if ident is None:
-                continue
-            value = self._latest(key, now)
-            if value is not None:
-                values[ident] = value
-        return MappingProxyType(values)
+        return MappingProxyType(self._cache.last_values(kind, label, now - 2 * self._interval_s, now))
 
     def build(
         self,

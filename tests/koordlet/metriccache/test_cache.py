@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import tracemalloc
 
@@ -85,6 +86,34 @@ def test_ring_keeps_only_the_newest_capacity_samples_across_wraps() -> None:
     tail = cache.query(NODE_CPU, 8.0, 10.0)
     assert tail is not None and tail.count == 3 and tail.avg == 9.0
     assert cache.latest(NODE_CPU) == (10.0, 10.0)
+
+
+def test_last_value_is_the_newest_sample_of_the_window_as_query_gives_it() -> None:
+    rng = random.Random(7)
+    cache = MetricCache(default_capacity=8, capacity_by_kind={})
+    keys = [_container_key(f"pod-{i}", f"c-{i}") for i in range(3)]
+    for key in keys:  # gaps in time, growing rings and wrapped ones
+        stamp = 0.0
+        for _ in range(rng.randint(0, 20)):
+            stamp += rng.choice((0.5, 1.0, 3.0))
+            cache.append(key, stamp, rng.random())
+    for key in keys:
+        for _ in range(300):
+            start = rng.uniform(-2.0, 60.0)
+            end = start + rng.uniform(0.0, 10.0)
+            if rng.random() < 0.3:  # bounds on sample times: both are inclusive
+                start, end = float(round(start)), float(round(end))
+            aggregate = cache.query(key, start, end)
+            assert cache.last_value(key, start, end) == (None if aggregate is None else aggregate.last)
+    assert cache.last_value(NODE_CPU, 0.0, 100.0) is None
+    start, end = 20.0, 22.0
+    expected = {}
+    for i, key in enumerate(keys):
+        aggregate = cache.query(key, start, end)
+        if aggregate is not None:
+            expected[f"c-{i}"] = aggregate.last
+    assert cache.last_values(MetricKind.CONTAINER_CPU_USAGE, Label.CONTAINER_ID, start, end) == expected
+    assert cache.last_values(MetricKind.CONTAINER_CPU_USAGE, Label.HOST_APP_NAME, start, end) == {}
 
 
 def test_samples_not_newer_than_the_last_are_rejected_and_counted() -> None:
