@@ -156,9 +156,10 @@ class ProxyMetrics(RelayObserver):
         child.observe(seconds)
 
     def _relay_child(self, method: str | bytes) -> _Child:
+        if len(self._relay_children) >= _MAX_METHOD_LABELS:  # paths past the bound share one series, uncached
+            return self.call_duration.labels("other", "relay")
         name = method.decode("ascii", "replace") if isinstance(method, bytes) else method
-        label = self.short_method(name) if len(self._relay_children) < _MAX_METHOD_LABELS else "other"
-        child = self._relay_children[method] = self.call_duration.labels(label, "relay")
+        child = self._relay_children[method] = self.call_duration.labels(self.short_method(name), "relay")
         return child
 
     def refused(self, reason: str) -> None:
