@@ -5,8 +5,8 @@ Against one private containerd with 20 running pods, the same client calls conta
 and through the proxy, alternating rounds so both see the same machine noise:
   * p50/p99 of Version, ListContainers, ContainerStatus (cheap calls) and ListContainerStats (heavy);
   * throughput of ListContainers at 1 and 16 calls in flight (grpc.aio, closed loop), direct, through the
-    proxy and through a plain byte pipe (the floor for any interposer: at 16 in flight the client and
-    containerd fill this machine's two cores), interleaved rounds;
+    proxy and through a plain byte pipe (the best any interposer can do here: at 16 in flight the client
+    and containerd fill this machine's two cores), interleaved rounds;
   * pod start (RunPodSandbox + CreateContainer + StartContainer), direct, through the proxy, and through
     the proxy with one no-op hook server and with one hook server that changes resources;
   * what one hook round trip adds to a hooked call (StartContainer on a running container: a cheap
@@ -181,7 +181,7 @@ def main() -> int:
                         proxy_calls += count
         # Throughput of direct, byte pipe and relay, and CPU per passthrough call of the relay and the pipe,
         # in interleaved rounds (medians): with 16 in flight the client and containerd already fill this
-        # machine's cores, so the pipe's throughput ratio is the floor any interposer meets here. And
+        # machine's cores, so the pipe's throughput ratio is the best any interposer can do here. And
         # containerd's CPU per call behind each: what the relay's per-hop PINGs and credit save the runtime.
         pipe_ps = psutil.Process(pipe.pid)
         runtime_ps = psutil.Process(int(Path(BENCH_CONTAINERD.run_dir, "containerd.pid").read_text()))
