@@ -8,7 +8,8 @@ Every write goes through :meth:`ResourceExecutor.update`, which
    annotation or pod name can make it write ``../`` anywhere; the final open uses ``O_NOFOLLOW``;
 3. translates the v1 value for cgroup v2 (``cpu.max``, ``cpu.weight``, ``memory.max``…);
 4. skips the write when the same content was written to that file less than ``force_update_seconds``
-   (default 60, flag ``-resource-force-update-seconds``) ago;
+   (default 60, flag ``-resource-force-update-seconds``) ago, without touching the file system (with
+   ``verify``, after reading the file back); a cgroup removed since is reported by the next write;
 5. logs the write at debug level and counts every outcome in Prometheus.
 
 A missing file in an existing dir is :class:`UnsupportedResourceError` (kernel without that feature; logged
@@ -172,7 +173,10 @@ class ResourceExecutor:
         # Path checks resolve every component (realpath): their verdicts are kept as long as written values
         # are, so a reconcile pass over unchanged pods does not stat each directory of each path every time.
         self._real_roots: dict[str, str] = {}
-        self._checked_paths: dict[str, float] = {}
+        # (resource, cgroup dir, subsystem) → (path, when its check passed)
+        self._checked_paths: dict[tuple[str, str, str | None], tuple[str, float]] = {}
+        # Files read every tick (the QoS snapshot's reads, read-before-write) through kept descriptors.
+        self._reads = kernfs.KeptReads(clock=clock)
 
     # ------------------------------------------------------------------------------------------- public
 
@@ -187,7 +191,7 @@ class ResourceExecutor:
             with self._lock:
                 return self._write_target(target, target.value, verify)
         except ExecutorError as exc:
-            metrics.RESOURCE_UPDATES.labels(resource=resource_name, status=exc.status).inc()
+            metrics.count_update(resource_name, exc.status)
             if isinstance(exc, UnsupportedResourceError):
                 self._log_unsupported(update, exc)
             else:
@@ -219,7 +223,7 @@ class ResourceExecutor:
             resource = get_resource(resource)
         path = self._checked_path(resource, cgroup_dir, subsystem)
         try:
-            return kernfs.read_text(path)
+            return self._reads.read_text(path)
         except FileNotFoundError as exc:
             if not os.path.isdir(os.path.dirname(path)):
                 raise CgroupNotFoundError(f"cgroup dir {os.path.dirname(path)} does not exist") from exc
@@ -236,9 +240,9 @@ class ResourceExecutor:
             with self._lock:
                 self._write_file(resource_name, path, value)
         except ExecutorError as exc:
-            metrics.RESOURCE_UPDATES.labels(resource=resource_name, status=exc.status).inc()
+            metrics.count_update(resource_name, exc.status)
             raise
-        metrics.RESOURCE_UPDATES.labels(resource=resource_name, status=metrics.STATUS_WRITTEN).inc()
+        metrics.count_update(resource_name, metrics.STATUS_WRITTEN)
 
     def read_resctrl(self, group: str, filename: str) -> str:
         """Content of ``schemata`` or ``tasks`` of resctrl group ``group``; "" when the group has no such file
@@ -280,18 +284,18 @@ class ResourceExecutor:
                 entries = kernfs.dir_entries(path)
                 foreign = sorted(name for name, plain in entries if not plain or name not in RESCTRL_GROUP_FILES)
                 if foreign:
-                    metrics.RESOURCE_UPDATES.labels(resource="resctrl.group", status=metrics.STATUS_UNSAFE_PATH).inc()
+                    metrics.count_update("resctrl.group", metrics.STATUS_UNSAFE_PATH)
                     raise UnsafePathError(f"not removing {path}: it holds {foreign}, not only a resctrl "
                                           "group's files") from exc
                 for name, _ in entries:
                     kernfs.remove_file(os.path.join(path, name))
                 removed = kernfs.remove_dir(path)
         except OSError as exc:
-            metrics.RESOURCE_UPDATES.labels(resource="resctrl.group", status=metrics.STATUS_FAILED).inc()
+            metrics.count_update("resctrl.group", metrics.STATUS_FAILED)
             raise WriteFailedError(f"cannot remove resctrl group {path}: {exc.strerror}", exc.errno) from exc
         if removed:
             logger.debug("removed resctrl group %s", path)
-            metrics.RESOURCE_UPDATES.labels(resource="resctrl.group", status=metrics.STATUS_WRITTEN).inc()
+            metrics.count_update("resctrl.group", metrics.STATUS_WRITTEN)
         return removed
 
     def ensure_resctrl_group(self, group: str) -> bool:
@@ -301,10 +305,10 @@ class ResourceExecutor:
             if not kernfs.make_dir(path):
                 return False
         except OSError as exc:
-            metrics.RESOURCE_UPDATES.labels(resource="resctrl.group", status=metrics.STATUS_FAILED).inc()
+            metrics.count_update("resctrl.group", metrics.STATUS_FAILED)
             raise WriteFailedError(f"cannot create resctrl group {path}: {exc}", exc.errno) from exc
         logger.debug("created resctrl group %s", path)
-        metrics.RESOURCE_UPDATES.labels(resource="resctrl.group", status=metrics.STATUS_WRITTEN).inc()
+        metrics.count_update("resctrl.group", metrics.STATUS_WRITTEN)
         return True
 
     def forget(self, cgroup_dir: str = "") -> None:
@@ -315,11 +319,13 @@ class ResourceExecutor:
             if marker == "//":
                 self._cache.clear()
                 self._checked_paths.clear()
+                self._reads.forget()
                 return
+            self._reads.forget(marker)
             for path in [p for p in self._cache if marker in p]:
                 del self._cache[path]
-            for path in [p for p in self._checked_paths if marker in p]:
-                del self._checked_paths[path]
+            for key in [k for k, (p, _) in self._checked_paths.items() if marker in p]:
+                del self._checked_paths[key]
 
     # ------------------------------------------------------------------------------------------ helpers
 
@@ -343,7 +349,7 @@ class ResourceExecutor:
             return False
         try:
             target = self._target(update)
-            current = kernfs.read_text(target.path)
+            current = self._reads.read_text(target.path)
             loosened = merge(current, target.value)
             if loosened == current:
                 return False
@@ -361,13 +367,22 @@ class ResourceExecutor:
         except InvalidCgroupValueError as exc:
             raise InvalidUpdateError(str(exc)) from exc
         path = self._checked_path(resource, update.cgroup_dir, update.subsystem)
-        if not os.path.isdir(os.path.dirname(path)):
-            raise CgroupNotFoundError(f"cgroup dir {os.path.dirname(path)} does not exist")
-        if not os.path.exists(path):
-            raise UnsupportedResourceError(f"{path} does not exist on this kernel")
         return _Target(resource=resource, path=path, value=value)
 
+    @staticmethod
+    def _require_file(path: str) -> None:
+        """Before a write: the file is there, or which of dir and file is missing. One stat when it is there."""
+        if not os.path.exists(path):
+            if not os.path.isdir(os.path.dirname(path)):
+                raise CgroupNotFoundError(f"cgroup dir {os.path.dirname(path)} does not exist")
+            raise UnsupportedResourceError(f"{path} does not exist on this kernel")
+
     def _checked_path(self, resource: CgroupResource, cgroup_dir: str, subsystem: str | None) -> str:
+        now = self._clock()
+        key = (resource.name, cgroup_dir, subsystem)
+        checked = self._checked_paths.get(key)
+        if checked is not None and now - checked[1] < self.force_update_seconds:
+            return checked[0]
         version = self.cgroup_fs.version
         file_name = resource.file_name(version)
         if file_name is None:
@@ -375,10 +390,6 @@ class ResourceExecutor:
         parts = _safe_parts(cgroup_dir)
         hierarchy = self.cgroup_fs.hierarchy_dir(subsystem or resource.subsystem)
         path = os.path.join(hierarchy, *parts, file_name)
-        now = self._clock()
-        checked_at = self._checked_paths.get(path)
-        if checked_at is not None and now - checked_at < self.force_update_seconds:
-            return path
         real_root = self._real_roots.get(hierarchy)
         if real_root is None:
             real_root = self._real_roots[hierarchy] = os.path.realpath(hierarchy)
@@ -386,7 +397,7 @@ class ResourceExecutor:
             raise UnsafePathError(f"{path} resolves outside the cgroup hierarchy {hierarchy}")
         if len(self._checked_paths) >= _CACHE_MAX_ENTRIES:
             self._checked_paths.clear()
-        self._checked_paths[path] = now
+        self._checked_paths[key] = (path, now)
         return path
 
     def _resctrl_path(self, group: str, filename: str) -> str:
@@ -414,14 +425,15 @@ class ResourceExecutor:
         cached = self._cache.get(target.path)
         if (cached is not None and cached[0] == content and now - cached[1] < self.force_update_seconds
                 and (not verify or self._read_current(target.path) == content)):
-            metrics.RESOURCE_UPDATES.labels(resource=target.resource.name, status=metrics.STATUS_SKIPPED).inc()
+            metrics.count_update(target.resource.name, metrics.STATUS_SKIPPED)
             return False
+        self._require_file(target.path)
         self._write_file(target.resource.name, target.path, content)
         self._cache.pop(target.path, None)
         self._cache[target.path] = (content, now)
         if len(self._cache) > _CACHE_MAX_ENTRIES:
             del self._cache[next(iter(self._cache))]
-        metrics.RESOURCE_UPDATES.labels(resource=target.resource.name, status=metrics.STATUS_WRITTEN).inc()
+        metrics.count_update(target.resource.name, metrics.STATUS_WRITTEN)
         return True
 
     def _write_file(self, resource_name: str, path: str, content: str) -> None:
@@ -442,10 +454,9 @@ class ResourceExecutor:
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         metrics.RESOURCE_UPDATE_DURATION_MS.labels(type=resource_name, status=status).observe(elapsed_ms)
 
-    @staticmethod
-    def _read_current(path: str) -> str | None:
+    def _read_current(self, path: str) -> str | None:
         try:
-            return kernfs.read_text(path)
+            return self._reads.read_text(path)
         except OSError:
             return None
 

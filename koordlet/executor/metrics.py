@@ -42,6 +42,18 @@ def _build(registry: CollectorRegistry) -> tuple[Counter, Histogram]:
 RESOURCE_UPDATES, RESOURCE_UPDATE_DURATION_MS = _build(REGISTRY)
 
 
+_update_counters: dict[tuple[str, str], object] = {}
+
+
+def count_update(resource: str, status: str) -> None:
+    """One more ``koordlet_resource_update_total{resource,status}``. The labelled child is kept (resources and
+    statuses are both fixed sets), which saves the label lookup on every skipped update of every tick."""
+    child = _update_counters.get((resource, status))
+    if child is None:
+        child = _update_counters[(resource, status)] = RESOURCE_UPDATES.labels(resource=resource, status=status)
+    child.inc()  # type: ignore[attr-defined]
+
+
 def update_count(resource: str, status: str) -> float:
     """Current value of ``koordlet_resource_update_total{resource,status}`` (for tests and debugging)."""
     return RESOURCE_UPDATES.labels(resource=resource, status=status)._value.get()

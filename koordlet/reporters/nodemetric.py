@@ -48,6 +48,10 @@ from koordlet.metriccache import GPUDevice, Label, MetricCache, MetricKind, Seri
 from koordlet.metriccache.cache import Aggregate
 from koordlet.ticker import PeriodicThread
 
+# libyaml's emitter where PyYAML was built with it: the same safe representation, a tenth of the CPU for
+# a status of 150 pods, written every report interval.
+_SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 logger = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL, KIND = "slo.koordinator.sh", "v1alpha1", "nodemetrics", "NodeMetric"
@@ -362,7 +366,7 @@ class NodeMetricReporter:
         if path is None:
             raise ValueError("no report dir")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomic(path, yaml.safe_dump(obj, sort_keys=False), prefix=".nodemetric-")
+        write_atomic(path, yaml.dump(obj, Dumper=_SAFE_DUMPER, sort_keys=False), prefix=".nodemetric-")
         self._written(status)
         return ReportOutcome.WRITTEN
 

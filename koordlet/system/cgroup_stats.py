@@ -39,27 +39,36 @@ def _is_v2(version: int) -> bool:
     raise ValueError(f"cgroup version must be 1 or 2, got {version!r}")
 
 
-def _parse_flat_keyed(data: bytes, wanted: dict[bytes, str]) -> dict[str, int]:
+_Wanted = tuple[tuple[bytes, bytes, str], ...]
+
+
+def _wanted(keys: dict[bytes, str]) -> _Wanted:
+    """(``key `` at the start, ``\\nkey `` anywhere, field name) of each wanted key, built once."""
+    return tuple((key + b" ", b"\n" + key + b" ", name) for key, name in keys.items())
+
+
+def _parse_flat_keyed(data: bytes, wanted: _Wanted) -> dict[str, int]:
     """Values of the wanted keys of a flat-keyed file (``key value`` per line).
 
     Looks each wanted key up with ``bytes.find`` instead of splitting every line: memory.stat has
     40-70 lines of which we want five, and this runs for every pod and container every second.
     """
     found: dict[str, int] = {}
-    for key, name in wanted.items():
-        if data.startswith(key + b" "):
-            start = len(key) + 1
+    find = data.find
+    for head, needle, name in wanted:
+        if data.startswith(head):
+            start = len(head)
         else:
-            at = data.find(b"\n" + key + b" ")
+            at = find(needle)
             if at < 0:
                 continue
-            start = at + len(key) + 2
-        end = data.find(b"\n", start)
+            start = at + len(needle)
+        end = find(b"\n", start)
         value = data[start:] if end < 0 else data[start:end]
         try:
             found[name] = int(value)
         except ValueError as err:
-            raise CgroupStatError(f"bad value for {key.decode()}: {value[:40]!r}") from err
+            raise CgroupStatError(f"bad value for {head.decode().strip()}: {value[:40]!r}") from err
     return found
 
 
@@ -87,13 +96,13 @@ class CpuStat:
     usage_ns: int | None
 
 
-_CPU_STAT_V1 = {b"nr_periods": "nr_periods", b"nr_throttled": "nr_throttled", b"throttled_time": "throttled"}
-_CPU_STAT_V2 = {
+_CPU_STAT_V1 = _wanted({b"nr_periods": "nr_periods", b"nr_throttled": "nr_throttled", b"throttled_time": "throttled"})
+_CPU_STAT_V2 = _wanted({
     b"usage_usec": "usage",
     b"nr_periods": "nr_periods",
     b"nr_throttled": "nr_throttled",
     b"throttled_usec": "throttled",
-}
+})
 
 
 def parse_cpu_stat(data: bytes, version: int) -> CpuStat:
@@ -150,8 +159,8 @@ class MemoryStat:
 
 _MEMORY_FIELDS = ("inactive_anon", "active_anon", "unevictable", "inactive_file", "active_file")
 # v1 dirs have children, so the hierarchical total_* fields are the ones that count the whole subtree.
-_MEMORY_STAT_V1 = {b"total_" + name.encode(): name for name in _MEMORY_FIELDS}
-_MEMORY_STAT_V2 = {name.encode(): name for name in _MEMORY_FIELDS}
+_MEMORY_STAT_V1 = _wanted({b"total_" + name.encode(): name for name in _MEMORY_FIELDS})
+_MEMORY_STAT_V2 = _wanted({name.encode(): name for name in _MEMORY_FIELDS})
 
 
 def parse_memory_stat(data: bytes, version: int) -> MemoryStat:

@@ -1,24 +1,139 @@
 """The file operations on kernel pseudo-filesystems (cgroupfs, resctrl) the executor is built on.
 
 The executor decides which path is safe and which value is valid; these do the syscalls, so that every
-open of a kernel file happens in ``koordlet/system``. Errors are the ``OSError`` the kernel gave.
+open of a kernel file happens in ``koordlet/system``. Errors are the ``OSError`` the kernel gave. Reads
+are plain ``os.open``/``os.read``/``os.close``: ``open()`` in text mode costs twice as much on a small
+cgroup file (15–18 µs against 7–9 µs here), and the QoS manager reads hundreds of them a second.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
+import threading
+import time
+from collections.abc import Callable
+
+from koordlet.system.procfs import read_file_bytes
+
+_READ_CHUNK = 65536
+# A descriptor's file is gone (kernfs: its cgroup was removed) or was replaced (a plain file unlinked).
+_GONE = (errno.ENODEV, errno.ESTALE, errno.ENOENT)
 
 
 def read_text(path: str) -> str:
     """The file's content, stripped (cgroup and resctrl files end in a newline)."""
-    with open(path, encoding="ascii", errors="replace") as f:
-        return f.read().strip()
+    return read_file_bytes(path).decode("ascii", "replace").strip()
+
+
+class KeptReads:
+    """Files read again and again by several threads (the QoS snapshot's cgroup reads, the executor's
+    read-before-write), each through a kept descriptor and ``pread``: about 2 µs a read instead of 7–9.
+
+    Reads what opening the path now would: a descriptor whose file was removed (kernfs answers ENODEV) or
+    unlinked or replaced (a plain file whose link count fell to 0) is closed and the path opened again
+    once; a path that is gone raises FileNotFoundError. A descriptor pins its cgroup in the kernel, so
+    descriptors not read for ``idle_s`` are closed (swept at most once per ``idle_s``), and at most
+    ``max_open`` are kept (default: an eighth of the soft RLIMIT_NOFILE); beyond that, files are read with
+    plain open/read/close. Thread-safe.
+    """
+
+    def __init__(self, idle_s: float = 5.0, max_open: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if max_open is None:
+            soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            max_open = 128 if soft == resource.RLIM_INFINITY else max(soft // 8, 0)
+        self._max_open = max_open
+        self._idle_s = idle_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._fds: dict[str, int] = {}
+        self._used: dict[str, float] = {}
+        self._swept = clock()
+
+    def __len__(self) -> int:
+        return len(self._fds)
+
+    def read_text(self, path: str) -> str:
+        """The file's content, stripped, as :func:`read_text` gives it."""
+        return self.read_bytes(path).decode("ascii", "replace").strip()
+
+    def read_bytes(self, path: str) -> bytes:
+        with self._lock:
+            now = self._clock()
+            if now - self._swept >= self._idle_s:
+                self._sweep(now - self._idle_s)
+                self._swept = now
+            fd = self._fds.get(path)
+            if fd is None:
+                if len(self._fds) >= self._max_open:
+                    return read_file_bytes(path)
+                fd = self._open(path)
+            elif self._replaced(fd):
+                self._drop(path)
+                fd = self._open(path)
+            self._used[path] = now
+            try:
+                data = os.pread(fd, _READ_CHUNK, 0)
+            except OSError as err:
+                self._drop(path)
+                if err.errno not in _GONE:
+                    raise
+                fd = self._open(path)  # removed and perhaps re-created: one fresh try
+                self._used[path] = now
+                try:
+                    data = os.pread(fd, _READ_CHUNK, 0)
+                except OSError:
+                    self._drop(path)
+                    raise
+        if len(data) < _READ_CHUNK:
+            return data
+        return read_file_bytes(path)  # larger than a chunk: read it whole
+
+    def forget(self, marker: str = "") -> None:
+        """Close the descriptors of paths containing ``marker`` (all when empty)."""
+        with self._lock:
+            for path in [p for p in self._fds if marker in p]:
+                self._drop(path)
+
+    def close(self) -> None:
+        self.forget()
+
+    def __del__(self) -> None:
+        for fd in getattr(self, "_fds", {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    @staticmethod
+    def _replaced(fd: int) -> bool:
+        """The descriptor's file was unlinked or replaced since it was opened (its link count fell to 0)."""
+        try:
+            return os.fstat(fd).st_nlink == 0
+        except OSError:
+            return True
+
+    def _open(self, path: str) -> int:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._fds[path] = fd
+        return fd
+
+    def _drop(self, path: str) -> None:
+        self._used.pop(path, None)
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _sweep(self, before: float) -> None:
+        for path in [p for p, used in self._used.items() if used < before]:
+            self._drop(path)
 
 
 def read_raw(path: str) -> str:
     """The file's content as it is (a resctrl ``tasks`` list, one ID per line)."""
-    with open(path, encoding="ascii", errors="replace") as f:
-        return f.read()
+    return read_file_bytes(path).decode("ascii", "replace")
 
 
 def write_nofollow(path: str, content: str) -> None:

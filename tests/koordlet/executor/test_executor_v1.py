@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from koordlet.executor import (
+    CgroupNotFoundError,
     InvalidUpdateError,
     ResourceExecutor,
     ResourceUpdate,
@@ -189,6 +190,55 @@ def test_unchanged_value_is_written_once_until_the_cache_expires(cpu_cgroups: Pr
     assert update_count("cpu.shares", STATUS_WRITTEN) - written_before == 4
     assert update_count("cpu.shares", STATUS_SKIPPED) - skipped_before == 2
     assert cpu_cgroups.read("pod", "cpu.shares") == "1024"
+
+
+def test_reads_through_kept_descriptors_follow_a_removed_and_recreated_cgroup(cpu_cgroups: PrivateCgroups) -> None:
+    """The QoS snapshot and read-before-write read through kept descriptors: after the pod's cgroup is
+    removed the read says so (kernfs answers ENODEV on the old descriptor), a re-created cgroup is read
+    afresh, and descriptors left idle are closed so they do not pin removed cgroups in the kernel."""
+    now = [1000.0]
+    executor = ResourceExecutor(CgroupFS(version=CgroupVersion.V1), clock=lambda: now[0])
+    cpu_cgroups.make("pod")
+    rel = cpu_cgroups.rel("pod")
+    executor.update(ResourceUpdate.of("cpu.cfs_quota_us", rel, 50000))
+    assert executor.read("cpu.cfs_quota_us", rel) == "50000"
+    assert executor.update(ResourceUpdate.of("cpu.cfs_quota_us", rel, 50000), verify=True) is False
+
+    os.rmdir(cpu_cgroups.path("pod"))
+    with pytest.raises(CgroupNotFoundError):
+        executor.read("cpu.cfs_quota_us", rel)
+    os.mkdir(cpu_cgroups.path("pod"))  # kubelet made it again: a fresh cgroup, quota unlimited
+    assert executor.read("cpu.cfs_quota_us", rel) == "-1"
+    # The write cache still holds 50000 but verify reads the new file and writes again.
+    assert executor.update(ResourceUpdate.of("cpu.cfs_quota_us", rel, 50000), verify=True) is True
+    assert cpu_cgroups.read("pod", "cpu.cfs_quota_us") == "50000"
+
+    fds = len(os.listdir("/proc/self/fd"))
+    now[0] += 10  # nothing read for longer than the idle time: the next read sweeps
+    cpu_cgroups.make("other")
+    assert executor.read("cpu.shares", cpu_cgroups.rel("other")) == "1024"
+    assert len(os.listdir("/proc/self/fd")) == fds  # one closed (the pod's), one kept (other's)
+    executor.forget()
+    assert len(os.listdir("/proc/self/fd")) == fds - 1
+
+
+def test_a_removed_cgroup_is_reported_by_verify_at_once_and_by_the_next_forced_write(
+    cpu_cgroups: PrivateCgroups,
+) -> None:
+    """A cached write is skipped without touching the file system; reading back (verify) or the forced
+    rewrite after force-update-seconds finds the cgroup gone and says so."""
+    now = [1000.0]
+    executor = ResourceExecutor(CgroupFS(version=CgroupVersion.V1), clock=lambda: now[0])
+    cpu_cgroups.make("pod")
+    update = ResourceUpdate.of("cpu.shares", cpu_cgroups.rel("pod"), 256)
+    assert executor.update(update) is True
+    os.rmdir(cpu_cgroups.path("pod"))
+    with pytest.raises(CgroupNotFoundError):
+        executor.update(update, verify=True)
+    assert executor.update(update) is False  # still within force-update-seconds: skipped
+    now[0] += 61
+    with pytest.raises(CgroupNotFoundError):
+        executor.update(update)
 
 
 def test_invalid_value_is_rejected_counted_and_not_written(
