@@ -97,12 +97,6 @@ class _Target:
         return tuple(p for p in (self.cpu_stat_path, self.usage_path, self.memory_stat_path) if p is not None)
 
 
-@dataclass(slots=True)
-class _Observation:
-    cpu_cores: float | None
-    memory_bytes: int
-
-
 @dataclass(frozen=True, slots=True)
 class _Kinds:
     cpu: str
@@ -217,34 +211,29 @@ class PodResourceCollector:
     def _read(self, target: _Target) -> _CgroupReading:
         version, read = self._fs.version, self._files.read
         read_ns = self._monotonic_ns()
-        cpu_stat = cgroup_stats.parse_cpu_stat(read(target.cpu_stat_path), version)
-        if target.usage_path is None and cpu_stat.usage_ns is not None:
-            usage_ns = cpu_stat.usage_ns
-        elif target.usage_path is not None:
+        usage_ns, nr_periods, nr_throttled = cgroup_stats.cpu_stat_counters(read(target.cpu_stat_path), version)
+        if target.usage_path is not None:
             usage_ns = cgroup_stats.parse_cpuacct_usage(read(target.usage_path))
-        else:
+        elif usage_ns is None:
             raise cgroup_stats.CgroupStatError(f"{target.cpu_stat_path} has no usage_usec")
-        memory = cgroup_stats.parse_memory_stat(read(target.memory_stat_path), version)
-        return _CgroupReading(
-            monotonic_ns=read_ns,
-            usage_ns=usage_ns,
-            nr_periods=cpu_stat.nr_periods,
-            nr_throttled=cpu_stat.nr_throttled,
-            memory_bytes=memory.usage_bytes,
-            memory_with_cache_bytes=memory.usage_with_page_cache_bytes,
-        )
+        memory, memory_with_cache = cgroup_stats.memory_usage(read(target.memory_stat_path), version)
+        return _CgroupReading(read_ns, usage_ns, nr_periods, nr_throttled, memory, memory_with_cache)
 
     def _observe(
         self,
         ident: str,
         rel: str,
         kinds: _Kinds,
-        labels: dict[str, str],
+        labels: tuple[tuple[str, str], ...],
         now: float,
         seen: dict[str, _CgroupReading],
         samples: list[Sample],
-    ) -> _Observation | None:
-        target = self._target(ident, rel, kinds, labels)
+    ) -> tuple[float | None, int] | None:
+        """Reads one cgroup and appends its samples; (CPU cores or None on first sighting, memory bytes),
+        or None when it cannot be read."""
+        target = self._targets.get(ident)
+        if target is None or target.rel != rel:
+            target = self._target(ident, rel, kinds, dict(labels))
         try:
             reading = self._read(target)
         except FileNotFoundError:
@@ -270,7 +259,7 @@ class PodResourceCollector:
                 throttled = reading.nr_throttled - prev.nr_throttled
                 ratio = throttled / periods if periods > 0 and throttled >= 0 else 0.0
                 samples.append(Sample(throttled_key, now, ratio))
-        return _Observation(cores, reading.memory_bytes)
+        return cores, reading.memory_bytes
 
     # ------------------------------------------------------------------------------------- collect
 
@@ -285,19 +274,19 @@ class PodResourceCollector:
                 be_request_milli += pod.batch_cpu_request_milli
             pod_ident = "pod/" + pod.pod_uid
             observed = self._observe(
-                pod_ident, pod.cgroup_dir, _POD_KINDS, {Label.POD_UID: pod.pod_uid}, now, seen, samples
+                pod_ident, pod.cgroup_dir, _POD_KINDS, ((Label.POD_UID, pod.pod_uid),), now, seen, samples
             )
             if observed is None:
                 continue
             # A pod seen for the first time has no CPU rate yet and counts 0 towards Σ pods this tick.
-            accounted_cpu_cores += observed.cpu_cores or 0.0
-            accounted_memory_bytes += observed.memory_bytes
+            accounted_cpu_cores += observed[0] or 0.0
+            accounted_memory_bytes += observed[1]
             for container in pod.containers:
                 self._observe(
                     "ctr/" + container.container_id,
                     container.cgroup_dir,
                     _CONTAINER_KINDS,
-                    {Label.POD_UID: pod.pod_uid, Label.CONTAINER_ID: container.container_id},
+                    ((Label.POD_UID, pod.pod_uid), (Label.CONTAINER_ID, container.container_id)),
                     now,
                     seen,
                     samples,
@@ -305,10 +294,10 @@ class PodResourceCollector:
         for app in self._host_apps() if self._host_apps is not None else ():
             # Counted apart from pods: system usage leaves both out (§7.1).
             observed = self._observe("app/" + app.name, app.cgroup_dir, _HOST_APP_KINDS,
-                                     {Label.HOST_APP_NAME: app.name}, now, seen, samples)
+                                     ((Label.HOST_APP_NAME, app.name),), now, seen, samples)
             if observed is not None:
-                accounted_cpu_cores += observed.cpu_cores or 0.0
-                accounted_memory_bytes += observed.memory_bytes
+                accounted_cpu_cores += observed[0] or 0.0
+                accounted_memory_bytes += observed[1]
                 self._missing_apps.discard(app.name)
             elif app.name not in self._missing_apps:
                 self._missing_apps.add(app.name)

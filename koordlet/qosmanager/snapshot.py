@@ -9,6 +9,7 @@ hand-made snapshots. "Latest" values are the newest sample inside 2 × the colle
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 import os
@@ -185,22 +186,42 @@ def pod_memory_request_bytes(pod: PodMeta) -> int:
 
 def pod_cgroup_dir(layout: KubeCgroupLayout, pod: PodMeta) -> str | None:
     """The pod's cgroup dir relative to the hierarchy root; None when it cannot be built safely."""
-    try:
-        if pod.cgroup_parent:
-            return layout.dir_from_cgroup_parent(pod.cgroup_parent)
-        kube_qos = pod.effective_kube_qos
-        if kube_qos is None:
-            return None
-        return layout.pod_dir(pod.uid, kube_qos)
-    except CgroupPathError:
+    if pod.cgroup_parent:
+        return _dir_from_cgroup_parent(layout, pod.cgroup_parent)
+    kube_qos = pod.effective_kube_qos
+    if kube_qos is None:
         return None
+    return _pod_dir(layout, pod.uid, kube_qos)
 
 
 def container_cgroup_dir(layout: KubeCgroupLayout, pod_dir: str, container: ContainerMeta) -> str | None:
     if not container.container_id:
         return None
+    return _container_dir(layout, pod_dir, container.container_id, container.runtime)
+
+
+# The strategies ask for the same dirs of the same pods every tick; building one checks each component.
+# Pure functions of their (hashable) arguments, so they are memoised, bounded by the live population.
+@functools.lru_cache(maxsize=8192)
+def _dir_from_cgroup_parent(layout: KubeCgroupLayout, cgroup_parent: str) -> str | None:
     try:
-        return layout.container_dir(pod_dir, container.container_id, container.runtime)
+        return layout.dir_from_cgroup_parent(cgroup_parent)
+    except CgroupPathError:
+        return None
+
+
+@functools.lru_cache(maxsize=8192)
+def _pod_dir(layout: KubeCgroupLayout, uid: str, kube_qos: KubeQoS) -> str | None:
+    try:
+        return layout.pod_dir(uid, kube_qos)
+    except CgroupPathError:
+        return None
+
+
+@functools.lru_cache(maxsize=16384)
+def _container_dir(layout: KubeCgroupLayout, pod_dir: str, container_id: str, runtime: str) -> str | None:
+    try:
+        return layout.container_dir(pod_dir, container_id, runtime)
     except CgroupPathError:
         return None
 

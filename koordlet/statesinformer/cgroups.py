@@ -49,9 +49,23 @@ def pod_cgroups(pods: Sequence[PodMeta], layout: KubeCgroupLayout) -> list[PodCg
     return out
 
 
-def pod_cgroup_source(pods: Callable[[], Sequence[PodMeta]], layout: KubeCgroupLayout) -> Callable[[], list[PodCgroup]]:
-    """A metricsadvisor PodSource over a StatesProvider's ``pods``."""
-    return lambda: pod_cgroups(pods(), layout)
+def pod_cgroup_source(
+    pods: Callable[[], Sequence[PodMeta]], layout: KubeCgroupLayout
+) -> Callable[[], tuple[PodCgroup, ...]]:
+    """A metricsadvisor PodSource over a StatesProvider's ``pods``. The informer publishes a new (immutable)
+    tuple of pods on every change, so the dirs are built again only when the pods it returns are not the
+    very ones of the last call: collectors ask every second, pods change far less often."""
+    last: list[object] = [None, ()]
+
+    def source() -> tuple[PodCgroup, ...]:
+        current = pods()
+        seen, cgroups = last
+        if current is not seen:
+            cgroups = tuple(pod_cgroups(current, layout))
+            last[:] = [current, cgroups]
+        return cgroups  # type: ignore[return-value]
+
+    return source
 
 
 _HOST_APP_BASES = {

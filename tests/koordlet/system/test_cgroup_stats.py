@@ -169,6 +169,25 @@ def test_v2_cpu_stat_without_cpu_controller_has_zero_periods() -> None:
     assert (stat.usage_ns, stat.nr_periods, stat.nr_throttled) == (10_000, 0, 0)
 
 
+@pytest.mark.parametrize(("memory_stat", "cpu_stat", "version"),
+                         [(MEMORY_STAT_V1, CPU_STAT_V1, 1), (MEMORY_STAT_V2, CPU_STAT_V2, 2)])
+def test_the_collectors_tuple_readers_agree_with_the_full_parsers(
+    memory_stat: bytes, cpu_stat: bytes, version: int
+) -> None:
+    """The 1 s collector reads tuples (no dataclass per cgroup per tick); they must say what the full
+    parsers say, and refuse what they refuse."""
+    memory = cs.parse_memory_stat(memory_stat, version)
+    assert cs.memory_usage(memory_stat, version) == (memory.usage_bytes, memory.usage_with_page_cache_bytes)
+    cpu = cs.parse_cpu_stat(cpu_stat, version)
+    assert cs.cpu_stat_counters(cpu_stat, version) == (cpu.usage_ns, cpu.nr_periods, cpu.nr_throttled)
+    with pytest.raises(cs.CgroupStatError, match="lacks"):
+        cs.memory_usage(MEMORY_STAT_V2, 1)  # v1 wants the hierarchical total_* fields
+    with pytest.raises(cs.CgroupStatError, match="usage_usec"):
+        cs.cpu_stat_counters(b"nr_periods 1\nnr_throttled 0\n", 2)
+    with pytest.raises(cs.CgroupStatError, match="bad value for nr_periods"):
+        cs.cpu_stat_counters(b"nr_periods x1\n", version)
+
+
 def test_memory_usage_counter_per_version(tmp_path: Path) -> None:
     _tree(tmp_path, {"v1/memory.usage_in_bytes": b"4096\n", "v2/memory.current": b"8192\n"})
     assert cs.read_memory_usage_bytes(str(tmp_path / "v1"), 1) == 4096
