@@ -201,8 +201,9 @@ def container_cgroup_dir(layout: KubeCgroupLayout, pod_dir: str, container: Cont
 
 
 # The strategies ask for the same dirs of the same pods every tick; building one checks each component.
-# Pure functions of their (hashable) arguments, so they are memoised, bounded by the live population.
-@functools.lru_cache(maxsize=8192)
+# Pure functions of their (hashable) arguments, so they are memoised in LRU caches sized above a node's
+# pod count (kubelet's --max-pods defaults to 110): pod churn replaces entries and never grows them.
+@functools.lru_cache(maxsize=1024)
 def _dir_from_cgroup_parent(layout: KubeCgroupLayout, cgroup_parent: str) -> str | None:
     try:
         return layout.dir_from_cgroup_parent(cgroup_parent)
@@ -210,7 +211,7 @@ def _dir_from_cgroup_parent(layout: KubeCgroupLayout, cgroup_parent: str) -> str
         return None
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=1024)
 def _pod_dir(layout: KubeCgroupLayout, uid: str, kube_qos: KubeQoS) -> str | None:
     try:
         return layout.pod_dir(uid, kube_qos)
@@ -218,7 +219,7 @@ def _pod_dir(layout: KubeCgroupLayout, uid: str, kube_qos: KubeQoS) -> str | Non
         return None
 
 
-@functools.lru_cache(maxsize=16384)
+@functools.lru_cache(maxsize=4096)
 def _container_dir(layout: KubeCgroupLayout, pod_dir: str, container_id: str, runtime: str) -> str | None:
     try:
         return layout.container_dir(pod_dir, container_id, runtime)
