@@ -14,6 +14,11 @@ A benchmark, not a test: needs root and cgroup v1; creates and removes its pods,
 koordlet by PID, and removes its cgroup root. Roughly 1 s per pod to create and remove here.
 
     .venv/bin/python bench/agent_process.py [--counts 10,50,150] [--seconds 30] [--json]
+
+Before and after a change, side by side on the same pods (the machine's speed drifts by tens of percent
+over minutes, so only an interleaved comparison says anything): ``--before DIR`` runs the koordlet of the
+tree in DIR (e.g. ``git worktree add /tmp/before <commit>``) and this tree's alternately, ``--rounds``
+times each per count, in alternating order, and prints each one's runs and medians.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,8 +102,9 @@ def add_pods(factory: PodFactory, start: int, stop: int) -> None:
                                                                     cpu_quota=50000, memory_limit_in_bytes=64 << 20))
 
 
-def measure(socket_path: str, count: int, seconds: float, workdir: Path) -> Result:
-    run = workdir / f"koordlet-{count}"
+def measure(socket_path: str, count: int, seconds: float, workdir: Path, repo: Path = REPO) -> Result:
+    """The koordlet of ``repo`` (this tree by default) with ``count`` pods, in a fresh dir under ``workdir``."""
+    run = Path(tempfile.mkdtemp(prefix=f"koordlet-{count}-", dir=workdir))
     (run / "hooks").mkdir(parents=True)
     (run / "sysfs").mkdir()
     slo = run / "nodeslo.yaml"
@@ -111,9 +118,9 @@ def measure(socket_path: str, count: int, seconds: float, workdir: Path) -> Resu
         f"-runtime-hooks-config-path={run / 'hooks'}", f"-runtime-hooks-addr={run / 'koordlet.sock'}",
         f"-runtime-hooks-host-endpoint={run / 'koordlet.sock'}",
     ]
-    env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(repo)}
     with open(run / "koordlet.log", "ab") as log:
-        proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(args, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60 + 2 * REPORT_INTERVAL_S
         report = run / "reports" / f"nodemetric-{NODE}.yaml"
@@ -138,17 +145,35 @@ def measure(socket_path: str, count: int, seconds: float, workdir: Path) -> Resu
             proc.wait(5)
 
 
+def _interleaved(socket_path: str, count: int, args: argparse.Namespace, workdir: Path) -> dict[str, list[Result]]:
+    trees = [("before", Path(args.before).resolve()), ("after", REPO)]
+    runs: dict[str, list[Result]] = {name: [] for name, _ in trees}
+    for round_ in range(args.rounds):
+        for name, tree in trees if round_ % 2 == 0 else trees[::-1]:
+            result = measure(socket_path, count, args.seconds, workdir, tree)
+            runs[name].append(result)
+            if not args.json:
+                print(f"# {count} pods, {name}: {result.rss_mib:.1f} MiB, {result.cpu_pct:.2f} %", file=sys.stderr)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counts", default="10,50,150", help="pod counts, ascending, comma separated")
     parser.add_argument("--seconds", type=float, default=30.0, help="measuring time per count")
+    parser.add_argument("--before", help="a tree of an earlier commit, measured interleaved with this one")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each tree per count with --before")
     parser.add_argument("--json", action="store_true", help="print one JSON object keyed by count")
     args = parser.parse_args(argv)
     counts = sorted(int(c) for c in args.counts.split(","))
     if os.geteuid() != 0:
         print("needs root (containerd, cgroups)", file=sys.stderr)
         return 2
+    if args.before is not None and not (Path(args.before) / "koordlet" / "main.py").is_file():
+        print(f"--before {args.before}: not a koordlet-py tree", file=sys.stderr)
+        return 2
     results: dict[int, Result] = {}
+    compared: dict[int, dict[str, list[Result]]] = {}
     client = factory = None
     with tempfile.TemporaryDirectory(prefix="kpy-agent-bench-") as tmp:
         try:
@@ -163,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"# {count} pods up ({count - made} made in {time.monotonic() - started:.0f} s)",
                           file=sys.stderr)
                 made = count
-                results[count] = measure(socket_path, count, args.seconds, Path(tmp))
+                if args.before is None:
+                    results[count] = measure(socket_path, count, args.seconds, Path(tmp))
+                else:
+                    compared[count] = _interleaved(socket_path, count, args, Path(tmp))
         finally:
             if factory is not None:
                 factory.cleanup()
@@ -171,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                 client.close()
             CONTAINERD.down()
             CONTAINERD.remove_dirs()
+    if compared:
+        return _print_compared(compared, args.json)
     if args.json:
         print(json.dumps({str(n): asdict(r) for n, r in results.items()}))
         return 0
@@ -178,6 +208,30 @@ def main(argv: list[str] | None = None) -> int:
     for count, r in results.items():
         print(f"{count:>6} {r.rss_mib:>8.1f} {r.hwm_mib:>8.1f} {r.cpu_pct:>8.2f}")
     print("anchor: Koordinator koordlet 341 MiB, 50 % of a core at 150 containers")
+    return 0
+
+
+def _print_compared(compared: dict[int, dict[str, list[Result]]], as_json: bool) -> int:
+    summary = {
+        str(count): {
+            name: {"rss_mib_median": statistics.median(r.rss_mib for r in runs),
+                   "cpu_pct_median": statistics.median(r.cpu_pct for r in runs),
+                   "cpu_pct_runs": [round(r.cpu_pct, 2) for r in runs]}
+            for name, runs in by_tree.items()
+        }
+        for count, by_tree in compared.items()
+    }
+    if as_json:
+        print(json.dumps(summary))
+        return 0
+    print(f"{'pods':>6} {'tree':>7} {'rss_mib':>8} {'cpu_pct':>8}  runs")
+    for count, by_tree in summary.items():
+        for name, figures in by_tree.items():
+            runs = " ".join(f"{c:.2f}" for c in figures["cpu_pct_runs"])
+            print(f"{count:>6} {name:>7} {figures['rss_mib_median']:>8.1f} {figures['cpu_pct_median']:>8.2f}  {runs}")
+        before, after = by_tree["before"]["cpu_pct_median"], by_tree["after"]["cpu_pct_median"]
+        if before > 0:
+            print(f"{count:>6} cpu after/before {after / before:.2f}")
     return 0
 
 

@@ -175,7 +175,7 @@ class ResourceExecutor:
         self._real_roots: dict[str, str] = {}
         # (resource, cgroup dir, subsystem) → (path, when its check passed)
         self._checked_paths: dict[tuple[str, str, str | None], tuple[str, float]] = {}
-        # Files read every tick (the QoS snapshot's reads, read-before-write) through kept descriptors.
+        # Files read every tick (the QoS snapshot's, read(every_tick=True)) through kept descriptors.
         self._reads = kernfs.KeptReads(clock=clock)
 
     # ------------------------------------------------------------------------------------------- public
@@ -217,13 +217,18 @@ class ResourceExecutor:
         exact = self._run(list(reversed(by_depth)), verify)
         return BatchResult(written=exact.written + loosened, skipped=exact.skipped, failures=exact.failures)
 
-    def read(self, resource: CgroupResource | str, cgroup_dir: str, subsystem: str | None = None) -> str:
-        """Current content of a resource file (stripped), through the same path checks as writes."""
+    def read(self, resource: CgroupResource | str, cgroup_dir: str, subsystem: str | None = None, *,
+             every_tick: bool = False) -> str:
+        """Current content of a resource file (stripped), through the same path checks as writes.
+
+        ``every_tick``: the caller reads this file again every tick (the QoS snapshot), so it is read through
+        a kept descriptor (closed after a few seconds without a read); one-off reads open and close, so a
+        short-lived pod leaves no descriptor pinning its removed cgroup behind."""
         if isinstance(resource, str):
             resource = get_resource(resource)
         path = self._checked_path(resource, cgroup_dir, subsystem)
         try:
-            return self._reads.read_text(path)
+            return self._reads.read_text(path) if every_tick else kernfs.read_text(path)
         except FileNotFoundError as exc:
             if not os.path.isdir(os.path.dirname(path)):
                 raise CgroupNotFoundError(f"cgroup dir {os.path.dirname(path)} does not exist") from exc
@@ -349,7 +354,7 @@ class ResourceExecutor:
             return False
         try:
             target = self._target(update)
-            current = self._reads.read_text(target.path)
+            current = kernfs.read_text(target.path)
             loosened = merge(current, target.value)
             if loosened == current:
                 return False
@@ -454,9 +459,10 @@ class ResourceExecutor:
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         metrics.RESOURCE_UPDATE_DURATION_MS.labels(type=resource_name, status=status).observe(elapsed_ms)
 
-    def _read_current(self, path: str) -> str | None:
+    @staticmethod
+    def _read_current(path: str) -> str | None:
         try:
-            return self._reads.read_text(path)
+            return kernfs.read_text(path)
         except OSError:
             return None
 

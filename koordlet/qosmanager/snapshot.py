@@ -370,7 +370,8 @@ class SnapshotBuilder:
             selected = pods if read.pods is None else tuple(p for p in pods if read.pods(p))
             for cgroup_dir in self.scope_dirs(read.scope, selected):
                 try:
-                    values[(read.resource, cgroup_dir)] = self._reader.read(read.resource, cgroup_dir)
+                    values[(read.resource, cgroup_dir)] = self._reader.read(read.resource, cgroup_dir,
+                                                                         every_tick=True)
                 except ExecutorError as exc:
                     logger.debug("cannot read %s of %s: %s", read.resource, cgroup_dir, exc)
         return MappingProxyType(values)

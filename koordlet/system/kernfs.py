@@ -28,8 +28,8 @@ def read_text(path: str) -> str:
 
 
 class KeptReads:
-    """Files read again and again by several threads (the QoS snapshot's cgroup reads, the executor's
-    read-before-write), each through a kept descriptor and ``pread``: about 2 µs a read instead of 7–9.
+    """Files read again and again, every tick, by several threads (the QoS snapshot's cgroup reads), each
+    through a kept descriptor and ``pread``: about 2 µs a read instead of 7–9.
 
     Reads what opening the path now would: a descriptor whose file was removed (kernfs answers ENODEV) or
     unlinked or replaced (a plain file whose link count fell to 0) is closed and the path opened again

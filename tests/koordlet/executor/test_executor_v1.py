@@ -193,22 +193,27 @@ def test_unchanged_value_is_written_once_until_the_cache_expires(cpu_cgroups: Pr
 
 
 def test_reads_through_kept_descriptors_follow_a_removed_and_recreated_cgroup(cpu_cgroups: PrivateCgroups) -> None:
-    """The QoS snapshot and read-before-write read through kept descriptors: after the pod's cgroup is
-    removed the read says so (kernfs answers ENODEV on the old descriptor), a re-created cgroup is read
-    afresh, and descriptors left idle are closed so they do not pin removed cgroups in the kernel."""
+    """The QoS snapshot's reads (``read(every_tick=True)``) go through kept descriptors: after the pod's cgroup
+    is removed the read says so (kernfs answers ENODEV on the old descriptor), a re-created cgroup is read
+    afresh, and descriptors left idle are closed so they do not pin removed cgroups in the kernel. One-off
+    reads (the hooks', read-before-write) keep none."""
     now = [1000.0]
     executor = ResourceExecutor(CgroupFS(version=CgroupVersion.V1), clock=lambda: now[0])
     cpu_cgroups.make("pod")
     rel = cpu_cgroups.rel("pod")
+    fds_at_start = len(os.listdir("/proc/self/fd"))
     executor.update(ResourceUpdate.of("cpu.cfs_quota_us", rel, 50000))
-    assert executor.read("cpu.cfs_quota_us", rel) == "50000"
     assert executor.update(ResourceUpdate.of("cpu.cfs_quota_us", rel, 50000), verify=True) is False
+    assert executor.read("cpu.cfs_quota_us", rel) == "50000"
+    assert len(os.listdir("/proc/self/fd")) == fds_at_start
+    assert executor.read("cpu.cfs_quota_us", rel, every_tick=True) == "50000"
+    assert len(os.listdir("/proc/self/fd")) == fds_at_start + 1
 
     os.rmdir(cpu_cgroups.path("pod"))
     with pytest.raises(CgroupNotFoundError):
-        executor.read("cpu.cfs_quota_us", rel)
+        executor.read("cpu.cfs_quota_us", rel, every_tick=True)
     os.mkdir(cpu_cgroups.path("pod"))  # kubelet made it again: a fresh cgroup, quota unlimited
-    assert executor.read("cpu.cfs_quota_us", rel) == "-1"
+    assert executor.read("cpu.cfs_quota_us", rel, every_tick=True) == "-1"
     # The write cache still holds 50000 but verify reads the new file and writes again.
     assert executor.update(ResourceUpdate.of("cpu.cfs_quota_us", rel, 50000), verify=True) is True
     assert cpu_cgroups.read("pod", "cpu.cfs_quota_us") == "50000"
@@ -216,7 +221,7 @@ def test_reads_through_kept_descriptors_follow_a_removed_and_recreated_cgroup(cp
     fds = len(os.listdir("/proc/self/fd"))
     now[0] += 10  # nothing read for longer than the idle time: the next read sweeps
     cpu_cgroups.make("other")
-    assert executor.read("cpu.shares", cpu_cgroups.rel("other")) == "1024"
+    assert executor.read("cpu.shares", cpu_cgroups.rel("other"), every_tick=True) == "1024"
     assert len(os.listdir("/proc/self/fd")) == fds  # one closed (the pod's), one kept (other's)
     executor.forget()
     assert len(os.listdir("/proc/self/fd")) == fds - 1
