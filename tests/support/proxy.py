@@ -35,6 +35,22 @@ def wait_for_socket(path: str, timeout_s: float, proc: subprocess.Popen | None =
     raise TimeoutError(f"{path} did not come up within {timeout_s} s")
 
 
+def wait_for_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Until something accepts on 127.0.0.1:``port``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before port {port} answered")
+        with socket.socket() as s:
+            try:
+                s.connect(("127.0.0.1", port))
+                return
+            except OSError:
+                pass
+        time.sleep(0.02)
+    raise TimeoutError(f"port {port} did not answer within {timeout_s} s")
+
+
 class ProxyProcess:
     """koord-runtime-proxy in a child process, stopped by PID."""
 
@@ -61,14 +77,17 @@ class ProxyProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, wait: bool = True, timeout_s: float = 15) -> ProxyProcess:
-        """Start it; with ``wait``, until its socket answers (killed again if it does not in ``timeout_s``)."""
+        """Start it; with ``wait``, until its socket and metrics port answer (killed again if they do not in
+        ``timeout_s``)."""
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.args, cwd=self.tree, env={**os.environ, "PYTHONPATH": self.tree},
                                      stdout=log, stderr=subprocess.STDOUT)
         log.close()
         if wait:
             try:
+                # The CRI socket is up before the metrics endpoint: a test that reads metrics first must not race it.
                 wait_for_socket(self.listen, timeout_s, self.proc)
+                wait_for_port(self.metrics_port, timeout_s, self.proc)
             except (TimeoutError, RuntimeError) as exc:
                 self.kill()
                 raise RuntimeError(f"{exc}; proxy log:\n{self.log()[-2000:]}") from exc
