@@ -230,9 +230,7 @@ class ResourceExecutor:
         try:
             return self._reads.read_text(path) if every_tick else kernfs.read_text(path)
         except FileNotFoundError as exc:
-            if not os.path.isdir(os.path.dirname(path)):
-                raise CgroupNotFoundError(f"cgroup dir {os.path.dirname(path)} does not exist") from exc
-            raise UnsupportedResourceError(f"{path} does not exist on this kernel") from exc
+            raise self._missing(path) from exc
         except OSError as exc:
             raise ExecutorError(f"cannot read {path}: {exc.strerror}") from exc
 
@@ -374,13 +372,19 @@ class ResourceExecutor:
         path = self._checked_path(resource, update.cgroup_dir, update.subsystem)
         return _Target(resource=resource, path=path, value=value)
 
-    @staticmethod
-    def _require_file(path: str) -> None:
+    @classmethod
+    def _require_file(cls, path: str) -> None:
         """Before a write: the file is there, or which of dir and file is missing. One stat when it is there."""
         if not os.path.exists(path):
-            if not os.path.isdir(os.path.dirname(path)):
-                raise CgroupNotFoundError(f"cgroup dir {os.path.dirname(path)} does not exist")
-            raise UnsupportedResourceError(f"{path} does not exist on this kernel")
+            raise cls._missing(path)
+
+    @staticmethod
+    def _missing(path: str) -> ExecutorError:
+        """What a missing cgroup file means: its dir is gone (pod gone or not made yet), or the kernel lacks it."""
+        directory = os.path.dirname(path)
+        if not os.path.isdir(directory):
+            return CgroupNotFoundError(f"cgroup dir {directory} does not exist")
+        return UnsupportedResourceError(f"{path} does not exist on this kernel")
 
     def _checked_path(self, resource: CgroupResource, cgroup_dir: str, subsystem: str | None) -> str:
         now = self._clock()

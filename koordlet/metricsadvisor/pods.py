@@ -184,10 +184,11 @@ class PodResourceCollector:
 
     # ------------------------------------------------------------------------------------- reading
 
-    def _target(self, ident: str, rel: str, kinds: _Kinds, labels: dict[str, str]) -> _Target:
+    def _target(self, ident: str, rel: str, kinds: _Kinds, labels: tuple[tuple[str, str], ...]) -> _Target:
         """File paths and series keys of one pod or container, built once and reused every tick."""
         target = self._targets.get(ident)
         if target is None or target.rel != rel:
+            label_map = dict(labels)
             if target is not None:
                 self._files.forget(target.paths)
             fs = self._fs
@@ -199,10 +200,10 @@ class PodResourceCollector:
                 usage_path=files.cpuacct_usage,
                 memory_stat_path=files.memory_stat,
                 keys=(
-                    SeriesKey.of(kinds.cpu, **labels),
-                    SeriesKey.of(kinds.memory, **labels),
-                    SeriesKey.of(kinds.memory_with_cache, **labels),
-                    SeriesKey.of(kinds.throttled, **labels) if kinds.throttled is not None else None,
+                    SeriesKey.of(kinds.cpu, **label_map),
+                    SeriesKey.of(kinds.memory, **label_map),
+                    SeriesKey.of(kinds.memory_with_cache, **label_map),
+                    SeriesKey.of(kinds.throttled, **label_map) if kinds.throttled is not None else None,
                 ),
             )
             self._targets[ident] = target
@@ -231,9 +232,7 @@ class PodResourceCollector:
     ) -> tuple[float | None, int] | None:
         """Reads one cgroup and appends its samples; (CPU cores or None on first sighting, memory bytes),
         or None when it cannot be read."""
-        target = self._targets.get(ident)
-        if target is None or target.rel != rel:
-            target = self._target(ident, rel, kinds, dict(labels))
+        target = self._target(ident, rel, kinds, labels)
         try:
             reading = self._read(target)
         except FileNotFoundError:

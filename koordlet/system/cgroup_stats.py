@@ -105,12 +105,17 @@ _CPU_STAT_V2 = _wanted({
 })
 
 
-def parse_cpu_stat(data: bytes, version: int) -> CpuStat:
-    v2 = _is_v2(version)
+def _cpu_stat_fields(data: bytes, v2: bool) -> dict[str, int]:
     fields = _parse_flat_keyed(data, _CPU_STAT_V2 if v2 else _CPU_STAT_V1)
     # v2 has usage_usec even without the cpu controller enabled, but no period fields then: count them 0.
     if v2 and "usage" not in fields:
         raise CgroupStatError("cpu.stat (v2) lacks usage_usec")
+    return fields
+
+
+def parse_cpu_stat(data: bytes, version: int) -> CpuStat:
+    v2 = _is_v2(version)
+    fields = _cpu_stat_fields(data, v2)
     scale = 1000 if v2 else 1
     return CpuStat(
         nr_periods=fields.get("nr_periods", 0),
@@ -124,14 +129,8 @@ def cpu_stat_counters(data: bytes, version: int) -> tuple[int | None, int, int]:
     """(usage ns, None on v1; nr_periods; nr_throttled) of ``cpu.stat``, as :func:`parse_cpu_stat` reads them:
     what the 1 s collector needs of every cgroup, without building a :class:`CpuStat` each time."""
     v2 = _is_v2(version)
-    fields = _parse_flat_keyed(data, _CPU_STAT_V2 if v2 else _CPU_STAT_V1)
-    usage_ns: int | None = None
-    if v2:
-        usage_us = fields.get("usage")
-        if usage_us is None:
-            raise CgroupStatError("cpu.stat (v2) lacks usage_usec")
-        usage_ns = usage_us * 1000
-    return usage_ns, fields.get("nr_periods", 0), fields.get("nr_throttled", 0)
+    fields = _cpu_stat_fields(data, v2)
+    return fields["usage"] * 1000 if v2 else None, fields.get("nr_periods", 0), fields.get("nr_throttled", 0)
 
 
 def read_cpu_stat(cpu_dir: str, version: int) -> CpuStat:

@@ -8,18 +8,13 @@ cgroup file (15–18 µs against 7–9 µs here), and the QoS manager reads hund
 
 from __future__ import annotations
 
-import errno
 import os
 import resource
 import threading
 import time
 from collections.abc import Callable
 
-from koordlet.system.procfs import read_file_bytes
-
-_READ_CHUNK = 65536
-# A descriptor's file is gone (kernfs: its cgroup was removed) or was replaced (a plain file unlinked).
-_GONE = (errno.ENODEV, errno.ESTALE, errno.ENOENT)
+from koordlet.system.procfs import KeptFiles, read_file_bytes
 
 
 def read_text(path: str) -> str:
@@ -31,12 +26,11 @@ class KeptReads:
     """Files read again and again, every tick, by several threads (the QoS snapshot's cgroup reads), each
     through a kept descriptor and ``pread``: about 2 µs a read instead of 7–9.
 
-    Reads what opening the path now would: a descriptor whose file was removed (kernfs answers ENODEV) or
-    unlinked or replaced (a plain file whose link count fell to 0) is closed and the path opened again
-    once; a path that is gone raises FileNotFoundError. A descriptor pins its cgroup in the kernel, so
-    descriptors not read for ``idle_s`` are closed (swept at most once per ``idle_s``), and at most
-    ``max_open`` are kept (default: an eighth of the soft RLIMIT_NOFILE); beyond that, files are read with
-    plain open/read/close. Thread-safe.
+    A lock and an idle sweep around :class:`~koordlet.system.procfs.KeptFiles`, which reads what opening the
+    path now would (a removed cgroup or a replaced file is reopened once; a path that is gone raises
+    FileNotFoundError). A descriptor pins its cgroup in the kernel, so descriptors not read for ``idle_s``
+    are closed (swept at most once per ``idle_s``), and at most ``max_open`` are kept (default: an eighth of
+    the soft RLIMIT_NOFILE); beyond that, files are read with plain open/read/close. Thread-safe.
     """
 
     def __init__(self, idle_s: float = 5.0, max_open: int | None = None,
@@ -44,16 +38,15 @@ class KeptReads:
         if max_open is None:
             soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             max_open = 128 if soft == resource.RLIM_INFINITY else max(soft // 8, 0)
-        self._max_open = max_open
+        self._files = KeptFiles(max_open, check_replaced=True)
         self._idle_s = idle_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._fds: dict[str, int] = {}
-        self._used: dict[str, float] = {}
+        self._used: dict[str, float] = {}  # path → when it was last read
         self._swept = clock()
 
     def __len__(self) -> int:
-        return len(self._fds)
+        return len(self._files)
 
     def read_text(self, path: str) -> str:
         """The file's content, stripped, as :func:`read_text` gives it."""
@@ -63,72 +56,23 @@ class KeptReads:
         with self._lock:
             now = self._clock()
             if now - self._swept >= self._idle_s:
-                self._sweep(now - self._idle_s)
+                self._forget([p for p, used in self._used.items() if used < now - self._idle_s])
                 self._swept = now
-            fd = self._fds.get(path)
-            if fd is None:
-                if len(self._fds) >= self._max_open:
-                    return read_file_bytes(path)
-                fd = self._open(path)
-            elif self._replaced(fd):
-                self._drop(path)
-                fd = self._open(path)
             self._used[path] = now
-            try:
-                data = os.pread(fd, _READ_CHUNK, 0)
-            except OSError as err:
-                self._drop(path)
-                if err.errno not in _GONE:
-                    raise
-                fd = self._open(path)  # removed and perhaps re-created: one fresh try
-                self._used[path] = now
-                try:
-                    data = os.pread(fd, _READ_CHUNK, 0)
-                except OSError:
-                    self._drop(path)
-                    raise
-        if len(data) < _READ_CHUNK:
-            return data
-        return read_file_bytes(path)  # larger than a chunk: read it whole
+            return self._files.read(path)
 
     def forget(self, marker: str = "") -> None:
         """Close the descriptors of paths containing ``marker`` (all when empty)."""
         with self._lock:
-            for path in [p for p in self._fds if marker in p]:
-                self._drop(path)
+            self._forget([p for p in self._used if marker in p])
 
     def close(self) -> None:
         self.forget()
 
-    def __del__(self) -> None:
-        for fd in getattr(self, "_fds", {}).values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    @staticmethod
-    def _replaced(fd: int) -> bool:
-        """The descriptor's file was unlinked or replaced since it was opened (its link count fell to 0)."""
-        try:
-            return os.fstat(fd).st_nlink == 0
-        except OSError:
-            return True
-
-    def _open(self, path: str) -> int:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self._fds[path] = fd
-        return fd
-
-    def _drop(self, path: str) -> None:
-        self._used.pop(path, None)
-        fd = self._fds.pop(path, None)
-        if fd is not None:
-            os.close(fd)
-
-    def _sweep(self, before: float) -> None:
-        for path in [p for p, used in self._used.items() if used < before]:
-            self._drop(path)
+    def _forget(self, paths: list[str]) -> None:
+        self._files.forget(paths)
+        for path in paths:
+            del self._used[path]
 
 
 def read_raw(path: str) -> str:

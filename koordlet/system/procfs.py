@@ -94,6 +94,14 @@ class KeptFile:
         self.close()
 
 
+def _replaced(fd: int) -> bool:
+    """The descriptor's file was unlinked or replaced since it was opened (its link count fell to 0)."""
+    try:
+        return os.fstat(fd).st_nlink == 0
+    except OSError:
+        return True
+
+
 class KeptFiles:
     """Many kernel files read every tick (per-cgroup stats), each through a kept descriptor and ``pread``.
 
@@ -101,14 +109,17 @@ class KeptFiles:
     descriptors are kept (default: a quarter of the soft RLIMIT_NOFILE); beyond that, files are read
     with plain open/read/close. A descriptor whose file was removed (kernfs answers ENODEV) is closed
     and the path reopened once, so a re-created cgroup is followed; a path that is gone raises
-    FileNotFoundError. Not thread-safe: owned by one collector.
+    FileNotFoundError. With ``check_replaced``, a descriptor whose file was unlinked or replaced (a plain
+    file whose link count fell to 0: kernfs never shows that, fixture trees do) is reopened too, at one
+    ``fstat`` per read. Not thread-safe: owned by one collector (or behind a lock).
     """
 
-    def __init__(self, max_open: int | None = None) -> None:
+    def __init__(self, max_open: int | None = None, *, check_replaced: bool = False) -> None:
         if max_open is None:
             soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             max_open = 256 if soft == resource.RLIM_INFINITY else max(soft // 4, 0)
         self._max_open = max_open
+        self._check_replaced = check_replaced
         self._fds: dict[str, int] = {}
 
     def __len__(self) -> int:
@@ -119,6 +130,9 @@ class KeptFiles:
         if fd is None:
             if len(self._fds) >= self._max_open:
                 return read_file_bytes(path)
+            fd = self._open(path)
+        elif self._check_replaced and _replaced(fd):
+            self._drop(path)
             fd = self._open(path)
         try:
             data = os.pread(fd, _READ_CHUNK, 0)

@@ -19,36 +19,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_socket(path: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+def _wait_until_accepting(family: int, address: str | tuple[str, int], what: str, timeout_s: float,
+                          proc: subprocess.Popen | None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {path} appeared")
-        if os.path.exists(path):
-            with socket.socket(socket.AF_UNIX) as s:
-                try:
-                    s.connect(path)
-                    return
-                except OSError:
-                    pass
-        time.sleep(0.02)
-    raise TimeoutError(f"{path} did not come up within {timeout_s} s")
-
-
-def wait_for_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
-    """Until something accepts on 127.0.0.1:``port``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before port {port} answered")
-        with socket.socket() as s:
+            raise RuntimeError(f"process exited with {proc.returncode} before {what} answered")
+        with socket.socket(family) as s:
             try:
-                s.connect(("127.0.0.1", port))
+                s.connect(address)
                 return
             except OSError:
                 pass
         time.sleep(0.02)
-    raise TimeoutError(f"port {port} did not answer within {timeout_s} s")
+    raise TimeoutError(f"{what} did not come up within {timeout_s} s")
+
+
+def wait_for_socket(path: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Until something accepts on the unix socket ``path``."""
+    _wait_until_accepting(socket.AF_UNIX, path, path, timeout_s, proc)
+
+
+def wait_for_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Until something accepts on 127.0.0.1:``port``."""
+    _wait_until_accepting(socket.AF_INET, ("127.0.0.1", port), f"port {port}", timeout_s, proc)
 
 
 class ProxyProcess:
