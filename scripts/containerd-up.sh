@@ -21,6 +21,12 @@
 #   CTRD_NO_INSTALL=1                      never call apt-get
 #   CTRD_SYSTEMD_CGROUP=1                  runc's systemd cgroup driver (SystemdCgroup = true): pods in
 #                                          kubepods.slice/.../cri-containerd-<id>.scope; needs systemd as PID 1
+#   CTRD_VERSION=1.6                       the containerd generation: 1.6 (Debian 12's package, the host's),
+#                                          1.7 (Debian 13's) or 2.1 (Debian unstable's); the newer two are
+#                                          unpacked by scripts/apt-fetch.sh into $KOORDLET_TOOLS/containerd-<gen>
+#                                          and run beside Debian 12's runc
+#   CTRD_NRI_SOCKET=                       containerd >= 1.7: NRI on, its socket at this path (unset: NRI off,
+#                                          so no test containerd ever listens on the host's /var/run/nri)
 set -euo pipefail
 
 RUN=${CTRD_RUN:-/run/koordlet-py/containerd}
@@ -40,6 +46,7 @@ SOCK=$RUN/containerd.sock
 PIDFILE=$RUN/containerd.pid
 CONF=$RUN/config.toml
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+GEN=${CTRD_VERSION:-1.6}
 
 log() { echo "containerd-up: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -77,6 +84,20 @@ if [ ${#need[@]} -gt 0 ]; then
       { tail -20 "$RUN.apt.log" >&2; die "apt-get install failed"; }
   fi
 fi
+
+# ---- the containerd generation -----------------------------------------------------------------
+# Pinned by exact Debian version; the binaries (containerd, its runc shim, ctr) go first on PATH.
+case $GEN in
+  1.6) ;;
+  1.7|2.1)
+    if [ "$GEN" = 1.7 ]; then spec=(trixie containerd=1.7.24~ds1-6+deb13u1); else spec=(sid containerd=2.1.9+ds1-5); fi
+    prefix=$(bash "$HERE/apt-fetch.sh" "${spec[0]}" "${KOORDLET_TOOLS:-$HERE/../.tools}/containerd-$GEN" "${spec[1]}") ||
+      die "could not fetch containerd $GEN (${spec[*]})"
+    export PATH=$prefix/usr/bin:$PATH ;;
+  *) die "CTRD_VERSION=$GEN: known generations are 1.6, 1.7 and 2.1" ;;
+esac
+have=$(containerd --version | awk '{print $3}')
+[[ $have == "$GEN".* || $have == v"$GEN".* ]] || die "containerd on PATH is $have, not $GEN"
 
 # ---- stale instance (crashed / killed): clean it up first -------------------------------------
 if [ -f "$PIDFILE" ] && ! alive; then
@@ -139,6 +160,22 @@ oom_score = 0
           SystemdCgroup = $SYSTEMD_CGROUP
           Root = "$RUN/runc"
 EOF
+if [ "$GEN" != 1.6 ]; then
+  # NRI: off unless asked for (2.x has it on by default at /var/run/nri/nri.sock).
+  if [ -n "${CTRD_NRI_SOCKET:-}" ]; then
+    mkdir -p "$(dirname "$CTRD_NRI_SOCKET")"
+    nri_disable=false nri_socket=$CTRD_NRI_SOCKET
+  else
+    nri_disable=true nri_socket=$RUN/nri/nri.sock
+  fi
+  cat >> "$CONF" <<EOF
+  [plugins."io.containerd.nri.v1.nri"]
+    disable = $nri_disable
+    socket_path = "$nri_socket"
+    plugin_path = "$RUN/nri/plugins"
+    plugin_config_path = "$RUN/nri/conf.d"
+EOF
+fi
 
 rm -f "$RUN/cni/net.d/"*.conflist
 if [ "$CNI" = bridge ]; then
@@ -154,7 +191,7 @@ fi
 # ---- start --------------------------------------------------------------------------------------
 if ! alive; then
   rm -f "$SOCK" "$SOCK.ttrpc"
-  log "starting containerd ($(containerd --version | awk '{print $3}'), snapshotter=$SNAP, cni=$CNI, systemd cgroup=$SYSTEMD_CGROUP)"
+  log "starting containerd ($have, snapshotter=$SNAP, cni=$CNI, systemd cgroup=$SYSTEMD_CGROUP)"
   setsid containerd --config "$CONF" >"$RUN/containerd.log" 2>&1 < /dev/null &
   echo $! > "$PIDFILE"
   for _ in $(seq 1 100); do
