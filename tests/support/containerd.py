@@ -18,6 +18,8 @@ class Containerd:
     run_dir: str
     root_dir: str
     cgroup_root: str = CGROUP_ROOT  # the kubelet --cgroup-root of the pods made against it (pruned on down)
+    version: str = "1.6"  # the containerd generation (scripts/containerd-up.sh CTRD_VERSION: 1.6, 1.7, 2.1)
+    nri_socket: str | None = None  # containerd >= 1.7: NRI on at this socket (CTRD_NRI_SOCKET)
 
     @property
     def socket(self) -> str:
@@ -25,7 +27,8 @@ class Containerd:
 
     def _env(self) -> dict[str, str]:
         return {**os.environ, "CTRD_RUN": self.run_dir, "CTRD_ROOT": self.root_dir, "CTRD_CNI": "none",
-                "CTRD_CGROUP_TOPS": self.cgroup_root.strip("/")}
+                "CTRD_CGROUP_TOPS": self.cgroup_root.strip("/"), "CTRD_VERSION": self.version,
+                **({"CTRD_NRI_SOCKET": self.nri_socket} if self.nri_socket else {})}
 
     def up(self) -> str:
         out = subprocess.run(["bash", str(REPO / "scripts/containerd-up.sh")], env=self._env(),
