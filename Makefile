@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test deps proto bench bench-v2 soak lint v2-check gpu-check clean
+.PHONY: demo test deps image proto bench bench-v2 soak lint v2-check gpu-check clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -15,8 +15,12 @@ demo: deps
 test: deps
 	bash scripts/test-all.sh
 
+# The koordlet-py image (Containerfile) as an OCI archive under out/image/, built with no registry.
+image: deps
+	bash scripts/build-image.sh
+
 proto: deps
-	PYTHON=$(PY) bash scripts/gen-proto.sh
+	PYTHON=$(abspath $(PY)) bash scripts/gen-proto.sh
 
 bench: deps
 	$(PY) bench/proxy_overhead.py

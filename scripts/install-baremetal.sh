@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Install koordlet-py on a bare-metal (systemd) node: a virtualenv with the package, the
-# koord-runtime-proxy and koordlet units, and the kubelet drop-in that points kubelet at the proxy.
-# Idempotent: files are only rewritten when their content differs, systemd is reloaded only then.
+# Install koordlet-py on a node with systemd: a virtualenv with the package, the koord-runtime-proxy
+# unit and the kubelet drop-in that points kubelet at the proxy, and (unless --proxy-only) koordlet's
+# own unit. Idempotent: files are only rewritten when their content differs, systemd is reloaded only
+# then. scripts/uninstall.sh takes it all off again, the proxy off kubelet's path first.
 #
-#   scripts/install-baremetal.sh [--dry-run] [--prefix /opt/koordlet-py] [--root DIR] [--no-venv]
-#                                [--no-start] [--restart-kubelet] [--python python3]
+#   scripts/install-baremetal.sh [--proxy-only] [--kubeconfig FILE | --local] [--dry-run]
+#       [--prefix /opt/koordlet-py] [--root DIR] [--no-venv] [--no-start] [--restart-kubelet] [--python python3]
 #
+#   --proxy-only       only the proxy and the kubelet drop-in: for clusters where koordlet runs as the
+#                      DaemonSet (Helm chart or deploy/). A koordlet.service of an earlier full install is
+#                      stopped, disabled and removed, so a node never runs two koordlets.
+#   --kubeconfig FILE  koordlet.service reaches the API server with FILE (default: /etc/kubernetes/kubelet.conf
+#                      when it exists, else local mode)
+#   --local            koordlet.service in local mode: no API server; pods from containerd's CRI, NodeSLO
+#                      from /etc/koordlet/nodeslo.yaml, reports under /var/lib/koordlet/reports
 #   --dry-run          print what would be done, change nothing (works without systemd)
 #   --prefix P         where the virtualenv goes (P/venv); the units' ExecStart follow it
-#   --root DIR         install the files under DIR instead of / (image building); no systemctl
+#   --root DIR         install the files under DIR instead of / (image building, tests); no systemctl
 #   --no-venv          do not create/update the virtualenv (it is managed elsewhere)
 #   --no-start         install and enable, but do not start or restart the services
 #   --restart-kubelet  restart kubelet so it dials the proxy (pods keep running; kubelet reconnects)
@@ -16,10 +24,15 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dry_run=0 prefix=/opt/koordlet-py root="" venv=1 start=1 restart_kubelet=0 python=python3
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+proxy_only=0 kubeconfig="" local_mode=0
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
+    --proxy-only) proxy_only=1 ;;
+    --kubeconfig) kubeconfig=${2:?--kubeconfig needs a file}; shift ;;
+    --kubeconfig=*) kubeconfig=${1#--kubeconfig=} ;;
+    --local) local_mode=1 ;;
     --prefix) prefix=${2:?--prefix needs a path}; shift ;;
     --prefix=*) prefix=${1#--prefix=} ;;
     --root) root=${2:?--root needs a directory}; shift ;;
@@ -35,6 +48,19 @@ while [ $# -gt 0 ]; do
 done
 case "$prefix" in /*) ;; *) echo "install-baremetal: --prefix must be absolute" >&2; exit 2 ;; esac
 root=${root%/}
+if [ "$proxy_only" = 1 ] && { [ -n "$kubeconfig" ] || [ "$local_mode" = 1 ]; }; then
+  echo "install-baremetal: --kubeconfig and --local configure koordlet.service, which --proxy-only does not install" >&2
+  exit 2
+fi
+if [ -n "$kubeconfig" ] && [ "$local_mode" = 1 ]; then
+  echo "install-baremetal: --kubeconfig and --local exclude each other" >&2
+  exit 2
+fi
+case "$kubeconfig" in ""|/*) ;; *) echo "install-baremetal: --kubeconfig must be an absolute path" >&2; exit 2 ;; esac
+if [ -n "$kubeconfig" ] && [ ! -r "$root$kubeconfig" ]; then
+  echo "install-baremetal: --kubeconfig $kubeconfig: no such readable file${root:+ under $root}" >&2
+  exit 2
+fi
 if [ -n "$root" ] && [ "$venv" = 1 ]; then
   echo "install-baremetal: --root needs --no-venv (a virtualenv is not relocatable; build it in place)" >&2
   exit 2
@@ -101,22 +127,66 @@ fi
 
 # 2. units, kubelet drop-in, config dirs
 install_file "$here/systemd/koord-runtime-proxy.service" /etc/systemd/system/koord-runtime-proxy.service 0644
-install_file "$here/systemd/koordlet.service" /etc/systemd/system/koordlet.service 0644
 install_file "$here/systemd/10-koord-runtime-proxy.conf" \
   /etc/systemd/system/kubelet.service.d/10-koord-runtime-proxy.conf 0644
 ensure_dir /etc/runtime/hookserver.d
-if [ ! -f "$root/etc/default/koordlet" ]; then
-  if [ "$dry_run" = 1 ]; then
-    log "would create: $root/etc/default/koordlet"
+units="koord-runtime-proxy.service"
+if [ "$proxy_only" = 1 ]; then
+  # koordlet runs as the DaemonSet: a koordlet.service left from a full install would be a second agent
+  # on the same socket, port and cgroups.
+  if [ -f "$root/etc/systemd/system/koordlet.service" ]; then
+    log "koordlet.service from an earlier full install: stopping, disabling and removing it (koordlet runs as the DaemonSet)"
+    [ "$live" = 1 ] && run systemctl disable --now koordlet.service
+    if [ "$dry_run" = 1 ]; then log "would remove: $root/etc/systemd/system/koordlet.service"
+    else rm -f "$root/etc/systemd/system/koordlet.service"; log "removed: $root/etc/systemd/system/koordlet.service"; fi
+    changed=1
+  fi
+else
+  units="$units koordlet.service"
+  install_file "$here/systemd/koordlet.service" /etc/systemd/system/koordlet.service 0644
+  # koordlet.service must be able to run: with an API server (a kubeconfig) or in local mode. An
+  # environment file that gives it neither is refused rather than left to fail and restart for ever.
+  defaults=$root/etc/default/koordlet
+  if [ -z "$kubeconfig" ] && [ "$local_mode" = 0 ] && [ ! -f "$defaults" ] && [ -r "$root/etc/kubernetes/kubelet.conf" ]; then
+    kubeconfig=/etc/kubernetes/kubelet.conf
+    log "koordlet.service uses kubelet's kubeconfig $kubeconfig (pass --kubeconfig or --local to choose)"
+  fi
+  if [ -f "$defaults" ]; then
+    if [ -n "$kubeconfig" ] || [ "$local_mode" = 1 ]; then
+      echo "install-baremetal: $defaults exists; edit it (KUBECONFIG= or KOORDLET_ARGS=\"-local-mode ...\") instead of passing --kubeconfig/--local" >&2
+      exit 2
+    fi
+    # shellcheck disable=SC1090
+    set_kubeconfig=$( (set +u; . "$defaults" >/dev/null 2>&1; echo "${KUBECONFIG:-}") )
+    set_args=$( (set +u; . "$defaults" >/dev/null 2>&1; echo "${KOORDLET_ARGS:-}") )
+    if [ -z "$set_kubeconfig" ] && [[ $set_args != *local-mode* ]] && [[ $set_args != *-kubeconfig* ]]; then
+      echo "install-baremetal: $defaults sets neither KUBECONFIG nor -local-mode: koordlet.service would fail to reach" \
+        "an API server and restart for ever. Set KUBECONFIG=<file> or KOORDLET_ARGS=\"-local-mode\" there, or" \
+        "use --proxy-only where koordlet runs as the DaemonSet." >&2
+      exit 1
+    fi
+    log "kept: $defaults (an existing environment file is never rewritten)"
   else
-    mkdir -p "$root/etc/default"
-    cat >"$root/etc/default/koordlet" <<'DEFAULTS'
-# Environment of koordlet.service. NODE_NAME defaults to the host name (%H in the unit).
+    if [ -n "$kubeconfig" ]; then
+      mode_lines="KUBECONFIG=$kubeconfig
+KOORDLET_ARGS=\"\""
+      log "koordlet.service: API server through $kubeconfig"
+    else
+      mode_lines="# No API server: local mode (pods from containerd's CRI, NodeSLO from the file, reports as files).
+KOORDLET_ARGS=\"-local-mode -cri-endpoint=/var/run/containerd/containerd.sock -node-slo-file=/etc/koordlet/nodeslo.yaml -report-dir=/var/lib/koordlet/reports\""
+      log "koordlet.service: no kubeconfig found (/etc/kubernetes/kubelet.conf) and none given: local mode"
+    fi
+    if [ "$dry_run" = 1 ]; then
+      log "would create: $defaults"
+    else
+      mkdir -p "$root/etc/default"
+      cat >"$defaults" <<DEFAULTS
+# Environment of koordlet.service (scripts/install-baremetal.sh). NODE_NAME defaults to the host name.
 #NODE_NAME=
-#KUBECONFIG=/etc/kubernetes/kubelet.conf
-KOORDLET_ARGS=""
+$mode_lines
 DEFAULTS
-    log "created: $root/etc/default/koordlet"
+      log "created: $defaults"
+    fi
   fi
 fi
 
@@ -138,12 +208,14 @@ if [ "$changed" = 1 ]; then
 else
   log "no unit changed; no daemon-reload"
 fi
-run systemctl enable koord-runtime-proxy.service koordlet.service
+# shellcheck disable=SC2086
+run systemctl enable $units
 if [ "$start" = 1 ]; then
+  # shellcheck disable=SC2086
   if [ "$changed" = 1 ]; then
-    run systemctl restart koord-runtime-proxy.service koordlet.service
+    run systemctl restart $units
   else
-    run systemctl start koord-runtime-proxy.service koordlet.service
+    run systemctl start $units
   fi
   if [ "$restart_kubelet" = 1 ]; then
     run systemctl restart kubelet.service

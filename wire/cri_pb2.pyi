@@ -365,11 +365,21 @@ class LinuxContainerResources(_message.Message):
     memory_swap_limit_in_bytes: int
     def __init__(self, cpu_period: _Optional[int] = ..., cpu_quota: _Optional[int] = ..., cpu_shares: _Optional[int] = ..., memory_limit_in_bytes: _Optional[int] = ..., oom_score_adj: _Optional[int] = ..., cpuset_cpus: _Optional[str] = ..., cpuset_mems: _Optional[str] = ..., hugepage_limits: _Optional[_Iterable[_Union[HugepageLimit, _Mapping]]] = ..., unified: _Optional[_Mapping[str, str]] = ..., memory_swap_limit_in_bytes: _Optional[int] = ...) -> None: ...
 
+class LinuxContainerSecurityContext(_message.Message):
+    __slots__ = ("privileged", "namespace_options")
+    PRIVILEGED_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    privileged: bool
+    namespace_options: NamespaceOption
+    def __init__(self, privileged: _Optional[bool] = ..., namespace_options: _Optional[_Union[NamespaceOption, _Mapping]] = ...) -> None: ...
+
 class LinuxContainerConfig(_message.Message):
-    __slots__ = ("resources",)
+    __slots__ = ("resources", "security_context")
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    SECURITY_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     resources: LinuxContainerResources
-    def __init__(self, resources: _Optional[_Union[LinuxContainerResources, _Mapping]] = ...) -> None: ...
+    security_context: LinuxContainerSecurityContext
+    def __init__(self, resources: _Optional[_Union[LinuxContainerResources, _Mapping]] = ..., security_context: _Optional[_Union[LinuxContainerSecurityContext, _Mapping]] = ...) -> None: ...
 
 class ContainerMetadata(_message.Message):
     __slots__ = ("name", "attempt")

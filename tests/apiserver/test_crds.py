@@ -1,4 +1,4 @@
-"""deploy/crds: every file is a valid structural CRD with Koordinator's names."""
+"""deploy/chart/koordlet-py/crds: every file is a valid structural CRD with Koordinator's names."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import yaml
 
 from tests.support.kube import crd_problems, load_crds, validate_schema
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "crds"
+CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "chart" / "koordlet-py" / "crds"
 CRD_FILES = sorted(CRD_DIR.glob("*.yaml"))
 
 

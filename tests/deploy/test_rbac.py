@@ -1,4 +1,5 @@
-"""The koordlet ClusterRole allows exactly the API calls koordlet's code makes."""
+"""The koordlet ClusterRole allows exactly the API calls koordlet's code makes: the plain manifests' role
+(deploy/base/rbac.yaml) and the one the Helm chart renders."""
 
 from __future__ import annotations
 
@@ -10,13 +11,21 @@ import pytest
 import yaml
 
 from tests.deploy.rbac_scan import role_permissions, scan_package, scan_source
+from tests.deploy.tools import chart_documents
 
 ROOT = Path(__file__).resolve().parents[2]
 RBAC = ROOT / "deploy" / "base" / "rbac.yaml"
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
 
 
-def _docs() -> dict[str, dict]:
-    return {doc["kind"]: doc for doc in yaml.safe_load_all(RBAC.read_text()) if doc}
+def _docs(source: str = "kustomize") -> dict[str, dict]:
+    docs = yaml.safe_load_all(RBAC.read_text()) if source == "kustomize" else chart_documents()
+    return {doc["kind"]: doc for doc in docs if doc and doc["kind"] in RBAC_KINDS + ("DaemonSet",)}
+
+
+@pytest.fixture(params=["kustomize", "helm"])
+def role_source(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -69,29 +78,30 @@ def test_scan_reports_a_plural_it_cannot_resolve() -> None:
     assert len(problems) == 1 and "get_cluster_custom_object" in problems[0]
 
 
-def test_every_kubernetes_call_in_koordlet_is_allowed_by_the_role(code_calls: list) -> None:
+def test_every_kubernetes_call_in_koordlet_is_allowed_by_the_role(code_calls: list, role_source: str) -> None:
     assert code_calls, "the scan found no kubernetes-client calls at all in koordlet/"
-    granted = role_permissions(_docs()["ClusterRole"])
+    granted = role_permissions(_docs(role_source)["ClusterRole"])
     missing = sorted(
         f"{call.where}: {call.method} needs {group or 'core'} {resource} {verb}"
         for call in code_calls
         for group, resource, verb in call.permissions
         if (group, resource, verb) not in granted
     )
-    assert missing == [], "add these to deploy/base/rbac.yaml:\n" + "\n".join(missing)
+    assert missing == [], "add these to deploy/base/rbac.yaml and the chart's templates/rbac.yaml:\n" + "\n".join(
+        missing)
 
 
-def test_the_role_grants_nothing_koordlet_does_not_call(code_calls: list) -> None:
+def test_the_role_grants_nothing_koordlet_does_not_call(code_calls: list, role_source: str) -> None:
     needed = set().union(*(call.permissions for call in code_calls))
-    granted = role_permissions(_docs()["ClusterRole"])
+    granted = role_permissions(_docs(role_source)["ClusterRole"])
     assert not any("*" in part for perm in granted for part in perm), "no wildcards in the koordlet role"
     unused = sorted(granted - needed)
     assert unused == [], f"no code in koordlet/ needs these grants; remove them from deploy/base/rbac.yaml: {unused}"
 
 
-def test_role_is_bound_to_the_service_account_the_daemonset_runs_as() -> None:
-    docs = _docs()
-    daemonset = yaml.safe_load((ROOT / "deploy" / "base" / "koordlet.yaml").read_text())
+def test_role_is_bound_to_the_service_account_the_daemonset_runs_as(role_source: str) -> None:
+    docs = _docs(role_source)
+    daemonset = docs.get("DaemonSet") or yaml.safe_load((ROOT / "deploy" / "base" / "koordlet.yaml").read_text())
     account = docs["ServiceAccount"]["metadata"]
     binding = docs["ClusterRoleBinding"]
     assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == account["name"] == "koordlet"

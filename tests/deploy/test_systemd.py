@@ -188,3 +188,135 @@ def test_warns_when_etc_default_kubelet_would_override_the_drop_in(tmp_path: Pat
 def test_root_without_no_venv_is_refused(tmp_path: Path) -> None:
     done = _install("--root", str(tmp_path))
     assert done.returncode == 2 and "--no-venv" in done.stderr
+
+
+def _defaults(root: Path) -> dict[str, str]:
+    """/etc/default/koordlet as systemd's EnvironmentFile reads it."""
+    out = {}
+    for line in (root / "etc/default/koordlet").read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key] = value.strip('"')
+    return out
+
+
+def test_proxy_only_installs_the_proxy_and_drop_in_and_no_second_koordlet(tmp_path: Path) -> None:
+    done = _install("--proxy-only", "--no-venv", "--root", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    units = tmp_path / "etc/systemd/system"
+    assert (units / "koord-runtime-proxy.service").is_file()
+    assert (units / "kubelet.service.d/10-koord-runtime-proxy.conf").is_file()
+    assert (tmp_path / "etc/runtime/hookserver.d").is_dir()
+    assert not (units / "koordlet.service").exists() and not (tmp_path / "etc/default/koordlet").exists()
+    live = _install("--proxy-only", "--dry-run")
+    assert live.returncode == 0, live.stderr
+    assert "would run: systemctl enable koord-runtime-proxy.service\n" in live.stdout
+    assert "koordlet.service" not in live.stdout.replace("koordlet.service from", "")
+
+
+def test_proxy_only_over_a_full_install_removes_its_koordlet_unit(tmp_path: Path) -> None:
+    assert _install("--no-venv", "--local", "--root", str(tmp_path)).returncode == 0
+    assert (tmp_path / "etc/systemd/system/koordlet.service").is_file()
+    done = _install("--proxy-only", "--no-venv", "--root", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "koordlet.service from an earlier full install" in done.stdout
+    assert not (tmp_path / "etc/systemd/system/koordlet.service").exists()
+
+
+def test_without_a_kubeconfig_koordlet_service_runs_in_local_mode(tmp_path: Path) -> None:
+    from koordlet.config import parse_config
+
+    done = _install("--no-venv", "--root", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "local mode" in done.stdout
+    env = _defaults(tmp_path)
+    assert "KUBECONFIG" not in env
+    config = parse_config(shlex.split(env["KOORDLET_ARGS"]), {"NODE_NAME": "node-1", "agent_mode": "hostMode"})
+    assert config.local_mode and config.cri_endpoint == "/var/run/containerd/containerd.sock"
+
+
+def test_kubelets_kubeconfig_is_found_and_an_explicit_one_must_exist(tmp_path: Path) -> None:
+    (tmp_path / "etc/kubernetes").mkdir(parents=True)
+    (tmp_path / "etc/kubernetes/kubelet.conf").write_text("apiVersion: v1\nkind: Config\n")
+    done = _install("--no-venv", "--root", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert _defaults(tmp_path)["KUBECONFIG"] == "/etc/kubernetes/kubelet.conf"
+    other = tmp_path / "other"
+    missing = _install("--no-venv", "--root", str(other), "--kubeconfig", "/etc/koordlet/kubeconfig")
+    assert missing.returncode == 2 and "no such readable file" in missing.stderr
+    assert not other.exists()
+
+
+def test_an_environment_file_that_would_crash_loop_koordlet_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "etc/default").mkdir(parents=True)
+    (tmp_path / "etc/default/koordlet").write_text('#KUBECONFIG=/etc/kubernetes/kubelet.conf\nKOORDLET_ARGS=""\n')
+    done = _install("--no-venv", "--root", str(tmp_path))
+    assert done.returncode == 1
+    assert "sets neither KUBECONFIG nor -local-mode" in done.stderr and "restart for ever" in done.stderr
+
+
+def test_koordlet_unit_gives_up_on_a_configuration_error_instead_of_restarting_for_ever() -> None:
+    unit = _unit("koordlet.service")
+    assert values(unit, "Unit", "StartLimitIntervalSec") == ["600"]
+    assert values(unit, "Unit", "StartLimitBurst") == ["5"]
+    assert values(unit, "Service", "RestartPreventExitStatus") == ["2"]
+    from koordlet.main import main
+
+    assert main(["-no-such-flag"]) == 2  # the exit status the unit does not restart on
+
+
+UNINSTALL = ROOT / "scripts" / "uninstall.sh"
+
+
+def _recording_systemctl(tmp_path: Path, root: Path) -> tuple[Path, Path]:
+    """A systemctl stand-in that records each call, and whether the kubelet drop-in was still there."""
+    record = tmp_path / "calls"
+    fake = tmp_path / "systemctl"
+    drop_in = root / "etc/systemd/system/kubelet.service.d/10-koord-runtime-proxy.conf"
+    fake.write_text(f"#!/bin/sh\n[ -e {drop_in} ] && d=drop-in || d=no-drop-in\n"
+                    f'echo "$* ($d)" >> {record}\n[ "$1" = show ] && exit 0\nexit 0\n')
+    fake.chmod(0o755)
+    return fake, record
+
+
+def test_uninstall_takes_the_proxy_off_kubelets_path_before_stopping_it(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert _install("--no-venv", "--local", "--root", str(root)).returncode == 0
+    fake, record = _recording_systemctl(tmp_path, root)
+    done = subprocess.run(["bash", str(UNINSTALL), "--root", str(root)], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "SYSTEMCTL": str(fake)})
+    assert done.returncode == 0, done.stderr
+    calls = [c for c in record.read_text().splitlines() if not c.startswith(("show", "list-unit-files", "is-active"))]
+    assert calls == [
+        "daemon-reload (no-drop-in)",                   # 1. kubelet's unit no longer names the proxy
+        "restart kubelet.service (no-drop-in)",          # 2. kubelet back on containerd's socket
+        "disable --now koordlet.service (no-drop-in)",   # 3. then the agent and the proxy stop
+        "disable --now koord-runtime-proxy.service (no-drop-in)",
+        "daemon-reload (no-drop-in)",
+    ]
+    units = root / "etc/systemd/system"
+    assert not (units / "koordlet.service").exists() and not (units / "koord-runtime-proxy.service").exists()
+    assert (root / "etc/default/koordlet").exists()  # kept without --purge
+
+
+def test_uninstall_refuses_while_kubelets_config_still_points_at_the_proxy(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert _install("--proxy-only", "--no-venv", "--root", str(root)).returncode == 0
+    (root / "var/lib/kubelet").mkdir(parents=True)
+    (root / "var/lib/kubelet/config.yaml").write_text(
+        f"containerRuntimeEndpoint: unix://{PROXY_SOCKET}\n")
+    fake, record = _recording_systemctl(tmp_path, root)
+    done = subprocess.run(["bash", str(UNINSTALL), "--root", str(root)], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "SYSTEMCTL": str(fake)})
+    assert done.returncode == 1 and "still point(s) kubelet at" in done.stderr
+    assert not record.exists(), "nothing may be stopped while kubelet would lose its runtime"
+    assert (root / "etc/systemd/system/kubelet.service.d/10-koord-runtime-proxy.conf").exists()
+
+
+def test_uninstall_purge_leaves_nothing_of_the_install(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert _install("--no-venv", "--local", "--root", str(root)).returncode == 0
+    done = subprocess.run(["bash", str(UNINSTALL), "--root", str(root), "--purge"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [p for p in root.rglob("*") if p.is_file()] == []

@@ -6,7 +6,7 @@ other HTTP client) can talk to it; no API server binary can be installed here (D
 Served (everything in memory, one lock, thread-safe):
 - core/v1 nodes, pods, events, namespaces (implicit: any namespace exists, and is listed once
   used), policy/v1 poddisruptionbudgets, events.k8s.io/v1 events;
-- the CRDs of deploy/crds (NodeSLO, NodeMetric, Device): objects are defaulted, pruned of unknown
+- the CRDs of deploy/chart/koordlet-py/crds (NodeSLO, NodeMetric, Device): objects are defaulted, pruned of unknown
   fields (reported in a `Warning` header; `?fieldValidation=Strict` rejects them with 400
   instead) and validated against the CRD's openAPIV3Schema (422 Invalid with field causes);
 - verbs get, list (label and field selectors, all namespaces), watch (chunked JSON lines,
@@ -43,6 +43,7 @@ import math
 import re
 import secrets
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -62,6 +63,7 @@ from tests.support.kube import (
     PatchError,
     SelectorError,
     apply_defaults,
+    crd_problems,
     field_selector_matches,
     json_merge_patch,
     json_patch,
@@ -76,7 +78,7 @@ from tests.support.kube import (
 log = logging.getLogger(__name__)
 
 JSON = Any
-DEFAULT_CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "crds"
+DEFAULT_CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "chart" / "koordlet-py" / "crds"
 WATCH_LOG_SIZE = 4096
 WATCH_POLL_SECONDS = 0.5
 MAX_WATCH_SECONDS = 1800
@@ -122,21 +124,32 @@ BUILTIN_RESOURCES = (
     ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, True,
                  "poddisruptionbudget"),
     ResourceType("events.k8s.io", "v1", "events", "Event", True, False, "event"),
+    # What an installation (kubectl apply -k deploy/, the Helm chart) creates besides custom resources.
+    ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, False, "serviceaccount"),
+    ResourceType("", "v1", "configmaps", "ConfigMap", True, False, "configmap"),
+    ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, True, "daemonset"),
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False, False, "clusterrole"),
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False, False,
+                 "clusterrolebinding"),
+    # A created CRD is checked (structural schema, names) and its versions are served from then on.
+    ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
+                 True, "customresourcedefinition"),
 )
 
 
-def resource_types_from_crds(crd_dir: Path) -> list[ResourceType]:
-    """The resources declared by the CRD YAML files of `crd_dir` (served versions only)."""
-    types = []
-    for crd in load_crds(crd_dir):
-        spec = crd["spec"]
-        for version in spec["versions"]:
-            if version.get("served", True):
-                types.append(ResourceType(
-                    spec["group"], version["name"], spec["names"]["plural"], spec["names"]["kind"],
-                    spec["scope"] == "Namespaced", "status" in (version.get("subresources") or {}),
-                    spec["names"].get("singular", ""), version["schema"]["openAPIV3Schema"]))
-    return types
+def resource_types_of_crd(crd: dict) -> list[ResourceType]:
+    """The resources one CRD declares (served versions only)."""
+    spec = crd["spec"]
+    return [ResourceType(spec["group"], version["name"], spec["names"]["plural"], spec["names"]["kind"],
+                         spec["scope"] == "Namespaced", "status" in (version.get("subresources") or {}),
+                         spec["names"].get("singular", ""), version["schema"]["openAPIV3Schema"])
+            for version in spec["versions"] if version.get("served", True)]
+
+
+def resource_types_from_crds(crd_dir: Path | None) -> list[ResourceType]:
+    """The resources declared by the CRD YAML files of `crd_dir` (none: no custom resources until a CRD is
+    created through the API)."""
+    return [t for crd in (load_crds(crd_dir) if crd_dir is not None else []) for t in resource_types_of_crd(crd)]
 
 
 class ApiStatusError(Exception):
@@ -214,6 +227,12 @@ class _Route:
     subresource: str | None
 
 
+def _bearer_matches(authorization: str, token: str) -> bool:
+    """The auth scheme is case-insensitive (RFC 7235): the client's in-cluster config sends ``bearer <token>``."""
+    scheme, _, credentials = authorization.partition(" ")
+    return scheme.lower() == "bearer" and credentials == token
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -257,9 +276,12 @@ def _pod_qos_class(pod: dict) -> str:
 class ApiServer:
     """The in-memory API server, its HTTP front end on 127.0.0.1 and its serving thread."""
 
-    def __init__(self, crd_dir: Path = DEFAULT_CRD_DIR, host: str = "127.0.0.1", port: int = 0,
-                 watch_log_size: int = WATCH_LOG_SIZE, token: str | None = None) -> None:
+    def __init__(self, crd_dir: Path | None = DEFAULT_CRD_DIR, host: str = "127.0.0.1", port: int = 0,
+                 watch_log_size: int = WATCH_LOG_SIZE, token: str | None = None,
+                 tls: tuple[Path, Path] | None = None) -> None:
+        """``tls``: (certificate, key) to serve HTTPS, as in-cluster clients (a pod's service account) need."""
         self._token = token
+        self.tls = tls
         self._types = list(BUILTIN_RESOURCES) + resource_types_from_crds(crd_dir)
         self._cond = threading.Condition(threading.RLock())
         self._objects: dict[tuple[str, str, str], dict] = {}  # (qualified plural, namespace, name)
@@ -270,6 +292,10 @@ class ApiServer:
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()
         self._httpd = _HttpServer((host, port), _Handler, self)
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self._thread: threading.Thread | None = None
         for namespace in ("default", "kube-system"):
             self._ensure_namespace(namespace)
@@ -279,7 +305,7 @@ class ApiServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{port}"
 
     def start(self) -> Self:
         if self._thread is None:
@@ -379,7 +405,7 @@ class ApiServer:
         body: JSON = None
         sent: JSON = None  # the body as the client sent it (handling may fill in the parsed one)
         try:
-            if self._token is not None and headers.get("Authorization") != f"Bearer {self._token}":
+            if self._token is not None and not _bearer_matches(headers.get("Authorization", ""), self._token):
                 raise ApiStatusError(401, "Unauthorized")
             if raw_body:
                 try:
@@ -494,7 +520,7 @@ class ApiServer:
 
         if path == "/api":
             return {"kind": "APIVersions", "versions": ["v1"],
-                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.url[7:]}]}
+                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.url.split("://", 1)[1]}]}
         if path == "/apis":
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_doc(g) for g in groups]}
         parts = path.strip("/").split("/")
@@ -649,6 +675,8 @@ class ApiServer:
         if rtype.custom:
             meta["generation"] = 1
         (warnings if warnings is not None else []).extend(self._admit(rtype, obj, query))
+        if rtype.plural == "customresourcedefinitions":
+            self._admit_crd(obj)
         if namespace is not None:
             self._ensure_namespace(namespace)
         with self._cond:
@@ -661,7 +689,20 @@ class ApiServer:
             meta["resourceVersion"] = self._next_resource_version()
             self._objects[key] = obj
             self._record("ADDED", rtype, None, obj)
+            if rtype.plural == "customresourcedefinitions":
+                served = {(t.group, t.version, t.plural) for t in self._types}
+                self._types.extend(t for t in resource_types_of_crd(obj)
+                                   if (t.group, t.version, t.plural) not in served)
             return copy.deepcopy(obj)
+
+    @staticmethod
+    def _admit_crd(crd: dict) -> None:
+        """A CRD the real API server would refuse (not structural, wrong names) is refused here too."""
+        problems = crd_problems(crd)
+        if problems:
+            name = _meta(crd).get("name")
+            raise ApiStatusError(422, f'CustomResourceDefinition.apiextensions.k8s.io "{name}" is invalid: '
+                                      + "; ".join(problems))
 
     def _conflict(self, route: _Route) -> ApiStatusError:
         return ApiStatusError(409, f'Operation cannot be fulfilled on {route.rtype.qualified} "{route.name}": '
@@ -1015,6 +1056,8 @@ def kube_client_config(server: ApiServer) -> kubernetes.client.Configuration:
     """A kubernetes client Configuration that talks to `server`."""
     config = kubernetes.client.Configuration()
     config.host = server.url
+    if server.tls is not None:
+        config.ssl_ca_cert = str(server.tls[0])  # the self-signed certificate is its own CA
     return config
 
 

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# uninstall.sh — take koordlet-py off a node that scripts/install-baremetal.sh set up, in the order that
+# never leaves kubelet without a runtime:
+#   1. the kubelet drop-in goes and systemd is reloaded, so kubelet's command line names containerd again;
+#   2. kubelet is restarted on containerd's own socket (running pods keep running; kubelet reconnects);
+#   3. only then the proxy is stopped and disabled, and koordlet.service (full installs) too;
+#   4. the units go; with --purge also the virtualenv, /etc/default/koordlet and the proxy's checkpoint.
+# It refuses to stop the proxy while something else still points kubelet at it (its config file or
+# /etc/default/kubelet): fix that first, or kubelet would lose its runtime.
+#
+#   scripts/uninstall.sh [--dry-run] [--root DIR] [--prefix /opt/koordlet-py] [--purge]
+#
+#   --dry-run   print the steps, change nothing (works without systemd)
+#   --root DIR  remove the files under DIR instead of / (tests, images); no systemctl
+#   --prefix P  the install's prefix (P/venv), as given to install-baremetal.sh
+#   --purge     also remove the virtualenv, /etc/default/koordlet and /var/lib/koord-runtimeproxy
+# SYSTEMCTL=CMD runs CMD instead of systemctl, also with --root (the tests record the order of the steps).
+set -euo pipefail
+
+dry_run=0 root="" prefix=/opt/koordlet-py purge=0
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry_run=1 ;;
+    --root) root=${2:?--root needs a directory}; shift ;;
+    --root=*) root=${1#--root=} ;;
+    --prefix) prefix=${2:?--prefix needs a path}; shift ;;
+    --prefix=*) prefix=${1#--prefix=} ;;
+    --purge) purge=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "uninstall: unknown option $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$prefix" in /*) ;; *) echo "uninstall: --prefix must be absolute" >&2; exit 2 ;; esac
+root=${root%/}
+log() { echo "uninstall: $*"; }
+run() { if [ "$dry_run" = 1 ]; then log "would run: $*"; else "$@"; fi; }
+remove() {  # remove files or dirs that exist
+  local path
+  for path in "$@"; do
+    [ -e "$root$path" ] || continue
+    if [ "$dry_run" = 1 ]; then log "would remove: $root$path"; else rm -rf -- "$root$path"; log "removed: $root$path"; fi
+  done
+}
+
+systemctl=${SYSTEMCTL:-systemctl}
+live=0  # systemd is told: on this machine, or through $SYSTEMCTL
+[ -z "$root" ] || [ -n "${SYSTEMCTL:-}" ] && live=1
+if [ -z "$root" ]; then
+  if [ ! -d /run/systemd/system ] && [ "$dry_run" = 0 ] && [ -z "${SYSTEMCTL:-}" ]; then
+    echo "uninstall: systemd is not running (no /run/systemd/system); refusing. Use --dry-run to see the plan." >&2
+    exit 1
+  fi
+  if [ "$dry_run" = 0 ] && [ "$(id -u)" != 0 ]; then echo "uninstall: must run as root" >&2; exit 1; fi
+fi
+
+PROXY_SOCKET=/var/run/koord-runtimeproxy/runtimeproxy.sock
+DROP_IN=/etc/systemd/system/kubelet.service.d/10-koord-runtime-proxy.conf
+
+# 0. Nothing else may still send kubelet to the proxy once the drop-in is gone.
+still=()
+for f in /var/lib/kubelet/config.yaml /etc/kubernetes/kubelet.conf.d/*.conf /etc/default/kubelet /etc/sysconfig/kubelet; do
+  [ -f "$root$f" ] && grep -q 'koord-runtimeproxy' "$root$f" && still+=("$root$f")
+done
+if [ ${#still[@]} -gt 0 ]; then
+  echo "uninstall: ${still[*]} still point(s) kubelet at $PROXY_SOCKET; set containerd's socket" \
+    "(unix:///run/containerd/containerd.sock) there first, then run this again. Nothing was changed." >&2
+  exit 1
+fi
+
+# 1. the drop-in
+remove "$DROP_IN"
+if [ "$live" = 1 ]; then
+  run "$systemctl" daemon-reload
+  if [ "$dry_run" = 0 ] && "$systemctl" show kubelet.service --property=Environment --value 2>/dev/null |
+      grep -q koord-runtimeproxy; then
+    echo "uninstall: kubelet.service still gets the proxy's endpoint from another drop-in" \
+      "(systemctl cat kubelet.service); the proxy keeps running. Remove that setting and run this again." >&2
+    exit 1
+  fi
+  # 2. kubelet back on containerd
+  if "$systemctl" list-unit-files kubelet.service >/dev/null 2>&1 || [ "$dry_run" = 1 ]; then
+    run "$systemctl" restart kubelet.service
+    if [ "$dry_run" = 0 ]; then
+      for _ in $(seq 1 60); do "$systemctl" is-active --quiet kubelet.service && break; sleep 1; done
+      "$systemctl" is-active --quiet kubelet.service ||
+        log "WARNING: kubelet.service is not active after its restart (journalctl -u kubelet); the proxy is stopped anyway"
+    fi
+  fi
+  # 3. the proxy (and a full install's koordlet), now that nothing dials it
+  for unit in koordlet.service koord-runtime-proxy.service; do
+    if [ -f "$root/etc/systemd/system/$unit" ]; then run "$systemctl" disable --now "$unit"; fi
+  done
+fi
+
+# 4. the units and, with --purge, what the install left for a reinstall
+remove /etc/systemd/system/koordlet.service /etc/systemd/system/koord-runtime-proxy.service
+[ "$live" = 1 ] && run "$systemctl" daemon-reload
+if [ "$purge" = 1 ]; then
+  remove "$prefix/venv" /etc/default/koordlet /var/lib/koord-runtimeproxy
+  [ -d "$root/etc/runtime/hookserver.d" ] && [ -z "$(ls -A "$root/etc/runtime/hookserver.d")" ] &&
+    remove /etc/runtime/hookserver.d
+else
+  log "kept: $prefix/venv, /etc/default/koordlet, /var/lib/koord-runtimeproxy (--purge removes them)"
+fi
+log "done: kubelet talks to containerd directly"
