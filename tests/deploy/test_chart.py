@@ -250,7 +250,8 @@ def test_the_rendered_objects_apply_to_the_api_server_and_the_crds_serve_koordin
             # The CRDs are served now: the objects Koordinator's manager writes are accepted.
             _create(client, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
                              "metadata": {"name": "node-1"},
-                             "spec": {"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 65}}})
+                             "spec": {"resourceUsedThresholdWithBE": {"enable": True,
+                                                                      "cpuSuppressThresholdPercent": 65}}})
             _create(client, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric",
                              "metadata": {"name": "node-1"}, "spec": {"metricCollectPolicy": {
                                  "aggregateDurationSeconds": 300, "reportIntervalSeconds": 60}}})

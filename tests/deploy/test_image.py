@@ -100,7 +100,8 @@ def _koordlet_pod(docs: list[dict[str, Any]], api_port: int, service_account: Pa
                                pid=cri.NODE if spec["hostPID"] else cri.CONTAINER, ipc=cri.POD)
     privileged = bool(container["securityContext"]["privileged"])
     sandbox = cri.PodSandboxConfig(
-        metadata=cri.PodSandboxMetadata(name=f"koordlet-{uid[:5]}", uid=uid, namespace=daemonset["metadata"]["namespace"]),
+        metadata=cri.PodSandboxMetadata(name=f"koordlet-{uid[:5]}", uid=uid,
+                                        namespace=daemonset["metadata"]["namespace"]),
         labels=template["metadata"]["labels"], log_directory=str(log_dir),
         linux=cri.LinuxPodSandboxConfig(
             cgroup_parent=f"{CGROUP_ROOT}/kubepods/burstable/pod{uid}",

@@ -520,7 +520,8 @@ class ApiServer:
 
         if path == "/api":
             return {"kind": "APIVersions", "versions": ["v1"],
-                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.url.split("://", 1)[1]}]}
+                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0",
+                                                    "serverAddress": self.url.split("://", 1)[1]}]}
         if path == "/apis":
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_doc(g) for g in groups]}
         parts = path.strip("/").split("/")
