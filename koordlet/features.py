@@ -5,7 +5,7 @@ Every gate Koordinator's koordlet knows is accepted on ``-feature-gates`` so tha
 runs unchanged; a gate koordlet-py does not implement is accepted and does nothing. Such gates are not
 silent: the ones that are on (by default or by the command line) are named in one log line at start-up
 (:func:`inert_enabled`), every gate is exported as ``koordlet_feature_gate{name,stage,implemented}``
-(value 1 when on; :func:`gate_metrics`), and README.md lists the table (a test holds it to this one).
+(value 1 when on; :func:`gate_metrics`), and docs/feature-gates.md lists the table (a test holds it to this one).
 
 ``implemented``: ``"yes"`` — read by the modules in ``where``; ``"partial"`` — read there, but only part of
 Koordinator's feature is done (``note`` says which); ``"no"`` — read by nothing.
@@ -118,7 +118,7 @@ def gate_samples(gates: Mapping[str, bool]) -> Iterator[tuple[dict[str, str], fl
 
 
 def readme_table() -> str:
-    """The README's gate table (``tests/koordlet/test_features.py`` checks README.md holds exactly this)."""
+    """The gate table of docs/feature-gates.md (``tests/koordlet/test_features.py`` checks it holds exactly this)."""
     rows = ["| gate | default | implemented | note |", "|---|---|---|---|"]
     rows += [f"| `{g.name}` | {'on' if g.default else 'off'} | {g.implemented} | {g.note} |" for g in GATES]
     return "\n".join(rows)

@@ -1,4 +1,4 @@
-"""The one table of feature gates (koordlet/features.py): config parsing, README, and the code agree with it."""
+"""The one table of feature gates (koordlet/features.py): config parsing, docs/feature-gates.md, and the code agree with it."""
 
 from __future__ import annotations
 
@@ -47,10 +47,10 @@ def test_a_gate_marked_not_implemented_is_read_nowhere(gate: features.Gate) -> N
     assert not gate.where
 
 
-def test_readme_table_is_the_code_table() -> None:
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"<!-- feature-gates:begin -->\n(.*?)\n<!-- feature-gates:end -->", readme, re.S)
-    assert block is not None, "README.md lost its feature gate table"
+def test_the_docs_table_is_the_code_table() -> None:
+    page = (REPO / "docs" / "feature-gates.md").read_text()
+    block = re.search(r"<!-- feature-gates:begin -->\n(.*?)\n<!-- feature-gates:end -->", page, re.S)
+    assert block is not None, "docs/feature-gates.md lost its feature gate table"
     assert block.group(1) == features.readme_table()
 
 
