@@ -3,9 +3,9 @@
 a relay change, measured in one run so both see the same machine noise.
 
 One private containerd with N running pods; in front of it a proxy from this tree ("after"), a proxy
-from ``--before`` (e.g. a ``git worktree`` of an older commit) and bench/bytepipe.py. The same grpc.aio
-client calls ListContainers through each in turn (interleaved rounds, 1 and 16 calls in flight) and
-reads, per call:
+from ``--before`` (another source tree, or a commit of this repository, exported with ``git archive``)
+and bench/bytepipe.py. The same grpc.aio client calls ListContainers through each in turn (interleaved
+rounds, 1 and 16 calls in flight) and reads, per call:
 
   proxy_us      CPU of the proxy (or pipe) process, all threads (/proc/PID/task/*/schedstat, ns exact)
   wakeups       the proxy's voluntary context switches (each a sleep in epoll and a wake-up)
@@ -13,8 +13,7 @@ reads, per call:
 
 Prints the medians; with --json one object. A benchmark, not a test; needs root (containerd).
 
-    git worktree add /tmp/before <commit>
-    .venv/bin/python bench/proxy_ab.py --before /tmp/before [--pods 20] [--calls 5000] [--rounds 5]
+    .venv/bin/python bench/proxy_ab.py --before <commit or tree> [--pods 20] [--calls 5000] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -89,22 +88,37 @@ def measure(pid: int, runtime_pid: int, socket_path: str, count: int, in_flight:
             (cpu_s(runtime_pid) - runtime) / count * 1e6)
 
 
+def source_tree(before: str, scratch: str) -> str:
+    """``before`` as a source tree: a directory as it is, else a commit of this repository exported below
+    ``scratch`` (the proxy needs only its own packages and wire/)."""
+    if Path(before, "runtimeproxy", "relay.py").is_file():
+        return str(Path(before).resolve())
+    tree = Path(scratch, "before-tree")
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", before, "runtimeproxy", "wire"],
+                             capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"--before {before}: neither a koordlet-py tree nor a commit: "
+                         f"{archive.stderr.decode(errors='replace').strip()}")
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return str(tree)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", required=True, help="the other source tree (a checkout of the older commit)")
+    ap.add_argument("--before", required=True, help="the other source tree, or a commit of this repository")
     ap.add_argument("--pods", type=int, default=20)
     ap.add_argument("--calls", type=int, default=5000, help="calls per measurement")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if not Path(args.before, "runtimeproxy", "relay.py").is_file():
-        ap.error(f"{args.before} is not a koordlet-py tree")
+    tmp = tempfile.TemporaryDirectory(prefix="kpy-ab-")
+    before_tree = source_tree(args.before, tmp.name)
 
     CONTAINERD.up()
-    tmp = tempfile.TemporaryDirectory(prefix="kpy-ab-")
     after = ProxyProcess(f"{tmp.name}/after/proxy.sock", CONTAINERD.socket, "--log-level", "warning")
     before = ProxyProcess(f"{tmp.name}/before/proxy.sock", CONTAINERD.socket, "--log-level", "warning",
-                          tree=str(Path(args.before).resolve()))
+                          tree=before_tree)
     pipe_socket = f"{tmp.name}/pipe.sock"
     pods = PodFactory(CriClient(CONTAINERD.socket))
     pipe = None
