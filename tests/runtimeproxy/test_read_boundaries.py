@@ -127,7 +127,8 @@ def _feed_runtime(cuts: list[int], stream: bytes) -> tuple:
         to_kubelet, kubelet_acks, kubelet_credit = _split(down.transport.data)
         assert not kubelet_acks
         _, acks, credit = _split(up.transport.data + down._acks_up)
-        return (to_kubelet, acks, credit + down.runtime_hop.held, kubelet_credit + down.kubelet_hop.held, calls.finished)
+        return (to_kubelet, acks, credit + down.runtime_hop.held, kubelet_credit + down.kubelet_hop.held,
+                calls.finished)
     finally:
         loop.close()
 
