@@ -40,6 +40,7 @@ import kubernetes.config
 from koordlet import features
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
+from koordlet.events import PodEvents
 from koordlet.executor import ResourceExecutor
 from koordlet.gpu.metrics import gpu_devices
 from koordlet.gpu.nvml import NvmlModule
@@ -56,18 +57,17 @@ from koordlet.metricsadvisor import (
     PodPsiCollector,
     PodResourceCollector,
 )
-from koordlet.reporters.device import GPUCollector, DeviceReportLoop
+from koordlet.reporters.device import DeviceReportLoop, GPUCollector
 from koordlet.reporters.nodemetric import NodeMetricReporter
 from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
-from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
+from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
 from koordlet.statesinformer.cri import CriPodSource
 from koordlet.statesinformer.informer import PodSource, StatesInformer
 from koordlet.statesinformer.kube import KubeStates
 from koordlet.statesinformer.kubelet import KubeletPodSource, kubelet_url
 from koordlet.statesinformer.nodeslo_file import NodeSLOFileWatcher
-from koordlet.events import PodEvents
 from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout

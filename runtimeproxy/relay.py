@@ -57,14 +57,27 @@ import asyncio
 import logging
 import struct
 import time
-from time import perf_counter
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from time import perf_counter
 
 from . import h2
-from .h2 import (CONTINUATION, DATA, FLAG_ACK, FLAG_END_HEADERS, FLAG_END_STREAM, FLAG_PADDED, FLAG_PRIORITY,
-                 HEADERS, PING, PRIORITY, RST_STREAM, SETTINGS, WINDOW_UPDATE)
+from .h2 import (
+    CONTINUATION,
+    DATA,
+    FLAG_ACK,
+    FLAG_END_HEADERS,
+    FLAG_END_STREAM,
+    FLAG_PADDED,
+    FLAG_PRIORITY,
+    HEADERS,
+    PING,
+    PRIORITY,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+)
 from .hpack_decoder import Decoder, HPACKDecodeError
 
 log = logging.getLogger(__name__)

@@ -36,6 +36,7 @@ from koordlet.api.nodeslo import (
 )
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
+from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.plan import CgroupWrite, GaugeSet, Plan, WriteStep
 from koordlet.qosmanager import metrics
 from koordlet.qosmanager.framework import GATE_BE_CPU_SUPPRESS, QoSManagerConfig, Strategy
@@ -49,7 +50,6 @@ from koordlet.qosmanager.snapshot import (
     pod_cgroup_dir,
 )
 from koordlet.system.kubepods import KubeCgroupLayout
-from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.system.sysfs import CPUInfo
 
 logger = logging.getLogger(__name__)

@@ -43,10 +43,10 @@ from koordlet.api.nodeslo import HostApplication
 from koordlet.api.pod import PodMeta
 from koordlet.config import ConfigError, format_duration, parse_duration
 from koordlet.kubeapi import CustomObjects
-from wire.files import write_atomic
 from koordlet.metriccache import GPUDevice, Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
 from koordlet.ticker import PeriodicThread
+from wire.files import write_atomic
 
 # libyaml's emitter where PyYAML was built with it: the same safe representation, a tenth of the CPU for
 # a status of 150 pods, written every report interval.

@@ -16,7 +16,6 @@ from hooks.validate import Rejected
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.units import CFS_PERIOD_US
 from koordlet.executor import ExecutorError, ResourceExecutor
-from koordlet.system.cgroup_stats import parse_quota_us
 from koordlet.plan import (
     CgroupWrite,
     Plan,
@@ -26,6 +25,7 @@ from koordlet.plan import (
     ResctrlWrite,
     WriteStep,
 )
+from koordlet.system.cgroup_stats import parse_quota_us
 from wire import hookapi_pb2 as hookapi
 
 from . import metrics

@@ -25,9 +25,9 @@ import yaml
 from koordlet.config import parse_config
 from koordlet.main import AgentContext, Koordlet, raise_nofile_limit
 from koordlet.ticker import PeriodicThread
-from tests.support.waiting import wait_for
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "test-node-main"

@@ -38,11 +38,11 @@ from koordlet.system.cgroup import CgroupDriver, CgroupFS, CgroupVersion
 from koordlet.system.cgroup_stats import read_cfs_quota
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.resources import cpu_shares_to_weight
-from tests.support.waiting import wait_for
 from tests.koordlet.qosmanager.realnode import skip_unless_v2_writable
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
 from tests.support.proxy import ProxyProcess
+from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
 
 pytestmark = [pytest.mark.cgroupv2, pytest.mark.containerd]

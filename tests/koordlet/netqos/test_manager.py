@@ -25,8 +25,8 @@ from koordlet.netqos.manager import (
     NetQoSManager,
 )
 from koordlet.netqos.plan import classid
-from koordlet.system.tc import read_link
 from koordlet.statesinformer.api import StaticStates
+from koordlet.system.tc import read_link
 from tests.support.waiting import wait_for
 
 UPLINK, PEER = "kqm-up", "kqm-peer"

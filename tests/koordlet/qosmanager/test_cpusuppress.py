@@ -16,8 +16,8 @@ from koordlet.qosmanager.cpusuppress import (
     be_cpuset_size,
     candidate_buckets,
     choose_be_cpus,
-    decide_suppress,
     decide_cfs_quota,
+    decide_suppress,
     select_cpus,
     suppress_budget,
 )

@@ -23,8 +23,8 @@ from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.cpumanager import CPUAssignment, CPUManagerState
 from tests.koordlet.qosmanager.factory import spec
 from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used
-from tests.support.waiting import wait_for
 from tests.support.apiserver import ApiServer, kube_api_client
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.cgroupv1
 

@@ -19,13 +19,13 @@ from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.eviction import Evictor
-from koordlet.statesinformer.cpumanager import CPUAssignment, CPUManagerState
 from koordlet.qosmanager import QoSManagerConfig
+from koordlet.statesinformer.cpumanager import CPUAssignment, CPUManagerState
 from koordlet.system.cgroup import CgroupVersion
 from tests.koordlet.qosmanager.factory import spec
 from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used, skip_unless_v2_writable
-from tests.support.waiting import wait_for
 from tests.support.apiserver import ApiServer, kube_api_client
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.cgroupv2
 
