@@ -110,7 +110,6 @@ def _rss_mib() -> float:
 def measure(prefix: str, count: int, seconds: float, interval_s: float) -> Result:
     """Runs in the child process: the collectors as the agent would run them."""
     from koordlet.metriccache import MetricCache
-    from koordlet.system.cgroup import CgroupFS
     from koordlet.metricsadvisor import (
         CollectorRunner,
         ContainerCgroup,
@@ -119,6 +118,7 @@ def measure(prefix: str, count: int, seconds: float, interval_s: float) -> Resul
         PodCgroup,
         PodResourceCollector,
     )
+    from koordlet.system.cgroup import CgroupFS
 
     pods = [
         PodCgroup(

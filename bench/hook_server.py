@@ -47,6 +47,60 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+def hook_round_trips(socket_path: str, cgroup_root: str, calls: int) -> list[float]:
+    """Milliseconds of each PreCreateContainerHook round trip (after 100 to warm up)."""
+    request = hookapi.ContainerResourceHookRequest(
+        pod_meta=hookapi.PodSandboxMetadata(name="job", namespace="ns", uid="u1"),
+        container_meta=hookapi.ContainerMetadata(name="job"), pod_annotations=ANNOTATIONS, pod_labels=LABELS,
+        pod_cgroup_parent=f"{cgroup_root}/kubepods/besteffort/podu1", container_envs={"A": "1"},
+        container_resources=hookapi.LinuxContainerResources(cpu_period=100000))
+    with grpc.insecure_channel(f"unix://{socket_path}") as channel:
+        stub = hookapi_grpc.RuntimeHookServiceStub(channel)
+        for _ in range(100):
+            stub.PreCreateContainerHook(request)
+        samples = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            stub.PreCreateContainerHook(request)
+            samples.append((time.perf_counter() - t0) * 1000)
+    return samples
+
+
+def make_pods(cgroup_root: str, containers: int, made: list[Path]) -> list[PodMeta]:
+    """BE pods of one container each, with their cgroup v1 dirs made (and listed in ``made``)."""
+    pods = []
+    for _ in range(containers):
+        uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
+        for controller in CONTROLLERS:
+            for rel in ("", "/kubepods", "/kubepods/besteffort", f"/kubepods/besteffort/pod{uid}",
+                        f"/kubepods/besteffort/pod{uid}/{cid}"):
+                path = Path(f"/sys/fs/cgroup/{controller}{cgroup_root}{rel}")
+                if not path.exists():
+                    path.mkdir()
+                    made.append(path)
+        pods.append(PodMeta(name=f"p{len(pods)}", namespace="ns", uid=uid, labels=LABELS, annotations=ANNOTATIONS,
+                            cgroup_parent=f"{cgroup_root}/kubepods/besteffort/pod{uid}",
+                            containers=(ContainerMeta("job", cid),)))
+    return pods
+
+
+def reconcile_costs(hooks: RuntimeHooks, executor: ResourceExecutor, ticks: int, containers: int) -> tuple[
+        float, float]:
+    """µs per container per tick: in steady state (values in place), and when every value is written."""
+    hooks.reconciler.reconcile_once()  # first pass writes everything
+    t0 = time.perf_counter()
+    for _ in range(ticks):
+        hooks.reconciler.reconcile_once()
+    steady_us = (time.perf_counter() - t0) / ticks / containers * 1e6
+    drift_total = 0.0
+    for _ in range(ticks):
+        executor.forget()  # as if every value had drifted: all writes happen
+        t0 = time.perf_counter()
+        hooks.reconciler.reconcile_once()
+        drift_total += time.perf_counter() - t0
+    return steady_us, drift_total / ticks / containers * 1e6
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=2000)
@@ -68,47 +122,9 @@ def main() -> int:
     made: list[Path] = []
     try:
         hooks.start()
-        request = hookapi.ContainerResourceHookRequest(
-            pod_meta=hookapi.PodSandboxMetadata(name="job", namespace="ns", uid="u1"),
-            container_meta=hookapi.ContainerMetadata(name="job"), pod_annotations=ANNOTATIONS, pod_labels=LABELS,
-            pod_cgroup_parent=f"{cgroup_root}/kubepods/besteffort/podu1", container_envs={"A": "1"},
-            container_resources=hookapi.LinuxContainerResources(cpu_period=100000))
-        with grpc.insecure_channel(f"unix://{config.socket_path}") as channel:
-            stub = hookapi_grpc.RuntimeHookServiceStub(channel)
-            for _ in range(100):
-                stub.PreCreateContainerHook(request)
-            samples = []
-            for _ in range(args.calls):
-                t0 = time.perf_counter()
-                stub.PreCreateContainerHook(request)
-                samples.append((time.perf_counter() - t0) * 1000)
-
-        pods = []
-        for _ in range(args.containers):
-            uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
-            for controller in CONTROLLERS:
-                for rel in ("", "/kubepods", "/kubepods/besteffort", f"/kubepods/besteffort/pod{uid}",
-                            f"/kubepods/besteffort/pod{uid}/{cid}"):
-                    path = Path(f"/sys/fs/cgroup/{controller}{cgroup_root}{rel}")
-                    if not path.exists():
-                        path.mkdir()
-                        made.append(path)
-            pods.append(PodMeta(name=f"p{len(pods)}", namespace="ns", uid=uid, labels=LABELS, annotations=ANNOTATIONS,
-                                cgroup_parent=f"{cgroup_root}/kubepods/besteffort/pod{uid}",
-                                containers=(ContainerMeta("job", cid),)))
-        states.set_pods(pods)
-        hooks.reconciler.reconcile_once()  # first pass writes everything
-        t0 = time.perf_counter()
-        for _ in range(args.ticks):
-            hooks.reconciler.reconcile_once()
-        steady_us = (time.perf_counter() - t0) / args.ticks / args.containers * 1e6
-        drift_total = 0.0
-        for _ in range(args.ticks):
-            executor.forget()  # as if every value had drifted: all writes happen
-            t0 = time.perf_counter()
-            hooks.reconciler.reconcile_once()
-            drift_total += time.perf_counter() - t0
-        drift_us = drift_total / args.ticks / args.containers * 1e6
+        samples = hook_round_trips(config.socket_path, cgroup_root, args.calls)
+        states.set_pods(make_pods(cgroup_root, args.containers, made))
+        steady_us, drift_us = reconcile_costs(hooks, executor, args.ticks, args.containers)
     finally:
         hooks.stop()
         for path in sorted(made, key=lambda p: len(p.parts), reverse=True):

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,91 +132,109 @@ def resource_changing_hook(hook: str, request):
     return answer
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=600, help="timed calls per method and side, per round")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating direct/proxy rounds")
-    ap.add_argument("--pods", type=int, default=20, help="running pods during the measurement")
-    ap.add_argument("--pod-starts", type=int, default=6, help="pod starts per side")
-    ap.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
-    ap.add_argument("--hook-calls", type=int, default=300, help="hooked calls timed per hook setup")
-    ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    args = ap.parse_args()
+@dataclass
+class Measured:
+    """Everything one run measured, by side ("direct", "proxy", "pipe", or a hook setup)."""
 
+    methods: dict[str, tuple[str, object]]
+    samples: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (side, method) -> ms
+    proxy_cpu_s: float = 0.0  # the proxy's CPU over the latency rounds (cheap calls only)
+    proxy_calls: int = 0
+    rates: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (side, in flight) -> calls/s
+    cpu_us: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    runtime_us: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    starts: dict[str, list[float]] = field(default_factory=dict)  # side -> pod start ms
+    hooked_calls: dict[str, list[float]] = field(default_factory=dict)  # hook setup -> StartContainer ms
+
+
+def cri_methods(container_id: str) -> dict[str, tuple[str, object]]:
+    return {
+        "Version": ("Version", cri.VersionRequest()),
+        "ListContainers": ("ListContainers", cri.ListContainersRequest()),
+        "ContainerStatus": ("ContainerStatus", cri.ContainerStatusRequest(container_id=container_id)),
+        "ListContainerStats": ("ListContainerStats", cri.ListContainerStatsRequest()),
+    }
+
+
+def latency_rounds(out: Measured, direct: CriClient, via: CriClient, ps: psutil.Process, rounds: int,
+                   calls: int) -> None:
+    for client in (direct, via):  # warm-up
+        for name, (rpc, req) in out.methods.items():
+            time_calls(getattr(client.runtime, rpc), req, 50 if name != "ListContainerStats" else 5)
+    for _ in range(rounds):
+        for side, client in (("direct", direct), ("proxy", via)):
+            for name, (rpc, req) in out.methods.items():
+                count = calls if name != "ListContainerStats" else max(10, calls // 20)
+                cpu0 = sum(ps.cpu_times()[:2])
+                out.samples.setdefault((side, name), []).extend(time_calls(getattr(client.runtime, rpc), req, count))
+                if side == "proxy" and name != "ListContainerStats":
+                    out.proxy_cpu_s += sum(ps.cpu_times()[:2]) - cpu0
+                    out.proxy_calls += count
+
+
+def throughput_rounds(out: Measured, sides: tuple[tuple[str, str, psutil.Process], ...],
+                      runtime_ps: psutil.Process, rounds: int, seconds: float) -> None:
+    """Throughput of direct, byte pipe and relay, and CPU per passthrough call of the relay and the pipe, in
+    interleaved rounds (medians): with 16 in flight the client and containerd already fill this machine's
+    cores, so the pipe's throughput ratio is the best any interposer can do here. And containerd's CPU per
+    call behind each: what the relay's per-hop PINGs and credit save the runtime."""
+    for _ in range(rounds):
+        for in_flight in (1, 16):
+            out.rates.setdefault(("direct", in_flight), []).append(
+                asyncio.run(throughput(BENCH_CONTAINERD.socket, in_flight, seconds)))
+            for side, sock, process in sides:
+                rate, own, behind = cpu_per_call(sock, process, in_flight, seconds, runtime_ps)
+                out.rates.setdefault((side, in_flight), []).append(rate)
+                out.cpu_us.setdefault((side, in_flight), []).append(own)
+                out.runtime_us.setdefault((side, in_flight), []).append(behind)
+
+
+def hook_rounds(out: Measured, proxy: ProxyProcess, via: CriClient, started: dict[str, PodFactory],
+                hook_servers: tuple[tuple[str, RecordingHookServer], ...], pod_starts: int, hook_calls: int) -> None:
+    """Pod starts and a hooked call with no hook server, then with each hook server registered while the
+    proxy runs (its watch picks them up)."""
+    target = started["proxy"].containers[0]
+    out.hooked_calls["no hook"] = start_container_again_ms(via, target, hook_calls)
+    for label, server in hook_servers:
+        register(proxy.hook_dir, "10-bench.json", server.socket_path)
+        time.sleep(1.5)
+        out.starts[label] = []
+        for i in range(pod_starts):
+            out.starts["direct"].append(pod_start_ms(started["direct"], f"hooked-direct-{label}-{i}"))
+            out.starts[label].append(pod_start_ms(started["proxy"], f"hooked-{label.split()[0]}-{i}"))
+        if label == "no-op hook":
+            out.hooked_calls[label] = start_container_again_ms(via, target, hook_calls)
+
+
+def measure_all(args: argparse.Namespace, tmp: str) -> Measured:
     BENCH_CONTAINERD.up()
-    tmp = tempfile.TemporaryDirectory(prefix="kpy-bench-")
-    proxy = ProxyProcess(f"{tmp.name}/proxy.sock", BENCH_CONTAINERD.socket, "--log-level", "warning").start()
-    pipe_socket = f"{tmp.name}/pipe.sock"
+    proxy = ProxyProcess(f"{tmp}/proxy.sock", BENCH_CONTAINERD.socket, "--log-level", "warning").start()
+    pipe_socket = f"{tmp}/pipe.sock"
     pipe = subprocess.Popen([sys.executable, str(BYTEPIPE), pipe_socket, BENCH_CONTAINERD.socket])
     wait_for_socket(pipe_socket, 15, pipe)
     direct, via = CriClient(BENCH_CONTAINERD.socket), CriClient(proxy.listen)
     background = PodFactory(direct)
     started = {"direct": PodFactory(direct), "proxy": PodFactory(via)}
-    noop_hook = RecordingHookServer(f"{tmp.name}/noop-hook.sock").start()
-    changing_hook = RecordingHookServer(f"{tmp.name}/changing-hook.sock", behaviour=resource_changing_hook).start()
+    noop_hook = RecordingHookServer(f"{tmp}/noop-hook.sock").start()
+    changing_hook = RecordingHookServer(f"{tmp}/changing-hook.sock", behaviour=resource_changing_hook).start()
     try:
         for i in range(args.pods):
             background.start_pod(f"bench-{i}")
-        some_container = background.containers[0]
-        methods = {
-            "Version": ("Version", cri.VersionRequest()),
-            "ListContainers": ("ListContainers", cri.ListContainersRequest()),
-            "ContainerStatus": ("ContainerStatus", cri.ContainerStatusRequest(container_id=some_container)),
-            "ListContainerStats": ("ListContainerStats", cri.ListContainerStatsRequest()),
-        }
-        samples: dict[tuple[str, str], list[float]] = {}
-        proxy_cpu = 0.0
-        proxy_calls = 0
+        out = Measured(cri_methods(background.containers[0]))
         ps = psutil.Process(proxy.proc.pid)
-        for client in (direct, via):  # warm-up
-            for name, (rpc, req) in methods.items():
-                time_calls(getattr(client.runtime, rpc), req, 50 if name != "ListContainerStats" else 5)
-        for _ in range(args.rounds):
-            for side, client in (("direct", direct), ("proxy", via)):
-                for name, (rpc, req) in methods.items():
-                    count = args.calls if name != "ListContainerStats" else max(10, args.calls // 20)
-                    cpu0 = sum(ps.cpu_times()[:2])
-                    samples.setdefault((side, name), []).extend(time_calls(getattr(client.runtime, rpc), req, count))
-                    if side == "proxy" and name != "ListContainerStats":
-                        proxy_cpu += sum(ps.cpu_times()[:2]) - cpu0
-                        proxy_calls += count
-        # Throughput of direct, byte pipe and relay, and CPU per passthrough call of the relay and the pipe,
-        # in interleaved rounds (medians): with 16 in flight the client and containerd already fill this
-        # machine's cores, so the pipe's throughput ratio is the best any interposer can do here. And
-        # containerd's CPU per call behind each: what the relay's per-hop PINGs and credit save the runtime.
-        pipe_ps = psutil.Process(pipe.pid)
+        latency_rounds(out, direct, via, ps, args.rounds, args.calls)
         runtime_ps = psutil.Process(int(Path(BENCH_CONTAINERD.run_dir, "containerd.pid").read_text()))
-        rates: dict[tuple[str, int], list[float]] = {}
-        cpu_us: dict[tuple[str, int], list[float]] = {}
-        runtime_us: dict[tuple[str, int], list[float]] = {}
-        for _ in range(args.rounds):
-            for in_flight in (1, 16):
-                rates.setdefault(("direct", in_flight), []).append(
-                    asyncio.run(throughput(BENCH_CONTAINERD.socket, in_flight, args.seconds)))
-                for side, sock, process in (("pipe", pipe_socket, pipe_ps), ("proxy", proxy.listen, ps)):
-                    rate, own, behind = cpu_per_call(sock, process, in_flight, args.seconds, runtime_ps)
-                    rates.setdefault((side, in_flight), []).append(rate)
-                    cpu_us.setdefault((side, in_flight), []).append(own)
-                    runtime_us.setdefault((side, in_flight), []).append(behind)
-        tput = {key: statistics.median(v) for key, v in rates.items()}
-        starts: dict[str, list[float]] = {"direct": [], "proxy": []}
+        throughput_rounds(out, (("pipe", pipe_socket, psutil.Process(pipe.pid)), ("proxy", proxy.listen, ps)),
+                          runtime_ps, args.rounds, args.seconds)
+        out.starts = {"direct": [], "proxy": []}
         for i in range(args.pod_starts):
             for side in ("direct", "proxy"):
-                starts[side].append(pod_start_ms(started[side], f"start-{side}-{i}"))
-        # Hooks: the same proxy, hook servers registered while it runs (the watch picks them up).
-        target = started["proxy"].containers[0]
-        hooked_calls = {"no hook": start_container_again_ms(via, target, args.hook_calls)}
-        for label, server in (("no-op hook", noop_hook), ("resource hook", changing_hook)):
-            register(proxy.hook_dir, "10-bench.json", server.socket_path)
-            time.sleep(1.5)
-            starts[label] = []
-            for i in range(args.pod_starts):
-                starts["direct"].append(pod_start_ms(started["direct"], f"hooked-direct-{label}-{i}"))
-                starts[label].append(pod_start_ms(started["proxy"], f"hooked-{label.split()[0]}-{i}"))
-            if label == "no-op hook":
-                hooked_calls[label] = start_container_again_ms(via, target, args.hook_calls)
+                out.starts[side].append(pod_start_ms(started[side], f"start-{side}-{i}"))
+        hook_rounds(out, proxy, via, started, (("no-op hook", noop_hook), ("resource hook", changing_hook)),
+                    args.pod_starts, args.hook_calls)
         if not changing_hook.requests("PreCreateContainer"):
             raise RuntimeError("the resource-changing hook server was never called")
+        return out
     finally:
         for factory in (*started.values(), background):
             factory.cleanup()
@@ -226,16 +245,25 @@ def main() -> int:
         direct.close()
         via.close()
         proxy.terminate()
-        tmp.cleanup()
         BENCH_CONTAINERD.down()
         BENCH_CONTAINERD.remove_dirs()
 
+
+def _median_ratio(values: dict, numerator: object, denominator: object) -> float:
+    return round(statistics.median(values[numerator]) / statistics.median(values[denominator]), 3)
+
+
+def summarize(out: Measured, pods: int) -> tuple[dict, list[tuple[str, float, float, float, float]],
+                                                  dict[tuple[str, int], float]]:
+    """(the JSON result, per-method latency rows, median throughput by (side, in flight))."""
     rows = []
-    for name in methods:
-        d, p = samples[("direct", name)], samples[("proxy", name)]
+    for name in out.methods:
+        d, p = out.samples[("direct", name)], out.samples[("proxy", name)]
         rows.append((name, percentile(d, 50), percentile(p, 50), percentile(d, 99), percentile(p, 99)))
     cheap = [r for r in rows if r[0] != "ListContainerStats"]
     heavy = next(r for r in rows if r[0] == "ListContainerStats")
+    tput = {key: statistics.median(v) for key, v in out.rates.items()}
+    starts, hooked = out.starts, out.hooked_calls
     result = {
         "added_p50_ms": round(statistics.mean(r[2] - r[1] for r in cheap), 4),
         "added_p99_ms": round(statistics.mean(r[4] - r[3] for r in cheap), 4),
@@ -244,36 +272,30 @@ def main() -> int:
         "pipe_throughput_ratio_1": round(tput[("pipe", 1)] / tput[("direct", 1)], 3),
         "pipe_throughput_ratio_16": round(tput[("pipe", 16)] / tput[("direct", 16)], 3),
         "heavy_ratio": round(heavy[2] / heavy[1], 3),
-        "pod_start_ratio": round(statistics.median(starts["proxy"]) / statistics.median(starts["direct"]), 3),
-        "pod_start_hooked_ratio": round(
-            statistics.median(starts["no-op hook"]) / statistics.median(starts["direct"]), 3),
-        "pod_start_resource_hook_ratio": round(
-            statistics.median(starts["resource hook"]) / statistics.median(starts["direct"]), 3),
-        "hook_added_p50_ms": round(percentile(hooked_calls["no-op hook"], 50)
-                                   - percentile(hooked_calls["no hook"], 50), 4),
-        "hook_added_p99_ms": round(percentile(hooked_calls["no-op hook"], 99)
-                                   - percentile(hooked_calls["no hook"], 99), 4),
-        "proxy_cpu_us_per_call": round(proxy_cpu / max(1, proxy_calls) * 1e6, 1),
-        "cpu_ratio_to_pipe_1": round(
-            statistics.median(cpu_us[("proxy", 1)]) / statistics.median(cpu_us[("pipe", 1)]), 3),
-        "cpu_ratio_to_pipe_16": round(
-            statistics.median(cpu_us[("proxy", 16)]) / statistics.median(cpu_us[("pipe", 16)]), 3),
-        "cpu_us_per_call": {f"{side}_{n}": round(statistics.median(v), 1) for (side, n), v in cpu_us.items()},
-        "runtime_cpu_ratio_to_pipe_1": round(
-            statistics.median(runtime_us[("proxy", 1)]) / statistics.median(runtime_us[("pipe", 1)]), 3),
-        "runtime_cpu_ratio_to_pipe_16": round(
-            statistics.median(runtime_us[("proxy", 16)]) / statistics.median(runtime_us[("pipe", 16)]), 3),
+        "pod_start_ratio": _median_ratio(starts, "proxy", "direct"),
+        "pod_start_hooked_ratio": _median_ratio(starts, "no-op hook", "direct"),
+        "pod_start_resource_hook_ratio": _median_ratio(starts, "resource hook", "direct"),
+        "hook_added_p50_ms": round(percentile(hooked["no-op hook"], 50) - percentile(hooked["no hook"], 50), 4),
+        "hook_added_p99_ms": round(percentile(hooked["no-op hook"], 99) - percentile(hooked["no hook"], 99), 4),
+        "proxy_cpu_us_per_call": round(out.proxy_cpu_s / max(1, out.proxy_calls) * 1e6, 1),
+        "cpu_ratio_to_pipe_1": _median_ratio(out.cpu_us, ("proxy", 1), ("pipe", 1)),
+        "cpu_ratio_to_pipe_16": _median_ratio(out.cpu_us, ("proxy", 16), ("pipe", 16)),
+        "cpu_us_per_call": {f"{side}_{n}": round(statistics.median(v), 1) for (side, n), v in out.cpu_us.items()},
+        "runtime_cpu_ratio_to_pipe_1": _median_ratio(out.runtime_us, ("proxy", 1), ("pipe", 1)),
+        "runtime_cpu_ratio_to_pipe_16": _median_ratio(out.runtime_us, ("proxy", 16), ("pipe", 16)),
         "runtime_cpu_us_per_call": {f"{side}_{n}": round(statistics.median(v), 1)
-                                    for (side, n), v in runtime_us.items()},
-        "pods": args.pods,
+                                    for (side, n), v in out.runtime_us.items()},
+        "pods": pods,
         "methods": {r[0]: {"direct_p50_ms": round(r[1], 4), "proxy_p50_ms": round(r[2], 4),
                            "direct_p99_ms": round(r[3], 4), "proxy_p99_ms": round(r[4], 4)} for r in rows},
         "throughput_calls_per_s": {f"{side}_{n}": round(v, 1) for (side, n), v in tput.items()},
         "pod_start_ms": {side: round(statistics.median(v), 1) for side, v in starts.items()},
     }
-    if args.json:
-        print(json.dumps(result))
-        return 0
+    return result, rows, tput
+
+
+def report(result: dict, rows: list[tuple[str, float, float, float, float]], tput: dict[tuple[str, int], float],
+           args: argparse.Namespace) -> None:
     print(f"koord-runtime-proxy overhead vs direct containerd ({args.pods} pods, {args.rounds} alternating rounds)")
     print(f"{'call':<20}{'direct p50':>12}{'proxy p50':>12}{'direct p99':>12}{'proxy p99':>12}   (ms)")
     for name, d50, p50, d99, p99 in rows:
@@ -302,6 +324,25 @@ def main() -> int:
           f"ratio {result['runtime_cpu_ratio_to_pipe_16']}")
     print(f"added p50 (cheap) {result['added_p50_ms']} ms, added p99 {result['added_p99_ms']} ms, "
           f"heavy ratio {result['heavy_ratio']}, proxy CPU {result['proxy_cpu_us_per_call']} µs/call")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=600, help="timed calls per method and side, per round")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating direct/proxy rounds")
+    ap.add_argument("--pods", type=int, default=20, help="running pods during the measurement")
+    ap.add_argument("--pod-starts", type=int, default=6, help="pod starts per side")
+    ap.add_argument("--seconds", type=float, default=3.0, help="duration of each throughput run")
+    ap.add_argument("--hook-calls", type=int, default=300, help="hooked calls timed per hook setup")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="kpy-bench-") as tmp:
+        measured = measure_all(args, tmp)
+    result, rows, tput = summarize(measured, args.pods)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        report(result, rows, tput, args)
     return 0
 
 

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,186 +234,233 @@ def show_nrt() -> None:
         say(f"     isolated CPUs: {topology.isolated_cpus}")
 
 
-def main() -> int:  # noqa: C901 - a script that tells a story in order
+@dataclass
+class Demo:
+    """What the demo's steps start and pass on to the steps after them (and what the clean-up stops)."""
+
+    workdir: Path
+    socket_path: str = ""
+    koordlet: Koordlet | None = None
+    kubelet: TestKubelet | None = None
+    proxy: ProxyProcess | None = None
+    client: CriClient | None = None  # through the proxy
+    direct: CriClient | None = None  # to containerd
+    pods: PodFactory | None = None
+    ls_cid: str = ""
+    be_cid: str = ""
+
+
+def start_containerd(demo: Demo) -> None:
+    step("1. A private containerd 1.6 + runc", "cgroupfs driver, a local busybox image, no network")
+    demo.socket_path = DEMO_CONTAINERD.up()
+    say(f"   up at {demo.socket_path}")
+
+
+def start_koordlet(demo: Demo) -> None:
+    step("2. koordlet, the node agent, in local mode",
+         "pods from the CRI, NodeSLO from a file, NodeMetric to a file; it serves runtime hooks too, "
+         f"and a GPU device plugin for {FAKE_GPUS} fake GPUs (fake NVML) to a test kubelet")
+    hook_dir = str(demo.workdir / "hookserver.d")
+    koordlet = demo.koordlet = Koordlet(demo.workdir, demo.socket_path, hook_dir)
+    koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": False}})
+    # No real kubelet here: a test kubelet serves kubelet.sock in the demo's own device plugin dir.
+    koordlet.device_plugin_dir.mkdir(parents=True)
+    demo.kubelet = TestKubelet(str(koordlet.device_plugin_dir))
+    koordlet.start()
+    say(f"   koordlet pid {koordlet.proc.pid}, metrics on 127.0.0.1:{koordlet.port}")
+    registration = Path(hook_dir) / "koordlet.json"
+    if wait_until(registration.exists, 10):
+        say(f"   it registered its hook server: {json.loads(registration.read_text())}")
+    demo.kubelet = show_device_plugin(demo.kubelet)
+    show_nrt()
+
+
+def start_proxy(demo: Demo) -> None:
+    step("3. koord-runtime-proxy in front of containerd",
+         "kubelet would be pointed at it with --container-runtime-endpoint")
+    proxy = demo.proxy = ProxyProcess(str(demo.workdir / "runtimeproxy.sock"), demo.socket_path,
+                                      state_dir=str(demo.workdir), log_path=str(demo.workdir / "proxy.log")).start()
+    wait_for_socket(proxy.listen, 10)
+    demo.client, demo.direct = CriClient(proxy.listen), CriClient(demo.socket_path)
+    version = demo.client.runtime.Version(cri.VersionRequest(version="v1"))
+    say(f"   proxy pid {proxy.proc.pid}: {version.runtime_name} {version.runtime_version} through it")
+
+
+def start_pods(demo: Demo) -> None:
+    step("4. An LS pod and a BE pod start through the proxy",
+         "the BE pod asks for kubernetes.io/batch-cpu/-memory, as Koordinator's batch jobs do")
+    client = demo.client
+    pods = demo.pods = PodFactory(client, cgroup_root=CGROUP_ROOT)
+    _, demo.ls_cid, ls_sandbox = pods.start_pod(
+        "web", kube_qos="burstable", labels=LS_LABELS, command=IDLE,
+        resources=cri.LinuxContainerResources(cpu_period=100000, cpu_quota=100000, cpu_shares=1024,
+                                              memory_limit_in_bytes=256 << 20))
+    be_sandbox = sandbox_config("batch-job", kube_qos="besteffort", labels=BE_LABELS, cgroup_root=CGROUP_ROOT,
+                                annotations={"node.koordinator.sh/extended-resource-spec": json.dumps(BE_SPEC)})
+    be_sid, run_ms = timed_ms(pods.run_pod, be_sandbox)
+    demo.be_cid, create_ms = timed_ms(pods.create_container, be_sid, be_sandbox,
+                                      container_config("batch-job", command=BURN))
+    _, start_ms = timed_ms(client.runtime.StartContainer, cri.StartContainerRequest(container_id=demo.be_cid))
+    say(f"   BE pod: RunPodSandbox {run_ms:.0f} ms, CreateContainer {create_ms:.0f} ms, "
+        f"StartContainer {start_ms:.0f} ms (hooks included)")
+    be_cgroup = f"{be_sandbox.linux.cgroup_parent}/{demo.be_cid}"
+    ls_cgroup = f"{ls_sandbox.linux.cgroup_parent}/{demo.ls_cid}"
+    say("   cgroup files of the containers (BE values come from the batch resources, via the hooks):")
+    show("cpu", ls_cgroup, ["cpu.shares", "cpu.cfs_quota_us"], "LS web")
+    show("cpu", be_cgroup, ["cpu.shares", "cpu.cfs_quota_us"], "BE batch")
+    show("memory", be_cgroup, ["memory.limit_in_bytes"], "BE batch")
+
+    step("5. Drift: someone rewrites the BE container's cpu.shares by hand",
+         "the reconciler re-applies what the hooks decided, without the proxy")
+    (CGROUP_V1 / "cpu" / be_cgroup.lstrip("/") / "cpu.shares").write_text("4096")
+    show("cpu", be_cgroup, ["cpu.shares"], "changed")
+    restored = wait_until(lambda: read("cpu", be_cgroup, "cpu.shares") != "4096", 8)
+    show("cpu", be_cgroup, ["cpu.shares"], "restored" if restored else "not yet")
+
+
+def show_metrics(demo: Demo) -> None:
+    step("6. The metrics page (koordlet /metrics, Koordinator's names)")
+    koordlet = demo.koordlet
+    # The PSI collector runs every 2 s here: give it a tick or two to find the new pods' cgroups.
+    metrics = wait_until(lambda: (lambda t: t if "koordlet_node_used_cpu_cores" in t and "koordlet_pod_psi{" in t
+                                  else "")(koordlet.metrics()), 10) or koordlet.metrics()
+    for line in metrics.splitlines():
+        if line.startswith(("koordlet_node_used_cpu_cores", "koordlet_node_used_memory_bytes",
+                            "koordlet_collector_duration_seconds_sum", "process_resident_memory_bytes")):
+            say(f"   {line}")
+    # Per-pod PSI: on this cgroup v1 host it comes from the hybrid cgroup2 mount runc also joins.
+    psi_lines = [line for line in metrics.splitlines() if line.startswith("koordlet_pod_psi{")
+                 and 'psi_resource_type="cpu"' in line and 'psi_precision="avg10"' in line
+                 and 'psi_degree="some"' in line]
+    for line in psi_lines:
+        say(f"   {line}")
+    if not psi_lines:
+        say("   (no per-pod PSI on this kernel: no *.pressure files in the pod cgroups)")
+
+
+def show_nodemetric(demo: Demo) -> None:
+    step("7. The NodeMetric koordlet reports (written as a file without an API server)")
+    report = demo.koordlet.reports / f"nodemetric-{NODE}.yaml"
+
+    def reported():
+        if not report.exists():
+            return None
+        status = yaml.safe_load(report.read_text()).get("status", {})
+        return status if len(status.get("podsMetric", [])) >= 2 else None
+
+    status = wait_until(reported, 15) or {}
+    usage = status.get("nodeMetric", {}).get("nodeUsage", {}).get("resources", {})
+    say(f"   nodeUsage: {usage}")
+    for pod in status.get("podsMetric", []):
+        say(f"   pod {pod['namespace']}/{pod['name']}: qos {pod.get('qos')}, priority {pod.get('priority')}, "
+            f"usage {pod.get('podUsage', {}).get('resources')}")
+
+
+def show_suppress(demo: Demo) -> None:
+    step("8. CPU suppression: BE gets what LS leaves, under the 65 % threshold",
+         "NodeSLO resourceUsedThresholdWithBE.enable=true, cfsQuota policy; watch besteffort cpu.cfs_quota_us")
+    besteffort = f"{CGROUP_ROOT}/kubepods/besteffort"
+    demo.koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 65,
+                                                             "cpuSuppressPolicy": "cfsQuota"}})
+    time.sleep(3)
+    say(f"   LS idle:      besteffort quota {read('cpu', besteffort, 'cpu.cfs_quota_us')} us per 100 ms")
+    burner = burn_in(demo.client, demo.ls_cid, 9)
+    for second in range(8):
+        time.sleep(1)
+        say(f"   LS busy  {second + 1} s: besteffort quota {int(read('cpu', besteffort, 'cpu.cfs_quota_us'))}")
+    burner.join(15)
+    for second in range(5):
+        time.sleep(1)
+        say(f"   LS idle  {second + 1} s: besteffort quota {read('cpu', besteffort, 'cpu.cfs_quota_us')}")
+    demo.koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": False}})
+
+
+def show_eviction(demo: Demo) -> None:
+    step("9. Memory pressure: the BE pod is evicted",
+         "threshold set just above today's node usage so a 1.5 GiB allocation crosses it; local mode kills "
+         "through the CRI (with an API server: the Eviction API, so PDBs hold)")
+    koordlet, client, direct = demo.koordlet, demo.client, demo.direct
+    threshold = min(95, node_memory_used_percent() + 3)
+    koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": True, "memoryEvictThresholdPercent": threshold,
+                                                        "cpuSuppressPolicy": "cfsQuota"}})
+    say(f"   node memory used {node_memory_used_percent()} %, eviction threshold {threshold} %")
+    time.sleep(2)
+    allocate = ["sh", "-c", "(head -c 1536m /dev/zero; sleep 60) | tail -c 1536m > /dev/null"]
+
+    def allocate_in_be() -> None:
+        try:
+            client.runtime.ExecSync(cri.ExecSyncRequest(container_id=demo.be_cid, cmd=allocate, timeout=60),
+                                    timeout=65)
+        except grpc.RpcError:
+            pass
+
+    threading.Thread(target=allocate_in_be, daemon=True).start()
+
+    def be_stopped():
+        state = direct.runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=demo.be_cid)).status.state
+        return state == cri.CONTAINER_EXITED
+
+    t0 = time.monotonic()
+    if wait_until(be_stopped, 30):
+        say(f"   BE container stopped {time.monotonic() - t0:.1f} s after the allocation began; koordlet says:")
+        for line in (koordlet.log_lines("evict") or ["(no eviction line logged)"])[-3:]:
+            say(f"   | {line.split(' ', 2)[-1][:200]}")
+        ls_state = direct.runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=demo.ls_cid)).status.state
+        say(f"   the LS pod is untouched: {cri.ContainerState.Name(ls_state)}")
+    else:
+        say("   the BE container was not evicted within 30 s; koordlet log tail:")
+        for line in koordlet.log_path.read_text().splitlines()[-10:]:
+            say(f"   | {line}")
+
+
+def show_proxy_cost(demo: Demo) -> None:
+    step("10. What the proxy costs kubelet: the same call, direct vs through the proxy (p50 of 300)")
+    for name, request in (("Version", cri.VersionRequest()), ("ListContainers", cri.ListContainersRequest())):
+        rows = []
+        for c in (demo.direct, demo.client):
+            rows.append(statistics.median(timed_ms(getattr(c.runtime, name), request)[1] for _ in range(300)))
+        say(f"   {name:<16} direct {rows[0]:.3f} ms   proxy {rows[1]:.3f} ms   added {rows[1] - rows[0]:+.3f} ms")
+
+
+STEPS = (start_containerd, start_koordlet, start_proxy, start_pods, show_metrics, show_nodemetric, show_suppress,
+         show_eviction, show_proxy_cost)
+
+
+def clean_up(demo: Demo) -> None:
+    """Stop everything the demo started, whatever step it reached."""
+    if demo.pods is not None:
+        demo.pods.client = demo.direct or demo.pods.client
+        demo.pods.cleanup()
+    for c in (demo.client, demo.direct):
+        if c is not None:
+            c.close()
+    if demo.proxy is not None and demo.proxy.proc is not None:
+        demo.proxy.terminate()
+    if demo.koordlet is not None:
+        demo.koordlet.stop()
+    if demo.kubelet is not None:
+        demo.kubelet.stop()
+    DEMO_CONTAINERD.down()
+
+
+def main() -> int:
     if os.geteuid() != 0:
         say("make demo needs root (it runs containerd and writes cgroups)")
         return 1
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     tmp = tempfile.TemporaryDirectory(prefix="kpy-demo-")
-    workdir = Path(tmp.name)
-    proxy = koordlet = client = direct = pods = kubelet = None
+    demo = Demo(Path(tmp.name))
     started = time.monotonic()
     try:
-        step("1. A private containerd 1.6 + runc", "cgroupfs driver, a local busybox image, no network")
-        socket_path = DEMO_CONTAINERD.up()
-        say(f"   up at {socket_path}")
-
-        step("2. koordlet, the node agent, in local mode",
-             "pods from the CRI, NodeSLO from a file, NodeMetric to a file; it serves runtime hooks too, "
-             f"and a GPU device plugin for {FAKE_GPUS} fake GPUs (fake NVML) to a test kubelet")
-        hook_dir = str(workdir / "hookserver.d")
-        koordlet = Koordlet(workdir, socket_path, hook_dir)
-        koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": False}})
-        # No real kubelet here: a test kubelet serves kubelet.sock in the demo's own device plugin dir.
-        koordlet.device_plugin_dir.mkdir(parents=True)
-        kubelet = TestKubelet(str(koordlet.device_plugin_dir))
-        koordlet.start()
-        say(f"   koordlet pid {koordlet.proc.pid}, metrics on 127.0.0.1:{koordlet.port}")
-        registration = Path(hook_dir) / "koordlet.json"
-        if wait_until(registration.exists, 10):
-            say(f"   it registered its hook server: {json.loads(registration.read_text())}")
-        kubelet = show_device_plugin(kubelet)
-        show_nrt()
-
-        step("3. koord-runtime-proxy in front of containerd",
-             "kubelet would be pointed at it with --container-runtime-endpoint")
-        proxy = ProxyProcess(str(workdir / "runtimeproxy.sock"), socket_path, state_dir=str(workdir),
-                             log_path=str(workdir / "proxy.log")).start()
-        wait_for_socket(proxy.listen, 10)
-        client, direct = CriClient(proxy.listen), CriClient(socket_path)
-        version = client.runtime.Version(cri.VersionRequest(version="v1"))
-        say(f"   proxy pid {proxy.proc.pid}: {version.runtime_name} {version.runtime_version} through it")
-
-        step("4. An LS pod and a BE pod start through the proxy",
-             "the BE pod asks for kubernetes.io/batch-cpu/-memory, as Koordinator's batch jobs do")
-        pods = PodFactory(client, cgroup_root=CGROUP_ROOT)
-        ls_sid, ls_cid, ls_sandbox = pods.start_pod(
-            "web", kube_qos="burstable", labels=LS_LABELS, command=IDLE,
-            resources=cri.LinuxContainerResources(cpu_period=100000, cpu_quota=100000, cpu_shares=1024,
-                                                  memory_limit_in_bytes=256 << 20))
-        be_sandbox = sandbox_config("batch-job", kube_qos="besteffort", labels=BE_LABELS, cgroup_root=CGROUP_ROOT,
-                                    annotations={"node.koordinator.sh/extended-resource-spec": json.dumps(BE_SPEC)})
-        be_sid, run_ms = timed_ms(pods.run_pod, be_sandbox)
-        be_cid, create_ms = timed_ms(pods.create_container, be_sid, be_sandbox,
-                                     container_config("batch-job", command=BURN))
-        _, start_ms = timed_ms(client.runtime.StartContainer, cri.StartContainerRequest(container_id=be_cid))
-        say(f"   BE pod: RunPodSandbox {run_ms:.0f} ms, CreateContainer {create_ms:.0f} ms, "
-            f"StartContainer {start_ms:.0f} ms (hooks included)")
-        be_cgroup = f"{be_sandbox.linux.cgroup_parent}/{be_cid}"
-        ls_cgroup = f"{ls_sandbox.linux.cgroup_parent}/{ls_cid}"
-        say("   cgroup files of the containers (BE values come from the batch resources, via the hooks):")
-        show("cpu", ls_cgroup, ["cpu.shares", "cpu.cfs_quota_us"], "LS web")
-        show("cpu", be_cgroup, ["cpu.shares", "cpu.cfs_quota_us"], "BE batch")
-        show("memory", be_cgroup, ["memory.limit_in_bytes"], "BE batch")
-
-        step("5. Drift: someone rewrites the BE container's cpu.shares by hand",
-             "the reconciler re-applies what the hooks decided, without the proxy")
-        (CGROUP_V1 / "cpu" / be_cgroup.lstrip("/") / "cpu.shares").write_text("4096")
-        show("cpu", be_cgroup, ["cpu.shares"], "changed")
-        restored = wait_until(lambda: read("cpu", be_cgroup, "cpu.shares") != "4096", 8)
-        show("cpu", be_cgroup, ["cpu.shares"], "restored" if restored else "not yet")
-
-        step("6. The metrics page (koordlet /metrics, Koordinator's names)")
-        # The PSI collector runs every 2 s here: give it a tick or two to find the new pods' cgroups.
-        metrics = wait_until(lambda: (lambda t: t if "koordlet_node_used_cpu_cores" in t and "koordlet_pod_psi{" in t
-                                      else "")(koordlet.metrics()), 10) or koordlet.metrics()
-        for line in metrics.splitlines():
-            if line.startswith(("koordlet_node_used_cpu_cores", "koordlet_node_used_memory_bytes",
-                                "koordlet_collector_duration_seconds_sum", "process_resident_memory_bytes")):
-                say(f"   {line}")
-        # Per-pod PSI: on this cgroup v1 host it comes from the hybrid cgroup2 mount runc also joins.
-        psi_lines = [line for line in metrics.splitlines() if line.startswith("koordlet_pod_psi{")
-                     and 'psi_resource_type="cpu"' in line and 'psi_precision="avg10"' in line
-                     and 'psi_degree="some"' in line]
-        for line in psi_lines:
-            say(f"   {line}")
-        if not psi_lines:
-            say("   (no per-pod PSI on this kernel: no *.pressure files in the pod cgroups)")
-
-        step("7. The NodeMetric koordlet reports (written as a file without an API server)")
-        report = koordlet.reports / f"nodemetric-{NODE}.yaml"
-
-        def reported():
-            if not report.exists():
-                return None
-            status = yaml.safe_load(report.read_text()).get("status", {})
-            return status if len(status.get("podsMetric", [])) >= 2 else None
-
-        status = wait_until(reported, 15) or {}
-        usage = status.get("nodeMetric", {}).get("nodeUsage", {}).get("resources", {})
-        say(f"   nodeUsage: {usage}")
-        for pod in status.get("podsMetric", []):
-            say(f"   pod {pod['namespace']}/{pod['name']}: qos {pod.get('qos')}, priority {pod.get('priority')}, "
-                f"usage {pod.get('podUsage', {}).get('resources')}")
-
-        step("8. CPU suppression: BE gets what LS leaves, under the 65 % threshold",
-             "NodeSLO resourceUsedThresholdWithBE.enable=true, cfsQuota policy; watch besteffort cpu.cfs_quota_us")
-        besteffort = f"{CGROUP_ROOT}/kubepods/besteffort"
-        koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 65,
-                                                            "cpuSuppressPolicy": "cfsQuota"}})
-        time.sleep(3)
-        say(f"   LS idle:      besteffort quota {read('cpu', besteffort, 'cpu.cfs_quota_us')} us per 100 ms")
-        burner = burn_in(client, ls_cid, 9)
-        quotas = []
-        for second in range(8):
-            time.sleep(1)
-            quotas.append(int(read("cpu", besteffort, "cpu.cfs_quota_us")))
-            say(f"   LS busy  {second + 1} s: besteffort quota {quotas[-1]}")
-        burner.join(15)
-        for second in range(5):
-            time.sleep(1)
-            say(f"   LS idle  {second + 1} s: besteffort quota {read('cpu', besteffort, 'cpu.cfs_quota_us')}")
-        koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": False}})
-
-        step("9. Memory pressure: the BE pod is evicted",
-             "threshold set just above today's node usage so a 1.5 GiB allocation crosses it; local mode kills "
-             "through the CRI (with an API server: the Eviction API, so PDBs hold)")
-        threshold = min(95, node_memory_used_percent() + 3)
-        koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": True, "memoryEvictThresholdPercent": threshold,
-                                                            "cpuSuppressPolicy": "cfsQuota"}})
-        say(f"   node memory used {node_memory_used_percent()} %, eviction threshold {threshold} %")
-        time.sleep(2)
-        allocate = ["sh", "-c", "(head -c 1536m /dev/zero; sleep 60) | tail -c 1536m > /dev/null"]
-
-        def allocate_in_be() -> None:
-            try:
-                client.runtime.ExecSync(cri.ExecSyncRequest(container_id=be_cid, cmd=allocate, timeout=60), timeout=65)
-            except grpc.RpcError:
-                pass
-
-        threading.Thread(target=allocate_in_be, daemon=True).start()
-
-        def be_stopped():
-            state = direct.runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=be_cid)).status.state
-            return state == cri.CONTAINER_EXITED
-
-        t0 = time.monotonic()
-        if wait_until(be_stopped, 30):
-            say(f"   BE container stopped {time.monotonic() - t0:.1f} s after the allocation began; koordlet says:")
-            for line in (koordlet.log_lines("evict") or ["(no eviction line logged)"])[-3:]:
-                say(f"   | {line.split(' ', 2)[-1][:200]}")
-            ls_state = direct.runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=ls_cid)).status.state
-            say(f"   the LS pod is untouched: {cri.ContainerState.Name(ls_state)}")
-        else:
-            say("   the BE container was not evicted within 30 s; koordlet log tail:")
-            for line in koordlet.log_path.read_text().splitlines()[-10:]:
-                say(f"   | {line}")
-
-        step("10. What the proxy costs kubelet: the same call, direct vs through the proxy (p50 of 300)")
-        for name, request in (("Version", cri.VersionRequest()), ("ListContainers", cri.ListContainersRequest())):
-            rows = []
-            for c in (direct, client):
-                rows.append(statistics.median(timed_ms(getattr(c.runtime, name), request)[1] for _ in range(300)))
-            say(f"   {name:<16} direct {rows[0]:.3f} ms   proxy {rows[1]:.3f} ms   added {rows[1] - rows[0]:+.3f} ms")
+        for run_step in STEPS:
+            run_step(demo)
         say(f"\nDone in {time.monotonic() - started:.0f} s: stopping everything the demo started.")
         return 0
     except KeyboardInterrupt:
         say("\ninterrupted: cleaning up")
         return 130
     finally:
-        if pods is not None:
-            pods.client = direct or pods.client
-            pods.cleanup()
-        for c in (client, direct):
-            if c is not None:
-                c.close()
-        if proxy is not None and proxy.proc is not None:
-            proxy.terminate()
-        if koordlet is not None:
-            koordlet.stop()
-        if kubelet is not None:
-            kubelet.stop()
-        DEMO_CONTAINERD.down()
+        clean_up(demo)
         tmp.cleanup()
 
 

@@ -10,8 +10,9 @@ import math
 from koordlet.api.annotations import parse_cpu_normalization_ratio
 from koordlet.api.keys import ANNOTATION_NODE_CPU_NORMALIZATION_RATIO, ANNOTATION_RESOURCE_STATUS
 from koordlet.api.qos import QoSClass
+from wire.kernel_ranges import CFS_QUOTA_MIN_US
 
-from .protocol import MIN_CFS_QUOTA_US, NO_CHANGES, Changes, ContainerContext, NodeContext
+from .protocol import NO_CHANGES, Changes, ContainerContext, NodeContext
 from .registry import Plugin, Stage, register
 
 
@@ -26,7 +27,7 @@ def container(ctx: ContainerContext, ratio: float | None) -> Changes:
         return NO_CHANGES
     if ANNOTATION_RESOURCE_STATUS in ctx.pod.annotations or ctx.resources.cfs_quota_us <= 0:
         return NO_CHANGES
-    return Changes(cfs_quota_us=max(MIN_CFS_QUOTA_US, math.ceil(ctx.resources.cfs_quota_us / ratio)))
+    return Changes(cfs_quota_us=max(CFS_QUOTA_MIN_US, math.ceil(ctx.resources.cfs_quota_us / ratio)))
 
 
 PLUGIN = register(Plugin("cpunormalization", "CPUNormalization", rule, container=container,

@@ -9,24 +9,21 @@ from koordlet.api.cpupools import CPUPools
 from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
 from koordlet.api.pod import PodMeta
 from koordlet.api.units import CFS_PERIOD_US
-
-MIN_CPU_SHARES = 2
-MAX_CPU_SHARES = 262_144
-MIN_CFS_QUOTA_US = 1000
+from wire.kernel_ranges import CFS_QUOTA_MIN_US, CPU_SHARES_MAX, CPU_SHARES_MIN
 
 
 def shares_from_milli(milli_cpu: int) -> int:
     """cpu.shares for a CPU request (§3.2): max(2, min(262144, milli × 1024 / 1000)); ≤ 0 → 2."""
     if milli_cpu <= 0:
-        return MIN_CPU_SHARES
-    return max(MIN_CPU_SHARES, min(MAX_CPU_SHARES, milli_cpu * 1024 // 1000))
+        return CPU_SHARES_MIN
+    return max(CPU_SHARES_MIN, min(CPU_SHARES_MAX, milli_cpu * 1024 // 1000))
 
 
 def quota_from_milli(milli_cpu: int) -> int:
     """cfs_quota_us for a CPU limit (§3.2): milli × 100000 / 1000; ≤ 0 → −1 (unlimited); < 1000 → 1000."""
     if milli_cpu <= 0:
         return -1
-    return max(MIN_CFS_QUOTA_US, milli_cpu * CFS_PERIOD_US // 1000)
+    return max(CFS_QUOTA_MIN_US, milli_cpu * CFS_PERIOD_US // 1000)
 
 
 def memory_limit(bytes_: int) -> int:

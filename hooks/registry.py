@@ -1,13 +1,15 @@
 """The one place plugins are registered, and the runner that calls them in order.
 
 Within a level, plugins run in alphabetical order of name (reference/koordinator.md §3.1) and each
-later plugin's settings win per field. A plugin whose input is malformed (``AnnotationError``) or
-that fails otherwise is reported to ``on_error`` and skipped; the others still answer.
+later plugin's settings win per field. A plugin that raises, whether its input is malformed
+(``AnnotationError``) or it has a bug (any other exception), is reported to ``on_error`` (which logs and
+counts it) and skipped for that pod; the others' answers stand.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -16,6 +18,8 @@ from koordlet.api.annotations import AnnotationError
 from . import validate
 from .protocol import NO_CHANGES, Changes, ContainerContext, NodeContext, PodContext
 
+log = logging.getLogger(__name__)
+
 
 class Stage(enum.StrEnum):
     """Hook stages a plugin answers at (runtime.v1alpha1 hook types)."""
@@ -23,10 +27,6 @@ class Stage(enum.StrEnum):
     PRE_RUN_POD_SANDBOX = "PreRunPodSandbox"
     PRE_CREATE_CONTAINER = "PreCreateContainer"
     PRE_UPDATE_CONTAINER_RESOURCES = "PreUpdateContainerResources"
-
-
-POD_STAGES = frozenset({Stage.PRE_RUN_POD_SANDBOX})
-CONTAINER_STAGES = frozenset({Stage.PRE_CREATE_CONTAINER, Stage.PRE_UPDATE_CONTAINER_RESOURCES})
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,8 @@ class Plugin:
 PLUGINS: dict[str, Plugin] = {}
 
 ErrorReporter = Callable[[str, str, Exception], None]  # (plugin, pod key, error)
+# What malformed input raises in a plugin; anything else is a bug in it (logged with its traceback).
+EXPECTED_ERRORS = (AnnotationError, ValueError, KeyError, TypeError)
 RejectReporter = Callable[[list["validate.Rejected"]], None]  # the values validate.check dropped
 
 
@@ -68,9 +70,12 @@ def _run(plugins: list[Plugin], node: NodeContext, pod_key: str, call, on_error:
     for plugin in plugins:
         try:
             changes = call(plugin, plugin.rule(node))
-        except (AnnotationError, ValueError, KeyError, TypeError) as err:
+        except Exception as err:  # one plugin's failure must not cost the others' answers
             if on_error is not None:
                 on_error(plugin.name, pod_key, err)
+            else:
+                log.warning("hook plugin %s skipped for %s: %s", plugin.name, pod_key, err,
+                            exc_info=not isinstance(err, EXPECTED_ERRORS))
             continue
         if changes:
             result = result.merged(changes)

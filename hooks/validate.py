@@ -6,7 +6,9 @@ has, is dropped: that field stays as kubelet asked for it, so a malformed annota
 fail that would start without koordlet. Each dropped value comes back as a :class:`Rejected` for the caller
 to log, count and report.
 
-The rules (cgroup v1 names; the v2 files take the same values through the executor's conversion):
+The rules (cgroup v1 names; the v2 files take the same values through the executor's conversion). The
+kernel's own ranges are ``wire.kernel_ranges``, which the proxy's merge and koordlet's cgroup registry check
+too; what only koordlet knows (the node, the parent cgroup) is added here:
 
 - ``cpu.shares`` 2..262144 (the kernel's range);
 - ``cpu.cfs_quota_us`` -1 (unlimited) or 1000 µs .. the node's capacity (online CPUs × the 100 ms period),
@@ -23,15 +25,15 @@ The rules (cgroup v1 names; the v2 files take the same values through the execut
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from koordlet.api.cpuset import CPUListError, parse_cpu_list
 from koordlet.api.units import CFS_PERIOD_US
+from wire import kernel_ranges
+from wire.kernel_ranges import CPUListError, parse_cpu_list
 
-from .protocol import MAX_CPU_SHARES, MIN_CFS_QUOTA_US, MIN_CPU_SHARES, Changes, NodeContext
+from .protocol import Changes, NodeContext
 
-PAGE_BYTES = 4096
 MAX_CPU_LIST_CHARS = 4096
 MAX_ENV_NAME = 256
 MAX_ENV_VALUE = 32 << 10
@@ -53,10 +55,9 @@ ParentQuota = int | None | Callable[[], int | None]
 
 
 def _quota_problem(quota: int, node: NodeContext, parent_quota: ParentQuota) -> str | None:
-    if quota == -1:
-        return None
-    if quota < MIN_CFS_QUOTA_US:
-        return f"below the kernel's minimum of {MIN_CFS_QUOTA_US} µs (and not -1)"
+    problem = kernel_ranges.quota_problem(quota)
+    if problem is not None or quota == kernel_ranges.UNLIMITED:
+        return problem
     if node.online_cpus:
         capacity = len(node.online_cpus) * CFS_PERIOD_US
         if quota > capacity:
@@ -86,13 +87,10 @@ def _cpuset_problem(text: str, node: NodeContext) -> str | None:
 
 
 def _memory_problem(limit: int, node: NodeContext) -> str | None:
-    if limit == -1:
-        return None
-    if limit < PAGE_BYTES:
-        return f"below one page ({PAGE_BYTES} bytes)"
-    if node.memory_bytes and limit > node.memory_bytes:
+    problem = kernel_ranges.memory_limit_problem(limit)
+    if problem is None and limit != kernel_ranges.UNLIMITED and node.memory_bytes and limit > node.memory_bytes:
         return f"above the node's memory of {node.memory_bytes} bytes"
-    return None
+    return problem
 
 
 def _env_problem(name: object, value: object) -> str | None:
@@ -111,6 +109,35 @@ def _schemata_problem(text: str) -> str | None:
     return None
 
 
+def _resctrl_group_problem(name: str) -> str | None:
+    if name == "" or (_RESCTRL_GROUP.match(name) and name not in (".", "..")):
+        return None
+    return "not a plain directory name of at most 64 characters"
+
+
+# Field of Changes -> (value, node, parent quota) -> why the value is refused, or None; checked in this order.
+_FIELD_RULES: tuple[tuple[str, Callable[[object, NodeContext, ParentQuota], str | None]], ...] = (
+    ("cpu_shares", lambda value, node, parent: kernel_ranges.shares_problem(value)),
+    ("cfs_quota_us", _quota_problem),
+    ("cpuset_cpus", lambda value, node, parent: _cpuset_problem(value, node)),
+    ("memory_limit_bytes", lambda value, node, parent: _memory_problem(value, node)),
+    ("bvt_warp_ns", lambda value, node, parent: None if -1 <= value <= 2 else "outside -1..2"),
+    ("cpu_idle", lambda value, node, parent: None if value in (0, 1) else "not 0 or 1"),
+    ("resctrl_group", lambda value, node, parent: _resctrl_group_problem(value)),
+    ("resctrl_schemata", lambda value, node, parent: _schemata_problem(value)),
+)
+
+
+def _checked_envs(envs: Mapping[str, str], rejected: list[Rejected]) -> dict[str, str] | None:
+    """``envs`` without the invalid ones (each added to ``rejected``), or None when all are valid."""
+    bad = {name: reason for name, value in envs.items() if (reason := _env_problem(name, value)) is not None}
+    if not bad:
+        return None
+    for name, reason in bad.items():
+        rejected.append(Rejected(f"envs.{str(name)[:64]}", str(envs[name])[:64], reason))
+    return {name: value for name, value in envs.items() if name not in bad}
+
+
 def check(changes: Changes, node: NodeContext, parent_quota: ParentQuota = None) -> tuple[Changes, list[Rejected]]:
     """``changes`` without the values the kernel or the node would refuse, and what was dropped.
 
@@ -119,37 +146,17 @@ def check(changes: Changes, node: NodeContext, parent_quota: ParentQuota = None)
     -1 or None means unlimited."""
     rejected: list[Rejected] = []
     drop: dict[str, object] = {}
-
-    def refuse(key: str, value: object, reason: str | None) -> None:
+    for key, problem in _FIELD_RULES:
+        value = getattr(changes, key)
+        if value is None:
+            continue
+        reason = problem(value, node, parent_quota)
         if reason is not None:
             rejected.append(Rejected(key, value, reason))
             drop[key] = None
-
-    if changes.cpu_shares is not None and not MIN_CPU_SHARES <= changes.cpu_shares <= MAX_CPU_SHARES:
-        refuse("cpu_shares", changes.cpu_shares, f"outside {MIN_CPU_SHARES}..{MAX_CPU_SHARES}")
-    if changes.cfs_quota_us is not None:
-        refuse("cfs_quota_us", changes.cfs_quota_us, _quota_problem(changes.cfs_quota_us, node, parent_quota))
-    if changes.cpuset_cpus is not None:
-        refuse("cpuset_cpus", changes.cpuset_cpus, _cpuset_problem(changes.cpuset_cpus, node))
-    if changes.memory_limit_bytes is not None:
-        refuse("memory_limit_bytes", changes.memory_limit_bytes, _memory_problem(changes.memory_limit_bytes, node))
-    if changes.bvt_warp_ns is not None and not -1 <= changes.bvt_warp_ns <= 2:
-        refuse("bvt_warp_ns", changes.bvt_warp_ns, "outside -1..2")
-    if changes.cpu_idle is not None and changes.cpu_idle not in (0, 1):
-        refuse("cpu_idle", changes.cpu_idle, "not 0 or 1")
-    if changes.resctrl_group is not None and changes.resctrl_group != "" and (
-            not _RESCTRL_GROUP.match(changes.resctrl_group) or changes.resctrl_group in (".", "..")):
-        refuse("resctrl_group", changes.resctrl_group, "not a plain directory name of at most 64 characters")
-    if changes.resctrl_schemata is not None:
-        refuse("resctrl_schemata", changes.resctrl_schemata, _schemata_problem(changes.resctrl_schemata))
-    envs = changes.envs
-    bad_envs = [(name, value, _env_problem(name, value)) for name, value in envs.items()]
-    bad_envs = [(name, value, reason) for name, value, reason in bad_envs if reason is not None]
-    if bad_envs:
-        for name, value, reason in bad_envs:
-            rejected.append(Rejected(f"envs.{str(name)[:64]}", str(value)[:64], reason or ""))
-        dropped_names = {name for name, _, _ in bad_envs}
-        drop["envs"] = {name: value for name, value in envs.items() if name not in dropped_names}
+    envs = _checked_envs(changes.envs, rejected)
+    if envs is not None:
+        drop["envs"] = envs
     if not drop:
         return changes, []
     return replace(changes, **drop), rejected

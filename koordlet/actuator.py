@@ -29,6 +29,7 @@ from koordlet.plan import (
     ResctrlRemoveGroup,
     ResctrlWrite,
     Victim,
+    VictimOutcome,
     WriteStep,
     walk_victims,
 )
@@ -136,9 +137,11 @@ class PlanRunner:
             gauge.labels(**labels).set(update.value)
             return
         try:
-            gauge.remove(*(labels[name] for name in gauge._labelnames))
-        except KeyError:
-            pass  # never set for these labels
+            # by name, so the plan's label order does not matter; a GaugeSet names every label, so this is the
+            # one series (a series never set is no error)
+            gauge.remove_by_labels(labels)
+        except ValueError as exc:
+            logger.error("a plan removed %s by labels it does not have: %s", update.name, exc)
 
     def _write(self, step: WriteStep, counts: _Counts, verify: bool) -> None:
         updates: list[ResourceUpdate] = []
@@ -210,13 +213,13 @@ class PlanRunner:
             logger.warning("%s asked for evictions but this agent has no evictor", request.feature)
             return 0.0, (), ()
 
-        def outcome(victim: Victim) -> str:
+        def outcome(victim: Victim) -> VictimOutcome:
             if evictor.is_evicting(victim.pod.uid):
-                return "released"
+                return VictimOutcome.RELEASED
             result = evictor.evict(victim.pod, request.feature, victim.message)
             if not result.releases:
-                return "refused"
-            return "evicted" if result.outcome is EvictionOutcome.EVICTED else "released"
+                return VictimOutcome.REFUSED
+            return VictimOutcome.EVICTED if result.outcome is EvictionOutcome.EVICTED else VictimOutcome.RELEASED
 
         released, accepted, refused = walk_victims(request.candidates, request.target, outcome)
         if released < request.target:

@@ -258,6 +258,20 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
     def path(host: str, daemonset: str) -> str:
         return host if host_mode else daemonset
 
+    _host_and_kubelet_flags(flag, switch, path)
+    _collection_qos_and_hook_flags(flag, switch, path)
+    _report_api_and_mode_flags(flag, switch, kubeconfig)
+    return parser
+
+
+# What _build_parser hands its flag groups: flag(name, convert, default, help), switch(name, default, help), and
+# path(host default, DaemonSet default).
+_AddFlag = Callable[[str, Callable[[str], object], object, str], None]
+_AddSwitch = Callable[[str, bool, str], None]
+_ModePath = Callable[[str, str], str]
+
+
+def _host_and_kubelet_flags(flag: _AddFlag, switch: _AddSwitch, path: _ModePath) -> None:
     flag("cgroup-root-dir", str, path("/sys/fs/cgroup/", "/host-cgroup/"), "root of the cgroup hierarchies")
     flag("proc-root-dir", str, "/proc/", "procfs root")
     flag("sys-root-dir", str, path("/sys/", "/host-sys/"), "sysfs root")
@@ -281,6 +295,9 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
     switch("disable-query-kubelet-config", False, "do not read kubelet /configz")
     flag("kubelet-config-file", str, "",
          "kubelet's KubeletConfiguration file: CPU manager policy options and reservedSystemCPUs (optional)")
+
+
+def _collection_qos_and_hook_flags(flag: _AddFlag, switch: _AddSwitch, path: _ModePath) -> None:
     flag("node-topology-sync-interval", parse_duration, 3.0, "Device (and topology) report period")
     flag("node-topology-min-update-interval", parse_duration, 10.0,
          "NodeResourceTopology: least time between two updates of the object")
@@ -305,6 +322,9 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
          "hookserver.d dir for the registration file")
     flag("runtime-hooks-disable-stages", str, "", "comma-separated hook stages to disable")
     flag("runtime-hooks-reconcile-interval", parse_duration, 10.0, "reconciler period")
+
+
+def _report_api_and_mode_flags(flag: _AddFlag, switch: _AddSwitch, kubeconfig: str) -> None:
     switch("enable-node-metric-report", True, "report NodeMetric status")
     flag("report-interval", parse_duration, 60.0, "NodeMetric report period when its spec does not set one")
     switch("create-node-metric", False, "create the NodeMetric object when it is missing")
@@ -320,7 +340,6 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
     flag("stop-timeout", parse_duration, 10.0, "bound on a graceful stop")
     flag("feature-gates", str, "", "Name=bool,... (§9.2)")
     flag("netqos-uplink", str, "", "interface that TCNetworkQoS shapes (default: that of the default route)")
-    return parser
 
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletConfig:

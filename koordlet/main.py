@@ -40,6 +40,7 @@ import kubernetes.config
 from koordlet import features
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
+from koordlet.events import PodEvents
 from koordlet.executor import ResourceExecutor
 from koordlet.gpu.metrics import gpu_devices
 from koordlet.gpu.nvml import NvmlModule
@@ -56,18 +57,17 @@ from koordlet.metricsadvisor import (
     PodPsiCollector,
     PodResourceCollector,
 )
-from koordlet.reporters.device import GPUCollector, DeviceReportLoop
+from koordlet.reporters.device import DeviceReportLoop, GPUCollector
 from koordlet.reporters.nodemetric import NodeMetricReporter
 from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
-from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
+from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
 from koordlet.statesinformer.cri import CriPodSource
 from koordlet.statesinformer.informer import PodSource, StatesInformer
 from koordlet.statesinformer.kube import KubeStates
 from koordlet.statesinformer.kubelet import KubeletPodSource, kubelet_url
 from koordlet.statesinformer.nodeslo_file import NodeSLOFileWatcher
-from koordlet.events import PodEvents
 from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
@@ -110,6 +110,14 @@ class AgentContext:
     gpu: GPUService | None = field(default=None, init=False)  # gate Accelerators, with a GPU
     reporter: NodeMetricReporter | None = field(default=None, init=False)
     _cpu_manager: Callable[[], CPUManagerState | None] | None = field(default=None, init=False)
+    _dirs: HostDirs | None = field(default=None, init=False)
+
+    @property
+    def dirs(self) -> HostDirs:
+        """The kernel filesystems' mount dirs (:func:`host_dirs` of the config), worked out once."""
+        if self._dirs is None:
+            self._dirs = host_dirs(self.config)
+        return self._dirs
 
     @property
     def cpu_manager(self) -> Callable[[], CPUManagerState | None]:
@@ -163,11 +171,6 @@ def host_dirs(config: KoordletConfig) -> HostDirs:
                                sys_fs_root_dir=config.sys_fs_root_dir, cgroup_root_dir=config.cgroup_root_dir)
 
 
-def cgroup_fs_of(config: KoordletConfig) -> CgroupFS:
-    """``-cgroup-root-dir`` as a CgroupFS."""
-    return CgroupFS.detect(host_dirs(config).cgroup_mount_dir)
-
-
 def local_node_info(node_name: str) -> NodeInfo:
     """This host as a NodeInfo (local mode): all CPUs and all memory, capacity = allocatable."""
     cpus = len(os.sched_getaffinity(0))
@@ -189,8 +192,8 @@ def _api_client(config: KoordletConfig) -> kubernetes.client.ApiClient:
 def _executor(ctx: AgentContext) -> Component | None:
     """The executor, and the cgroup layout it writes in."""
     config = ctx.config
-    cgroup_fs = ctx.cgroup_fs = cgroup_fs_of(config)
-    ctx.executor = ResourceExecutor(cgroup_fs, resctrl_root=host_dirs(config).resctrl_dir,
+    cgroup_fs = ctx.cgroup_fs = CgroupFS.detect(ctx.dirs.cgroup_mount_dir)  # -cgroup-root-dir
+    ctx.executor = ResourceExecutor(cgroup_fs, resctrl_root=ctx.dirs.resctrl_dir,
                                     force_update_seconds=float(config.resource_force_update_seconds))
     driver = detect_cgroup_driver(cgroup_fs, config.kubelet_cgroup_root)
     layout = ctx.layout = KubeCgroupLayout(driver, config.kubelet_cgroup_root)
@@ -277,7 +280,7 @@ def _gpu_service(ctx: AgentContext) -> Component | None:
     if not config.gate("Accelerators"):
         return None
     # A short NVML event wait keeps the health thread quick to stop.
-    gpu = ctx.gpu = GPUService.start(ctx.nvml, sys_dir=host_dirs(config).sys_dir, poll_timeout_ms=1000)
+    gpu = ctx.gpu = GPUService.start(ctx.nvml, sys_dir=ctx.dirs.sys_dir, poll_timeout_ms=1000)
     if gpu is None:
         return None
     ctx.cache.set_kv(GPU_DEVICES_KV, gpu_devices(gpu.inventory))  # for NodeMetric and Prometheus
@@ -298,14 +301,14 @@ def _device_plugin(ctx: AgentContext) -> Component | None:
     config = ctx.config
     core_api = CoreV1(ctx.api_client) if ctx.api_client is not None else None
     server = gpu_device_plugin(core_api, config.node_name, gpu, plugin_dir=config.device_plugin_dir,
-                               dev_dir=host_dirs(config).dev_dir)
+                               dev_dir=ctx.dirs.dev_dir)
     server.start(require_kubelet=False)
     return _Running(server.stop)
 
 
 def _collectors(ctx: AgentContext) -> list[Collector]:
     config, states, layout, cgroup_fs = ctx.config, ctx.states, ctx.layout, ctx.cgroup_fs
-    node_collector = NodeResourceCollector(host_dirs(config).proc_dir, config.collect_res_used_interval_s)
+    node_collector = NodeResourceCollector(ctx.dirs.proc_dir, config.collect_res_used_interval_s)
     collectors: list[Collector] = [
         node_collector,
         PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
@@ -314,7 +317,7 @@ def _collectors(ctx: AgentContext) -> list[Collector]:
                              host_apps=host_app_cgroup_source(states.node_slo, layout)),
     ]
     if config.gate("PSICollector"):
-        collectors.append(NodePsiCollector(host_dirs(config).proc_dir, config.psi_collector_interval_s))
+        collectors.append(NodePsiCollector(ctx.dirs.proc_dir, config.psi_collector_interval_s))
         collectors.append(PodPsiCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
                                           config.psi_collector_interval_s))
     if ctx.gpu is not None:
@@ -353,7 +356,7 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
         feature_gates=config.feature_gates,
     )
     return new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
-                           sys_dir=host_dirs(config).sys_dir, cpu_manager=ctx.cpu_manager)
+                           sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager)
 
 
 def _runtime_hooks(ctx: AgentContext) -> Component | None:
@@ -368,10 +371,10 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         disabled_stages=frozenset(config.runtime_hooks_disable_stages),
         reconcile_interval_s=config.runtime_hooks_reconcile_interval_s,
         feature_gates=config.feature_gates,
-        resctrl_dir=host_dirs(config).resctrl_dir,
+        resctrl_dir=ctx.dirs.resctrl_dir,
         serve_hooks=config.runtime_hooks_network == "unix",
-        sys_dir=host_dirs(config).sys_dir,
-        proc_dir=host_dirs(config).proc_dir,
+        sys_dir=ctx.dirs.sys_dir,
+        proc_dir=ctx.dirs.proc_dir,
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
     return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
@@ -384,7 +387,7 @@ def _netqos(ctx: AgentContext) -> Component | None:
     from koordlet.netqos.manager import NetQoSManager
 
     config = ctx.config
-    dirs = host_dirs(config)
+    dirs = ctx.dirs
     return NetQoSManager(ctx.states, uplink=config.netqos_uplink, proc_dir=dirs.proc_dir,
                          sys_dir=dirs.sys_dir, registry=ctx.metrics.registry)
 
@@ -403,12 +406,17 @@ def _device_reporter(ctx: AgentContext) -> Component | None:
     custom_api = CustomObjects(api_client) if api_client is not None else None
     file_path = None if custom_api is not None else Path(config.report_dir) / f"device-{config.node_name}.yaml"
     reporter = DeviceReporter(config.node_name, custom_api=custom_api, file_path=file_path)
+    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, _node_uid(kube))
 
+
+def _node_uid(kube: KubeStates | None) -> Callable[[], str]:
+    """The Node object's UID as the node watcher last saw it ("" before that, or without an API server): the
+    owner reference of the objects the reporters write."""
     def node_uid() -> str:
         raw = kube.raw_node if kube is not None else None
         return str(((raw or {}).get("metadata") or {}).get("uid") or "")
 
-    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, node_uid)
+    return node_uid
 
 
 def _kubelet_cpu_manager(config: KoordletConfig) -> Callable[[], CPUManagerState | None]:
@@ -426,20 +434,16 @@ def _nrt_reporter(ctx: AgentContext) -> Component | None:
     config, api_client, kube, states = ctx.config, ctx.api_client, ctx.kube, ctx.states
     if not config.gate("NodeTopologyReport") or api_client is None:
         return None
-    sys_dir = host_dirs(config).sys_dir
+    sys_dir = ctx.dirs.sys_dir
 
     def node_annotations() -> dict[str, str]:
         node = states.node()
         return dict(node.annotations) if node is not None else {}
 
-    def node_uid() -> str:
-        raw = kube.raw_node if kube is not None else None
-        return str(((raw or {}).get("metadata") or {}).get("uid") or "")
-
     return NRTReportLoop(
         NRTReporter(config.node_name, CustomObjects(api_client)),
         lambda: read_node_topology(sys_dir), states.pods, ctx.cpu_manager,
-        node_annotations=node_annotations, node_uid=node_uid, interval_s=config.node_topology_sync_interval_s,
+        node_annotations=node_annotations, node_uid=_node_uid(kube), interval_s=config.node_topology_sync_interval_s,
         min_update_interval_s=config.node_topology_min_update_interval_s,
         observe=ctx.metrics.observe_node_topology_report)
 

@@ -20,6 +20,7 @@ detail (budgets, usage, victims), for logs and tests.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -127,15 +128,23 @@ class Plan:
         return not (self.steps or self.resctrl or self.evictions or self.gauges)
 
 
+class VictimOutcome(enum.Enum):
+    """What asking for one victim gave, in :func:`walk_victims`."""
+
+    RELEASED = "released"  # already being evicted (or gone): counts as released, nothing asked
+    EVICTED = "evicted"  # asked and accepted
+    REFUSED = "refused"  # asked and refused: the next candidate is tried
+
+
 def walk_victims(
-    candidates: Sequence[Victim], target: float, outcome: Callable[[Victim], str]
+    candidates: Sequence[Victim], target: float, outcome: Callable[[Victim], VictimOutcome]
 ) -> tuple[float, list[Victim], list[Victim]]:
     """The one eviction walk: candidates in order until ``target`` is released, BE pods only.
 
-    ``outcome(victim)`` says what asking for ``victim`` gives: ``"released"`` (already being evicted: counts,
-    nothing asked), ``"evicted"`` (asked and accepted), or ``"refused"`` (asked and refused: the next one is
-    tried). Returns (released, asked-and-accepted, refused). :func:`planned_victims` runs it assuming every
-    request is accepted; the runner runs it against the evictor.
+    ``outcome(victim)`` says what asking for ``victim`` gives (:class:`VictimOutcome`); anything else is a bug in
+    the caller and raises TypeError rather than counting as released. Returns (released, asked-and-accepted,
+    refused). :func:`planned_victims` runs it assuming every request is accepted; the runner runs it against the
+    evictor.
     """
     released = 0.0
     accepted: list[Victim] = []
@@ -146,11 +155,13 @@ def walk_victims(
         if victim.pod.qos_class is not QoSClass.BE:
             continue
         result = outcome(victim)
-        if result == "refused":
+        if not isinstance(result, VictimOutcome):
+            raise TypeError(f"an eviction outcome must be a VictimOutcome, not {result!r}")
+        if result is VictimOutcome.REFUSED:
             refused.append(victim)
             continue
         released += victim.releases
-        if result == "evicted":
+        if result is VictimOutcome.EVICTED:
             accepted.append(victim)
     return released, accepted, refused
 
@@ -160,6 +171,6 @@ def planned_victims(candidates: Sequence[Victim], target: float, evicting: froze
     """The victims an :class:`Evictions` request asks for when every eviction is accepted; pods in
     ``evicting`` (uids) count as released without a new request."""
     _, accepted, _ = walk_victims(
-        candidates, target, lambda v: "released" if v.pod.uid in evicting else "evicted"
+        candidates, target, lambda v: VictimOutcome.RELEASED if v.pod.uid in evicting else VictimOutcome.EVICTED
     )
     return tuple(accepted)

@@ -14,16 +14,17 @@ Per reference/koordinator.md §2.2 and §2.6–2.7, with its faults fixed:
 from __future__ import annotations
 
 import logging
-import re
 import time
 import zlib
 from collections.abc import Awaitable, Callable
 
 from google.protobuf.message import DecodeError, Message
 
-from . import h2
 from wire import cri_pb2 as cri
 from wire import hookapi_pb2 as hookapi
+from wire import kernel_ranges
+
+from . import h2
 from .backend import RuntimeClient, call_metadata
 from .hookclient import HookClient, HookError
 from .hookconfig import HookType, Registry
@@ -34,7 +35,6 @@ from .store import Store, container_request, pod_request_from_config, to_cri_res
 log = logging.getLogger(__name__)
 
 _PREFIX = "/runtime.v1.RuntimeService/"
-_CPU_LIST = re.compile(r"^$|^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 Backend = Callable[[bytes], Awaitable[CallResult]]
 
@@ -63,44 +63,33 @@ def inflate_bounded(data: bytes, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _valid_cpu_list(text: str) -> bool:
-    if not _CPU_LIST.match(text):
-        return False
-    for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
-        if hi and int(hi) < int(lo):
-            return False
-    return True
+def _oom_score_adj_problem(value: int) -> str | None:
+    return None if -1000 <= value <= 1000 else "outside -1000..1000"
+
+
+# The checked fields of a hook answer's container resources (koordinator.md §2.7): (name, whether the answer
+# sets it, the kernel's range for it; wire.kernel_ranges, as hooks/validate.py and koordlet's cgroup registry).
+# Numbers are set when non-zero (positive for most); the cpusets always, as an empty one clears the cpuset (how
+# BE containers lose theirs).
+_CHECKED_FIELDS: tuple[tuple[str, Callable[[int | str], bool], Callable[..., str | None]], ...] = (
+    ("cpu_period", lambda value: value > 0, kernel_ranges.period_problem),
+    ("cpu_quota", lambda value: value != 0, kernel_ranges.quota_problem),
+    ("cpu_shares", lambda value: value > 0, kernel_ranges.shares_problem),
+    ("memory_limit_in_bytes", lambda value: value > 0, kernel_ranges.memory_limit_problem),
+    ("oom_score_adj", lambda value: True, _oom_score_adj_problem),
+    ("cpuset_cpus", lambda value: True, kernel_ranges.cpu_list_problem),
+    ("cpuset_mems", lambda value: True, kernel_ranges.cpu_list_problem),
+)
 
 
 def merge_resources(cached: hookapi.LinuxContainerResources, answer: hookapi.LinuxContainerResources,
                     reject: Callable[[str, object], None]) -> None:
     """koordinator.md §2.7 container resource merge, refusing values the kernel would refuse."""
-    if answer.cpu_period > 0:
-        if 1000 <= answer.cpu_period <= 1_000_000:
-            cached.cpu_period = answer.cpu_period
-        else:
-            reject("cpu_period", answer.cpu_period)
-    if answer.cpu_quota != 0:
-        if answer.cpu_quota == -1 or answer.cpu_quota >= 1000:
-            cached.cpu_quota = answer.cpu_quota
-        else:
-            reject("cpu_quota", answer.cpu_quota)
-    if answer.cpu_shares > 0:
-        if 2 <= answer.cpu_shares <= 262144:
-            cached.cpu_shares = answer.cpu_shares
-        else:
-            reject("cpu_shares", answer.cpu_shares)
-    if answer.memory_limit_in_bytes > 0:
-        cached.memory_limit_in_bytes = answer.memory_limit_in_bytes
-    if -1000 <= answer.oom_score_adj <= 1000:
-        cached.oom_score_adj = answer.oom_score_adj
-    else:
-        reject("oom_score_adj", answer.oom_score_adj)
-    # Taken even when empty: an empty cpuset clears it (how BE containers lose theirs, §2.7).
-    for name in ("cpuset_cpus", "cpuset_mems"):
+    for name, given, problem in _CHECKED_FIELDS:
         value = getattr(answer, name)
-        if _valid_cpu_list(value):
+        if not given(value):
+            continue
+        if problem(value) is None:
             setattr(cached, name, value)
         else:
             reject(name, value)

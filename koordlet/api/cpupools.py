@@ -48,6 +48,7 @@ from typing import Protocol
 
 from koordlet.api.annotations import (
     AnnotationError,
+    NodeReservation,
     parse_node_reservation,
     parse_resource_status,
     parse_system_qos_resource,
@@ -144,8 +145,10 @@ class CPUPools:
     ``shared``: the LS shared pools (``node.koordinator.sh/cpu-shared-pools``), where LS and Burstable pods
     run. ``be_shared``: the BE shared pools (``node.koordinator.sh/be-cpu-shared-pools``). ``pod_allocs``:
     kubelet's exclusive assignments (``managed_by_kubelet``) and the scheduler's cpusets, sorted by pod UID.
-    ``node_reserved_cpus``: the node reservation's CPUs, resolved. ``system_qos_cpus``: SYSTEM-QoS CPUs that
-    are exclusive (empty when they are shared). ``problems``: annotations that were skipped, and why.
+    ``node_reserved_cpus``: the node reservation's CPUs, resolved. ``node_reservation``: the reservation
+    annotation as parsed (None when absent or malformed), for callers that need its resources too (CPU
+    suppress's budget), so it is parsed once. ``system_qos_cpus``: SYSTEM-QoS CPUs that are exclusive (empty
+    when they are shared). ``problems``: annotations that were skipped, and why.
     """
 
     shared: tuple[CPUSharedPool, ...] = ()
@@ -154,6 +157,7 @@ class CPUPools:
     node_reserved_cpus: tuple[int, ...] = ()
     system_qos_cpus: tuple[int, ...] = ()
     problems: tuple[str, ...] = ()
+    node_reservation: NodeReservation | None = None
 
     @property
     def shared_cpus(self) -> frozenset[int]:
@@ -208,6 +212,41 @@ def _pools(cpus: Mapping[int, TopologyCPU]) -> list[tuple[int, int, list[int]]]:
     return sorted(pools, key=lambda p: (p[0], p[1]))
 
 
+def _drop(pool: dict[int, TopologyCPU], cpus: Iterable[int]) -> None:
+    for cpu in cpus:
+        pool.pop(cpu, None)
+
+
+def _scheduler_cpusets(live: Sequence[PodMeta], problems: list[str]) -> dict[str, tuple[PodMeta, tuple[int, ...]]]:
+    """uid -> (pod, cpuset) of the pods with a cpuset in ``resource-status`` (the scheduler bound them)."""
+    bound: dict[str, tuple[PodMeta, tuple[int, ...]]] = {}
+    for pod in live:
+        raw = pod.annotations.get(ANNOTATION_RESOURCE_STATUS)
+        if not raw:
+            continue
+        try:
+            cpuset = parse_resource_status(raw).cpuset
+        except AnnotationError as exc:
+            problems.append(f"pod {pod.key}: {exc}")
+            continue
+        if cpuset:
+            bound[pod.uid] = (pod, cpuset)
+    return bound
+
+
+def _kubelet_exclusive_cpus(kubelet: KubeletCPUManager, pods_by_uid: Mapping[str, PodMeta],
+                            bound: Mapping[str, object]) -> dict[str, set[int]]:
+    """uid -> the CPUs kubelet's static policy gave the pod's containers exclusively, Koordinator's pods left
+    out (rule 2); "" collects a v1 checkpoint's assignments, which name no pod."""
+    koordinator_owned = {uid for uid, pod in pods_by_uid.items()
+                         if pod.qos_label in (QoSClass.LS, QoSClass.BE)} | set(bound)
+    owned: dict[str, set[int]] = {}
+    for assignment in kubelet.assignments:
+        if assignment.pod_uid not in koordinator_owned:
+            owned.setdefault(assignment.pod_uid, set()).update(assignment.cpus)
+    return owned
+
+
 def compute_cpu_pools(
     cpus: Iterable[TopologyCPU],
     pods: Iterable[PodMeta],
@@ -225,38 +264,15 @@ def compute_cpu_pools(
     problems: list[str] = []
     topology = {cpu.cpu_id: cpu for cpu in cpus}
     live = [pod for pod in pods if pod.phase not in _ENDED_PHASES]
-
-    bound: dict[str, tuple[PodMeta, tuple[int, ...]]] = {}
-    for pod in live:
-        raw = pod.annotations.get(ANNOTATION_RESOURCE_STATUS)
-        if not raw:
-            continue
-        try:
-            cpuset = parse_resource_status(raw).cpuset
-        except AnnotationError as exc:
-            problems.append(f"pod {pod.key}: {exc}")
-            continue
-        if cpuset:
-            bound[pod.uid] = (pod, cpuset)
-
-    allocs: list[PodCPUAlloc] = [
-        PodCPUAlloc(uid=uid, cpus=cpuset, namespace=pod.namespace, name=pod.name)
-        for uid, (pod, cpuset) in bound.items()
-    ]
+    bound = _scheduler_cpusets(live, problems)
+    allocs = [PodCPUAlloc(uid=uid, cpus=cpuset, namespace=pod.namespace, name=pod.name)
+              for uid, (pod, cpuset) in bound.items()]
+    static = kubelet is not None and kubelet.policy == KUBELET_POLICY_STATIC
     shared = dict(topology)
-    if kubelet is not None and kubelet.policy == KUBELET_POLICY_STATIC:
+    if static:
         pods_by_uid = {pod.uid: pod for pod in live}
-        koordinator_owned = {uid for uid, pod in pods_by_uid.items()
-                             if pod.qos_label in (QoSClass.LS, QoSClass.BE)} | set(bound)
-        kubelet_cpus: dict[str, set[int]] = {}
-        for assignment in kubelet.assignments:
-            if assignment.pod_uid in koordinator_owned:
-                continue
-            # a v1 checkpoint names no pod: its CPUs still leave the pools, but there is no UID to report
-            kubelet_cpus.setdefault(assignment.pod_uid, set()).update(assignment.cpus)
-        for uid, owned in kubelet_cpus.items():
-            for cpu in owned:
-                shared.pop(cpu, None)
+        for uid, owned in _kubelet_exclusive_cpus(kubelet, pods_by_uid, bound).items():
+            _drop(shared, owned)
             if uid and owned:
                 pod = pods_by_uid.get(uid)
                 allocs.append(PodCPUAlloc(uid=uid, cpus=tuple(sorted(owned)), managed_by_kubelet=True,
@@ -265,17 +281,15 @@ def compute_cpu_pools(
     ls_pool = dict(shared)
     be_pool = dict(shared)
     for pod, cpuset in bound.values():
-        for cpu in cpuset:
-            ls_pool.pop(cpu, None)
-            if pod.qos_label is QoSClass.LSE:
-                be_pool.pop(cpu, None)
+        _drop(ls_pool, cpuset)
+        if pod.qos_label is QoSClass.LSE:
+            _drop(be_pool, cpuset)
+    if exclude_kubelet_reserved and static:
+        _drop(ls_pool, kubelet.reserved_cpus)
+        _drop(be_pool, kubelet.reserved_cpus)
 
-    if exclude_kubelet_reserved and kubelet is not None and kubelet.policy == KUBELET_POLICY_STATIC:
-        for cpu in kubelet.reserved_cpus:
-            ls_pool.pop(cpu, None)
-            be_pool.pop(cpu, None)
-
-    reserved = _node_reserved_cpus(annotations, topology.values(), problems)
+    reservation = _node_reservation(annotations, problems)
+    reserved = _node_reserved_cpus(reservation, topology.values())
     system_qos = _system_qos_exclusive_cpus(annotations, problems)
     removed = set(reserved) | set(system_qos)
 
@@ -290,18 +304,23 @@ def compute_cpu_pools(
         node_reserved_cpus=reserved,
         system_qos_cpus=system_qos,
         problems=tuple(problems),
+        node_reservation=reservation,
     )
 
 
-def _node_reserved_cpus(annotations: Mapping[str, str], cpus: Iterable[TopologyCPU],
-                        problems: list[str]) -> tuple[int, ...]:
+def _node_reservation(annotations: Mapping[str, str], problems: list[str]) -> NodeReservation | None:
     raw = annotations.get(ANNOTATION_NODE_RESERVATION)
     if not raw:
-        return ()
+        return None
     try:
-        reservation = parse_node_reservation(raw)
+        return parse_node_reservation(raw)
     except AnnotationError as exc:
         problems.append(f"node: {exc}")
+        return None
+
+
+def _node_reserved_cpus(reservation: NodeReservation | None, cpus: Iterable[TopologyCPU]) -> tuple[int, ...]:
+    if reservation is None:
         return ()
     if reservation.reserved_cpus:
         return reservation.reserved_cpus

@@ -21,9 +21,9 @@ from kubernetes.client.exceptions import ApiException
 
 from koordlet.api import device as api
 from koordlet.api.safeload import MAX_DOCUMENT_BYTES, SafeLoadError, load_yaml
+from koordlet.gpu.devicecr import semantically_equal
 from koordlet.kubeapi import CoreV1, CustomObjects, section
 from wire.files import write_atomic
-from koordlet.gpu.devicecr import semantically_equal
 
 _log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from koordlet.gpu.nvml import (
     read_process_usage,
     read_usage,
 )
-from koordlet.system.roots import SYS_DIR
 from koordlet.gpu.reporter import DeviceReporter, ReportResult
+from koordlet.system.roots import SYS_DIR
 from koordlet.ticker import join_thread
 
 _log = logging.getLogger(__name__)

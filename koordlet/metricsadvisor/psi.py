@@ -13,7 +13,6 @@ from koordlet.metriccache import Label, MetricKind, Sample, SeriesKey
 from koordlet.metricsadvisor.pods import PodSource
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.cgroup_stats import cgroup_psi_files
-from koordlet.system.roots import PROC_DIR
 from koordlet.system.procfs import (
     PSI_RESOURCES,
     KeptFiles,
@@ -23,6 +22,7 @@ from koordlet.system.procfs import (
     parse_psi,
     read_node_psi,
 )
+from koordlet.system.roots import PROC_DIR
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import enum
 import logging
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from koordlet.api.annotations import AnnotationError, parse_cpu_burst
@@ -244,6 +244,78 @@ def node_state_window_s(reconcile_interval_s: float) -> float:
     return min(5 * reconcile_interval_s, NODE_STATE_WINDOW_MAX_S)
 
 
+@dataclass(frozen=True, slots=True)
+class PodBurstState:
+    """What :func:`decide_burst` gathers for one pod while it walks the pod's containers: the pod's cgroup dir
+    and quota as read, the sum of its containers' static burst, and its containers' quota changes (those that
+    grow and those that shrink) with their sum."""
+
+    pod_dir: str
+    pod_quota_us: int
+    burst_sum_us: int = 0
+    quota_delta_us: int = 0
+    ups: tuple[CgroupWrite, ...] = ()
+    downs: tuple[CgroupWrite, ...] = ()
+
+    def with_burst(self, burst_us: int) -> PodBurstState:
+        return replace(self, burst_sum_us=self.burst_sum_us + burst_us)
+
+    def with_quota(self, container_dir: str, old_us: int, new_us: int) -> PodBurstState:
+        write = CgroupWrite("cpu.cfs_quota_us", container_dir, new_us)
+        if new_us > old_us:
+            return replace(self, quota_delta_us=self.quota_delta_us + new_us - old_us, ups=(*self.ups, write))
+        return replace(self, quota_delta_us=self.quota_delta_us + new_us - old_us, downs=(*self.downs, write))
+
+    def quota_step(self) -> WriteStep | None:
+        """The pod's and its containers' quota writes in a safe order (v1: a child's quota may not exceed its
+        parent's): scaling up, the pod first; scaling down, the containers first. A pod quota of −1 stays."""
+        if not self.ups and not self.downs:
+            return None
+        pod_write: tuple[CgroupWrite, ...] = ()
+        if self.pod_quota_us != UNLIMITED:
+            pod_write = (CgroupWrite("cpu.cfs_quota_us", self.pod_dir, self.pod_quota_us + self.quota_delta_us),)
+        if self.quota_delta_us >= 0:
+            return WriteStep(pod_write + self.downs + self.ups)
+        return WriteStep(self.downs + self.ups + pod_write)
+
+    def burst_write(self) -> CgroupWrite:
+        """The pod's ``cpu.cfs_burst_us``: its containers' sum, capped at its own quota."""
+        value = self.burst_sum_us if self.pod_quota_us == UNLIMITED else min(self.burst_sum_us, self.pod_quota_us)
+        return CgroupWrite("cpu.cfs_burst_us", self.pod_dir, value)
+
+
+@dataclass(frozen=True, slots=True)
+class _QuotaScaling:
+    """One container's dynamic quota this tick: the operation, the new quota, and its limiter as advanced."""
+
+    operation: BurstOperation
+    quota_us: int
+    bucket: TokenBucket | None
+
+
+def _scale_quota(entry: BurstContainer, snapshot: Snapshot, container_quota: int, bucket: TokenBucket | None,
+                 node_state: SharePoolState) -> _QuotaScaling | None:
+    """The dynamic quota of a container with a CPU limit and a known quota (§4.3); None when a reset would
+    find it at its base already."""
+    limit_milli = entry.limit_milli
+    base = limit_milli * CFS_PERIOD_US // 1000
+    ceil = base * entry.config.cfs_quota_burst_percent // 100
+    quota_burst = entry.config.policy in _QUOTA_BURST_POLICIES
+    allows = True
+    if quota_burst and entry.config.cfs_quota_burst_period_seconds >= 0 and bucket is not None:
+        usage_cores = snapshot.container_cpu_cores.get(entry.container.container_id, 0.0)
+        bucket = bucket.advance(usage_cores * 1000.0 / limit_milli * 100.0, snapshot.timestamp)
+        allows = bucket.allows
+    else:
+        bucket = None
+    operation = container_operation(
+        quota_burst, allows, snapshot.container_throttled_ratio.get(entry.container.container_id, 0.0), node_state
+    )
+    if operation is BurstOperation.RESET and container_quota == base:
+        return None
+    return _QuotaScaling(operation, scaled_quota(operation, container_quota, base, ceil), bucket)
+
+
 def decide_burst(
     snapshot: Snapshot,
     containers: tuple[BurstContainer, ...],
@@ -258,60 +330,32 @@ def decide_burst(
     bursts: dict[str, int] = {}
     operations: dict[str, BurstOperation] = {}
     burst_writes: list[CgroupWrite] = []
-    pod_bursts: dict[str, tuple[str, int, int]] = {}  # uid → (pod dir, Σ burst, pod quota)
-    pod_deltas: dict[str, tuple[str, int, list[CgroupWrite], list[CgroupWrite]]] = {}
+    pods: dict[str, PodBurstState] = {}  # by uid, in the order their first container came
     for entry in containers:
         cid, uid = entry.container.container_id, entry.pod.uid
-        limit_milli = entry.limit_milli
         container_quota = current.container_quota_us.get(cid, UNLIMITED)
-        pod_quota = current.pod_quota_us.get(uid, UNLIMITED)
+        state = pods.get(uid) or PodBurstState(entry.pod_dir, current.pod_quota_us.get(uid, UNLIMITED))
         # Static burst, capped at the cgroup's own quota (see module docstring).
-        burst = static_burst_us(limit_milli, entry.config)
+        burst = static_burst_us(entry.limit_milli, entry.config)
         if container_quota != UNLIMITED:
             burst = min(burst, container_quota)
         bursts[cid] = burst
         burst_writes.append(CgroupWrite("cpu.cfs_burst_us", entry.container_dir, burst))
-        pod_dir, pod_sum, _ = pod_bursts.get(uid, (entry.pod_dir, 0, pod_quota))
-        pod_bursts[uid] = (pod_dir, pod_sum + burst, pod_quota)
+        state = pods[uid] = state.with_burst(burst)
         # Dynamic quota: only containers with a CPU limit and a known quota.
-        if limit_milli <= 0 or container_quota == UNLIMITED:
+        if entry.limit_milli <= 0 or container_quota == UNLIMITED:
             continue
-        base = limit_milli * CFS_PERIOD_US // 1000
-        ceil = base * entry.config.cfs_quota_burst_percent // 100
-        quota_burst = entry.config.policy in _QUOTA_BURST_POLICIES
-        allows = True
-        bucket = buckets.get(cid)
-        if quota_burst and entry.config.cfs_quota_burst_period_seconds >= 0 and bucket is not None:
-            usage_cores = snapshot.container_cpu_cores.get(cid, 0.0)
-            bucket = bucket.advance(usage_cores * 1000.0 / limit_milli * 100.0, snapshot.timestamp)
-            new_buckets[cid] = bucket
-            allows = bucket.allows
-        operation = container_operation(
-            quota_burst, allows, snapshot.container_throttled_ratio.get(cid, 0.0), node_state
-        )
-        if operation is BurstOperation.RESET and container_quota == base:
+        scaling = _scale_quota(entry, snapshot, container_quota, buckets.get(cid), node_state)
+        if scaling is not None and scaling.bucket is not None:
+            new_buckets[cid] = scaling.bucket
+        if scaling is None:
             continue
-        new_quota = scaled_quota(operation, container_quota, base, ceil)
-        operations[cid] = operation
-        quotas[cid] = new_quota
-        if new_quota == container_quota:
-            continue
-        _, delta, ups, downs = pod_deltas.get(uid, (entry.pod_dir, 0, [], []))
-        write = CgroupWrite("cpu.cfs_quota_us", entry.container_dir, new_quota)
-        (ups if new_quota > container_quota else downs).append(write)
-        pod_deltas[uid] = (entry.pod_dir, delta + new_quota - container_quota, ups, downs)
-    steps: list[WriteStep] = []
-    for uid, (pod_dir, delta, ups, downs) in pod_deltas.items():
-        pod_quota = current.pod_quota_us.get(uid, UNLIMITED)
-        pod_write = [] if pod_quota == UNLIMITED else [CgroupWrite("cpu.cfs_quota_us", pod_dir, pod_quota + delta)]
-        # Scale up: parent first; scale down: children first (v1: a child's quota may not exceed its parent's).
-        if delta >= 0:
-            steps.append(WriteStep(tuple(pod_write + downs + ups)))
-        else:
-            steps.append(WriteStep(tuple(downs + ups + pod_write)))
-    for pod_dir, pod_sum, pod_quota in pod_bursts.values():
-        value = pod_sum if pod_quota == UNLIMITED else min(pod_sum, pod_quota)
-        burst_writes.append(CgroupWrite("cpu.cfs_burst_us", pod_dir, value))
+        operations[cid] = scaling.operation
+        quotas[cid] = scaling.quota_us
+        if scaling.quota_us != container_quota:
+            pods[uid] = state.with_quota(entry.container_dir, container_quota, scaling.quota_us)
+    steps = [step for step in (state.quota_step() for state in pods.values()) if step is not None]
+    burst_writes.extend(state.burst_write() for state in pods.values())
     steps.append(WriteStep(tuple(burst_writes)))
     return BurstDecision(
         node_state=node_state,

@@ -24,16 +24,10 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from koordlet.api.annotations import AnnotationError, parse_node_reservation, parse_resource_status
-from koordlet.api.annotations import parse_system_qos_resource as _parse_system_qos
+from koordlet.api.annotations import NodeReservation
+from koordlet.api.cpupools import KUBELET_POLICY_STATIC, CPUPools, compute_cpu_pools
 from koordlet.api.cpuset import format_cpu_list, parse_cpu_list
-from koordlet.api.cpupools import KUBELET_POLICY_STATIC, compute_cpu_pools
-from koordlet.api.keys import (
-    ANNOTATION_NODE_RESERVATION,
-    ANNOTATION_NODE_SYSTEM_QOS_RESOURCE,
-    ANNOTATION_RESOURCE_STATUS,
-    RESOURCE_CPU,
-)
+from koordlet.api.keys import RESOURCE_CPU
 from koordlet.api.nodeslo import (
     CGROUP_BASE_KUBEPODS_BESTEFFORT,
     CPU_SUPPRESS_POLICY_CFS_QUOTA,
@@ -42,6 +36,7 @@ from koordlet.api.nodeslo import (
 )
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
+from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.plan import CgroupWrite, GaugeSet, Plan, WriteStep
 from koordlet.qosmanager import metrics
 from koordlet.qosmanager.framework import GATE_BE_CPU_SUPPRESS, QoSManagerConfig, Strategy
@@ -55,7 +50,6 @@ from koordlet.qosmanager.snapshot import (
     pod_cgroup_dir,
 )
 from koordlet.system.kubepods import KubeCgroupLayout
-from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.system.sysfs import CPUInfo
 
 logger = logging.getLogger(__name__)
@@ -136,24 +130,29 @@ def _counts_as_be(pod: PodMeta) -> bool:
     return pod.qos_label is QoSClass.BE or pod.effective_kube_qos is KubeQoS.BESTEFFORT
 
 
-def _node_reserved_cores(snapshot: Snapshot) -> float:
+def node_cpu_pools(snapshot: Snapshot) -> CPUPools:
+    """The node's CPU pools from the snapshot, by the rules the NRT reporter publishes (koordlet/api/cpupools.py):
+    computed once per tick, for the cpuset candidates and for the budget's node reservation."""
+    return compute_cpu_pools(snapshot.cpus, snapshot.pods, snapshot.kubelet_cpu_manager, snapshot.node.annotations)
+
+
+def _node_reserved_cores(snapshot: Snapshot, reservation: NodeReservation | None) -> float:
     capacity = snapshot.node.capacity.get(RESOURCE_CPU, 0)
     allocatable = snapshot.node.allocatable.get(RESOURCE_CPU, capacity)
     reserved_milli = max(capacity - allocatable, 0)
-    raw = snapshot.node.annotations.get(ANNOTATION_NODE_RESERVATION)
-    if raw:
-        try:
-            reserved_milli = max(reserved_milli, parse_node_reservation(raw).resources.get(RESOURCE_CPU, 0))
-        except AnnotationError as exc:
-            logger.debug("ignoring node reservation: %s", exc)
+    if reservation is not None:
+        reserved_milli = max(reserved_milli, reservation.resources.get(RESOURCE_CPU, 0))
     return reserved_milli / 1000.0
 
 
-def suppress_budget(snapshot: Snapshot, config: SuppressConfig) -> SuppressBudget | None:
-    """Cores left to BE pods (§4.2); None without a node CPU sample."""
+def suppress_budget(snapshot: Snapshot, config: SuppressConfig, pools: CPUPools | None = None) -> SuppressBudget | None:
+    """Cores left to BE pods (§4.2); None without a node CPU sample. ``pools``: :func:`node_cpu_pools` of the
+    snapshot when the caller has them (the node reservation comes from there)."""
     node_used = snapshot.node_cpu_cores
     if node_used is None:
         return None
+    if pools is None:
+        pools = node_cpu_pools(snapshot)
     capacity_cores = snapshot.capacity_cpu_milli / 1000.0
     pods_by_uid = {pod.uid: pod for pod in snapshot.pods}
     all_pods_used = non_be_used = be_used = 0.0
@@ -173,7 +172,7 @@ def suppress_budget(snapshot: Snapshot, config: SuppressConfig) -> SuppressBudge
         in_be_cgroup = app.cgroup_path is not None and app.cgroup_path.base == CGROUP_BASE_KUBEPODS_BESTEFFORT
         if not (app.qos is QoSClass.BE and in_be_cgroup):
             host_apps_non_be += used
-    node_reserved = _node_reserved_cores(snapshot)
+    node_reserved = _node_reserved_cores(snapshot, pools.node_reservation)
     system_used = max(max(node_used - all_pods_used - host_apps_used, 0.0), node_reserved)
     suppress = capacity_cores * config.threshold_percent / 100.0 - non_be_used - host_apps_non_be - system_used
     if config.min_percent is not None:
@@ -203,52 +202,22 @@ class CPUBuckets:
         return tuple(sorted(c.cpu_id for c in (*self.lsr, *self.ls)))
 
 
-def _pod_cpuset(pod: PodMeta) -> tuple[int, ...]:
-    raw = pod.annotations.get(ANNOTATION_RESOURCE_STATUS)
-    if not raw:
-        return ()
-    try:
-        return parse_resource_status(raw).cpuset
-    except AnnotationError as exc:
-        logger.debug("ignoring resource status of %s: %s", pod.key, exc)
-        return ()
-
-
 def kubelet_static(snapshot: Snapshot) -> bool:
     state = snapshot.kubelet_cpu_manager
     return state is not None and getattr(state, "policy", "") == KUBELET_POLICY_STATIC
 
 
-def candidate_buckets(snapshot: Snapshot) -> CPUBuckets:
-    """All CPUs − node-reserved − SYSTEM-exclusive − LSE-bound − kubelet-exclusive (static policy); LSR-bound
-    ones form the LSR bucket (§4.2)."""
-    excluded: set[int] = set()
-    if kubelet_static(snapshot):
-        excluded.update(compute_cpu_pools(snapshot.cpus, snapshot.pods, snapshot.kubelet_cpu_manager,
-                                          {}).kubelet_exclusive_cpus)
-    annotations = snapshot.node.annotations
-    raw = annotations.get(ANNOTATION_NODE_RESERVATION)
-    if raw:
-        try:
-            excluded.update(parse_node_reservation(raw).reserved_cpus)
-        except AnnotationError as exc:
-            logger.debug("ignoring node reservation: %s", exc)
-    raw = annotations.get(ANNOTATION_NODE_SYSTEM_QOS_RESOURCE)
-    if raw:
-        try:
-            system = _parse_system_qos(raw)
-            if system.cpuset_exclusive:
-                excluded.update(system.cpuset)
-        except AnnotationError as exc:
-            logger.debug("ignoring system qos resource: %s", exc)
-    lsr_cpus: set[int] = set()
-    for pod in snapshot.pods:
-        label = pod.qos_label
-        if label is QoSClass.LSE:
-            excluded.update(_pod_cpuset(pod))
-        elif label is QoSClass.LSR:
-            lsr_cpus.update(_pod_cpuset(pod))
-    usable = [cpu for cpu in snapshot.cpus if cpu.cpu_id not in excluded]
+def candidate_buckets(snapshot: Snapshot, pools: CPUPools | None = None) -> CPUBuckets:
+    """The BE shared pool (``pools``, :func:`node_cpu_pools` of the snapshot): all CPUs − node-reserved −
+    SYSTEM-exclusive − LSE-bound − kubelet-exclusive (static policy), exactly what the NRT tells the scheduler BE
+    may use; the CPUs of LSR pods form the LSR bucket (§4.2)."""
+    if pools is None:
+        pools = node_cpu_pools(snapshot)
+    be_cpus = pools.be_shared_cpus
+    lsr_pods = {pod.uid for pod in snapshot.pods if pod.qos_label is QoSClass.LSR}
+    lsr_cpus = {cpu for alloc in pools.pod_allocs if alloc.uid in lsr_pods and not alloc.managed_by_kubelet
+                for cpu in alloc.cpus}
+    usable = [cpu for cpu in snapshot.cpus if cpu.cpu_id in be_cpus]
     return CPUBuckets(
         lsr=tuple(c for c in usable if c.cpu_id in lsr_cpus),
         ls=tuple(c for c in usable if c.cpu_id not in lsr_cpus),
@@ -270,33 +239,28 @@ def select_cpus(bucket: Sequence[CPUInfo], count: int) -> list[int]:
         for _, cores in sorted(groups.items(), key=lambda item: (-sum(map(len, item[1].values())), item[0]))
     ]
     chosen: list[int] = []
-    remaining = count
-    progress = True
-    while remaining >= 2 and progress:
-        progress = False
-        for cores in ordered:
-            if remaining < 2:
-                break
-            for core in cores:
-                if len(core) >= 2:
-                    chosen.extend(core[:2])
-                    del core[:2]
-                    remaining -= 2
-                    progress = True
-                    break
-    progress = True
-    while remaining > 0 and progress:
-        progress = False
-        for cores in ordered:
-            if remaining == 0:
-                break
-            for core in cores:
-                if core:
-                    chosen.append(core.pop(0))
-                    remaining -= 1
-                    progress = True
-                    break
+    remaining = _round_robin(ordered, count, 2, chosen)
+    _round_robin(ordered, remaining, 1, chosen)
     return sorted(chosen)
+
+
+def _round_robin(groups: list[list[list[int]]], remaining: int, per_core: int, chosen: list[int]) -> int:
+    """Visit ``groups`` round-robin, taking ``per_core`` CPUs from the first core of each group that still has
+    that many, while ``remaining`` needs them and a round takes any; returns what is left to take."""
+    progress = True
+    while remaining >= per_core and progress:
+        progress = False
+        for cores in groups:
+            if remaining < per_core:
+                break
+            for core in cores:
+                if len(core) >= per_core:
+                    chosen.extend(core[:per_core])
+                    del core[:per_core]
+                    remaining -= per_core
+                    progress = True
+                    break
+    return remaining
 
 
 def be_cpuset_size(budget_cores: float, current_size: int, num_cpus: int, candidates: int) -> int:
@@ -383,9 +347,10 @@ def decide_suppress(
 ) -> SuppressDecision:
     """What suppress writes this tick: the policy's limit, plus a restore of the other policy's limit when
     the policy changed since ``previous_policy``."""
-    budget = suppress_budget(snapshot, config)
+    pools = node_cpu_pools(snapshot)
+    budget = suppress_budget(snapshot, config, pools)
     be_qos_dir = layout.qos_dir(KubeQoS.BESTEFFORT)
-    buckets = candidate_buckets(snapshot)
+    buckets = candidate_buckets(snapshot, pools)
     static = kubelet_static(snapshot)
     steps: list[WriteStep] = []
     switched = previous_policy is not None and previous_policy != config.policy

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from koordlet.actuator import PlanRecord
 from koordlet.api.keys import (
     RESOURCE_BATCH_CPU,
     RESOURCE_BATCH_MEMORY,
@@ -26,7 +27,6 @@ from koordlet.api.keys import (
     RESOURCE_MEMORY,
     canonical_resource_name,
 )
-from koordlet.actuator import PlanRecord
 from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass

@@ -43,10 +43,10 @@ from koordlet.api.nodeslo import HostApplication
 from koordlet.api.pod import PodMeta
 from koordlet.config import ConfigError, format_duration, parse_duration
 from koordlet.kubeapi import CustomObjects
-from wire.files import write_atomic
 from koordlet.metriccache import GPUDevice, Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
 from koordlet.ticker import PeriodicThread
+from wire.files import write_atomic
 
 # libyaml's emitter where PyYAML was built with it: the same safe representation, a tenth of the CPU for
 # a status of 150 pods, written every report interval.
@@ -191,12 +191,26 @@ class StatusBuilder:
     def build(self, pods: Sequence[PodMeta], policy: CollectPolicy, now: float,
               host_apps: Sequence[HostApplication] = ()) -> dict[str, Any]:
         start = now - policy.aggregate_duration_s
+        gpus = self._cache.gpu_devices()
+        status: dict[str, Any] = {
+            "updateTime": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "nodeMetric": self._node_metric(gpus, policy, start, now),
+            "podsMetric": [entry for pod in sorted(pods, key=lambda p: (p.namespace, p.name))
+                           if (entry := self._pod_metric(pod, gpus, policy, start, now)) is not None],
+        }
+        host_app_metric = [entry for app in sorted(host_apps, key=lambda a: a.name)
+                           if (entry := self._host_app_metric(app, policy, start, now)) is not None]
+        if host_app_metric:
+            status["hostApplicationMetric"] = host_app_metric
+        return status
+
+    def _node_metric(self, gpus: Sequence[GPUDevice], policy: CollectPolicy, start: float,
+                     now: float) -> dict[str, Any]:
         node_series = self._series(_NODE_KINDS, policy)
         node_metric: dict[str, Any] = {
             "nodeUsage": self._avg_usage(node_series, start, now),
             "systemUsage": self._avg_usage(self._SYSTEM, start, now),
         }
-        gpus = self._cache.gpu_devices()
         node_devices = self._gpu_usage(gpus, MetricKind.NODE_GPU_CORE_USAGE, MetricKind.NODE_GPU_MEMORY_USAGE,
                                        start, now)
         if node_devices:
@@ -207,41 +221,35 @@ class StatusBuilder:
         aggregated_system = self._aggregated(self._SYSTEM, policy.durations_s, now)
         if aggregated_system:
             node_metric["aggregatedSystemUsages"] = aggregated_system
-        pods_metric = []
-        for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
-            usage = self._avg_usage(self._series(_POD_KINDS, policy, **{Label.POD_UID: pod.uid}), start, now)
-            if not usage["resources"]:
-                continue  # no samples yet (new pod) or gone: nothing to say
-            pod_devices = self._gpu_usage(gpus, MetricKind.POD_GPU_CORE_USAGE, MetricKind.POD_GPU_MEMORY_USAGE,
-                                          start, now, **{Label.POD_UID.value: pod.uid})
-            if pod_devices:
-                usage["devices"] = pod_devices
-            entry: dict[str, Any] = {"namespace": pod.namespace, "name": pod.name, "podUsage": usage}
-            if pod.priority_class.value:
-                entry["priority"] = pod.priority_class.value
-            if pod.qos_class.value:
-                entry["qos"] = pod.qos_class.value
-            pods_metric.append(entry)
-        status: dict[str, Any] = {
-            "updateTime": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "nodeMetric": node_metric,
-            "podsMetric": pods_metric,
-        }
-        host_app_metric = []
-        for app in sorted(host_apps, key=lambda a: a.name):
-            series = self._series(_HOST_APP_KINDS, policy, **{Label.HOST_APP_NAME: app.name})
-            usage = self._avg_usage(series, start, now)
-            if not usage["resources"]:
-                continue  # no cgroup path, or not read yet
-            entry = {"name": app.name, "usage": usage}
-            if app.priority:
-                entry["priority"] = app.priority
-            if app.qos.value:
-                entry["qos"] = app.qos.value
-            host_app_metric.append(entry)
-        if host_app_metric:
-            status["hostApplicationMetric"] = host_app_metric
-        return status
+        return node_metric
+
+    def _pod_metric(self, pod: PodMeta, gpus: Sequence[GPUDevice], policy: CollectPolicy, start: float,
+                    now: float) -> dict[str, Any] | None:
+        usage = self._avg_usage(self._series(_POD_KINDS, policy, **{Label.POD_UID: pod.uid}), start, now)
+        if not usage["resources"]:
+            return None  # no samples yet (new pod) or gone: nothing to say
+        pod_devices = self._gpu_usage(gpus, MetricKind.POD_GPU_CORE_USAGE, MetricKind.POD_GPU_MEMORY_USAGE,
+                                      start, now, **{Label.POD_UID.value: pod.uid})
+        if pod_devices:
+            usage["devices"] = pod_devices
+        entry: dict[str, Any] = {"namespace": pod.namespace, "name": pod.name, "podUsage": usage}
+        if pod.priority_class.value:
+            entry["priority"] = pod.priority_class.value
+        if pod.qos_class.value:
+            entry["qos"] = pod.qos_class.value
+        return entry
+
+    def _host_app_metric(self, app: HostApplication, policy: CollectPolicy, start: float,
+                         now: float) -> dict[str, Any] | None:
+        usage = self._avg_usage(self._series(_HOST_APP_KINDS, policy, **{Label.HOST_APP_NAME: app.name}), start, now)
+        if not usage["resources"]:
+            return None  # no cgroup path, or not read yet
+        entry: dict[str, Any] = {"name": app.name, "usage": usage}
+        if app.priority:
+            entry["priority"] = app.priority
+        if app.qos.value:
+            entry["qos"] = app.qos.value
+        return entry
 
 
 class ReportOutcome(enum.StrEnum):

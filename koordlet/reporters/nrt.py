@@ -39,10 +39,9 @@ from typing import Any
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from koordlet.api.annotations import MAX_ANNOTATION_BYTES
 from koordlet.api.cpupools import CPUPools, compute_cpu_pools
 from koordlet.api.cpuset import format_cpu_list
-from koordlet.api.safeload import load_json
-from koordlet.api.annotations import MAX_ANNOTATION_BYTES
 from koordlet.api.keys import (
     ANNOTATION_NODE_RESERVATION,
     ANNOTATION_NODE_SYSTEM_QOS_RESOURCE,
@@ -53,6 +52,7 @@ from koordlet.api.keys import (
     ANNOTATION_NRT_POD_CPU_ALLOCS,
 )
 from koordlet.api.pod import PodMeta
+from koordlet.api.safeload import load_json
 from koordlet.kubeapi import CustomObjects
 from koordlet.statesinformer.cpumanager import POLICY_STATIC, CPUManagerState
 from koordlet.system.sysfs import CPUInfo, NodeTopology, SysfsError

@@ -16,15 +16,15 @@ from hooks import registry
 from hooks.protocol import NodeContext, ResctrlNode
 from koordlet.api.cpupools import CPUPools, compute_cpu_pools
 from koordlet.api.pod import PodMeta
-from koordlet.statesinformer.cpumanager import CPUManagerState
 from koordlet.executor import ResourceExecutor
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
+from koordlet.statesinformer.cpumanager import CPUManagerState
 from koordlet.system.kubepods import KubeCgroupLayout
-from wire.sockets import remove_socket
 from koordlet.system.procfs import read_meminfo
 from koordlet.system.resctrl import ResctrlInfoError, read_resctrl_info
 from koordlet.system.roots import PROC_DIR, SYS_DIR
 from koordlet.system.sysfs import SysfsError, read_cpu_topology, read_online_cpus
+from wire.sockets import remove_socket
 
 from .apply import RejectedValues
 from .reconciler import Reconciler

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_from_milli
+from hooks.registry import EXPECTED_ERRORS
 from hooks.validate import Rejected
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.units import CFS_PERIOD_US
 from koordlet.executor import ExecutorError, ResourceExecutor
-from koordlet.system.cgroup_stats import parse_quota_us
 from koordlet.plan import (
     CgroupWrite,
     Plan,
@@ -25,6 +25,7 @@ from koordlet.plan import (
     ResctrlWrite,
     WriteStep,
 )
+from koordlet.system.cgroup_stats import parse_quota_us
 from wire import hookapi_pb2 as hookapi
 
 from . import metrics
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 
 def report_plugin_error(plugin: str, pod: str, err: Exception) -> None:
     """The error callback of ``registry.run_pod``/``run_container``: the plugin is skipped for this pod,
-    logged and counted."""
-    log.warning("hook plugin %s skipped for %s: %s", plugin, pod, err)
+    logged (with the traceback when it is a bug rather than malformed input) and counted."""
+    log.warning("hook plugin %s skipped for %s: %s: %s", plugin, pod, type(err).__name__, err,
+                exc_info=not isinstance(err, EXPECTED_ERRORS))
     metrics.PLUGIN_ERRORS.labels(plugin).inc()
 
 

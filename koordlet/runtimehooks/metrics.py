@@ -26,6 +26,7 @@ VALUES_REJECTED = Counter(
 )
 PLUGIN_ERRORS = Counter(
     "koordlet_runtime_hook_plugin_errors",
-    "Hook plugin runs skipped because their input (an annotation, the NodeSLO) was malformed.",
+    "Hook plugin runs skipped because the plugin raised (malformed input such as an annotation or the NodeSLO, "
+    "or a bug in the plugin); the other plugins' answers stand.",
     ["plugin"],
 )

@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 from hooks import registry
 from hooks.protocol import NodeContext, PodContext
+from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
-from koordlet.actuator import PlanRunner
 from koordlet.executor import CgroupNotFoundError, ResourceExecutor, UnsupportedResourceError
 from koordlet.plan import Plan
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout

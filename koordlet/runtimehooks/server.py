@@ -18,8 +18,8 @@ import grpc
 
 from hooks import registry
 from hooks.protocol import NodeContext, PodContext
-from koordlet.api.pod import PodMeta
 from koordlet.actuator import PlanRunner
+from koordlet.api.pod import PodMeta
 from koordlet.executor import CgroupNotFoundError, ResourceExecutor
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 from wire import hookapi_pb2 as hookapi
@@ -31,11 +31,11 @@ from .apply import (
     RejectedValues,
     apply_to_container_response,
     apply_to_resources,
-    pod_level_plan,
     container_context_from_request,
     effective_quota_reader,
     pod_from_container_request,
     pod_from_sandbox_request,
+    pod_level_plan,
     report_plugin_error,
 )
 

@@ -130,6 +130,22 @@ def parse_cpu_manager_state(raw: bytes | str, path: str = "cpu_manager_state") -
         raise CPUManagerStateError(str(err)) from None
     if not isinstance(doc, dict):
         raise CPUManagerStateError(f"{path}: expected a JSON object")
+    policy, default, entries, checksum = _checkpoint_fields(doc, path)
+    _check_checksum(policy, default, entries, checksum, path)
+    assignments: list[CPUAssignment] = []
+    for key, value in (entries or {}).items():
+        if isinstance(value, dict):
+            for container, cpus in value.items():
+                assignments.append(CPUAssignment(_cpus(cpus, f"{path}: entries.{key}.{container}"),
+                                                 pod_uid=str(key), container_name=str(container)))
+        else:
+            assignments.append(CPUAssignment(_cpus(value, f"{path}: entries.{key}"), container_id=str(key)))
+    return CPUManagerState(policy=policy, default_cpuset=_cpus(default, f"{path}: defaultCpuSet"),
+                           assignments=tuple(assignments))
+
+
+def _checkpoint_fields(doc: dict, path: str) -> tuple[str, str, dict | None, int]:
+    """(policyName, defaultCpuSet, entries, checksum) of the checkpoint, each of the type kubelet writes."""
     policy, default, entries = _field(doc, "policyName"), _field(doc, "defaultCpuSet"), _field(doc, "entries")
     checksum = _field(doc, "checksum")
     if not isinstance(policy, str) or not policy:
@@ -143,6 +159,11 @@ def parse_cpu_manager_state(raw: bytes | str, path: str = "cpu_manager_state") -
         checksum = 0
     if not isinstance(checksum, int) or isinstance(checksum, bool) or checksum < 0:
         raise CPUManagerStateError(f"{path}: checksum is not an unsigned integer")
+    return policy, default, entries, checksum
+
+
+def _check_checksum(policy: str, default: str, entries: dict | None, checksum: int, path: str) -> None:
+    """A checksum other than 0 must be one kubelet would have written for this content (either shape)."""
     v2 = bool(entries) and all(isinstance(value, dict) for value in entries.values())
     if entries and not v2 and not all(isinstance(value, str) for value in entries.values()):
         raise CPUManagerStateError(f"{path}: entries mix the V1 and V2 shapes")
@@ -154,16 +175,6 @@ def parse_cpu_manager_state(raw: bytes | str, path: str = "cpu_manager_state") -
     if checksum and checksum not in expected:
         raise CPUManagerStateError(f"{path}: checksum {checksum} does not match the content (a corrupt or "
                                    "hand-edited checkpoint)")
-    assignments: list[CPUAssignment] = []
-    for key, value in (entries or {}).items():
-        if isinstance(value, dict):
-            for container, cpus in value.items():
-                assignments.append(CPUAssignment(_cpus(cpus, f"{path}: entries.{key}.{container}"),
-                                                 pod_uid=str(key), container_name=str(container)))
-        else:
-            assignments.append(CPUAssignment(_cpus(value, f"{path}: entries.{key}"), container_id=str(key)))
-    return CPUManagerState(policy=policy, default_cpuset=_cpus(default, f"{path}: defaultCpuSet"),
-                           assignments=tuple(assignments))
 
 
 def parse_kubelet_config(raw: bytes | str, path: str = "kubelet config") -> tuple[str, dict[str, str], frozenset[int]]:

@@ -26,8 +26,8 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from koordlet.api.pod import ContainerMeta, PodMeta
-from koordlet.api.safeload import load_json
 from koordlet.api.qos import kube_qos_from_cgroup_parent
+from koordlet.api.safeload import load_json
 from koordlet.statesinformer.informer import PodSourceError
 from wire import cri_pb2 as cri
 from wire import cri_pb2_grpc as cri_grpc

@@ -20,7 +20,7 @@ from typing import Protocol
 from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
 from koordlet.api.pod import PodMeta
 from koordlet.metriccache import Label, MetricCache
-from koordlet.statesinformer.api import Callbacks, CallbackKind, NodeInfo
+from koordlet.statesinformer.api import CallbackKind, Callbacks, NodeInfo
 from koordlet.ticker import PeriodicThread
 
 logger = logging.getLogger(__name__)

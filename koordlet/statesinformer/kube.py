@@ -29,7 +29,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from koordlet.api.nodeslo import NodeSLOError, parse_node_slo_spec, default_node_slo_spec
+from koordlet.api.nodeslo import NodeSLOError, default_node_slo_spec, parse_node_slo_spec
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
 from koordlet.api.safeload import load_json
 from koordlet.kubeapi import MAX_API_BYTES, CoreV1, CustomObjects

@@ -18,9 +18,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from koordlet.api.pod import ContainerMeta, PodMeta, split_container_id
-from koordlet.api.safeload import load_json
 from koordlet.api.qos import KubeQoS, parse_kube_qos
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
+from koordlet.api.safeload import load_json
 from koordlet.statesinformer.informer import PodSourceError
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 

@@ -1,5 +1,7 @@
 """The registry of cgroup files koordlet reads and writes, with v1 and v2 names, validators and the v1→v2
-value translation (koordinator.md §10, peers.md §9.1, ranges of peers.md §14.6).
+value translation (koordinator.md §10, peers.md §9.1, ranges of peers.md §14.6). The ranges of the values hooks
+also set (shares, quota, period, the memory limit's floor) are ``wire.kernel_ranges``, which the proxy and the
+hook value check read too.
 
 Values are given in v1 terms (``cpu.cfs_quota_us = -1``, ``cpu.shares = 1024``) everywhere in koordlet;
 :meth:`CgroupResource.to_file_value` turns them into what the file of the running version takes.
@@ -21,11 +23,18 @@ from types import MappingProxyType
 from koordlet.api.cpuset import CPUListError, format_cpu_list, parse_cpu_list
 from koordlet.api.units import CFS_PERIOD_US
 from koordlet.system.cgroup import CgroupVersion
+from wire.kernel_ranges import (
+    CFS_PERIOD_MAX_US,
+    CFS_PERIOD_MIN_US,
+    CFS_QUOTA_MAX_US,
+    CFS_QUOTA_MIN_US,
+    CPU_SHARES_MAX,
+    CPU_SHARES_MIN,
+    MEMORY_LIMIT_MIN_BYTES,
+)
 
 INT64_MAX = 2**63 - 1
 PID_MAX_LIMIT = 4194304  # kernel PID_MAX_LIMIT on 64-bit
-CPU_SHARES_MIN = 2
-CPU_SHARES_MAX = 262144
 CPU_WEIGHT_MIN = 1
 CPU_WEIGHT_MAX = 10000
 
@@ -248,7 +257,7 @@ _RESOURCES = (
     _rw(
         "cpu.cfs_quota_us",
         "cpu",
-        _int_range(1000, INT64_MAX, allow_unlimited=True),
+        _int_range(CFS_QUOTA_MIN_US, CFS_QUOTA_MAX_US, allow_unlimited=True),
         v2_file="cpu.max",
         to_v2=_quota_to_cpu_max,
         merge=_merge_unlimited_max,
@@ -257,7 +266,7 @@ _RESOURCES = (
     _rw(
         "cpu.cfs_period_us",
         "cpu",
-        _int_range(1000, 1000000),
+        _int_range(CFS_PERIOD_MIN_US, CFS_PERIOD_MAX_US),
         v2_file="cpu.max",
         to_v2=_period_to_cpu_max,
         description="CFS period; v2 second field of cpu.max, quota kept",
@@ -272,7 +281,7 @@ _RESOURCES = (
     _rw(
         "memory.limit_in_bytes",
         "memory",
-        _int_range(0, INT64_MAX, allow_unlimited=True),
+        _int_range(MEMORY_LIMIT_MIN_BYTES, INT64_MAX, allow_unlimited=True),
         v2_file="memory.max",
         to_v2=_unlimited_to_max,
         merge=_merge_unlimited_max,

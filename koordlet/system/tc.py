@@ -207,7 +207,9 @@ def _free_handles(used: set[int]) -> list[int]:
 
 
 def diff(plan: NetQoSPlan, state: LinkState) -> list[Operation]:
-    """The operations that turn ``state`` into ``plan``, in an order the kernel accepts."""
+    """The operations that turn ``state`` into ``plan``, in an order the kernel accepts: the qdisc (replaced when
+    it is not the plan's), stale filters away, stale classes away (children first), classes added or changed
+    (parents first), then the missing filters."""
     ops: list[Operation] = []
     fresh = (
         state.qdisc_kind != "htb"
@@ -217,7 +219,14 @@ def diff(plan: NetQoSPlan, state: LinkState) -> list[Operation]:
     if fresh:
         ops.append(ReplaceQdisc(plan.qdisc_handle, plan.default_classid & 0xFFFF))
         state = LinkState("htb", plan.qdisc_handle, plan.default_classid, (), ())
+    kept = _kept_filters(plan, state, ops)
+    _class_ops(plan, state, ops)
+    _new_filter_ops(plan, kept, ops)
+    return ops
 
+
+def _kept_filters(plan: NetQoSPlan, state: LinkState, ops: list[Operation]) -> dict[str, LinkFilter]:
+    """The filters that stay as they are, by pod IP; a delete for every other one goes to ``ops``."""
     wanted_filters = {f.ip: f for f in plan.filters}
     kept: dict[str, LinkFilter] = {}
     for have in state.filters:
@@ -232,7 +241,10 @@ def diff(plan: NetQoSPlan, state: LinkState) -> list[Operation]:
             kept[have.ip] = have
             continue
         ops.append(DeleteFilter(state.qdisc_handle, have.handle, have.prio, have.protocol))
+    return kept
 
+
+def _class_ops(plan: NetQoSPlan, state: LinkState, ops: list[Operation]) -> None:
     wanted_classes = plan.class_by_id()
     existing = {c.classid: c for c in state.classes}
     stale = [
@@ -261,8 +273,9 @@ def diff(plan: NetQoSPlan, state: LinkState) -> list[Operation]:
         elif not _same_class(spec, have):
             ops.append(ChangeClass(spec))
 
-    used = {f.handle for f in kept.values()}
-    free = iter(_free_handles(used))
+
+def _new_filter_ops(plan: NetQoSPlan, kept: dict[str, LinkFilter], ops: list[Operation]) -> None:
+    free = iter(_free_handles({f.handle for f in kept.values()}))
     for want in plan.filters:
         if want.ip in kept:
             continue
@@ -271,7 +284,6 @@ def diff(plan: NetQoSPlan, state: LinkState) -> list[Operation]:
         except StopIteration:
             raise NetQoSApplyError("more than 4095 pod IPs on one link") from None
         ops.append(AddFilter(handle, want))
-    return ops
 
 
 # ------------------------------------------------------------------------------------------------ apply

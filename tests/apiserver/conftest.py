@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-
 import kubernetes.client
 import pytest
-
 
 
 @pytest.fixture

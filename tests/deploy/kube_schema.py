@@ -49,20 +49,25 @@ def _check(value: Any, type_name: str, path: str) -> None:
             raise SchemaError(f"{path}: expected a list, got {type(value).__name__}")
         for i, item in enumerate(value):
             _check(item, match.group(1), f"{path}[{i}]")
-        return
-    if match := _DICT.match(type_name):
+    elif match := _DICT.match(type_name):
         if not isinstance(value, Mapping):
             raise SchemaError(f"{path}: expected a mapping, got {type(value).__name__}")
         for key, item in value.items():
             _check(item, match.group(1), f"{path}.{key}")
-        return
-    if type_name in _PRIMITIVES:
-        allowed = _PRIMITIVES[type_name]
-        if type_name in ("int", "float") and isinstance(value, bool):
-            raise SchemaError(f"{path}: expected {type_name}, got a bool")
-        if not isinstance(value, allowed):
-            raise SchemaError(f"{path}: expected {type_name}, got {type(value).__name__} {value!r}")
-        return
+    elif type_name in _PRIMITIVES:
+        _check_primitive(value, type_name, path)
+    else:
+        _check_model(value, type_name, path)
+
+
+def _check_primitive(value: Any, type_name: str, path: str) -> None:
+    if type_name in ("int", "float") and isinstance(value, bool):
+        raise SchemaError(f"{path}: expected {type_name}, got a bool")
+    if not isinstance(value, _PRIMITIVES[type_name]):
+        raise SchemaError(f"{path}: expected {type_name}, got {type(value).__name__} {value!r}")
+
+
+def _check_model(value: Any, type_name: str, path: str) -> None:
     model = getattr(kubernetes.client, type_name)
     if not isinstance(value, Mapping):
         raise SchemaError(f"{path}: expected an object ({type_name}), got {type(value).__name__}")

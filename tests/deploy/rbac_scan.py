@@ -159,41 +159,50 @@ def scan_source(source: str, filename: str, module: Any) -> tuple[list[Call], li
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
-        where = f"{filename}:{node.lineno}"
-        target: ast.Attribute | None = None
-        args, watch = list(node.args), False
-        if node.func.attr in API_METHODS:
-            target = node.func
-        elif node.func.attr == "stream" and args and isinstance(args[0], ast.Attribute):
-            if args[0].attr in API_METHODS:
-                target, args, watch = args[0], args[1:], True
-        if target is None:
+        found = _api_call(node)
+        if found is None:
             continue
+        target, args, watch = found
         seen_attrs.add(id(target))
         keywords: dict[str | None, ast.expr] = {k.arg: k.value for k in node.keywords}  # None: **kwargs
         try:
             perms = _permissions(target.attr, args, keywords, module)
         except (LookupError, NameError, AttributeError, SyntaxError) as exc:
-            problems.append(f"{where}: {target.attr}: cannot tell the permission it needs ({exc})")
+            problems.append(f"{filename}:{node.lineno}: {target.attr}: cannot tell the permission it needs ({exc})")
             continue
         if watch:
             perms |= {(g, r, "watch") for g, r, _v in perms}
-        calls.append(Call(where, target.attr, frozenset(perms)))
+        calls.append(Call(f"{filename}:{node.lineno}", target.attr, frozenset(perms)))
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Attribute) and node.attr in API_METHODS) or id(node) in seen_attrs:
-            continue
-        where = f"{filename}:{node.lineno}"
-        # A core list method handed to a list/watch helper (``Watcher(core.list_node)``): list + watch.
-        if node.attr.startswith("list_") and API_METHODS[node.attr] != "CustomObjectsApi":
-            try:
-                perm = core_permission(node.attr)
-            except LookupError as exc:
-                problems.append(f"{where}: {node.attr}: cannot tell the permission it needs ({exc})")
-                continue
-            calls.append(Call(where, node.attr, frozenset({perm, (perm[0], perm[1], "watch")})))
-            continue
-        problems.append(f"{where}: {node.attr} used other than as a call or Watch().stream arg")
+        if isinstance(node, ast.Attribute) and node.attr in API_METHODS and id(node) not in seen_attrs:
+            _method_reference(node, f"{filename}:{node.lineno}", calls, problems)
     return calls, problems
+
+
+def _api_call(node: ast.Call) -> tuple[ast.Attribute, list[ast.expr], bool] | None:
+    """(the API method, its arguments, whether it is watched) of a call of an API method, directly or as the
+    first argument of ``Watch().stream``; None for any other call."""
+    assert isinstance(node.func, ast.Attribute)
+    args = list(node.args)
+    if node.func.attr in API_METHODS:
+        return node.func, args, False
+    if node.func.attr == "stream" and args and isinstance(args[0], ast.Attribute) and args[0].attr in API_METHODS:
+        return args[0], args[1:], True
+    return None
+
+
+def _method_reference(node: ast.Attribute, where: str, calls: list[Call], problems: list[str]) -> None:
+    """An API method used other than in a call: a core list method handed to a list/watch helper
+    (``Watcher(core.list_node)``) needs list + watch; any other use is a problem."""
+    if node.attr.startswith("list_") and API_METHODS[node.attr] != "CustomObjectsApi":
+        try:
+            perm = core_permission(node.attr)
+        except LookupError as exc:
+            problems.append(f"{where}: {node.attr}: cannot tell the permission it needs ({exc})")
+            return
+        calls.append(Call(where, node.attr, frozenset({perm, (perm[0], perm[1], "watch")})))
+        return
+    problems.append(f"{where}: {node.attr} used other than as a call or Watch().stream arg")
 
 
 def scan_package(root: Path, package: str) -> tuple[list[Call], list[str]]:

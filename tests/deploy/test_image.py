@@ -30,7 +30,7 @@ from tests.support.apiserver import ApiServer
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
 from tests.support.proxy import ProxyProcess, free_port
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
 
 pytestmark = pytest.mark.containerd
@@ -197,14 +197,14 @@ def test_the_containerised_koordlet_serves_health_and_hooks_on_the_host_paths(
             cid = koordlet_pods.create_container(sid, sandbox, config)
             runtime.runtime.StartContainer(cri.StartContainerRequest(container_id=cid), timeout=60)
             logs = lambda: _container_log(runtime, cid)  # noqa: E731
-            assert wait_until(lambda: _healthy(metrics_port), 120), f"no /healthz from the container:\n{logs()}"
+            assert wait_for(lambda: _healthy(metrics_port), 120), f"no /healthz from the container:\n{logs()}"
             sock = Path("/var/run/koordlet/koordlet.sock")
             registration = Path("/etc/runtime/hookserver.d/koordlet.json")
-            assert wait_until(lambda: sock.is_socket() and registration.is_file(), 30), logs()
+            assert wait_for(lambda: sock.is_socket() and registration.is_file(), 30), logs()
             assert json.loads(registration.read_text())["remote-endpoint"] == str(sock)
             assert any(r.verb == "GET" and r.path.startswith("/api/v1/nodes") for r in api.requests()), \
                 "koordlet never reached the API server with its service account"
-            assert wait_until(lambda: kubelet.authorizations, 30), f"koordlet never asked kubelet for /pods:\n{logs()}"
+            assert wait_for(lambda: kubelet.authorizations, 30), f"koordlet never asked kubelet for /pods:\n{logs()}"
             assert kubelet.authorizations[0] == f"Bearer {TOKEN}"
 
             proxy = ProxyProcess(str(tmp_path / "proxy.sock"), containerd_socket, "--runtime-hook-config-dir",

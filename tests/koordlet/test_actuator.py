@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import kubernetes.client
+import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from koordlet.actuator import PlanRunner
@@ -95,3 +96,29 @@ def test_evictions_walk_the_candidates_skip_a_refused_pod_and_never_ask_for_a_no
     assert not server.requests("POST", r"/pods/web/eviction$")
     messages = [e["message"] for e in server.list_objects("events", "default")]
     assert messages == ["evicted by koordlet BEMemoryEvict: test eviction of free"]
+
+
+def test_a_plan_removes_one_labelled_series_whatever_order_it_names_the_labels_in(tmp_path: Path) -> None:
+    gauge = Gauge("test_actuator_two_labels", "a gauge with two labels", ["node", "type"],
+                  registry=CollectorRegistry())
+    runner = PlanRunner(_tree(tmp_path), gauges={"test_actuator_two_labels": gauge})
+    runner.run(Plan(gauges=(GaugeSet("test_actuator_two_labels", (("node", "n1"), ("type", "cpuset")), 2.0),
+                            GaugeSet("test_actuator_two_labels", (("node", "n1"), ("type", "cfsQuota")), 1.5))),
+               "test")
+    runner.run(Plan(gauges=(GaugeSet("test_actuator_two_labels", (("type", "cpuset"), ("node", "n1")), None),
+                            GaugeSet("test_actuator_two_labels", (("type", "never"), ("node", "n1")), None))),
+               "test")
+    assert [(s.labels, s.value) for s in gauge.collect()[0].samples] == [({"node": "n1", "type": "cfsQuota"}, 1.5)]
+
+
+def test_an_eviction_outcome_is_a_victim_outcome_never_a_bare_string() -> None:
+    """A misspelt outcome ("evict") used to count as released without asking; now the walk refuses it."""
+    from koordlet.api.pod import PodMeta
+    from koordlet.plan import Victim, VictimOutcome, walk_victims
+
+    be = PodMeta(name="be", namespace="ns", uid="u-be", labels={"koordinator.sh/qosClass": "BE"})
+    victims = [Victim(be, 1.0)]
+    assert walk_victims(victims, 1.0, lambda v: VictimOutcome.EVICTED) == (1.0, victims, [])
+    assert walk_victims(victims, 1.0, lambda v: VictimOutcome.REFUSED) == (0.0, [], victims)
+    with pytest.raises(TypeError, match="VictimOutcome"):
+        walk_victims(victims, 1.0, lambda v: "evict")

@@ -7,13 +7,13 @@ from dataclasses import replace
 import kubernetes.client
 import pytest
 
+from koordlet.actuator import PlanRunner
 from koordlet.api.keys import LABEL_QOS_CLASS
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.eviction import POD_EVICTION, POD_EVICTION_DETAIL, EvictionOutcome, Evictor, reason_for
-from koordlet.metriccache import MetricCache, MetricKind, SeriesKey
-from koordlet.actuator import PlanRunner
 from koordlet.executor import ResourceExecutor
+from koordlet.metriccache import MetricCache, MetricKind, SeriesKey
 from koordlet.qosmanager import QoSManager, QoSManagerConfig, cpuevict, memoryevict
 from koordlet.qosmanager.snapshot import (
     BE_CPU_REAL_LIMIT_KEY,

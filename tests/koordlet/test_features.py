@@ -1,4 +1,5 @@
-"""The one table of feature gates (koordlet/features.py): config parsing, docs/feature-gates.md, and the code agree with it."""
+"""The one table of feature gates (koordlet/features.py): config parsing, docs/feature-gates.md, and the code
+agree with it."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,9 +25,9 @@ import yaml
 from koordlet.config import parse_config
 from koordlet.main import AgentContext, Koordlet, raise_nofile_limit
 from koordlet.ticker import PeriodicThread
-from tests.koordlet.statesinformer.waiting import wait_for
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "test-node-main"
@@ -47,10 +47,6 @@ def get(url: str) -> tuple[int, str]:
         return err.code, ""
     except OSError:
         return 0, ""
-
-
-def eventually(probe: Callable[[], object], timeout_s: float = 20.0) -> object:
-    return wait_for(probe, timeout_s, step_s=0.2)
 
 
 def _needs_cgroup_v1() -> None:
@@ -94,9 +90,9 @@ def test_local_mode_daemon_serves_metrics_writes_nodemetric_and_stops_on_sigterm
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
-        assert eventually(lambda: get(base + "/healthz")[0] == 200), _tail(log)
-        metrics = eventually(lambda: (lambda text: text if f'koordlet_node_used_cpu_cores{{node="{NODE}"}}' in text
-                                      else "")(get(base + "/metrics")[1]))
+        assert wait_for(lambda: get(base + "/healthz")[0] == 200, 20.0, 0.2), _tail(log)
+        metrics = wait_for(lambda: (lambda text: text if f'koordlet_node_used_cpu_cores{{node="{NODE}"}}' in text
+                                    else "")(get(base + "/metrics")[1]), 20.0, 0.2)
         assert metrics, _tail(log)
         assert f'koordlet_node_used_memory_bytes{{node="{NODE}"}}' in metrics
         assert f'koordlet_start_time{{node="{NODE}"}}' in metrics
@@ -111,7 +107,7 @@ def test_local_mode_daemon_serves_metrics_writes_nodemetric_and_stops_on_sigterm
             names = [p["name"] for p in obj["status"].get("podsMetric", [])]
             return obj if "main-be" in names and obj["status"]["nodeMetric"]["nodeUsage"]["resources"] else None
 
-        obj = eventually(pod_reported)
+        obj = wait_for(pod_reported, 20.0, 0.2)
         assert obj, _tail(log)
         assert obj["kind"] == "NodeMetric" and obj["metadata"]["name"] == NODE
         entry = next(p for p in obj["status"]["podsMetric"] if p["name"] == "main-be")
@@ -296,18 +292,18 @@ def test_api_server_mode_watches_node_and_slo_lists_kubelet_pods_and_reports_sta
                 return obj if (obj.get("status") or {}).get("nodeMetric", {}).get("nodeUsage", {}).get(
                     "resources") else None
 
-            obj = eventually(reported, timeout_s=10)
+            obj = wait_for(reported, 10.0, 0.2)
             assert obj, "no NodeMetric status reported"
             assert obj["status"]["nodeMetric"]["nodeUsage"]["resources"]["cpu"].endswith("m")
             assert agent.reporter is not None and agent.reporter.policy.report_interval_s == 60.0
             custom = kubernetes.client.CustomObjectsApi(api)
             assert custom.get_cluster_custom_object("slo.koordinator.sh", "v1alpha1", "nodemetrics", NODE)["status"]
             # Accelerators: the Device object is reported, owned by the node.
-            device = eventually(lambda: server.get_object("devices", NODE), timeout_s=10)
+            device = wait_for(lambda: server.get_object("devices", NODE), 10.0, 0.2)
             assert device and len(device["spec"]["devices"]) == 1
             # NodeTopologyReport (on by default): this host's NUMA zones and CPU pools, owned by the node.
             from koordlet.system.sysfs import read_node_topology
-            nrt = eventually(lambda: server.get_object("noderesourcetopologies", NODE), timeout_s=10)
+            nrt = wait_for(lambda: server.get_object("noderesourcetopologies", NODE), 10.0, 0.2)
             assert nrt and [z["name"] for z in nrt["zones"]] == [
                 f"node-{n.node_id}" for n in read_node_topology("/sys").numa_nodes]
             assert nrt["metadata"]["ownerReferences"][0]["name"] == NODE
@@ -330,7 +326,7 @@ def test_sigterm_while_waiting_for_states_sync_exits_quickly(tmp_path: Path) -> 
     log = (tmp_path / "koordlet.log").open("w+")
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        assert eventually(lambda: "started states informer" in _tail(log, 100_000)), _tail(log)
+        assert wait_for(lambda: "started states informer" in _tail(log, 100_000), 20.0, 0.2), _tail(log)
         assert get(f"http://127.0.0.1:{port}/healthz")[0] == 503  # not started yet
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)

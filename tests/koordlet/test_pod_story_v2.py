@@ -38,11 +38,11 @@ from koordlet.system.cgroup import CgroupDriver, CgroupFS, CgroupVersion
 from koordlet.system.cgroup_stats import read_cfs_quota
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.resources import cpu_shares_to_weight
-from tests.support.waiting import wait_until
 from tests.koordlet.qosmanager.realnode import skip_unless_v2_writable
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
 from tests.support.proxy import ProxyProcess
+from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
 
 pytestmark = [pytest.mark.cgroupv2, pytest.mark.containerd]
@@ -189,17 +189,17 @@ def test_v2_pods_start_through_the_proxy_with_the_hooks_values_in_the_v2_files(s
 def test_v2_reconciler_sets_the_pod_level_and_restores_a_hand_changed_value(
         story: Story, record_property: Callable[[str, object], None]) -> None:
     be = story.be
-    assert wait_until(lambda: be.read("cpu.max", container=False) == "150000 100000", 3 * RECONCILE_INTERVAL_S + 5)
+    assert wait_for(lambda: be.read("cpu.max", container=False) == "150000 100000", 3 * RECONCILE_INTERVAL_S + 5)
     assert be.read("memory.max", container=False) == str(96 * MiB)
     (be.container_dir / "cpu.max").write_text("50000 100000")
     (be.container_dir / "memory.max").write_text(str(128 * MiB))
     changed = time.monotonic()
     # Within one interval, plus the emulated guest's slack for the tick itself.
-    assert wait_until(lambda: be.read("cpu.max") == "150000 100000", RECONCILE_INTERVAL_S + 3.0)
-    assert wait_until(lambda: be.read("memory.max") == str(96 * MiB), 1.0)
+    assert wait_for(lambda: be.read("cpu.max") == "150000 100000", RECONCILE_INTERVAL_S + 3.0)
+    assert wait_for(lambda: be.read("memory.max") == str(96 * MiB), 1.0)
     record_property("restore_s", round(time.monotonic() - changed, 2))  # in out/v2/<driver>/junit.xml
     (be.container_dir / "cpu.weight").write_text("100")
-    assert wait_until(lambda: be.read("cpu.weight") == "20", RECONCILE_INTERVAL_S + 3.0)
+    assert wait_for(lambda: be.read("cpu.weight") == "20", RECONCILE_INTERVAL_S + 3.0)
 
 
 def _manager(story: Story, slo_spec: dict, gates: dict[str, bool], cache: MetricCache | None = None):  # noqa: ANN202
@@ -239,7 +239,7 @@ def test_v2_memory_qos_writes_min_low_high_on_pods_containers_and_the_kubepods_q
         def got() -> dict[Path, str]:
             return {path: path.read_text().strip() for path in want}
         expected = {path: str(value) for path, value in want.items()}
-        assert wait_until(lambda: got() == expected, 15.0), {
+        assert wait_for(lambda: got() == expected, 15.0), {
             str(p): (v, expected[p]) for p, v in got().items() if expected[p] != v}
     finally:
         manager.stop()
@@ -252,7 +252,7 @@ def test_v2_cpu_burst_writes_cpu_max_burst_on_the_real_container(story: Story) -
     manager.start()
     try:
         # limit 2 cores × 50 % = 1 core of burst per 100 ms period; the kernel takes it over an unbound quota
-        assert wait_until(lambda: ls.read("cpu.max.burst") == "100000", 15.0), ls.read("cpu.max.burst")
+        assert wait_for(lambda: ls.read("cpu.max.burst") == "100000", 15.0), ls.read("cpu.max.burst")
         assert ls.read("cpu.max") == "max 100000"
     finally:
         manager.stop()
@@ -299,11 +299,11 @@ def test_v2_suppress_shrinks_the_besteffort_cpu_max_of_real_pods_and_gives_it_ba
         # LS burns its cpuset (half the node): the budget is 60 % of the node minus that and system use, well
         # below the 60 % it is with LS idle. (How much below depends on how busy the emulating host is.)
         full_budget = cores * 100000 * 0.6
-        assert wait_until(lambda: 0 < quota() < full_budget * 0.75, 20.0, step_s=0.2), quota()
+        assert wait_for(lambda: 0 < quota() < full_budget * 0.75, 20.0, step_s=0.2), quota()
         shrunk = quota()
         _stop(story, ls_burn)
         # LS idle: the quota grows back by at least the better part of the LS pod's two cores.
-        assert wait_until(lambda: quota() >= shrunk + 0.4 * 100000, 20.0, step_s=0.2), (shrunk, quota())
+        assert wait_for(lambda: quota() >= shrunk + 0.4 * 100000, 20.0, step_s=0.2), (shrunk, quota())
     finally:
         manager.stop()
         runner.stop()
@@ -335,7 +335,7 @@ def test_v2_pod_psi_and_usage_are_read_from_the_pods_own_files(story: Story) -> 
                 assert ("pod_psi", uid, resource) in kinds, (uid, resource, sorted(kinds))
                 assert ("container_psi", uid, resource) in kinds, (uid, resource, sorted(kinds))
         assert collector.open_files == 2 * 2 * 3  # 2 pods + their 2 containers, 3 files each, kept open
-        assert wait_until(lambda: cpu_some_avg10("pod_psi", be.uid) > 0.0, 20.0, step_s=1.0)
+        assert wait_for(lambda: cpu_some_avg10("pod_psi", be.uid) > 0.0, 20.0, step_s=1.0)
         assert collector.read_errors == 0
 
         # The same pods through the resource collector's v2 path (cpu.stat usage_usec, memory.stat), against

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from koordlet.ticker import PeriodicThread, join_thread
-from tests.koordlet.statesinformer.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 class Runs:

@@ -82,14 +82,9 @@ def _joined(loop: asyncio.AbstractEventLoop) -> tuple[KubeletSide, RuntimeSide, 
     """One relayed connection past its set-up: kubelet's preface and SETTINGS through, runtime joined."""
     calls = Calls()
     relay = Relay("/nonexistent", lambda req: None, frozenset({HOOKED}), calls)
-    down = KubeletSide(relay)
-    down.transport = Recorder()
-    down._loop = loop
-    up = RuntimeSide(down)
-    up.transport = Recorder()
-    down.up = up
-    down._up_transport = up.transport
-    down._pending_up = None
+    down = KubeletSide(relay, Recorder(), loop=loop)
+    up = RuntimeSide(down, Recorder())
+    down.join(up)
     down.data_received(h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0))
     up.transport.chunks.clear()
     return down, up, calls
@@ -132,7 +127,8 @@ def _feed_runtime(cuts: list[int], stream: bytes) -> tuple:
         to_kubelet, kubelet_acks, kubelet_credit = _split(down.transport.data)
         assert not kubelet_acks
         _, acks, credit = _split(up.transport.data + down._acks_up)
-        return (to_kubelet, acks, credit + down.credit_up, kubelet_credit + down.credit_down, calls.finished)
+        return (to_kubelet, acks, credit + down.runtime_hop.held, kubelet_credit + down.kubelet_hop.held,
+                calls.finished)
     finally:
         loop.close()
 
@@ -187,7 +183,8 @@ def _feed_kubelet(cuts: list[int], stream: bytes) -> tuple:
     loop = asyncio.new_event_loop()
     try:
         down, up, _ = _joined(loop)
-        up._frames = 1  # the runtime's SETTINGS passed: the proxy's frames to kubelet go at once
+        up.data_received(h2.frame(h2.SETTINGS, 0, 0))  # passed: the proxy's frames to kubelet go at once
+        down.transport.chunks.clear()
         start = 0
         for cut in [*cuts, len(stream)]:
             if cut > start:
@@ -197,8 +194,8 @@ def _feed_kubelet(cuts: list[int], stream: bytes) -> tuple:
         assert not runtime_acks
         to_kubelet, acks, kubelet_credit = _split(down.transport.data)
         req = down.hooked.get(3)
-        return (to_runtime, to_kubelet, acks, runtime_credit + down.credit_up,
-                kubelet_credit + down.credit_down, bytes(req.body) if req else b"", sorted(down.inflight))
+        return (to_runtime, to_kubelet, acks, runtime_credit + down.runtime_hop.held,
+                kubelet_credit + down.kubelet_hop.held, bytes(req.body) if req else b"", sorted(down.inflight))
     finally:
         loop.close()
 

@@ -440,18 +440,10 @@ class ApiServer:
 
     def _route_request(self, verb: str, path: str, query: dict[str, str], content_type: str,
                        body: JSON) -> _Response | Iterator[bytes]:
-        if path in ("/healthz", "/readyz", "/livez"):
-            return _Response(200, "ok")
-        if path == "/version":
-            return _Response(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-koordlet-py-test",
-                                   "gitCommit": "0" * 40, "gitTreeState": "clean",
-                                   "buildDate": "2024-08-13T00:00:00Z", "goVersion": "go1.22.5",
-                                   "compiler": "gc", "platform": "linux/amd64"})
-        discovery = self._discovery(path)
-        if discovery is not None:
-            return _Response(200, discovery)
+        fixed = self._fixed_response(path)
+        if fixed is not None:
+            return fixed
         route = self._parse_route(path)
-        content_type = content_type.split(";")[0].strip().lower()
         if route.subresource == "eviction" and verb != "POST":
             raise ApiStatusError(405, f"{verb} is not supported on {path}")
         if verb == "GET":
@@ -460,6 +452,26 @@ class ApiServer:
                     return self._watch(route, query)
                 return _Response(200, self._list(route, query))
             return _Response(200, self._get(route))
+        response = self._write_response(verb, route, query, content_type.split(";")[0].strip().lower(), body)
+        if response is None:
+            raise ApiStatusError(405, f"{verb} is not supported on {path}")
+        return response
+
+    def _fixed_response(self, path: str) -> _Response | None:
+        """Health, version and discovery: answers that name no resource."""
+        if path in ("/healthz", "/readyz", "/livez"):
+            return _Response(200, "ok")
+        if path == "/version":
+            return _Response(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-koordlet-py-test",
+                                   "gitCommit": "0" * 40, "gitTreeState": "clean",
+                                   "buildDate": "2024-08-13T00:00:00Z", "goVersion": "go1.22.5",
+                                   "compiler": "gc", "platform": "linux/amd64"})
+        discovery = self._discovery(path)
+        return None if discovery is None else _Response(200, discovery)
+
+    def _write_response(self, verb: str, route: _Route, query: dict[str, str], content_type: str,
+                        body: JSON) -> _Response | None:
+        """POST, PUT, PATCH and DELETE on a resource; None for a verb the route does not take."""
         if verb == "POST":
             if route.name is None:
                 return self._create_response(route, query, body)
@@ -471,7 +483,7 @@ class ApiServer:
             return self._updated_response(self._patch(route, body, content_type, query))
         if verb == "DELETE" and route.name is not None and route.subresource is None:
             return _Response(200, self._delete(route, body))
-        raise ApiStatusError(405, f"{verb} is not supported on {path}")
+        return None
 
     # ------------------------------------------------------------ routing and discovery
 
@@ -649,6 +661,31 @@ class ApiServer:
     def _create(self, rtype: ResourceType, namespace: str | None, obj: dict, *, keep_status: bool,
                 query: dict[str, str] | None = None, warnings: list[str] | None = None) -> dict:
         query = query or {}
+        name = self._new_object(rtype, namespace, obj, keep_status)
+        (warnings if warnings is not None else []).extend(self._admit(rtype, obj, query))
+        if rtype.plural == "customresourcedefinitions":
+            self._admit_crd(obj)
+        if namespace is not None:
+            self._ensure_namespace(namespace)
+        with self._cond:
+            key = self._key(rtype, namespace, name)
+            if key in self._objects:
+                raise ApiStatusError(409, f'{rtype.qualified} "{name}" already exists', reason="AlreadyExists",
+                                     details={"name": name, "group": rtype.group, "kind": rtype.plural})
+            if query.get("dryRun"):
+                return copy.deepcopy(obj)
+            _meta(obj)["resourceVersion"] = self._next_resource_version()
+            self._objects[key] = obj
+            self._record("ADDED", rtype, None, obj)
+            if rtype.plural == "customresourcedefinitions":
+                served = {(t.group, t.version, t.plural) for t in self._types}
+                self._types.extend(t for t in resource_types_of_crd(obj)
+                                   if (t.group, t.version, t.plural) not in served)
+            return copy.deepcopy(obj)
+
+    def _new_object(self, rtype: ResourceType, namespace: str | None, obj: dict, keep_status: bool) -> str:
+        """``obj`` made a new object of ``rtype`` as the API server stores it (type checked, name generated,
+        namespace, uid and timestamps set, status reset unless ``keep_status``); returns its name."""
         if obj.setdefault("apiVersion", rtype.api_version) != rtype.api_version or \
                 obj.setdefault("kind", rtype.kind) != rtype.kind:
             raise ApiStatusError(400, f"expected {rtype.api_version} {rtype.kind}, got "
@@ -675,26 +712,7 @@ class ApiServer:
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now())
         if rtype.custom:
             meta["generation"] = 1
-        (warnings if warnings is not None else []).extend(self._admit(rtype, obj, query))
-        if rtype.plural == "customresourcedefinitions":
-            self._admit_crd(obj)
-        if namespace is not None:
-            self._ensure_namespace(namespace)
-        with self._cond:
-            key = self._key(rtype, namespace, name)
-            if key in self._objects:
-                raise ApiStatusError(409, f'{rtype.qualified} "{name}" already exists', reason="AlreadyExists",
-                                     details={"name": name, "group": rtype.group, "kind": rtype.plural})
-            if query.get("dryRun"):
-                return copy.deepcopy(obj)
-            meta["resourceVersion"] = self._next_resource_version()
-            self._objects[key] = obj
-            self._record("ADDED", rtype, None, obj)
-            if rtype.plural == "customresourcedefinitions":
-                served = {(t.group, t.version, t.plural) for t in self._types}
-                self._types.extend(t for t in resource_types_of_crd(obj)
-                                   if (t.group, t.version, t.plural) not in served)
-            return copy.deepcopy(obj)
+        return name
 
     @staticmethod
     def _admit_crd(crd: dict) -> None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 
 import grpc
 
+from tests.support.waiting import wait_for as poll
 from wire import hookapi_pb2 as hookapi
 
 _TYPES = {
@@ -82,13 +82,10 @@ class RecordingHookServer:
             return [r for h, r in self.calls if h == hook]
 
     def wait_for(self, hook: str, count: int = 1, timeout_s: float = 10) -> list:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            found = self.requests(hook)
-            if len(found) >= count:
-                return found
-            time.sleep(0.02)
-        raise TimeoutError(f"{hook} called {len(self.requests(hook))} times, expected {count}")
+        found = poll(lambda: (calls if len(calls := self.requests(hook)) >= count else []), timeout_s)
+        if not found:
+            raise TimeoutError(f"{hook} called {len(self.requests(hook))} times, expected {count}")
+        return found
 
 
 ALL_HOOKS = ["PreRunPodSandbox", "PostStopPodSandbox", "PreCreateContainer", "PreStartContainer",

@@ -412,21 +412,10 @@ def _apply_operation(document: JSON, operation: dict) -> JSON:
             raise PatchError("cannot remove the whole document")
         return copy.deepcopy(operation.get("value"))
     parent = _resolve_parent(document, tokens)
-    last = tokens[-1]
     if op == "add":
-        if isinstance(parent, list):
-            parent.insert(_list_index(parent, last, True), copy.deepcopy(operation.get("value")))
-        elif isinstance(parent, dict):
-            parent[last] = copy.deepcopy(operation.get("value"))
-        else:
-            raise PatchError(f"cannot add below a scalar at {pointer}")
+        _add(parent, tokens[-1], copy.deepcopy(operation.get("value")), pointer)
     elif op in ("remove", "replace"):
-        if isinstance(parent, list):
-            index = _list_index(parent, last, False)
-        elif isinstance(parent, dict) and last in parent:
-            index = last
-        else:
-            raise PatchError(f"path {pointer} does not exist")
+        index = _existing_index(parent, tokens[-1], pointer)
         if op == "remove":
             del parent[index]
         else:
@@ -434,6 +423,23 @@ def _apply_operation(document: JSON, operation: dict) -> JSON:
     else:
         raise PatchError(f"unknown JSON patch operation {op!r}")
     return document
+
+
+def _add(parent: JSON, last: str, value: JSON, pointer: str) -> None:
+    if isinstance(parent, list):
+        parent.insert(_list_index(parent, last, True), value)
+    elif isinstance(parent, dict):
+        parent[last] = value
+    else:
+        raise PatchError(f"cannot add below a scalar at {pointer}")
+
+
+def _existing_index(parent: JSON, last: str, pointer: str) -> int | str:
+    if isinstance(parent, list):
+        return _list_index(parent, last, False)
+    if isinstance(parent, dict) and last in parent:
+        return last
+    raise PatchError(f"path {pointer} does not exist")
 
 
 # ---------------------------------------------------------------- selectors

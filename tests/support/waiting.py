@@ -1,16 +1,20 @@
-"""Bounded polling for the real-kernel tests: a predicate checked until it holds or time runs out."""
+"""The one polling helper of the tests: a probe called until it answers something truthy, or time runs out
+(a condition another thread, process or the kernel makes true)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], object], timeout_s: float, step_s: float = 0.05) -> bool:
-    """True as soon as ``predicate()`` is truthy; after ``timeout_s``, its last answer (one more try)."""
+def wait_for(probe: Callable[[], T], timeout_s: float = 5.0, step_s: float = 0.02) -> T:
+    """The probe's first truthy value, or its last (falsy) value once ``timeout_s`` has passed."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
+    while True:
+        value = probe()
+        if value or time.monotonic() > deadline:
+            return value
         time.sleep(step_s)
-    return bool(predicate())

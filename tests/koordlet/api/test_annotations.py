@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from koordlet.api import keys
 from koordlet.api.annotations import (
     AnnotationError,
     parse_cpu_burst,
@@ -23,7 +24,6 @@ from koordlet.api.annotations import (
     parse_resource_status,
     parse_system_qos_resource,
 )
-from koordlet.api import keys
 from koordlet.api.keys import (
     ANNOTATION_CPU_QOS,
     ANNOTATION_EXTENDED_RESOURCE_SPEC,

@@ -15,8 +15,8 @@ from koordlet.api import device as api
 from koordlet.deviceplugin.allocator import AllocationTimeoutError, SchedulerAllocator
 from koordlet.deviceplugin.server import gpu_device_plugin
 from koordlet.gpu.health import HealthBoard
-from koordlet.gpu.service import GPUService
 from koordlet.gpu.nvml import discover, open_nvml
+from koordlet.gpu.service import GPUService
 from koordlet.nodelock import NodeLocker
 from tests.koordlet.deviceplugin.kube import (
     gpu_pod,

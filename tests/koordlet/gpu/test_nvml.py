@@ -10,8 +10,8 @@ from koordlet.gpu.nvml import (
     read_usage,
 )
 from koordlet.metriccache import MetricCache, SeriesKey
-from tests.koordlet.system.pci_tree import pci_tree
 from tests.koordlet.gpu.fake_nvml import H100_DRIVER, H100_MEMORY_TOTAL, H100_NAME, FakeNvml, h100_gpus
+from tests.koordlet.system.pci_tree import pci_tree
 
 
 @pytest.fixture

@@ -25,9 +25,9 @@ from koordlet.netqos.manager import (
     NetQoSManager,
 )
 from koordlet.netqos.plan import classid
-from koordlet.system.tc import read_link
 from koordlet.statesinformer.api import StaticStates
-from tests.koordlet.statesinformer.waiting import wait_for
+from koordlet.system.tc import read_link
+from tests.support.waiting import wait_for
 
 UPLINK, PEER = "kqm-up", "kqm-peer"
 BE_IP, LS_IP = "10.214.0.2", "10.214.0.3"
@@ -177,12 +177,13 @@ def test_link_speed_stands_in_for_total_bandwidth(namespace: str, tmp_path: Path
 
 
 def test_daemon_adds_the_manager_only_with_the_tc_network_qos_gate(tmp_path: Path) -> None:
-    from koordlet.main import _netqos, default_components
+    from koordlet.main import _netqos, default_components, host_dirs
 
     assert _netqos in default_components()
     env = {"NODE_NAME": "node-1"}
     ctx = SimpleNamespace(states=StaticStates(), metrics=SimpleNamespace(registry=CollectorRegistry()))
     ctx.config = parse_config([], env)
+    ctx.dirs = host_dirs(ctx.config)
     assert _netqos(ctx) is None  # type: ignore[arg-type]
     ctx.config = parse_config(["-feature-gates=TCNetworkQoS=true", "-netqos-uplink=kqm-x"], env)
     manager = _netqos(ctx)  # type: ignore[arg-type]

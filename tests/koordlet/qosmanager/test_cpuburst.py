@@ -160,3 +160,24 @@ def test_only_running_non_lsr_lse_be_pods_are_eligible() -> None:
     )
     names = [entry.pod.name for entry in eligible_containers(_burst_snapshot(pods=pods), LAYOUT)]
     assert names == ["ls", "plain"]
+
+
+def test_the_per_pod_state_is_a_frozen_value_that_orders_the_pods_writes() -> None:
+    """decide_burst's per-pod state (PodBurstState): growing, the pod's quota goes first; shrinking, last (a
+    v1 child's quota may not exceed its parent's); an unlimited pod quota stays; the pod's burst is the
+    containers' sum capped at its quota."""
+    import dataclasses
+
+    from koordlet.qosmanager.cpuburst import PodBurstState
+
+    state = PodBurstState("pod", 200_000).with_burst(150_000).with_burst(100_000)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.burst_sum_us = 0  # type: ignore[misc]
+    assert state.quota_step() is None and state.burst_write().value == 200_000
+    up = state.with_quota("pod/a", 100_000, 120_000)
+    assert [(w.cgroup_dir, w.value) for w in up.quota_step().writes] == [("pod", 220_000), ("pod/a", 120_000)]
+    down = state.with_quota("pod/a", 100_000, 80_000)
+    assert [(w.cgroup_dir, w.value) for w in down.quota_step().writes] == [("pod/a", 80_000), ("pod", 180_000)]
+    unlimited = PodBurstState("pod", -1).with_burst(300_000).with_quota("pod/a", 100_000, 120_000)
+    assert [w.cgroup_dir for w in unlimited.quota_step().writes] == ["pod/a"]
+    assert unlimited.burst_write().value == 300_000

@@ -16,8 +16,8 @@ from koordlet.qosmanager.cpusuppress import (
     be_cpuset_size,
     candidate_buckets,
     choose_be_cpus,
-    decide_suppress,
     decide_cfs_quota,
+    decide_suppress,
     select_cpus,
     suppress_budget,
 )
@@ -181,3 +181,68 @@ def test_switch_back_to_cpuset_restores_unlimited_quota() -> None:
 def test_spec_switch_feeds_the_config() -> None:
     config = SuppressConfig.from_node_slo(spec(cpuSuppressThresholdPercent=50, cpuSuppressPolicy="cfsQuota"))
     assert config == SuppressConfig(threshold_percent=50, min_percent=None, policy="cfsQuota")
+
+
+def _nrt_case(tmp_path):
+    """A two-socket node whose reservation is a CPU amount (2 CPUs, taken by topology: core 0 = CPUs 0 and 8),
+    with an LSE pod on 1,9, an LSR pod on 2,10 and kubelet's static policy holding 7,15 for a Guaranteed pod."""
+    from koordlet.api.qos import KubeQoS
+    from koordlet.statesinformer.cpumanager import CPUAssignment, CPUManagerState
+    from koordlet.system.sysfs import read_node_topology
+    from tests.koordlet.system.topology_tree import build_tree, two_sockets_smt
+
+    topology = read_node_topology(build_tree(tmp_path, two_sockets_smt()))
+    annotations = {ANNOTATION_NODE_RESERVATION: json.dumps({"resources": {"cpu": "2"}})}
+    kubelet = CPUManagerState(policy="static", assignments=(
+        CPUAssignment(cpus=frozenset({7, 15}), pod_uid="uid-guaranteed", container_name="main"),))
+    pods = (pod("lse", "LSE", annotations={ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": "1,9"})}),
+            pod("lsr", "LSR", annotations={ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": "2,10"})}),
+            pod("guaranteed", kube_qos=KubeQoS.GUARANTEED), BE_POD)
+    return topology, annotations, kubelet, pods
+
+
+def test_the_suppressed_cpuset_and_the_nrt_be_pool_agree_with_a_reservation_given_as_a_cpu_amount(tmp_path) -> None:
+    from koordlet.api.cpupools import compute_cpu_pools
+    from koordlet.api.cpuset import parse_cpu_list
+    from koordlet.api.keys import ANNOTATION_NRT_BE_CPU_SHARED_POOLS
+    from koordlet.qosmanager.cpusuppress import decide
+    from koordlet.reporters.nrt import build_nrt
+
+    topology, annotations, kubelet, pods = _nrt_case(tmp_path)
+    nrt = build_nrt("node-1", topology, compute_cpu_pools(topology.cpus, pods, kubelet, annotations), kubelet,
+                    annotations)
+    be_pool = {cpu for shared in json.loads(nrt["metadata"]["annotations"][ANNOTATION_NRT_BE_CPU_SHARED_POOLS])
+               for cpu in parse_cpu_list(shared.get("cpuset", ""))}
+    assert be_pool == set(range(16)) - {0, 8} - {1, 9} - {7, 15}
+    reserved_node = node(16000, annotations=annotations)
+    # idle at a 100 % threshold: suppress gives BE the whole pool; busy: the floor of 2 CPUs, still inside it
+    for node_used, config, size in ((0.5, SuppressConfig(threshold_percent=100), len(be_pool)),
+                                    (15.0, SuppressConfig(), 2)):
+        tick = snapshot(node=reserved_node, cpus=topology.cpus, pods=pods, kubelet_cpu_manager=kubelet,
+                        node_cpu_cores=node_used, pod_cpu_cores={})
+        decision = decide(tick, config).report
+        assert set(decision.be_cpus) <= be_pool and len(decision.be_cpus) == size, decision.be_cpus
+
+
+def test_the_reservation_annotation_is_parsed_once_per_tick(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from koordlet.api import annotations as annotations_module
+    from koordlet.api import cpupools
+    from koordlet.qosmanager import cpusuppress
+
+    parsed: list[str] = []
+    real = annotations_module.parse_node_reservation
+
+    def counting(raw: str):
+        parsed.append(raw)
+        return real(raw)
+
+    for module in (annotations_module, cpupools, cpusuppress):
+        if hasattr(module, "parse_node_reservation"):
+            monkeypatch.setattr(module, "parse_node_reservation", counting)
+    topology, annotations, kubelet, pods = _nrt_case(tmp_path)
+    tick = snapshot(node=node(16000, annotations=annotations), cpus=topology.cpus, pods=pods,
+                    kubelet_cpu_manager=kubelet, node_cpu_cores=4.0, pod_cpu_cores={})
+    for config in (SuppressConfig(), SuppressConfig(policy="cfsQuota"), SuppressConfig(enabled=False)):
+        parsed.clear()
+        cpusuppress.decide(tick, config)
+        assert len(parsed) == 1, config

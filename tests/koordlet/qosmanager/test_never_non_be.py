@@ -9,9 +9,9 @@ from koordlet.api.keys import LABEL_QOS_CLASS
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.eviction import EvictionOutcome, Evictor
+from koordlet.plan import Victim, planned_victims
 from koordlet.qosmanager import cpuevict, memoryevict
 from koordlet.qosmanager.snapshot import BECPUWindow
-from koordlet.plan import Victim, planned_victims
 from tests.koordlet.qosmanager.factory import GiB, node, snapshot
 
 _pods = st.lists(

@@ -23,8 +23,8 @@ from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.cpumanager import CPUAssignment, CPUManagerState
 from tests.koordlet.qosmanager.factory import spec
 from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used
-from tests.support.waiting import wait_until
 from tests.support.apiserver import ApiServer, kube_api_client
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.cgroupv1
 
@@ -47,7 +47,7 @@ def test_suppress_cfs_quota_shrinks_the_be_quota_and_its_cpu_share(real_node: Re
     real_node.spawn("ls")
     # Threshold 30 %: budget = capacity × 0.3 − LS (~1 core) − system ≤ 0 on this node → the 2000 µs floor.
     real_node.start(spec(cpuSuppressThresholdPercent=30, cpuSuppressPolicy="cfsQuota"))
-    assert wait_until(lambda: real_node.read("cpu", real_node.be_dir, "cpu.cfs_quota_us") != "-1", 5.0)
+    assert wait_for(lambda: real_node.read("cpu", real_node.be_dir, "cpu.cfs_quota_us") != "-1", 5.0)
     quota = int(real_node.read("cpu", real_node.be_dir, "cpu.cfs_quota_us"))
     assert 2000 <= quota < 100000
     assert 0 < value_of(BE_SUPPRESS_CPU_CORES, node="node-1", type="cfsQuota") < 1.0
@@ -70,7 +70,7 @@ def test_suppress_cpuset_shrinks_the_be_cpuset_on_disk_and_the_process_affinity(
     real_node.spawn("ls")
     real_node.start(spec(cpuSuppressThresholdPercent=30))
     last = str(online[-1])
-    assert wait_until(lambda: real_node.read("cpuset", real_node.be_dir, "cpuset.cpus") == last, 5.0)
+    assert wait_for(lambda: real_node.read("cpuset", real_node.be_dir, "cpuset.cpus") == last, 5.0)
     pod_dir = real_node.pod_dir(real_node.pod("be"))
     assert real_node.read("cpuset", pod_dir, "cpuset.cpus") == last
     assert os.sched_getaffinity(be_process.pid) == {online[-1]}
@@ -90,7 +90,7 @@ def test_memory_over_threshold_produces_an_eviction_request(real_node: RealNode)
         time.sleep(1.5)
         assert not server.requests("POST", r"/eviction$"), "the node was above the threshold before allocating"
         real_node.spawn("be", f"data = b'x' * {allocate}\nimport time\ntime.sleep(60)\n")
-        assert wait_until(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 10.0)
+        assert wait_for(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 10.0)
         assert not server.requests("POST", r"/pods/ls/eviction$")
         (event,) = server.list_objects("events", "default")
         assert event["reason"] == "BEMemoryEvict" and f"threshold {threshold}%" in event["message"]
@@ -127,7 +127,7 @@ def test_an_lse_pods_cpus_stay_out_of_the_be_cpuset_while_ls_load_rises(lse_node
     lse_node.spawn("ls")
     lse_node.start(spec(cpuSuppressThresholdPercent=30))
     be_cpus = lambda: set(parse_cpu_list(lse_node.read("cpuset", lse_node.be_dir, "cpuset.cpus")))  # noqa: E731
-    assert wait_until(lambda: lse_cpu not in be_cpus(), 5.0), be_cpus()
+    assert wait_for(lambda: lse_cpu not in be_cpus(), 5.0), be_cpus()
     for _ in range(5):  # and it stays out, tick after tick, while LS burns
         time.sleep(0.5)
         assert lse_cpu not in be_cpus()
@@ -145,7 +145,7 @@ def test_kubelets_exclusive_cpus_stay_out_of_the_be_cpuset_with_the_static_polic
     lse_node.spawn("ls")
     lse_node.start(spec(cpuSuppressThresholdPercent=30), cpu_manager=lambda: state)
     be_cpus = lambda: set(parse_cpu_list(lse_node.read("cpuset", lse_node.be_dir, "cpuset.cpus")))  # noqa: E731
-    assert wait_until(lambda: exclusive not in be_cpus(), 5.0), be_cpus()
+    assert wait_for(lambda: exclusive not in be_cpus(), 5.0), be_cpus()
     for _ in range(4):
         time.sleep(0.5)
         assert exclusive not in be_cpus() and exclusive not in os.sched_getaffinity(be_process.pid)

@@ -19,13 +19,13 @@ from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.eviction import Evictor
-from koordlet.statesinformer.cpumanager import CPUAssignment, CPUManagerState
 from koordlet.qosmanager import QoSManagerConfig
+from koordlet.statesinformer.cpumanager import CPUAssignment, CPUManagerState
 from koordlet.system.cgroup import CgroupVersion
 from tests.koordlet.qosmanager.factory import spec
 from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used, skip_unless_v2_writable
-from tests.support.waiting import wait_until
 from tests.support.apiserver import ApiServer, kube_api_client
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.cgroupv2
 
@@ -77,7 +77,7 @@ def test_v2_suppress_cfs_quota_shrinks_cpu_max_under_ls_load_and_gives_it_back_a
     ls_burners = [v2_node.spawn("ls") for _ in range(max(cores // 2, 1))]
     # Threshold 60 %: with half the CPUs burning for LS the budget is ~10 % of the node (minus system use).
     v2_node.start(spec(cpuSuppressThresholdPercent=60, cpuSuppressPolicy="cfsQuota"))
-    assert wait_until(lambda: 0 < _be_quota(v2_node) < cores * 100000 * 0.35, 10.0), _be_quota(v2_node)
+    assert wait_for(lambda: 0 < _be_quota(v2_node) < cores * 100000 * 0.35, 10.0), _be_quota(v2_node)
     shrunk = _be_quota(v2_node)
     assert shrunk >= 2000
     be_after = v2_node.cpu_cores(v2_node.be_dir, 1.0)
@@ -87,7 +87,7 @@ def test_v2_suppress_cfs_quota_shrinks_cpu_max_under_ls_load_and_gives_it_back_a
     for p in ls_burners:
         p.kill()
         p.wait(10)
-    assert wait_until(lambda: _be_quota(v2_node) >= shrunk + 0.4 * 100000 * max(cores // 2, 1), 15.0), (
+    assert wait_for(lambda: _be_quota(v2_node) >= shrunk + 0.4 * 100000 * max(cores // 2, 1), 15.0), (
         shrunk, _be_quota(v2_node))
 
 
@@ -100,13 +100,13 @@ def test_v2_suppress_cpuset_shrinks_cpuset_cpus_under_ls_load_and_gives_it_back_
     # Threshold 75 %: LS burns half the node, so the BE budget is ~1 CPU, the floor of the cpuset policy 2.
     v2_node.start(spec(cpuSuppressThresholdPercent=75))
     be_cpus = lambda: parse_cpu_list(v2_node.read("cpuset", v2_node.be_dir, "cpuset.cpus"))  # noqa: E731
-    assert wait_until(lambda: 2 <= len(be_cpus()) < total, 10.0), be_cpus()
+    assert wait_for(lambda: 2 <= len(be_cpus()) < total, 10.0), be_cpus()
     shrunk = be_cpus()
     assert set(os.sched_getaffinity(be_process.pid)) <= set(shrunk)  # the kernel moved the BE process too
     for p in ls_burners:
         p.kill()
         p.wait(10)
-    assert wait_until(lambda: len(be_cpus()) > len(shrunk), 15.0), (shrunk, be_cpus())
+    assert wait_for(lambda: len(be_cpus()) > len(shrunk), 15.0), (shrunk, be_cpus())
 
 
 def test_v2_memory_over_threshold_under_real_pressure_evicts_the_be_pod(v2_node: RealNode) -> None:
@@ -123,11 +123,11 @@ def test_v2_memory_over_threshold_under_real_pressure_evicts_the_be_pod(v2_node:
         assert not server.requests("POST", r"/eviction$"), "the guest was above the threshold before allocating"
         v2_node.spawn("be", f"data = bytearray({allocate})\nfor i in range(0, len(data), 4096):\n    data[i] = 1\n"
                       "import time\ntime.sleep(60)\n")
-        assert wait_until(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 20.0)
+        assert wait_for(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 20.0)
         assert not server.requests("POST", r"/pods/ls/eviction$")
         # The memory really is charged to the BE pod's v2 cgroup.
         current = lambda: int(v2_node.read("memory", v2_node.pod_dir(v2_node.pod("be")), "memory.current"))  # noqa: E731
-        assert wait_until(lambda: current() >= allocate * 0.9, 10.0), (current(), allocate)
+        assert wait_for(lambda: current() >= allocate * 0.9, 10.0), (current(), allocate)
 
 
 def test_v2_burst_writes_cpu_max_burst(v2_node: RealNode) -> None:
@@ -136,7 +136,7 @@ def test_v2_burst_writes_cpu_max_burst(v2_node: RealNode) -> None:
     v2_node.groups.write("", container_dir.removeprefix(v2_node.groups.prefix).strip("/"), "cpu.max", "100000 100000")
     v2_node.start(parse_node_slo_spec({"cpuBurstStrategy": {"policy": "cpuBurstOnly", "cpuBurstPercent": 50}}),
                   config=QoSManagerConfig(feature_gates={"BECPUSuppress": False, "RdtResctrl": False}))
-    assert wait_until(lambda: v2_node.read("cpu", container_dir, "cpu.max.burst") == "50000", 5.0)
+    assert wait_for(lambda: v2_node.read("cpu", container_dir, "cpu.max.burst") == "50000", 5.0)
 
 
 def test_v2_memory_qos_writes_min_low_high(v2_node: RealNode) -> None:
@@ -156,7 +156,7 @@ def test_v2_memory_qos_writes_min_low_high(v2_node: RealNode) -> None:
     # All of them, not one then the rest: on v2 a tick writes children before parents (leveled update), so
     # the kubepods QoS dir is the last write of the tick, and reading it once right after the pod's value
     # appeared races the manager's thread (the "burstable memory.min 0" first seen in the VM).
-    assert wait_until(lambda: got() == want, 10.0), {k: (v, want[k]) for k, v in got().items() if v != want[k]}
+    assert wait_for(lambda: got() == want, 10.0), {k: (v, want[k]) for k, v in got().items() if v != want[k]}
 
 
 def test_v2_memory_qos_leaves_local_mode_pods_alone_and_writes_them_with_specs(v2_node: RealNode) -> None:
@@ -180,14 +180,14 @@ def test_v2_memory_qos_leaves_local_mode_pods_alone_and_writes_them_with_specs(v
     manager = v2_node.start(slo, config=QoSManagerConfig(feature_gates={
         "CgroupReconcile": True, "BECPUSuppress": False, "CPUBurst": False, "RdtResctrl": False}))
     got = lambda: {k: v2_node.read("memory", *k) for k in before}  # noqa: E731
-    assert wait_until(lambda: manager.last_record("memoryqos") is not None, 10.0)
+    assert wait_for(lambda: manager.last_record("memoryqos") is not None, 10.0)
     time.sleep(2.5)  # two more ticks
     assert got() == before
     v2_node.states.set_pods(with_specs)
     want = {(pod_dir, "memory.min"): str(256 * MiB), (pod_dir, "memory.low"): str(256 * MiB),
             (container_dir, "memory.high"): str(384 * MiB),
             (burstable, "memory.min"): str(256 * MiB), (burstable, "memory.low"): str(256 * MiB)}
-    assert wait_until(lambda: got() == want, 10.0), {k: (v, want[k]) for k, v in got().items() if v != want[k]}
+    assert wait_for(lambda: got() == want, 10.0), {k: (v, want[k]) for k, v in got().items() if v != want[k]}
 
 
 LSE_PODS = (("lse", QoSClass.LSE, KubeQoS.GUARANTEED), ("ls", QoSClass.LS, KubeQoS.BURSTABLE),
@@ -210,14 +210,14 @@ def test_v2_an_lse_pods_cpus_stay_out_of_the_be_cpuset_while_ls_load_rises(v2_ls
     burners = [node.spawn("ls") for _ in range(len(online) // 2)]
     node.start(spec(cpuSuppressThresholdPercent=75))
     be_cpus = lambda: set(parse_cpu_list(node.read("cpuset", node.be_dir, "cpuset.cpus")))  # noqa: E731
-    assert wait_until(lambda: lse_cpu not in be_cpus() and 2 <= len(be_cpus()) < len(online) - 1, 15.0), be_cpus()
+    assert wait_for(lambda: lse_cpu not in be_cpus() and 2 <= len(be_cpus()) < len(online) - 1, 15.0), be_cpus()
     for _ in range(4):  # LS load keeps rising and falling; LSE's CPU never comes back to BE
         time.sleep(0.5)
         assert lse_cpu not in be_cpus() and lse_cpu not in os.sched_getaffinity(be_process.pid)
     for burner in burners:
         burner.kill()
         burner.wait(10)
-    assert wait_until(lambda: be_cpus() == set(online) - {lse_cpu}, 15.0), be_cpus()  # given back, but not LSE's
+    assert wait_for(lambda: be_cpus() == set(online) - {lse_cpu}, 15.0), be_cpus()  # given back, but not LSE's
 
 
 def test_v2_static_policy_keeps_kubelets_cpus_out_and_suppresses_at_container_level(v2_lse_node: RealNode) -> None:
@@ -233,7 +233,7 @@ def test_v2_static_policy_keeps_kubelets_cpus_out_and_suppresses_at_container_le
     read = lambda d: set(parse_cpu_list(node.read("cpuset", d, "cpuset.cpus")))  # noqa: E731
     full = set(online) - {exclusive}
     # the container holds the suppressed cpuset; the QoS and pod dirs keep every CPU kubelet does not own
-    assert wait_until(lambda: 2 <= len(read(container_dir)) < len(full), 15.0), read(container_dir)
+    assert wait_for(lambda: 2 <= len(read(container_dir)) < len(full), 15.0), read(container_dir)
     assert exclusive not in read(container_dir)
     assert read(node.be_dir) == full and read(node.pod_dir(node.pod("be"))) == full
     for burner in burners:

@@ -6,18 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from koordlet.actuator import PlanRunner
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta
+from koordlet.api.resctrl import ResctrlMathError, l3_mask, mb_value
 from koordlet.executor import ResourceExecutor, UnsafePathError
 from koordlet.metriccache import MetricCache
-from koordlet.api.resctrl import ResctrlMathError, l3_mask, mb_value
-from koordlet.actuator import PlanRunner
 from koordlet.qosmanager import QoSManager
 from koordlet.qosmanager.resctrl import STRATEGY, schemata_text
 from koordlet.qosmanager.snapshot import SnapshotBuilder
-from koordlet.system.resctrl import ResctrlInfo, read_resctrl_info
 from koordlet.statesinformer.api import StaticStates
 from koordlet.system.cgroup import CgroupFS
+from koordlet.system.resctrl import ResctrlInfo, read_resctrl_info
 from tests.koordlet.qosmanager.factory import LAYOUT, be_pod, node, pod
 
 SLO = parse_node_slo_spec({"resourceQOSStrategy": {

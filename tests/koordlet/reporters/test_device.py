@@ -19,8 +19,8 @@ from koordlet.reporters.device import DeviceReportLoop, GPUCollector
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.cgroup_stats import read_cgroup_procs
 from tests.koordlet.gpu.fake_nvml import FakeNvml, FakeProcess, h100_gpus
-from tests.koordlet.statesinformer.waiting import wait_for
 from tests.support.apiserver import ApiServer, kube_api_client
+from tests.support.waiting import wait_for
 
 NODE = "node-1"
 

@@ -255,7 +255,7 @@ def test_loop_runs_on_its_thread_and_stops(tmp_path: Path, server: ApiServer, cu
     loop = NRTReportLoop(NRTReporter(NODE, custom), lambda: topology, list, lambda: None, interval_s=0.05)
     loop.start()
     try:
-        from tests.koordlet.statesinformer.waiting import wait_for
+        from tests.support.waiting import wait_for
         assert wait_for(lambda: server.get_object(PLURAL, NODE) is not None)
     finally:
         assert loop.stop(2.0)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from hooks import registry
+from hooks.protocol import NodeContext
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.executor import ResourceExecutor
@@ -17,8 +19,6 @@ from koordlet.runtimehooks.reconciler import Reconciler
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout
-from hooks import registry
-from hooks.protocol import NodeContext
 
 SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500"},
                                "limits": {"kubernetes.io/batch-cpu": "1500", "kubernetes.io/batch-memory": "96Mi"}}}}

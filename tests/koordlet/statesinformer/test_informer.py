@@ -7,7 +7,7 @@ from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
 from koordlet.statesinformer.api import CallbackKind, NodeInfo
 from koordlet.statesinformer.informer import PodSourceError, StatesInformer
-from tests.koordlet.statesinformer.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 class ScriptedPods:

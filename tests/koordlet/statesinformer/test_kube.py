@@ -12,8 +12,8 @@ from koordlet.api.nodeslo import default_node_slo_spec
 from koordlet.kubeapi import CoreV1, CustomObjects
 from koordlet.statesinformer.informer import StatesInformer
 from koordlet.statesinformer.kube import KubeStates, node_info_from_node
-from tests.koordlet.statesinformer.waiting import wait_for
 from tests.support.apiserver import ApiServer
+from tests.support.waiting import wait_for
 
 NODE = "node-1"
 

@@ -10,7 +10,7 @@ from prometheus_client import REGISTRY
 from koordlet.api.nodeslo import default_node_slo_spec
 from koordlet.statesinformer.informer import StatesInformer
 from koordlet.statesinformer.nodeslo_file import NodeSLOFileError, NodeSLOFileWatcher, load_node_slo_file
-from tests.koordlet.statesinformer.waiting import wait_for
+from tests.support.waiting import wait_for
 
 GOOD = """\
 apiVersion: slo.koordinator.sh/v1alpha1

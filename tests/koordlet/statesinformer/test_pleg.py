@@ -12,7 +12,7 @@ import pytest
 from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupDriver, CgroupFS, CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout
-from tests.koordlet.statesinformer.waiting import wait_for
+from tests.support.waiting import wait_for
 
 CPU = Path("/sys/fs/cgroup/cpu")
 

@@ -141,3 +141,15 @@ def test_merges_pick_the_looser_value() -> None:
 def test_unknown_resource_is_a_key_error() -> None:
     with pytest.raises(UnknownCgroupResourceError):
         get_resource("cpu.turbo")
+
+
+def test_the_registry_takes_the_kernel_ranges_of_wire():
+    """Quota, period, shares and the memory limit's floor come from wire.kernel_ranges (the proxy and the hook
+    check read the same module): a memory limit under one page and a quota over the kernel's maximum are
+    refused (tests/test_wire_kernel_ranges.py holds all three readers to the same boundaries)."""
+    for resource, refused in (("memory.limit_in_bytes", ["0", "4095"]), ("cpu.cfs_quota_us", [str(1 << 44)])):
+        for value in refused:
+            with pytest.raises(InvalidCgroupValueError):
+                get_resource(resource).validate(value)
+    assert get_resource("memory.limit_in_bytes").validate("4096") == "4096"
+    assert get_resource("cpu.cfs_quota_us").validate(str((1 << 44) - 1)) == str((1 << 44) - 1)
