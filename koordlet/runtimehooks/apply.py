@@ -14,8 +14,10 @@ from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_
 from hooks.validate import Rejected
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.units import CFS_PERIOD_US
-from koordlet.executor import ExecutorError, ResourceExecutor
+from koordlet.actuator import PlanRunner
+from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor
 from koordlet.system.cgroup_stats import parse_quota_us
+from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 from koordlet.plan import (
     CgroupWrite,
     Plan,
@@ -159,20 +161,43 @@ def pod_level_plan(changes: Changes, pod_dir: str) -> Plan:
     return Plan(steps_of(*cgroup_writes(changes, pod_dir)), resctrl=resctrl_actions(changes))
 
 
+def pod_dir_of(layout: KubeCgroupLayout, cgroup_parent: str, what: str) -> str | None:
+    """The pod dir for a pod's cgroup parent; None (logged) when there is none or it is malformed."""
+    if not cgroup_parent:
+        return None
+    try:
+        return layout.dir_from_cgroup_parent(cgroup_parent)
+    except CgroupPathError as err:
+        log.warning("%s: bad cgroup parent: %s", what, err)
+        return None
+
+
+def run_pod_level(runner: PlanRunner, pod: PodMeta, pod_dir: str, changes: Changes, source: str) -> None:
+    """Carry out a pod-level answer (pod_level_plan) at once; a pod dir not there yet is the reconciler's."""
+    record = runner.run(pod_level_plan(changes, pod_dir), source)
+    for failure in record.failures:
+        if isinstance(failure.error, CgroupNotFoundError):
+            log.debug("pod %s: %s not there yet; the reconciler will apply it", pod.key, pod_dir)
+        else:
+            log.warning("pod %s: %s", pod.key, failure.error)
+    for error in record.resctrl_errors:
+        log.warning("pod %s: resctrl group %s", pod.key, error)
+
+
 def pod_from_sandbox_request(req: hookapi.PodSandboxHookRequest, known: PodMeta | None = None) -> PodMeta:
     pod = PodMeta(name=req.pod_meta.name, namespace=req.pod_meta.namespace, uid=req.pod_meta.uid,
                   labels=dict(req.labels), annotations=dict(req.annotations), cgroup_parent=req.cgroup_parent)
-    return _with_spec(pod, known)
+    return with_spec(pod, known)
 
 
 def pod_from_container_request(req: hookapi.ContainerResourceHookRequest, known: PodMeta | None = None) -> PodMeta:
     pod = PodMeta(name=req.pod_meta.name, namespace=req.pod_meta.namespace, uid=req.pod_meta.uid,
                   labels=dict(req.pod_labels), annotations=dict(req.pod_annotations),
                   cgroup_parent=req.pod_cgroup_parent)
-    return _with_spec(pod, known)
+    return with_spec(pod, known)
 
 
-def _with_spec(pod: PodMeta, known: PodMeta | None) -> PodMeta:
+def with_spec(pod: PodMeta, known: PodMeta | None) -> PodMeta:
     """A hook request has no pod spec: take requests, limits and priority from the states where known."""
     if known is None:
         return pod
