@@ -191,3 +191,18 @@ def test_unlimited_is_only_set_over_a_limit_and_a_quota_brings_its_period() -> N
     assert (out.cpu.quota.value, out.memory.limit.value) == (-1, -1)
     out = convert.resources_change(Changes(cfs_quota_us=20000, resctrl_group="koordlet-u1"), unlimited, False)
     assert (out.cpu.quota.value, out.cpu.period.value, out.rdt_class.value) == (20000, 100000, "koordlet-u1")
+
+
+def test_a_pod_with_its_own_resctrl_group_gets_it_as_its_containers_rdt_class(tmp_path: Path) -> None:
+    from hooks.protocol import ResctrlNode
+
+    node = NodeContext(resctrl=ResctrlNode(cbm_mask=0xFF, cache_ids=(0,)))
+    pod = sandbox(annotations={"node.koordinator.sh/resctrl": json.dumps({"llc": {"schemata": {"range": [0, 50]}}})})
+    gates = {**GATES, "Resctrl": True}
+    executor = ResourceExecutor(CgroupFS(mount_dir=str(tmp_path / "cg")))
+    nri = NriHandlers(lambda: registry.enabled(gates), lambda: node, lambda: (), executor, KubeCgroupLayout())
+    adjust = nri.create_container(api.CreateContainerRequest(pod=pod, container=container())).adjust
+    assert adjust.linux.resources.rdt_class.value == "koordlet-u1"
+    without_rdt = NriHandlers(lambda: registry.enabled(gates), NodeContext, lambda: (), executor, KubeCgroupLayout())
+    assert not without_rdt.create_container(api.CreateContainerRequest(pod=pod, container=container())) \
+        .adjust.linux.resources.HasField("rdt_class")  # runc refuses a closID on a node without RDT
