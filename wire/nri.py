@@ -11,6 +11,9 @@ The handler methods are plain functions run in ``executor`` threads, each under 
 the runtime's request timeout (2 s unless Configure says otherwise): the runtime drops a plugin that answers
 late, so a handler that overruns gets the empty answer (no change) instead, as does one that raises. With
 ``fail_on_error`` those two cases answer an error instead, which fails the CRI call (a Fail policy).
+Events the handlers name in ``quick`` run on the connection's own loop instead, as a Go plugin's handlers run
+on the connection's goroutine: for handlers whose work is bounded and never blocks, which spares each call
+the hop to a worker thread and back (about 0.4 ms of CPU per call on the test machine).
 
 Split syncs (NRI v0.7+, ``more=true``): every chunk but the last is answered at once with ``more=true`` and no
 updates, as the runtime requires; the handler sees all pods and containers together when the last chunk
@@ -76,6 +79,7 @@ class PluginHandlers(Protocol):
     """What a plugin answers; each method runs in an executor thread and must not keep the runtime waiting."""
 
     events: int  # the event mask answered to Configure
+    quick: frozenset[str]  # events ("CreateContainer", ...) whose handlers never block: answered on the loop
 
     def configure(self, request: api.ConfigureRequest) -> None: ...
 
@@ -135,6 +139,7 @@ class PluginConnection:
         self._executor = executor
         self._fail = fail_on_error
         self._observe = observe or (lambda event, result, seconds: None)
+        self._quick = getattr(handlers, "quick", frozenset())
         self.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S
         self.registration_timeout_s = DEFAULT_REGISTRATION_TIMEOUT_S
         self.configure_request: api.ConfigureRequest | None = None
@@ -230,12 +235,16 @@ class PluginConnection:
         remaining = limit - now
         return max(0.0, remaining - max(_ANSWER_MARGIN_S, remaining / 10))
 
-    async def _run_handler(self, event: str, call: Callable[[], T], budget_s: float, empty: T,
+    async def _run_handler(self, event: str, call: Callable[[], T], budget_s: float, empty: T, started: float,
                            changed: Callable[[T], bool] | None = None) -> T:
-        started = time.monotonic()
-        future = asyncio.get_running_loop().run_in_executor(self._executor, call)
+        """``call`` in a worker thread within ``budget_s`` (on the loop for a quick event); observed from
+        ``started`` (the request's arrival, before its decoding) to the answer."""
         try:
-            answer = await asyncio.wait_for(future, budget_s)
+            if event in self._quick:
+                answer = call()
+            else:
+                answer = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self._executor, call),
+                                                budget_s)
         except TimeoutError:
             self._observe(event, "timeout", time.monotonic() - started)
             log.warning("NRI %s: no answer within %.2f s; answering %s", event, budget_s,
@@ -266,6 +275,7 @@ class PluginConnection:
         return api.ConfigureResponse(events=self._handlers.events).SerializeToString()
 
     async def _synchronize(self, payload: bytes, deadline: float | None) -> bytes:
+        started = time.monotonic()
         request = api.SynchronizeRequest.FromString(payload)
         chunks = self._chunks or _SyncChunks(started=time.monotonic())
         chunks.pods.extend(request.pods)
@@ -280,7 +290,7 @@ class PluginConnection:
         until = time.monotonic() + budget
         updates = await self._run_handler(
             "Synchronize", lambda: self._handlers.synchronize(chunks.pods, chunks.containers, until), budget, [],
-            changed=bool)
+            started, changed=bool)
         kept = fit_updates(updates)
         self.sync = SyncStats(len(chunks.pods), len(chunks.containers), chunks.messages, chunks.request_bytes,
                               kept, len(updates) - kept)
@@ -292,29 +302,33 @@ class PluginConnection:
         return answer
 
     async def _create_container(self, payload: bytes, deadline: float | None) -> bytes:
+        started = time.monotonic()
         request = api.CreateContainerRequest.FromString(payload)
         answer = await self._run_handler(
             "CreateContainer", lambda: self._handlers.create_container(request), self._budget(deadline),
-            api.CreateContainerResponse(), changed=lambda r: r.ByteSize() > 0)
+            api.CreateContainerResponse(), started, changed=lambda r: r.ByteSize() > 0)
         return answer.SerializeToString()
 
     async def _update_container(self, payload: bytes, deadline: float | None) -> bytes:
+        started = time.monotonic()
         request = api.UpdateContainerRequest.FromString(payload)
         answer = await self._run_handler(
             "UpdateContainer", lambda: self._handlers.update_container(request), self._budget(deadline),
-            api.UpdateContainerResponse(), changed=lambda r: r.ByteSize() > 0)
+            api.UpdateContainerResponse(), started, changed=lambda r: r.ByteSize() > 0)
         return answer.SerializeToString()
 
     async def _stop_container(self, payload: bytes, deadline: float | None) -> bytes:
         return api.StopContainerResponse().SerializeToString()  # not subscribed: nothing to say
 
     async def _state_change(self, payload: bytes, deadline: float | None) -> bytes:
+        started = time.monotonic()
         event = api.StateChangeEvent.FromString(payload)
         try:
             name = Event(event.event).title
         except ValueError:
             name = f"Event{event.event}"
-        await self._run_handler(name, lambda: self._handlers.state_change(event), self._budget(deadline), None)
+        await self._run_handler(name, lambda: self._handlers.state_change(event), self._budget(deadline), None,
+                                started)
         return b""
 
     async def _shutdown(self, payload: bytes, deadline: float | None) -> bytes:

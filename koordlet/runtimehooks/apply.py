@@ -92,23 +92,26 @@ def effective_quota_reader(executor: ResourceExecutor, cgroup_dir: str,
                            planned: int | None = None) -> Callable[[], int | None]:
     """A function giving the CPU quota that binds a child of ``cgroup_dir``: the smallest limited quota of
     ``cgroup_dir`` (``planned`` instead of its file, when a write of it is planned) and its ancestors (cgroup v1
-    refuses a child quota above that with EINVAL). None: nothing above is limited. Reads only when called."""
+    refuses a child quota above that with EINVAL). None: nothing above is limited. Reads only when called, and
+    only up to the nearest limited quota read from a file: the kernel keeps that one within every limited
+    ancestor's (v1 checks a quota against its limited ancestors when it is set), so nothing above binds more
+    (a hook call on a pod with a quota reads one file, not one per level)."""
 
     def read() -> int | None:
         limits: list[int] = []
         directory = cgroup_dir.strip("/")
-        first = True
+        if planned is not None and directory:
+            if planned > 0:
+                limits.append(planned)
+            directory = posixpath.dirname(directory)
         while directory:
-            if first and planned is not None:
-                value = planned if planned > 0 else None
-            else:
-                try:
-                    value = _quota_of(executor.read("cpu.cfs_quota_us", directory))
-                except (ExecutorError, ValueError):
-                    value = None
+            try:
+                value = _quota_of(executor.read("cpu.cfs_quota_us", directory))
+            except (ExecutorError, ValueError):
+                value = None
             if value is not None:
                 limits.append(value)
-            first = False
+                break
             directory = posixpath.dirname(directory)
         return min(limits) if limits else None
 

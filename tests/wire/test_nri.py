@@ -22,12 +22,14 @@ from wire.ttrpc import Code
 class Handlers:
     events = event_mask([Event.RUN_POD_SANDBOX, Event.REMOVE_POD_SANDBOX, Event.CREATE_CONTAINER,
                          Event.UPDATE_CONTAINER])
+    quick: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
         self.synced: list[tuple[int, int]] = []
         self.delay_s = 0.0
         self.fail = False
         self.events_seen: list[int] = []
+        self.threads: list[str] = []
 
     def configure(self, request: api.ConfigureRequest) -> None:
         pass
@@ -37,6 +39,7 @@ class Handlers:
         return [api.ContainerUpdate(container_id=c.id) for c in containers]
 
     def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
+        self.threads.append(threading.current_thread().name)
         time.sleep(self.delay_s)
         if self.fail:
             raise RuntimeError("a bug")
@@ -51,9 +54,10 @@ class Handlers:
 
 
 @pytest.fixture()
-def plugged(tmp_path: Path) -> Iterator[tuple[RuntimeConn, Handlers, dict]]:
+def plugged(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[RuntimeConn, Handlers, dict]]:
     runtime = FakeRuntime(str(tmp_path / "nri.sock"))
     handlers = Handlers()
+    handlers.quick = getattr(request, "param", frozenset())
     state: dict = {"observed": []}
     stop = threading.Event()
 
@@ -69,7 +73,7 @@ def plugged(tmp_path: Path) -> Iterator[tuple[RuntimeConn, Handlers, dict]]:
         conn.close()
         executor.shutdown(wait=False)
 
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread = threading.Thread(target=asyncio.run, args=(main(),), name="plugin-loop", daemon=True)
     thread.start()
     conn = runtime.accept()
     try:
@@ -142,3 +146,15 @@ def test_sync_updates_beyond_one_message_are_cut_to_fit() -> None:
     update = api.ContainerUpdate(container_id="c" * 1000)
     assert fit_updates([update] * 10, room=5000) == 4
     assert fit_updates([update] * 3, room=5000) == 3
+
+
+@pytest.mark.parametrize("plugged", [frozenset({"CreateContainer"})], indirect=True)
+def test_quick_events_are_answered_on_the_connections_loop_and_a_failure_still_answers(plugged) -> None:
+    conn, handlers, state = plugged
+    conn.handshake()
+    assert conn.call("CreateContainer", api.CreateContainerRequest(), api.CreateContainerResponse).ByteSize() > 0
+    handlers.fail = True
+    assert conn.call("CreateContainer", api.CreateContainerRequest(), api.CreateContainerResponse).ByteSize() == 0
+    assert handlers.threads == ["plugin-loop", "plugin-loop"]  # no hop to a worker thread
+    assert [o[:2] for o in state["observed"] if o[0] == "CreateContainer"] == \
+        [("CreateContainer", "changed"), ("CreateContainer", "error")]

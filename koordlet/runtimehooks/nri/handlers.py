@@ -11,9 +11,10 @@
 | Synchronize      | updates for every existing container and the pod-level plan of every pod, at once      |
 
 Pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true`` and stages turned off with
-``-runtime-hooks-disable-stages`` get no answer, as behind the proxy. The methods run in the NRI plugin's
-worker threads under the runtime's request timeout (wire/nri.py); Synchronize stops deciding at its deadline
-and leaves the rest to the reconciler.
+``-runtime-hooks-disable-stages`` get no answer, as behind the proxy. CreateContainer and UpdateContainer are
+decisions (pure plugins, at most a few cgroup file reads) and are answered on the connection's loop; the
+events that write cgroup files run in the NRI plugin's worker threads under the runtime's request timeout
+(wire/nri.py); Synchronize stops deciding at its deadline and leaves the rest to the reconciler.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class NriHandlers:
     """The :class:`wire.nri.PluginHandlers` of koordlet."""
 
     events = event_mask(EVENTS)
+    # Decisions only (the plugins, a cgroup quota read or two): answered on the connection's loop. Events that
+    # write cgroup files (a pod's values, Synchronize's pods) run in a worker thread under the deadline.
+    quick = frozenset({"CreateContainer", "UpdateContainer"})
 
     def __init__(self, plugins: Callable[[], list[registry.Plugin]], node: Callable[[], NodeContext],
                  known_pods: Callable[[], Sequence[PodMeta]], executor: ResourceExecutor,

@@ -86,9 +86,17 @@ class RegistrationError(Exception):
     """The runtime did not configure and synchronize the plugin in time."""
 
 
+_SERIES: dict[tuple[str, str], tuple[object, object]] = {}  # the labelled series, looked up once
+
+
 def _observe(event: str, result: str, seconds: float) -> None:
-    metrics.NRI_EVENTS.labels(event, result).inc()
-    metrics.NRI_EVENT_DURATION_MS.labels(event).observe(seconds * 1000)
+    series = _SERIES.get((event, result))
+    if series is None:
+        series = _SERIES[(event, result)] = (metrics.NRI_EVENTS.labels(event, result),
+                                             metrics.NRI_EVENT_DURATION_MS.labels(event))
+    count, duration = series
+    count.inc()  # type: ignore[attr-defined]
+    duration.observe(seconds * 1000)  # type: ignore[attr-defined]
 
 
 class NriPlugin:
