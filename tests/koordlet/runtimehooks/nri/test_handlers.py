@@ -206,3 +206,21 @@ def test_a_pod_with_its_own_resctrl_group_gets_it_as_its_containers_rdt_class(tm
     without_rdt = NriHandlers(lambda: registry.enabled(gates), NodeContext, lambda: (), executor, KubeCgroupLayout())
     assert not without_rdt.create_container(api.CreateContainerRequest(pod=pod, container=container())) \
         .adjust.linux.resources.HasField("rdt_class")  # runc refuses a closID on a node without RDT
+
+
+def test_hostile_input_never_breaks_the_answer_nor_reaches_a_path_outside_the_cgroups(tmp_path: Path) -> None:
+    """A cgroup parent that climbs out and annotations that are not JSON: the pod level writes nothing, the
+    malformed plugin input is skipped (counted), the rest of the answer still comes."""
+    from prometheus_client import REGISTRY
+
+    before = REGISTRY.get_sample_value("koordlet_runtime_hook_plugin_errors_total", {"plugin": "batchresource"}) or 0
+    pod = sandbox(labels=BE_LABELS, annotations={"node.koordinator.sh/extended-resource-spec": "{not json",
+                                                 "scheduling.koordinator.sh/resource-status": '{"cpuset": "0"}'})
+    pod.linux.cgroup_parent = "/kubepods/../../../etc"
+    nri = handlers(tmp_path)
+    nri.run_pod_sandbox(pod)
+    adjust = nri.create_container(api.CreateContainerRequest(pod=pod, container=container(quota=100000))).adjust
+    assert adjust.linux.resources.cpu.cpus == "0"  # cpuset still answered
+    assert REGISTRY.get_sample_value("koordlet_runtime_hook_plugin_errors_total",
+                                     {"plugin": "batchresource"}) == before + 2  # once per event
+    assert not any((tmp_path / "cg").rglob("*"))  # nothing written anywhere
