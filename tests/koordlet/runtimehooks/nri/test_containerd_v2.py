@@ -9,7 +9,6 @@ containerd 2.x; in the cgroupfs guest the same on the cgroupfs layout. The test 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,12 +19,12 @@ from koordlet.executor import ResourceExecutor
 from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
 from koordlet.runtimehooks.nri import NriConfig
 from koordlet.statesinformer.api import NodeInfo, StaticStates
-from koordlet.system.cgroup import CgroupDriver, CgroupFS, CgroupVersion
-from koordlet.system.kubepods import KubeCgroupLayout
+from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.resources import cpu_shares_to_weight
 from tests.koordlet.qosmanager.realnode import skip_unless_v2_writable
-from tests.support.containerd import CGROUP_ROOT
-from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
+from tests.koordlet.test_pod_story_v2 import LAYOUT
+from tests.koordlet.test_pod_story_v2 import _sandbox as kubelet_sandbox  # the driver's cgroup parent, as kubelet's
+from tests.support.cri import CriClient, PodFactory, container_config
 from tests.support.nri import NriContainerd, clean_up_dead_instances, oci_spec
 from tests.support.waiting import wait_until
 from wire import cri_pb2 as cri
@@ -33,9 +32,6 @@ from wire import cri_pb2 as cri
 pytestmark = [pytest.mark.cgroupv2, pytest.mark.containerd]
 
 V2 = Path("/sys/fs/cgroup")
-DRIVER = CgroupDriver(os.environ.get("KPY_CGROUP_DRIVER", "cgroupfs"))
-LAYOUT = (KubeCgroupLayout(driver=CgroupDriver.SYSTEMD) if DRIVER is CgroupDriver.SYSTEMD
-          else KubeCgroupLayout(cgroup_root=CGROUP_ROOT))
 MiB = 1 << 20
 STARTUP_TIMEOUT_S = 120.0  # an emulated guest is slow to start pods
 GATES = {"BatchResource": True, "CPUSetAllocator": True, "GroupIdentity": True}
@@ -43,15 +39,6 @@ SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500", "k
                                "limits": {"kubernetes.io/batch-cpu": "1500", "kubernetes.io/batch-memory": "96Mi"}}}}
 BE_LABELS = {"koordinator.sh/qosClass": "BE"}
 BE_ANNOTATIONS = {"node.koordinator.sh/extended-resource-spec": json.dumps(SPEC)}
-
-
-def _sandbox(name: str, kube_qos: KubeQoS, labels: dict[str, str], annotations: dict[str, str]) -> cri.PodSandboxConfig:
-    """What kubelet sends: with the systemd driver the cgroup parent is the pod's bare slice name."""
-    sandbox = sandbox_config(name, kube_qos=kube_qos.value.lower(), labels=labels, annotations=annotations)
-    if DRIVER is CgroupDriver.SYSTEMD:
-        qos = "" if kube_qos is KubeQoS.GUARANTEED else f"-{kube_qos.value.lower()}"
-        sandbox.linux.cgroup_parent = f"kubepods{qos}-pod{sandbox.metadata.uid.replace('-', '_')}.slice"
-    return sandbox
 
 
 def _dirs(sandbox: cri.PodSandboxConfig, container_id: str) -> tuple[Path, Path]:
@@ -91,7 +78,7 @@ def test_v2_nri_be_pod_gets_its_batch_values_in_the_v2_files_and_an_update_lands
     client = CriClient(nri_21.socket)
     pods = PodFactory(client)
     try:
-        sandbox = _sandbox("job", KubeQoS.BESTEFFORT, BE_LABELS, BE_ANNOTATIONS)
+        sandbox = kubelet_sandbox("job", KubeQoS.BESTEFFORT, BE_LABELS, BE_ANNOTATIONS)
         sid = pods.run_pod(sandbox, timeout=STARTUP_TIMEOUT_S)
         cid = pods.create_container(sid, sandbox, container_config("job"), timeout=STARTUP_TIMEOUT_S)
         client.runtime.StartContainer(cri.StartContainerRequest(container_id=cid), timeout=STARTUP_TIMEOUT_S)
@@ -123,7 +110,7 @@ def test_v2_nri_bound_ls_pod_gets_its_cpuset_and_no_quota(nri_21: NriContainerd,
     try:
         online = (V2 / "cpuset.cpus.effective").read_text().strip()
         cpus = "1" if online not in ("0", "") else "0"
-        sandbox = _sandbox("app", KubeQoS.BURSTABLE, {"koordinator.sh/qosClass": "LS"},
+        sandbox = kubelet_sandbox("app", KubeQoS.BURSTABLE, {"koordinator.sh/qosClass": "LS"},
                            {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": cpus})})
         sid = pods.run_pod(sandbox, timeout=STARTUP_TIMEOUT_S)
         resources = cri.LinuxContainerResources(cpu_period=100000, cpu_quota=200000, cpu_shares=1024)
