@@ -33,12 +33,16 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from google.protobuf.message import Message
+
 from . import nri_pb2 as api
 from .nrimux import PLUGIN_CONN, RUNTIME_CONN, Mux
 from .ttrpc import MESSAGE_MAX, Client, Code, Server, TtrpcError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+N = TypeVar("N", bound=Message)
 
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
@@ -301,21 +305,22 @@ class PluginConnection:
         asyncio.get_running_loop().call_soon(self._synchronized.set)
         return answer
 
-    async def _create_container(self, payload: bytes, deadline: float | None) -> bytes:
+    async def _answer(self, event: str, payload: bytes, deadline: float | None, request_type: type[M],
+                      handler: Callable[[M], N], empty: N) -> bytes:
+        """A container event: its answer, or ``empty`` (no change) when the handler fails or is late."""
         started = time.monotonic()
-        request = api.CreateContainerRequest.FromString(payload)
-        answer = await self._run_handler(
-            "CreateContainer", lambda: self._handlers.create_container(request), self._budget(deadline),
-            api.CreateContainerResponse(), started, changed=lambda r: r.ByteSize() > 0)
+        request = request_type.FromString(payload)
+        answer = await self._run_handler(event, lambda: handler(request), self._budget(deadline), empty, started,
+                                         changed=lambda r: r.ByteSize() > 0)
         return answer.SerializeToString()
 
+    async def _create_container(self, payload: bytes, deadline: float | None) -> bytes:
+        return await self._answer("CreateContainer", payload, deadline, api.CreateContainerRequest,
+                                  self._handlers.create_container, api.CreateContainerResponse())
+
     async def _update_container(self, payload: bytes, deadline: float | None) -> bytes:
-        started = time.monotonic()
-        request = api.UpdateContainerRequest.FromString(payload)
-        answer = await self._run_handler(
-            "UpdateContainer", lambda: self._handlers.update_container(request), self._budget(deadline),
-            api.UpdateContainerResponse(), started, changed=lambda r: r.ByteSize() > 0)
-        return answer.SerializeToString()
+        return await self._answer("UpdateContainer", payload, deadline, api.UpdateContainerRequest,
+                                  self._handlers.update_container, api.UpdateContainerResponse())
 
     async def _stop_container(self, payload: bytes, deadline: float | None) -> bytes:
         return api.StopContainerResponse().SerializeToString()  # not subscribed: nothing to say
