@@ -37,7 +37,7 @@ from google.protobuf.message import Message
 
 from . import nri_pb2 as api
 from .nrimux import PLUGIN_CONN, RUNTIME_CONN, Mux
-from .ttrpc import MESSAGE_MAX, Client, Code, Server, TtrpcError
+from .ttrpc import MESSAGE_MAX, RECEIVE_MAX, Client, Code, Server, TtrpcError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -137,7 +137,8 @@ class PluginConnection:
     """One connection to the runtime: the mux, our Plugin server on connection 1, the Runtime client on 2."""
 
     def __init__(self, mux: Mux, handlers: PluginHandlers, executor: Executor, *, fail_on_error: bool = False,
-                 observe: Observer | None = None) -> None:
+                 observe: Observer | None = None, receive_limit: int = RECEIVE_MAX) -> None:
+        """``receive_limit``: the longest message taken (default 16 MiB; a Go plugin takes ttrpc's 4 MiB)."""
         self._mux = mux
         self._handlers = handlers
         self._executor = executor
@@ -160,7 +161,7 @@ class PluginConnection:
             "StopContainer": self._stop_container,
             "StateChange": self._state_change,
         }
-        self.server = Server({PLUGIN_SERVICE: methods}, mux.sender(PLUGIN_CONN))
+        self.server = Server({PLUGIN_SERVICE: methods}, mux.sender(PLUGIN_CONN), receive_limit=receive_limit)
         self.client = Client(mux.sender(RUNTIME_CONN))
         mux.open(PLUGIN_CONN, self.server)
         mux.open(RUNTIME_CONN, self.client)

@@ -110,7 +110,7 @@ class MessageReader:
     mux frame that carried them, where reading may start again after garbage."""
 
     def __init__(self, limit: int = RECEIVE_MAX) -> None:
-        self._limit = limit
+        self.limit = limit
         self._buffer = bytearray()
         self._header: tuple[int, int, int, int] | None = None  # (length, stream id, type, flags) being read
         self._discard = 0  # bytes of an oversized message still to skip
@@ -165,7 +165,7 @@ class MessageReader:
             self.garbage_frames += 1
             return False
         self._header = header
-        if length > self._limit:
+        if length > self.limit:
             self._discard = length
         return True
 
@@ -192,11 +192,11 @@ class Server:
     """Serves ``services`` (service name -> method name -> handler) on one stream, answering through ``send``."""
 
     def __init__(self, services: Mapping[str, Mapping[str, Handler]], send: Send,
-                 response_limit: int = MESSAGE_MAX) -> None:
+                 response_limit: int = MESSAGE_MAX, receive_limit: int = RECEIVE_MAX) -> None:
         self._services = services
         self._send = send
         self._response_limit = response_limit
-        self._reader = MessageReader()
+        self._reader = MessageReader(receive_limit)
         self._last_stream_id = 0
         self._tasks: set[asyncio.Task] = set()
         self.rejected = 0  # requests answered with an error status by the protocol itself
@@ -204,11 +204,12 @@ class Server:
     def feed(self, data: bytes) -> None:
         for item in self._reader.feed(data):
             if isinstance(item, Oversized):
+                limit = self._reader.limit
                 log.warning("ttrpc: discarded a %d-byte message on stream %d (limit %d)", item.length,
-                            item.stream_id, RECEIVE_MAX)
+                            item.stream_id, limit)
                 if item.type == TYPE_REQUEST:
                     self._reject(item.stream_id, Code.RESOURCE_EXHAUSTED,
-                                 f"message length {item.length} exceed maximum message size of {RECEIVE_MAX}")
+                                 f"message length {item.length} exceed maximum message size of {limit}")
             elif item.type == TYPE_REQUEST:
                 self._request(item)
             # responses and data messages are not for a server: ignored, as the Go server does

@@ -23,6 +23,7 @@ from pathlib import Path
 from wire import cri_pb2 as cri
 from wire import nri_pb2 as api
 from wire.nri import Event, PluginConnection, event_mask
+from wire.ttrpc import RECEIVE_MAX
 
 from .containerd import Containerd
 from .cri import CriClient
@@ -127,10 +128,14 @@ class TinyPlugin:
     used to show which fields two plugins may share."""
 
     def __init__(self, socket_path: str, adjust: Callable[[api.CreateContainerRequest], api.ContainerAdjustment],
-                 name: str = "tiny", index: str = "90") -> None:
+                 name: str = "tiny", index: str = "90", receive_limit: int = RECEIVE_MAX) -> None:
+        """``receive_limit``: MESSAGE_MAX makes it take what a Go plugin takes (ttrpc's 4 MiB)."""
         self.socket_path, self.name, self.index = socket_path, name, index
         self._adjust = adjust
-        self.registered = threading.Event()
+        self._receive_limit = receive_limit
+        self.created = 0  # CreateContainer events seen
+        self.registered = threading.Event()  # configured and synchronized
+        self.connected = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), name="tiny-nri", daemon=True)
 
@@ -143,6 +148,7 @@ class TinyPlugin:
         return []
 
     def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
+        self.created += 1
         return api.CreateContainerResponse(adjust=self._adjust(request))
 
     def update_container(self, request: api.UpdateContainerRequest) -> api.UpdateContainerResponse:
@@ -153,7 +159,9 @@ class TinyPlugin:
 
     async def _main(self) -> None:
         with ThreadPoolExecutor(1) as executor:
-            conn = await PluginConnection.open(self.socket_path, self, executor, timeout_s=5)
+            conn = await PluginConnection.open(self.socket_path, self, executor, timeout_s=5,
+                                               receive_limit=self._receive_limit)
+            self.connected.set()
             await conn.register(self.name, self.index)
             if await conn.synchronized(5):
                 self.registered.set()
@@ -164,8 +172,9 @@ class TinyPlugin:
 
     def __enter__(self) -> TinyPlugin:
         self._thread.start()
-        if not self.registered.wait(10):
-            raise RuntimeError("the tiny NRI plugin did not register")
+        if not self.connected.wait(10):
+            raise RuntimeError("the tiny NRI plugin did not connect")
+        self.registered.wait(6)  # a refused sync leaves it connected but not synchronized: the caller checks
         return self
 
     def __exit__(self, *exc: object) -> None:

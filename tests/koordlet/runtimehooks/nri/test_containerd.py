@@ -41,6 +41,7 @@ from tests.support.stack import KoordletProcess, http_get
 from tests.support.waiting import wait_until
 from wire import cri_pb2 as cri
 from wire import nri_pb2 as api
+from wire.ttrpc import MESSAGE_MAX
 
 pytestmark = [pytest.mark.containerd, pytest.mark.cgroupv1]
 
@@ -230,8 +231,10 @@ def test_a_socket_absent_at_start_is_registered_with_within_the_backoff_cap(runt
 
 def test_a_sync_over_4_mib(runtime, client, pods, tmp_path) -> None:
     """containerd 2.1.9 (NRI v0.8.0, ttrpc v1.2.7) refuses to send a message over 4 MiB and splits the sync;
-    1.7.24 (NRI v0.6.1, Debian's ttrpc v1.2.4) sends it in one message: a Go plugin refuses that and stays
-    connected with no events; koordlet takes it and answers."""
+    1.7.24 (NRI v0.6.1, Debian's ttrpc v1.2.4) sends it in one message. A plugin that takes no more than
+    ttrpc's 4 MiB, as every Go plugin (Koordinator's among them, its #2678), answers that RESOURCE_EXHAUSTED:
+    containerd 1.7.24 then logs the failed sync and never calls it, though it stays connected. koordlet takes
+    up to 16 MiB and answers."""
     filler = "x" * (900 << 10)
     for index in range(6):
         pods.start_pod(f"big-{index}", annotations={"example.com/filler": filler})
@@ -247,8 +250,18 @@ def test_a_sync_over_4_mib(runtime, client, pods, tmp_path) -> None:
         _, new_id, _ = pods.start_pod("job", **BE)  # events flow: containerd took the sync
         assert oci_spec(client, new_id)["linux"]["resources"]["cpu"]["shares"] == 512
     assert runtime.log_lines(r'plugin \\?"00-koordlet_nri\\?" connected')
+    with TinyPlugin(runtime.nri_socket, _with_env, name="golike", index="95", receive_limit=MESSAGE_MAX) as golike:
+        pods.start_pod("job", **BE)
+        synced_golike = golike.registered.is_set()
+        assert golike.created == (0 if runtime.containerd.version == "1.7" else 1)
+    assert synced_golike is (runtime.containerd.version != "1.7")
+    failed = runtime.log_lines(r"failed to synchroni[sz]e plugin")  # NRI v0.6.1 logs it at info, no name
+    if runtime.containerd.version == "1.7":
+        assert failed and "exceed maximum message size of 4194304" in failed[-1]
     print(f"containerd {runtime.containerd.version}: sync of {sync.request_bytes} bytes in {sync.messages} "
-          f"message(s), {sync.updates} update(s)")
+          f"message(s), {sync.updates} update(s); a plugin taking 4 MiB at most: "
+          f"{'synchronized' if synced_golike else 'not synchronized, no events'}; containerd logged: "
+          f"{failed[-1][:300] if failed else '-'}")
 
 
 def _with_env(request: api.CreateContainerRequest) -> api.ContainerAdjustment:
@@ -262,7 +275,8 @@ def _with_shares(request: api.CreateContainerRequest) -> api.ContainerAdjustment
 
 
 def test_a_second_plugin_setting_another_field_does_not_conflict(runtime, client, pods, tmp_path) -> None:
-    with Koordlet(runtime, tmp_path), TinyPlugin(runtime.nri_socket, _with_env):
+    with Koordlet(runtime, tmp_path), TinyPlugin(runtime.nri_socket, _with_env) as tiny:
+        assert tiny.registered.is_set()
         _, cid, _ = pods.start_pod("job", **BE)
     spec = oci_spec(client, cid)
     assert spec["linux"]["resources"]["cpu"]["shares"] == 512 and "TINY_PLUGIN=yes" in spec["process"]["env"]
@@ -270,7 +284,8 @@ def test_a_second_plugin_setting_another_field_does_not_conflict(runtime, client
 
 def test_a_second_plugin_setting_the_same_field_fails_the_creation_with_containerds_error(
         runtime, client, pods, tmp_path) -> None:
-    with Koordlet(runtime, tmp_path), TinyPlugin(runtime.nri_socket, _with_shares):
+    with Koordlet(runtime, tmp_path), TinyPlugin(runtime.nri_socket, _with_shares) as tiny:
+        assert tiny.registered.is_set()
         sandbox = sandbox_config("job", **BE)
         sid = pods.run_pod(sandbox)
         with pytest.raises(grpc.RpcError) as failed:
