@@ -76,6 +76,9 @@ def plugged(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Ru
     thread = threading.Thread(target=asyncio.run, args=(main(),), name="plugin-loop", daemon=True)
     thread.start()
     conn = runtime.accept()
+    deadline = time.monotonic() + 5
+    while "conn" not in state and time.monotonic() < deadline:  # the plugin's side is built after the connect
+        time.sleep(0.01)
     try:
         yield conn, handlers, state
     finally:
