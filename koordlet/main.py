@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import kubernetes.client
 import kubernetes.config
@@ -73,6 +73,9 @@ from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.roots import HostDirs
 from koordlet.system.sysfs import read_node_topology
+
+if TYPE_CHECKING:
+    from koordlet.runtimehooks.nri import NriConfig
 
 logger = logging.getLogger(__name__)
 
@@ -356,7 +359,7 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
                            sys_dir=host_dirs(config).sys_dir, cpu_manager=ctx.cpu_manager)
 
 
-def _nri_config(config: KoordletConfig):
+def _nri_config(config: KoordletConfig) -> NriConfig | None:
     """NRI mode from the ``-runtime-hooks-nri-*`` flags; None with ``-enable-nri-runtime-hook=false``."""
     from koordlet.runtimehooks.nri import NriConfig
 
