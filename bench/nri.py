@@ -132,25 +132,23 @@ class Capture:
         asyncio.run(main())
 
 
-def real_request(runtime: NriContainerd, client: CriClient) -> api.CreateContainerRequest:
-    """A CreateContainer request shaped exactly as containerd 2.1 describes a BE pod and its container."""
-    pods = PodFactory(client)
-    try:
-        _, container_id, _ = pods.start_pod("job", labels=BE_LABELS, annotations=BE_ANNOTATIONS)
-        capture = Capture()
-        capture.run(runtime.nri_socket)
-        container = next(c for c in capture.containers if c.id == container_id)
-        pod = next(p for p in capture.pods if p.id == container.pod_sandbox_id)
-        container.state = api.CONTAINER_CREATED
-        container.pid = 0
-        return api.CreateContainerRequest(pod=pod, container=container)
-    finally:
-        pods.cleanup()
+def real_request(runtime: NriContainerd, pods: PodFactory) -> api.CreateContainerRequest:
+    """A CreateContainer request shaped exactly as containerd 2.1 describes a BE pod (left running, so its
+    cgroup dirs are there) and its container."""
+    _, container_id, _ = pods.start_pod("job", labels=BE_LABELS, annotations=BE_ANNOTATIONS)
+    capture = Capture()
+    capture.run(runtime.nri_socket)
+    container = next(c for c in capture.containers if c.id == container_id)
+    pod = next(p for p in capture.pods if p.id == container.pod_sandbox_id)
+    container.state = api.CONTAINER_CREATED
+    container.pid = 0
+    return api.CreateContainerRequest(pod=pod, container=container)
 
 
 def answer_latency(state: Path, cri_socket: str, request: api.CreateContainerRequest, calls: int) -> dict:
     """koordlet's NRI answer as the runtime sees it: round trips of ``calls`` CreateContainer requests from a
-    stand-in runtime to a koordlet process, and that process's CPU per call."""
+    stand-in runtime to a koordlet process, and that process's CPU per call. The pod's RunPodSandbox comes
+    first, as from containerd, so koordlet has set the pod's values (its quota bounds the container's)."""
     fake_dir = state / "fake"
     state.mkdir(parents=True, exist_ok=True)
     runtime = FakeRuntime(str(fake_dir / "nri" / "nri.sock"))
@@ -161,6 +159,7 @@ def answer_latency(state: Path, cri_socket: str, request: api.CreateContainerReq
     try:
         conn = runtime.accept(30)
         conn.handshake()
+        conn.call("StateChange", api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=request.pod), api.Empty)
         process = psutil.Process(koordlet.proc.pid)
         payload = request.SerializeToString()
         for _ in range(100):  # warm-up
@@ -275,11 +274,13 @@ def main() -> int:
     runtime = NriContainerd.for_process("2.1").up()
     state = Path(tempfile.mkdtemp(prefix="kpy-bench-nri-"))
     client = CriClient(runtime.socket)
+    kept = PodFactory(client)
     try:
-        request = real_request(runtime, client)
+        request = real_request(runtime, kept)
         result = pod_starts(runtime, state, args.rounds, args.pods)
         result["nri_answer"] = answer_latency(state / "answer", runtime.socket, request, args.calls)
     finally:
+        kept.cleanup()
         client.close()
         runtime.down()
     result["goals"] = {"nri_pod_start_ratio_le_1.02": result["pod_start_ratio_nri"] <= 1.02,
