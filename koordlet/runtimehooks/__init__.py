@@ -122,10 +122,11 @@ class RuntimeHooks:
         self.service = HookService(lambda: self.plugins, self.node_context, self._known_pod, executor, layout,
                                    config.disabled_stages, rejects, self.decisions)
         self.nri: NriPlugin | None = None
+        self.nri_handlers: NriHandlers | None = None
         if config.nri is not None:
-            handlers = NriHandlers(lambda: self.plugins, self.node_context, states.pods, executor, layout,
-                                   config.disabled_stages, rejects, self.decisions)
-            self.nri = NriPlugin(config.nri, handlers)
+            self.nri_handlers = NriHandlers(lambda: self.plugins, self.node_context, states.pods, executor, layout,
+                                            config.disabled_stages, rejects, self.decisions)
+            self.nri = NriPlugin(config.nri, self.nri_handlers)
         self._server = None
 
     def node_context(self) -> NodeContext:
@@ -175,8 +176,9 @@ class RuntimeHooks:
         reconciler the rest."""
         deadline = time.monotonic() + timeout_s
         stopped = True
-        if self.nri is not None:
+        if self.nri is not None and self.nri_handlers is not None:
             stopped = self.nri.stop(timeout_s / 4)
+            self.nri_handlers.close()
         if self._server is not None:
             remove_registration(self.config.config_dir)
             server_s = max(deadline - time.monotonic(), 0.0) / 2

@@ -131,6 +131,8 @@ def test_ls_and_be_pods_started_on_containerd_get_the_hook_values(runtime, clien
                                         labels=LS["labels"], annotations=bound)
     # BE: batch resources at container level (CreateContainer adjustment) and pod level (RunPodSandbox plan);
     # the batch-cpu limit's quota is normalized too (150000 / 1.25)
+    # (the pod level is written right after koordlet answered RunPodSandbox, so containerd does not wait)
+    assert wait_until(lambda: cgroup(be, "memory", "memory.limit_in_bytes") == str(96 << 20), 5)
     for container_id in (be_id, ""):
         assert cgroup(be, "cpu", "cpu.shares", container_id) == "512"
         assert cgroup(be, "cpu", "cpu.cfs_quota_us", container_id) == "120000"

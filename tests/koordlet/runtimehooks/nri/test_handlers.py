@@ -224,3 +224,26 @@ def test_hostile_input_never_breaks_the_answer_nor_reaches_a_path_outside_the_cg
     assert REGISTRY.get_sample_value("koordlet_runtime_hook_plugin_errors_total",
                                      {"plugin": "batchresource"}) == before + 2  # once per event
     assert not any((tmp_path / "cg").rglob("*"))  # nothing written anywhere
+
+
+def test_pod_events_are_answered_at_once_and_their_writes_follow_in_order(tmp_path: Path) -> None:
+    """containerd waits for the answer to RunPodSandbox before it returns to kubelet: koordlet answers first
+    and writes the pod's values right after, in the order the pod events came."""
+    import threading
+
+    pod_dir = tmp_path / "cg/cpu/kubepods/besteffort/podu1"
+    pod_dir.mkdir(parents=True)
+    (pod_dir / "cpu.shares").write_text("1024\n")
+    (pod_dir / "cpu.cfs_quota_us").write_text("-1\n")
+    nri = handlers(tmp_path)
+    gate = threading.Event()
+    nri._pod_work.submit(gate.wait, 5)  # the background thread is busy
+    event = api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=sandbox(labels=BE_LABELS, annotations=BE_ANNOTATIONS))
+    started = time.monotonic()
+    nri.state_change(event)
+    assert time.monotonic() - started < 0.1 and (pod_dir / "cpu.shares").read_text().strip() == "1024"
+    gate.set()
+    assert nri.drain(5)
+    assert (pod_dir / "cpu.shares").read_text().strip() == "512"
+    assert (pod_dir / "cpu.cfs_quota_us").read_text().strip() == "150000"
+    nri.close()
