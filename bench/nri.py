@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """What NRI mode costs pod starts, and what koordlet's NRI answer costs, side by side in one run.
 
-On one private containerd 2.1.9 with NRI on, BE pods (batch resources: every default plugin has something
-to say) started three ways, in rounds that rotate the order so all three see the same machine noise:
+On two private containerd 2.1.9 instances with NRI on (same binary, same config), BE pods (batch resources:
+every default plugin has something to say) started three ways, one pod of each in turn (the first of the
+three rotating), so all three see the same moment of this shared machine's noise:
 
-  direct   straight on containerd's CRI, no NRI plugin registered, no proxy;
-  proxy    through koord-runtime-proxy to a koordlet hook server (koordlet's NRI off);
-  nri      straight on containerd's CRI with a koordlet registered as NRI plugin (started for its phase).
+  direct   straight on the first containerd's CRI: no NRI plugin registered there, no proxy;
+  proxy    through koord-runtime-proxy to the first containerd and a koordlet hook server (its NRI off);
+  nri      straight on the second containerd's CRI, where a koordlet is registered as NRI plugin.
 
 A pod start is RunPodSandbox + CreateContainer + StartContainer. Then koordlet's NRI answer alone: a
 stand-in runtime (tests/support/nriruntime.py) sends a koordlet process CreateContainer requests built from
@@ -42,7 +43,7 @@ if __package__ in (None, ""):
 import psutil  # noqa: E402
 
 from tests.support.cri import CriClient, PodFactory  # noqa: E402
-from tests.support.nri import NriContainerd, clean_up_dead_instances, koordlet_nri_args  # noqa: E402
+from tests.support.nri import NriContainerd, clean_up_dead_instances, koordlet_nri_args, oci_spec  # noqa: E402
 from tests.support.nriruntime import FakeRuntime  # noqa: E402
 from tests.support.proxy import ProxyProcess  # noqa: E402
 from tests.support.stack import BE_ANNOTATIONS, BE_LABELS, KoordletProcess, http_get  # noqa: E402
@@ -187,58 +188,80 @@ def answer_latency(state: Path, cri_socket: str, request: api.CreateContainerReq
         runtime.close()
 
 
-def pod_starts(runtime: NriContainerd, state: Path, rounds: int, per_round: int) -> dict:
-    """Pod starts in the three modes, rounds rotating their order; CPU of the koordlets (and the proxy)."""
-    direct = CriClient(runtime.socket)
-    proxy = ProxyProcess(str(state / "proxy.sock"), runtime.socket, "--log-level", "warning", state_dir=str(state))
-    (state / "hooks").mkdir()
-    hooks = KoordletProcess(state / "hooks", runtime.socket, proxy.hook_dir)
+def check_hooked(direct: CriClient, on_hooked: CriClient, factories: dict[str, PodFactory]) -> None:
+    """The last pod of each mode got what its mode gives: BE shares through NRI and the proxy, none direct."""
+    shares = {mode: oci_spec(on_hooked if mode == "nri" else direct, factory.containers[-1])["linux"]["resources"]
+              .get("cpu", {}).get("shares") for mode, factory in factories.items()}
+    if shares != {"direct": None, "proxy": 512, "nri": 512}:
+        raise RuntimeError(f"the modes did not hook as expected: cpu shares {shares}")
+
+
+def idle_rate(processes: dict[str, psutil.Process], seconds: float = 3.0) -> dict[str, float]:
+    """CPU seconds per second each process spends with nothing to answer (its collectors, its ticks)."""
+    before = {name: cpu_seconds(p) for name, p in processes.items()}
+    time.sleep(seconds)
+    return {name: (cpu_seconds(p) - before[name]) / seconds for name, p in processes.items()}
+
+
+def remove_all(factories: dict[str, PodFactory], direct: CriClient) -> None:
+    """Every pod made, removed straight on the runtimes (not part of what is measured)."""
+    for mode, factory in factories.items():
+        client = factory.client
+        if mode == "proxy":
+            factory.client = direct
+        factory.cleanup()
+        factory.client = client
+
+
+def pod_starts(plain: NriContainerd, hooked: NriContainerd, state: Path, rounds: int, per_round: int) -> dict:
+    """Pod starts in the three modes, one pod of each in turn (rotating which goes first), so all three see the
+    same moment of machine noise: ``direct`` and ``proxy`` on ``plain`` (NRI on, no plugin registered),
+    ``nri`` on ``hooked`` (the same containerd 2.1 and config, with koordlet registered as its NRI plugin).
+    CPU of the koordlets and the proxy over the whole run, their idle CPU subtracted, per pod of their mode."""
+    direct, on_hooked = CriClient(plain.socket), CriClient(hooked.socket)
+    proxy = ProxyProcess(str(state / "proxy.sock"), plain.socket, "--log-level", "warning", state_dir=str(state))
+    for name in ("hooks", "nri"):
+        (state / name).mkdir()
+    hooks = KoordletProcess(state / "hooks", plain.socket, proxy.hook_dir)
     hooks.args += ["-enable-nri-runtime-hook=false", "-runtime-hooks-reconcile-interval=1h"]
+    nri = KoordletProcess(state / "nri", hooked.socket, str(state / "nri" / "hookserver.d"))
+    nri.args += koordlet_nri_args(hooked, "-runtime-hooks-reconcile-interval=1h")
     hooks.start()
+    nri.start()
     proxy.start()
     via_proxy = CriClient(proxy.listen)
+    factories = {"direct": PodFactory(direct), "proxy": PodFactory(via_proxy), "nri": PodFactory(on_hooked)}
     samples: dict[str, list[float]] = {mode: [] for mode in MODES}
-    cpu = {"proxy_koordlet": 0.0, "proxy_process": 0.0, "nri_koordlet": 0.0}
-    nri_metrics = ""
     try:
+        if not wait_until(lambda: "koordlet_nri_registered 1.0" in metrics_of(nri), 15, 0.1):
+            raise RuntimeError("koordlet did not register with NRI")
+        processes = {"hooks": psutil.Process(hooks.proc.pid), "proxy": psutil.Process(proxy.proc.pid),
+                     "nri": psutil.Process(nri.proc.pid)}
+        for factory in factories.values():  # warm-up: shims, the first hook calls
+            start_pods(factory, 1)
+        check_hooked(direct, on_hooked, factories)
+        remove_all(factories, direct)
+        idle = idle_rate(processes)
+        before = {name: cpu_seconds(p) for name, p in processes.items()}
+        began = time.monotonic()
         for round_index in range(rounds):
-            order = MODES[round_index % 3:] + MODES[:round_index % 3]
-            for mode in order:
-                if mode == "direct":
-                    factory = PodFactory(direct)
-                    samples[mode] += start_pods(factory, per_round)
-                    factory.cleanup()
-                elif mode == "proxy":
-                    factory = PodFactory(via_proxy)
-                    hooks_ps, proxy_ps = psutil.Process(hooks.proc.pid), psutil.Process(proxy.proc.pid)
-                    before = cpu_seconds(hooks_ps), cpu_seconds(proxy_ps)
-                    samples[mode] += start_pods(factory, per_round)
-                    cpu["proxy_koordlet"] += cpu_seconds(hooks_ps) - before[0]
-                    cpu["proxy_process"] += cpu_seconds(proxy_ps) - before[1]
-                    factory.client = direct
-                    factory.cleanup()
-                else:
-                    (state / f"nri-{round_index}").mkdir()
-                    nri = KoordletProcess(state / f"nri-{round_index}", runtime.socket, str(state / "unused.d"))
-                    nri.args += koordlet_nri_args(runtime, "-runtime-hooks-reconcile-interval=1h")
-                    nri.start()
-                    try:
-                        if not wait_until(lambda n=nri: "koordlet_nri_registered 1.0" in metrics_of(n), 15, 0.1):
-                            raise RuntimeError("koordlet did not register with NRI")
-                        ps = psutil.Process(nri.proc.pid)
-                        before_nri = cpu_seconds(ps)
-                        factory = PodFactory(direct)
-                        samples[mode] += start_pods(factory, per_round)
-                        cpu["nri_koordlet"] += cpu_seconds(ps) - before_nri
-                        nri_metrics = metrics_of(nri)
-                        factory.cleanup()
-                    finally:
-                        nri.stop()
+            for turn in range(per_round):
+                shift = (round_index * per_round + turn) % 3
+                for mode in MODES[shift:] + MODES[:shift]:
+                    samples[mode] += start_pods(factories[mode], 1)
+            check_hooked(direct, on_hooked, factories)
+            remove_all(factories, direct)
+        elapsed = time.monotonic() - began
+        spent = {name: cpu_seconds(p) - before[name] - idle[name] * elapsed for name, p in processes.items()}
+        nri_metrics = metrics_of(nri)
     finally:
+        remove_all(factories, direct)
         via_proxy.close()
         direct.close()
+        on_hooked.close()
         proxy.terminate()
         hooks.stop()
+        nri.stop()
     pods = rounds * per_round
     median = {mode: statistics.median(v) for mode, v in samples.items()}
     create = histogram(nri_metrics, "CreateContainer")
@@ -249,11 +272,11 @@ def pod_starts(runtime: NriContainerd, state: Path, rounds: int, per_round: int)
         "pod_start_ratio_proxy": round(median["proxy"] / median["direct"], 3),
         "pod_starts_per_mode": pods,
         "cpu_ms_per_pod": {
-            "nri_koordlet": round(cpu["nri_koordlet"] / pods * 1000, 2),
-            "proxy_koordlet": round(cpu["proxy_koordlet"] / pods * 1000, 2),
-            "proxy_process": round(cpu["proxy_process"] / pods * 1000, 2),
+            "nri_koordlet": round(spent["nri"] / pods * 1000, 2),
+            "proxy_koordlet": round(spent["hooks"] / pods * 1000, 2),
+            "proxy_process": round(spent["proxy"] / pods * 1000, 2),
         },
-        "containerd_nri_histogram_ms": {  # the last NRI round, koordlet's own histogram (bucket bounds)
+        "containerd_nri_histogram_ms": {  # koordlet's own histogram over the run (bucket bounds)
             "CreateContainer_p50_le": bucket_quantile(create, 0.5),
             "CreateContainer_p99_le": bucket_quantile(create, 0.99),
             "RunPodSandbox_p50_le": bucket_quantile(run_pod, 0.5),
@@ -264,33 +287,34 @@ def pod_starts(runtime: NriContainerd, state: Path, rounds: int, per_round: int)
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=4, help="rounds, each starting pods in all three modes")
-    ap.add_argument("--pods", type=int, default=6, help="pod starts per mode and round")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds (pods are removed after each)")
+    ap.add_argument("--pods", type=int, default=8, help="pod starts per mode and round")
     ap.add_argument("--calls", type=int, default=2000, help="CreateContainer answers timed from the stand-in")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args()
 
     clean_up_dead_instances()
-    runtime = NriContainerd.for_process("2.1").up()
+    plain = NriContainerd.for_process("2.1").up()
+    hooked = NriContainerd.for_process("2.1", instance="hooked").up()
     state = Path(tempfile.mkdtemp(prefix="kpy-bench-nri-"))
-    client = CriClient(runtime.socket)
+    client = CriClient(plain.socket)
     kept = PodFactory(client)
     try:
-        request = real_request(runtime, kept)
-        result = pod_starts(runtime, state, args.rounds, args.pods)
-        result["nri_answer"] = answer_latency(state / "answer", runtime.socket, request, args.calls)
+        request = real_request(plain, kept)
+        result = pod_starts(plain, hooked, state, args.rounds, args.pods)
+        result["nri_answer"] = answer_latency(state / "answer", plain.socket, request, args.calls)
     finally:
         kept.cleanup()
         client.close()
-        runtime.down()
+        plain.down()
+        hooked.down()
     result["goals"] = {"nri_pod_start_ratio_le_1.02": result["pod_start_ratio_nri"] <= 1.02,
                        "nri_answer_p99_le_5ms": result["nri_answer"]["p99_ms"] <= 5.0}
     if args.json:
         print(json.dumps(result))
         return 0
     starts, cpu, answer = result["pod_start_ms"], result["cpu_ms_per_pod"], result["nri_answer"]
-    print(f"containerd 2.1.9, NRI on; {result['pod_starts_per_mode']} BE pod starts per mode, {args.rounds} rotating "
-          "rounds")
+    print(f"containerd 2.1.9, NRI on; {result['pod_starts_per_mode']} BE pod starts per mode, interleaved pod by pod")
     print(f"{'':<28}{'direct':>10}{'proxy':>10}{'nri':>10}")
     print(f"{'pod start median (ms)':<28}{starts['direct']:>10}{starts['proxy']:>10}{starts['nri']:>10}")
     print(f"{'ratio to direct':<28}{1.0:>10.3f}{result['pod_start_ratio_proxy']:>10.3f}"

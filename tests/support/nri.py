@@ -31,7 +31,7 @@ from .waiting import wait_until
 
 RUN_BASE = Path("/run/koordlet-py")
 ROOT_BASE = Path("/var/lib/koordlet-py")
-_INSTANCE = re.compile(r"^nri-(\d\.\d)-(\d+)$")
+_INSTANCE = re.compile(r"^nri-(\d\.\d)-(\d+)(?:-([a-z0-9]+))?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +41,10 @@ class NriContainerd:
     containerd: Containerd
 
     @classmethod
-    def for_process(cls, version: str, pid: int | None = None) -> NriContainerd:
+    def for_process(cls, version: str, pid: int | None = None, instance: str = "") -> NriContainerd:
+        """``instance``: a second (third ...) one of the same generation in the same process."""
         pid = os.getpid() if pid is None else pid
-        name = f"nri-{version}-{pid}"
+        name = f"nri-{version}-{pid}" + (f"-{instance}" if instance else "")
         return cls(Containerd(str(RUN_BASE / name / "containerd"), str(ROOT_BASE / name / "containerd"),
                               version=version, nri_socket=str(RUN_BASE / name / "nri" / "nri.sock")))
 
@@ -106,7 +107,7 @@ def clean_up_dead_instances() -> list[str]:
         match = _INSTANCE.match(run_dir.name)
         if match is None or Path(f"/proc/{match.group(2)}").exists():
             continue
-        NriContainerd.for_process(match.group(1), int(match.group(2))).down()
+        NriContainerd.for_process(match.group(1), int(match.group(2)), match.group(3) or "").down()
         cleaned.append(run_dir.name)
     return cleaned
 
