@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """What NRI mode costs pod starts, and what koordlet's NRI answer costs, side by side in one run.
 
-On two private containerd 2.1.9 instances with NRI on (same binary, same config), BE pods (batch resources:
-every default plugin has something to say) started three ways, one pod of each in turn (the first of the
-three rotating), so all three see the same moment of this shared machine's noise:
+On four private containerd 2.1.9 instances with NRI on (same binary, same config, one per mode, so each
+holds the same pods), BE pods (batch resources: every default plugin has something to say) started four
+ways, one pod of each in turn (the first of the four rotating), so all see the same moment of this shared
+machine's noise:
 
-  direct    straight on the first containerd's CRI: no NRI plugin registered there, no proxy;
-  proxy     through koord-runtime-proxy to the first containerd and a koordlet hook server (its NRI off);
-  nri       straight on the second containerd's CRI, where a koordlet is registered as NRI plugin;
-  nri-noop  straight on a third one, where a plugin that answers every event with "no change" at once is
+  direct    straight on its containerd's CRI: no NRI plugin registered there, no proxy;
+  proxy     through koord-runtime-proxy to a koordlet hook server (its NRI off);
+  nri       straight on the CRI of a containerd where a koordlet is registered as NRI plugin;
+  nri-noop  straight on the CRI of one where a plugin that answers every event with "no change" at once is
             registered (the same events as koordlet's): what NRI costs containerd itself, koordlet aside.
 
 Ratios are medians of the per-turn ratios (each turn starts one pod in every mode, back to back), which
@@ -200,9 +201,9 @@ def answer_latency(state: Path, cri_socket: str, request: api.CreateContainerReq
         runtime.close()
 
 
-def check_hooked(direct: CriClient, factories: dict[str, PodFactory]) -> None:
+def check_hooked(behind_proxy: CriClient, factories: dict[str, PodFactory]) -> None:
     """The last pod of each mode got what its mode gives: BE shares through NRI and the proxy, none direct."""
-    shares = {mode: oci_spec(factory.client if mode != "proxy" else direct, factory.containers[-1])["linux"]
+    shares = {mode: oci_spec(factory.client if mode != "proxy" else behind_proxy, factory.containers[-1])["linux"]
               ["resources"].get("cpu", {}).get("shares") for mode, factory in factories.items()}
     if shares != {"direct": None, "proxy": 512, "nri": 512, "nri-noop": None}:
         raise RuntimeError(f"the modes did not hook as expected: cpu shares {shares}")
@@ -215,12 +216,12 @@ def idle_rate(processes: dict[str, psutil.Process], seconds: float = 3.0) -> dic
     return {name: (cpu_seconds(p) - before[name]) / seconds for name, p in processes.items()}
 
 
-def remove_all(factories: dict[str, PodFactory], direct: CriClient) -> None:
+def remove_all(factories: dict[str, PodFactory], behind_proxy: CriClient) -> None:
     """Every pod made, removed straight on the runtimes (not part of what is measured)."""
     for mode, factory in factories.items():
         client = factory.client
         if mode == "proxy":
-            factory.client = direct
+            factory.client = behind_proxy
         factory.cleanup()
         factory.client = client
 
@@ -235,22 +236,22 @@ def _no_change(request: api.CreateContainerRequest) -> api.ContainerAdjustment:
     return api.ContainerAdjustment()
 
 
-def pod_starts(plain: NriContainerd, hooked: NriContainerd, noop: NriContainerd, state: Path, rounds: int,
-               per_round: int) -> dict:
-    """Pod starts in the three modes, one pod of each in turn (rotating which goes first), so all three see the
-    same moment of machine noise: ``direct`` and ``proxy`` on ``plain`` (NRI on, no plugin registered),
-    ``nri`` on ``hooked`` (the same containerd 2.1 and config, with koordlet registered as its NRI plugin).
-    CPU of the koordlets and the proxy over the whole run, their idle CPU subtracted, per pod of their mode."""
-    direct, on_hooked, on_noop = CriClient(plain.socket), CriClient(hooked.socket), CriClient(noop.socket)
+def pod_starts(runtimes: dict[str, NriContainerd], state: Path, rounds: int, per_round: int) -> dict:
+    """Pod starts in the four modes (``runtimes``: one containerd per mode), one pod of each in turn (rotating
+    which goes first). CPU of the koordlets and the proxy over the whole run, their idle CPU subtracted, per
+    pod of their mode."""
+    plain, proxied, hooked, noop = (runtimes[mode] for mode in MODES)
+    direct, behind_proxy = CriClient(plain.socket), CriClient(proxied.socket)
+    on_hooked, on_noop = CriClient(hooked.socket), CriClient(noop.socket)
     noop_plugin = NoopPlugin(noop.nri_socket, _no_change, name="noop", index="00").__enter__()
-    proxy = ProxyProcess(str(state / "proxy.sock"), plain.socket, "--log-level", "warning", state_dir=str(state))
+    proxy = ProxyProcess(str(state / "proxy.sock"), proxied.socket, "--log-level", "warning", state_dir=str(state))
     for name in ("hooks", "nri"):
         (state / name).mkdir()
     # Both koordlets with their periodic loops slowed down (pods polled, usage collected, reconciled once an
     # hour): on two cores shared with other work their CPU would otherwise land on whichever pod starts
     # next, in any mode. What the whole agent costs is bench/agent_process.py's figure.
     quiet = ["-runtime-hooks-reconcile-interval=1h", "-kubelet-sync-interval=1h", "-collect-res-used-interval=1h"]
-    hooks = KoordletProcess(state / "hooks", plain.socket, proxy.hook_dir)
+    hooks = KoordletProcess(state / "hooks", proxied.socket, proxy.hook_dir)
     hooks.args += ["-enable-nri-runtime-hook=false", *quiet]
     nri = KoordletProcess(state / "nri", hooked.socket, str(state / "nri" / "hookserver.d"))
     nri.args += koordlet_nri_args(hooked, *quiet)
@@ -268,8 +269,8 @@ def pod_starts(plain: NriContainerd, hooked: NriContainerd, noop: NriContainerd,
                      "nri": psutil.Process(nri.proc.pid)}
         for factory in factories.values():  # warm-up: shims, the first hook calls
             start_pods(factory, 1)
-        check_hooked(direct, factories)
-        remove_all(factories, direct)
+        check_hooked(behind_proxy, factories)
+        remove_all(factories, behind_proxy)
         idle = idle_rate(processes)
         before = {name: cpu_seconds(p) for name, p in processes.items()}
         began = time.monotonic()
@@ -278,16 +279,17 @@ def pod_starts(plain: NriContainerd, hooked: NriContainerd, noop: NriContainerd,
                 shift = (round_index * per_round + turn) % len(MODES)
                 for mode in MODES[shift:] + MODES[:shift]:
                     samples[mode] += start_pods(factories[mode], 1)
-            check_hooked(direct, factories)
-            remove_all(factories, direct)
+            check_hooked(behind_proxy, factories)
+            remove_all(factories, behind_proxy)
         elapsed = time.monotonic() - began
         spent = {name: cpu_seconds(p) - before[name] - idle[name] * elapsed for name, p in processes.items()}
         nri_metrics = metrics_of(nri)
     finally:
-        remove_all(factories, direct)
+        remove_all(factories, behind_proxy)
         noop_plugin.__exit__()
         via_proxy.close()
         direct.close()
+        behind_proxy.close()
         on_hooked.close()
         on_noop.close()
         proxy.terminate()
@@ -328,22 +330,23 @@ def main() -> int:
     args = ap.parse_args()
 
     clean_up_dead_instances()
-    plain = NriContainerd.for_process("2.1").up()
-    hooked = NriContainerd.for_process("2.1", instance="hooked").up()
-    noop = NriContainerd.for_process("2.1", instance="noop").up()
+    runtimes = {mode: NriContainerd.for_process("2.1", instance=mode.replace("-", "") if mode != "direct" else "")
+                for mode in MODES}
+    for runtime in runtimes.values():
+        runtime.up()
+    plain = runtimes["direct"]
     state = Path(tempfile.mkdtemp(prefix="kpy-bench-nri-"))
     client = CriClient(plain.socket)
     kept = PodFactory(client)
     try:
         request = real_request(plain, kept)
-        result = pod_starts(plain, hooked, noop, state, args.rounds, args.pods)
+        result = pod_starts(runtimes, state, args.rounds, args.pods)
         result["nri_answer"] = answer_latency(state / "answer", plain.socket, request, args.calls)
     finally:
         kept.cleanup()
         client.close()
-        plain.down()
-        hooked.down()
-        noop.down()
+        for runtime in runtimes.values():
+            runtime.down()
     result["goals"] = {"nri_pod_start_ratio_le_1.02": result["pod_start_ratio_nri"] <= 1.02,
                        "nri_answer_p99_le_5ms": result["nri_answer"]["p99_ms"] <= 5.0}
     if args.json:
