@@ -1,6 +1,10 @@
 """Pod-level RDT (§3.3 Resctrl): a pod annotated ``node.koordinator.sh/resctrl`` gets its own resctrl group
 ``koordlet-<podUID>`` with the LLC ways and memory bandwidth it asks for (per cache id where it says so).
-Needs the node's cbm mask and cache ids (NodeContext.resctrl); without RDT the plugin has no opinion."""
+Needs the node's cbm mask and cache ids (NodeContext.resctrl); without RDT the plugin has no opinion.
+
+Its containers are put in that group: at creation through NRI (the group as the container's RDT class, so
+runc starts it there; Koordinator's SetContainerResctrlResources), and by moving their tasks (the pod plan of
+the reconciler and the hook server). The group itself is made at pod level, before any container."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from koordlet.api.annotations import parse_resctrl
 from koordlet.api.keys import ANNOTATION_RESCTRL
 from koordlet.api.resctrl import l3_mask, mb_value
 
-from .protocol import NO_CHANGES, Changes, NodeContext, PodContext, ResctrlNode
+from .protocol import NO_CHANGES, Changes, ContainerContext, NodeContext, PodContext, ResctrlNode
 from .registry import Plugin, Stage, register
 
 GROUP_PREFIX = "koordlet-"
@@ -36,4 +40,12 @@ def pod(ctx: PodContext, rdt: ResctrlNode | None) -> Changes:
     return Changes(resctrl_group=GROUP_PREFIX + ctx.pod.uid, resctrl_schemata=schemata)
 
 
-PLUGIN = register(Plugin("resctrl", "Resctrl", rule, pod=pod, stages=frozenset({Stage.PRE_RUN_POD_SANDBOX})))
+def container(ctx: ContainerContext, rdt: ResctrlNode | None) -> Changes:
+    """The pod's group as the container's RDT class (only NRI can carry it; the other doors move tasks)."""
+    if rdt is None or not ctx.pod.annotations.get(ANNOTATION_RESCTRL):
+        return NO_CHANGES
+    return Changes(resctrl_group=GROUP_PREFIX + ctx.pod.uid)
+
+
+PLUGIN = register(Plugin("resctrl", "Resctrl", rule, pod=pod, container=container,
+                         stages=frozenset({Stage.PRE_RUN_POD_SANDBOX, Stage.PRE_CREATE_CONTAINER})))

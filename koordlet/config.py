@@ -178,6 +178,16 @@ class KoordletConfig:
     runtime_hooks_config_path: str
     runtime_hooks_disable_stages: tuple[str, ...]
     runtime_hooks_reconcile_interval_s: float
+    # NRI mode (§2.10; reference/nri.md §6): koordlet as an NRI plugin of containerd >= 1.7
+    enable_nri_runtime_hook: bool
+    runtime_hooks_nri_socket_path: str
+    runtime_hooks_nri_plugin_name: str
+    runtime_hooks_nri_plugin_index: str
+    runtime_hooks_nri_connect_timeout_s: float
+    runtime_hooks_nri_backoff_duration_s: float
+    runtime_hooks_nri_backoff_factor: float
+    runtime_hooks_nri_backoff_steps: int
+    runtime_hooks_nri_backoff_cap_s: float
     # reporting
     enable_node_metric_report: bool
     report_interval_s: float
@@ -204,6 +214,12 @@ class KoordletConfig:
         """kubelet's device plugin directory, ``<-var-lib-kubelet-dir>/device-plugins/`` (its ``kubelet.sock``
         and our plugin's socket), as Koordinator derives kubelet's other paths from that flag."""
         return os.path.normpath(os.path.join(self.var_lib_kubelet_dir, "device-plugins"))
+
+    @property
+    def nri_socket_path(self) -> str:
+        """``-runtime-hooks-nri-socket-path`` under ``-var-run-root-dir``, joined as Go's filepath.Join does
+        (Koordinator's GetNRISocketPath): an absolute path is taken below the root too."""
+        return os.path.normpath(os.path.join(self.var_run_root_dir, self.runtime_hooks_nri_socket_path.lstrip("/")))
 
     @property
     def metrics_port(self) -> int:
@@ -243,6 +259,22 @@ def _policy(text: str) -> str:
     return text
 
 
+_NRI_PLUGIN_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+def _nri_plugin_name(text: str) -> str:
+    # NRI v0.12 refuses other characters (api.CheckPluginName); older runtimes take them, so do we never send one
+    if not _NRI_PLUGIN_NAME.match(text):
+        raise ConfigError(f"NRI plugin name {text!r}: letters, digits and _.+- only")
+    return text
+
+
+def _nri_plugin_index(text: str) -> str:
+    if len(text) != 2 or not text.isascii() or not text.isdigit():
+        raise ConfigError(f"NRI plugin index {text!r}: exactly two digits (00-99)")
+    return text
+
+
 def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
     parser = _Parser(prog="koordlet", allow_abbrev=False, add_help=False, description="koordlet-py node agent")
     parser.add_argument("-h", "-help", "--help", action="help", help="show this help and exit")
@@ -260,6 +292,7 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
 
     _host_and_kubelet_flags(flag, switch, path)
     _collection_qos_and_hook_flags(flag, switch, path)
+    _nri_flags(flag, switch)
     _report_api_and_mode_flags(flag, switch, kubeconfig)
     return parser
 
@@ -324,6 +357,21 @@ def _collection_qos_and_hook_flags(flag: _AddFlag, switch: _AddSwitch, path: _Mo
     flag("runtime-hooks-reconcile-interval", parse_duration, 10.0, "reconciler period")
 
 
+def _nri_flags(flag: _AddFlag, switch: _AddSwitch) -> None:
+    switch("enable-nri-runtime-hook", True, "register as an NRI plugin of the container runtime (containerd >= 1.7)")
+    flag("runtime-hooks-nri-socket-path", str, "nri/nri.sock", "the runtime's NRI socket, under -var-run-root-dir")
+    flag("runtime-hooks-nri-plugin-name", _nri_plugin_name, "koordlet_nri", "NRI plugin name")
+    flag("runtime-hooks-nri-plugin-index", _nri_plugin_index, "00",
+         "NRI plugin index: two digits, plugins are called in index order")
+    flag("runtime-hooks-nri-connect-timeout", parse_duration, 6.0,
+         "bound on one registration (connect, register, configure, synchronize); above containerd's 5 s")
+    flag("runtime-hooks-nri-backoff-duration", parse_duration, 1.0, "wait after the first failed NRI registration")
+    flag("runtime-hooks-nri-backoff-factor", float, 2.0, "growth of the wait after each further failure")
+    flag("runtime-hooks-nri-backoff-steps", int, 2**31 - 1, "how many times the wait grows")
+    flag("runtime-hooks-nri-backoff-cap", parse_duration, 30.0,
+         "longest wait between NRI registration attempts (Koordinator: unbounded)")
+
+
 def _report_api_and_mode_flags(flag: _AddFlag, switch: _AddSwitch, kubeconfig: str) -> None:
     switch("enable-node-metric-report", True, "report NodeMetric status")
     flag("report-interval", parse_duration, 60.0, "NodeMetric report period when its spec does not set one")
@@ -359,6 +407,9 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
         "collect_res_used_interval": "collect_res_used_interval_s",
         "psi_collector_interval": "psi_collector_interval_s",
         "runtime_hooks_reconcile_interval": "runtime_hooks_reconcile_interval_s",
+        "runtime_hooks_nri_connect_timeout": "runtime_hooks_nri_connect_timeout_s",
+        "runtime_hooks_nri_backoff_duration": "runtime_hooks_nri_backoff_duration_s",
+        "runtime_hooks_nri_backoff_cap": "runtime_hooks_nri_backoff_cap_s",
         "report_interval": "report_interval_s",
         "stop_timeout": "stop_timeout_s",
     }
@@ -372,7 +423,9 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
 def _check(config: KoordletConfig) -> None:
     for name in ("kubelet_sync_interval_s", "kubelet_sync_timeout_s", "collect_res_used_interval_s",
                  "node_topology_sync_interval_s",
-                 "report_interval_s", "stop_timeout_s", "runtime_hooks_reconcile_interval_s"):
+                 "report_interval_s", "stop_timeout_s", "runtime_hooks_reconcile_interval_s",
+                 "runtime_hooks_nri_connect_timeout_s", "runtime_hooks_nri_backoff_duration_s",
+                 "runtime_hooks_nri_backoff_cap_s"):
         if getattr(config, name) <= 0:
             raise ConfigError(f"-{name.removesuffix('_s').replace('_', '-')} must be positive")
     try:
@@ -383,5 +436,7 @@ def _check(config: KoordletConfig) -> None:
         raise ConfigError(f"-addr {config.addr!r}: port out of range")
     if config.node_topology_min_update_interval_s < 0:
         raise ConfigError("-node-topology-min-update-interval must not be negative")
+    if config.runtime_hooks_nri_backoff_factor < 1.0 or config.runtime_hooks_nri_backoff_steps < 0:
+        raise ConfigError("-runtime-hooks-nri-backoff-factor must be >= 1 and -runtime-hooks-nri-backoff-steps >= 0")
     if bool(config.kubelet_client_cert) != bool(config.kubelet_client_key):
         raise ConfigError("-kubelet-client-cert and -kubelet-client-key go together")

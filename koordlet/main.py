@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import kubernetes.client
 import kubernetes.config
@@ -73,6 +73,9 @@ from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.roots import HostDirs
 from koordlet.system.sysfs import read_node_topology
+
+if TYPE_CHECKING:
+    from koordlet.runtimehooks.nri import NriConfig
 
 logger = logging.getLogger(__name__)
 
@@ -359,7 +362,24 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
                            sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager)
 
 
+def _nri_config(config: KoordletConfig) -> NriConfig | None:
+    """NRI mode from the ``-runtime-hooks-nri-*`` flags; None with ``-enable-nri-runtime-hook=false``."""
+    from koordlet.runtimehooks.nri import NriConfig
+
+    if not config.enable_nri_runtime_hook:
+        return None
+    return NriConfig(socket_path=config.nri_socket_path, plugin_name=config.runtime_hooks_nri_plugin_name,
+                     plugin_index=config.runtime_hooks_nri_plugin_index,
+                     connect_timeout_s=config.runtime_hooks_nri_connect_timeout_s,
+                     backoff_s=config.runtime_hooks_nri_backoff_duration_s,
+                     backoff_factor=config.runtime_hooks_nri_backoff_factor,
+                     backoff_steps=config.runtime_hooks_nri_backoff_steps,
+                     backoff_cap_s=config.runtime_hooks_nri_backoff_cap_s,
+                     fail_on_error=config.runtime_hooks_plugin_failure_policy == "Fail")
+
+
 def _runtime_hooks(ctx: AgentContext) -> Component | None:
+    """The hook server (for the proxy), the NRI plugin (for containerd >= 1.7) and the reconciler."""
     from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
 
     config = ctx.config
@@ -375,6 +395,7 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         serve_hooks=config.runtime_hooks_network == "unix",
         sys_dir=ctx.dirs.sys_dir,
         proc_dir=ctx.dirs.proc_dir,
+        nri=_nri_config(config),
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
     return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)

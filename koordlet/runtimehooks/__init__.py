@@ -1,8 +1,12 @@
-"""koordlet's runtime hooks: the hook server the proxy calls, its registration file, and the reconciler.
+"""koordlet's runtime hooks: the hook server the proxy calls, its registration file, the NRI plugin
+containerd calls (``nri/``), and the reconciler.
 
     hooks = RuntimeHooks(RuntimeHooksConfig(...), states, executor, layout)
-    hooks.start()   # server up, koordlet.json written, reconciler running
+    hooks.start()   # server up, koordlet.json written, NRI plugin connecting, reconciler running
     hooks.stop()    # registration removed first, so the proxy stops calling a server that is going away
+
+With both front doors on, a container the proxy asked about is answered once: the NRI plugin takes the hook
+server's decision (decisions.py) instead of deciding again from a request the proxy already changed.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from koordlet.system.sysfs import SysfsError, read_cpu_topology, read_online_cpu
 from wire.sockets import remove_socket
 
 from .apply import RejectedValues
+from .decisions import Decisions
+from .nri import NriConfig, NriHandlers, NriPlugin
 from .reconciler import Reconciler
 from .registration import remove_registration, write_registration
 from .server import HookService, serve
@@ -47,6 +53,7 @@ class RuntimeHooksConfig:
     serve_hooks: bool = True  # False: reconciler only (no proxy on this node)
     sys_dir: str = SYS_DIR  # online CPUs, for the hook value check
     proc_dir: str = PROC_DIR  # the node's memory, for the hook value check
+    nri: NriConfig | None = None  # NRI mode: register as a plugin at nri.socket_path (None: off)
 
 
 def node_capacity(sys_dir: str, proc_dir: str) -> tuple[frozenset[int], int]:
@@ -110,8 +117,16 @@ class RuntimeHooks:
         rejects = RejectedValues(warn)
         self.reconciler = Reconciler(states.pods, self.node_context, lambda: self.plugins, executor, layout,
                                      config.reconcile_interval_s, rejects)
+        # both front doors: the hook server's decisions, remembered for the NRI plugin to take
+        self.decisions = Decisions() if config.nri is not None and config.serve_hooks else None
         self.service = HookService(lambda: self.plugins, self.node_context, self._known_pod, executor, layout,
-                                   config.disabled_stages, rejects)
+                                   config.disabled_stages, rejects, self.decisions)
+        self.nri: NriPlugin | None = None
+        self.nri_handlers: NriHandlers | None = None
+        if config.nri is not None:
+            self.nri_handlers = NriHandlers(lambda: self.plugins, self.node_context, states.pods, executor, layout,
+                                            config.disabled_stages, rejects, self.decisions)
+            self.nri = NriPlugin(config.nri, self.nri_handlers)
         self._server = None
 
     def node_context(self) -> NodeContext:
@@ -149,18 +164,25 @@ class RuntimeHooks:
             self._server = serve(self.service, self.config.socket_path)
             write_registration(self.config.config_dir, self.config.host_endpoint, self.config.failure_policy,
                                self.stages())
+        if self.nri is not None:
+            self.nri.start()
         for kind in (CallbackKind.ALL_PODS, CallbackKind.NODE_SLO_SPEC, CallbackKind.NODE_METADATA):
             self.states.register_callback(kind, "runtimehooks-reconciler", self.reconciler.trigger)
         self.reconciler.start()
         log.info("runtime hooks: plugins %s, stages %s", [p.name for p in self.plugins], self.stages())
 
     def stop(self, timeout_s: float = 5.0) -> bool:
-        """Within ``timeout_s`` in all: the hook server gets half of it, the reconciler what is left."""
+        """Within ``timeout_s`` in all: the NRI plugin a quarter, the hook server half of what is left, the
+        reconciler the rest."""
         deadline = time.monotonic() + timeout_s
+        stopped = True
+        if self.nri is not None and self.nri_handlers is not None:
+            stopped = self.nri.stop(timeout_s / 4)
+            self.nri_handlers.close()
         if self._server is not None:
             remove_registration(self.config.config_dir)
-            server_s = timeout_s / 2
+            server_s = max(deadline - time.monotonic(), 0.0) / 2
             self._server.stop(grace=min(server_s, 2.0)).wait(server_s)
             self._server = None
             remove_socket(self.config.socket_path)
-        return self.reconciler.stop(max(deadline - time.monotonic(), 0.0))
+        return self.reconciler.stop(max(deadline - time.monotonic(), 0.0)) and stopped

@@ -13,9 +13,10 @@ from dataclasses import replace
 from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_from_milli
 from hooks.registry import EXPECTED_ERRORS
 from hooks.validate import Rejected
+from koordlet.actuator import PlanRunner
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.units import CFS_PERIOD_US
-from koordlet.executor import ExecutorError, ResourceExecutor
+from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor
 from koordlet.plan import (
     CgroupWrite,
     Plan,
@@ -26,6 +27,7 @@ from koordlet.plan import (
     WriteStep,
 )
 from koordlet.system.cgroup_stats import parse_quota_us
+from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 from wire import hookapi_pb2 as hookapi
 
 from . import metrics
@@ -92,23 +94,26 @@ def effective_quota_reader(executor: ResourceExecutor, cgroup_dir: str,
                            planned: int | None = None) -> Callable[[], int | None]:
     """A function giving the CPU quota that binds a child of ``cgroup_dir``: the smallest limited quota of
     ``cgroup_dir`` (``planned`` instead of its file, when a write of it is planned) and its ancestors (cgroup v1
-    refuses a child quota above that with EINVAL). None: nothing above is limited. Reads only when called."""
+    refuses a child quota above that with EINVAL). None: nothing above is limited. Reads only when called, and
+    only up to the nearest limited quota read from a file: the kernel keeps that one within every limited
+    ancestor's (v1 checks a quota against its limited ancestors when it is set), so nothing above binds more
+    (a hook call on a pod with a quota reads one file, not one per level)."""
 
     def read() -> int | None:
         limits: list[int] = []
         directory = cgroup_dir.strip("/")
-        first = True
+        if planned is not None and directory:
+            if planned > 0:
+                limits.append(planned)
+            directory = posixpath.dirname(directory)
         while directory:
-            if first and planned is not None:
-                value = planned if planned > 0 else None
-            else:
-                try:
-                    value = _quota_of(executor.read("cpu.cfs_quota_us", directory))
-                except (ExecutorError, ValueError):
-                    value = None
+            try:
+                value = _quota_of(executor.read("cpu.cfs_quota_us", directory))
+            except (ExecutorError, ValueError):
+                value = None
             if value is not None:
                 limits.append(value)
-            first = False
+                break
             directory = posixpath.dirname(directory)
         return min(limits) if limits else None
 
@@ -161,20 +166,43 @@ def pod_level_plan(changes: Changes, pod_dir: str) -> Plan:
     return Plan(steps_of(*cgroup_writes(changes, pod_dir)), resctrl=resctrl_actions(changes))
 
 
+def pod_dir_of(layout: KubeCgroupLayout, cgroup_parent: str, what: str) -> str | None:
+    """The pod dir for a pod's cgroup parent; None (logged) when there is none or it is malformed."""
+    if not cgroup_parent:
+        return None
+    try:
+        return layout.dir_from_cgroup_parent(cgroup_parent)
+    except CgroupPathError as err:
+        log.warning("%s: bad cgroup parent: %s", what, err)
+        return None
+
+
+def run_pod_level(runner: PlanRunner, pod: PodMeta, pod_dir: str, changes: Changes, source: str) -> None:
+    """Carry out a pod-level answer (pod_level_plan) at once; a pod dir not there yet is the reconciler's."""
+    record = runner.run(pod_level_plan(changes, pod_dir), source)
+    for failure in record.failures:
+        if isinstance(failure.error, CgroupNotFoundError):
+            log.debug("pod %s: %s not there yet; the reconciler will apply it", pod.key, pod_dir)
+        else:
+            log.warning("pod %s: %s", pod.key, failure.error)
+    for error in record.resctrl_errors:
+        log.warning("pod %s: resctrl group %s", pod.key, error)
+
+
 def pod_from_sandbox_request(req: hookapi.PodSandboxHookRequest, known: PodMeta | None = None) -> PodMeta:
     pod = PodMeta(name=req.pod_meta.name, namespace=req.pod_meta.namespace, uid=req.pod_meta.uid,
                   labels=dict(req.labels), annotations=dict(req.annotations), cgroup_parent=req.cgroup_parent)
-    return _with_spec(pod, known)
+    return with_spec(pod, known)
 
 
 def pod_from_container_request(req: hookapi.ContainerResourceHookRequest, known: PodMeta | None = None) -> PodMeta:
     pod = PodMeta(name=req.pod_meta.name, namespace=req.pod_meta.namespace, uid=req.pod_meta.uid,
                   labels=dict(req.pod_labels), annotations=dict(req.pod_annotations),
                   cgroup_parent=req.pod_cgroup_parent)
-    return _with_spec(pod, known)
+    return with_spec(pod, known)
 
 
-def _with_spec(pod: PodMeta, known: PodMeta | None) -> PodMeta:
+def with_spec(pod: PodMeta, known: PodMeta | None) -> PodMeta:
     """A hook request has no pod spec: take requests, limits and priority from the states where known."""
     if known is None:
         return pod

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 _BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000)
 
@@ -29,4 +29,38 @@ PLUGIN_ERRORS = Counter(
     "Hook plugin runs skipped because the plugin raised (malformed input such as an annotation or the NodeSLO, "
     "or a bug in the plugin); the other plugins' answers stand.",
     ["plugin"],
+)
+
+# NRI mode (koordlet as an NRI plugin; Koordinator exports no NRI metrics, so these names are our own).
+NRI_EVENTS = Counter(
+    "koordlet_nri_events",
+    "NRI events answered, by event (RunPodSandbox, CreateContainer, UpdateContainer, RemovePodSandbox, "
+    "Synchronize) and result: changed / unchanged (the answer did / did not change the container), ok (an "
+    "event with nothing to answer), timeout (answered with no change to stay within the runtime's timeout), "
+    "error (a koordlet bug; answered with no change unless the plugin failure policy is Fail).",
+    ["event", "result"],
+)
+NRI_EVENT_DURATION_MS = Histogram(
+    "koordlet_nri_event_duration_milliseconds",
+    "Time koordlet took to answer one NRI event, from the request's arrival to the answer.",
+    ["event"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 100, 500, 2000),
+)
+NRI_REGISTERED = Gauge(
+    "koordlet_nri_registered",
+    "1 while koordlet is registered with the runtime's NRI and synchronized (it gets events), else 0.",
+)
+NRI_RECONNECTS = Counter(
+    "koordlet_nri_reconnects",
+    "Registrations with the runtime after the first one (the connection had dropped: a runtime restart, ...).",
+)
+NRI_CONNECT_FAILURES = Counter(
+    "koordlet_nri_connect_failures",
+    "Attempts to connect and register that failed (socket refused, registration refused or timed out).",
+)
+NRI_SYNC_SIZE = Gauge(
+    "koordlet_nri_sync_size",
+    "The last NRI Synchronize: pods and containers the runtime sent, in how many messages and bytes, and the "
+    "container updates koordlet answered.",
+    ["item"],
 )

@@ -20,8 +20,8 @@ from hooks import registry
 from hooks.protocol import NodeContext, PodContext
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
-from koordlet.executor import CgroupNotFoundError, ResourceExecutor
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.executor import ResourceExecutor
+from koordlet.system.kubepods import KubeCgroupLayout
 from wire import hookapi_pb2 as hookapi
 from wire import hookapi_pb2_grpc as hookapi_grpc
 from wire.sockets import chmod_socket, prepare_socket
@@ -33,11 +33,13 @@ from .apply import (
     apply_to_resources,
     container_context_from_request,
     effective_quota_reader,
+    pod_dir_of,
     pod_from_container_request,
     pod_from_sandbox_request,
-    pod_level_plan,
     report_plugin_error,
+    run_pod_level,
 )
+from .decisions import Decisions, create_key, pod_key, update_key
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +48,10 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
     def __init__(self, plugins: Callable[[], list[registry.Plugin]], node: Callable[[], NodeContext],
                  known_pod: Callable[[str], PodMeta | None], executor: ResourceExecutor,
                  layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset(),
-                 rejects: RejectedValues | None = None) -> None:
+                 rejects: RejectedValues | None = None, decisions: Decisions | None = None) -> None:
+        """``decisions``: where answers are remembered for the NRI plugin (both front doors on)."""
         self._plugins = plugins
+        self._decisions = decisions
         self._executor = executor
         self._rejects = rejects or RejectedValues()
         self._node = node
@@ -78,35 +82,18 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             return resp
         pod = pod_from_sandbox_request(req, self._known_pod(req.pod_meta.uid))
         plugins = [p for p in self._plugins() if registry.Stage.PRE_RUN_POD_SANDBOX in p.stages]
-        pod_dir = self._pod_dir(pod.cgroup_parent, f"pod {pod.key}")
+        pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, f"pod {pod.key}")
         parent = effective_quota_reader(self._executor, posixpath.dirname(pod_dir)) if pod_dir else None
         changes = registry.run_pod(plugins, self._node(), PodContext(pod), self._report,
                                    self._rejects.reporter(pod), parent)
+        if self._decisions is not None:
+            self._decisions.remember(pod_key(pod.uid), changes)
         if not changes:
             return resp
         apply_to_resources(changes, resp.resources, container=False)
         if pod_dir is not None:
-            self._write_pod_level(pod, pod_dir, changes)
+            run_pod_level(self._runner, pod, pod_dir, changes, "hookserver")
         return resp
-
-    def _pod_dir(self, cgroup_parent: str, what: str) -> str | None:
-        if not cgroup_parent:
-            return None
-        try:
-            return self._layout.dir_from_cgroup_parent(cgroup_parent)
-        except CgroupPathError as err:
-            log.warning("%s: bad cgroup parent: %s", what, err)
-            return None
-
-    def _write_pod_level(self, pod: PodMeta, pod_dir: str, changes) -> None:
-        record = self._runner.run(pod_level_plan(changes, pod_dir), "hookserver")
-        for failure in record.failures:
-            if isinstance(failure.error, CgroupNotFoundError):
-                log.debug("pod %s: %s not there yet; the reconciler will apply it", pod.key, pod_dir)
-            else:
-                log.warning("pod %s: %s", pod.key, failure.error)
-        for error in record.resctrl_errors:
-            log.warning("pod %s: resctrl group %s", pod.key, error)
 
     @staticmethod
     def _pod_echo(request: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
@@ -133,10 +120,14 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         pod = pod_from_container_request(req, self._known_pod(req.pod_meta.uid))
         plugins = [p for p in self._plugins() if stage in p.stages]
         context = container_context_from_request(pod, req)
-        pod_dir = self._pod_dir(req.pod_cgroup_parent or pod.cgroup_parent, pod.key)
+        pod_dir = pod_dir_of(self._layout, req.pod_cgroup_parent or pod.cgroup_parent, pod.key)
         changes = registry.run_container(plugins, self._node(), context, self._report,
                                          self._rejects.reporter(pod, context.name),
                                          effective_quota_reader(self._executor, pod_dir) if pod_dir else None)
+        if self._decisions is not None:
+            key = create_key(pod.uid, context.name) if stage is registry.Stage.PRE_CREATE_CONTAINER else \
+                update_key(req.container_meta.id)
+            self._decisions.remember(key, changes)
         apply_to_container_response(changes, resp)
         return resp
 

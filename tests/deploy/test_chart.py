@@ -88,6 +88,7 @@ EVERY_VALUE: dict[str, Any] = {
         "features": "BEMemoryEvict=true,CPUBurst=false",
         "extraArgs": ["-collect-res-used-interval=2s", "--kubelet-sync-interval=20s"],
         "hostMode": True,
+        "nri": {"enabled": False},
         "hostDirs": {"koordletSockDir": "/run/koordlet-alt", "koordProxyRegisterDir": "/etc/hooks.d",
                      "kubeletLibDir": "/data/kubelet"},
         "metrics": {"port": 19316},
@@ -146,6 +147,7 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     config = parse_config(container["args"], environ={"NODE_NAME": "node-1", "agent_mode": env["agent_mode"]})
     assert config.addr == "0.0.0.0:19316"
+    assert not config.enable_nri_runtime_hook and "nri" not in {v["name"] for v in pod["volumes"]}
     assert config.feature_gates["BEMemoryEvict"] is True and config.feature_gates["CPUBurst"] is False
     _all_paths_under_mounts(container, pod, {
         config.runtime_hooks_addr: "/run/koordlet-alt/koordlet.sock",
@@ -169,7 +171,9 @@ def test_without_host_mode_the_pod_has_koordinators_layout_and_koordlet_finds_ev
     assert config.cgroup_root_dir == "/host-cgroup/"
     # koordlet serves in the pod at /host-var-run-koordlet/ and registers the host path the proxy dials.
     assert config.runtime_hooks_host_endpoint == "/var/run/koordlet/koordlet.sock"
+    assert config.enable_nri_runtime_hook
     _all_paths_under_mounts(container, pod, {
+        config.nri_socket_path: "/var/run/nri/nri.sock",
         config.runtime_hooks_addr: "/var/run/koordlet/koordlet.sock",
         config.runtime_hooks_config_path: "/etc/runtime/hookserver.d",
         config.cgroup_root_dir: "/sys/fs/cgroup",
@@ -272,3 +276,12 @@ def test_the_api_server_refuses_a_crd_that_is_not_structural() -> None:
             _create(client, crd)
         assert refused.value.status == 422
         assert server.list_objects("customresourcedefinitions") == []
+
+
+def test_by_default_koordlet_reaches_containerds_nri_socket_at_its_host_path() -> None:
+    docs = chart_documents()
+    pod = _of_kind(docs, "DaemonSet")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    config = parse_config(container["args"], environ={"NODE_NAME": "node-1", "agent_mode": "hostMode"})
+    assert config.enable_nri_runtime_hook
+    _all_paths_under_mounts(container, pod, {config.nri_socket_path: "/var/run/nri/nri.sock"})

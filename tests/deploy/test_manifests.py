@@ -122,3 +122,21 @@ def test_the_koordlet_container_args_are_flags_koordlet_accepts() -> None:
     assert env["agent_mode"] == "hostMode"
     config = parse_config(container["args"], environ={"NODE_NAME": "node-1", "agent_mode": "hostMode"})
     assert config.cgroup_root_dir.rstrip("/") == "/sys/fs/cgroup"
+
+
+def test_daemonset_mounts_the_nri_socket_dir_where_koordlet_dials_it() -> None:
+    """NRI mode (docs/nri.md): the directory of the socket koordlet's flags name, at the same path, so a socket
+    containerd creates later (or again after a restart) is seen inside the pod."""
+    import os
+
+    from koordlet.config import parse_config
+
+    pod = _by_kind(base_documents())["DaemonSet"]["spec"]["template"]["spec"]
+    container = _koordlet(base_documents())
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    config = parse_config(container["args"], environ={"NODE_NAME": "n", "agent_mode": env["agent_mode"]})
+    assert config.enable_nri_runtime_hook
+    socket_dir = os.path.dirname(config.nri_socket_path)
+    volumes = {v["name"]: v["hostPath"] for v in pod["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+    assert mounts[socket_dir] == {"path": socket_dir, "type": "DirectoryOrCreate"}

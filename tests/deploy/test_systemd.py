@@ -89,6 +89,9 @@ def test_koordlet_unit_keeps_cgroup_and_proc_writable_but_hardens_the_rest() -> 
         assert values(unit, "Service", forbidden) == [], f"{forbidden} would stop koordlet from doing its job"
     assert values(unit, "Service", "RuntimeDirectory") == ["koordlet"]
     assert "NODE_NAME=%H" in values(unit, "Service", "Environment")
+    # NRI mode: containerd's socket stays reachable (a unix socket, writable)
+    assert "-/run/nri" in values(unit, "Service", "ReadWritePaths")
+    assert "AF_UNIX" in values(unit, "Service", "RestrictAddressFamilies")[0].split()
 
 
 def _verify_dir(tmp_path: Path) -> Path:

@@ -168,6 +168,9 @@ def test_resctrl_group_and_schemata() -> None:
     assert changes.resctrl_group == "koordlet-u9"
     assert changes.resctrl_schemata == "L3:0=3f;1=fc0\nMB:0=60;1=60\n"  # 12 ways: [0,6) and [6,12); MB up to 10s
     assert not resctrl.pod(PodContext(pod), resctrl.rule(NodeContext()))  # no RDT on the node
+    # its containers: the pod's group as their RDT class (what NRI carries to runc); nothing without RDT
+    assert resctrl.container(ContainerContext(pod, "c"), resctrl.rule(node)).resctrl_group == "koordlet-u9"
+    assert not resctrl.container(ContainerContext(pod, "c"), resctrl.rule(NodeContext()))
 
 
 def test_cpu_normalization_scales_ls_quotas_only() -> None:

@@ -125,3 +125,36 @@ def test_help_answers_even_without_node_name(flag: str, capsys: pytest.CaptureFi
         parse_config([flag], {})
     assert exit_info.value.code == 0
     assert "-cgroup-root-dir" in capsys.readouterr().out
+
+
+def test_nri_flags_have_koordinators_names_and_defaults_and_a_finite_backoff_cap() -> None:
+    config = parse_config([], ENV)
+    assert config.enable_nri_runtime_hook is True
+    assert config.nri_socket_path == "/host-var-run/nri/nri.sock"  # -var-run-root-dir joined with nri/nri.sock
+    assert (config.runtime_hooks_nri_plugin_name, config.runtime_hooks_nri_plugin_index) == ("koordlet_nri", "00")
+    assert config.runtime_hooks_nri_connect_timeout_s == 6.0
+    assert (config.runtime_hooks_nri_backoff_duration_s, config.runtime_hooks_nri_backoff_factor,
+            config.runtime_hooks_nri_backoff_steps) == (1.0, 2.0, 2**31 - 1)
+    assert config.runtime_hooks_nri_backoff_cap_s == 30.0  # Koordinator's is 2^62-1 ns: no cap at all
+    assert parse_config([], {**ENV, "agent_mode": "hostMode"}).nri_socket_path == "/var/run/nri/nri.sock"
+
+
+def test_nri_flags_are_parsed_and_the_socket_path_joined_as_go_does() -> None:
+    config = parse_config(["-enable-nri-runtime-hook=false", "-var-run-root-dir=/run/x",
+                           "-runtime-hooks-nri-socket-path=/containerd/nri.sock", "-runtime-hooks-nri-plugin-index=05",
+                           "-runtime-hooks-nri-connect-timeout=2s", "-runtime-hooks-nri-backoff-cap=500ms"], ENV)
+    assert config.enable_nri_runtime_hook is False
+    assert config.nri_socket_path == "/run/x/containerd/nri.sock"  # filepath.Join: absolute goes below the root
+    assert config.runtime_hooks_nri_plugin_index == "05"
+    assert (config.runtime_hooks_nri_connect_timeout_s, config.runtime_hooks_nri_backoff_cap_s) == (2.0, 0.5)
+
+
+@pytest.mark.parametrize("argv", [
+    ["-runtime-hooks-nri-plugin-index=7"], ["-runtime-hooks-nri-plugin-index=a0"],
+    ["-runtime-hooks-nri-plugin-name=nri/nri.sock"], ["-runtime-hooks-nri-plugin-name="],
+    ["-runtime-hooks-nri-backoff-factor=0.5"], ["-runtime-hooks-nri-backoff-steps=-1"],
+    ["-runtime-hooks-nri-connect-timeout=0s"], ["-runtime-hooks-nri-backoff-cap=0"],
+])
+def test_nri_flags_that_containerd_would_refuse_are_refused_at_start(argv: list[str]) -> None:
+    with pytest.raises(ConfigError):
+        parse_config(argv, ENV)

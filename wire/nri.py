@@ -1,0 +1,342 @@
+"""The plugin side of NRI (containerd's Node Resource Interface) in asyncio: one connection to the runtime's
+NRI socket, registration, and the Plugin service answered by a handler object (what containerd/nri's
+``pkg/stub`` is for a Go plugin; reference/nri.md §2-§4).
+
+    conn = await PluginConnection.open(socket_path, handlers, executor)
+    await conn.register("koordlet_nri", "00", timeout_s=5)
+    await conn.synchronized(timeout_s=6)   # Configure and the (possibly split) Synchronize answered
+    await conn.run()                       # until the runtime closes it (or conn.close())
+
+The handler methods are plain functions run in ``executor`` threads, each under a deadline a little ahead of
+the runtime's request timeout (2 s unless Configure says otherwise): the runtime drops a plugin that answers
+late, so a handler that overruns gets the empty answer (no change) instead, as does one that raises. With
+``fail_on_error`` those two cases answer an error instead, which fails the CRI call (a Fail policy).
+Events the handlers name in ``quick`` run on the connection's own loop instead, as a Go plugin's handlers run
+on the connection's goroutine: for handlers whose work is bounded and never blocks, which spares each call
+the hop to a worker thread and back (about 0.4 ms of CPU per call on the test machine).
+
+Split syncs (NRI v0.7+, ``more=true``): every chunk but the last is answered at once with ``more=true`` and no
+updates, as the runtime requires; the handler sees all pods and containers together when the last chunk
+comes, within what is left of the one request timeout that covers them all. Its updates are cut to what
+fits in one ttrpc message (the runtime's reader takes 4 MiB); the rest are left to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import socket
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from google.protobuf.message import Message
+
+from . import nri_pb2 as api
+from .nrimux import PLUGIN_CONN, RUNTIME_CONN, Mux
+from .ttrpc import MESSAGE_MAX, RECEIVE_MAX, Client, Code, Server, TtrpcError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+N = TypeVar("N", bound=Message)
+
+PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+DEFAULT_REQUEST_TIMEOUT_S = 2.0  # the runtime's plugin_request_timeout when Configure does not say
+DEFAULT_REGISTRATION_TIMEOUT_S = 5.0
+_ANSWER_MARGIN_S = 0.1  # answer at least this much (or a tenth of the time left) ahead of the deadline
+_RESPONSE_ROOM = MESSAGE_MAX - (64 << 10)  # a Synchronize answer stays this far within the 4 MiB
+
+
+class Event(enum.IntEnum):
+    RUN_POD_SANDBOX = api.RUN_POD_SANDBOX
+    STOP_POD_SANDBOX = api.STOP_POD_SANDBOX
+    REMOVE_POD_SANDBOX = api.REMOVE_POD_SANDBOX
+    CREATE_CONTAINER = api.CREATE_CONTAINER
+    POST_CREATE_CONTAINER = api.POST_CREATE_CONTAINER
+    START_CONTAINER = api.START_CONTAINER
+    POST_START_CONTAINER = api.POST_START_CONTAINER
+    UPDATE_CONTAINER = api.UPDATE_CONTAINER
+    POST_UPDATE_CONTAINER = api.POST_UPDATE_CONTAINER
+    STOP_CONTAINER = api.STOP_CONTAINER
+    REMOVE_CONTAINER = api.REMOVE_CONTAINER
+
+    @property
+    def title(self) -> str:
+        """``RunPodSandbox``, ``CreateContainer`` ...: the name NRI's event mask parser and logs use."""
+        return "".join(part.capitalize() for part in self.name.split("_"))
+
+
+def event_mask(events: Sequence[Event]) -> int:
+    """The ConfigureResponse mask: bit ``1 << (event - 1)`` per event (containerd/nri pkg/api/event.go)."""
+    mask = 0
+    for event in events:
+        mask |= 1 << (event - 1)
+    return mask
+
+
+class PluginHandlers(Protocol):
+    """What a plugin answers; each method runs in an executor thread and must not keep the runtime waiting."""
+
+    events: int  # the event mask answered to Configure
+    quick: frozenset[str]  # events ("CreateContainer", ...) whose handlers never block: answered on the loop
+
+    def configure(self, request: api.ConfigureRequest) -> None: ...
+
+    def synchronize(self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container],
+                    deadline: float) -> list[api.ContainerUpdate]: ...
+
+    def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse: ...
+
+    def update_container(self, request: api.UpdateContainerRequest) -> api.UpdateContainerResponse: ...
+
+    def state_change(self, event: api.StateChangeEvent) -> None: ...
+
+
+# (event name, result, seconds): result is "changed" / "unchanged" (an answer that did / did not change
+# anything), "ok" (an event with nothing to answer), "timeout" or "error".
+Observer = Callable[[str, str, float], None]
+
+
+@dataclass(slots=True)
+class SyncStats:
+    """The last Synchronize: what the runtime sent, in how many messages, and what went back."""
+
+    pods: int = 0
+    containers: int = 0
+    messages: int = 0
+    request_bytes: int = 0
+    updates: int = 0
+    updates_left_out: int = 0  # did not fit in the answer
+
+
+@dataclass(slots=True)
+class _SyncChunks:
+    started: float
+    pods: list[api.PodSandbox] = field(default_factory=list)
+    containers: list[api.Container] = field(default_factory=list)
+    messages: int = 0
+    request_bytes: int = 0
+
+
+def fit_updates(updates: Sequence[api.ContainerUpdate], room: int = _RESPONSE_ROOM) -> int:
+    """How many of ``updates`` (in order) fit in a SynchronizeResponse of at most ``room`` bytes."""
+    used = 0
+    for count, update in enumerate(updates):
+        used += update.ByteSize() + 6  # tag and length of the repeated field's entry
+        if used > room:
+            return count
+    return len(updates)
+
+
+class PluginConnection:
+    """One connection to the runtime: the mux, our Plugin server on connection 1, the Runtime client on 2."""
+
+    def __init__(self, mux: Mux, handlers: PluginHandlers, executor: Executor, *, fail_on_error: bool = False,
+                 observe: Observer | None = None, receive_limit: int = RECEIVE_MAX) -> None:
+        """``receive_limit``: the longest message taken (default 16 MiB; a Go plugin takes ttrpc's 4 MiB)."""
+        self._mux = mux
+        self._handlers = handlers
+        self._executor = executor
+        self._fail = fail_on_error
+        self._observe = observe or (lambda event, result, seconds: None)
+        self._quick = getattr(handlers, "quick", frozenset())
+        self.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S
+        self.registration_timeout_s = DEFAULT_REGISTRATION_TIMEOUT_S
+        self.configure_request: api.ConfigureRequest | None = None
+        self.sync = SyncStats()
+        self._chunks: _SyncChunks | None = None
+        self._synchronized = asyncio.Event()
+        self._closed = asyncio.Event()
+        methods = {
+            "Configure": self._configure,
+            "Synchronize": self._synchronize,
+            "Shutdown": self._shutdown,
+            "CreateContainer": self._create_container,
+            "UpdateContainer": self._update_container,
+            "StopContainer": self._stop_container,
+            "StateChange": self._state_change,
+        }
+        self.server = Server({PLUGIN_SERVICE: methods}, mux.sender(PLUGIN_CONN), receive_limit=receive_limit)
+        self.client = Client(mux.sender(RUNTIME_CONN))
+        mux.open(PLUGIN_CONN, self.server)
+        mux.open(RUNTIME_CONN, self.client)
+        self._reading = asyncio.get_running_loop().create_task(self._read())
+
+    @classmethod
+    async def open(cls, socket_path: str, handlers: PluginHandlers, executor: Executor, timeout_s: float,
+                   **options: object) -> PluginConnection:
+        """Connect to the runtime's NRI socket (raises OSError when nobody listens there)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, socket_path), timeout_s)
+            reader, writer = await asyncio.open_unix_connection(sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        return cls(Mux(reader, writer), handlers, executor, **options)  # type: ignore[arg-type]
+
+    @property
+    def mux(self) -> Mux:
+        return self._mux
+
+    # -- the connection ------------------------------------------------------------------------------------
+    async def register(self, name: str, index: str, timeout_s: float = DEFAULT_REGISTRATION_TIMEOUT_S) -> None:
+        """RegisterPlugin (raises TtrpcError when the runtime refuses, ConnectionClosed when it hangs up)."""
+        request = api.RegisterPluginRequest(plugin_name=name, plugin_idx=index)
+        await self.client.call(RUNTIME_SERVICE, "RegisterPlugin", request.SerializeToString(), timeout_s)
+
+    async def synchronized(self, timeout_s: float) -> bool:
+        """Wait until the last Synchronize chunk was answered (the runtime then sends events); False on
+        timeout or when the connection closed first."""
+        waiters = [asyncio.ensure_future(self._synchronized.wait()), asyncio.ensure_future(self._closed.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        return self._synchronized.is_set() and not self._closed.is_set()
+
+    async def _read(self) -> None:
+        try:
+            await self._mux.run()
+        finally:
+            self._shut()
+
+    async def run(self) -> None:
+        """Serve until the runtime closes the connection (returns) or the trunk breaks (raises)."""
+        await asyncio.shield(self._reading)
+
+    def _shut(self) -> None:
+        self._closed.set()
+        self.server.close()
+        self.client.close()
+        self._mux.close()
+
+    def close(self) -> None:
+        self._shut()
+        self._reading.cancel()
+
+    async def wait_closed(self) -> None:
+        await self._mux.wait_closed()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    # -- deadlines -----------------------------------------------------------------------------------------
+    def _budget(self, deadline: float | None, started: float | None = None) -> float:
+        """Seconds a handler may take: up to the caller's deadline and the runtime's request timeout (from
+        ``started``), minus a margin so the answer is there in time."""
+        now = time.monotonic()
+        limit = (started if started is not None else now) + self.request_timeout_s
+        if deadline is not None:
+            limit = min(limit, deadline)
+        remaining = limit - now
+        return max(0.0, remaining - max(_ANSWER_MARGIN_S, remaining / 10))
+
+    async def _run_handler(self, event: str, call: Callable[[], T], budget_s: float, empty: T, started: float,
+                           changed: Callable[[T], bool] | None = None) -> T:
+        """``call`` in a worker thread within ``budget_s`` (on the loop for a quick event); observed from
+        ``started`` (the request's arrival, before its decoding) to the answer."""
+        try:
+            if event in self._quick:
+                answer = call()
+            else:
+                answer = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self._executor, call),
+                                                budget_s)
+        except TimeoutError:
+            self._observe(event, "timeout", time.monotonic() - started)
+            log.warning("NRI %s: no answer within %.2f s; answering %s", event, budget_s,
+                        "an error (Fail policy)" if self._fail else "with no change")
+            if self._fail:
+                raise TtrpcError(Code.DEADLINE_EXCEEDED, f"{event}: no answer within {budget_s:.2f} s") from None
+            return empty
+        except Exception as err:  # noqa: BLE001 - a handler bug must not fail a pod (unless the policy is Fail)
+            self._observe(event, "error", time.monotonic() - started)
+            log.exception("NRI %s failed; answering %s", event, "an error (Fail policy)" if self._fail else
+                          "with no change")
+            if self._fail:
+                raise TtrpcError(Code.UNKNOWN, f"{event}: {err}") from err
+            return empty
+        result = "ok" if changed is None else ("changed" if changed(answer) else "unchanged")
+        self._observe(event, result, time.monotonic() - started)
+        return answer
+
+    # -- the Plugin service --------------------------------------------------------------------------------
+    async def _configure(self, payload: bytes, deadline: float | None) -> bytes:
+        request = api.ConfigureRequest.FromString(payload)
+        self.configure_request = request
+        if request.request_timeout > 0:
+            self.request_timeout_s = request.request_timeout / 1000
+        if request.registration_timeout > 0:
+            self.registration_timeout_s = request.registration_timeout / 1000
+        self._handlers.configure(request)
+        return api.ConfigureResponse(events=self._handlers.events).SerializeToString()
+
+    async def _synchronize(self, payload: bytes, deadline: float | None) -> bytes:
+        started = time.monotonic()
+        request = api.SynchronizeRequest.FromString(payload)
+        chunks = self._chunks or _SyncChunks(started=time.monotonic())
+        chunks.pods.extend(request.pods)
+        chunks.containers.extend(request.containers)
+        chunks.messages += 1
+        chunks.request_bytes += len(payload)
+        if request.more:
+            self._chunks = chunks
+            return api.SynchronizeResponse(more=True).SerializeToString()
+        self._chunks = None
+        budget = self._budget(deadline, chunks.started)
+        until = time.monotonic() + budget
+        updates = await self._run_handler(
+            "Synchronize", lambda: self._handlers.synchronize(chunks.pods, chunks.containers, until), budget, [],
+            started, changed=bool)
+        kept = fit_updates(updates)
+        self.sync = SyncStats(len(chunks.pods), len(chunks.containers), chunks.messages, chunks.request_bytes,
+                              kept, len(updates) - kept)
+        if kept < len(updates):
+            log.warning("NRI Synchronize: %d of %d container updates do not fit in one answer; left out",
+                        len(updates) - kept, len(updates))
+        answer = api.SynchronizeResponse(update=updates[:kept]).SerializeToString()
+        asyncio.get_running_loop().call_soon(self._synchronized.set)
+        return answer
+
+    async def _answer(self, event: str, payload: bytes, deadline: float | None, request_type: type[M],
+                      handler: Callable[[M], N], empty: N) -> bytes:
+        """A container event: its answer, or ``empty`` (no change) when the handler fails or is late."""
+        started = time.monotonic()
+        request = request_type.FromString(payload)
+        answer = await self._run_handler(event, lambda: handler(request), self._budget(deadline), empty, started,
+                                         changed=lambda r: r.ByteSize() > 0)
+        return answer.SerializeToString()
+
+    async def _create_container(self, payload: bytes, deadline: float | None) -> bytes:
+        return await self._answer("CreateContainer", payload, deadline, api.CreateContainerRequest,
+                                  self._handlers.create_container, api.CreateContainerResponse())
+
+    async def _update_container(self, payload: bytes, deadline: float | None) -> bytes:
+        return await self._answer("UpdateContainer", payload, deadline, api.UpdateContainerRequest,
+                                  self._handlers.update_container, api.UpdateContainerResponse())
+
+    async def _stop_container(self, payload: bytes, deadline: float | None) -> bytes:
+        return api.StopContainerResponse().SerializeToString()  # not subscribed: nothing to say
+
+    async def _state_change(self, payload: bytes, deadline: float | None) -> bytes:
+        started = time.monotonic()
+        event = api.StateChangeEvent.FromString(payload)
+        try:
+            name = Event(event.event).title
+        except ValueError:
+            name = f"Event{event.event}"
+        await self._run_handler(name, lambda: self._handlers.state_change(event), self._budget(deadline), None,
+                                started)
+        return b""
+
+    async def _shutdown(self, payload: bytes, deadline: float | None) -> bytes:
+        log.info("NRI runtime asked the plugin to shut down")
+        return b""
