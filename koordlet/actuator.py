@@ -30,7 +30,7 @@ from koordlet.plan import (
     ResctrlWrite,
     Victim,
     WriteStep,
-    walk_victims,
+    walk_evictions,
 )
 from koordlet.system.resources import UnknownCgroupResourceError
 
@@ -52,7 +52,7 @@ class PlanRecord:
     moved_tasks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # resctrl group → PIDs moved in
     created_groups: tuple[str, ...] = ()  # resctrl groups this run made (missing before)
     removed_groups: tuple[str, ...] = ()  # resctrl groups this run removed
-    released: float = 0.0
+    released: tuple[tuple[str, float], ...] = ()  # (feature, what its task counted as released), task order
     evicted: tuple[str, ...] = ()  # pod keys whose eviction was accepted
     blocked: tuple[str, ...] = ()  # pod keys whose eviction was refused
 
@@ -98,9 +98,7 @@ class PlanRunner:
             self._write(step, counts, verify)
         for action in plan.resctrl:
             self._resctrl(action, counts)
-        released, evicted, blocked = 0.0, (), ()
-        if plan.evictions is not None:
-            released, evicted, blocked = self._evict(plan.evictions)
+        released, evicted, blocked = self._evict(plan.evictions) if plan.evictions else ((), (), ())
         for gauge in plan.gauges:
             self._set_gauge(gauge)
         record = PlanRecord(
@@ -204,22 +202,26 @@ class PlanRunner:
             except ExecutorError as exc:
                 logger.debug("cannot move task %s to resctrl group %r: %s", pid, group, exc)
 
-    def _evict(self, request: Evictions) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
+    def _evict(self, tasks: tuple[Evictions, ...]) -> tuple[tuple[tuple[str, float], ...], tuple[str, ...],
+                                                            tuple[str, ...]]:
         evictor = self._evictor
         if evictor is None:
-            logger.warning("%s asked for evictions but this agent has no evictor", request.feature)
-            return 0.0, (), ()
+            logger.warning("%s asked for evictions but this agent has no evictor", tasks[0].feature)
+            return (), (), ()
 
-        def outcome(victim: Victim) -> str:
+        def outcome(task: Evictions, victim: Victim) -> str:
             if evictor.is_evicting(victim.pod.uid):
                 return "released"
-            result = evictor.evict(victim.pod, request.feature, victim.message)
+            result = evictor.evict(victim.pod, task.feature, victim.message, task.eviction_rule)
             if not result.releases:
                 return "refused"
             return "evicted" if result.outcome is EvictionOutcome.EVICTED else "released"
 
-        released, accepted, refused = walk_victims(request.candidates, request.target, outcome)
-        if released < request.target:
-            logger.info("%s: released %.0f of %.0f after trying every candidate", request.feature, released,
-                        request.target)
-        return released, tuple(v.pod.key for v in accepted), tuple(v.pod.key for v in refused)
+        done = walk_evictions(tasks, outcome)
+        for task in done:
+            if task.released < task.target:
+                logger.info("%s: released %.0f of %.0f after trying every candidate", task.feature, task.released,
+                            task.target)
+        return (tuple((t.feature, t.released) for t in done),
+                tuple(v.pod.key for t in done for v in t.accepted),
+                tuple(v.pod.key for t in done for v in t.refused))

@@ -87,9 +87,9 @@ def test_evictions_walk_the_candidates_skip_a_refused_pod_and_never_ask_for_a_no
         "spec": {"selector": {"matchLabels": {"app": "guarded"}}, "minAvailable": 1}})
     runner = PlanRunner(_tree(tmp_path), Evictor("node-1", api_client=api_client))
     candidates = tuple(Victim(p, 100.0, f"test eviction of {p.name}") for p in (guarded, web, free, spare))
-    record = runner.run(Plan(evictions=Evictions("BEMemoryEvict", 100.0, candidates)), "memoryevict", now=1.0)
+    record = runner.run(Plan(evictions=(Evictions("BEMemoryEvict", 100.0, candidates),)), "memoryevict", now=1.0)
     assert record.blocked == ("default/guarded",)
-    assert record.evicted == ("default/free",) and record.released == 100.0  # spare not needed
+    assert record.evicted == ("default/free",) and record.released == (("BEMemoryEvict", 100.0),)  # spare not needed
     assert server.get_object("pods", "web", "default") is not None
     assert server.get_object("pods", "spare", "default") is not None
     assert not server.requests("POST", r"/pods/web/eviction$")

@@ -18,6 +18,7 @@ from koordlet.plan import Plan
 from koordlet.qosmanager import STRATEGIES, QoSManagerConfig, Strategy
 from koordlet.qosmanager.snapshot import BECPUWindow, Needs
 from koordlet.system.resctrl import ResctrlInfo
+from koordlet.qosmanager.framework import DEFAULT_FEATURE_GATES
 from tests.koordlet.qosmanager.factory import GiB, be_pod, cpus, node, pod, snapshot
 
 REPO = Path(__file__).resolve().parents[3]
@@ -33,6 +34,7 @@ LS = pod("web", "LS", containers=(ContainerMeta("app", container_id="a" * 12, re
                                                 limits={"cpu": 2000, "memory": 2 * GiB}),))
 BE = be_pod("batch", batch_cpu_milli=2000, batch_memory=GiB)
 LS_DIR = "kubepods/burstable/poduid-web"
+ALL_ON = dict.fromkeys(DEFAULT_FEATURE_GATES, True)  # every strategy's every feature
 
 
 def _snapshot():
@@ -64,7 +66,7 @@ def test_strategy_has_the_one_shape(strategy: Strategy) -> None:
     assert isinstance(strategy, Strategy)
     # The config: a frozen dataclass built from the NodeSLO (and the agent's flags), saying what it needs.
     assert dataclasses.is_dataclass(strategy.config) and strategy.config.__dataclass_params__.frozen
-    config = strategy.configure(SLO, QoSManagerConfig())
+    config = strategy.configure(SLO, QoSManagerConfig(feature_gates=ALL_ON))
     assert isinstance(config, strategy.config)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.enabled = False  # type: ignore[misc]
@@ -77,7 +79,7 @@ def test_strategy_has_the_one_shape(strategy: Strategy) -> None:
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
 def test_decide_is_pure_same_input_same_plan_input_untouched(strategy: Strategy) -> None:
-    flags = QoSManagerConfig(started_at=0.0)
+    flags = QoSManagerConfig(started_at=0.0, feature_gates=ALL_ON)
     config = strategy.configure(SLO, flags)
     snap = _snapshot()
     before = repr(snap)
@@ -96,7 +98,7 @@ def test_decide_is_pure_same_input_same_plan_input_untouched(strategy: Strategy)
 def test_the_shared_snapshot_makes_every_strategy_act() -> None:
     """The snapshot above is rich enough that each strategy's plan is not empty (so the purity test is not
     comparing empty plans)."""
-    flags = QoSManagerConfig(started_at=0.0)
+    flags = QoSManagerConfig(started_at=0.0, feature_gates=ALL_ON)
     empty = [s.name for s in STRATEGIES if s.decide(_snapshot(), s.configure(SLO, flags)).empty]
     assert empty == []
 
