@@ -18,21 +18,32 @@ from types import MappingProxyType
 from prometheus_client import Gauge
 
 from koordlet.eviction import EvictionOutcome, Evictor
-from koordlet.executor import BatchResult, ExecutorError, ResourceExecutor, ResourceUpdate, UpdateFailure
+from koordlet.executor import (
+    BatchResult,
+    CgroupNotFoundError,
+    ExecutorError,
+    ResourceExecutor,
+    ResourceUpdate,
+    UpdateFailure,
+)
 from koordlet.plan import (
     Evictions,
     GaugeSet,
     Plan,
+    ProcessWrite,
     ResctrlAction,
     ResctrlGroup,
     ResctrlMoveTasks,
     ResctrlRemoveGroup,
     ResctrlWrite,
+    SystemAction,
+    SystemWrite,
     Victim,
     WriteStep,
     walk_evictions,
 )
 from koordlet.system.resources import UnknownCgroupResourceError
+from koordlet.system.sysctl import UnknownSystemResourceError
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +64,17 @@ class PlanRecord:
     created_groups: tuple[str, ...] = ()  # resctrl groups this run made (missing before)
     removed_groups: tuple[str, ...] = ()  # resctrl groups this run removed
     released: tuple[tuple[str, float], ...] = ()  # (feature, what its task counted as released), task order
+    system_written: int = 0  # node-wide files written or restored
+    system_errors: tuple[str, ...] = ()
+    processes_written: int = 0  # per-process files written (e.g. oom_score_adj of one PID)
+    process_errors: tuple[str, ...] = ()  # "<pid>: <error>" (e.g. EACCES lowering oom_score_adj)
     evicted: tuple[str, ...] = ()  # pod keys whose eviction was accepted
     blocked: tuple[str, ...] = ()  # pod keys whose eviction was refused
 
     @property
     def failed(self) -> int:
-        return len(self.failures) + len(self.unknown_resources) + len(self.resctrl_errors)
+        return (len(self.failures) + len(self.unknown_resources) + len(self.resctrl_errors) + len(self.system_errors)
+                + len(self.process_errors))
 
 
 @dataclass(slots=True)
@@ -72,6 +88,10 @@ class _Counts:
     moved: dict[str, list[int]] = field(default_factory=dict)
     created: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    system_written: int = 0
+    system_errors: list[str] = field(default_factory=list)
+    processes_written: int = 0
+    process_errors: list[str] = field(default_factory=list)
 
 
 class PlanRunner:
@@ -101,6 +121,10 @@ class PlanRunner:
         released, evicted, blocked = self._evict(plan.evictions) if plan.evictions else ((), (), ())
         for gauge in plan.gauges:
             self._set_gauge(gauge)
+        for action in plan.system:
+            self._system(action, counts)
+        for write in plan.processes:
+            self._processes(write, counts)
         record = PlanRecord(
             source=source,
             at=now,
@@ -116,6 +140,10 @@ class PlanRunner:
             released=released,
             evicted=evicted,
             blocked=blocked,
+            system_written=counts.system_written,
+            system_errors=tuple(counts.system_errors),
+            processes_written=counts.processes_written,
+            process_errors=tuple(counts.process_errors),
         )
         for failure in record.failures:
             logger.debug("%s: %s of %r not written: %s", source, failure.update.resource.name,
@@ -137,6 +165,37 @@ class PlanRunner:
             gauge.remove(*(labels[name] for name in gauge._labelnames))
         except KeyError:
             pass  # never set for these labels
+
+    def _system(self, action: SystemAction, counts: _Counts) -> None:
+        try:
+            if isinstance(action, SystemWrite):
+                done = self._executor.write_system(action.name, action.value)
+            else:
+                done = self._executor.restore_system(action.key)
+        except (ExecutorError, UnknownSystemResourceError) as exc:
+            counts.system_errors.append(f"{action}: {exc}")
+            logger.warning("%s not carried out: %s", action, exc)
+            return
+        if done:
+            counts.system_written += 1
+            logger.info("%s (%s)", action, action.reason or "no reason given")
+
+    def _processes(self, write: ProcessWrite, counts: _Counts) -> None:
+        """``write.value`` to each process of the cgroup whose file differs; a process that exited meanwhile is
+        skipped; a refusal (EACCES: lowering oom_score_adj without CAP_SYS_RESOURCE) is counted, not raised."""
+        try:
+            procs = self._executor.read("cgroup.procs", write.cgroup_dir)
+        except ExecutorError as exc:
+            logger.debug("no processes of %s: %s", write.cgroup_dir, exc)
+            return  # gone, or not made yet
+        for pid in sorted({int(p) for p in procs.split() if p.isdigit()}):
+            try:
+                if self._executor.write_system(write.name, write.value, pid=pid):
+                    counts.processes_written += 1
+            except CgroupNotFoundError:
+                continue  # exited meanwhile
+            except ExecutorError as exc:
+                counts.process_errors.append(f"{pid}: {exc}")
 
     def _write(self, step: WriteStep, counts: _Counts, verify: bool) -> None:
         updates: list[ResourceUpdate] = []

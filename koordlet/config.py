@@ -195,6 +195,7 @@ class KoordletConfig:
     stop_timeout_s: float
     feature_gates: Mapping[str, bool] = field(default_factory=lambda: DEFAULT_FEATURE_GATES)
     netqos_uplink: str = ""  # TCNetworkQoS: the shaped interface; "" = the default route's
+    system_config_record_file: str = ""  # SystemConfig: the sysctl values found before koordlet's writes
 
     def gate(self, name: str) -> bool:
         return bool(self.feature_gates.get(name, False))
@@ -320,6 +321,9 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
     flag("stop-timeout", parse_duration, 10.0, "bound on a graceful stop")
     flag("feature-gates", str, "", "Name=bool,... (§9.2)")
     flag("netqos-uplink", str, "", "interface that TCNetworkQoS shapes (default: that of the default route)")
+    flag("system-config-record-file", str, "/var/run/koordlet/system-config-originals.json",
+         "SystemConfig: where the sysctl values found before koordlet's first writes are kept (put back when "
+         "the strategy or its gate goes off); empty: memory only")
     return parser
 
 

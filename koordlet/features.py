@@ -64,7 +64,7 @@ GATES: tuple[Gate, ...] = (
     Gate("BEMemoryEvict", ALPHA, YES, (_QOS,)),
     Gate("MemoryEvict", ALPHA, YES, (_QOS,)),
     Gate("MemoryAllocatableEvict", ALPHA, YES, (_QOS,)),
-    Gate("SystemConfig", ALPHA),
+    Gate("SystemConfig", ALPHA, YES, (_QOS,)),
     Gate("ResctrlCollector", ALPHA),
     Gate("CgroupReconcile", ALPHA, YES, (_QOS,)),
     Gate("Accelerators", ALPHA, YES, ("koordlet/main.py",)),

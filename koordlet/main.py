@@ -190,8 +190,11 @@ def _executor(ctx: AgentContext) -> Component | None:
     """The executor, and the cgroup layout it writes in."""
     config = ctx.config
     cgroup_fs = ctx.cgroup_fs = cgroup_fs_of(config)
-    ctx.executor = ResourceExecutor(cgroup_fs, resctrl_root=host_dirs(config).resctrl_dir,
-                                    force_update_seconds=float(config.resource_force_update_seconds))
+    dirs = host_dirs(config)
+    ctx.executor = ResourceExecutor(cgroup_fs, resctrl_root=dirs.resctrl_dir,
+                                    force_update_seconds=float(config.resource_force_update_seconds),
+                                    proc_dir=dirs.proc_dir, sys_dir=dirs.sys_dir,
+                                    originals_file=config.system_config_record_file or None)
     driver = detect_cgroup_driver(cgroup_fs, config.kubelet_cgroup_root)
     layout = ctx.layout = KubeCgroupLayout(driver, config.kubelet_cgroup_root)
     logger.info("cgroup %s, driver %s, kubelet cgroup root %s", cgroup_fs.version.name, driver.value,

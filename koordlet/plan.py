@@ -11,7 +11,9 @@ A Plan holds, carried out in this order:
    remove a group after moving its tasks back to the root group);
 3. ``evictions``: :class:`Evictions` tasks (ordered candidates and the amount to release), walked once;
 4. ``gauges``: Prometheus gauge values to set or remove (so a decision's figures are exported by the runner,
-   not by the strategy).
+   not by the strategy);
+5. ``system``: node-wide kernel files (sysctls) to write, or to put back as they were before koordlet;
+6. ``processes``: per-process files (``oom_score_adj``) of every process of a cgroup.
 
 ``memo`` is the strategy's own state for its next tick (token buckets, the last policy, a cool-down): the
 manager hands it back in the next snapshot, so ``decide`` stays a pure function. ``report`` is the decision's
@@ -85,6 +87,38 @@ ResctrlAction = ResctrlGroup | ResctrlWrite | ResctrlMoveTasks | ResctrlRemoveGr
 
 
 @dataclass(frozen=True, slots=True)
+class SystemWrite:
+    """Write ``value`` to the node-wide kernel file ``name`` (``koordlet.system.sysctl``: a sysctl, or one
+    ``sched_features`` flag). ``reason``: why, with the figures (the audit's line)."""
+
+    name: str
+    value: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SystemRestore:
+    """Put back what ``key`` (a sysctl name, or ``sched_features:<NAME>``) held before koordlet's first write."""
+
+    key: str
+    reason: str = ""
+
+
+SystemAction = SystemWrite | SystemRestore
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessWrite:
+    """Write ``value`` to the per-process file ``name`` (``oom_score_adj``) of every process in the cgroup
+    ``cgroup_dir`` (its ``cgroup.procs``) whose value differs. ``reason``: why (the audit's line)."""
+
+    name: str
+    cgroup_dir: str
+    value: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Victim:
     """An eviction candidate, what evicting it releases (in its task's measure: bytes or milli-cores) and the
     Event message."""
@@ -145,10 +179,12 @@ class Plan:
     gauges: tuple[GaugeSet, ...] = ()
     memo: Any = None
     report: Any = None
+    system: tuple[SystemAction, ...] = ()
+    processes: tuple[ProcessWrite, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.steps or self.resctrl or self.evictions or self.gauges)
+        return not (self.steps or self.resctrl or self.evictions or self.gauges or self.system or self.processes)
 
 
 @dataclass(frozen=True, slots=True)

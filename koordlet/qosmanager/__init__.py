@@ -22,10 +22,12 @@ from koordlet.actuator import PlanRunner
 from koordlet.eviction import Evictor
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
-from koordlet.qosmanager import cpuburst, cpuevict, cpusuppress, memoryevict, memoryqos, resctrl
+from koordlet.plan import Plan, SystemRestore
+from koordlet.qosmanager import cpuburst, cpuevict, cpusuppress, memoryevict, memoryqos, resctrl, sysreconcile
 from koordlet.qosmanager.framework import (
     DEFAULT_FEATURE_GATES,
     GATE_BE_CPU_MANAGER,
+    GATE_SYSTEM_CONFIG,
     QoSManager,
     QoSManagerConfig,
     Strategy,
@@ -48,6 +50,7 @@ STRATEGIES: tuple[Strategy, ...] = (
     resctrl.STRATEGY,
     memoryevict.STRATEGY,
     cpuevict.STRATEGY,
+    sysreconcile.STRATEGY,
 )
 _EVICTIONS = (memoryevict.STRATEGY.name, cpuevict.STRATEGY.name)
 
@@ -103,8 +106,21 @@ def new_qos_manager(
     if evictor is None:
         logger.info("no evictor: the eviction strategies are off")
     runner = PlanRunner(executor, evictor, GAUGES)
+    _restore_system_config(config, executor, runner)
     return QoSManager(states, strategies, config, phase_source=builder.latest_collection, builder=builder,
                       runner=runner)
+
+
+def _restore_system_config(config: QoSManagerConfig, executor: ResourceExecutor, runner: PlanRunner) -> None:
+    """With the ``SystemConfig`` gate off, put back every sysctl an earlier koordlet changed (the executor's
+    record survives restarts): switching the gate off undoes the strategy."""
+    recorded = sorted(executor.originals.keys())
+    if config.gate(GATE_SYSTEM_CONFIG) or not recorded:
+        return
+    reason = f"feature gate {GATE_SYSTEM_CONFIG} is off"
+    record = runner.run(Plan(system=tuple(SystemRestore(key, reason) for key in recorded)), sysreconcile.STRATEGY.name)
+    logger.info("%s: restored %d recorded sysctl values (%d failed)", reason, record.system_written,
+                len(record.system_errors))
 
 
 __all__ = [

@@ -50,6 +50,7 @@ HOST_APP_CPU_USAGE = MetricKind.HOST_APP_CPU_USAGE
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
 _EMPTY_VALUES: Mapping[tuple[str, str], str] = MappingProxyType({})
+_EMPTY_SYSTEM: Mapping[str, str] = MappingProxyType({})
 
 
 # The node_be cpu series the pod collector writes (usage, request, real limit; milli-cores).
@@ -100,6 +101,7 @@ class Needs:
     kernel_files: tuple[str, ...] = ()  # cgroup files to probe on the kubepods dir (once per agent)
     resctrl: bool = False  # the resctrl tree's L3/MB facts
     kubelet_cpu_manager: bool = False  # kubelet's CPU manager state (policy, exclusive CPUs)
+    system_files: tuple[str, ...] = ()  # node-wide kernel files (koordlet.system.sysctl names) to read
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,10 @@ class Snapshot:
     kernel_files: frozenset[str] = frozenset()  # of the probed ones, those this kernel has
     resctrl: ResctrlInfo | None = None
     kubelet_cpu_manager: Any = None  # a statesinformer.cpumanager.CPUManagerState, None when unknown
+    # ``Needs.system_files``: their current values (absent: not on this kernel), and the keys whose value before
+    # koordlet's first write is recorded (what a strategy may put back)
+    system_values: Mapping[str, str] = field(default_factory=lambda: _EMPTY_SYSTEM)
+    system_recorded: frozenset[str] = frozenset()
     memo: Any = None  # the strategy's ``Plan.memo`` of its previous tick
     last: PlanRecord | None = None  # what the runner did with the strategy's previous plan
 
@@ -339,6 +345,8 @@ class SnapshotBuilder:
             kernel_files=self._probe(needs.kernel_files),
             resctrl=self._resctrl_info() if needs.resctrl else None,
             kubelet_cpu_manager=self._cpu_manager() if needs.kubelet_cpu_manager and self._cpu_manager else None,
+            system_values=self._read_system(needs.system_files),
+            system_recorded=self._reader.originals.keys() if needs.system_files and self._reader else frozenset(),
             memo=memo,
             last=last,
         )
@@ -374,6 +382,17 @@ class SnapshotBuilder:
                                                                          every_tick=True)
                 except ExecutorError as exc:
                     logger.debug("cannot read %s of %s: %s", read.resource, cgroup_dir, exc)
+        return MappingProxyType(values)
+
+    def _read_system(self, names: tuple[str, ...]) -> Mapping[str, str]:
+        if not names or self._reader is None:
+            return _EMPTY_SYSTEM
+        values: dict[str, str] = {}
+        for name in names:
+            try:
+                values[name] = self._reader.read_system(name)
+            except ExecutorError as exc:
+                logger.debug("cannot read %s: %s", name, exc)
         return MappingProxyType(values)
 
     def _probe(self, files: tuple[str, ...]) -> frozenset[str]:

@@ -29,6 +29,7 @@ SLO = parse_node_slo_spec({
     "resourceQOSStrategy": {"lsClass": {"memoryQOS": {"enable": True}, "resctrlQOS": {"enable": True}},
                             "beClass": {"memoryQOS": {"enable": True}, "resctrlQOS": {"enable": True}}},
     "cpuBurstStrategy": {"policy": "auto"},
+    "systemStrategy": {"minFreeKbytesFactor": 100, "watermarkScaleFactor": 150},
 })
 LS = pod("web", "LS", containers=(ContainerMeta("app", container_id="a" * 12, requests={"cpu": 1000, "memory": GiB},
                                                 limits={"cpu": 2000, "memory": 2 * GiB}),))
@@ -50,6 +51,7 @@ def _snapshot():
                        ("cpu.cfs_quota_us", "kubepods/besteffort"): "-1"},
         kernel_files=frozenset({"memory.min", "memory.low", "memory.high"}),
         resctrl=ResctrlInfo(0x7FF, (0, 1), True),
+        system_values={"min_free_kbytes": "67584", "watermark_scale_factor": "10"},
     )
 
 
