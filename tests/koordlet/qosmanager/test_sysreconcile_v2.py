@@ -64,7 +64,7 @@ def test_v2_guest_real_vm_sysctls_are_written_and_put_back(real_vm: dict[str, st
     assert done.system_errors == () and done.system_written == 2
     assert (VM / "min_free_kbytes").read_text().strip() == wanted_min_free
     assert (VM / "watermark_scale_factor").read_text().strip() == wanted_wsf
-    assert dict((k, executor.originals.get(k)) for k in FILES) == real_vm
+    assert {k: executor.originals.get(k) for k in FILES} == real_vm
     off = _tick(executor, None, memory)
     assert off.system_errors == () and off.system_written == 2
     assert {name: (VM / name).read_text().strip() for name in FILES} == real_vm
