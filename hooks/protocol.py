@@ -98,6 +98,7 @@ class Changes:
     envs: Mapping[str, str] = field(default_factory=dict)
     resctrl_group: str | None = None
     resctrl_schemata: str | None = None
+    oom_score_adj: int | None = None  # every process of the container (reconciler only; §3.3 OOMScoreAdj)
 
     def merged(self, later: Changes) -> Changes:
         updates = {}

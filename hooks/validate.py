@@ -17,7 +17,8 @@ The rules (cgroup v1 names; the v2 files take the same values through the execut
 - ``cpu.bvt_warp_ns`` -1..2, ``cpu.idle`` 0 or 1;
 - environment variables: POSIX-style names of at most 256 characters, values without NUL of at most 32 KiB;
 - resctrl group names: a plain directory name of at most 64 characters; schemata of at most 4 KiB, one line
-  per resource, printable.
+  per resource, printable;
+- ``oom_score_adj`` −1000..1000 (the kernel's OOM_SCORE_ADJ_MIN..MAX).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ MAX_ENV_VALUE = 32 << 10
 MAX_RESCTRL_SCHEMATA = 4096
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESCTRL_GROUP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+OOM_SCORE_ADJ_MIN, OOM_SCORE_ADJ_MAX = -1000, 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +144,10 @@ def check(changes: Changes, node: NodeContext, parent_quota: ParentQuota = None)
         refuse("resctrl_group", changes.resctrl_group, "not a plain directory name of at most 64 characters")
     if changes.resctrl_schemata is not None:
         refuse("resctrl_schemata", changes.resctrl_schemata, _schemata_problem(changes.resctrl_schemata))
+    if changes.oom_score_adj is not None and (
+            isinstance(changes.oom_score_adj, bool) or not isinstance(changes.oom_score_adj, int)
+            or not OOM_SCORE_ADJ_MIN <= changes.oom_score_adj <= OOM_SCORE_ADJ_MAX):
+        refuse("oom_score_adj", changes.oom_score_adj, f"outside {OOM_SCORE_ADJ_MIN}..{OOM_SCORE_ADJ_MAX}")
     envs = changes.envs
     bad_envs = [(name, value, _env_problem(name, value)) for name, value in envs.items()]
     bad_envs = [(name, value, reason) for name, value, reason in bad_envs if reason is not None]

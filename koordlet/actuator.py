@@ -9,6 +9,7 @@ the executor counts every outcome in Prometheus itself).
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from collections.abc import Mapping
@@ -49,6 +50,22 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
+class ProcessResult:
+    """What one :class:`~koordlet.plan.ProcessWrite` did: the processes found, how many got the value, and the
+    refusals (``errno`` names, e.g. ``EACCES``)."""
+
+    write: ProcessWrite
+    processes: int = 0
+    written: int = 0
+    refused: tuple[str, ...] = ()
+
+    @property
+    def holds(self) -> bool:
+        """Some process of the cgroup holds the value now."""
+        return self.processes > len(self.refused)
+
+
+@dataclass(frozen=True, slots=True)
 class PlanRecord:
     """What one :meth:`PlanRunner.run` did."""
 
@@ -68,6 +85,7 @@ class PlanRecord:
     system_errors: tuple[str, ...] = ()
     processes_written: int = 0  # per-process files written (e.g. oom_score_adj of one PID)
     process_errors: tuple[str, ...] = ()  # "<pid>: <error>" (e.g. EACCES lowering oom_score_adj)
+    process_results: tuple[ProcessResult, ...] = ()  # one per ProcessWrite of the plan
     evicted: tuple[str, ...] = ()  # pod keys whose eviction was accepted
     blocked: tuple[str, ...] = ()  # pod keys whose eviction was refused
 
@@ -92,6 +110,7 @@ class _Counts:
     system_errors: list[str] = field(default_factory=list)
     processes_written: int = 0
     process_errors: list[str] = field(default_factory=list)
+    process_results: list[ProcessResult] = field(default_factory=list)
 
 
 class PlanRunner:
@@ -144,6 +163,7 @@ class PlanRunner:
             system_errors=tuple(counts.system_errors),
             processes_written=counts.processes_written,
             process_errors=tuple(counts.process_errors),
+            process_results=tuple(counts.process_results),
         )
         for failure in record.failures:
             logger.debug("%s: %s of %r not written: %s", source, failure.update.resource.name,
@@ -187,15 +207,23 @@ class PlanRunner:
             procs = self._executor.read("cgroup.procs", write.cgroup_dir)
         except ExecutorError as exc:
             logger.debug("no processes of %s: %s", write.cgroup_dir, exc)
+            counts.process_results.append(ProcessResult(write))
             return  # gone, or not made yet
+        found = written = 0
+        refused: list[str] = []
         for pid in sorted({int(p) for p in procs.split() if p.isdigit()}):
             try:
+                found += 1
                 if self._executor.write_system(write.name, write.value, pid=pid):
-                    counts.processes_written += 1
+                    written += 1
             except CgroupNotFoundError:
-                continue  # exited meanwhile
+                found -= 1  # exited meanwhile
             except ExecutorError as exc:
+                code = getattr(exc, "errno", None)
+                refused.append(errno.errorcode.get(code, "EIO") if code else type(exc).__name__)
                 counts.process_errors.append(f"{pid}: {exc}")
+        counts.processes_written += written
+        counts.process_results.append(ProcessResult(write, found, written, tuple(refused)))
 
     def _write(self, step: WriteStep, counts: _Counts, verify: bool) -> None:
         updates: list[ResourceUpdate] = []

@@ -86,7 +86,7 @@ GATES: tuple[Gate, ...] = (
     Gate("TerwayQoS", ALPHA),
     Gate("TCNetworkQoS", ALPHA, YES, ("koordlet/main.py",)),
     Gate("Resctrl", ALPHA, YES, ("hooks/resctrl.py", "koordlet/runtimehooks/__init__.py")),
-    Gate("OOMScoreAdj", ALPHA),
+    Gate("OOMScoreAdj", ALPHA, YES, ("hooks/oomscore.py",)),
 )
 BY_NAME: Mapping[str, Gate] = MappingProxyType({gate.name: gate for gate in GATES})
 BETA_GATES: tuple[str, ...] = tuple(g.name for g in GATES if g.stage == BETA)

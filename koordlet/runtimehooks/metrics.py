@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 _BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000)
 
@@ -28,4 +28,15 @@ PLUGIN_ERRORS = Counter(
     "koordlet_runtime_hook_plugin_errors",
     "Hook plugin runs skipped because their input (an annotation, the NodeSLO) was malformed.",
     ["plugin"],
+)
+CONTAINER_OOM_SCORE_ADJ = Gauge(
+    "koordlet_container_oom_score_adj",
+    "The oom_score_adj koordlet keeps on the processes of a container (OOMScoreAdj), while some process holds it.",
+    ["pod_namespace", "pod_name", "pod_uid", "container_name"],
+)
+PROCESS_WRITE_ERRORS = Counter(
+    "koordlet_runtime_hook_process_write_errors",
+    "Per-process writes the kernel refused (EACCES: lowering oom_score_adj needs CAP_SYS_RESOURCE), by file and "
+    "errno.",
+    ["resource", "errno"],
 )
