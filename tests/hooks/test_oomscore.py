@@ -154,3 +154,38 @@ def test_reconciler_keeps_the_value_on_every_process_of_a_real_container(contain
         factory.cleanup()
         source.close()
         client.close()
+
+
+@pytest.mark.cgroupv2
+def test_v2_guest_lowers_oom_score_adj_where_root_has_cap_sys_resource() -> None:
+    """In the cgroup v2 guest (root with every capability, unlike this host's): the runner lowers a process's
+    oom_score_adj below its start value, which the host's root cannot (EACCES, counted)."""
+    import os
+    import subprocess
+
+    from koordlet.actuator import PlanRunner
+    from koordlet.executor import ResourceExecutor
+    from koordlet.plan import Plan, ProcessWrite
+    from koordlet.system.cgroup import CgroupFS
+    from tests.support.v2guest import in_v2_guest
+
+    if not in_v2_guest():
+        pytest.skip("only in the cgroup v2 guest (make v2-check)")
+    name = f"koordlet-py-test-oom-{os.getpid()}"
+    cgroup = Path("/sys/fs/cgroup") / name
+    cgroup.mkdir()
+    sleeper = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: Path("/proc/self/oom_score_adj").write_text("300"))
+    try:
+        (cgroup / "cgroup.procs").write_text(str(sleeper.pid))
+        runner = PlanRunner(ResourceExecutor(CgroupFS("/sys/fs/cgroup"), proc_dir="/proc"))
+        record = runner.run(Plan(processes=(ProcessWrite("oom_score_adj", name, -200, "test"),)), "test")
+        value = int(Path(f"/proc/{sleeper.pid}/oom_score_adj").read_text())
+        if _has_cap_sys_resource():
+            assert value == -200 and record.processes_written == 1 and record.process_errors == ()
+        else:
+            assert value == 300 and len(record.process_errors) == 1 and "Permission denied" in record.process_errors[0]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        if cgroup.exists():
+            cgroup.rmdir()
