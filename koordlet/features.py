@@ -72,7 +72,7 @@ GATES: tuple[Gate, ...] = (
     Gate("CPICollector", ALPHA),
     Gate("Libpfm4", ALPHA),
     Gate("PSICollector", ALPHA, YES, ("koordlet/main.py",)),
-    Gate("BlkIOReconcile", ALPHA),
+    Gate("BlkIOReconcile", ALPHA, YES, (_QOS,)),
     Gate("ColdPageCollector", ALPHA),
     Gate("HugePageReport", ALPHA),
     Gate("PodResourcesProxy", ALPHA),

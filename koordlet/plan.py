@@ -38,6 +38,7 @@ class CgroupWrite:
     resource: str
     cgroup_dir: str
     value: str | int
+    reason: str = ""  # why, with the figures (the audit's line); "" where the step's owner says it
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from koordlet.api import device as _device
 from koordlet.api._fields import FieldError, Overrides, apply, check_int, collect, show
 from koordlet.api.cpuset import CPUListError, parse_cpu_list
 from koordlet.api.keys import (
+    ANNOTATION_BLKIO_QOS,
     ANNOTATION_CPU_BURST,
     ANNOTATION_CPU_QOS,
     ANNOTATION_DEVICE_ALLOCATED,
@@ -36,6 +37,7 @@ from koordlet.api.keys import (
 from koordlet.api.nodeslo import (
     CPUQOS,
     NONE_MEMORY_QOS,
+    BlkIOQOS,
     CPUBurstStrategy,
     MemoryQOS,
 )
@@ -477,3 +479,12 @@ def parse_oom_score_adj(annotations: Mapping[str, str], container: str) -> int |
     if pod_wide:
         return _int64_text(ANNOTATION_OOM_SCORE_ADJ, pod_wide)
     return None
+
+
+def parse_blkio_qos(value: str) -> BlkIOQOS:
+    """``koordinator.sh/blkioQOS`` (§4.8): ``{"blocks": [{"name", "type", "ioCfg": {...}}]}`` for the pod's own
+    cgroup; "" means no blocks (every throttle koordlet set on the pod goes)."""
+    if value == "":
+        return BlkIOQOS()
+    data = _load_json(ANNOTATION_BLKIO_QOS, value)
+    return apply(BlkIOQOS(), _overrides(ANNOTATION_BLKIO_QOS, BlkIOQOS, data))

@@ -42,7 +42,7 @@ from koordlet.executor import metrics
 from koordlet.executor.originals import Originals
 from koordlet.system import kernfs
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
-from koordlet.system.resources import CgroupResource, InvalidCgroupValueError, get_resource
+from koordlet.system.resources import CgroupResource, InvalidCgroupValueError, device_of, get_resource
 from koordlet.system.sysctl import (
     SCHED_FEATURES,
     InvalidSystemValueError,
@@ -558,15 +558,19 @@ class ResourceExecutor:
             current = self._read_current(target.path) if resource.v2_needs_current else None
             content = resource.to_file_value(v1_value, CgroupVersion.V2, current)
         now = self._clock()
-        cached = self._cache.get(target.path)
+        # A per-device file (blkio) holds one line per device, and on v2 io.max holds four resources: each
+        # (resource, device) is cached on its own, and "verify" cannot compare a line with the whole file.
+        per_device = resource.per_device
+        key = f"{target.path}\0{resource.name}\0{device_of(v1_value)}" if per_device else target.path
+        cached = self._cache.get(key)
         if (cached is not None and cached[0] == content and now - cached[1] < self.force_update_seconds
-                and (not verify or self._read_current(target.path) == content)):
+                and (not verify or (not per_device and self._read_current(target.path) == content))):
             metrics.count_update(target.resource.name, metrics.STATUS_SKIPPED)
             return False
         self._require_file(target.path)
         self._write_file(target.resource.name, target.path, content)
-        self._cache.pop(target.path, None)
-        self._cache[target.path] = (content, now)
+        self._cache.pop(key, None)
+        self._cache[key] = (content, now)
         if len(self._cache) > _CACHE_MAX_ENTRIES:
             del self._cache[next(iter(self._cache))]
         metrics.count_update(target.resource.name, metrics.STATUS_WRITTEN)

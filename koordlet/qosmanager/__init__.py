@@ -23,7 +23,16 @@ from koordlet.eviction import Evictor
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
 from koordlet.plan import Plan, SystemRestore
-from koordlet.qosmanager import cpuburst, cpuevict, cpusuppress, memoryevict, memoryqos, resctrl, sysreconcile
+from koordlet.qosmanager import (
+    blkio,
+    cpuburst,
+    cpuevict,
+    cpusuppress,
+    memoryevict,
+    memoryqos,
+    resctrl,
+    sysreconcile,
+)
 from koordlet.qosmanager.framework import (
     DEFAULT_FEATURE_GATES,
     GATE_BE_CPU_MANAGER,
@@ -51,6 +60,7 @@ STRATEGIES: tuple[Strategy, ...] = (
     memoryevict.STRATEGY,
     cpuevict.STRATEGY,
     sysreconcile.STRATEGY,
+    blkio.STRATEGY,
 )
 _EVICTIONS = (memoryevict.STRATEGY.name, cpuevict.STRATEGY.name)
 
@@ -93,7 +103,7 @@ def new_qos_manager(
             logger.warning("no CPU topology (%s); the cpuset suppress policy will not pick CPUs", exc)
             cpus = ()
     builder = SnapshotBuilder(states, cache, cpus, config.collect_res_used_interval_s, reader=executor,
-                              layout=layout, cpu_manager=cpu_manager)
+                              layout=layout, cpu_manager=cpu_manager, sys_dir=sys_dir)
     strategies: list[Strategy] = []
     for strategy in STRATEGIES:
         if strategy is cpusuppress.STRATEGY and config.gate(GATE_BE_CPU_MANAGER):

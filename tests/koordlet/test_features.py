@@ -68,4 +68,4 @@ def test_all_alpha_names_every_inert_alpha_gate() -> None:
     config = parse_config(["-feature-gates=AllAlpha=true"], {"NODE_NAME": "n"})
     named = features.inert_enabled(config.feature_gates)
     assert set(named) == {g.name for g in features.GATES if not g.acts}
-    assert len(named) == 14
+    assert len(named) == 13

@@ -9,6 +9,7 @@ import inspect
 import re
 import sys
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 
@@ -17,6 +18,7 @@ from koordlet.api.pod import ContainerMeta
 from koordlet.plan import Plan
 from koordlet.qosmanager import STRATEGIES, QoSManagerConfig, Strategy
 from koordlet.qosmanager.snapshot import BECPUWindow, Needs
+from koordlet.system.blockdev import BlockDevice, StorageInfo
 from koordlet.system.resctrl import ResctrlInfo
 from koordlet.qosmanager.framework import DEFAULT_FEATURE_GATES
 from tests.koordlet.qosmanager.factory import GiB, be_pod, cpus, node, pod, snapshot
@@ -27,7 +29,9 @@ SLO = parse_node_slo_spec({
                                     "cpuEvictBESatisfactionUpperPercent": 80,
                                     "cpuEvictBESatisfactionLowerPercent": 50, "memoryEvictThresholdPercent": 60},
     "resourceQOSStrategy": {"lsClass": {"memoryQOS": {"enable": True}, "resctrlQOS": {"enable": True}},
-                            "beClass": {"memoryQOS": {"enable": True}, "resctrlQOS": {"enable": True}}},
+                            "beClass": {"memoryQOS": {"enable": True}, "resctrlQOS": {"enable": True},
+                                        "blkioQOS": {"enable": True, "blocks": [
+                                            {"name": "/dev/vdb", "type": "device", "ioCfg": {"readBPS": 1 << 20}}]}}},
     "cpuBurstStrategy": {"policy": "auto"},
     "systemStrategy": {"minFreeKbytesFactor": 100, "watermarkScaleFactor": 150},
 })
@@ -52,6 +56,7 @@ def _snapshot():
         kernel_files=frozenset({"memory.min", "memory.low", "memory.high"}),
         resctrl=ResctrlInfo(0x7FF, (0, 1), True),
         system_values={"min_free_kbytes": "67584", "watermark_scale_factor": "10"},
+        storage=StorageInfo(MappingProxyType({"vdb": BlockDevice("vdb", "254:16", "vdb")})),
     )
 
 
