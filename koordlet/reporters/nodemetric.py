@@ -8,6 +8,8 @@ What is reported, from the metric cache:
   podsMetric                   each pod's avg usage over the aggregate duration, sorted by namespace/name,
                                with its Koordinator QoS and priority class
   hostApplicationMetric        the same for each NodeSLO ``hostApplications`` entry, with its priority and QoS
+  prodReclaimableMetric /      the peak predictor's prod reclaimable and prod peak (koordlet.prediction) over the
+  prodPeakMetric               pods listed in podsMetric; ``{"resource": {}}`` and no peak while it cannot say
   nodeUsage.devices /          one ``gpu`` DeviceInfo per GPU of the cache's KV ``gpu_devices`` that has samples:
   podUsage.devices             avg ``koordinator.sh/gpu-core`` (percent of one GPU), ``gpu-memory`` (bytes) and
                                ``gpu-memory-ratio`` (100 × memory / total), truncated to integers, as
@@ -46,11 +48,14 @@ from koordlet.kubeapi import CustomObjects
 from wire.files import write_atomic
 from koordlet.metriccache import GPUDevice, Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
+from koordlet.prediction.predictor import ProdPrediction
 from koordlet.ticker import PeriodicThread
 
 # libyaml's emitter where PyYAML was built with it: the same safe representation, a tenth of the CPU for
 # a status of 150 pods, written every report interval.
 _SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+# The pods podsMetric lists and now → the prod prediction (koordlet.prediction.predictor.predict_prod).
+ProdPredict = Callable[[Sequence[PodMeta], float], ProdPrediction]
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +194,7 @@ class StatusBuilder:
         return out
 
     def build(self, pods: Sequence[PodMeta], policy: CollectPolicy, now: float,
-              host_apps: Sequence[HostApplication] = ()) -> dict[str, Any]:
+              host_apps: Sequence[HostApplication] = (), prod_prediction: ProdPredict | None = None) -> dict[str, Any]:
         start = now - policy.aggregate_duration_s
         node_series = self._series(_NODE_KINDS, policy)
         node_metric: dict[str, Any] = {
@@ -208,10 +213,12 @@ class StatusBuilder:
         if aggregated_system:
             node_metric["aggregatedSystemUsages"] = aggregated_system
         pods_metric = []
+        reported: list[PodMeta] = []
         for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
             usage = self._avg_usage(self._series(_POD_KINDS, policy, **{Label.POD_UID: pod.uid}), start, now)
             if not usage["resources"]:
                 continue  # no samples yet (new pod) or gone: nothing to say
+            reported.append(pod)
             pod_devices = self._gpu_usage(gpus, MetricKind.POD_GPU_CORE_USAGE, MetricKind.POD_GPU_MEMORY_USAGE,
                                           start, now, **{Label.POD_UID.value: pod.uid})
             if pod_devices:
@@ -241,7 +248,25 @@ class StatusBuilder:
             host_app_metric.append(entry)
         if host_app_metric:
             status["hostApplicationMetric"] = host_app_metric
+        if prod_prediction is not None:
+            status.update(prod_prediction_status(prod_prediction(reported, now)))
         return status
+
+
+def _resource_map(amounts: Mapping[str, int]) -> dict[str, Any]:
+    return {"resources": {"cpu": f"{max(amounts['cpu'], 0)}m", "memory": str(max(amounts["memory"], 0))}}
+
+
+def prod_prediction_status(prediction: ProdPrediction) -> dict[str, Any]:
+    """``prodReclaimableMetric`` (``{"resource": {}}`` when it cannot be computed, as Koordinator writes it) and
+    ``prodPeakMetric`` (left out then)."""
+    if prediction.problem:
+        logger.debug("prod prediction: %s", prediction.problem)
+    status: dict[str, Any] = {"prodReclaimableMetric": {"resource": _resource_map(prediction.reclaimable)
+                                                        if prediction.reclaimable is not None else {}}}
+    if prediction.peak is not None:
+        status["prodPeakMetric"] = {"resource": _resource_map(prediction.peak)}
+    return status
 
 
 class ReportOutcome(enum.StrEnum):
@@ -268,6 +293,7 @@ class NodeMetricReporter:
         on_report: Callable[[dict[str, Any]], None] | None = None,
         wall_clock: Callable[[], float] = time.time,
         host_apps: Callable[[], Sequence[HostApplication]] = tuple,
+        prod_prediction: ProdPredict | None = None,
     ) -> None:
         if custom_api is None and report_dir is None:
             raise ValueError("NodeMetricReporter needs a CustomObjects client or a report dir")
@@ -275,6 +301,7 @@ class NodeMetricReporter:
         self._builder = StatusBuilder(cache)
         self._pods = pods
         self._host_apps = host_apps
+        self._prod_prediction = prod_prediction
         self._api = custom_api
         self._report_dir = report_dir
         self._default_interval_s = default_interval_s
@@ -298,7 +325,8 @@ class NodeMetricReporter:
 
     def _build(self) -> dict[str, Any]:
         try:
-            status = self._builder.build(self._pods(), self.policy, self._wall_clock(), self._host_apps())
+            status = self._builder.build(self._pods(), self.policy, self._wall_clock(), self._host_apps(),
+                                         self._prod_prediction)
         except (ValueError, KeyError, ArithmeticError):
             if self.pending is None:
                 raise
