@@ -113,6 +113,12 @@ def _schemata_problem(text: str) -> str | None:
     return None
 
 
+def _oom_score_adj_problem(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not OOM_SCORE_ADJ_MIN <= value <= OOM_SCORE_ADJ_MAX:
+        return f"outside {OOM_SCORE_ADJ_MIN}..{OOM_SCORE_ADJ_MAX}"
+    return None
+
+
 def check(changes: Changes, node: NodeContext, parent_quota: ParentQuota = None) -> tuple[Changes, list[Rejected]]:
     """``changes`` without the values the kernel or the node would refuse, and what was dropped.
 
@@ -144,10 +150,8 @@ def check(changes: Changes, node: NodeContext, parent_quota: ParentQuota = None)
         refuse("resctrl_group", changes.resctrl_group, "not a plain directory name of at most 64 characters")
     if changes.resctrl_schemata is not None:
         refuse("resctrl_schemata", changes.resctrl_schemata, _schemata_problem(changes.resctrl_schemata))
-    if changes.oom_score_adj is not None and (
-            isinstance(changes.oom_score_adj, bool) or not isinstance(changes.oom_score_adj, int)
-            or not OOM_SCORE_ADJ_MIN <= changes.oom_score_adj <= OOM_SCORE_ADJ_MAX):
-        refuse("oom_score_adj", changes.oom_score_adj, f"outside {OOM_SCORE_ADJ_MIN}..{OOM_SCORE_ADJ_MAX}")
+    if changes.oom_score_adj is not None:
+        refuse("oom_score_adj", changes.oom_score_adj, _oom_score_adj_problem(changes.oom_score_adj))
     envs = changes.envs
     bad_envs = [(name, value, _env_problem(name, value)) for name, value in envs.items()]
     bad_envs = [(name, value, reason) for name, value, reason in bad_envs if reason is not None]

@@ -193,6 +193,28 @@ class StatusBuilder:
             out.append({"usage": usage, "duration": format_duration(duration)})
         return out
 
+    def _pods_metric(self, pods: Sequence[PodMeta], policy: CollectPolicy, gpus: Sequence[GPUDevice], start: float,
+                     now: float) -> tuple[list[dict[str, Any]], list[PodMeta]]:
+        """podsMetric (sorted by namespace/name), and the pods it lists."""
+        pods_metric = []
+        reported: list[PodMeta] = []
+        for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
+            usage = self._avg_usage(self._series(_POD_KINDS, policy, **{Label.POD_UID: pod.uid}), start, now)
+            if not usage["resources"]:
+                continue  # no samples yet (new pod) or gone: nothing to say
+            reported.append(pod)
+            pod_devices = self._gpu_usage(gpus, MetricKind.POD_GPU_CORE_USAGE, MetricKind.POD_GPU_MEMORY_USAGE,
+                                          start, now, **{Label.POD_UID.value: pod.uid})
+            if pod_devices:
+                usage["devices"] = pod_devices
+            entry: dict[str, Any] = {"namespace": pod.namespace, "name": pod.name, "podUsage": usage}
+            if pod.priority_class.value:
+                entry["priority"] = pod.priority_class.value
+            if pod.qos_class.value:
+                entry["qos"] = pod.qos_class.value
+            pods_metric.append(entry)
+        return pods_metric, reported
+
     def build(self, pods: Sequence[PodMeta], policy: CollectPolicy, now: float,
               host_apps: Sequence[HostApplication] = (), prod_prediction: ProdPredict | None = None) -> dict[str, Any]:
         start = now - policy.aggregate_duration_s
@@ -212,23 +234,7 @@ class StatusBuilder:
         aggregated_system = self._aggregated(self._SYSTEM, policy.durations_s, now)
         if aggregated_system:
             node_metric["aggregatedSystemUsages"] = aggregated_system
-        pods_metric = []
-        reported: list[PodMeta] = []
-        for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
-            usage = self._avg_usage(self._series(_POD_KINDS, policy, **{Label.POD_UID: pod.uid}), start, now)
-            if not usage["resources"]:
-                continue  # no samples yet (new pod) or gone: nothing to say
-            reported.append(pod)
-            pod_devices = self._gpu_usage(gpus, MetricKind.POD_GPU_CORE_USAGE, MetricKind.POD_GPU_MEMORY_USAGE,
-                                          start, now, **{Label.POD_UID.value: pod.uid})
-            if pod_devices:
-                usage["devices"] = pod_devices
-            entry: dict[str, Any] = {"namespace": pod.namespace, "name": pod.name, "podUsage": usage}
-            if pod.priority_class.value:
-                entry["priority"] = pod.priority_class.value
-            if pod.qos_class.value:
-                entry["qos"] = pod.qos_class.value
-            pods_metric.append(entry)
+        pods_metric, reported = self._pods_metric(pods, policy, gpus, start, now)
         status: dict[str, Any] = {
             "updateTime": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "nodeMetric": node_metric,

@@ -24,7 +24,6 @@ from koordlet.api.keys import LABEL_QOS_CLASS
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
-from koordlet.prediction.checkpoint import FileCheckpointer
 from koordlet.prediction.predictor import ANNOTATION_NODE_RAW_ALLOCATABLE, predict_prod
 from koordlet.prediction.server import NODE_UID, PredictionConfig, PredictServer, node_item_uid
 from koordlet.statesinformer.api import NodeInfo
