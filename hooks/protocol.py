@@ -59,6 +59,7 @@ class NodeContext:
     # manager policy; None / "" = unknown (the cpuset hook then leaves LS cpusets as kubelet gave them).
     cpu_pools: CPUPools | None = None
     kubelet_cpu_policy: str = ""
+    be_cpu_manager: bool = False  # gate BECPUManager: allocated BE pods get their NUMA nodes' BE shared pools
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,7 @@ GATES: tuple[Gate, ...] = (
     # Alpha: off by default
     Gate("AuditEvents", ALPHA),
     Gate("AuditEventsHTTPHandler", ALPHA),
-    Gate("BECPUManager", ALPHA, PARTIAL, (_QOS,), note="only turns BE CPU suppress off; no BE cpuset manager"),
+    Gate("BECPUManager", ALPHA, YES, (_QOS, "koordlet/runtimehooks/__init__.py")),
     Gate("BECPUEvict", ALPHA, YES, (_QOS,)),
     Gate("CPUEvict", ALPHA, YES, (_QOS,)),
     Gate("CPUAllocatableEvict", ALPHA, YES, (_QOS,)),

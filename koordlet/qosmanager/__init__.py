@@ -105,11 +105,12 @@ def new_qos_manager(
     builder = SnapshotBuilder(states, cache, cpus, config.collect_res_used_interval_s, reader=executor,
                               layout=layout, cpu_manager=cpu_manager, sys_dir=sys_dir)
     strategies: list[Strategy] = []
+    if config.gate(GATE_BE_CPU_MANAGER):
+        # §4.2: with the BE CPU manager, suppress stands down and keeps the BE cpusets on the share pool
+        # (cpusuppress.decide_be_cpu_manager); the cpuset hook gives allocated BE pods their NUMA nodes' pools.
+        logger.info("feature gate %s is on: CPU suppress stands down, BE cpusets follow the BE share pool",
+                    GATE_BE_CPU_MANAGER)
     for strategy in STRATEGIES:
-        if strategy is cpusuppress.STRATEGY and config.gate(GATE_BE_CPU_MANAGER):
-            # §4.2: with the BE CPU manager, BE pods get their cpusets from it and suppress stays off.
-            logger.info("feature gate %s is on: CPU suppress is off", GATE_BE_CPU_MANAGER)
-            continue
         if strategy.name in _EVICTIONS and evictor is None:
             continue
         strategies.append(replace(strategy, interval_s=_interval_s(strategy, config)))

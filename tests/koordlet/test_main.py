@@ -395,4 +395,4 @@ def test_start_names_the_inert_gates_that_are_on_once_and_exports_every_gate(
     assert value("NodeTopologyReport") == "1.0 yes"
     assert value("CPUEvict") == "0.0 yes"
     assert value("CgroupReconcile") == "1.0 yes"
-    assert value("BECPUManager") == "0.0 partial"
+    assert value("BECPUManager") == "0.0 yes"
