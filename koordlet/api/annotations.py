@@ -483,8 +483,6 @@ def parse_oom_score_adj(annotations: Mapping[str, str], container: str) -> int |
 
 def parse_blkio_qos(value: str) -> BlkIOQOS:
     """``koordinator.sh/blkioQOS`` (§4.8): ``{"blocks": [{"name", "type", "ioCfg": {...}}]}`` for the pod's own
-    cgroup; "" means no blocks (every throttle koordlet set on the pod goes)."""
-    if value == "":
-        return BlkIOQOS()
-    data = _load_json(ANNOTATION_BLKIO_QOS, value)
+    cgroup. (An empty value means no blocks; the blkio strategy handles that before parsing.)"""
+    data = _object(ANNOTATION_BLKIO_QOS, _load_json(ANNOTATION_BLKIO_QOS, value))
     return apply(BlkIOQOS(), _overrides(ANNOTATION_BLKIO_QOS, BlkIOQOS, data))

@@ -209,8 +209,9 @@ def _pod_targets(snapshot: Snapshot, problems: list[str]) -> list[tuple[str, tup
         pod_dir = pod_cgroup_dir(snapshot.layout, pod)
         if pod_dir is None:
             continue
+        raw = pod.annotations[ANNOTATION_BLKIO_QOS]
         try:
-            qos = parse_blkio_qos(pod.annotations[ANNOTATION_BLKIO_QOS])
+            qos = parse_blkio_qos(raw) if raw else BlkIOQOS()  # "": no blocks (Koordinator: every limit goes)
         except AnnotationError as exc:
             problems.append(f"pod {pod.key}: {exc}; left unchanged")
             continue
