@@ -177,7 +177,7 @@ def test_v2_guest_lowers_oom_score_adj_where_root_has_cap_sys_resource() -> None
     sleeper = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: Path("/proc/self/oom_score_adj").write_text("300"))
     try:
         (cgroup / "cgroup.procs").write_text(str(sleeper.pid))
-        runner = PlanRunner(ResourceExecutor(CgroupFS("/sys/fs/cgroup"), proc_dir="/proc"))
+        runner = PlanRunner(ResourceExecutor(CgroupFS.detect("/sys/fs/cgroup"), proc_dir="/proc"))
         record = runner.run(Plan(processes=(ProcessWrite("oom_score_adj", name, -200, "test"),)), "test")
         value = int(Path(f"/proc/{sleeper.pid}/oom_score_adj").read_text())
         if _has_cap_sys_resource():

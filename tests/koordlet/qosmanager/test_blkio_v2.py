@@ -67,7 +67,7 @@ def test_v2_guest_be_pod_on_an_attached_disk_is_throttled_hierarchically(guest_d
     try:
         cgroups.make(f"{pod_dir}/{CID}")
         layout = KubeCgroupLayout(cgroup_root="/" + cgroups.prefix)
-        executor = ResourceExecutor(CgroupFS(V2_ROOT))
+        executor = ResourceExecutor(CgroupFS.detect(V2_ROOT))
         container = cgroups.path("", f"{pod_dir}/{CID}")
         procs = os.path.join(container, "cgroup.procs")
         free = read_rate(procs, guest_disk, 8 * MiB)
@@ -98,12 +98,12 @@ def test_v2_guest_root_gets_blk_iocost_on_the_attached_disk(guest_disk: str) -> 
     if not Path(V2_ROOT, "io.cost.qos").exists():
         pytest.skip("kernel lacks blk-iocost (no io.cost.qos at the cgroup v2 root)")
     number = (Path("/sys/class/block") / Path(guest_disk).name / "dev").read_text().strip()
-    executor = ResourceExecutor(CgroupFS(V2_ROOT))
+    executor = ResourceExecutor(CgroupFS.detect(V2_ROOT))
     layout = KubeCgroupLayout(cgroup_root="/koordlet-py-test-none")
     root = {"enable": True, "blocks": [_block(guest_disk, readLatency=2000, readLatencyPercent=90)]}
     try:
         plan = _tick(executor, layout, _spec(root=root), ())
-        assert plan.report.configured[0] == ("", (number,))
+        assert dict(plan.report.configured)[""] == (number,)
         qos = next(line for line in Path(V2_ROOT, "io.cost.qos").read_text().splitlines() if line.startswith(number))
         assert "enable=1" in qos and "ctrl=user" in qos and "rlat=2000" in qos and "rpct=90.00" in qos
         model = next(line for line in Path(V2_ROOT, "io.cost.model").read_text().splitlines()
