@@ -24,20 +24,6 @@ pytestmark = pytest.mark.cgroupv2
 MiB = 1 << 20
 
 
-class _IOCgroups(V2TestCgroups):
-    """V2 test dirs with the io controller delegated to every level too."""
-
-    def make(self, rel: str = "") -> None:
-        parts = [p for p in rel.split("/") if p]
-        for depth in range(len(parts) + 1):
-            path = self.path("", "/".join(parts[:depth]))
-            if not os.path.isdir(path):
-                with open(os.path.join(os.path.dirname(path), "cgroup.subtree_control"), "w") as f:
-                    f.write("+io +memory")
-                os.mkdir(path)
-                self._dirs.append(path)
-
-
 @pytest.fixture
 def guest_disk() -> Iterator[str]:
     """The disk v2-stage.sh attached (found by its virtio serial: the image path's first 20 characters)."""
@@ -61,7 +47,7 @@ def _io_max(path: str, number: str) -> str:
 
 
 def test_v2_guest_be_pod_on_an_attached_disk_is_throttled_hierarchically(guest_disk: str) -> None:
-    cgroups = _IOCgroups("blkio")
+    cgroups = V2TestCgroups("blkio", delegate=("io", "memory"))
     pod_dir = f"kubepods/besteffort/pod{UID}"
     number = (Path("/sys/class/block") / Path(guest_disk).name / "dev").read_text().strip()
     try:
