@@ -255,12 +255,19 @@ class BlkIOQOS:
 
 @dataclass(frozen=True, slots=True)
 class ResourceQOS:
-    """The QoS settings of one class (``lsrClass``, ``lsClass``, ``beClass``, ``systemClass``, ``cgroupRoot``)."""
+    """The QoS settings of one class (``lsrClass``, ``lsClass``, ``beClass``, ``systemClass``)."""
 
     cpu_qos: CPUQOS = field(default=CPUQOS(), metadata=nested("cpuQOS"))
     memory_qos: MemoryQOS = field(default=MemoryQOS(), metadata=nested("memoryQOS"))
     resctrl_qos: ResctrlQOS = field(default=ResctrlQOS(), metadata=nested("resctrlQOS"))
     network_qos: NetworkQOS = field(default=NetworkQOS(), metadata=nested("networkQOS"))
+    blkio_qos: BlkIOQOS = field(default=BlkIOQOS(), metadata=nested("blkioQOS"))
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupRootQOS:
+    """``cgroupRoot``: a ResourceQOS of which only ``blkioQOS`` means anything (blk-iocost on the root cgroup)."""
+
     blkio_qos: BlkIOQOS = field(default=BlkIOQOS(), metadata=nested("blkioQOS"))
 
 
@@ -333,7 +340,7 @@ class ResourceQOSStrategy:
     ls_class: ResourceQOS = field(default=_DEFAULT_CLASSES[QoSClass.LS], metadata=nested("lsClass"))
     be_class: ResourceQOS = field(default=_DEFAULT_CLASSES[QoSClass.BE], metadata=nested("beClass"))
     system_class: ResourceQOS = field(default=_DEFAULT_CLASSES[QoSClass.SYSTEM], metadata=nested("systemClass"))
-    cgroup_root: ResourceQOS = field(default=ResourceQOS(), metadata=nested("cgroupRoot"))  # blkio only
+    cgroup_root: CgroupRootQOS = field(default=CgroupRootQOS(), metadata=nested("cgroupRoot"))
 
     def for_class(self, qos: QoSClass) -> ResourceQOS:
         """Settings of a QoS class; LSE shares LSR's (§4.6); NONE gets the none values."""
