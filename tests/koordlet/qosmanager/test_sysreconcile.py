@@ -13,9 +13,9 @@ from koordlet.actuator import PlanRunner
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.executor import ResourceExecutor
 from koordlet.executor.executor import InvalidUpdateError, UnsafePathError
+from koordlet.metriccache import MetricCache
 from koordlet.qosmanager import QoSManagerConfig, new_qos_manager, sysreconcile
 from koordlet.qosmanager.snapshot import SnapshotBuilder
-from koordlet.metriccache import MetricCache
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.kubepods import KubeCgroupLayout
