@@ -118,6 +118,10 @@ def measure(socket_path: str, count: int, seconds: float, workdir: Path, repo: P
         f"-runtime-hooks-config-path={run / 'hooks'}", f"-runtime-hooks-addr={run / 'koordlet.sock'}",
         f"-runtime-hooks-host-endpoint={run / 'koordlet.sock'}",
     ]
+    if "prediction-checkpoint-filepath" in (repo / "koordlet/config.py").read_text():
+        # a tree with the peak predictor and the system config record: theirs in the run dir
+        args += [f"-prediction-checkpoint-filepath={run / 'prediction'}",
+                 f"-system-config-record-file={run / 'system-config-originals.json'}"]
     env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(repo)}
     with open(run / "koordlet.log", "ab") as log:
         proc = subprocess.Popen(args, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)

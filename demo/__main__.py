@@ -132,6 +132,8 @@ class Koordlet:
             "-feature-gates=BEMemoryEvict=true,NodeMetricPromMetrics=true,PSICollector=true,Accelerators=true",
             f"-var-lib-kubelet-dir={self.kubelet_dir}",
             "-psi-collector-interval=2s",
+            f"-prediction-checkpoint-filepath={workdir / 'prediction'}",
+            f"-system-config-record-file={workdir / 'system-config-originals.json'}",
         ]
         self.proc: subprocess.Popen | None = None
 

@@ -4,6 +4,9 @@ Container cpuset, in Koordinator's order (koordinator.md §3.3):
 
 1. a cpuset in ``scheduling.koordinator.sh/resource-status`` (LSE, LSR: the scheduler's choice) → that cpuset,
    and an unlimited CFS quota at pod and container level (bound pods must not be throttled, Koordinator #489);
+   NUMA resources there (with CPU, or batch-cpu) → the shared pools of those NUMA nodes: the BE pools for a BE
+   pod with ``BECPUManager`` on, the LS pools for any other pod (Koordinator cpuset rule.go; a BE pod without
+   the gate falls through to 3);
 2. QoS LS → the LS shared pool (every online CPU minus LSE/LSR-bound, kubelet-exclusive, reserved and
    SYSTEM-exclusive CPUs: ``koordlet.api.cpupools``, what the NodeResourceTopology reports);
 3. kube QoS BestEffort → "" (cleared: BE containers follow the besteffort parent, whose cpuset CPU suppress
@@ -20,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from koordlet.api.annotations import parse_resource_status
-from koordlet.api.cpuset import format_cpu_list
-from koordlet.api.keys import ANNOTATION_RESOURCE_STATUS
+from koordlet.api.cpupools import CPUPools
+from koordlet.api.cpuset import format_cpu_list, parse_cpu_list
+from koordlet.api.keys import ANNOTATION_RESOURCE_STATUS, RESOURCE_BATCH_CPU, RESOURCE_CPU
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
 
@@ -43,7 +47,7 @@ def pod(ctx: PodContext, _rule: SharePool | None) -> Changes:
 def rule(node: NodeContext) -> SharePool:
     pools = node.cpu_pools
     shared = format_cpu_list(sorted(pools.shared_cpus)) if pools is not None else ""
-    return SharePool(shared, node.kubelet_cpu_policy)
+    return SharePool(shared, node.kubelet_cpu_policy, pools, node.be_cpu_manager)
 
 
 KUBELET_POLICY_NONE = "none"
@@ -55,12 +59,40 @@ class SharePool:
 
     cpus: str
     kubelet_policy: str
+    pools: CPUPools | None = None  # the per-NUMA pools (NUMA-aware allocations)
+    be_cpu_manager: bool = False
+
+
+def _numa_nodes(pod: PodMeta) -> tuple[int, ...]:
+    """The NUMA nodes of the pod's allocation that carry CPU (cpu or batch-cpu), in the annotation's order."""
+    raw = pod.annotations.get(ANNOTATION_RESOURCE_STATUS)
+    if not raw:
+        return ()
+    return tuple(n.node for n in parse_resource_status(raw).numa_node_resources
+                 if n.resources.get(RESOURCE_CPU, 0) > 0 or n.resources.get(RESOURCE_BATCH_CPU, 0) > 0)
+
+
+def _numa_cpuset(ctx: ContainerContext, share: SharePool | None) -> str | None:
+    """The cpuset of a NUMA-aware allocation, None when the pod has none (or it is not this rule's)."""
+    nodes = _numa_nodes(ctx.pod)
+    if not nodes or share is None or share.pools is None:
+        return None
+    if ctx.pod.qos_label is QoSClass.BE:
+        if not share.be_cpu_manager:
+            return None
+        pools = share.pools.be_shared
+    else:
+        pools = share.pools.shared
+    return ",".join(pool.cpuset for node in nodes for pool in pools if pool.node == node)
 
 
 def container(ctx: ContainerContext, share: SharePool | None) -> Changes:
     cpuset = allocated_cpuset(ctx.pod)
     if cpuset:
         return Changes(cpuset_cpus=cpuset, cfs_quota_us=-1)
+    numa = _numa_cpuset(ctx, share)
+    if numa:
+        return Changes(cpuset_cpus=format_cpu_list(parse_cpu_list(numa)))
     pool = share.cpus if share is not None else ""
     if ctx.pod.qos_label is QoSClass.LS and pool:
         return Changes(cpuset_cpus=pool)

@@ -56,6 +56,7 @@ class NodeContext:
     # manager policy; None / "" = unknown (the cpuset hook then leaves LS cpusets as kubelet gave them).
     cpu_pools: CPUPools | None = None
     kubelet_cpu_policy: str = ""
+    be_cpu_manager: bool = False  # gate BECPUManager: allocated BE pods get their NUMA nodes' BE shared pools
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,7 @@ class Changes:
     envs: Mapping[str, str] = field(default_factory=dict)
     resctrl_group: str | None = None
     resctrl_schemata: str | None = None
+    oom_score_adj: int | None = None  # every process of the container (reconciler only; §3.3 OOMScoreAdj)
 
     def merged(self, later: Changes) -> Changes:
         updates = {}

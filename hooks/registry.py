@@ -113,4 +113,13 @@ def _checked(changes: Changes, node: NodeContext, parent_quota: validate.ParentQ
 
 def _load_all() -> None:
     # Importing a plugin module registers it.
-    from . import batchresource, coresched, cpunormalization, cpuset, gpu, groupidentity, resctrl  # noqa: F401
+    from . import (  # noqa: F401
+        batchresource,
+        coresched,
+        cpunormalization,
+        cpuset,
+        gpu,
+        groupidentity,
+        oomscore,
+        resctrl,
+    )

@@ -19,7 +19,8 @@ too; what only koordlet knows (the node, the parent cgroup) is added here:
 - ``cpu.bvt_warp_ns`` -1..2, ``cpu.idle`` 0 or 1;
 - environment variables: POSIX-style names of at most 256 characters, values without NUL of at most 32 KiB;
 - resctrl group names: a plain directory name of at most 64 characters; schemata of at most 4 KiB, one line
-  per resource, printable.
+  per resource, printable;
+- ``oom_score_adj`` −1000..1000 (the kernel's OOM_SCORE_ADJ_MIN..MAX).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ MAX_ENV_VALUE = 32 << 10
 MAX_RESCTRL_SCHEMATA = 4096
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RESCTRL_GROUP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+OOM_SCORE_ADJ_MIN, OOM_SCORE_ADJ_MAX = -1000, 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,10 @@ def _schemata_problem(text: str) -> str | None:
     return None
 
 
+def _oom_score_adj_problem(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not OOM_SCORE_ADJ_MIN <= value <= OOM_SCORE_ADJ_MAX:
+        return f"outside {OOM_SCORE_ADJ_MIN}..{OOM_SCORE_ADJ_MAX}"
+    return None
 def _resctrl_group_problem(name: str) -> str | None:
     if name == "" or (_RESCTRL_GROUP.match(name) and name not in (".", "..")):
         return None
@@ -125,6 +131,7 @@ _FIELD_RULES: tuple[tuple[str, Callable[[object, NodeContext, ParentQuota], str 
     ("cpu_idle", lambda value, node, parent: None if value in (0, 1) else "not 0 or 1"),
     ("resctrl_group", lambda value, node, parent: _resctrl_group_problem(value)),
     ("resctrl_schemata", lambda value, node, parent: _schemata_problem(value)),
+    ("oom_score_adj", lambda value, node, parent: _oom_score_adj_problem(value)),
 )
 
 

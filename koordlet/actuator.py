@@ -9,6 +9,7 @@ the executor counts every outcome in Prometheus itself).
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from collections.abc import Mapping
@@ -18,24 +19,51 @@ from types import MappingProxyType
 from prometheus_client import Gauge
 
 from koordlet.eviction import EvictionOutcome, Evictor
-from koordlet.executor import BatchResult, ExecutorError, ResourceExecutor, ResourceUpdate, UpdateFailure
+from koordlet.executor import (
+    BatchResult,
+    CgroupNotFoundError,
+    ExecutorError,
+    ResourceExecutor,
+    ResourceUpdate,
+    UpdateFailure,
+)
 from koordlet.plan import (
     Evictions,
     GaugeSet,
     Plan,
+    ProcessWrite,
     ResctrlAction,
     ResctrlGroup,
     ResctrlMoveTasks,
     ResctrlRemoveGroup,
     ResctrlWrite,
+    SystemAction,
+    SystemWrite,
     Victim,
     VictimOutcome,
     WriteStep,
-    walk_victims,
+    walk_evictions,
 )
 from koordlet.system.resources import UnknownCgroupResourceError
+from koordlet.system.sysctl import UnknownSystemResourceError
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessResult:
+    """What one :class:`~koordlet.plan.ProcessWrite` did: the processes found, how many got the value, and the
+    refusals (``errno`` names, e.g. ``EACCES``)."""
+
+    write: ProcessWrite
+    processes: int = 0
+    written: int = 0
+    refused: tuple[str, ...] = ()
+
+    @property
+    def holds(self) -> bool:
+        """Some process of the cgroup holds the value now."""
+        return self.processes > len(self.refused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +81,19 @@ class PlanRecord:
     moved_tasks: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # resctrl group → PIDs moved in
     created_groups: tuple[str, ...] = ()  # resctrl groups this run made (missing before)
     removed_groups: tuple[str, ...] = ()  # resctrl groups this run removed
-    released: float = 0.0
+    released: tuple[tuple[str, float], ...] = ()  # (feature, what its task counted as released), task order
+    system_written: int = 0  # node-wide files written or restored
+    system_errors: tuple[str, ...] = ()
+    processes_written: int = 0  # per-process files written (e.g. oom_score_adj of one PID)
+    process_errors: tuple[str, ...] = ()  # "<pid>: <error>" (e.g. EACCES lowering oom_score_adj)
+    process_results: tuple[ProcessResult, ...] = ()  # one per ProcessWrite of the plan
     evicted: tuple[str, ...] = ()  # pod keys whose eviction was accepted
     blocked: tuple[str, ...] = ()  # pod keys whose eviction was refused
 
     @property
     def failed(self) -> int:
-        return len(self.failures) + len(self.unknown_resources) + len(self.resctrl_errors)
+        return (len(self.failures) + len(self.unknown_resources) + len(self.resctrl_errors) + len(self.system_errors)
+                + len(self.process_errors))
 
 
 @dataclass(slots=True)
@@ -73,6 +107,11 @@ class _Counts:
     moved: dict[str, list[int]] = field(default_factory=dict)
     created: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    system_written: int = 0
+    system_errors: list[str] = field(default_factory=list)
+    processes_written: int = 0
+    process_errors: list[str] = field(default_factory=list)
+    process_results: list[ProcessResult] = field(default_factory=list)
 
 
 class PlanRunner:
@@ -99,11 +138,13 @@ class PlanRunner:
             self._write(step, counts, verify)
         for action in plan.resctrl:
             self._resctrl(action, counts)
-        released, evicted, blocked = 0.0, (), ()
-        if plan.evictions is not None:
-            released, evicted, blocked = self._evict(plan.evictions)
+        released, evicted, blocked = self._evict(plan.evictions) if plan.evictions else ((), (), ())
         for gauge in plan.gauges:
             self._set_gauge(gauge)
+        for action in plan.system:
+            self._system(action, counts)
+        for write in plan.processes:
+            self._processes(write, counts)
         record = PlanRecord(
             source=source,
             at=now,
@@ -119,6 +160,11 @@ class PlanRunner:
             released=released,
             evicted=evicted,
             blocked=blocked,
+            system_written=counts.system_written,
+            system_errors=tuple(counts.system_errors),
+            processes_written=counts.processes_written,
+            process_errors=tuple(counts.process_errors),
+            process_results=tuple(counts.process_results),
         )
         for failure in record.failures:
             logger.debug("%s: %s of %r not written: %s", source, failure.update.resource.name,
@@ -142,6 +188,45 @@ class PlanRunner:
             gauge.remove_by_labels(labels)
         except ValueError as exc:
             logger.error("a plan removed %s by labels it does not have: %s", update.name, exc)
+
+    def _system(self, action: SystemAction, counts: _Counts) -> None:
+        try:
+            if isinstance(action, SystemWrite):
+                done = self._executor.write_system(action.name, action.value)
+            else:
+                done = self._executor.restore_system(action.key)
+        except (ExecutorError, UnknownSystemResourceError) as exc:
+            counts.system_errors.append(f"{action}: {exc}")
+            logger.warning("%s not carried out: %s", action, exc)
+            return
+        if done:
+            counts.system_written += 1
+            logger.info("%s (%s)", action, action.reason or "no reason given")
+
+    def _processes(self, write: ProcessWrite, counts: _Counts) -> None:
+        """``write.value`` to each process of the cgroup whose file differs; a process that exited meanwhile is
+        skipped; a refusal (EACCES: lowering oom_score_adj without CAP_SYS_RESOURCE) is counted, not raised."""
+        try:
+            procs = self._executor.read("cgroup.procs", write.cgroup_dir)
+        except ExecutorError as exc:
+            logger.debug("no processes of %s: %s", write.cgroup_dir, exc)
+            counts.process_results.append(ProcessResult(write))
+            return  # gone, or not made yet
+        found = written = 0
+        refused: list[str] = []
+        for pid in sorted({int(p) for p in procs.split() if p.isdigit()}):
+            try:
+                found += 1
+                if self._executor.write_system(write.name, write.value, pid=pid):
+                    written += 1
+            except CgroupNotFoundError:
+                found -= 1  # exited meanwhile
+            except ExecutorError as exc:
+                code = getattr(exc, "errno", None)
+                refused.append(errno.errorcode.get(code, "EIO") if code else type(exc).__name__)
+                counts.process_errors.append(f"{pid}: {exc}")
+        counts.processes_written += written
+        counts.process_results.append(ProcessResult(write, found, written, tuple(refused)))
 
     def _write(self, step: WriteStep, counts: _Counts, verify: bool) -> None:
         updates: list[ResourceUpdate] = []
@@ -207,22 +292,26 @@ class PlanRunner:
             except ExecutorError as exc:
                 logger.debug("cannot move task %s to resctrl group %r: %s", pid, group, exc)
 
-    def _evict(self, request: Evictions) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
+    def _evict(self, tasks: tuple[Evictions, ...]) -> tuple[tuple[tuple[str, float], ...], tuple[str, ...],
+                                                            tuple[str, ...]]:
         evictor = self._evictor
         if evictor is None:
-            logger.warning("%s asked for evictions but this agent has no evictor", request.feature)
-            return 0.0, (), ()
+            logger.warning("%s asked for evictions but this agent has no evictor", tasks[0].feature)
+            return (), (), ()
 
-        def outcome(victim: Victim) -> VictimOutcome:
+        def outcome(task: Evictions, victim: Victim) -> VictimOutcome:
             if evictor.is_evicting(victim.pod.uid):
                 return VictimOutcome.RELEASED
-            result = evictor.evict(victim.pod, request.feature, victim.message)
+            result = evictor.evict(victim.pod, task.feature, victim.message, task.eviction_rule)
             if not result.releases:
                 return VictimOutcome.REFUSED
             return VictimOutcome.EVICTED if result.outcome is EvictionOutcome.EVICTED else VictimOutcome.RELEASED
 
-        released, accepted, refused = walk_victims(request.candidates, request.target, outcome)
-        if released < request.target:
-            logger.info("%s: released %.0f of %.0f after trying every candidate", request.feature, released,
-                        request.target)
-        return released, tuple(v.pod.key for v in accepted), tuple(v.pod.key for v in refused)
+        done = walk_evictions(tasks, outcome)
+        for task in done:
+            if task.released < task.target:
+                logger.info("%s: released %.0f of %.0f after trying every candidate", task.feature, task.released,
+                            task.target)
+        return (tuple((t.feature, t.released) for t in done),
+                tuple(v.pod.key for t in done for v in t.accepted),
+                tuple(v.pod.key for t in done for v in t.refused))

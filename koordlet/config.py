@@ -205,6 +205,17 @@ class KoordletConfig:
     stop_timeout_s: float
     feature_gates: Mapping[str, bool] = field(default_factory=lambda: DEFAULT_FEATURE_GATES)
     netqos_uplink: str = ""  # TCNetworkQoS: the shaped interface; "" = the default route's
+    system_config_record_file: str = ""  # SystemConfig: the sysctl values found before koordlet's writes
+    # the peak predictor (Koordinator's -prediction-* flags)
+    prediction_checkpoint_filepath: str = "/var/run/koordlet/prediction-checkpoints"
+    prediction_cold_start_duration_s: float = 24 * 3600.0
+    prediction_safety_margin_percent: int = 10
+    prediction_memory_histogram_decay_halflife_s: float = 24 * 3600.0
+    prediction_cpu_histogram_decay_halflife_s: float = 12 * 3600.0
+    prediction_training_interval_s: float = 60.0
+    prediction_model_expiration_duration_s: float = 1800.0
+    prediction_model_checkpoint_interval_s: float = 600.0
+    prediction_model_checkpoint_max_per_step: int = 12
 
     def gate(self, name: str) -> bool:
         return bool(self.feature_gates.get(name, False))
@@ -293,6 +304,7 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
     _host_and_kubelet_flags(flag, switch, path)
     _collection_qos_and_hook_flags(flag, switch, path)
     _nri_flags(flag, switch)
+    _prediction_and_system_config_flags(flag)
     _report_api_and_mode_flags(flag, switch, kubeconfig)
     return parser
 
@@ -372,6 +384,23 @@ def _nri_flags(flag: _AddFlag, switch: _AddSwitch) -> None:
          "longest wait between NRI registration attempts (Koordinator: unbounded)")
 
 
+def _prediction_and_system_config_flags(flag: _AddFlag) -> None:
+    flag("prediction-checkpoint-filepath", str, "/var/run/koordlet/prediction-checkpoints",
+         "directory of the peak predictor's checkpoints (restored at start)")
+    flag("prediction-cold-start-duration", parse_duration, 24 * 3600.0,
+         "a pod this young is not predicted: its request counts into the prod peak")
+    flag("prediction-safety-margin-percent", int, 10, "margin added to the predicted peaks")
+    flag("prediction-memory-histogram-decay-halflife", parse_duration, 24 * 3600.0, "memory histograms' half-life")
+    flag("prediction-cpu-histogram-decay-halflife", parse_duration, 12 * 3600.0, "CPU histograms' half-life")
+    flag("prediction-training-interval", parse_duration, 60.0, "one sample per model this often (the p90 over it)")
+    flag("prediction-model-expiration-duration", parse_duration, 1800.0, "node items not updated this long go")
+    flag("prediction-model-checkpoint-interval", parse_duration, 600.0, "a model is saved at most this often")
+    flag("prediction-model-checkpoint-max-per-step", int, 12, "models saved per minute at most")
+    flag("system-config-record-file", str, "/var/run/koordlet/system-config-originals.json",
+         "SystemConfig: where the sysctl values found before koordlet's first writes are kept (put back when "
+         "the strategy or its gate goes off); empty: memory only")
+
+
 def _report_api_and_mode_flags(flag: _AddFlag, switch: _AddSwitch, kubeconfig: str) -> None:
     switch("enable-node-metric-report", True, "report NodeMetric status")
     flag("report-interval", parse_duration, 60.0, "NodeMetric report period when its spec does not set one")
@@ -412,6 +441,10 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
         "runtime_hooks_nri_backoff_cap": "runtime_hooks_nri_backoff_cap_s",
         "report_interval": "report_interval_s",
         "stop_timeout": "stop_timeout_s",
+        **{name: f"{name}_s" for name in (
+            "prediction_cold_start_duration", "prediction_memory_histogram_decay_halflife",
+            "prediction_cpu_histogram_decay_halflife", "prediction_training_interval",
+            "prediction_model_expiration_duration", "prediction_model_checkpoint_interval")},
     }
     values = {renamed.get(name, name): value for name, value in args.items()}
     config = KoordletConfig(node_name=node_name, feature_gates=MappingProxyType(gates),
@@ -438,5 +471,12 @@ def _check(config: KoordletConfig) -> None:
         raise ConfigError("-node-topology-min-update-interval must not be negative")
     if config.runtime_hooks_nri_backoff_factor < 1.0 or config.runtime_hooks_nri_backoff_steps < 0:
         raise ConfigError("-runtime-hooks-nri-backoff-factor must be >= 1 and -runtime-hooks-nri-backoff-steps >= 0")
+    for name in ("prediction_training_interval_s", "prediction_cpu_histogram_decay_halflife_s",
+                 "prediction_memory_histogram_decay_halflife_s"):
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"-{name.removesuffix('_s').replace('_', '-')} must be positive")
+    if config.prediction_safety_margin_percent < 0 or config.prediction_model_checkpoint_max_per_step < 0:
+        raise ConfigError("-prediction-safety-margin-percent and -prediction-model-checkpoint-max-per-step must "
+                          "not be negative")
     if bool(config.kubelet_client_cert) != bool(config.kubelet_client_key):
         raise ConfigError("-kubelet-client-cert and -kubelet-client-key go together")

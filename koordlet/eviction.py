@@ -9,9 +9,12 @@ Koordinator kills containers through the runtime by default and ignores PDBs (it
 CRI kill (``StopContainer`` with timeout 0 on each of the pod's containers) is used only in local mode
 without an API server, or when ``kill_by_cri`` asks for it.
 
-Safety: a pod that is not BE is never evicted, whatever the caller says. The evictor checks the pod it is
-given and, right before acting, checks it again: against the API server's current object (labels and
-``status.qosClass``, same uid) or, in local mode, against the freshest pod list of the states provider.
+Safety: a pod is evicted only where the feature's :class:`~koordlet.api.eviction.EvictionRule` allows it (by
+default: BE pods only; the opt-in features: pods labelled ``koordinator.sh/eviction-enabled: "true"`` at or
+below the priority threshold), whatever the caller says. The evictor checks the pod it is given and, right
+before acting, checks it again: against the API server's current object (labels, annotations,
+``spec.priority``, ``status.qosClass``, same uid) or, in local mode, against the freshest pod list of the
+states provider.
 """
 
 from __future__ import annotations
@@ -21,15 +24,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import grpc
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY, Counter
 
+from koordlet.api.eviction import EvictionRule, be_rule
 from koordlet.api.pod import PodMeta
-from koordlet.api.qos import QoSClass, parse_kube_qos, qos_class_for_pod
+from koordlet.api.qos import QoSClass, parse_kube_qos
 from koordlet.events import UNREACHABLE, PodEvents
 from koordlet.kubeapi import CoreV1
 from wire import cri_pb2 as cri
@@ -70,7 +74,7 @@ class EvictionOutcome(enum.StrEnum):
     EVICTED = "evicted"  # the API accepted the eviction, or the containers were stopped
     ALREADY_EVICTING = "already_evicting"  # asked for recently and accepted; counts as released
     BLOCKED = "blocked"  # a PodDisruptionBudget said not now (429), or waiting out retry_after_s
-    NOT_BE = "not_be"  # refused: the pod is not (or no longer) BE
+    NOT_BE = "not_be"  # refused: the feature's rule does not allow the pod (not BE, not opted in, priority)
     GONE = "gone"  # the pod no longer exists
     FAILED = "failed"
 
@@ -88,6 +92,22 @@ class EvictionResult:
 
 def is_be_pod(pod: PodMeta) -> bool:
     return pod.qos_class is QoSClass.BE
+
+
+def _live_pod(current: dict, known: PodMeta) -> PodMeta:
+    """The pod as the API server has it now (what an eviction rule reads), on top of what the states knew."""
+    meta = current.get("metadata") or {}
+    spec = current.get("spec") or {}
+    status = current.get("status") or {}
+    priority = spec.get("priority")
+    return replace(
+        known,
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else None,
+        kube_qos=parse_kube_qos(status.get("qosClass") or "") or known.effective_kube_qos,
+        phase=str(status.get("phase") or known.phase),
+    )
 
 
 class Evictor:
@@ -136,14 +156,17 @@ class Evictor:
             since = self._evicting.get(pod_uid)
             return since is not None and self._clock() - since < self._evicting_ttl_s
 
-    def evict(self, pod: PodMeta, feature: str, message: str) -> EvictionResult:
-        """Evict ``pod`` on behalf of ``feature`` (a gate name: BEMemoryEvict, BECPUEvict…).
+    def evict(self, pod: PodMeta, feature: str, message: str, rule: EvictionRule | None = None) -> EvictionResult:
+        """Evict ``pod`` on behalf of ``feature`` (a gate name: BEMemoryEvict, BECPUEvict…) where ``rule`` (by
+        default: BE pods only) allows it.
 
         ``message`` carries the figures that triggered it and goes into the Event. Never raises for API or
         runtime errors: they come back as FAILED (logged)."""
-        if not is_be_pod(pod):
-            logger.error("refusing to evict %s for %s: it is not a BE pod (qos %r)", pod.key, feature, pod.qos_class)
-            return EvictionResult(EvictionOutcome.NOT_BE, "the pod is not BE")
+        rule = rule or be_rule(feature)
+        refusal = rule.refusal(pod)
+        if refusal is not None:
+            logger.error("refusing to evict %s for %s: %s", pod.key, feature, refusal)
+            return EvictionResult(EvictionOutcome.NOT_BE, refusal)
         now = self._clock()
         with self._lock:
             self._expire(now)
@@ -153,9 +176,9 @@ class Evictor:
             if until is not None and now < until:
                 return EvictionResult(EvictionOutcome.BLOCKED, f"retry in {until - now:.1f} s")
         if self._use_cri:
-            result = self._kill_by_cri(pod, feature)
+            result = self._kill_by_cri(pod, feature, rule)
         else:
-            result = self._evict_by_api(pod, feature, message)
+            result = self._evict_by_api(pod, feature, message, rule)
         with self._lock:
             if result.outcome is EvictionOutcome.EVICTED:
                 self._evicting[pod.uid] = self._clock()
@@ -183,7 +206,9 @@ class Evictor:
 
     # ------------------------------------------------------------------------------------- Eviction API
 
-    def _evict_by_api(self, pod: PodMeta, feature: str, message: str) -> EvictionResult:
+    def _evict_by_api(self, pod: PodMeta, feature: str, message: str,
+                      rule: EvictionRule | None = None) -> EvictionResult:
+        rule = rule or be_rule(feature)
         assert self._api is not None
         try:
             current = self._api.read_namespaced_pod(pod.name, pod.namespace)
@@ -199,11 +224,11 @@ class Evictor:
         live_uid = meta.get("uid") or ""
         if live_uid and pod.uid and live_uid != pod.uid:
             return EvictionResult(EvictionOutcome.GONE, "the pod was recreated")
-        kube_qos = parse_kube_qos((current.get("status") or {}).get("qosClass") or "")
-        live_qos = qos_class_for_pod(meta.get("labels") or {}, kube_qos or pod.effective_kube_qos)
-        if live_qos is not QoSClass.BE:
-            logger.error("refusing to evict %s for %s: the API server says its QoS is %r", pod.key, feature, live_qos)
-            return EvictionResult(EvictionOutcome.NOT_BE, f"the pod's QoS is now {live_qos!r}")
+        live = _live_pod(current, pod)
+        refusal = rule.refusal(live)
+        if refusal is not None:
+            logger.error("refusing to evict %s for %s: as the API server has it now, %s", pod.key, feature, refusal)
+            return EvictionResult(EvictionOutcome.NOT_BE, f"as the API server has it now, {refusal}")
         body = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
@@ -236,13 +261,14 @@ class Evictor:
                 return candidate
         return None
 
-    def _kill_by_cri(self, pod: PodMeta, feature: str) -> EvictionResult:
+    def _kill_by_cri(self, pod: PodMeta, feature: str, rule: EvictionRule) -> EvictionResult:
         fresh = self._fresh_pod(pod)
         if fresh is None:
             return EvictionResult(EvictionOutcome.GONE)
-        if not is_be_pod(fresh):
-            logger.error("refusing to kill %s for %s: it is no longer a BE pod", pod.key, feature)
-            return EvictionResult(EvictionOutcome.NOT_BE, "the pod is no longer BE")
+        refusal = rule.refusal(fresh)
+        if refusal is not None:
+            logger.error("refusing to kill %s for %s: as the pod is now, %s", pod.key, feature, refusal)
+            return EvictionResult(EvictionOutcome.NOT_BE, f"as the pod is now, {refusal}")
         assert self._cri_endpoint is not None
         target = self._cri_endpoint if "://" in self._cri_endpoint else f"unix://{self._cri_endpoint}"
         stopped = 0

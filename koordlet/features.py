@@ -57,14 +57,14 @@ GATES: tuple[Gate, ...] = (
     # Alpha: off by default
     Gate("AuditEvents", ALPHA),
     Gate("AuditEventsHTTPHandler", ALPHA),
-    Gate("BECPUManager", ALPHA, PARTIAL, (_QOS,), note="only turns BE CPU suppress off; no BE cpuset manager"),
+    Gate("BECPUManager", ALPHA, YES, (_QOS, "koordlet/runtimehooks/__init__.py")),
     Gate("BECPUEvict", ALPHA, YES, (_QOS,)),
-    Gate("CPUEvict", ALPHA),
-    Gate("CPUAllocatableEvict", ALPHA),
+    Gate("CPUEvict", ALPHA, YES, (_QOS,)),
+    Gate("CPUAllocatableEvict", ALPHA, YES, (_QOS,)),
     Gate("BEMemoryEvict", ALPHA, YES, (_QOS,)),
-    Gate("MemoryEvict", ALPHA),
-    Gate("MemoryAllocatableEvict", ALPHA),
-    Gate("SystemConfig", ALPHA),
+    Gate("MemoryEvict", ALPHA, YES, (_QOS,)),
+    Gate("MemoryAllocatableEvict", ALPHA, YES, (_QOS,)),
+    Gate("SystemConfig", ALPHA, YES, (_QOS,)),
     Gate("ResctrlCollector", ALPHA),
     Gate("CgroupReconcile", ALPHA, YES, (_QOS,)),
     Gate("Accelerators", ALPHA, YES, ("koordlet/main.py",)),
@@ -72,7 +72,7 @@ GATES: tuple[Gate, ...] = (
     Gate("CPICollector", ALPHA),
     Gate("Libpfm4", ALPHA),
     Gate("PSICollector", ALPHA, YES, ("koordlet/main.py",)),
-    Gate("BlkIOReconcile", ALPHA),
+    Gate("BlkIOReconcile", ALPHA, YES, (_QOS,)),
     Gate("ColdPageCollector", ALPHA),
     Gate("HugePageReport", ALPHA),
     Gate("PodResourcesProxy", ALPHA),
@@ -86,7 +86,7 @@ GATES: tuple[Gate, ...] = (
     Gate("TerwayQoS", ALPHA),
     Gate("TCNetworkQoS", ALPHA, YES, ("koordlet/main.py",)),
     Gate("Resctrl", ALPHA, YES, ("hooks/resctrl.py", "koordlet/runtimehooks/__init__.py")),
-    Gate("OOMScoreAdj", ALPHA),
+    Gate("OOMScoreAdj", ALPHA, YES, ("hooks/oomscore.py",)),
 )
 BY_NAME: Mapping[str, Gate] = MappingProxyType({gate.name: gate for gate in GATES})
 BETA_GATES: tuple[str, ...] = tuple(g.name for g in GATES if g.stage == BETA)

@@ -2,8 +2,8 @@
 
 Start: metrics HTTP server (``/healthz`` is 503 until the start is complete) → executor → metric cache →
 states informer (its node and NodeSLO sources first; waits until synced, bounded; PLEG) → GPU service →
-GPU device plugin (with the GPU service) → metrics advisor → qos manager → runtime hooks → network QoS →
-reporters. SIGTERM/SIGINT stop everything in reverse order, each part with its share of what is left of
+GPU device plugin (with the GPU service) → metrics advisor → predict server → qos manager → runtime hooks →
+network QoS → reporters. SIGTERM/SIGINT stop everything in reverse order, each part with its share of what is left of
 ``-stop-timeout`` (so the whole stop stays within it); the process exits 0 after a clean stop.
 
 Two ways to run:
@@ -38,6 +38,7 @@ import kubernetes.client
 import kubernetes.config
 
 from koordlet import features
+from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
 from koordlet.events import PodEvents
@@ -57,8 +58,10 @@ from koordlet.metricsadvisor import (
     PodPsiCollector,
     PodResourceCollector,
 )
+from koordlet.prediction.predictor import ProdPrediction, predict_prod
+from koordlet.prediction.server import PredictionConfig, PredictServer
 from koordlet.reporters.device import DeviceReportLoop, GPUCollector
-from koordlet.reporters.nodemetric import NodeMetricReporter
+from koordlet.reporters.nodemetric import NodeMetricReporter, ProdPredict
 from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
@@ -112,6 +115,7 @@ class AgentContext:
     kube: KubeStates | None = field(default=None, init=False)  # the node and NodeSLO watchers (API server)
     gpu: GPUService | None = field(default=None, init=False)  # gate Accelerators, with a GPU
     reporter: NodeMetricReporter | None = field(default=None, init=False)
+    predictor: PredictServer | None = field(default=None, init=False)
     _cpu_manager: Callable[[], CPUManagerState | None] | None = field(default=None, init=False)
     _dirs: HostDirs | None = field(default=None, init=False)
 
@@ -197,7 +201,9 @@ def _executor(ctx: AgentContext) -> Component | None:
     config = ctx.config
     cgroup_fs = ctx.cgroup_fs = CgroupFS.detect(ctx.dirs.cgroup_mount_dir)  # -cgroup-root-dir
     ctx.executor = ResourceExecutor(cgroup_fs, resctrl_root=ctx.dirs.resctrl_dir,
-                                    force_update_seconds=float(config.resource_force_update_seconds))
+                                    force_update_seconds=float(config.resource_force_update_seconds),
+                                    proc_dir=ctx.dirs.proc_dir, sys_dir=ctx.dirs.sys_dir,
+                                    originals_file=config.system_config_record_file or None)
     driver = detect_cgroup_driver(cgroup_fs, config.kubelet_cgroup_root)
     layout = ctx.layout = KubeCgroupLayout(driver, config.kubelet_cgroup_root)
     logger.info("cgroup %s, driver %s, kubelet cgroup root %s", cgroup_fs.version.name, driver.value,
@@ -469,6 +475,41 @@ def _nrt_reporter(ctx: AgentContext) -> Component | None:
         observe=ctx.metrics.observe_node_topology_report)
 
 
+def prediction_config(config: KoordletConfig) -> PredictionConfig:
+    return PredictionConfig(
+        checkpoint_dir=config.prediction_checkpoint_filepath,
+        cold_start_s=config.prediction_cold_start_duration_s,
+        safety_margin_percent=config.prediction_safety_margin_percent,
+        memory_half_life_s=config.prediction_memory_histogram_decay_halflife_s,
+        cpu_half_life_s=config.prediction_cpu_histogram_decay_halflife_s,
+        training_interval_s=config.prediction_training_interval_s,
+        model_expiration_s=config.prediction_model_expiration_duration_s,
+        checkpoint_interval_s=config.prediction_model_checkpoint_interval_s,
+        checkpoint_max_per_step=config.prediction_model_checkpoint_max_per_step,
+    )
+
+
+def _predict_server(ctx: AgentContext) -> Component | None:
+    """The peak predictor (Koordinator starts it after the metrics advisor, before the qos manager): histograms
+    of usage, restored from and saved to checkpoints; NodeMetric's prod reclaimable and prod peak."""
+    states = ctx.states
+    server = ctx.predictor = PredictServer(prediction_config(ctx.config), states.pods, ctx.cache, states.has_synced)
+    return server
+
+
+def _prod_prediction(ctx: AgentContext) -> ProdPredict | None:
+    server, states = ctx.predictor, ctx.states
+    if server is None:
+        return None
+    config = server.config
+
+    def predict(pods: Sequence[PodMeta], now: float) -> ProdPrediction:
+        return predict_prod(pods, states.node(), server.prediction, now, config.cold_start_s,
+                            config.safety_margin_percent)
+
+    return predict
+
+
 def _nodemetric_reporter(ctx: AgentContext) -> Component | None:
     config, api_client, states, metrics = ctx.config, ctx.api_client, ctx.states, ctx.metrics
     if not config.enable_node_metric_report:
@@ -481,6 +522,7 @@ def _nodemetric_reporter(ctx: AgentContext) -> Component | None:
         observe=metrics.observe_report,
         on_report=metrics.observe_node_metric_status if config.gate("NodeMetricPromMetrics") else None,
         host_apps=lambda: states.node_slo().host_applications,
+        prod_prediction=_prod_prediction(ctx),
     )
     return reporter
 
@@ -503,6 +545,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
         Part("GPU service", _gpu_service),
         Part("device plugin", _device_plugin),
         Part("metrics advisor", _metrics_advisor),
+        Part("predict server", _predict_server),
         *(_component_part(factory) for factory in components),
         Part("Device reporter", _device_reporter),
         Part("NodeResourceTopology reporter", _nrt_reporter),

@@ -9,9 +9,11 @@ A Plan holds, carried out in this order:
    first, then exact values children first, the executor's leveled update);
 2. ``resctrl``: resctrl actions (make a group, write a group file, move the tasks of cgroups into a group,
    remove a group after moving its tasks back to the root group);
-3. ``evictions``: an :class:`Evictions` request (ordered candidates and the amount to release);
+3. ``evictions``: :class:`Evictions` tasks (ordered candidates and the amount to release), walked once;
 4. ``gauges``: Prometheus gauge values to set or remove (so a decision's figures are exported by the runner,
-   not by the strategy).
+   not by the strategy);
+5. ``system``: node-wide kernel files (sysctls) to write, or to put back as they were before koordlet;
+6. ``processes``: per-process files (``oom_score_adj``) of every process of a cgroup.
 
 ``memo`` is the strategy's own state for its next tick (token buckets, the last policy, a cool-down): the
 manager hands it back in the next snapshot, so ``decide`` stays a pure function. ``report`` is the decision's
@@ -21,12 +23,13 @@ detail (budgets, usage, victims), for logs and tests.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
+from koordlet.api.eviction import EvictionRule, be_rule
 from koordlet.api.pod import PodMeta
-from koordlet.api.qos import QoSClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,7 @@ class CgroupWrite:
     resource: str
     cgroup_dir: str
     value: str | int
+    reason: str = ""  # why, with the figures (the audit's line); "" where the step's owner says it
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +89,41 @@ ResctrlAction = ResctrlGroup | ResctrlWrite | ResctrlMoveTasks | ResctrlRemoveGr
 
 
 @dataclass(frozen=True, slots=True)
+class SystemWrite:
+    """Write ``value`` to the node-wide kernel file ``name`` (``koordlet.system.sysctl``: a sysctl, or one
+    ``sched_features`` flag). ``reason``: why, with the figures (the audit's line)."""
+
+    name: str
+    value: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SystemRestore:
+    """Put back what ``key`` (a sysctl name, or ``sched_features:<NAME>``) held before koordlet's first write."""
+
+    key: str
+    reason: str = ""
+
+
+SystemAction = SystemWrite | SystemRestore
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessWrite:
+    """Write ``value`` to the per-process file ``name`` (``oom_score_adj``) of every process in the cgroup
+    ``cgroup_dir`` (its ``cgroup.procs``) whose value differs. ``reason``: why (the audit's line)."""
+
+    name: str
+    cgroup_dir: str
+    value: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Victim:
-    """An eviction candidate, what evicting it releases (bytes or milli-cores) and the Event message."""
+    """An eviction candidate, what evicting it releases (in its task's measure: bytes or milli-cores) and the
+    Event message."""
 
     pod: PodMeta
     releases: float
@@ -95,13 +132,35 @@ class Victim:
 
 @dataclass(frozen=True, slots=True)
 class Evictions:
-    """Evict ``candidates`` in order until ``target`` is released (koordinator.md §4.5): pods already being
-    evicted count as released, a refused pod (PDB, failure) is skipped and the next one tried, non-BE pods
-    are never asked for. ``feature`` names the strategy's feature gate in the Event."""
+    """One eviction task (koordinator.md §4.5): evict ``candidates`` in order until ``target`` is released.
+
+    Pods already being evicted count as released; a refused pod (PDB, failure) is skipped and the next one
+    tried; a pod ``rule`` does not allow is never asked for (by default: BE pods only). ``feature`` names the
+    feature gate in the Event and the metric. ``counts``: what the other pods of the node would release in
+    this task's measure, so that a pod evicted by an earlier task of the same plan counts here too (Koordinator
+    adds every evicted pod's release to every task's account). ``reason``: the trigger and its figures, for
+    the record and the audit."""
 
     feature: str
     target: float
     candidates: tuple[Victim, ...]
+    rule: EvictionRule | None = None
+    counts: Mapping[str, float] = field(default_factory=lambda: _NO_COUNTS)
+    reason: str = ""
+
+    @property
+    def eviction_rule(self) -> EvictionRule:
+        return self.rule if self.rule is not None else be_rule(self.feature)
+
+    def counted(self, uid: str) -> float:
+        """What pod ``uid`` releases in this task's measure."""
+        for victim in self.candidates:
+            if victim.pod.uid == uid:
+                return victim.releases
+        return self.counts.get(uid, 0.0)
+
+
+_NO_COUNTS: Mapping[str, float] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,59 +177,80 @@ class GaugeSet:
 class Plan:
     steps: tuple[WriteStep, ...] = ()
     resctrl: tuple[ResctrlAction, ...] = ()
-    evictions: Evictions | None = None
+    evictions: tuple[Evictions, ...] = ()
     gauges: tuple[GaugeSet, ...] = ()
     memo: Any = None
     report: Any = None
+    system: tuple[SystemAction, ...] = ()
+    processes: tuple[ProcessWrite, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.steps or self.resctrl or self.evictions or self.gauges)
+        return not (self.steps or self.resctrl or self.evictions or self.gauges or self.system or self.processes)
 
 
 class VictimOutcome(enum.Enum):
-    """What asking for one victim gave, in :func:`walk_victims`."""
+    """What asking for one victim gave, in :func:`walk_evictions`."""
 
     RELEASED = "released"  # already being evicted (or gone): counts as released, nothing asked
     EVICTED = "evicted"  # asked and accepted
     REFUSED = "refused"  # asked and refused: the next candidate is tried
 
 
-def walk_victims(
-    candidates: Sequence[Victim], target: float, outcome: Callable[[Victim], VictimOutcome]
-) -> tuple[float, list[Victim], list[Victim]]:
-    """The one eviction walk: candidates in order until ``target`` is released, BE pods only.
+@dataclass(frozen=True, slots=True)
+class TaskOutcome:
+    """What the walk did for one task: released (in its measure), the victims asked and accepted, and the
+    victims asked and refused."""
 
-    ``outcome(victim)`` says what asking for ``victim`` gives (:class:`VictimOutcome`); anything else is a bug in
-    the caller and raises TypeError rather than counting as released. Returns (released, asked-and-accepted,
-    refused). :func:`planned_victims` runs it assuming every request is accepted; the runner runs it against the
-    evictor.
-    """
-    released = 0.0
-    accepted: list[Victim] = []
-    refused: list[Victim] = []
-    for victim in candidates:
-        if released >= target:
-            break
-        if victim.pod.qos_class is not QoSClass.BE:
-            continue
-        result = outcome(victim)
-        if not isinstance(result, VictimOutcome):
-            raise TypeError(f"an eviction outcome must be a VictimOutcome, not {result!r}")
-        if result is VictimOutcome.REFUSED:
-            refused.append(victim)
-            continue
-        released += victim.releases
-        if result is VictimOutcome.EVICTED:
-            accepted.append(victim)
-    return released, accepted, refused
+    feature: str
+    target: float
+    released: float
+    accepted: tuple[Victim, ...] = ()
+    refused: tuple[Victim, ...] = ()
 
 
-def planned_victims(candidates: Sequence[Victim], target: float, evicting: frozenset[str] = frozenset()) -> tuple[
-        Victim, ...]:
-    """The victims an :class:`Evictions` request asks for when every eviction is accepted; pods in
-    ``evicting`` (uids) count as released without a new request."""
-    _, accepted, _ = walk_victims(
-        candidates, target, lambda v: VictimOutcome.RELEASED if v.pod.uid in evicting else VictimOutcome.EVICTED
-    )
-    return tuple(accepted)
+Outcome = Callable[[Evictions, Victim], VictimOutcome]
+
+
+def walk_evictions(tasks: Sequence[Evictions], outcome: Outcome) -> tuple[TaskOutcome, ...]:
+    """The one eviction walk: each task in order, its candidates in order until its target is released.
+
+    ``outcome(task, victim)`` says what asking for ``victim`` gives (:class:`VictimOutcome`); anything else is a
+    bug in the caller and raises TypeError rather than counting as released. A pod gone (evicted or already
+    going) in an earlier task is not asked for again, and what it releases counts for every later task
+    (``Evictions.counted``). Pods the task's rule does not allow are skipped before anything is asked.
+    :func:`planned_victims` runs it assuming every request is accepted; the runner runs it against the evictor."""
+    gone: list[str] = []
+    results: list[TaskOutcome] = []
+    for task in tasks:
+        rule = task.eviction_rule
+        released = sum(task.counted(uid) for uid in gone)
+        accepted: list[Victim] = []
+        refused: list[Victim] = []
+        for victim in task.candidates:
+            if released >= task.target:
+                break
+            if victim.pod.uid in gone or not rule.allows(victim.pod):
+                continue
+            result = outcome(task, victim)
+            if not isinstance(result, VictimOutcome):
+                raise TypeError(f"an eviction outcome must be a VictimOutcome, not {result!r}")
+            if result is VictimOutcome.REFUSED:
+                refused.append(victim)
+                continue
+            gone.append(victim.pod.uid)
+            released += victim.releases
+            if result is VictimOutcome.EVICTED:
+                accepted.append(victim)
+        results.append(TaskOutcome(task.feature, task.target, released, tuple(accepted), tuple(refused)))
+    return tuple(results)
+
+
+def planned_victims(candidates: Sequence[Victim], target: float, evicting: frozenset[str] = frozenset(),
+                    rule: EvictionRule | None = None) -> tuple[Victim, ...]:
+    """The victims one task asks for when every eviction is accepted; pods in ``evicting`` (uids) count as
+    released without a new request."""
+    task = Evictions(rule.feature if rule else "", target, tuple(candidates), rule)
+    (done,) = walk_evictions(
+        (task,), lambda _, v: VictimOutcome.RELEASED if v.pod.uid in evicting else VictimOutcome.EVICTED)
+    return done.accepted

@@ -98,10 +98,15 @@ boot() {
     cmdline+=" init=$here/scripts/v2-systemd-init.sh"
     how=(--systemd --qemu-opts="-append '$cmdline'")
   else
+    # A block device for the blkio tests (test_blkio_v2.py): a sparse 64 MiB image attached as a virtio disk; the
+    # guest finds it by its serial (the image path's first 20 characters, all a virtio-blk serial holds).
+    local disk=$dir/blkio-disk.img
+    truncate -s 64M "$disk"
     local guest_cmd
-    guest_cmd="KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode bash $(printf %q "$here/scripts/v2-guest.sh")"
+    guest_cmd="KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode KPY_V2_DISK=$(printf %q "$disk")"
+    guest_cmd+=" bash $(printf %q "$here/scripts/v2-guest.sh")"
     for a in "$@"; do guest_cmd+=" $(printf %q "$a")"; done
-    how=(--exec "$guest_cmd")
+    how=(--disk "$disk" --exec "$guest_cmd")
   fi
   log "booting $kernel under qemu (TCG: this machine's KVM cannot run guests), $cpus vCPUs, $memory, $driver driver"
   local started; started=$(date +%s)

@@ -18,6 +18,7 @@ from koordlet.api import device as _device
 from koordlet.api._fields import FieldError, Overrides, apply, check_int, collect, show
 from koordlet.api.cpuset import CPUListError, parse_cpu_list
 from koordlet.api.keys import (
+    ANNOTATION_BLKIO_QOS,
     ANNOTATION_CPU_BURST,
     ANNOTATION_CPU_QOS,
     ANNOTATION_DEVICE_ALLOCATED,
@@ -27,6 +28,8 @@ from koordlet.api.keys import (
     ANNOTATION_NODE_CPU_NORMALIZATION_RATIO,
     ANNOTATION_NODE_RESERVATION,
     ANNOTATION_NODE_SYSTEM_QOS_RESOURCE,
+    ANNOTATION_OOM_SCORE_ADJ,
+    ANNOTATION_OOM_SCORE_ADJ_SPEC,
     ANNOTATION_RESCTRL,
     ANNOTATION_RESOURCE_STATUS,
     canonical_resource_name,
@@ -34,6 +37,7 @@ from koordlet.api.keys import (
 from koordlet.api.nodeslo import (
     CPUQOS,
     NONE_MEMORY_QOS,
+    BlkIOQOS,
     CPUBurstStrategy,
     MemoryQOS,
 )
@@ -441,3 +445,44 @@ def parse_system_qos_resource(value: str) -> SystemQOSResource:
     if not isinstance(exclusive, bool):
         raise AnnotationError(annotation, f"cpusetExclusive: expected true or false, got {show(exclusive)}")
     return SystemQOSResource(cpuset=cpuset, cpuset_exclusive=exclusive)
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _int64_text(annotation: str, text: str) -> int:
+    """A base-10 int64 as Go's strconv.ParseInt reads it: optional sign, ASCII digits, nothing else."""
+    body = text[1:] if text[:1] in "+-" else text
+    if not body or not body.isascii() or not body.isdigit() or len(body) > 19:
+        raise AnnotationError(annotation, f"expected an integer, got {show(text)}")
+    value = int(text)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise AnnotationError(annotation, f"{text} is out of the int64 range")
+    return value
+
+
+def parse_oom_score_adj(annotations: Mapping[str, str], container: str) -> int | None:
+    """The oom_score_adj a container's processes are to get (§3.3 OOMScoreAdj): the container's entry of
+    ``koordinator.sh/oom-score-adj-spec`` (a JSON object of container name → integer), else the pod-wide
+    ``koordinator.sh/oom-score-adj`` (an integer string); None when neither names a value. A spec that cannot
+    be read stops here (no fall back), as in Koordinator. The range (−1000..1000) is hooks/validate.py's."""
+    spec = annotations.get(ANNOTATION_OOM_SCORE_ADJ_SPEC)
+    if spec:
+        data = _object(ANNOTATION_OOM_SCORE_ADJ_SPEC, _load_json(ANNOTATION_OOM_SCORE_ADJ_SPEC, spec))
+        for name, raw in data.items():
+            if isinstance(raw, bool) or not isinstance(raw, int) or not _INT64_MIN <= raw <= _INT64_MAX:
+                raise AnnotationError(ANNOTATION_OOM_SCORE_ADJ_SPEC, f"{show(name)}: expected an integer, got "
+                                                                     f"{show(raw)}")
+        if container in data:
+            return int(data[container])  # type: ignore[arg-type]
+    pod_wide = annotations.get(ANNOTATION_OOM_SCORE_ADJ)
+    if pod_wide:
+        return _int64_text(ANNOTATION_OOM_SCORE_ADJ, pod_wide)
+    return None
+
+
+def parse_blkio_qos(value: str) -> BlkIOQOS:
+    """``koordinator.sh/blkioQOS`` (§4.8): ``{"blocks": [{"name", "type", "ioCfg": {...}}]}`` for the pod's own
+    cgroup. (An empty value means no blocks; the blkio strategy handles that before parsing.)"""
+    data = _object(ANNOTATION_BLKIO_QOS, _load_json(ANNOTATION_BLKIO_QOS, value))
+    return apply(BlkIOQOS(), _overrides(ANNOTATION_BLKIO_QOS, BlkIOQOS, data))

@@ -12,7 +12,8 @@ last good spec. Merging the valid rest was rejected because a half-applied spec 
 with a threshold the operator did not choose (``enable: true`` with a typo in the threshold would run
 suppression at the default 65%). Unknown keys are ignored so specs from newer Koordinator releases load.
 
-``blkioQOS`` and ``cgroupRoot`` (blkio only) are not modelled yet; they are ignored like unknown keys.
+``blkioQOS`` (per class and for ``cgroupRoot``) is kept as given: the blkio strategy reads ``enable`` itself
+(a disabled class removes what koordlet wrote, Koordinator's rule), so it is not replaced by "none" values.
 """
 
 from __future__ import annotations
@@ -176,6 +177,82 @@ class NetworkQOS:
     egress_limit: int | str = field(default=100, metadata=meta("egressLimit", _check_int_or_quantity))
 
 
+BLOCK_TYPE_DEVICE = "device"
+BLOCK_TYPE_VOLUME_GROUP = "volumegroup"
+BLOCK_TYPE_POD_VOLUME = "podvolume"
+_NON_NEGATIVE_INT64 = check_int(0, 2**63 - 1)
+_POSITIVE_INT64 = check_int(1, 2**63 - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class IOCfg:
+    """``ioCfg`` of a block (§4.8): throttles (0 = none), the weight percent, and the blk-iocost settings of the
+    root cgroup. None = not set (the blkio strategy applies Koordinator's defaults)."""
+
+    read_iops: int | None = field(default=None, metadata=meta("readIOPS", _NON_NEGATIVE_INT64))
+    write_iops: int | None = field(default=None, metadata=meta("writeIOPS", _NON_NEGATIVE_INT64))
+    read_bps: int | None = field(default=None, metadata=meta("readBPS", _NON_NEGATIVE_INT64))
+    write_bps: int | None = field(default=None, metadata=meta("writeBPS", _NON_NEGATIVE_INT64))
+    io_weight_percent: int | None = field(default=None, metadata=meta("ioWeightPercent", check_int(1, 100)))
+    read_latency: int | None = field(default=None, metadata=meta("readLatency", _NON_NEGATIVE_INT64))
+    write_latency: int | None = field(default=None, metadata=meta("writeLatency", _NON_NEGATIVE_INT64))
+    read_latency_percent: int | None = field(default=None, metadata=meta("readLatencyPercent", PERCENT))
+    write_latency_percent: int | None = field(default=None, metadata=meta("writeLatencyPercent", PERCENT))
+    enable_user_model: bool | None = field(default=None, metadata=meta("enableUserModel", check_bool))
+    model_read_bps: int | None = field(default=None, metadata=meta("modelReadBPS", _POSITIVE_INT64))
+    model_write_bps: int | None = field(default=None, metadata=meta("modelWriteBPS", _POSITIVE_INT64))
+    model_read_seq_iops: int | None = field(default=None, metadata=meta("modelReadSeqIOPS", _POSITIVE_INT64))
+    model_write_seq_iops: int | None = field(default=None, metadata=meta("modelWriteSeqIOPS", _POSITIVE_INT64))
+    model_read_rand_iops: int | None = field(default=None, metadata=meta("modelReadRandIOPS", _POSITIVE_INT64))
+    model_write_rand_iops: int | None = field(default=None, metadata=meta("modelWriteRandIOPS", _POSITIVE_INT64))
+
+
+def _check_block_name(value: object) -> str:
+    text = check_str(value)
+    if not text or "\x00" in text or len(text) > 255:
+        raise FieldError(f"expected a block device or volume group name, got {show(value)}")
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCfg:
+    """One block of ``blkioQOS.blocks``: a device (``/dev/sdb``), an LVM volume group, or a pod volume."""
+
+    name: str = field(default="", metadata=meta("name", _check_block_name))
+    block_type: str = field(default="", metadata=meta("type", check_enum(
+        BLOCK_TYPE_DEVICE, BLOCK_TYPE_VOLUME_GROUP, BLOCK_TYPE_POD_VOLUME)))
+    io_cfg: IOCfg = field(default=IOCfg(), metadata=nested("ioCfg"))
+
+
+MAX_BLOCKS = 64
+
+
+def check_blocks(value: object) -> tuple[BlockCfg, ...]:
+    """A ``blocks`` list (NodeSLO ``blkioQOS`` and the ``koordinator.sh/blkioQOS`` annotation)."""
+    if not isinstance(value, list):
+        raise FieldError(f"expected a list, got {show(value)}")
+    if len(value) > MAX_BLOCKS:
+        raise FieldError(f"at most {MAX_BLOCKS} blocks, got {len(value)}")
+    blocks: list[BlockCfg] = []
+    errors: list[str] = []
+    for index, raw in enumerate(value):
+        block = apply(BlockCfg(), collect(BlockCfg, raw, f"[{index}]", errors))
+        if not block.name or not block.block_type:
+            errors.append(f"[{index}]: name and type are required")
+        blocks.append(block)
+    if errors:
+        raise FieldError("; ".join(errors))
+    return tuple(blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class BlkIOQOS:
+    """``blkioQOS``: ``enable`` and the ``blocks`` (§4.8)."""
+
+    enable: bool = field(default=False, metadata=meta("enable", check_bool))
+    blocks: tuple[BlockCfg, ...] = field(default=(), metadata=meta("blocks", check_blocks))
+
+
 @dataclass(frozen=True, slots=True)
 class ResourceQOS:
     """The QoS settings of one class (``lsrClass``, ``lsClass``, ``beClass``, ``systemClass``)."""
@@ -184,6 +261,14 @@ class ResourceQOS:
     memory_qos: MemoryQOS = field(default=MemoryQOS(), metadata=nested("memoryQOS"))
     resctrl_qos: ResctrlQOS = field(default=ResctrlQOS(), metadata=nested("resctrlQOS"))
     network_qos: NetworkQOS = field(default=NetworkQOS(), metadata=nested("networkQOS"))
+    blkio_qos: BlkIOQOS = field(default=BlkIOQOS(), metadata=nested("blkioQOS"))
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupRootQOS:
+    """``cgroupRoot``: a ResourceQOS of which only ``blkioQOS`` means anything (blk-iocost on the root cgroup)."""
+
+    blkio_qos: BlkIOQOS = field(default=BlkIOQOS(), metadata=nested("blkioQOS"))
 
 
 CPU_POLICY_GROUP_IDENTITY = "groupIdentity"
@@ -255,6 +340,7 @@ class ResourceQOSStrategy:
     ls_class: ResourceQOS = field(default=_DEFAULT_CLASSES[QoSClass.LS], metadata=nested("lsClass"))
     be_class: ResourceQOS = field(default=_DEFAULT_CLASSES[QoSClass.BE], metadata=nested("beClass"))
     system_class: ResourceQOS = field(default=_DEFAULT_CLASSES[QoSClass.SYSTEM], metadata=nested("systemClass"))
+    cgroup_root: CgroupRootQOS = field(default=CgroupRootQOS(), metadata=nested("cgroupRoot"))
 
     def for_class(self, qos: QoSClass) -> ResourceQOS:
         """Settings of a QoS class; LSE shares LSR's (§4.6); NONE gets the none values."""
@@ -444,12 +530,13 @@ class NodeSLOSpec:
 
 
 def _disable_to_none(resource_qos: ResourceQOS) -> ResourceQOS:
-    """Replace every disabled QoS of a class by its none values (keeping enable=False)."""
+    """Replace every disabled QoS of a class by its none values (keeping enable=False); blkio stays as given."""
     return ResourceQOS(
         cpu_qos=resource_qos.cpu_qos if resource_qos.cpu_qos.enable else NONE_CPU_QOS,
         memory_qos=resource_qos.memory_qos if resource_qos.memory_qos.enable else NONE_MEMORY_QOS,
         resctrl_qos=resource_qos.resctrl_qos if resource_qos.resctrl_qos.enable else NONE_RESCTRL_QOS,
         network_qos=resource_qos.network_qos if resource_qos.network_qos.enable else NONE_NETWORK_QOS,
+        blkio_qos=resource_qos.blkio_qos,
     )
 
 

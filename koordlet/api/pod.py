@@ -75,6 +75,8 @@ class PodMeta:
     # the limits and the cpu request kubelet encoded in the Linux resources (cpu.shares), but no memory or
     # extended-resource (batch-cpu/batch-memory) requests. What needs those leaves such a pod as it is.
     requests_known: bool = True
+    created_at: float | None = None  # metadata.creationTimestamp (the CRI: the sandbox's), Unix seconds
+    deleting: bool = False  # metadata.deletionTimestamp is set
 
     @property
     def effective_kube_qos(self) -> KubeQoS | None:

@@ -19,6 +19,12 @@ once per resource and hierarchy); a missing dir is :class:`CgroupNotFoundError` 
 where a child's cpuset must be a subset of its parent's and a child's CFS quota may not exceed its
 parent's: first parents to children with the looser of current and wanted value (union of cpusets, larger
 quota), then children to parents with the exact values (koordinator.md §10, §15.7).
+
+Node-wide kernel files (the sysctls of NodeSLO ``systemStrategy``, ``/proc/<pid>/oom_score_adj``) go through
+:meth:`ResourceExecutor.write_system` with the same checks (registry range, path inside ``proc_dir``/``sys_dir``,
+``O_NOFOLLOW``, the write cache). Before its first write of a sysctl the executor records what was there
+(:class:`~koordlet.executor.originals.Originals`, kept in a file when one is given, so a restarted agent still
+knows), and :meth:`ResourceExecutor.restore_system` writes it back.
 """
 
 from __future__ import annotations
@@ -33,9 +39,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from koordlet.executor import metrics
+from koordlet.executor.originals import Originals
 from koordlet.system import kernfs
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
-from koordlet.system.resources import CgroupResource, InvalidCgroupValueError, get_resource
+from koordlet.system.resources import CgroupResource, InvalidCgroupValueError, device_of, get_resource
+from koordlet.system.sysctl import (
+    SCHED_FEATURES,
+    InvalidSystemValueError,
+    SystemResource,
+    get_system_resource,
+    parse_sched_features,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -162,9 +176,16 @@ class ResourceExecutor:
         resctrl_root: str | None = None,
         force_update_seconds: float = DEFAULT_FORCE_UPDATE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        proc_dir: str | None = None,
+        sys_dir: str | None = None,
+        originals_file: str | None = None,
     ) -> None:
+        """``proc_dir``/``sys_dir``: where procfs and sysfs are mounted (None: no system writes);
+        ``originals_file``: where the values found before the first sysctl writes are kept (None: memory)."""
         self.cgroup_fs = cgroup_fs
         self.resctrl_root = resctrl_root
+        self._mounts = {"proc": proc_dir, "sys": sys_dir}
+        self.originals = Originals(originals_file)
         self.force_update_seconds = force_update_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -314,6 +335,112 @@ class ResourceExecutor:
         metrics.count_update("resctrl.group", metrics.STATUS_WRITTEN)
         return True
 
+    # ------------------------------------------------------------------------------- node-wide files
+
+    def _system_path(self, resource: SystemResource, pid: int | None) -> str:
+        mount = self._mounts.get(resource.fs)
+        if mount is None:
+            raise UnsupportedResourceError(f"no {resource.fs} root configured for {resource.name}")
+        if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0):
+            raise UnsafePathError(f"{resource.name}: not a PID: {pid!r}")
+        path = resource.path(mount, pid)
+        real_root = self._real_roots.get(mount)
+        if real_root is None:
+            real_root = self._real_roots[mount] = os.path.realpath(mount)
+        if not _inside(real_root, path):
+            raise UnsafePathError(f"{path} resolves outside {mount}")
+        return path
+
+    def read_system(self, name: str, pid: int | None = None) -> str:
+        """Current content of a node-wide kernel file (``pid``: of that process); raises ExecutorError."""
+        resource = get_system_resource(name)
+        path = self._system_path(resource, pid)
+        try:
+            return kernfs.read_text(path)
+        except FileNotFoundError as exc:
+            raise UnsupportedResourceError(f"{path} does not exist on this kernel") from exc
+        except OSError as exc:
+            raise ExecutorError(f"cannot read {path}: {exc.strerror}") from exc
+
+    def write_system(self, name: str, value: str | int, pid: int | None = None) -> bool:
+        """Write ``value`` to a node-wide kernel file: True when written, False when skipped (cached, or the file
+        already holds it). A sysctl's value before koordlet's first write is recorded for
+        :meth:`restore_system`; per-process files (``pid``) are not recorded. Raises ExecutorError."""
+        resource = get_system_resource(name)
+        try:
+            try:
+                text = resource.validate(value)
+            except InvalidSystemValueError as exc:
+                raise InvalidUpdateError(str(exc)) from exc
+            path = self._system_path(resource, pid)
+            with self._lock:
+                written = self._write_system(resource, path, text, record=pid is None)
+        except ExecutorError as exc:
+            metrics.count_update(name, exc.status)
+            logger.debug("update %s (pid %s) not done: %s", name, pid, exc)
+            raise
+        metrics.count_update(name, metrics.STATUS_WRITTEN if written else metrics.STATUS_SKIPPED)
+        return written
+
+    def _write_system(self, resource: SystemResource, path: str, text: str, record: bool) -> bool:
+        """Caller holds the lock."""
+        now = self._clock()
+        cache_key = f"{path}\0{text.removeprefix('NO_')}" if resource.flags else path
+        cached = self._cache.get(cache_key) if record else None  # a PID's file: always read (PIDs are reused)
+        if cached is not None and cached[0] == text and now - cached[1] < self.force_update_seconds:
+            return False
+        current = self._read_current(path)
+        if current is None:
+            if not record:
+                raise CgroupNotFoundError(f"{path}: the process is gone")
+            raise UnsupportedResourceError(f"{path} does not exist on this kernel")
+        key, before = self._original_of(resource, current, text)
+        if before is None:
+            raise InvalidUpdateError(f"{resource.name}: this kernel has no feature {text.removeprefix('NO_')!r}")
+        if before != text:
+            if record:
+                self.originals.record(key, before)
+            self._write_file(resource.name, path, text)
+        if record:
+            self._cache[cache_key] = (text, now)
+        return before != text
+
+    @staticmethod
+    def _original_of(resource: SystemResource, current: str, text: str) -> tuple[str, str | None]:
+        """(record key, the file's current value in the form written) of one write."""
+        if not resource.flags:
+            return resource.name, current.strip()
+        name = text.removeprefix("NO_")
+        on = parse_sched_features(current).get(name)
+        return f"{SCHED_FEATURES}:{name}", None if on is None else (name if on else f"NO_{name}")
+
+    def restore_system(self, key: str) -> bool:
+        """Write back what was there before koordlet's first write of ``key`` (a sysctl name, or
+        ``sched_features:<NAME>``) and forget it; False when nothing was recorded. Raises ExecutorError."""
+        original = self.originals.get(key)
+        if original is None:
+            return False
+        name = key.partition(":")[0]
+        resource = get_system_resource(name)
+        path = self._system_path(resource, None)
+        try:
+            with self._lock:
+                current = self._read_current(path)
+                if current is None:
+                    raise UnsupportedResourceError(f"{path} does not exist on this kernel")
+                _, now_value = self._original_of(resource, current, original)
+                if now_value != original:
+                    self._write_file(resource.name, path, original)
+                self._cache.pop(path, None)
+                self._cache.pop(f"{path}\0{original.removeprefix('NO_')}", None)
+        except ExecutorError as exc:
+            metrics.count_update(name, exc.status)
+            raise
+        self.originals.forget(key)
+        metrics.count_update(name, metrics.STATUS_WRITTEN)
+        logger.info("restored %s to %s (its value before koordlet changed it)", key, original)
+        return True
+
     def forget(self, cgroup_dir: str = "") -> None:
         """Drop cached writes of ``cgroup_dir`` and below in every hierarchy (all when empty), e.g. when a
         pod is gone or its cgroup was recreated, so the next update writes for sure."""
@@ -431,15 +558,19 @@ class ResourceExecutor:
             current = self._read_current(target.path) if resource.v2_needs_current else None
             content = resource.to_file_value(v1_value, CgroupVersion.V2, current)
         now = self._clock()
-        cached = self._cache.get(target.path)
+        # A per-device file (blkio) holds one line per device, and on v2 io.max holds four resources: each
+        # (resource, device) is cached on its own, and "verify" cannot compare a line with the whole file.
+        per_device = resource.per_device
+        key = f"{target.path}\0{resource.name}\0{device_of(v1_value)}" if per_device else target.path
+        cached = self._cache.get(key)
         if (cached is not None and cached[0] == content and now - cached[1] < self.force_update_seconds
-                and (not verify or self._read_current(target.path) == content)):
+                and (not verify or (not per_device and self._read_current(target.path) == content))):
             metrics.count_update(target.resource.name, metrics.STATUS_SKIPPED)
             return False
         self._require_file(target.path)
         self._write_file(target.resource.name, target.path, content)
-        self._cache.pop(target.path, None)
-        self._cache[target.path] = (content, now)
+        self._cache.pop(key, None)
+        self._cache[key] = (content, now)
         if len(self._cache) > _CACHE_MAX_ENTRIES:
             del self._cache[next(iter(self._cache))]
         metrics.count_update(target.resource.name, metrics.STATUS_WRITTEN)

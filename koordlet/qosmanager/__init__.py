@@ -22,10 +22,21 @@ from koordlet.actuator import PlanRunner
 from koordlet.eviction import Evictor
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
-from koordlet.qosmanager import cpuburst, cpuevict, cpusuppress, memoryevict, memoryqos, resctrl
+from koordlet.plan import Plan, SystemRestore
+from koordlet.qosmanager import (
+    blkio,
+    cpuburst,
+    cpuevict,
+    cpusuppress,
+    memoryevict,
+    memoryqos,
+    resctrl,
+    sysreconcile,
+)
 from koordlet.qosmanager.framework import (
     DEFAULT_FEATURE_GATES,
     GATE_BE_CPU_MANAGER,
+    GATE_SYSTEM_CONFIG,
     QoSManager,
     QoSManagerConfig,
     Strategy,
@@ -48,6 +59,8 @@ STRATEGIES: tuple[Strategy, ...] = (
     resctrl.STRATEGY,
     memoryevict.STRATEGY,
     cpuevict.STRATEGY,
+    sysreconcile.STRATEGY,
+    blkio.STRATEGY,
 )
 _EVICTIONS = (memoryevict.STRATEGY.name, cpuevict.STRATEGY.name)
 
@@ -90,21 +103,35 @@ def new_qos_manager(
             logger.warning("no CPU topology (%s); the cpuset suppress policy will not pick CPUs", exc)
             cpus = ()
     builder = SnapshotBuilder(states, cache, cpus, config.collect_res_used_interval_s, reader=executor,
-                              layout=layout, cpu_manager=cpu_manager)
+                              layout=layout, cpu_manager=cpu_manager, sys_dir=sys_dir)
     strategies: list[Strategy] = []
+    if config.gate(GATE_BE_CPU_MANAGER):
+        # §4.2: with the BE CPU manager, suppress stands down and keeps the BE cpusets on the share pool
+        # (cpusuppress.decide_be_cpu_manager); the cpuset hook gives allocated BE pods their NUMA nodes' pools.
+        logger.info("feature gate %s is on: CPU suppress stands down, BE cpusets follow the BE share pool",
+                    GATE_BE_CPU_MANAGER)
     for strategy in STRATEGIES:
-        if strategy is cpusuppress.STRATEGY and config.gate(GATE_BE_CPU_MANAGER):
-            # §4.2: with the BE CPU manager, BE pods get their cpusets from it and suppress stays off.
-            logger.info("feature gate %s is on: CPU suppress is off", GATE_BE_CPU_MANAGER)
-            continue
         if strategy.name in _EVICTIONS and evictor is None:
             continue
         strategies.append(replace(strategy, interval_s=_interval_s(strategy, config)))
     if evictor is None:
         logger.info("no evictor: the eviction strategies are off")
     runner = PlanRunner(executor, evictor, GAUGES)
+    _restore_system_config(config, executor, runner)
     return QoSManager(states, strategies, config, phase_source=builder.latest_collection, builder=builder,
                       runner=runner)
+
+
+def _restore_system_config(config: QoSManagerConfig, executor: ResourceExecutor, runner: PlanRunner) -> None:
+    """With the ``SystemConfig`` gate off, put back every sysctl an earlier koordlet changed (the executor's
+    record survives restarts): switching the gate off undoes the strategy."""
+    recorded = sorted(executor.originals.keys())
+    if config.gate(GATE_SYSTEM_CONFIG) or not recorded:
+        return
+    reason = f"feature gate {GATE_SYSTEM_CONFIG} is off"
+    record = runner.run(Plan(system=tuple(SystemRestore(key, reason) for key in recorded)), sysreconcile.STRATEGY.name)
+    logger.info("%s: restored %d recorded sysctl values (%d failed)", reason, record.system_written,
+                len(record.system_errors))
 
 
 __all__ = [

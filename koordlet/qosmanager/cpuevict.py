@@ -1,15 +1,33 @@
-"""BE CPU satisfaction eviction (``BECPUEvict``, koordinator.md §4.4).
+"""CPU eviction (``BECPUEvict``, ``CPUAllocatableEvict``, ``CPUEvict``; koordinator.md §4.4, Koordinator
+qosmanager/plugins/cpuevict).
 
-Over a window of max(collect interval, ``cpuEvictTimeWindowSeconds``) the BE usage, request and real limit
-(``node_be`` series, milli-cores) are averaged; at least window/3 seconds of samples are required. The BE
+One strategy runs the three features in Koordinator's order (BE satisfaction, allocatable, node usage) as the
+tasks of one plan: a pod evicted by an earlier task counts for the later ones. Each feature needs its gate and
+``resourceUsedThresholdWithBE.enable``; the strategy rests 20 s after an eviction and for the first 20 s
+after start.
+
+``BECPUEvict``: over a window of max(collect interval, ``cpuEvictTimeWindowSeconds``) the BE usage, request and
+real limit (``node_be`` series, milli-cores) are averaged; at least window/3 seconds of samples are required. The BE
 limit is the real limit (min of BE cpuset size × 1000 and the besteffort quota) or, with
 ``evictByAllocatable``, the node's allocatable batch-cpu (0 → 1 milli). It triggers only when BE pods use
 ≥ ``cpuEvictBEUsageThresholdPercent`` (90) of the limit (a limit below one core always passes) and the
 satisfaction limit/request ≤ lower%: release = request × (upper% − satisfaction), taking the smaller of
 the figure from averages and from the last samples (when request or limit changed). Victims: BE pods by
-spec.priority ascending, then usage/request descending; each releases its batch-cpu request. The strategy
-rests 20 s after an eviction and for the first 20 s after start. Inert until both satisfaction bounds are
-set (lower in (0, 60], upper in (0, 100), upper ≥ lower).
+spec.priority ascending, then usage/request descending; each releases its batch-cpu request. Inert until
+both satisfaction bounds are set (lower in (0, 60], upper in (0, 100), upper ≥ lower).
+
+``CPUEvict``: the node's CPU usage averaged over the same window, usage% = used milli × 100 // capacity
+milli; at or above ``cpuEvictThresholdPercent`` it releases capacity × (usage% − lower%) / 100 milli-cores,
+lower = ``cpuEvictLowerPercent`` or threshold − 2, from the pods that opted in (``koordinator.sh/eviction-
+enabled``) at or below ``evictEnabledPriorityThreshold`` and have a usage sample, in the opt-in order
+(:mod:`koordlet.api.eviction`) and then CPU used descending; each releases its CPU used.
+
+``CPUAllocatableEvict``: Σ cpu requests of the pods at or below ``allocatableEvictPriorityThreshold`` (≤ 7999)
+per resource (``kubernetes.io/batch-cpu`` of koord-batch pods, ``kubernetes.io/mid-cpu`` of koord-mid pods)
+against the node's allocatable: above ``cpuAllocatableEvictThresholdPercent`` it releases requested −
+allocatable × lower% / 100 (all when the node has none), from the opted-in pods of that class with a usage
+sample, in the opt-in order and then request descending; each releases its request (only pods that free some
+of the over-committed resource are taken; Koordinator walks every opted-in pod).
 """
 
 from __future__ import annotations
@@ -18,16 +36,25 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from koordlet.api.keys import RESOURCE_BATCH_CPU
+from koordlet.api.eviction import EvictionRule, be_rule, opt_in_order, opt_in_rule
+from koordlet.api.keys import RESOURCE_BATCH_CPU, RESOURCE_CPU
 from koordlet.api.nodeslo import CPU_EVICT_POLICY_ALLOCATABLE, CPU_EVICT_POLICY_REAL_LIMIT, NodeSLOSpec
-from koordlet.plan import Plan, Victim, planned_victims
-from koordlet.qosmanager.framework import GATE_BE_CPU_EVICT, QoSManagerConfig, Strategy
+from koordlet.plan import Evictions, Plan, Victim, planned_victims
+from koordlet.qosmanager.framework import (
+    GATE_BE_CPU_EVICT,
+    GATE_CPU_ALLOCATABLE_EVICT,
+    GATE_CPU_EVICT,
+    QoSManagerConfig,
+    Strategy,
+)
 from koordlet.qosmanager.snapshot import BECPUWindow, Needs, Snapshot, is_be, pod_batch_cpu_request_milli
-from koordlet.qosmanager.victims import eviction_plan, rest
+from koordlet.qosmanager.victims import allocatable_invalid, allocatable_tasks, eviction_task, rest, tasks_plan
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_COOL_TIME_S = 20.0
+CPU_RELEASE_BUFFER_PERCENT = 2  # CPUEvict's lower percent when unset: threshold − 2
+FEATURES = (GATE_BE_CPU_EVICT, GATE_CPU_ALLOCATABLE_EVICT, GATE_CPU_EVICT)  # Koordinator's order
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +68,13 @@ class CPUEvictConfig:
     collect_interval_s: float = 1.0  # flag -collect-res-used-interval
     cool_time_s: float = DEFAULT_COOL_TIME_S  # flag -cpu-evict-cool-time-seconds
     started_at: float | None = None  # the agent's start (wall clock): rests the cool time after it
+    features: tuple[str, ...] = (GATE_BE_CPU_EVICT,)  # the gates that are on, in FEATURES order
+    threshold_percent: int | None = None  # CPUEvict: cpuEvictThresholdPercent
+    lower_percent_usage: int | None = None  # CPUEvict: cpuEvictLowerPercent
+    evict_enabled_priority_threshold: int | None = None
+    allocatable_threshold_percent: int | None = None  # CPUAllocatableEvict
+    allocatable_lower_percent: int | None = None
+    allocatable_priority_threshold: int | None = None
 
     @classmethod
     def from_node_slo(cls, spec: NodeSLOSpec, flags: QoSManagerConfig | None = None) -> CPUEvictConfig:
@@ -56,11 +90,42 @@ class CPUEvictConfig:
             collect_interval_s=flags.collect_res_used_interval_s,
             cool_time_s=flags.cpu_evict_cool_time_s,
             started_at=flags.started_at,
+            features=tuple(f for f in FEATURES if flags.gate(f)),
+            threshold_percent=t.cpu_evict_threshold_percent,
+            lower_percent_usage=t.cpu_evict_lower_percent,
+            evict_enabled_priority_threshold=t.evict_enabled_priority_threshold,
+            allocatable_threshold_percent=t.cpu_allocatable_evict_threshold_percent,
+            allocatable_lower_percent=t.cpu_allocatable_evict_lower_percent,
+            allocatable_priority_threshold=t.allocatable_evict_priority_threshold,
         )
 
     @property
     def needs(self) -> Needs:
-        return Needs(be_window_s=self.window_s(self.collect_interval_s))
+        window = self.window_s(self.collect_interval_s)
+        return Needs(be_window_s=window if GATE_BE_CPU_EVICT in self.features else None,
+                     node_cpu_avg_window_s=window if GATE_CPU_EVICT in self.features else None)
+
+    @property
+    def effective_lower_percent_usage(self) -> int | None:
+        if self.lower_percent_usage is not None:
+            return self.lower_percent_usage
+        return None if self.threshold_percent is None else self.threshold_percent - CPU_RELEASE_BUFFER_PERCENT
+
+    def invalid(self, feature: str) -> str | None:
+        """Why ``feature`` cannot run with this config (Koordinator's config checks); None when it can."""
+        if feature == GATE_BE_CPU_EVICT:
+            return None if self.valid else "satisfaction bounds not set or invalid"
+        if feature == GATE_CPU_ALLOCATABLE_EVICT:
+            return allocatable_invalid(self.allocatable_threshold_percent, self.allocatable_lower_percent,
+                                       self.allocatable_priority_threshold)
+        lower = self.effective_lower_percent_usage
+        if self.threshold_percent is None or lower is None:
+            return "cpuEvictThresholdPercent is not set"
+        if lower >= self.threshold_percent:
+            return f"lower percent {lower} is not below the threshold {self.threshold_percent}"
+        if self.evict_enabled_priority_threshold is None:
+            return "evictEnabledPriorityThreshold is not set"
+        return None
 
     @property
     def valid(self) -> bool:
@@ -134,32 +199,100 @@ def decide_release(snapshot: Snapshot, config: CPUEvictConfig, evicting: Collect
     if release <= 0:
         return CPUEvictDecision(0.0, satisfaction)
     candidates = cpu_victims(snapshot)
-    victims = planned_victims(candidates, release, frozenset(evicting))
+    victims = planned_victims(candidates, release, frozenset(evicting), be_rule(GATE_BE_CPU_EVICT))
     return CPUEvictDecision(release, satisfaction, candidates, victims)
 
 
+def _be_task(snapshot: Snapshot, config: CPUEvictConfig) -> tuple[tuple[Evictions, ...], object]:
+    decision = decide_release(snapshot, config)
+    if not decision.triggered:
+        return (), decision
+    window = snapshot.be_cpu
+    assert window is not None
+    reason = (f"BE CPU satisfaction {decision.satisfaction:.3f} (limit {window.avg_real_limit_milli:.0f}m / "
+              f"request {window.avg_request_milli:.0f}m, usage {window.avg_usage_milli:.0f}m) <= "
+              f"{config.lower_percent}%, releasing {decision.release_milli:.0f}m to reach {config.upper_percent}%")
+    counts = {pod.uid: float(pod_batch_cpu_request_milli(pod)) for pod in snapshot.pods}
+    task = eviction_task(GATE_BE_CPU_EVICT, decision.release_milli, decision.candidates,
+                         lambda v: f"{reason}; this pod requests {v.releases:.0f}m batch-cpu", reason, counts=counts)
+    return (task,), decision
+
+
+@dataclass(frozen=True, slots=True)
+class UsageDecision:
+    """``CPUEvict``'s figures: the node's average CPU use over the window and what to release."""
+
+    used_milli: float | None
+    usage_percent: int | None
+    release_milli: int
+    candidates: tuple[Victim, ...] = ()
+    victims: tuple[Victim, ...] = ()
+
+
+def opt_in_cpu_victims(snapshot: Snapshot, rule: EvictionRule) -> tuple[Victim, ...]:
+    """The pods ``rule`` allows that have a usage sample, in the opt-in order, then CPU used descending."""
+    victims = [Victim(pod, float(int(snapshot.pod_cpu_cores[pod.uid] * 1000))) for pod in snapshot.pods
+               if pod.uid in snapshot.pod_cpu_cores and rule.allows(pod)]
+    victims.sort(key=lambda v: (*opt_in_order(v.pod), -v.releases))
+    return tuple(victims)
+
+
+def usage_release(snapshot: Snapshot, config: CPUEvictConfig) -> UsageDecision:
+    """``CPUEvict``: release capacity × (usage% − lower%) / 100 when the window's average usage% reaches the
+    threshold (integer percents, as Koordinator computes them)."""
+    capacity = snapshot.capacity_cpu_milli
+    if snapshot.node_cpu_avg_cores is None or capacity <= 0:
+        return UsageDecision(None, None, 0)
+    assert config.threshold_percent is not None
+    used_milli = int(snapshot.node_cpu_avg_cores * 1000)
+    usage_percent = used_milli * 100 // capacity
+    lower = config.effective_lower_percent_usage
+    if usage_percent < config.threshold_percent or lower is None:
+        return UsageDecision(used_milli, usage_percent, 0)
+    return UsageDecision(used_milli, usage_percent, capacity * (usage_percent - lower) // 100)
+
+
+def _usage_task(snapshot: Snapshot, config: CPUEvictConfig) -> tuple[tuple[Evictions, ...], object]:
+    decision = usage_release(snapshot, config)
+    if decision.release_milli <= 0:
+        return (), decision
+    assert config.evict_enabled_priority_threshold is not None
+    rule = opt_in_rule(GATE_CPU_EVICT, config.evict_enabled_priority_threshold)
+    candidates = opt_in_cpu_victims(snapshot, rule)
+    reason = (f"node CPU usage {decision.usage_percent}% ({decision.used_milli:.0f}m of "
+              f"{snapshot.capacity_cpu_milli}m) >= threshold {config.threshold_percent}%, releasing "
+              f"{decision.release_milli}m down to {config.effective_lower_percent_usage}%")
+    counts = {uid: float(int(cores * 1000)) for uid, cores in snapshot.pod_cpu_cores.items()}
+    task = eviction_task(GATE_CPU_EVICT, float(decision.release_milli), candidates,
+                         lambda v: f"{reason}; this pod uses {v.releases:.0f}m", reason, rule=rule, counts=counts)
+    victims = planned_victims(candidates, decision.release_milli, rule=rule)
+    return (task,), UsageDecision(decision.used_milli, decision.usage_percent, decision.release_milli,
+                                  candidates, victims)
+
+
+def _allocatable_tasks(snapshot: Snapshot, config: CPUEvictConfig) -> tuple[tuple[Evictions, ...], object]:
+    assert (config.allocatable_threshold_percent is not None and config.allocatable_lower_percent is not None
+            and config.allocatable_priority_threshold is not None)
+    rule = opt_in_rule(GATE_CPU_ALLOCATABLE_EVICT, config.allocatable_priority_threshold)
+    if any(not pod.requests_known for pod in snapshot.pods):
+        return (), "pods' requests are not known"
+    return allocatable_tasks(snapshot, RESOURCE_CPU, rule, config.allocatable_threshold_percent,
+                             config.allocatable_lower_percent, snapshot.pod_cpu_cores, "m")
+
+
 def decide(snapshot: Snapshot, config: CPUEvictConfig) -> Plan:
-    """Evict BE pods to bring BE CPU satisfaction back to upper%; rests the cool time after start and after
-    an eviction."""
+    """Evict to bring BE CPU satisfaction back to upper%, the requests of the low-priority classes under the
+    allocatable threshold, and the node's usage under the threshold (each feature that is on, in that order);
+    rests the cool time after start and after an eviction."""
     initial = float("-inf") if config.started_at is None else config.started_at + config.cool_time_s
     memo = rest(snapshot, config.cool_time_s, initial)
     if not config.enabled or snapshot.timestamp < memo.resting_until:
         return Plan(memo=memo)
-    decision = decide_release(snapshot, config)
-    if not decision.triggered:
-        return Plan(memo=memo, report=decision)
-    window = snapshot.be_cpu
-    assert window is not None
-
-    def message(victim: Victim) -> str:
-        return (
-            f"BE CPU satisfaction {decision.satisfaction:.3f} (limit {window.avg_real_limit_milli:.0f}m / "
-            f"request {window.avg_request_milli:.0f}m, usage {window.avg_usage_milli:.0f}m) <= "
-            f"{config.lower_percent}%, releasing {decision.release_milli:.0f}m to reach {config.upper_percent}%; "
-            f"this pod requests {victim.releases:.0f}m batch-cpu"
-        )
-
-    return eviction_plan(GATE_BE_CPU_EVICT, decision.release_milli, decision.candidates, message, memo, decision)
+    return tasks_plan(config.features, config.invalid, {
+        GATE_BE_CPU_EVICT: lambda: _be_task(snapshot, config),
+        GATE_CPU_ALLOCATABLE_EVICT: lambda: _allocatable_tasks(snapshot, config),
+        GATE_CPU_EVICT: lambda: _usage_task(snapshot, config),
+    }, memo)
 
 
-STRATEGY = Strategy("cpuevict", GATE_BE_CPU_EVICT, CPUEvictConfig, decide)
+STRATEGY = Strategy("cpuevict", FEATURES, CPUEvictConfig, decide)

@@ -10,8 +10,13 @@ Switching policy, or turning suppress off, restores what the other policy impose
 kubelet's CPU manager (``Needs.kubelet_cpu_manager``): with the ``static`` policy the CPUs kubelet gave a
 container exclusively are never BE candidates, and the cpuset policy uses Koordinator's static variant: the
 besteffort and pod dirs keep the full BE cpuset, the suppressed one is written at container level only (so
-kubelet's own cpuset writes never collide with ours). Not modelled: the ``BECPUManager`` gate's share-pool
-reset.
+kubelet's own cpuset writes never collide with ours).
+
+``BECPUManager`` (Koordinator cpu_suppress.go recoverCPUSetForBECPUManager): suppress stands down; every tick the
+besteffort quota goes back to unlimited and the besteffort dir, the BE pod dirs and the containers of BE pods
+without a scheduler allocation (``scheduling.koordinator.sh/resource-status`` cpuset or NUMA resources) get the
+whole BE cpuset (every CPU but reserved, SYSTEM-exclusive and LSE ones); the containers of allocated BE pods are
+the cpuset hook's (their NUMA nodes' BE shared pools, hooks/cpuset.py).
 
 The strategy reads the besteffort ``cpuset.cpus`` and ``cpu.cfs_quota_us`` through its snapshot
 (``SuppressConfig.needs``) and remembers the policy it last carried out in ``Plan.memo``.
@@ -24,10 +29,10 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from koordlet.api.annotations import NodeReservation
+from koordlet.api.annotations import AnnotationError, NodeReservation, parse_resource_status
 from koordlet.api.cpupools import KUBELET_POLICY_STATIC, CPUPools, compute_cpu_pools
 from koordlet.api.cpuset import format_cpu_list, parse_cpu_list
-from koordlet.api.keys import RESOURCE_CPU
+from koordlet.api.keys import ANNOTATION_RESOURCE_STATUS, RESOURCE_CPU
 from koordlet.api.nodeslo import (
     CGROUP_BASE_KUBEPODS_BESTEFFORT,
     CPU_SUPPRESS_POLICY_CFS_QUOTA,
@@ -39,7 +44,7 @@ from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.plan import CgroupWrite, GaugeSet, Plan, WriteStep
 from koordlet.qosmanager import metrics
-from koordlet.qosmanager.framework import GATE_BE_CPU_SUPPRESS, QoSManagerConfig, Strategy
+from koordlet.qosmanager.framework import GATE_BE_CPU_MANAGER, GATE_BE_CPU_SUPPRESS, QoSManagerConfig, Strategy
 from koordlet.qosmanager.snapshot import (
     CgroupRead,
     Needs,
@@ -66,16 +71,19 @@ class SuppressConfig:
     threshold_percent: int = 65
     min_percent: int | None = None
     policy: str = CPU_SUPPRESS_POLICY_CPUSET
-    enabled: bool = True  # resourceUsedThresholdWithBE.enable
+    enabled: bool = True  # resourceUsedThresholdWithBE.enable (always with the BE CPU manager)
+    be_cpu_manager: bool = False  # gate BECPUManager: suppress stands down, BE cpusets go to the share pool
 
     @classmethod
     def from_node_slo(cls, spec: NodeSLOSpec, flags: QoSManagerConfig | None = None) -> SuppressConfig:
         threshold = spec.resource_used_threshold_with_be
+        manager = flags is not None and flags.gate(GATE_BE_CPU_MANAGER)
         return cls(
             threshold_percent=threshold.cpu_suppress_threshold_percent,
             min_percent=threshold.cpu_suppress_min_percent,
             policy=threshold.cpu_suppress_policy,
-            enabled=threshold.enable,
+            enabled=threshold.enable or manager,
+            be_cpu_manager=manager,
         )
 
     @property
@@ -374,6 +382,31 @@ def decide_suppress(
     return SuppressDecision(budget, config.policy, tuple(steps), be_cfs_quota_us=quota)
 
 
+def _allocated(pod: PodMeta) -> bool:
+    """The scheduler gave the pod a cpuset or NUMA resources (resource-status): its containers are the hook's."""
+    raw = pod.annotations.get(ANNOTATION_RESOURCE_STATUS)
+    if not raw:
+        return False
+    try:
+        status = parse_resource_status(raw)
+    except AnnotationError:
+        return False
+    return bool(status.cpuset or status.numa_node_resources)
+
+
+def decide_be_cpu_manager(snapshot: Snapshot, layout: KubeCgroupLayout) -> tuple[WriteStep, ...]:
+    """BECPUManager: quota unlimited; the whole BE cpuset on the besteffort and BE pod dirs and on the containers
+    of BE pods the scheduler did not allocate."""
+    buckets = candidate_buckets(snapshot)
+    steps = [WriteStep((CgroupWrite("cpu.cfs_quota_us", layout.qos_dir(KubeQoS.BESTEFFORT), UNLIMITED,
+                                    "BECPUManager: besteffort quota unlimited"),))]
+    if buckets.all_ids:
+        hook_owned = set(be_cgroup_dirs(layout, [p for p in snapshot.pods if _allocated(p)], containers_only=True))
+        dirs = [d for d in be_cgroup_dirs(layout, snapshot.pods) if d not in hook_owned]
+        steps.append(_cpuset_step(dirs, buckets.all_ids))
+    return tuple(steps)
+
+
 def decide_restore(snapshot: Snapshot, layout: KubeCgroupLayout) -> tuple[WriteStep, ...]:
     """Undo suppress: BE cpuset back to every candidate CPU, besteffort quota unlimited."""
     buckets = candidate_buckets(snapshot)
@@ -432,6 +465,8 @@ def _gauges(node: str, decision: SuppressDecision) -> tuple[GaugeSet, ...]:
 def decide(snapshot: Snapshot, config: SuppressConfig) -> Plan:
     """Suppress's plan: the policy's limit (plus the restore of the other policy's after a switch); with
     suppress switched off, the restore of both."""
+    if config.be_cpu_manager:
+        return Plan(decide_be_cpu_manager(snapshot, snapshot.layout), memo=SuppressMemo())
     if not config.enabled:
         return Plan(decide_restore(snapshot, snapshot.layout), memo=SuppressMemo())
     memo = snapshot.memo if isinstance(snapshot.memo, SuppressMemo) else SuppressMemo()

@@ -48,11 +48,19 @@ GATE_BE_MEMORY_EVICT = "BEMemoryEvict"
 GATE_CGROUP_RECONCILE = "CgroupReconcile"
 GATE_RDT_RESCTRL = "RdtResctrl"
 GATE_BE_CPU_MANAGER = "BECPUManager"
+GATE_CPU_EVICT = "CPUEvict"
+GATE_CPU_ALLOCATABLE_EVICT = "CPUAllocatableEvict"
+GATE_MEMORY_EVICT = "MemoryEvict"
+GATE_MEMORY_ALLOCATABLE_EVICT = "MemoryAllocatableEvict"
+GATE_SYSTEM_CONFIG = "SystemConfig"
+GATE_BLKIO_RECONCILE = "BlkIOReconcile"
 
 DEFAULT_FEATURE_GATES: Mapping[str, bool] = MappingProxyType({  # defaults from the one table (koordlet.features)
     name: features.DEFAULTS[name] for name in (GATE_BE_CPU_SUPPRESS, GATE_CPU_BURST, GATE_RDT_RESCTRL,
                                                GATE_BE_CPU_EVICT, GATE_BE_MEMORY_EVICT, GATE_CGROUP_RECONCILE,
-                                               GATE_BE_CPU_MANAGER)
+                                               GATE_BE_CPU_MANAGER, GATE_CPU_EVICT, GATE_CPU_ALLOCATABLE_EVICT,
+                                               GATE_MEMORY_EVICT, GATE_MEMORY_ALLOCATABLE_EVICT, GATE_SYSTEM_CONFIG,
+                                               GATE_BLKIO_RECONCILE)
 })
 
 
@@ -110,10 +118,14 @@ class Strategy(Generic[C]):
     NodeSLO switch turns off, to undo what it imposed."""
 
     name: str
-    feature_gate: str
+    feature_gate: str | tuple[str, ...]  # the strategy runs when any of these gates is on
     config: type[C]
     decide: Callable[[Snapshot, C], Plan]
     interval_s: float = 1.0
+
+    @property
+    def gates(self) -> tuple[str, ...]:
+        return (self.feature_gate,) if isinstance(self.feature_gate, str) else self.feature_gate
 
     def configure(self, spec: NodeSLOSpec, flags: QoSManagerConfig) -> C:
         return self.config.from_node_slo(spec, flags)  # type: ignore[attr-defined]
@@ -180,10 +192,10 @@ class QoSManager(TickerThread):
             for strategy in strategies:
                 if strategy.interval_s <= 0:
                     raise ValueError(f"strategy {strategy.name}: interval must be positive")
-                if self._config.gate(strategy.feature_gate):
+                if any(self._config.gate(gate) for gate in strategy.gates):
                     self._entries.append(_Scheduled(strategy))
                 else:
-                    logger.info("qos strategy %s off (feature gate %s)", strategy.name, strategy.feature_gate)
+                    logger.info("qos strategy %s off (feature gate %s)", strategy.name, " / ".join(strategy.gates))
         super().__init__("qosmanager", monotonic)
 
     @property

@@ -39,6 +39,8 @@ from koordlet.metriccache import (
 )
 from koordlet.metricsadvisor.pods import BE_CPU_REAL_LIMIT, BE_CPU_REQUEST, BE_CPU_USAGE
 from koordlet.statesinformer.api import NodeInfo, StatesProvider
+from koordlet.system.blockdev import StorageInfo, read_storage_info
+from koordlet.system.cgroup import CgroupVersion
 from koordlet.system.cgroup_stats import parse_quota_us  # noqa: F401 - the strategies import it from here
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 from koordlet.system.resctrl import ResctrlInfo, ResctrlInfoError, read_resctrl_info
@@ -47,9 +49,11 @@ from koordlet.system.sysfs import CPUInfo
 logger = logging.getLogger(__name__)
 
 HOST_APP_CPU_USAGE = MetricKind.HOST_APP_CPU_USAGE
+STORAGE_REFRESH_S = 5.0  # Koordinator collects node storage every second; devices change far less often
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
 _EMPTY_VALUES: Mapping[tuple[str, str], str] = MappingProxyType({})
+_EMPTY_SYSTEM: Mapping[str, str] = MappingProxyType({})
 
 
 # The node_be cpu series the pod collector writes (usage, request, real limit; milli-cores).
@@ -75,6 +79,7 @@ class BECPUWindow:
 class Scope(enum.StrEnum):
     """Which cgroup dirs a :class:`CgroupRead` covers."""
 
+    ROOT = "root"  # the hierarchy's root (blk-iocost's io.cost.qos/model live only there)
     BESTEFFORT = "besteffort"  # the besteffort QoS dir
     PODS = "pods"  # every pod dir
     APP_CONTAINERS = "app-containers"  # every container dir but the init containers
@@ -100,6 +105,8 @@ class Needs:
     kernel_files: tuple[str, ...] = ()  # cgroup files to probe on the kubepods dir (once per agent)
     resctrl: bool = False  # the resctrl tree's L3/MB facts
     kubelet_cpu_manager: bool = False  # kubelet's CPU manager state (policy, exclusive CPUs)
+    system_files: tuple[str, ...] = ()  # node-wide kernel files (koordlet.system.sysctl names) to read
+    storage: bool = False  # the node's block devices (koordlet.system.blockdev), refreshed every few seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +135,12 @@ class Snapshot:
     kernel_files: frozenset[str] = frozenset()  # of the probed ones, those this kernel has
     resctrl: ResctrlInfo | None = None
     kubelet_cpu_manager: Any = None  # a statesinformer.cpumanager.CPUManagerState, None when unknown
+    # ``Needs.system_files``: their current values (absent: not on this kernel), and the keys whose value before
+    # koordlet's first write is recorded (what a strategy may put back)
+    system_values: Mapping[str, str] = field(default_factory=lambda: _EMPTY_SYSTEM)
+    system_recorded: frozenset[str] = frozenset()
+    storage: StorageInfo | None = None  # ``Needs.storage``
+    cgroup_v2: bool = False  # the node's cgroup version (the executor's)
     memo: Any = None  # the strategy's ``Plan.memo`` of its previous tick
     last: PlanRecord | None = None  # what the runner did with the strategy's previous plan
 
@@ -255,11 +268,14 @@ class SnapshotBuilder:
         resctrl_vendor: str = "intel",
         page_size: int | None = None,
         cpu_manager: Callable[[], Any] | None = None,
+        sys_dir: str | None = None,
     ) -> None:
         """``reader``: the executor whose reads fill ``Needs.cgroup_reads``, ``kernel_files`` and ``resctrl``
         (without it those stay empty); ``layout``: kubelet's cgroup layout the dirs are built with;
         ``cpu_manager``: kubelet's CPU manager state (``Needs.kubelet_cpu_manager``), None when unknown."""
         self._cpu_manager = cpu_manager
+        self._sys_dir = sys_dir  # ``Needs.storage``: the block devices under <sys_dir>/class/block
+        self._storage: tuple[float, StorageInfo] | None = None
         self._states = states
         self._cache = cache
         self._cpus = cpus
@@ -339,6 +355,10 @@ class SnapshotBuilder:
             kernel_files=self._probe(needs.kernel_files),
             resctrl=self._resctrl_info() if needs.resctrl else None,
             kubelet_cpu_manager=self._cpu_manager() if needs.kubelet_cpu_manager and self._cpu_manager else None,
+            system_values=self._read_system(needs.system_files),
+            system_recorded=self._reader.originals.keys() if needs.system_files and self._reader else frozenset(),
+            storage=self._storage_info(now) if needs.storage else None,
+            cgroup_v2=self._reader is not None and self._reader.cgroup_fs.version is CgroupVersion.V2,
             memo=memo,
             last=last,
         )
@@ -350,6 +370,8 @@ class SnapshotBuilder:
         layout = self._layout
         if scope is Scope.BESTEFFORT:
             return [layout.qos_dir(KubeQoS.BESTEFFORT)]
+        if scope is Scope.ROOT:
+            return [""]
         dirs: list[str] = []
         for pod in pods:
             pod_dir = pod_cgroup_dir(layout, pod)
@@ -374,6 +396,25 @@ class SnapshotBuilder:
                                                                          every_tick=True)
                 except ExecutorError as exc:
                     logger.debug("cannot read %s of %s: %s", read.resource, cgroup_dir, exc)
+        return MappingProxyType(values)
+
+    def _storage_info(self, now: float) -> StorageInfo | None:
+        """The block devices, read again at most every STORAGE_REFRESH_S (devices come and go rarely)."""
+        if self._sys_dir is None:
+            return None
+        if self._storage is None or now - self._storage[0] >= STORAGE_REFRESH_S or now < self._storage[0]:
+            self._storage = (now, read_storage_info(self._sys_dir))
+        return self._storage[1]
+
+    def _read_system(self, names: tuple[str, ...]) -> Mapping[str, str]:
+        if not names or self._reader is None:
+            return _EMPTY_SYSTEM
+        values: dict[str, str] = {}
+        for name in names:
+            try:
+                values[name] = self._reader.read_system(name)
+            except ExecutorError as exc:
+                logger.debug("cannot read %s: %s", name, exc)
         return MappingProxyType(values)
 
     def _probe(self, files: tuple[str, ...]) -> frozenset[str]:

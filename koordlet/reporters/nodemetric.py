@@ -8,6 +8,8 @@ What is reported, from the metric cache:
   podsMetric                   each pod's avg usage over the aggregate duration, sorted by namespace/name,
                                with its Koordinator QoS and priority class
   hostApplicationMetric        the same for each NodeSLO ``hostApplications`` entry, with its priority and QoS
+  prodReclaimableMetric /      the peak predictor's prod reclaimable and prod peak (koordlet.prediction) over the
+  prodPeakMetric               pods listed in podsMetric; ``{"resource": {}}`` and no peak while it cannot say
   nodeUsage.devices /          one ``gpu`` DeviceInfo per GPU of the cache's KV ``gpu_devices`` that has samples:
   podUsage.devices             avg ``koordinator.sh/gpu-core`` (percent of one GPU), ``gpu-memory`` (bytes) and
                                ``gpu-memory-ratio`` (100 × memory / total), truncated to integers, as
@@ -45,12 +47,15 @@ from koordlet.config import ConfigError, format_duration, parse_duration
 from koordlet.kubeapi import CustomObjects
 from koordlet.metriccache import GPUDevice, Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
+from koordlet.prediction.predictor import ProdPrediction
 from koordlet.ticker import PeriodicThread
 from wire.files import write_atomic
 
 # libyaml's emitter where PyYAML was built with it: the same safe representation, a tenth of the CPU for
 # a status of 150 pods, written every report interval.
 _SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+# The pods podsMetric lists and now → the prod prediction (koordlet.prediction.predictor.predict_prod).
+ProdPredict = Callable[[Sequence[PodMeta], float], ProdPrediction]
 
 logger = logging.getLogger(__name__)
 
@@ -188,20 +193,34 @@ class StatusBuilder:
             out.append({"usage": usage, "duration": format_duration(duration)})
         return out
 
+    def _pods_metric(self, pods: Sequence[PodMeta], policy: CollectPolicy, gpus: Sequence[GPUDevice], start: float,
+                     now: float) -> tuple[list[dict[str, Any]], list[PodMeta]]:
+        """podsMetric (sorted by namespace/name), and the pods it lists."""
+        pods_metric: list[dict[str, Any]] = []
+        reported: list[PodMeta] = []
+        for pod in sorted(pods, key=lambda p: (p.namespace, p.name)):
+            entry = self._pod_metric(pod, gpus, policy, start, now)
+            if entry is not None:
+                pods_metric.append(entry)
+                reported.append(pod)
+        return pods_metric, reported
+
     def build(self, pods: Sequence[PodMeta], policy: CollectPolicy, now: float,
-              host_apps: Sequence[HostApplication] = ()) -> dict[str, Any]:
+              host_apps: Sequence[HostApplication] = (), prod_prediction: ProdPredict | None = None) -> dict[str, Any]:
         start = now - policy.aggregate_duration_s
         gpus = self._cache.gpu_devices()
+        pods_metric, reported = self._pods_metric(pods, policy, gpus, start, now)
         status: dict[str, Any] = {
             "updateTime": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "nodeMetric": self._node_metric(gpus, policy, start, now),
-            "podsMetric": [entry for pod in sorted(pods, key=lambda p: (p.namespace, p.name))
-                           if (entry := self._pod_metric(pod, gpus, policy, start, now)) is not None],
+            "podsMetric": pods_metric,
         }
         host_app_metric = [entry for app in sorted(host_apps, key=lambda a: a.name)
                            if (entry := self._host_app_metric(app, policy, start, now)) is not None]
         if host_app_metric:
             status["hostApplicationMetric"] = host_app_metric
+        if prod_prediction is not None:
+            status.update(prod_prediction_status(prod_prediction(reported, now)))
         return status
 
     def _node_metric(self, gpus: Sequence[GPUDevice], policy: CollectPolicy, start: float,
@@ -252,6 +271,22 @@ class StatusBuilder:
         return entry
 
 
+def _resource_map(amounts: Mapping[str, int]) -> dict[str, Any]:
+    return {"resources": {"cpu": f"{max(amounts['cpu'], 0)}m", "memory": str(max(amounts["memory"], 0))}}
+
+
+def prod_prediction_status(prediction: ProdPrediction) -> dict[str, Any]:
+    """``prodReclaimableMetric`` (``{"resource": {}}`` when it cannot be computed, as Koordinator writes it) and
+    ``prodPeakMetric`` (left out then)."""
+    if prediction.problem:
+        logger.debug("prod prediction: %s", prediction.problem)
+    status: dict[str, Any] = {"prodReclaimableMetric": {"resource": _resource_map(prediction.reclaimable)
+                                                        if prediction.reclaimable is not None else {}}}
+    if prediction.peak is not None:
+        status["prodPeakMetric"] = {"resource": _resource_map(prediction.peak)}
+    return status
+
+
 class ReportOutcome(enum.StrEnum):
     UPDATED = "updated"
     CREATED = "created"
@@ -276,6 +311,7 @@ class NodeMetricReporter:
         on_report: Callable[[dict[str, Any]], None] | None = None,
         wall_clock: Callable[[], float] = time.time,
         host_apps: Callable[[], Sequence[HostApplication]] = tuple,
+        prod_prediction: ProdPredict | None = None,
     ) -> None:
         if custom_api is None and report_dir is None:
             raise ValueError("NodeMetricReporter needs a CustomObjects client or a report dir")
@@ -283,6 +319,7 @@ class NodeMetricReporter:
         self._builder = StatusBuilder(cache)
         self._pods = pods
         self._host_apps = host_apps
+        self._prod_prediction = prod_prediction
         self._api = custom_api
         self._report_dir = report_dir
         self._default_interval_s = default_interval_s
@@ -306,7 +343,8 @@ class NodeMetricReporter:
 
     def _build(self) -> dict[str, Any]:
         try:
-            status = self._builder.build(self._pods(), self.policy, self._wall_clock(), self._host_apps())
+            status = self._builder.build(self._pods(), self.policy, self._wall_clock(), self._host_apps(),
+                                         self._prod_prediction)
         except (ValueError, KeyError, ArithmeticError):
             if self.pending is None:
                 raise

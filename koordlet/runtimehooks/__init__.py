@@ -137,7 +137,8 @@ class RuntimeHooks:
                            resctrl=self._resctrl, group_identity_supported=self._bvt,
                            online_cpus=self._online_cpus, memory_bytes=self._memory_bytes,
                            cpu_pools=self._cpu_pools(annotations, kubelet),
-                           kubelet_cpu_policy=kubelet.policy if kubelet is not None else "")
+                           kubelet_cpu_policy=kubelet.policy if kubelet is not None else "",
+                           be_cpu_manager=self.config.feature_gates.get("BECPUManager", False))
 
     def _cpu_pools(self, annotations: dict[str, str], kubelet: CPUManagerState | None) -> CPUPools | None:
         """The node's CPU pools, computed again only when the pods, kubelet's state or the annotations change

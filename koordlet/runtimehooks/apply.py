@@ -20,6 +20,7 @@ from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecut
 from koordlet.plan import (
     CgroupWrite,
     Plan,
+    ProcessWrite,
     ResctrlAction,
     ResctrlGroup,
     ResctrlMoveTasks,
@@ -139,6 +140,14 @@ def cgroup_writes(changes: Changes, cgroup_dir: str) -> tuple[list[CgroupWrite],
     if changes.cpu_idle is not None:
         plain.append(CgroupWrite("cpu.idle", cgroup_dir, changes.cpu_idle))
     return leveled, plain
+
+
+def process_writes(changes: Changes, container_dir: str, where: str) -> tuple[ProcessWrite, ...]:
+    """What a container's processes are to get: ``oom_score_adj`` of every process of ``container_dir``."""
+    if changes.oom_score_adj is None:
+        return ()
+    reason = f"OOMScoreAdj: the annotations of {where} ask for oom_score_adj {changes.oom_score_adj}"
+    return (ProcessWrite("oom_score_adj", container_dir, changes.oom_score_adj, reason),)
 
 
 def steps_of(leveled: list[CgroupWrite], plain: list[CgroupWrite]) -> tuple[WriteStep, ...]:

@@ -64,3 +64,14 @@ NRI_SYNC_SIZE = Gauge(
     "container updates koordlet answered.",
     ["item"],
 )
+CONTAINER_OOM_SCORE_ADJ = Gauge(
+    "koordlet_container_oom_score_adj",
+    "The oom_score_adj koordlet keeps on the processes of a container (OOMScoreAdj), while some process holds it.",
+    ["pod_namespace", "pod_name", "pod_uid", "container_name"],
+)
+PROCESS_WRITE_ERRORS = Counter(
+    "koordlet_runtime_hook_process_write_errors",
+    "Per-process writes the kernel refused (EACCES: lowering oom_score_adj needs CAP_SYS_RESOURCE), by file and "
+    "errno.",
+    ["resource", "errno"],
+)

@@ -17,11 +17,11 @@ from collections.abc import Callable
 
 from hooks import registry
 from hooks.protocol import NodeContext, PodContext
-from koordlet.actuator import PlanRunner
+from koordlet.actuator import PlanRunner, ProcessResult
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
 from koordlet.executor import CgroupNotFoundError, ResourceExecutor, UnsupportedResourceError
-from koordlet.plan import Plan
+from koordlet.plan import Plan, ProcessWrite
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 from koordlet.ticker import PeriodicThread
 
@@ -31,6 +31,7 @@ from .apply import (
     cgroup_writes,
     container_context_from_meta,
     effective_quota_reader,
+    process_writes,
     report_plugin_error,
     resctrl_actions,
     steps_of,
@@ -56,6 +57,8 @@ class Reconciler:
         self._thread = PeriodicThread("runtime-hooks-reconciler", lambda: self.interval_s, self.reconcile_once,
                                       on_error=lambda err: log.exception("reconcile pass failed"))
         self.passes = 0
+        self._gauged: set[tuple[str, str, str, str]] = set()  # container gauge series set by the last pass
+        self._refusals_logged: set[tuple[str, str, int]] = set()
 
     _report = staticmethod(report_plugin_error)
 
@@ -77,6 +80,7 @@ class Reconciler:
         container_parent = effective_quota_reader(self._executor, pod_dir, pod_changes.cfs_quota_us)
         leveled, plain = cgroup_writes(pod_changes, pod_dir)
         container_dirs: list[str] = []
+        processes: list[ProcessWrite] = []
         for container in pod.containers:
             if not container.container_id:
                 continue
@@ -88,7 +92,9 @@ class Reconciler:
             more_leveled, more_plain = cgroup_writes(changes, container_dir)
             leveled += more_leveled
             plain += more_plain
-        return Plan(steps_of(leveled, plain), resctrl=resctrl_actions(pod_changes, tuple(container_dirs)))
+            processes += process_writes(changes, container_dir, f"{pod.key}/{container.name}")
+        return Plan(steps_of(leveled, plain), resctrl=resctrl_actions(pod_changes, tuple(container_dirs)),
+                    processes=tuple(processes))
 
     def reconcile_pod(self, pod: PodMeta, node: NodeContext, plugins: list[registry.Plugin]) -> int:
         """Apply one pod's results; returns the number of failed writes (pods gone meanwhile excluded)."""
@@ -104,12 +110,38 @@ class Reconciler:
         for error in record.resctrl_errors:
             failed += 1
             log.warning("reconcile %s: resctrl group %s", pod.key, error)
+        failed += self._report_processes(pod, record.process_results)
         return failed
+
+    def _report_processes(self, pod: PodMeta, results: tuple[ProcessResult, ...]) -> int:
+        """The container gauge (while some process holds the value) and the refusals (counted; logged once per
+        container and value, as every pass meets them again)."""
+        refused = 0
+        for result in results:
+            container = posixpath.basename(result.write.cgroup_dir)
+            name = next((c.name for c in pod.containers if c.container_id and container.endswith(c.container_id)),
+                        container)
+            labels = (pod.namespace, pod.name, pod.uid, name)
+            if result.holds:
+                metrics.CONTAINER_OOM_SCORE_ADJ.labels(*labels).set(result.write.value)
+                self._gauged.add(labels)
+            for code in result.refused:
+                metrics.PROCESS_WRITE_ERRORS.labels(result.write.name, code).inc()
+            if result.refused:
+                refused += len(result.refused)
+                key = (pod.uid, name, result.write.value)
+                if key not in self._refusals_logged:
+                    self._refusals_logged.add(key)
+                    log.warning("reconcile %s/%s: %s %d refused for %d of %d processes (%s)", pod.key, name,
+                                result.write.name, result.write.value, len(result.refused), result.processes,
+                                ", ".join(sorted(set(result.refused))))
+        return refused
 
     def reconcile_once(self) -> None:
         started = time.perf_counter()
         node, plugins = self._node(), self._plugins()
         failed = 0
+        gauged, self._gauged = self._gauged, set()
         for pod in self._pods():
             if pod.phase in _TERMINAL_PHASES or skips_hooks(pod.labels):
                 continue
@@ -118,6 +150,10 @@ class Reconciler:
             except (CgroupPathError, ValueError) as err:
                 failed += 1
                 log.warning("reconcile %s: %s", pod.key, err)
+        for labels in gauged - self._gauged:
+            metrics.CONTAINER_OOM_SCORE_ADJ.remove(*labels)  # the container, or its annotation, is gone
+        if len(self._refusals_logged) > 4096:
+            self._refusals_logged.clear()
         self.passes += 1
         status = "failed" if failed else "succeeded"
         metrics.RECONCILER_DURATION_MS.labels("pod", "all", status).observe((time.perf_counter() - started) * 1000)

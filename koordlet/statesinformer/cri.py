@@ -136,7 +136,7 @@ class CriPodSource:
                     labels=dict(sandbox.labels), annotations=dict(sandbox.annotations),
                     kube_qos=kube_qos_from_cgroup_parent(parent) if parent else None,
                     cgroup_parent=parent, containers=tuple(metas), sandbox_id=sandbox.id, ips=ips,
-                    requests_known=False,
+                    requests_known=False, created_at=sandbox.created_at / 1e9 if sandbox.created_at else None,
                 ))
         except (grpc.RpcError, DecodeError) as err:
             detail = err.details() if isinstance(err, grpc.RpcError) and hasattr(err, "details") else err

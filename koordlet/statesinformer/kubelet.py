@@ -14,6 +14,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -100,7 +101,19 @@ def pod_meta_from_pod(pod: Mapping[str, Any], layout: KubeCgroupLayout, default_
         kube_qos=kube_qos, cgroup_parent=cgroup_parent,
         priority=priority if isinstance(priority, int) else None,
         containers=tuple(containers), phase=status.get("phase") or "", ips=ips,
+        created_at=_timestamp(metadata.get("creationTimestamp")), deleting=bool(metadata.get("deletionTimestamp")),
     )
+
+
+def _timestamp(text: object) -> float | None:
+    """An RFC 3339 metadata timestamp as Unix seconds; None when absent or unreadable."""
+    if not isinstance(text, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment.timestamp() if moment.tzinfo is not None else None
 
 
 def kubelet_url(node: Mapping[str, Any], address_type: str = "InternalIP", port: int = 0,

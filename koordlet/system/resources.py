@@ -16,6 +16,7 @@ the reconciler and the runtime rewrite each other's value forever.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -78,6 +79,7 @@ class CgroupResource:
     merge: Merger | None = None
     description: str = ""
     v2_needs_current: bool = False  # the v2 file holds more than this value (cpu.max: quota and period)
+    per_device: bool = False  # one "MAJ:MIN ..." line per block device (the blkio files): cached per device
 
     @property
     def writable(self) -> bool:
@@ -171,6 +173,67 @@ def _unlimited_to_max(value: str, current: str | None) -> str:
 
 def _shares_to_weight(value: str, current: str | None) -> str:
     return str(cpu_shares_to_weight(int(value)))
+
+
+# --------------------------------------------------------------------------------------------- blkio
+
+_DEVICE_LINE = re.compile(r"^(\d{1,10}):(\d{1,10}) (\S.*)$")
+_COST_WORD = re.compile(r"^(enable=[01]|ctrl=(auto|user)|model=linear|[a-z]{3,9}=\d{1,19}(\.\d{1,2})?)$")
+IO_MAX_KEYS = {"blkio.throttle.read_bps_device": "rbps", "blkio.throttle.write_bps_device": "wbps",
+               "blkio.throttle.read_iops_device": "riops", "blkio.throttle.write_iops_device": "wiops"}
+
+
+def _device_int(low: int, high: int) -> Validator:
+    """``"MAJ:MIN N"`` with N in [low, high] (the v1 per-device blkio files)."""
+
+    def validate(text: str) -> str:
+        match = _DEVICE_LINE.match(text.strip())
+        if match is None:
+            raise InvalidCgroupValueError(f"expected 'MAJ:MIN value', got {text[:60]!r}")
+        value = _parse_int(match.group(3))
+        if not low <= value <= high:
+            raise InvalidCgroupValueError(f"{value} outside [{low}, {high}]")
+        return f"{int(match.group(1))}:{int(match.group(2))} {value}"
+
+    return validate
+
+
+def _device_cost(text: str) -> str:
+    """``"MAJ:MIN key=value ..."`` of blk-iocost (``blkio.cost.qos``/``model``, v2 ``io.cost.qos``/``model``)."""
+    match = _DEVICE_LINE.match(text.strip())
+    if match is None or not all(_COST_WORD.match(word) for word in match.group(3).split()):
+        raise InvalidCgroupValueError(f"expected 'MAJ:MIN key=value ...', got {text[:80]!r}")
+    return f"{int(match.group(1))}:{int(match.group(2))} {' '.join(match.group(3).split())}"
+
+
+def device_of(value: str) -> str:
+    """The ``MAJ:MIN`` a validated per-device value is for."""
+    return value.split(" ", 1)[0]
+
+
+def _throttle_to_io_max(key: str) -> V2Translator:
+    """v1 ``MAJ:MIN N`` → v2 ``io.max`` ``MAJ:MIN <key>=N``, 0 (no limit) → ``max``."""
+
+    def translate(value: str, current: str | None) -> str:
+        device, amount = value.split(" ", 1)
+        return f"{device} {key}={'max' if amount == '0' else amount}"
+
+    return translate
+
+
+def _same(value: str, current: str | None) -> str:
+    return value
+
+
+def devices_in(content: str) -> frozenset[str]:
+    """The ``MAJ:MIN`` that lines of a per-device blkio file name (v1 ``8:16 1048576``, v2 io.max ``8:16 rbps=…``;
+    v2 ``io.weight``'s ``default 100`` names none)."""
+    found = set()
+    for line in content.splitlines():
+        head = line.split(" ", 1)[0]
+        if re.match(r"^\d+:\d+$", head):
+            found.add(head)
+    return frozenset(found)
 
 
 # ---------------------------------------------------------------------------------- leveled-batch merges
@@ -304,6 +367,16 @@ _RESOURCES = (
     # tasks (written in the hierarchy the caller names; cpu by default)
     _rw("cgroup.procs", "cpu", _int_range(1, PID_MAX_LIMIT)),
     _rw("tasks", "cpu", _int_range(1, PID_MAX_LIMIT), v2_file="cgroup.threads"),
+    # blkio (§4.8): v1 per-device files; v2 io.max keys, io.weight and the root's blk-iocost files
+    *(CgroupResource(name, "blkio", name, "io.max", ValueKind.INT_RANGE, _device_int(0, INT64_MAX),
+                     _throttle_to_io_max(key), per_device=True, description=f"v2 io.max {key}")
+      for name, key in IO_MAX_KEYS.items()),
+    CgroupResource("blkio.cost.weight", "blkio", "blkio.cost.weight", "io.weight", ValueKind.INT_RANGE,
+                   _device_int(1, 100), _same, per_device=True, description="blk-iocost weight (Anolis v1; v2)"),
+    CgroupResource("blkio.cost.qos", "blkio", "blkio.cost.qos", "io.cost.qos", ValueKind.INT_RANGE, _device_cost,
+                   _same, per_device=True, description="blk-iocost QoS, root cgroup only (Anolis v1; v2)"),
+    CgroupResource("blkio.cost.model", "blkio", "blkio.cost.model", "io.cost.model", ValueKind.INT_RANGE,
+                   _device_cost, _same, per_device=True, description="blk-iocost model, root only (Anolis v1; v2)"),
     # net_cls (v1 only)
     _rw("net_cls.classid", "net_cls", _int_range(0, 2**32 - 1), v2_file=None),
     # read-only statistics

@@ -62,3 +62,28 @@ def test_unknown_pools_or_policy_change_nothing_for_unbound_pods() -> None:
     unknown_policy = NodeContext(cpu_pools=_node("none").cpu_pools, kubelet_cpu_policy="")
     assert not _cpuset(unknown_policy, PLAIN)
     assert _cpuset(unknown_policy, LS) == Changes(cpuset_cpus="0-3")
+
+
+# -------------------------------------------------------------------------------- NUMA allocations
+
+CPUS_2NUMA = tuple(CPUInfo(cpu_id=i, core_id=i, socket_id=0, node_id=i // 4) for i in range(8))
+
+
+def _numa_pod(name: str, qos: str, kube_qos: KubeQoS, node: int, resource: str) -> PodMeta:
+    status = {"numaNodeResources": [{"node": node, "resources": {resource: "2" if resource == "cpu" else "2000"}}]}
+    return PodMeta(name=name, namespace="ns", uid=f"uid-{name}", labels={"koordinator.sh/qosClass": qos},
+                   annotations={"scheduling.koordinator.sh/resource-status": json.dumps(status)}, kube_qos=kube_qos,
+                   phase="Running")
+
+
+def test_numa_allocations_get_their_nodes_pools_be_only_with_the_be_cpu_manager() -> None:
+    be = _numa_pod("be-numa", "BE", KubeQoS.BESTEFFORT, 1, "kubernetes.io/batch-cpu")
+    ls = _numa_pod("ls-numa", "LS", KubeQoS.BURSTABLE, 0, "cpu")
+    pools = compute_cpu_pools(CPUS_2NUMA, (LSE, be, ls), CPUManagerState(policy="none"), {})
+    # LSE holds 6-7 on node 1: out of both pools
+    with_manager = NodeContext(cpu_pools=pools, kubelet_cpu_policy="none", be_cpu_manager=True)
+    assert _cpuset(with_manager, be) == Changes(cpuset_cpus="4-5")  # node 1's BE shared pool
+    assert _cpuset(with_manager, ls) == Changes(cpuset_cpus="0-3")  # node 0's LS shared pool
+    without = NodeContext(cpu_pools=pools, kubelet_cpu_policy="none")
+    assert _cpuset(without, be) == Changes(cpuset_cpus="")  # follows the besteffort parent, as before
+    assert _cpuset(without, ls) == Changes(cpuset_cpus="0-3")

@@ -88,9 +88,9 @@ def test_evictions_walk_the_candidates_skip_a_refused_pod_and_never_ask_for_a_no
         "spec": {"selector": {"matchLabels": {"app": "guarded"}}, "minAvailable": 1}})
     runner = PlanRunner(_tree(tmp_path), Evictor("node-1", api_client=api_client))
     candidates = tuple(Victim(p, 100.0, f"test eviction of {p.name}") for p in (guarded, web, free, spare))
-    record = runner.run(Plan(evictions=Evictions("BEMemoryEvict", 100.0, candidates)), "memoryevict", now=1.0)
+    record = runner.run(Plan(evictions=(Evictions("BEMemoryEvict", 100.0, candidates),)), "memoryevict", now=1.0)
     assert record.blocked == ("default/guarded",)
-    assert record.evicted == ("default/free",) and record.released == 100.0  # spare not needed
+    assert record.evicted == ("default/free",) and record.released == (("BEMemoryEvict", 100.0),)  # spare not needed
     assert server.get_object("pods", "web", "default") is not None
     assert server.get_object("pods", "spare", "default") is not None
     assert not server.requests("POST", r"/pods/web/eviction$")
@@ -114,11 +114,14 @@ def test_a_plan_removes_one_labelled_series_whatever_order_it_names_the_labels_i
 def test_an_eviction_outcome_is_a_victim_outcome_never_a_bare_string() -> None:
     """A misspelt outcome ("evict") used to count as released without asking; now the walk refuses it."""
     from koordlet.api.pod import PodMeta
-    from koordlet.plan import Victim, VictimOutcome, walk_victims
+    from koordlet.plan import Evictions, Victim, VictimOutcome, walk_evictions
 
     be = PodMeta(name="be", namespace="ns", uid="u-be", labels={"koordinator.sh/qosClass": "BE"})
-    victims = [Victim(be, 1.0)]
-    assert walk_victims(victims, 1.0, lambda v: VictimOutcome.EVICTED) == (1.0, victims, [])
-    assert walk_victims(victims, 1.0, lambda v: VictimOutcome.REFUSED) == (0.0, [], victims)
+    victims = (Victim(be, 1.0),)
+    task = Evictions("BEMemoryEvict", 1.0, victims)
+    (done,) = walk_evictions((task,), lambda _, v: VictimOutcome.EVICTED)
+    assert (done.released, done.accepted, done.refused) == (1.0, victims, ())
+    (done,) = walk_evictions((task,), lambda _, v: VictimOutcome.REFUSED)
+    assert (done.released, done.accepted, done.refused) == (0.0, (), victims)
     with pytest.raises(TypeError, match="VictimOutcome"):
-        walk_victims(victims, 1.0, lambda v: "evict")
+        walk_evictions((task,), lambda _, v: "evict")

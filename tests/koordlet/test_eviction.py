@@ -8,11 +8,13 @@ import kubernetes.client
 import pytest
 
 from koordlet.actuator import PlanRunner
-from koordlet.api.keys import LABEL_QOS_CLASS
+from koordlet.api.eviction import opt_in_rule
+from koordlet.api.keys import LABEL_EVICTION_ENABLED, LABEL_QOS_CLASS
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.eviction import POD_EVICTION, POD_EVICTION_DETAIL, EvictionOutcome, Evictor, reason_for
 from koordlet.executor import ResourceExecutor
+from koordlet.kubeapi import CoreV1
 from koordlet.metriccache import MetricCache, MetricKind, SeriesKey
 from koordlet.qosmanager import QoSManager, QoSManagerConfig, cpuevict, memoryevict
 from koordlet.qosmanager.snapshot import (
@@ -30,10 +32,11 @@ GiB = 1 << 30
 
 
 def _manager(states: StaticStates, builder: SnapshotBuilder, evictor: Evictor, strategy, clock: list[float],
-             started_at: float | None = None) -> QoSManager:
-    """The QoS manager with one eviction strategy, its plans carried out by a runner with ``evictor``."""
+             started_at: float | None = None, gates: tuple[str, ...] | None = None) -> QoSManager:
+    """The QoS manager with one eviction strategy (its first gate on, or ``gates``), its plans carried out by a
+    runner with ``evictor``."""
     config = QoSManagerConfig(node_name="node-1", started_at=started_at,
-                              feature_gates={strategy.feature_gate: True})
+                              feature_gates=dict.fromkeys(gates or strategy.gates[:1], True))
     runner = PlanRunner(ResourceExecutor(CgroupFS("/nonexistent-root/sys/fs/cgroup")), evictor)
     return QoSManager(states, [strategy], config, wall_clock=lambda: clock[0], builder=builder, runner=runner)
 
@@ -209,12 +212,12 @@ def test_cpu_evict_strategy_evicts_for_low_satisfaction_and_rests_after_start(
     just_started = _manager(states, builder, evictor, cpuevict.STRATEGY, clock, started_at=990.0)
     assert just_started.run_strategy("cpuevict")  # within 20 s of the start
     plan = just_started.last_plan("cpuevict")
-    assert plan is not None and plan.report is None and not server.requests("POST")
+    assert plan is not None and plan.report is None and not plan.evictions and not server.requests("POST")
     manager = _manager(states, builder, evictor, cpuevict.STRATEGY, clock, started_at=900.0)
     assert manager.run_strategy("cpuevict")
     # release = 4000 × (0.8 − 1500/4000) = 1700m: small (prio 3000, 1000m) then big (3000m)
     plan = manager.last_plan("cpuevict")
-    assert plan is not None and plan.report.release_milli == pytest.approx(1700)
+    assert plan is not None and plan.report["BECPUEvict"].release_milli == pytest.approx(1700)
     record = manager.last_record("cpuevict")
     assert record is not None and record.evicted == ("default/small", "default/big")
     assert _evictions(server, "web") == 0
@@ -243,3 +246,56 @@ def _unreachable_pod():
     from koordlet.api.pod import PodMeta
 
     return PodMeta(name="p", namespace="default", uid="u", labels={"koordinator.sh/qosClass": "BE"})
+
+
+def _seed_opted(server: ApiServer, name: str, qos: str, kube_qos: str, priority: int, opted: bool) -> PodMeta:
+    labels = {"app": name, LABEL_QOS_CLASS: qos, **({LABEL_EVICTION_ENABLED: "true"} if opted else {})}
+    obj = server.seed({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": {"nodeName": "node-1", "priority": priority,
+                 "containers": [{"name": "main", "image": "localhost/busybox"}]},
+        "status": {"phase": "Running", "qosClass": kube_qos},
+    })
+    return PodMeta(name=name, namespace="default", uid=obj["metadata"]["uid"], labels=labels,
+                   kube_qos=KubeQoS(kube_qos), priority=priority, phase="Running")
+
+
+def test_memory_evict_takes_an_opted_in_ls_pod_through_the_api_and_never_the_others(
+        server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
+    """MemoryEvict (the opt-in feature): an LS pod labelled eviction-enabled at or below the priority threshold is
+    evicted through the Eviction API (PDBs hold); an LS pod without the label and one above the threshold stay."""
+    opted = _seed_opted(server, "cache", "LS", "Burstable", 7100, opted=True)
+    plain = _seed_opted(server, "web", "LS", "Burstable", 7100, opted=False)
+    high = _seed_opted(server, "db", "LS", "Burstable", 9500, opted=True)
+    node = NodeInfo("node-1", capacity={"cpu": 8000, "memory": 16 * GiB}, allocatable={"memory": 16 * GiB})
+    states = StaticStates(node=node, node_slo=spec(evictEnabledPriorityThreshold=7999),
+                          pods=(opted, plain, high))
+    cache = MetricCache()
+    now = 1000.0
+    cache.append(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE), now, 12 * GiB)  # 75 %: release 7 % = 1.12 GiB
+    for pod, used in ((opted, 1 * GiB), (plain, 6 * GiB), (high, 3 * GiB)):
+        cache.append(SeriesKey.of(MetricKind.POD_MEMORY_USAGE, pod_uid=pod.uid), now, used)
+    manager = _manager(states, SnapshotBuilder(states, cache), Evictor("node-1", api_client=api_client),
+                       memoryevict.STRATEGY, [now], gates=("MemoryEvict",))
+    assert manager.run_strategy("memoryevict")
+    record = manager.last_record("memoryevict")
+    assert record is not None and record.evicted == ("default/cache",)
+    assert dict(record.released) == {"MemoryEvict": float(GiB)}  # all there was to take
+    assert _evictions(server, "web") == 0 and _evictions(server, "db") == 0
+    (event,) = server.list_objects("events", "default")
+    assert event["reason"] == "MemoryEvict" and "75%" in event["message"]
+    assert f"this pod uses {GiB} bytes" in event["message"]
+
+
+def test_an_opted_in_pod_that_opted_out_since_is_not_evicted(
+        server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
+    """The evictor checks the rule again on the API server's object: a label removed since the pods were listed
+    keeps the pod."""
+    stale = _seed_opted(server, "cache", "LS", "Burstable", 7100, opted=True)
+    CoreV1(api_client).patch_namespaced_pod("cache", "default",
+                                            {"metadata": {"labels": {LABEL_EVICTION_ENABLED: None}}})
+    result = Evictor("node-1", api_client=api_client).evict(stale, "MemoryEvict", "x",
+                                                            opt_in_rule("MemoryEvict", 7999))
+    assert result.outcome is EvictionOutcome.NOT_BE and "eviction-enabled" in result.detail
+    assert _evictions(server, "cache") == 0

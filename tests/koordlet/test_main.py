@@ -367,7 +367,7 @@ def test_start_names_the_inert_gates_that_are_on_once_and_exports_every_gate(
     config = parse_config(
         ["-local-mode", f"-node-slo-file={tmp_path / 'slo.yaml'}", f"-report-dir={tmp_path}",
          f"-cri-endpoint={tmp_path / 'none.sock'}", f"-cgroup-root-dir={tmp_path / 'cgroup'}",
-         "-addr=127.0.0.1:0", "-feature-gates=OOMScoreAdj=true,CPUEvict=false,CgroupReconcile=true"],
+         "-addr=127.0.0.1:0", "-feature-gates=HamiCoreVGPUMonitor=true,CPUEvict=false,CgroupReconcile=true"],
         {"NODE_NAME": NODE})
     agent = Koordlet(config, extra_components=[], states_sync_timeout_s=0.5)
     with caplog.at_level("INFO", logger="koordlet"):
@@ -379,7 +379,7 @@ def test_start_names_the_inert_gates_that_are_on_once_and_exports_every_gate(
             agent.stop()
     inert = [r.getMessage() for r in caplog.records if "not implemented by koordlet-py" in r.getMessage()]
     assert inert == ["feature gates on but not implemented by koordlet-py (accepted, no effect): "
-                     "OOMScoreAdj"]
+                     "HamiCoreVGPUMonitor"]
     assert status == 200
     lines = [line for line in text.splitlines() if line.startswith("koordlet_feature_gate{")]
     assert len(lines) == 39
@@ -387,8 +387,8 @@ def test_start_names_the_inert_gates_that_are_on_once_and_exports_every_gate(
         [line] = [x for x in lines if f'name="{name}"' in x]
         assert f'node="{NODE}"' in line
         return line.rsplit(" ", 1)[1] + " " + re.search(r'implemented="(\w+)"', line).group(1)
-    assert value("OOMScoreAdj") == "1.0 no"
+    assert value("HamiCoreVGPUMonitor") == "1.0 no"
     assert value("NodeTopologyReport") == "1.0 yes"
-    assert value("CPUEvict") == "0.0 no"
+    assert value("CPUEvict") == "0.0 yes"
     assert value("CgroupReconcile") == "1.0 yes"
-    assert value("BECPUManager") == "0.0 partial"
+    assert value("BECPUManager") == "0.0 yes"

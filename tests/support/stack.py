@@ -52,6 +52,8 @@ class KoordletProcess:
             f"-runtime-hooks-config-path={hook_dir}", f"-runtime-hooks-addr={self.hook_socket}",
             f"-runtime-hooks-host-endpoint={self.hook_socket}", "-runtime-hooks-reconcile-interval=2s",
             f"-var-lib-kubelet-dir={state / 'kubelet'}",
+            f"-prediction-checkpoint-filepath={state / 'prediction'}",
+            f"-system-config-record-file={state / 'system-config-originals.json'}",
         ]
         self.proc: subprocess.Popen | None = None
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from koordlet.api import keys
 from koordlet.api.annotations import (
     AnnotationError,
+    parse_blkio_qos,
     parse_cpu_burst,
     parse_cpu_normalization_ratio,
     parse_cpu_qos,
@@ -46,6 +47,7 @@ PARSERS = (
     parse_network_qos,
     parse_node_reservation,
     parse_system_qos_resource,
+    parse_blkio_qos,
 )
 
 

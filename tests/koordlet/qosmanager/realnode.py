@@ -67,8 +67,10 @@ class V2TestCgroups(V1TestCgroups):
     controller argument of V1TestCgroups is ignored, so ``spawn`` and ``cleanup`` are shared. Processes go
     only into leaves (the v2 no-internal-process rule)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, delegate: Sequence[str] = V2_CONTROLLERS) -> None:
+        """``delegate``: the controllers enabled in every level's ``cgroup.subtree_control``."""
         super().__init__(name, controllers=("unified",))
+        self.delegate = tuple(delegate)
 
     def path(self, controller: str, rel: str = "") -> str:
         return os.path.join(V2_ROOT, self.prefix, rel).rstrip("/")
@@ -79,7 +81,7 @@ class V2TestCgroups(V1TestCgroups):
             path = self.path("", "/".join(parts[:depth]))
             if not os.path.isdir(path):
                 with open(os.path.join(os.path.dirname(path), "cgroup.subtree_control"), "w") as f:
-                    f.write(" ".join(f"+{c}" for c in V2_CONTROLLERS))
+                    f.write(" ".join(f"+{c}" for c in self.delegate))
                 os.mkdir(path)
                 self._dirs.append(path)
 

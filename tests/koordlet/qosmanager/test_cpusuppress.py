@@ -246,3 +246,29 @@ def test_the_reservation_annotation_is_parsed_once_per_tick(tmp_path, monkeypatc
         parsed.clear()
         cpusuppress.decide(tick, config)
         assert len(parsed) == 1, config
+def test_be_cpu_manager_keeps_be_cpusets_on_the_share_pool_and_leaves_allocated_containers_to_the_hook() -> None:
+    """BECPUManager (Koordinator recoverCPUSetForBECPUManager): suppress stands down even with the NodeSLO switch
+    off; quota unlimited; the whole BE cpuset on the besteffort and BE pod dirs and on the containers of BE pods
+    the scheduler did not allocate."""
+    from koordlet.qosmanager import QoSManagerConfig
+    from koordlet.qosmanager.cpusuppress import decide
+
+    numa = json.dumps({"numaNodeResources": [{"node": 0, "resources": {"kubernetes.io/batch-cpu": "2000"}}]})
+    allocated = be_pod("numa", containers=(ContainerMeta("main", container_id="bbbbbbbbbbbb"),))
+    allocated = type(allocated)(**{**{f: getattr(allocated, f) for f in allocated.__slots__},
+                                   "annotations": {ANNOTATION_RESOURCE_STATUS: numa}})
+    lse = pod("lse", "LSE", annotations={ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": "7"})})
+    flags = QoSManagerConfig(feature_gates={"BECPUManager": True})
+    config = SuppressConfig.from_node_slo(parse_node_slo_spec(None), flags)
+    assert config.be_cpu_manager and config.enabled  # resourceUsedThresholdWithBE.enable is false
+    plan = decide(_base(pods=(LS_POD, BE_POD, allocated, lse)), config)
+    quota, cpusets = plan.steps
+    assert [(w.resource, w.cgroup_dir, w.value) for w in quota.writes] == [
+        ("cpu.cfs_quota_us", "kubepods/besteffort", -1)]
+    assert cpusets.leveled and {(w.cgroup_dir, w.value) for w in cpusets.writes} == {
+        ("kubepods/besteffort", "0-6"),  # every CPU but the LSE pod's 7
+        ("kubepods/besteffort/poduid-be", "0-6"),
+        ("kubepods/besteffort/poduid-be/aaaaaaaaaaaa", "0-6"),
+        ("kubepods/besteffort/poduid-numa", "0-6"),  # its container is the cpuset hook's (NUMA node 0's pool)
+    }
+    assert not SuppressConfig.from_node_slo(parse_node_slo_spec(None), QoSManagerConfig()).enabled

@@ -9,6 +9,7 @@ import inspect
 import re
 import sys
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 
@@ -16,7 +17,9 @@ from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta
 from koordlet.plan import Plan
 from koordlet.qosmanager import STRATEGIES, QoSManagerConfig, Strategy
+from koordlet.qosmanager.framework import DEFAULT_FEATURE_GATES
 from koordlet.qosmanager.snapshot import BECPUWindow, Needs
+from koordlet.system.blockdev import BlockDevice, StorageInfo
 from koordlet.system.resctrl import ResctrlInfo
 from tests.koordlet.qosmanager.factory import GiB, be_pod, cpus, node, pod, snapshot
 
@@ -26,13 +29,17 @@ SLO = parse_node_slo_spec({
                                     "cpuEvictBESatisfactionUpperPercent": 80,
                                     "cpuEvictBESatisfactionLowerPercent": 50, "memoryEvictThresholdPercent": 60},
     "resourceQOSStrategy": {"lsClass": {"memoryQOS": {"enable": True}, "resctrlQOS": {"enable": True}},
-                            "beClass": {"memoryQOS": {"enable": True}, "resctrlQOS": {"enable": True}}},
+                            "beClass": {"memoryQOS": {"enable": True}, "resctrlQOS": {"enable": True},
+                                        "blkioQOS": {"enable": True, "blocks": [
+                                            {"name": "/dev/vdb", "type": "device", "ioCfg": {"readBPS": 1 << 20}}]}}},
     "cpuBurstStrategy": {"policy": "auto"},
+    "systemStrategy": {"minFreeKbytesFactor": 100, "watermarkScaleFactor": 150},
 })
 LS = pod("web", "LS", containers=(ContainerMeta("app", container_id="a" * 12, requests={"cpu": 1000, "memory": GiB},
                                                 limits={"cpu": 2000, "memory": 2 * GiB}),))
 BE = be_pod("batch", batch_cpu_milli=2000, batch_memory=GiB)
 LS_DIR = "kubepods/burstable/poduid-web"
+ALL_ON = dict.fromkeys(DEFAULT_FEATURE_GATES, True)  # every strategy's every feature
 
 
 def _snapshot():
@@ -48,6 +55,8 @@ def _snapshot():
                        ("cpu.cfs_quota_us", "kubepods/besteffort"): "-1"},
         kernel_files=frozenset({"memory.min", "memory.low", "memory.high"}),
         resctrl=ResctrlInfo(0x7FF, (0, 1), True),
+        system_values={"min_free_kbytes": "67584", "watermark_scale_factor": "10"},
+        storage=StorageInfo(MappingProxyType({"vdb": BlockDevice("vdb", "254:16", "vdb")})),
     )
 
 
@@ -64,7 +73,7 @@ def test_strategy_has_the_one_shape(strategy: Strategy) -> None:
     assert isinstance(strategy, Strategy)
     # The config: a frozen dataclass built from the NodeSLO (and the agent's flags), saying what it needs.
     assert dataclasses.is_dataclass(strategy.config) and strategy.config.__dataclass_params__.frozen
-    config = strategy.configure(SLO, QoSManagerConfig())
+    config = strategy.configure(SLO, QoSManagerConfig(feature_gates=ALL_ON))
     assert isinstance(config, strategy.config)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.enabled = False  # type: ignore[misc]
@@ -77,7 +86,7 @@ def test_strategy_has_the_one_shape(strategy: Strategy) -> None:
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: s.name)
 def test_decide_is_pure_same_input_same_plan_input_untouched(strategy: Strategy) -> None:
-    flags = QoSManagerConfig(started_at=0.0)
+    flags = QoSManagerConfig(started_at=0.0, feature_gates=ALL_ON)
     config = strategy.configure(SLO, flags)
     snap = _snapshot()
     before = repr(snap)
@@ -96,7 +105,7 @@ def test_decide_is_pure_same_input_same_plan_input_untouched(strategy: Strategy)
 def test_the_shared_snapshot_makes_every_strategy_act() -> None:
     """The snapshot above is rich enough that each strategy's plan is not empty (so the purity test is not
     comparing empty plans)."""
-    flags = QoSManagerConfig(started_at=0.0)
+    flags = QoSManagerConfig(started_at=0.0, feature_gates=ALL_ON)
     empty = [s.name for s in STRATEGIES if s.decide(_snapshot(), s.configure(SLO, flags)).empty]
     assert empty == []
 

@@ -1,0 +1,230 @@
+"""BlkIOReconcile (§4.8): decide() on hand-made snapshots, the v1 → v2 file mapping through the executor, and the
+real thing: a BE pod reading a loop device on this host's cgroup v1, throttled to the configured rate, measured.
+The v2 guest does the same on a disk attached to the VM (test_blkio_v2.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+
+from koordlet.actuator import PlanRunner
+from koordlet.api.keys import ANNOTATION_BLKIO_QOS, LABEL_QOS_CLASS
+from koordlet.api.nodeslo import parse_node_slo_spec
+from koordlet.api.pod import ContainerMeta, PodMeta
+from koordlet.api.qos import KubeQoS
+from koordlet.executor import ResourceExecutor
+from koordlet.metriccache import MetricCache
+from koordlet.plan import CgroupWrite
+from koordlet.qosmanager import blkio
+from koordlet.qosmanager.snapshot import SnapshotBuilder
+from koordlet.statesinformer.api import NodeInfo, StaticStates
+from koordlet.system.blockdev import BlockDevice, StorageInfo
+from koordlet.system.cgroup import CgroupFS, CgroupVersion
+from koordlet.system.kubepods import KubeCgroupLayout
+from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups, skip_unless_v1_writable
+from tests.koordlet.qosmanager.factory import snapshot
+
+MiB = 1 << 20
+STORAGE = StorageInfo(MappingProxyType({
+    "vda": BlockDevice("vda", "254:0", "vda"), "vda2": BlockDevice("vda2", "254:2", "vda"),
+    "vdb": BlockDevice("vdb", "254:16", "vdb"), "loop7": BlockDevice("loop7", "7:7", "loop7"),
+}))
+BE_DIR = "kubepods/besteffort"
+UID, CID = "0b1c2d3e-0000-4000-8000-00000000b10c", "d" * 64
+
+
+def _spec(be: dict | None = None, root: dict | None = None):
+    strategy: dict = {}
+    if be is not None:
+        strategy["beClass"] = {"blkioQOS": be}
+    if root is not None:
+        strategy["cgroupRoot"] = {"blkioQOS": root}
+    return parse_node_slo_spec({"resourceQOSStrategy": strategy})
+
+
+def _block(name: str, **io: int) -> dict:
+    return {"name": name, "type": "device", "ioCfg": io}
+
+
+def _pod(annotation: str | None) -> PodMeta:
+    return PodMeta("job", "default", UID, labels={LABEL_QOS_CLASS: "BE"},
+                   annotations={} if annotation is None else {ANNOTATION_BLKIO_QOS: annotation},
+                   kube_qos=KubeQoS.BESTEFFORT, containers=(ContainerMeta("main", CID),), phase="Running")
+
+
+def _writes(plan) -> list[tuple[str, str, str]]:
+    return [(w.resource, w.cgroup_dir, str(w.value)) for step in plan.steps for w in step.writes]
+
+
+def _decide(spec, **fields):
+    values = {"node_slo": spec, "storage": STORAGE, "kernel_files": frozenset({blkio.IO_WEIGHT})}
+    values.update(fields)
+    return blkio.decide(snapshot(**values), blkio.BlkIOConfig.from_node_slo(spec))
+
+
+def test_be_class_blocks_become_the_five_per_device_files_of_the_besteffort_dir() -> None:
+    plan = _decide(_spec({"enable": True, "blocks": [_block("/dev/vdb", readBPS=MiB, writeIOPS=100)]}))
+    assert _writes(plan) == [
+        ("blkio.throttle.read_iops_device", BE_DIR, "254:16 0"),
+        ("blkio.throttle.read_bps_device", BE_DIR, f"254:16 {MiB}"),
+        ("blkio.throttle.write_iops_device", BE_DIR, "254:16 100"),
+        ("blkio.throttle.write_bps_device", BE_DIR, "254:16 0"),
+        ("blkio.cost.weight", BE_DIR, "254:16 100"),
+    ]
+    assert plan.steps[0].writes[1].reason == f"beClass blkioQOS: block /dev/vdb (254:16) read_bps_device = {MiB}"
+    assert plan.report.configured[0] == (BE_DIR, ("254:16",))
+
+
+def test_a_partition_throttles_its_disk_and_no_weight_without_blk_iocost() -> None:
+    plan = _decide(_spec({"enable": True, "blocks": [_block("/dev/vda2", readBPS=5)]}), kernel_files=frozenset())
+    assert [w for w in _writes(plan) if "weight" in w[0]] == []
+    assert ("blkio.throttle.read_bps_device", BE_DIR, "254:0 5") in _writes(plan)
+
+
+def test_devices_no_block_names_any_more_get_the_defaults_back() -> None:
+    current = {("blkio.throttle.read_bps_device", BE_DIR): f"7:7 5000\n254:16 {MiB}",
+               ("blkio.cost.weight", BE_DIR): "default 100\n7:7 50"}
+    plan = _decide(_spec({"enable": True, "blocks": [_block("/dev/vdb", readBPS=MiB)]}), cgroup_values=current)
+    removed = [w for w in _writes(plan) if w[2].startswith("7:7")]
+    assert removed == [(name, BE_DIR, f"7:7 {100 if name == 'blkio.cost.weight' else 0}")
+                       for name in blkio.THROTTLE_FILES]
+    # the class switched off: everything koordlet set goes
+    off = _decide(_spec({"enable": False, "blocks": [_block("/dev/vdb", readBPS=MiB)]}), cgroup_values=current)
+    assert {w[2].split()[0] for w in _writes(off)} == {"7:7", "254:16"}
+    assert all(w[2].endswith(" 0") or w[2].endswith(" 100") for w in _writes(off))
+
+
+def test_a_block_that_does_not_resolve_leaves_its_target_unchanged() -> None:
+    current = {("blkio.throttle.read_bps_device", BE_DIR): f"254:16 {MiB}"}
+    for block in (_block("/dev/sdz", readBPS=1), {"name": "vg0", "type": "volumegroup", "ioCfg": {}},
+                  {"name": "data", "type": "podvolume", "ioCfg": {}}):
+        plan = _decide(_spec({"enable": True, "blocks": [_block("/dev/vdb", readBPS=1), block]}),
+                       cgroup_values=current)
+        assert plan.steps == () and "left unchanged" in plan.report.problems[0]
+
+
+def test_an_annotated_pod_gets_its_own_limits_and_on_v1_its_containers_too() -> None:
+    annotation = json.dumps({"blocks": [_block("/dev/loop7", readBPS=2 * MiB)]})
+    pod_dir = f"{BE_DIR}/pod{UID}"
+    v1 = _writes(_decide(_spec(), pods=(_pod(annotation),)))
+    assert (blkio.READ_BPS, pod_dir, f"7:7 {2 * MiB}") in v1
+    assert (blkio.READ_BPS, f"{pod_dir}/{CID}", f"7:7 {2 * MiB}") in v1  # v1 blk-throttle is flat
+    v2 = _writes(_decide(_spec(), pods=(_pod(annotation),), cgroup_v2=True))
+    assert (blkio.READ_BPS, pod_dir, f"7:7 {2 * MiB}") in v2
+    assert not [w for w in v2 if w[1].endswith(CID)]
+    bad = _decide(_spec(), pods=(_pod("{not json"),))
+    assert _writes(bad) == [] and "koordinator.sh/blkioQOS" in bad.report.problems[0]
+    assert _writes(_decide(_spec(), pods=(_pod(None),))) == []  # no annotation: the pod is not blkio's
+
+
+def test_the_root_gets_blk_iocost_qos_and_model_where_the_kernel_has_them() -> None:
+    root = {"enable": True, "blocks": [_block("/dev/vdb", readLatency=2000, writeLatencyPercent=90),
+                                       _block("/dev/loop7", enableUserModel=True, modelReadBPS=100,
+                                              modelWriteRandIOPS=5)]}
+    with_iocost = _decide(_spec(root=root), cgroup_values={("blkio.cost.qos", ""): "7:0 enable=0"})
+    assert [w for w in _writes(with_iocost) if w[1] == ""] == [
+        ("blkio.cost.qos", "", "254:16 enable=1 ctrl=user rpct=95 rlat=2000 wpct=90 wlat=3000"),
+        ("blkio.cost.model", "", "254:16 ctrl=auto"),
+        ("blkio.cost.qos", "", "7:7 enable=1 ctrl=user rpct=95 rlat=3000 wpct=95 wlat=3000"),
+        ("blkio.cost.model", "", "7:7 ctrl=user rbps=100 rseqiops=0 rrandiops=0 wbps=0 wseqiops=0 wrandiops=5"),
+        ("blkio.cost.qos", "", "7:0 enable=0"),  # 7:0 is not configured any more
+    ]
+    without = _decide(_spec(root=root))
+    assert [w for w in _writes(without) if w[1] == ""] == [] and "no blk-iocost" in without.report.problems[0]
+
+
+def test_the_executor_writes_the_v2_files(tmp_path: Path) -> None:
+    """The v1 names of the plan land in io.max (one key per write) and io.weight on cgroup v2."""
+    be = tmp_path / BE_DIR
+    be.mkdir(parents=True)
+    (be / "io.max").write_text("")
+    (be / "io.weight").write_text("default 100\n")
+    executor = ResourceExecutor(CgroupFS(str(tmp_path), CgroupVersion.V2))
+    seen: list[str] = []
+    for resource, value in ((blkio.READ_BPS, f"254:16 {MiB}"), (blkio.WRITE_IOPS, "254:16 0"),
+                            (blkio.IO_WEIGHT, "254:16 40")):
+        PlanRunner(executor).run(blkio.Plan((blkio.WriteStep((CgroupWrite(resource, BE_DIR, value),)),)), "t")
+        seen.append((be / ("io.weight" if "weight" in resource else "io.max")).read_text())
+    assert seen == [f"254:16 rbps={MiB}", "254:16 wiops=max", "254:16 40"]
+
+
+# ---------------------------------------------------------------------------------- real kernel (v1)
+
+
+@pytest.fixture
+def loop_device(tmp_path: Path) -> Iterator[str]:
+    """A 64 MiB loop device over a file in ``tmp_path``, detached after the test."""
+    if os.geteuid() != 0 or not Path("/dev/loop-control").exists():
+        pytest.skip("needs root and /dev/loop-control for a loop device")
+    image = tmp_path / "disk.img"
+    with open(image, "wb") as file:
+        file.truncate(64 * MiB)
+    done = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot set up a loop device: {done.stderr.strip()}")
+    device = done.stdout.strip()
+    try:
+        yield device
+    finally:
+        subprocess.run(["losetup", "-d", device], check=False)
+
+
+def read_rate(procs_file: str, device: str, nbytes: int) -> float:
+    """Bytes per second of a direct read of ``nbytes`` of ``device`` by a process that joins ``procs_file``'s
+    cgroup before it starts reading."""
+    count = nbytes // (256 << 10)
+    started = time.monotonic()
+    subprocess.run(["dd", f"if={device}", "of=/dev/null", "bs=256k", f"count={count}", "iflag=direct"],
+                   check=True, capture_output=True,
+                   preexec_fn=lambda: Path(procs_file).write_text(str(os.getpid())))  # noqa: PLW1509
+    return nbytes / (time.monotonic() - started)
+
+
+def _tick(executor: ResourceExecutor, layout: KubeCgroupLayout, spec, pods) -> object:
+    states = StaticStates(node=NodeInfo("node-1"), node_slo=spec, pods=pods)
+    builder = SnapshotBuilder(states, MetricCache(), reader=executor, layout=layout, sys_dir="/sys")
+    config = blkio.BlkIOConfig.from_node_slo(spec)
+    plan = blkio.decide(builder.build(config.needs), config)
+    record = PlanRunner(executor).run(plan, "blkio")
+    assert record.failures == () or all("weight" in f.update.resource.name for f in record.failures)
+    return plan
+
+
+@pytest.mark.cgroupv1
+def test_v1_a_be_pod_reading_a_loop_device_is_throttled_to_the_configured_rate(loop_device: str) -> None:
+    skip_unless_v1_writable(("blkio",))
+    cgroups = V1TestCgroups("blkio", ("blkio",))
+    pod_dir = f"kubepods/besteffort/pod{UID}"
+    try:
+        cgroups.make(f"{pod_dir}/{CID}")
+        layout = KubeCgroupLayout(cgroup_root="/" + cgroups.prefix)
+        executor = ResourceExecutor(CgroupFS("/sys/fs/cgroup"))
+        container_procs = os.path.join(cgroups.path("blkio", f"{pod_dir}/{CID}"), "cgroup.procs")
+        be_procs = os.path.join(cgroups.path("blkio", "kubepods/besteffort"), "cgroup.procs")
+        free = read_rate(container_procs, loop_device, 8 * MiB)
+        spec = _spec({"enable": True, "blocks": [_block(loop_device, readBPS=MiB)]})
+        annotation = json.dumps({"blocks": [_block(loop_device, readBPS=2 * MiB)]})
+        _tick(executor, layout, spec, (_pod(annotation),))
+        number = (Path("/sys/class/block") / Path(loop_device).name / "dev").read_text().strip()
+        assert Path(cgroups.path("blkio", f"{pod_dir}/{CID}"), blkio.READ_BPS).read_text().strip() == \
+            f"{number} {2 * MiB}"
+        pod_rate = read_rate(container_procs, loop_device, 4 * MiB)  # ~2 s at 2 MiB/s
+        class_rate = read_rate(be_procs, loop_device, 2 * MiB)  # ~2 s at 1 MiB/s (its own processes only)
+        print(f"\nblkio v1 {loop_device}: unthrottled {free / MiB:.1f} MiB/s; pod annotation 2 MiB/s → "
+              f"{pod_rate / MiB:.2f} MiB/s; beClass 1 MiB/s → {class_rate / MiB:.2f} MiB/s")
+        assert 0.8 * 2 * MiB <= pod_rate <= 1.15 * 2 * MiB
+        assert 0.8 * MiB <= class_rate <= 1.15 * MiB
+        assert free > 5 * 2 * MiB
+        # switched off: the limits go, the pod reads at full speed again
+        _tick(executor, layout, _spec({"enable": False}), (_pod(""),))
+        assert Path(cgroups.path("blkio", f"{pod_dir}/{CID}"), blkio.READ_BPS).read_text().strip() == ""
+        assert read_rate(container_procs, loop_device, 8 * MiB) > 5 * 2 * MiB
+    finally:
+        cgroups.cleanup()
