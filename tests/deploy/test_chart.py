@@ -173,6 +173,8 @@ def test_without_host_mode_the_pod_has_koordinators_layout_and_koordlet_finds_ev
     assert config.runtime_hooks_host_endpoint == "/var/run/koordlet/koordlet.sock"
     assert config.enable_nri_runtime_hook
     _all_paths_under_mounts(container, pod, {
+        config.prediction_checkpoint_filepath: "/var/run/koordlet/prediction-checkpoints",
+        config.system_config_record_file: "/var/run/koordlet/system-config-originals.json",
         config.nri_socket_path: "/var/run/nri/nri.sock",
         config.runtime_hooks_addr: "/var/run/koordlet/koordlet.sock",
         config.runtime_hooks_config_path: "/etc/runtime/hookserver.d",
@@ -284,4 +286,7 @@ def test_by_default_koordlet_reaches_containerds_nri_socket_at_its_host_path() -
     container = pod["containers"][0]
     config = parse_config(container["args"], environ={"NODE_NAME": "node-1", "agent_mode": "hostMode"})
     assert config.enable_nri_runtime_hook
-    _all_paths_under_mounts(container, pod, {config.nri_socket_path: "/var/run/nri/nri.sock"})
+    _all_paths_under_mounts(container, pod, {
+        config.nri_socket_path: "/var/run/nri/nri.sock",
+        config.prediction_checkpoint_filepath: "/var/run/koordlet/prediction-checkpoints",
+        config.system_config_record_file: "/var/run/koordlet/system-config-originals.json"})
