@@ -5,6 +5,11 @@ Every part that changes the node (QoS strategies, the runtime hooks' reconciler,
 writes) hands its Plan to a :class:`PlanRunner`; none of them calls the executor or the evictor itself.
 A failed write never stops the rest of the plan: it is counted in the record (and logged at debug level;
 the executor counts every outcome in Prometheus itself).
+
+With auditing on (gate ``AuditEvents``, :mod:`koordlet.audit`) the runner writes one audit event for every
+file it wrote (not for writes the executor skipped as already there), every resctrl action and every
+eviction it asked for, from the plan's ``reason`` and ``why`` (a step's own, a victim's message): any part
+that changes the node through a Plan is audited without doing anything for it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from types import MappingProxyType
 
 from prometheus_client import Gauge
 
+from koordlet import audit
 from koordlet.eviction import EvictionOutcome, Evictor
 from koordlet.executor import BatchResult, ExecutorError, ResourceExecutor, ResourceUpdate, UpdateFailure
 from koordlet.plan import (
@@ -74,18 +80,49 @@ class _Counts:
     removed: list[str] = field(default_factory=list)
 
 
+_AGENTS_AUDITOR = object()  # PlanRunner(auditor=...) default: the agent's auditor (audit.current()), at each run
+
+
+@dataclass(frozen=True, slots=True)
+class _AuditContext:
+    auditor: audit.Auditor
+    source: str
+    reason: str
+    why: str
+
+    def write(self, step: WriteStep, update: ResourceUpdate) -> None:
+        why = step.why or self.why
+        where = update.cgroup_dir.strip("/") or "/"
+        message = f"{update.resource.name} of {where} to {update.value} by {self.source}" + (f": {why}" if why else "")
+        self.auditor.log(audit.LEVEL_UPDATE, self.auditor.owner_of(update.cgroup_dir),
+                         step.reason or self.reason, message)
+
+    def resctrl(self, level: int, what: str) -> None:
+        message = f"{what} by {self.source}" + (f": {self.why}" if self.why else "")
+        self.auditor.log(level, audit.Owner(audit.TYPE_GROUP, name="resctrl"), self.reason, message)
+
+
 class PlanRunner:
     """Carries plans out. ``verify``: compare a cached write with the file before skipping it (the reconciler,
     which must restore a value someone changed by hand at once)."""
 
     def __init__(self, executor: ResourceExecutor, evictor: Evictor | None = None,
-                 gauges: Mapping[str, Gauge] | None = None) -> None:
-        """``gauges``: the gauges plans may set, by name (the QoS manager's metrics)."""
+                 gauges: Mapping[str, Gauge] | None = None, auditor: object = _AGENTS_AUDITOR) -> None:
+        """``gauges``: the gauges plans may set, by name (the QoS manager's metrics); ``auditor``: where the
+        audit events go (an :class:`~koordlet.audit.Auditor`, None for none; default: the agent's, looked up
+        at every run so that one installed after this runner was built is used)."""
         self._executor = executor
         self._evictor = evictor
         self._gauges = dict(gauges or {})
+        self._auditor = auditor
         self._lock = threading.Lock()
         self._last: dict[str, PlanRecord] = {}
+
+    def _audit(self, plan: Plan, source: str) -> _AuditContext | None:
+        auditor = audit.current() if self._auditor is _AGENTS_AUDITOR else self._auditor
+        if not isinstance(auditor, audit.Auditor):
+            return None
+        return _AuditContext(auditor, source, plan.reason or source, plan.why)
 
     def last(self, source: str) -> PlanRecord | None:
         """The record of the newest plan run for ``source``."""
@@ -94,13 +131,14 @@ class PlanRunner:
 
     def run(self, plan: Plan, source: str, now: float = 0.0, *, verify: bool = False) -> PlanRecord:
         counts = _Counts()
+        audited = self._audit(plan, source) if not plan.empty else None
         for step in plan.steps:
-            self._write(step, counts, verify)
+            self._write(step, counts, verify, audited)
         for action in plan.resctrl:
-            self._resctrl(action, counts)
+            self._resctrl(action, counts, audited)
         released, evicted, blocked = 0.0, (), ()
         if plan.evictions is not None:
-            released, evicted, blocked = self._evict(plan.evictions)
+            released, evicted, blocked = self._evict(plan.evictions, audited)
         for gauge in plan.gauges:
             self._set_gauge(gauge)
         record = PlanRecord(
@@ -140,7 +178,7 @@ class PlanRunner:
         except KeyError:
             pass  # never set for these labels
 
-    def _write(self, step: WriteStep, counts: _Counts, verify: bool) -> None:
+    def _write(self, step: WriteStep, counts: _Counts, verify: bool, audited: _AuditContext | None) -> None:
         updates: list[ResourceUpdate] = []
         for write in step.writes:
             try:
@@ -157,19 +195,33 @@ class PlanRunner:
         counts.written += result.written
         counts.skipped += result.skipped
         counts.failures.extend(result.failures)
+        if audited is not None:
+            for update in result.done:
+                audited.write(step, update)
 
-    def _resctrl(self, action: ResctrlAction, counts: _Counts) -> None:
+    def _resctrl(self, action: ResctrlAction, counts: _Counts, audited: _AuditContext | None) -> None:
+        moved_before = sum(len(pids) for pids in counts.moved.values())
         try:
             if isinstance(action, ResctrlGroup):
                 if self._executor.ensure_resctrl_group(action.group):
                     counts.created.append(action.group)
+                    if audited is not None:
+                        audited.resctrl(audit.LEVEL_UPDATE, f"created resctrl group {action.group}")
             elif isinstance(action, ResctrlWrite):
                 self._executor.write_resctrl(action.group, action.file, action.value)
                 counts.resctrl_written += 1
+                if audited is not None:
+                    audited.resctrl(audit.LEVEL_UPDATE, f"resctrl {action.group or '/'} {action.file} to "
+                                                        f"{action.value.strip()!r}")
             elif isinstance(action, ResctrlRemoveGroup):
                 self._remove_group(action, counts)
+                if audited is not None and action.group in counts.removed:
+                    audited.resctrl(audit.LEVEL_UPDATE, f"removed resctrl group {action.group}")
             else:
                 self._move_tasks(action, counts)
+                moved = sum(len(pids) for pids in counts.moved.values()) - moved_before
+                if audited is not None and moved:
+                    audited.resctrl(audit.LEVEL_TASKS, f"moved {moved} tasks into resctrl group {action.group}")
         except ExecutorError as exc:
             counts.resctrl_errors.append(f"{action.group}: {exc}")
             logger.debug("resctrl action %r not carried out: %s", action, exc)
@@ -204,7 +256,8 @@ class PlanRunner:
             except ExecutorError as exc:
                 logger.debug("cannot move task %s to resctrl group %r: %s", pid, group, exc)
 
-    def _evict(self, request: Evictions) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
+    def _evict(self, request: Evictions,
+               audited: _AuditContext | None) -> tuple[float, tuple[str, ...], tuple[str, ...]]:
         evictor = self._evictor
         if evictor is None:
             logger.warning("%s asked for evictions but this agent has no evictor", request.feature)
@@ -214,12 +267,25 @@ class PlanRunner:
             if evictor.is_evicting(victim.pod.uid):
                 return "released"
             result = evictor.evict(victim.pod, request.feature, victim.message)
-            if not result.releases:
-                return "refused"
-            return "evicted" if result.outcome is EvictionOutcome.EVICTED else "released"
+            answer = ("refused" if not result.releases else
+                      "evicted" if result.outcome is EvictionOutcome.EVICTED else "released")
+            if audited is not None:
+                self._audit_eviction(audited, request, victim, answer, result.outcome.value)
+            return answer
 
         released, accepted, refused = walk_victims(request.candidates, request.target, outcome)
         if released < request.target:
             logger.info("%s: released %.0f of %.0f after trying every candidate", request.feature, released,
                         request.target)
         return released, tuple(v.pod.key for v in accepted), tuple(v.pod.key for v in refused)
+
+    @staticmethod
+    def _audit_eviction(audited: _AuditContext, request: Evictions, victim: Victim, answer: str,
+                        outcome: str) -> None:
+        pod = victim.pod
+        done = {"evicted": "evicted", "released": f"stopped ({outcome})"}.get(answer, f"eviction refused ({outcome})")
+        message = (f"{done} by {audited.source} to release {request.target:.0f} of which this pod holds "
+                   f"{victim.releases:.0f}: {victim.message or audited.why}")
+        reason = audited.reason if audited.reason != audited.source else request.feature
+        audited.auditor.log(audit.LEVEL_EVICTION, audit.Owner(audit.TYPE_POD, pod.namespace, pod.name), reason,
+                            message)

@@ -37,7 +37,7 @@ from typing import Protocol
 import kubernetes.client
 import kubernetes.config
 
-from koordlet import features
+from koordlet import audit, features
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
 from koordlet.executor import ResourceExecutor
@@ -251,6 +251,14 @@ def _cri_pod_source(ctx: AgentContext) -> Component | None:
 
 def _states_informer(ctx: AgentContext) -> Component | None:
     return ctx.states
+
+
+def _audit_owners(ctx: AgentContext) -> Component | None:
+    """The audit log tells a pod's writes from the node's by the informer's pods."""
+    auditor = audit.current()
+    if auditor is not None:
+        auditor.set_owner_resolver(audit.pod_owner_resolver(ctx.states.pods))
+    return None
 
 
 def _states_synced(ctx: AgentContext) -> Component | None:
@@ -473,6 +481,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
         Part("node and NodeSLO sources", _node_sources),
         Part("CRI pod source", _cri_pod_source),
         Part("states informer", _states_informer),
+        Part("audit owners", _audit_owners),
         Part("states sync", _states_synced),
         Part("PLEG", _pleg),
         Part("GPU service", _gpu_service),
@@ -520,6 +529,26 @@ class Koordlet:
         """Cut a start in progress short (a signal during the states sync wait); call :meth:`stop` after."""
         self._abort.set()
 
+    def _start_auditor(self) -> None:
+        """The audit log (gate ``AuditEvents``), installed for every plan runner; whose cgroup a write touched
+        is told from the states informer's pods once it is built (:func:`_audit_owners`)."""
+        config = self.config
+        if not config.gate("AuditEvents"):
+            return
+        auditor = audit.Auditor(audit.AuditConfig(
+            log_dir=config.audit_log_dir, verbose=config.audit_verbose,
+            max_disk_space_mb=config.audit_max_disk_space_mb,
+            max_concurrent_readers=config.audit_max_concurrent_readers,
+            max_events_limit=config.audit_max_events_limit))
+        audit.install(auditor)
+
+        def stop(_timeout_s: float) -> None:
+            if audit.current() is auditor:
+                audit.install(None)
+            auditor.close()
+
+        self._started("audit log", stop)
+
     def _started(self, name: str, stop: Callable[[float], bool | None]) -> None:
         self._stoppers.append((name, stop))
         logger.info("started %s", name)
@@ -532,8 +561,11 @@ class Koordlet:
         api_client = self._api_client if not config.local_mode else None
 
         features.report(config.feature_gates, self.metrics.registry, config.node_name)  # inert gates: log, gauge
+        self._start_auditor()
         server = MetricsServer(self.metrics.registry, config.metrics_host, config.metrics_port,
                                healthy=self.started.is_set)
+        if config.gate("AuditEventsHTTPHandler"):
+            server.handle("/events", audit.events_handler())
         server.start()
         self.metrics_server = server
         self._started("metrics server", server.stop)

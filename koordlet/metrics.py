@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import parse_qs
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -322,14 +323,28 @@ def exposition(registries: Iterable[CollectorRegistry]) -> bytes:
     return generate_latest(_Merged(registries))  # type: ignore[arg-type]
 
 
+class Answer(Protocol):
+    """What a handler added with :meth:`MetricsServer.handle` answers."""
+
+    status: int
+    content_type: str
+    body: bytes
+    headers: Mapping[str, str]
+
+
+PathHandler = Callable[[Mapping[str, Sequence[str]], Sequence[str]], Answer]  # (query, Accept values) -> answer
+
+
 class MetricsServer:
-    """``/metrics``, ``/internal-metrics``, ``/external-metrics`` and ``/healthz`` on one port."""
+    """``/metrics``, ``/internal-metrics``, ``/external-metrics`` and ``/healthz`` on one port, and the paths
+    added with :meth:`handle` (``/events``)."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int,
                  healthy: Callable[[], bool] = lambda: True, include_default: bool = True) -> None:
         registries = (registry, REGISTRY) if include_default else (registry,)
         self._registries = registries
         self._healthy = healthy
+        self._handlers: dict[str, PathHandler] = {}
         server = ThreadingHTTPServer((host, port), self._handler_class())
         server.daemon_threads = True
         self._server = server
@@ -339,6 +354,18 @@ class MetricsServer:
     def port(self) -> int:
         return self._server.server_address[1]
 
+    def handle(self, path: str, handler: PathHandler) -> None:
+        """Serve ``GET path`` with ``handler`` (its query and the request's Accept header values)."""
+        self._handlers[path] = handler
+
+    def _extra(self, path: str, raw_query: str, accept: Sequence[str]) -> tuple[bytes, int, str, Mapping[str, str]]:
+        try:
+            answer = self._handlers[path](parse_qs(raw_query, keep_blank_values=True), accept)
+        except Exception:  # one broken handler must not take the port down
+            logger.exception("handler of %s failed", path)
+            return b"internal error\n", 500, "text/plain", {}
+        return answer.body, answer.status, answer.content_type, answer.headers
+
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         outer = self
 
@@ -347,8 +374,11 @@ class MetricsServer:
                 logger.debug("metrics http: " + format, *args)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server naming
-                path = self.path.split("?", 1)[0]
-                if path in ("/metrics", "/internal-metrics", "/external-metrics"):
+                path, _, query = self.path.partition("?")
+                headers: Mapping[str, str] = {}
+                if path in outer._handlers:
+                    body, status, ctype, headers = outer._extra(path, query, self.headers.get_all("Accept") or [])
+                elif path in ("/metrics", "/internal-metrics", "/external-metrics"):
                     try:
                         body, status, ctype = exposition(outer._registries), 200, CONTENT_TYPE_LATEST
                     except Exception:  # a scrape must answer even when one collector is broken
@@ -362,6 +392,8 @@ class MetricsServer:
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(body)
 

@@ -62,6 +62,10 @@ _STATIC_BURST_POLICIES = (CPU_BURST_POLICY_CPU_BURST_ONLY, CPU_BURST_POLICY_AUTO
 _INELIGIBLE_QOS = (QoSClass.LSR, QoSClass.LSE, QoSClass.BE)
 
 
+AUDIT_REASON_QUOTA = "CFSQuotaBurst"  # Koordinator's audit reasons
+AUDIT_REASON_BURST = "CPUBurst"
+
+
 class SharePoolState(enum.StrEnum):
     OVERLOAD = "overload"
     COOLING = "cooling"
@@ -260,6 +264,7 @@ def decide_burst(
     burst_writes: list[CgroupWrite] = []
     pod_bursts: dict[str, tuple[str, int, int]] = {}  # uid → (pod dir, Σ burst, pod quota)
     pod_deltas: dict[str, tuple[str, int, list[CgroupWrite], list[CgroupWrite]]] = {}
+    notes: dict[str, list[str]] = {}  # uid → what happened to each scaled container, for the audit log
     for entry in containers:
         cid, uid = entry.container.container_id, entry.pod.uid
         limit_milli = entry.limit_milli
@@ -300,19 +305,25 @@ def decide_burst(
         write = CgroupWrite("cpu.cfs_quota_us", entry.container_dir, new_quota)
         (ups if new_quota > container_quota else downs).append(write)
         pod_deltas[uid] = (entry.pod_dir, delta + new_quota - container_quota, ups, downs)
+        notes.setdefault(uid, []).append(
+            f"{entry.container.name} {operation.value} {container_quota}->{new_quota} (throttled "
+            f"{snapshot.container_throttled_ratio.get(cid, 0.0):.2f}, base {base}, ceil {ceil})")
     steps: list[WriteStep] = []
     for uid, (pod_dir, delta, ups, downs) in pod_deltas.items():
         pod_quota = current.pod_quota_us.get(uid, UNLIMITED)
         pod_write = [] if pod_quota == UNLIMITED else [CgroupWrite("cpu.cfs_quota_us", pod_dir, pod_quota + delta)]
+        why = f"share pool {node_state.value}: " + "; ".join(notes.get(uid, ()))
         # Scale up: parent first; scale down: children first (v1: a child's quota may not exceed its parent's).
         if delta >= 0:
-            steps.append(WriteStep(tuple(pod_write + downs + ups)))
+            steps.append(WriteStep(tuple(pod_write + downs + ups), reason=AUDIT_REASON_QUOTA, why=why))
         else:
-            steps.append(WriteStep(tuple(downs + ups + pod_write)))
+            steps.append(WriteStep(tuple(downs + ups + pod_write), reason=AUDIT_REASON_QUOTA, why=why))
     for pod_dir, pod_sum, pod_quota in pod_bursts.values():
         value = pod_sum if pod_quota == UNLIMITED else min(pod_sum, pod_quota)
         burst_writes.append(CgroupWrite("cpu.cfs_burst_us", pod_dir, value))
-    steps.append(WriteStep(tuple(burst_writes)))
+    steps.append(WriteStep(tuple(burst_writes), reason=AUDIT_REASON_BURST,
+                           why="burst = CPU limit x cpuBurstPercent% x cfs period, capped at the cgroup's quota; "
+                               "a pod's is the sum of its containers'"))
     return BurstDecision(
         node_state=node_state,
         steps=tuple(steps),

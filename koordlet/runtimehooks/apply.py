@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_from_milli
 from hooks.validate import Rejected
+from koordlet import audit
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.units import CFS_PERIOD_US
 from koordlet.executor import ExecutorError, ResourceExecutor
@@ -71,6 +72,13 @@ class RejectedValues:
         where = f"{pod.key}/{container}" if container else pod.key
         text = "; ".join(f"{item.key}={item.value!r:.80}: {item.reason}" for item in fresh)
         log.warning("hook values dropped for %s (the pod goes on as kubelet asked): %s", where, text)
+        auditor = audit.current()
+        if auditor is not None:
+            owner = audit.Owner(audit.TYPE_POD, pod.namespace, pod.name, container)
+            for item in fresh:
+                auditor.log(audit.LEVEL_UPDATE, owner, "HookValueRejected",
+                            f"{item.key} not set to {item.value!r:.80}: {item.reason}; the pod keeps what kubelet "
+                            "asked for")
         if self._warn is not None:
             self._warn(pod, "KoordletHookValueRejected",
                        f"koordlet dropped hook values{' for container ' + container if container else ''} "
