@@ -72,7 +72,7 @@ from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.roots import HostDirs
-from koordlet.system.sysfs import read_node_topology
+from koordlet.system.sysfs import read_node_hugepages, read_node_topology
 
 logger = logging.getLogger(__name__)
 
@@ -313,7 +313,8 @@ def _device_plugin(ctx: AgentContext) -> Component | None:
 
 def _collectors(ctx: AgentContext) -> list[Collector]:
     config, states, layout, cgroup_fs = ctx.config, ctx.states, ctx.layout, ctx.cgroup_fs
-    node_collector = NodeResourceCollector(host_dirs(config).proc_dir, config.collect_res_used_interval_s)
+    node_collector = NodeResourceCollector(host_dirs(config).proc_dir, config.collect_res_used_interval_s,
+                                           per_cpu=config.gate("PerCPUMetric"))
     collectors: list[Collector] = [
         node_collector,
         PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
@@ -444,12 +445,16 @@ def _nrt_reporter(ctx: AgentContext) -> Component | None:
         raw = kube.raw_node if kube is not None else None
         return str(((raw or {}).get("metadata") or {}).get("uid") or "")
 
+    per_cpu = config.gate("PerCPUMetric")
+    metrics = ctx.metrics
     return NRTReportLoop(
         NRTReporter(config.node_name, CustomObjects(api_client)),
         lambda: read_node_topology(sys_dir), states.pods, ctx.cpu_manager,
         node_annotations=node_annotations, node_uid=node_uid, interval_s=config.node_topology_sync_interval_s,
         min_update_interval_s=config.node_topology_min_update_interval_s,
-        observe=ctx.metrics.observe_node_topology_report)
+        observe=metrics.observe_node_topology_report,
+        read_hugepages=(lambda: read_node_hugepages(sys_dir)) if config.gate("HugePageReport") else None,
+        observe_pools=lambda pools: metrics.observe_cpu_pools(pools.shared_cpus, pools.be_shared_cpus, per_cpu))
 
 
 def _nodemetric_reporter(ctx: AgentContext) -> Component | None:

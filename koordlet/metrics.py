@@ -128,6 +128,7 @@ class _LiveGauges:
                     family.add_metric([node], latest[1])
         yield cpu
         yield memory
+        yield from self._per_cpu()
         owners = _Owners.of(self._states)
         yield from self._gpu(owners)
         if self._states is None:
@@ -154,6 +155,21 @@ class _LiveGauges:
                 allocatable.add_metric([node, resource, unit], amount / divisor)
         yield allocatable
         yield from self._psi(owners)
+
+    def _per_cpu(self) -> Iterator[Metric]:
+        """``koordlet_node_used_cpu_cores_per_cpu{cpu}`` from the latest per-CPU samples (gate ``PerCPUMetric``;
+        no family at all without them)."""
+        if self._cache is None:
+            return
+        now = time.time()
+        latest = self._cache.last_values(MetricKind.NODE_PER_CPU_USAGE, Label.CPU, now - self._stale_after_s, now)
+        if not latest:
+            return
+        family = GaugeMetricFamily("koordlet_node_used_cpu_cores_per_cpu",
+                                   "Cores one logical CPU used (latest sample, 0..1)", labels=["node", "cpu"])
+        for cpu in sorted(latest, key=int):
+            family.add_metric([self._node, cpu], latest[cpu])
+        yield family
 
     def _gpu(self, owners: _Owners) -> Iterator[Metric]:
         """The GPU gauges from the cache's latest GPU samples and its GPU list (KV ``gpu_devices``)."""
@@ -264,6 +280,19 @@ class KoordletMetrics:
         self.kubelet_request_duration = Histogram(
             "koordlet_kubelet_request_duration_seconds", "kubelet API request duration",
             ["verb", "path", "code"], buckets=tuple(0.001 * 4**k for k in range(7)), registry=self.registry)
+        self.share_pool_cores = Gauge("koordlet_cpuset_share_pool_cpu_cores", "Number of share pool cores",
+                                      ["node"], registry=self.registry)
+        self.be_share_pool_cores = Gauge("koordlet_cpuset_be_share_pool_cpu_cores", "Number of be share pool cores",
+                                         ["node"], registry=self.registry)
+        self.share_pool_info = Gauge(
+            "koordlet_cpuset_share_pool_info",
+            "Indicates whether the CPU ID is currently part of the share pool (1 = in pool; gate PerCPUMetric)",
+            ["node", "cpu"], registry=self.registry)
+        self.be_share_pool_info = Gauge(
+            "koordlet_cpuset_be_share_pool_info",
+            "Indicates whether the CPU ID is currently part of the BE share pool (1 = in pool; gate PerCPUMetric)",
+            ["node", "cpu"], registry=self.registry)
+        self._pools_shown: tuple[frozenset[int], frozenset[int]] | None = None
         self._bound = False
         if cache is not None or states is not None:
             self.bind(cache, states, stale_after_s)
@@ -290,6 +319,19 @@ class KoordletMetrics:
                     continue
                 unit, divisor = _unit(resource)
                 gauge.labels(self.node_name, resource, unit).set(amount / divisor)
+
+    def observe_cpu_pools(self, shared: frozenset[int], be_shared: frozenset[int], per_cpu: bool) -> None:
+        """The node's share pools as the NodeResourceTopology reports them: their sizes, and with ``per_cpu``
+        (gate ``PerCPUMetric``) one ``_info{cpu}`` series per CPU in each (Koordinator metrics/cpu_cpuset.go)."""
+        self.share_pool_cores.labels(self.node_name).set(len(shared))
+        self.be_share_pool_cores.labels(self.node_name).set(len(be_shared))
+        if not per_cpu or (shared, be_shared) == self._pools_shown:
+            return
+        self._pools_shown = (shared, be_shared)
+        for gauge, cpus in ((self.share_pool_info, shared), (self.be_share_pool_info, be_shared)):
+            gauge.clear()
+            for cpu in sorted(cpus):
+                gauge.labels(self.node_name, str(cpu)).set(1)
 
     def observe_report(self, status: str) -> None:
         self.node_metric_reports.labels(self.node_name, status).inc()

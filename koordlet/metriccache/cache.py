@@ -35,10 +35,12 @@ logger = logging.getLogger(__name__)
 NODE_WINDOW_CAPACITY = 1800  # 30 min at 1 s
 POD_WINDOW_CAPACITY = 600  # 10 min at 1 s
 PSI_WINDOW_CAPACITY = 60  # 10 min at the PSI collector's 10 s; the kernel's avg300 covers longer
+PER_CPU_WINDOW_CAPACITY = 300  # 5 min at 1 s per CPU: 256 CPUs stay near 1.2 MiB
 
 DEFAULT_CAPACITY_BY_KIND: Mapping[str, int] = {
     **{kind.value: POD_WINDOW_CAPACITY for kind in MetricKind if kind.value.startswith(("pod_", "container_"))},
     **{kind.value: PSI_WINDOW_CAPACITY for kind in MetricKind if kind.value.endswith("_psi")},
+    MetricKind.NODE_PER_CPU_USAGE.value: PER_CPU_WINDOW_CAPACITY,
 }
 
 
