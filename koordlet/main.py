@@ -329,13 +329,32 @@ def _collectors(ctx: AgentContext) -> list[Collector]:
     if ctx.gpu is not None:
         collectors.append(GPUCollector(ctx.gpu, config.collect_res_used_interval_s,
                                        pods=pod_cgroup_source(states.pods, layout), cgroup_fs=cgroup_fs))
+    collectors += _alpha_collectors(ctx)
+    return collectors
+
+
+def _alpha_collectors(ctx: AgentContext) -> list[Collector]:
+    """The collectors of the Alpha gates ``ResctrlCollector``, ``CPICollector`` and ``ColdPageCollector``."""
+    config = ctx.config
+    dirs = host_dirs(config)
+    collectors: list[Collector] = []
+    if config.gate("ResctrlCollector"):
+        if config.enable_resctrl_collector and dirs.resctrl_dir:
+            from koordlet.metricsadvisor.resctrl import ResctrlCollector
+
+            collectors.append(ResctrlCollector(dirs.resctrl_dir, config.resctrl_collector_interval_s))
+        else:
+            logger.info("resctrl collector off: gate ResctrlCollector needs -enable-resctrl-collector too "
+                        "(as in Koordinator)")
     return collectors
 
 
 def _metrics_advisor(ctx: AgentContext) -> Component | None:
     config = ctx.config
     ctx.metrics.bind(ctx.cache, ctx.states, stale_after_s=max(10.0, 3 * config.collect_res_used_interval_s),
-                     psi_stale_after_s=3 * config.psi_collector_interval_s)
+                     psi_stale_after_s=3 * config.psi_collector_interval_s,
+                     slow_stale_after_s=3 * max(config.cpi_collector_interval_s, config.resctrl_collector_interval_s,
+                                                config.coldpage_collector_interval_s))
     return CollectorRunner(ctx.cache, _collectors(ctx), registry=ctx.metrics.registry)
 
 

@@ -28,7 +28,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
-from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
+from koordlet.metriccache import (
+    CPI_RESOURCE_CYCLE,
+    CPI_RESOURCE_INSTRUCTION,
+    Label,
+    MetricCache,
+    MetricKind,
+    SeriesKey,
+)
 from koordlet.statesinformer.api import StatesProvider
 
 logger = logging.getLogger(__name__)
@@ -76,6 +83,8 @@ _GPU_SERIES = (  # (metric name, help, cache kind, level)
 )
 _GPU_LEVEL_LABELS = {"node": _GPU_NODE_LABELS, "pod": _GPU_POD_LABELS, "container": _GPU_CONTAINER_LABELS}
 _PSI_RESOURCE_TYPE = {"cpu": "cpu", "memory": "mem", "io": "io"}  # Koordinator's psi_resource_type values
+_CPI_LABELS = ("node", "container_id", "container_name", "pod_uid", "pod_name", "pod_namespace", "cpi_field")
+_CPI_FIELD = {CPI_RESOURCE_CYCLE: "cycles", CPI_RESOURCE_INSTRUCTION: "instructions"}  # metrics/cpi.go
 
 
 def _unit(resource: str) -> tuple[str, float]:
@@ -104,12 +113,13 @@ class _LiveGauges:
     """Gauges read at scrape time from the cache (node usage) and the states (requests, limits)."""
 
     def __init__(self, node_name: str, cache: MetricCache | None, states: StatesProvider | None,
-                 stale_after_s: float, psi_stale_after_s: float = 30.0) -> None:
+                 stale_after_s: float, psi_stale_after_s: float = 30.0, slow_stale_after_s: float = 180.0) -> None:
         self._node = node_name
         self._cache = cache
         self._states = states
         self._stale_after_s = stale_after_s
         self._psi_stale_after_s = psi_stale_after_s
+        self._slow_stale_after_s = slow_stale_after_s
 
     def describe(self) -> list[Metric]:
         return []  # collected at scrape time only; names are not reserved ahead
@@ -155,6 +165,52 @@ class _LiveGauges:
                 allocatable.add_metric([node, resource, unit], amount / divisor)
         yield allocatable
         yield from self._psi(owners)
+        yield from self._resctrl()
+        yield from self._cpi(owners)
+
+    def _latest(self, kind: str) -> dict[SeriesKey, float]:
+        """The newest sample of every series of ``kind`` within the slow collectors' staleness."""
+        if self._cache is None:
+            return {}
+        now = time.time()
+        return self._cache.last_by_key(kind, now - self._slow_stale_after_s, now)
+
+    def _resctrl(self) -> Iterator[Metric]:
+        """``koordlet_resctrl_llc_occupancy`` (bytes) and ``koordlet_resctrl_memory_bandwidth`` (bytes per
+        second; Koordinator exports the raw counter) of the QoS groups (gate ``ResctrlCollector``)."""
+        llc, mb = self._latest(MetricKind.RESCTRL_LLC), self._latest(MetricKind.RESCTRL_MB)
+        if llc:
+            family = GaugeMetricFamily("koordlet_resctrl_llc_occupancy",
+                                       "resctrl default qos(LSR, LS, BE) llc occupancy collected by koordlet",
+                                       labels=["node", "cache_id", "qos"])
+            for key, value in llc.items():
+                family.add_metric([self._node, key.label(Label.CACHE_ID) or "", key.label(Label.QOS) or ""], value)
+            yield family
+        if mb:
+            family = GaugeMetricFamily("koordlet_resctrl_memory_bandwidth",
+                                       "resctrl default qos(LSR, LS, BE) memory bandwidth collected by koordlet, "
+                                       "bytes per second", labels=["node", "cache_id", "qos", "mb_type"])
+            for key, value in mb.items():
+                family.add_metric([self._node, key.label(Label.CACHE_ID) or "", key.label(Label.QOS) or "",
+                                   key.label(Label.RESCTRL_MB_TYPE) or ""], value)
+            yield family
+
+    def _cpi(self, owners: _Owners) -> Iterator[Metric]:
+        """``koordlet_container_cpi{cpi_field=cycles|instructions}`` of the last CPI window (gate ``CPICollector``)."""
+        latest = self._latest(MetricKind.CONTAINER_CPI)
+        if not latest:
+            return
+        family = GaugeMetricFamily("koordlet_container_cpi", "Container cpi collected by koordlet",
+                                   labels=list(_CPI_LABELS))
+        for key, value in latest.items():
+            container_id = key.label(Label.CONTAINER_ID) or ""
+            pod_uid, container_name = owners.containers.get(container_id, ("", ""))
+            if pod_uid not in owners.pods:
+                continue
+            pod_name, namespace = owners.pods[pod_uid]
+            field = _CPI_FIELD.get(key.label(Label.CPI_RESOURCE) or "", "")
+            family.add_metric([self._node, container_id, container_name, pod_uid, pod_name, namespace, field], value)
+        yield family
 
     def _per_cpu(self) -> Iterator[Metric]:
         """``koordlet_node_used_cpu_cores_per_cpu{cpu}`` from the latest per-CPU samples (gate ``PerCPUMetric``;
@@ -298,14 +354,15 @@ class KoordletMetrics:
             self.bind(cache, states, stale_after_s)
 
     def bind(self, cache: MetricCache | None, states: StatesProvider | None, stale_after_s: float = 10.0,
-             psi_stale_after_s: float = 30.0) -> None:
+             psi_stale_after_s: float = 30.0, slow_stale_after_s: float = 180.0) -> None:
         """Attach the cache and states the scrape-time gauges read (once; the agent builds them after this).
 
         Samples older than ``stale_after_s`` (usage) or ``psi_stale_after_s`` (PSI, collected less often)
         are not shown."""
         if self._bound:
             raise RuntimeError("metrics already bound to a cache and states")
-        self.registry.register(_LiveGauges(self.node_name, cache, states, stale_after_s, psi_stale_after_s))
+        self.registry.register(_LiveGauges(self.node_name, cache, states, stale_after_s, psi_stale_after_s,
+                                           slow_stale_after_s))
         self._bound = True
 
     def observe_node_metric_status(self, status: Mapping[str, Any]) -> None:
