@@ -72,7 +72,7 @@ from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.roots import HostDirs
-from koordlet.system.sysfs import read_node_hugepages, read_node_topology
+from koordlet.system.sysfs import read_node_hugepages, read_node_topology, read_online_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -346,6 +346,13 @@ def _alpha_collectors(ctx: AgentContext) -> list[Collector]:
         else:
             logger.info("resctrl collector off: gate ResctrlCollector needs -enable-resctrl-collector too "
                         "(as in Koordinator)")
+    if config.gate("CPICollector"):
+        from koordlet.metricsadvisor.cpi import CPICollector
+
+        libpfm = config.gate("Libpfm4")
+        collectors.append(CPICollector(pod_cgroup_source(ctx.states.pods, ctx.layout), ctx.cgroup_fs,
+                                       read_online_cpus(dirs.sys_dir), config.cpi_collector_interval_s,
+                                       config.collect_cpi_timewindow_s, group=libpfm, libpfm=libpfm))
     return collectors
 
 
