@@ -45,6 +45,38 @@ class ResctrlNode:
 
 
 @dataclass(frozen=True, slots=True)
+class LinuxDevice:
+    """A device node a container is to get (NRI's LinuxDevice; the proxy adds it to CreateContainer's devices):
+    ``path`` on the host and in the container, ``type`` ``c``/``b``, its numbers and the node's file mode."""
+
+    path: str
+    type: str
+    major: int
+    minor: int
+    file_mode: int = 0o666
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A bind mount a container is to get: ``source`` on the host at ``destination`` in the container."""
+
+    destination: str
+    source: str
+    type: str = "bind"
+    options: tuple[str, ...] = ("rbind",)
+    readonly: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RDMANode:
+    """The node's RDMA device nodes (read by koordlet, not by plugins): ``rdma_cm`` (None when missing) and the
+    ``uverbs`` node of each RDMA PCI function by bus id."""
+
+    rdma_cm: LinuxDevice | None = None
+    uverbs: Mapping[str, LinuxDevice] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeContext:
     """Node-wide inputs of the rules."""
 
@@ -59,6 +91,8 @@ class NodeContext:
     # manager policy; None / "" = unknown (the cpuset hook then leaves LS cpusets as kubelet gave them).
     cpu_pools: CPUPools | None = None
     kubelet_cpu_policy: str = ""
+    rdma: RDMANode | None = None  # gate RDMADeviceInject: the node's RDMA device nodes
+    hami_core_library: str = "/usr/local/vgpu/libvgpu.so"  # -hami-core-library-directory-path
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +132,13 @@ class Changes:
     envs: Mapping[str, str] = field(default_factory=dict)
     resctrl_group: str | None = None
     resctrl_schemata: str | None = None
+    # Added to a container at creation only (the proxy's CreateContainer, NRI's adjustment); a later plugin's
+    # entry for the same path replaces an earlier one.
+    devices: tuple[LinuxDevice, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    # Host directories the container's mounts need (made by koordlet before the answer goes out, mode 0777:
+    # HAMi-core's per-container cache dir, gate HamiCoreVGPUMonitor).
+    host_dirs: tuple[str, ...] = ()
 
     def merged(self, later: Changes) -> Changes:
         updates = {}
@@ -106,12 +147,27 @@ class Changes:
             if f.name == "envs":
                 if value:
                     updates["envs"] = {**self.envs, **value}
+            elif f.name in _LISTS:
+                if value:
+                    updates[f.name] = _merge_list(getattr(self, f.name), value)
             elif value is not None:
                 updates[f.name] = value
         return replace(self, **updates) if updates else self
 
     def __bool__(self) -> bool:
-        return any(getattr(self, f.name) not in (None, {}) for f in fields(self))
+        return any(getattr(self, f.name) not in (None, {}, ()) for f in fields(self))
+
+
+_LISTS = frozenset({"devices", "mounts", "host_dirs"})
+
+
+def _merge_list(earlier: tuple, later: tuple) -> tuple:
+    """``earlier`` then ``later``, an entry of ``later`` replacing one of ``earlier`` for the same path."""
+    def key(item: object) -> object:
+        return getattr(item, "path", None) or getattr(item, "destination", None) or item
+
+    replaced = {key(item) for item in later}
+    return tuple(item for item in earlier if key(item) not in replaced) + tuple(later)
 
 
 NO_CHANGES = Changes()

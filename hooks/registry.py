@@ -108,4 +108,4 @@ def _checked(changes: Changes, node: NodeContext, parent_quota: validate.ParentQ
 
 def _load_all() -> None:
     # Importing a plugin module registers it.
-    from . import batchresource, coresched, cpunormalization, cpuset, gpu, groupidentity, resctrl  # noqa: F401
+    from . import batchresource, coresched, cpunormalization, cpuset, gpu, groupidentity, rdma, resctrl  # noqa: F401

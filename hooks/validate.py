@@ -17,11 +17,15 @@ The rules (cgroup v1 names; the v2 files take the same values through the execut
 - ``cpu.bvt_warp_ns`` -1..2, ``cpu.idle`` 0 or 1;
 - environment variables: POSIX-style names of at most 256 characters, values without NUL of at most 32 KiB;
 - resctrl group names: a plain directory name of at most 64 characters; schemata of at most 4 KiB, one line
-  per resource, printable.
+  per resource, printable;
+- devices: a normalised absolute path under ``/dev/``, type ``c`` or ``b``, numbers 0..2^32-1, a file mode
+  within 0o777; mounts: normalised absolute source and destination (no ``..``), a ``bind`` mount; host dirs a
+  normalised absolute path: a value that is not is dropped on its own, the others kept.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -29,7 +33,7 @@ from dataclasses import dataclass, replace
 from koordlet.api.cpuset import CPUListError, parse_cpu_list
 from koordlet.api.units import CFS_PERIOD_US
 
-from .protocol import MAX_CPU_SHARES, MIN_CFS_QUOTA_US, MIN_CPU_SHARES, Changes, NodeContext
+from .protocol import MAX_CPU_SHARES, MIN_CFS_QUOTA_US, MIN_CPU_SHARES, Changes, LinuxDevice, Mount, NodeContext
 
 PAGE_BYTES = 4096
 MAX_CPU_LIST_CHARS = 4096
@@ -111,6 +115,50 @@ def _schemata_problem(text: str) -> str | None:
     return None
 
 
+def _absolute(path: object) -> bool:
+    """A normalised absolute path: no ``..``, ``.``, empty or doubled components, no NUL."""
+    return (isinstance(path, str) and path.startswith("/") and "\x00" not in path and len(path) <= 4096
+            and posixpath.normpath(path) == path and "/../" not in f"{path}/")
+
+
+def _device_problem(device: LinuxDevice) -> str | None:
+    if not _absolute(device.path) or not device.path.startswith("/dev/"):
+        return "not a normalised path under /dev/"
+    if device.type not in ("c", "b"):
+        return "type is not c or b"
+    if not (0 <= device.major < 1 << 32 and 0 <= device.minor < 1 << 32 and 0 <= device.file_mode <= 0o777):
+        return "device numbers or file mode out of range"
+    return None
+
+
+def _mount_problem(mount: Mount) -> str | None:
+    if not (_absolute(mount.destination) and _absolute(mount.source)) or mount.destination == "/":
+        return "source and destination must be normalised absolute paths"
+    if mount.type != "bind":
+        return "only bind mounts"
+    return None
+
+
+def _check_lists(changes: Changes, drop: dict[str, object], rejected: list[Rejected]) -> None:
+    """Devices, mounts and host dirs: the bad entries dropped one by one."""
+    checks: tuple[tuple[str, Callable[[object], str | None]], ...] = (
+        ("devices", _device_problem),  # type: ignore[arg-type]
+        ("mounts", _mount_problem),  # type: ignore[arg-type]
+        ("host_dirs", lambda path: None if _absolute(path) and path != "/" else "not a normalised absolute path"),
+    )
+    for name, problem in checks:
+        items = getattr(changes, name)
+        kept = []
+        for item in items:
+            reason = problem(item)
+            if reason is None:
+                kept.append(item)
+            else:
+                rejected.append(Rejected(name, item, reason))
+        if len(kept) != len(items):
+            drop[name] = tuple(kept)
+
+
 def check(changes: Changes, node: NodeContext, parent_quota: ParentQuota = None) -> tuple[Changes, list[Rejected]]:
     """``changes`` without the values the kernel or the node would refuse, and what was dropped.
 
@@ -142,6 +190,7 @@ def check(changes: Changes, node: NodeContext, parent_quota: ParentQuota = None)
         refuse("resctrl_group", changes.resctrl_group, "not a plain directory name of at most 64 characters")
     if changes.resctrl_schemata is not None:
         refuse("resctrl_schemata", changes.resctrl_schemata, _schemata_problem(changes.resctrl_schemata))
+    _check_lists(changes, drop, rejected)
     envs = changes.envs
     bad_envs = [(name, value, _env_problem(name, value)) for name, value in envs.items()]
     bad_envs = [(name, value, reason) for name, value, reason in bad_envs if reason is not None]

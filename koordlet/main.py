@@ -59,6 +59,7 @@ from koordlet.metricsadvisor import (
 from koordlet.reporters.device import GPUCollector, DeviceReportLoop
 from koordlet.reporters.nodemetric import NodeMetricReporter
 from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
+from koordlet.reporters.rdma import RDMAInventory
 from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
@@ -414,6 +415,8 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         serve_hooks=config.runtime_hooks_network == "unix",
         sys_dir=host_dirs(config).sys_dir,
         proc_dir=host_dirs(config).proc_dir,
+        dev_dir=host_dirs(config).dev_dir,
+        hami_core_library=config.hami_core_library_directory_path,
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
     return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
@@ -437,9 +440,21 @@ def default_components() -> list[ComponentFactory]:
     return [_qos_manager, _runtime_hooks, _netqos]
 
 
+def _rdma_inventory(config: KoordletConfig) -> RDMAInventory | None:
+    """The node's RDMA devices (gate ``RDMADevices``), None when the gate is off or the node has none."""
+    if not config.gate("RDMADevices"):
+        return None
+    inventory = RDMAInventory(host_dirs(config).sys_dir)
+    if not inventory.devices():
+        logger.info("RDMA devices: none on this node (no network PCI function with infiniband/)")
+        return None
+    return inventory
+
+
 def _device_reporter(ctx: AgentContext) -> Component | None:
-    """The Device object, with a GPU service only."""
-    if ctx.gpu is None:
+    """The Device object, with a GPU service or RDMA devices."""
+    rdma = _rdma_inventory(ctx.config)
+    if ctx.gpu is None and rdma is None:
         return None
     config, api_client, kube = ctx.config, ctx.api_client, ctx.kube
     custom_api = CustomObjects(api_client) if api_client is not None else None
@@ -450,7 +465,7 @@ def _device_reporter(ctx: AgentContext) -> Component | None:
         raw = kube.raw_node if kube is not None else None
         return str(((raw or {}).get("metadata") or {}).get("uid") or "")
 
-    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, node_uid)
+    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, node_uid, rdma=rdma)
 
 
 def _kubelet_cpu_manager(config: KoordletConfig) -> Callable[[], CPUManagerState | None]:

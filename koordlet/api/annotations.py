@@ -181,6 +181,17 @@ def parse_resource_status(value: str) -> ResourceStatus:
 # ------------------------------------------------------------------------------- device-allocated (§3.3)
 
 
+def parse_rdma_allocated(value: str) -> tuple[_device.RDMAAllocation, ...]:
+    """``scheduling.koordinator.sh/device-allocated`` (RDMA entries); see ``koordlet.api.device``."""
+    _load_json(ANNOTATION_DEVICE_ALLOCATED, value)
+    try:
+        return _device.parse_rdma_allocated(value)
+    except _device.DeviceAnnotationError as exc:
+        raise AnnotationError(
+            ANNOTATION_DEVICE_ALLOCATED, str(exc).removeprefix(f"{ANNOTATION_DEVICE_ALLOCATED}: ")
+        ) from exc
+
+
 def parse_device_allocated(value: str) -> DeviceAllocated:
     """``scheduling.koordinator.sh/device-allocated`` (GPU entries); see ``koordlet.api.device``."""
     _load_json(ANNOTATION_DEVICE_ALLOCATED, value)  # JSON errors (incl. deep nesting) as AnnotationError

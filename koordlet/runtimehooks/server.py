@@ -17,6 +17,7 @@ from concurrent import futures
 import grpc
 
 from hooks import registry
+from hooks.gpu import hami_cache_root
 from hooks.protocol import NodeContext, PodContext
 from koordlet.api.pod import PodMeta
 from koordlet.actuator import PlanRunner
@@ -34,6 +35,7 @@ from .apply import (
     pod_level_plan,
     container_context_from_request,
     effective_quota_reader,
+    make_host_dirs,
     pod_from_container_request,
     pod_from_sandbox_request,
     report_plugin_error,
@@ -134,9 +136,12 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         plugins = [p for p in self._plugins() if stage in p.stages]
         context = container_context_from_request(pod, req)
         pod_dir = self._pod_dir(req.pod_cgroup_parent or pod.cgroup_parent, pod.key)
-        changes = registry.run_container(plugins, self._node(), context, self._report,
+        node = self._node()
+        changes = registry.run_container(plugins, node, context, self._report,
                                          self._rejects.reporter(pod, context.name),
                                          effective_quota_reader(self._executor, pod_dir) if pod_dir else None)
+        if changes.host_dirs:
+            make_host_dirs(changes, hami_cache_root(node.hami_core_library))
         apply_to_container_response(changes, resp)
         return resp
 
