@@ -279,6 +279,19 @@ def _pleg(ctx: AgentContext) -> Component | None:
     return PodCgroupWatcher(ctx.cgroup_fs, ctx.layout, lambda pod_uid: states.request_resync(follow_up_s=1.0))
 
 
+def _pod_resources_proxy(ctx: AgentContext) -> Component | None:
+    """kubelet's pod-resources API with the scheduler's devices added (gate ``PodResourcesProxy``), at
+    ``<-pod-resources-proxy-path>/kubelet.sock`` in front of ``<-var-lib-kubelet-dir>/pod-resources/kubelet.sock``."""
+    config = ctx.config
+    if not config.gate("PodResourcesProxy"):
+        return None
+    from koordlet.statesinformer.podresources import SOCKET_NAME, PodResourcesProxy, PodResourcesServer
+
+    kubelet_socket = os.path.join(config.var_lib_kubelet_dir, "pod-resources", SOCKET_NAME)
+    proxy = PodResourcesProxy(ctx.states.pods, kubelet_socket)
+    return PodResourcesServer(proxy, os.path.join(config.pod_resources_proxy_path, SOCKET_NAME))
+
+
 def _gpu_service(ctx: AgentContext) -> Component | None:
     """NVML, the GPU inventory and health (gate ``Accelerators``); before the metrics advisor, whose GPU
     collector reads it, so it is stopped after the collector and the Device report loop."""
@@ -537,6 +550,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
         Part("audit owners", _audit_owners),
         Part("states sync", _states_synced),
         Part("PLEG", _pleg),
+        Part("pod resources proxy", _pod_resources_proxy),
         Part("GPU service", _gpu_service),
         Part("device plugin", _device_plugin),
         Part("metrics advisor", _metrics_advisor),
