@@ -447,10 +447,19 @@ def _netqos(ctx: AgentContext) -> Component | None:
                          sys_dir=dirs.sys_dir, registry=ctx.metrics.registry)
 
 
+def _terway_qos(ctx: AgentContext) -> Component | None:
+    """Terway's QoS files (gate ``TerwayQoS``), written while NodeSLO's netQOSPolicy is terway-qos."""
+    if not ctx.config.gate("TerwayQoS"):
+        return None
+    from koordlet.netqos.terway import TerwayQoSWriter
+
+    return TerwayQoSWriter(ctx.states, ctx.layout, ctx.config.terway_qos_dir)
+
+
 def default_components() -> list[ComponentFactory]:
     """Started after the states informer and metrics advisor, before the reporters, in this order
-    (§1.2: qos manager, then runtime hooks; then tc network QoS when its gate is on)."""
-    return [_qos_manager, _runtime_hooks, _netqos]
+    (§1.2: qos manager, then runtime hooks; then tc network QoS and Terway's QoS files when their gates are on)."""
+    return [_qos_manager, _runtime_hooks, _netqos, _terway_qos]
 
 
 def _rdma_inventory(config: KoordletConfig) -> RDMAInventory | None:
