@@ -91,11 +91,16 @@ class _AuditContext:
     why: str
 
     def write(self, step: WriteStep, update: ResourceUpdate) -> None:
-        why = step.why or self.why
         where = update.cgroup_dir.strip("/") or "/"
-        message = f"{update.resource.name} of {where} to {update.value} by {self.source}" + (f": {why}" if why else "")
-        self.auditor.log(audit.LEVEL_UPDATE, self.auditor.owner_of(update.cgroup_dir),
-                         step.reason or self.reason, message)
+        self.file(self.auditor.owner_of(update.cgroup_dir), f"{update.resource.name} of {where}", update.value,
+                  step.reason, step.why)
+
+    def file(self, owner: audit.Owner, what: str, value: object, reason: str = "", why: str = "") -> None:
+        """One file written: ``what`` (a cgroup file of a dir, a sysctl) set to ``value``; the plan's reason and
+        why unless given."""
+        why = why or self.why
+        message = f"{what} to {value} by {self.source}" + (f": {why}" if why else "")
+        self.auditor.log(audit.LEVEL_UPDATE, owner, reason or self.reason, message)
 
     def resctrl(self, level: int, what: str) -> None:
         message = f"{what} by {self.source}" + (f": {self.why}" if self.why else "")
