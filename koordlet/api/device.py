@@ -165,18 +165,23 @@ def _parse_minor(raw: object, where: str) -> int:
     return raw
 
 
-def parse_device_allocated(value: str) -> DeviceAllocated:
-    """Parse the annotation value's gpu entries; entries of other device types (rdma: :func:`parse_rdma_allocated`,
-    fpga) are ignored.
-
-    Raises DeviceAnnotationError naming the annotation and what is wrong.
-    """
+def _load_allocated(value: str) -> dict:
     try:
         data = load_json(value, ANNOTATION_DEVICE_ALLOCATED, max_bytes=256 << 10, max_depth=16)
     except SafeLoadError as exc:
         raise DeviceAnnotationError(str(exc)) from exc
     if not isinstance(data, dict):
         raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_ALLOCATED}: expected a JSON object")
+    return data
+
+
+def parse_device_allocated(value: str) -> DeviceAllocated:
+    """Parse the annotation value's gpu entries; entries of other device types (rdma: :func:`parse_rdma_allocated`,
+    fpga) are ignored.
+
+    Raises DeviceAnnotationError naming the annotation and what is wrong.
+    """
+    data = _load_allocated(value)
     raw_gpus = data.get(DEVICE_TYPE_GPU, [])
     if raw_gpus is None:
         raw_gpus = []
@@ -203,13 +208,7 @@ def parse_device_allocated(value: str) -> DeviceAllocated:
 def parse_rdma_allocated(value: str) -> tuple[RDMAAllocation, ...]:
     """The rdma entries of the annotation (an entry's ``id`` is the PF's PCI bus id, ``extension.vfs`` its VFs);
     apart from the GPU part, so a malformed RDMA entry never costs a pod its GPUs. DeviceAnnotationError."""
-    try:
-        data = load_json(value, ANNOTATION_DEVICE_ALLOCATED, max_bytes=256 << 10, max_depth=16)
-    except SafeLoadError as exc:
-        raise DeviceAnnotationError(str(exc)) from exc
-    if not isinstance(data, dict):
-        raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_ALLOCATED}: expected a JSON object")
-    return _rdma_entries(data)
+    return _rdma_entries(_load_allocated(value))
 
 
 def nvidia_visible_devices(gpus: Sequence[GPUAllocation]) -> str:

@@ -10,14 +10,14 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.koordlet import test_main
 from tests.koordlet.test_main import NODE, REPO, _needs_cgroup_v1, _tail, eventually, free_port, get
 from tests.support.containerd import CGROUP_ROOT
-from tests.support.cri import CriClient, PodFactory
+from tests.support.cri import PodFactory
 
 GATES = ("AuditEvents", "AuditEventsHTTPHandler", "CPICollector", "Libpfm4", "ResctrlCollector", "PerCPUMetric",
          "HugePageReport", "ColdPageCollector", "RDMADevices", "RDMADeviceInject", "PodResourcesProxy",
@@ -27,15 +27,7 @@ SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500", "k
                                           "kubernetes.io/batch-memory": "96Mi"}}}}
 
 
-@pytest.fixture
-def pods(containerd_socket: str) -> Iterator[PodFactory]:
-    client = CriClient(containerd_socket)
-    factory = PodFactory(client)
-    try:
-        yield factory
-    finally:
-        factory.cleanup()
-        client.close()
+pods = test_main.pods  # the fixture: pods through the project's containerd, removed after
 
 
 @pytest.mark.containerd
