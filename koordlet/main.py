@@ -451,7 +451,7 @@ def _terway_qos(ctx: AgentContext) -> Component | None:
     """Terway's QoS files (gate ``TerwayQoS``), written while NodeSLO's netQOSPolicy is terway-qos."""
     if not ctx.config.gate("TerwayQoS"):
         return None
-    from koordlet.netqos.terway import TerwayQoSWriter
+    from koordlet.runtimehooks.terwayqos import TerwayQoSWriter
 
     return TerwayQoSWriter(ctx.states, ctx.layout, ctx.config.terway_qos_dir)
 

@@ -62,18 +62,21 @@ class CPICollector:
         self._keys: dict[tuple[str, str, str], SeriesKey] = {}
 
     def enabled(self) -> bool:
-        if self._libpfm:
-            try:
-                self._events = encode_with_libpfm([event.name for event in self._events])  # type: ignore[assignment]
-            except PerfError as err:
-                logger.warning("gate Libpfm4: %s; the built-in encoding of %s is used", err,
-                               ", ".join(e.name for e in self._events))
-        for event in self._events:
+        for event in self._events:  # the built-in encoding first: libpfm4 is loaded only where it can count
             try:
                 probe(event)
             except PerfError as err:
                 logger.warning("CPI collector off: the kernel lacks the %s counter (%s)", event.name, err)
                 return False
+        if self._libpfm:
+            try:
+                encoded = encode_with_libpfm([event.name for event in self._events])
+                for event in encoded:
+                    probe(event)
+                self._events = encoded  # type: ignore[assignment]
+            except PerfError as err:
+                logger.warning("gate Libpfm4: %s; the built-in encoding of %s is used", err,
+                               ", ".join(e.name for e in self._events))
         perf_root = self._cgroup_fs.hierarchy_dir(PERF_SUBSYSTEM)
         if self._cgroup_fs.version is CgroupVersion.V1 and not os.path.isfile(os.path.join(perf_root,
                                                                                            "cgroup.procs")):

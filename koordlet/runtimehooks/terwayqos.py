@@ -35,7 +35,6 @@ from koordlet.api.nodeslo import NET_QOS_POLICY_TERWAY, NetworkQOS, NodeSLOSpec
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.api.quantity import QuantityError, parse_quantity
-from koordlet.netqos.plan import NetQoSError, resolve_rate
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.system.cgroup import host_cgroup_dir
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
@@ -59,16 +58,26 @@ class _ClassRates:
     tx_max: int = 0
 
 
+class TerwayQoSError(ValueError):
+    """A NodeSLO rate Terway's files cannot take."""
+
+
 def _bytes(value: int | str, total_bps: int) -> int:
-    """A NodeSLO rate in bytes per second; a quantity above the total is refused (Koordinator's check)."""
-    if isinstance(value, str):
-        try:
-            absolute = parse_quantity(value)
-        except QuantityError as exc:
-            raise NetQoSError(f"rate {value!r}: {exc}") from exc
-        if absolute > total_bps:
-            raise NetQoSError(f"quantity {value} is larger than the total bandwidth {total_bps} bits/s")
-    return resolve_rate(value, total_bps) // 8
+    """A NodeSLO rate (an int: percent of the total; a string: bits per second) in bytes per second; a quantity
+    above the total is refused (Koordinator's check)."""
+    if isinstance(value, bool):
+        raise TerwayQoSError(f"rate must be a percent or a quantity, got {value!r}")
+    if isinstance(value, int):
+        if not 0 <= value <= 100:
+            raise TerwayQoSError(f"percent must be in [0, 100], got {value}")
+        return total_bps * value // 100 // 8
+    try:
+        absolute = parse_quantity(value)
+    except QuantityError as exc:
+        raise TerwayQoSError(f"rate {value!r}: {exc}") from exc
+    if not 0 <= absolute <= total_bps:
+        raise TerwayQoSError(f"quantity {value} is not within the total bandwidth {total_bps} bits/s")
+    return absolute // 8
 
 
 def _class(config: NetworkQOS, total_bps: int) -> _ClassRates:
@@ -79,7 +88,7 @@ def _class(config: NetworkQOS, total_bps: int) -> _ClassRates:
 
 
 def node_config(node_slo: NodeSLOSpec) -> str:
-    """``global_bps_config`` for a NodeSLO whose policy is terway-qos; NetQoSError for a bad rate."""
+    """``global_bps_config`` for a NodeSLO whose policy is terway-qos; TerwayQoSError for a bad rate."""
     total = node_slo.system_strategy.total_network_bandwidth_bps
     strategy = node_slo.resource_qos_strategy
     l1, l2 = _class(strategy.ls_class.network_qos, total), _class(strategy.be_class.network_qos, total)
@@ -155,7 +164,7 @@ class TerwayQoSWriter:
             else:
                 self._put(NODE_CONFIG, node_config(node_slo))
                 self._put(POD_CONFIG, pod_config(self._states.pods(), self._layout))
-        except (NetQoSError, OSError) as exc:
+        except (TerwayQoSError, OSError) as exc:
             _log.error("terway QoS files in %s not written: %s", self._dir, exc)
         self.syncs += 1
 

@@ -12,7 +12,7 @@ from koordlet import audit
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
-from koordlet.netqos.terway import NODE_CONFIG, POD_CONFIG, TerwayQoSWriter, node_config, pod_config
+from koordlet.runtimehooks.terwayqos import NODE_CONFIG, POD_CONFIG, TerwayQoSWriter, node_config, pod_config
 from koordlet.statesinformer.api import StaticStates
 from koordlet.system.kubepods import KubeCgroupLayout
 from tests.koordlet.statesinformer.waiting import wait_for
