@@ -76,12 +76,12 @@ class PerfCgroups:
             child.kill()
             child.wait()
         for path in reversed(self._dirs):
-            for _ in range(50):
+            for attempt in range(250):  # a reaped task can keep a cgroup busy for a moment
                 try:
                     os.rmdir(path)
                     break
                 except OSError as err:
-                    if err.errno != errno.EBUSY:
+                    if err.errno != errno.EBUSY or attempt == 249:
                         raise
                     time.sleep(0.02)
 
@@ -107,12 +107,42 @@ def v1_perf(tmp_path: Path) -> Iterator[PerfCgroups]:
     if result.returncode != 0:
         pytest.skip(f"cannot mount the perf_event cgroup v1 controller: {result.stderr.strip()}")
     rel = f"kubepods-test-{os.getpid()}/pod{POD_UID}"
-    groups = PerfCgroups(CgroupFS(str(mount_dir), CgroupVersion.V1), str(perf_dir / rel), rel)
     try:
-        yield groups
+        groups = PerfCgroups(CgroupFS(str(mount_dir), CgroupVersion.V1), str(perf_dir / rel), rel)
+        try:
+            yield groups
+        finally:
+            groups.cleanup()
     finally:
-        groups.cleanup()
         subprocess.run(["umount", str(perf_dir)], check=True)
+        _release_perf_hierarchy(perf_dir)
+
+
+def _perf_hierarchy() -> int:
+    with open("/proc/cgroups") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("perf_event\t"))
+
+
+def _release_perf_hierarchy(mount_point: Path) -> None:
+    """A v1 hierarchy unmounted while it still had a (dying) child stays bound, unmounted: containerd's cgroup
+    v1 stats then find perf_event in every /proc/<pid>/cgroup without a mount and fail. Mount it again, now
+    childless, and unmount: that releases it back to the unified hierarchy."""
+    for _ in range(3):
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and _perf_hierarchy() != 0:
+            time.sleep(0.05)
+        if _perf_hierarchy() == 0 or _mounted_elsewhere():
+            return
+        subprocess.run(["mount", "-t", "cgroup", "-o", "perf_event", "koordlet-py-test-perf", str(mount_point)],
+                       check=True)
+        subprocess.run(["umount", str(mount_point)], check=True)
+    raise AssertionError("the perf_event cgroup v1 hierarchy of the test stays bound after its unmount")
+
+
+def _mounted_elsewhere() -> bool:
+    """Someone else has perf_event mounted: then it stays bound, and rightly so."""
+    with open("/proc/self/mountinfo") as f:
+        return any(" - cgroup " in line and "perf_event" in line.rsplit(" - ", 1)[1] for line in f)
 
 
 @pytest.fixture
