@@ -124,6 +124,11 @@ class RuntimeHooks:
         self.config = config
         self.states = states
         self.plugins = registry.enabled(config.feature_gates)
+        gates = config.feature_gates
+        if gates.get("HamiCoreVGPUMonitor") and not gates.get("GPUEnvInject"):
+            # Koordinator's monitor is a part of its GPU env hook: without that hook it does nothing.
+            log.info("HamiCoreVGPUMonitor needs GPUEnvInject on (as in Koordinator); off")
+            self.plugins = [p for p in self.plugins if p.gate != "HamiCoreVGPUMonitor"]
         self._resctrl = read_resctrl_node(config.resctrl_dir) if config.feature_gates.get("Resctrl") else None
         self._bvt = group_identity_supported(executor, layout)
         self._online_cpus, self._memory_bytes = node_capacity(config.sys_dir, config.proc_dir)
@@ -135,7 +140,6 @@ class RuntimeHooks:
             self._topology = ()
         self._pools_key: tuple | None = None
         self._pools: CPUPools | None = None
-        gates = config.feature_gates
         self._rdma = _RDMANodes(config.sys_dir, config.dev_dir) if gates.get("RDMADeviceInject") else None
         rejects = RejectedValues(warn)
         self.reconciler = Reconciler(states.pods, self.node_context, lambda: self.plugins, executor, layout,

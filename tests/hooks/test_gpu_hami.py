@@ -70,3 +70,21 @@ def test_both_plugins_together_answer_the_envs_and_all_mounts() -> None:
     assert {m.destination for m in changes.mounts} == {LIB, "/tmp/vgpulock", "/usr/local/vgpu"}
     assert set(changes.envs) == {"NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
                                  "LD_PRELOAD", "CUDA_DEVICE_MEMORY_SHARED_CACHE"}
+
+
+def test_the_monitor_needs_the_gpu_env_hook(tmp_path) -> None:  # noqa: ANN001
+    from koordlet.executor import ResourceExecutor
+    from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
+    from koordlet.statesinformer.api import StaticStates
+    from koordlet.system.cgroup import CgroupFS
+    from koordlet.system.kubepods import KubeCgroupLayout
+
+    def plugins(gates: dict[str, bool]) -> list[str]:
+        config = RuntimeHooksConfig(socket_path=str(tmp_path / "k.sock"), config_dir=str(tmp_path / "d"),
+                                    feature_gates=gates)
+        hooks = RuntimeHooks(config, StaticStates(), ResourceExecutor(CgroupFS(str(tmp_path / "cg"))),
+                             KubeCgroupLayout())
+        return [p.name for p in hooks.plugins]
+
+    assert plugins({"HamiCoreVGPUMonitor": True}) == []
+    assert plugins({"HamiCoreVGPUMonitor": True, "GPUEnvInject": True}) == ["gpu", "hamicore-vgpu-monitor"]
