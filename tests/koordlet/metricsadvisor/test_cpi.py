@@ -169,6 +169,11 @@ def v2_perf() -> Iterator[PerfCgroups]:
             pass
     except OSError:
         pytest.skip("/sys/fs/cgroup is not cgroup v2 (this machine has cgroup v1)")
+    # The kernel gives new cgroups the implicit perf_event css only once the root's subtree_control has been
+    # written (until then perf_event_open on a child cgroup is ENOENT): systemd and kubelet always have on a
+    # node; virtme-ng's init has not, so do what they do.
+    with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
+        f.write("+cpu")
     rel = f"koordlet-py-test-{os.getpid()}-cpi/pod{POD_UID}"
     groups = PerfCgroups(CgroupFS(root, CgroupVersion.V2), os.path.join(root, rel), rel)
     try:
