@@ -19,6 +19,11 @@ Before and after a change, side by side on the same pods (the machine's speed dr
 over minutes, so only an interleaved comparison says anything): ``--before DIR`` runs the koordlet of the
 tree in DIR (e.g. ``git worktree add /tmp/before <commit>``) and this tree's alternately, ``--rounds``
 times each per count, in alternating order, and prints each one's runs and medians.
+
+``--all-gates`` runs the koordlet with every feature gate on (``AllAlpha=true,AllBeta=true``), the audit log,
+the pod-resources proxy and Terway's QoS files in the run's dir, ``-enable-resctrl-collector``, and a NodeSLO
+asking for Terway's network QoS (so the tc manager leaves the host's uplink alone); ``--gates both`` measures
+the default gates and every gate interleaved on the same pods.
 """
 
 from __future__ import annotations
@@ -102,13 +107,25 @@ def add_pods(factory: PodFactory, start: int, stop: int) -> None:
                                                                     cpu_quota=50000, memory_limit_in_bytes=64 << 20))
 
 
-def measure(socket_path: str, count: int, seconds: float, workdir: Path, repo: Path = REPO) -> Result:
-    """The koordlet of ``repo`` (this tree by default) with ``count`` pods, in a fresh dir under ``workdir``."""
+ALL_GATES_SLO = "resourceQOSStrategy: {policies: {netQOSPolicy: terway-qos}}\n"
+
+
+def all_gates_args(run: Path) -> list[str]:
+    """Every feature gate on, with the files of the gates that write some kept in the run's dir."""
+    return ["-feature-gates=AllAlpha=true,AllBeta=true", f"-audit-log-dir={run / 'audit'}",
+            f"-pod-resources-proxy-path={run / 'pod-resources'}", f"-terway-qos-dir={run / 'terway'}",
+            "-enable-resctrl-collector"]
+
+
+def measure(socket_path: str, count: int, seconds: float, workdir: Path, repo: Path = REPO,
+            all_gates: bool = False) -> Result:
+    """The koordlet of ``repo`` (this tree by default) with ``count`` pods, in a fresh dir under ``workdir``;
+    ``all_gates``: with every feature gate on."""
     run = Path(tempfile.mkdtemp(prefix=f"koordlet-{count}-", dir=workdir))
     (run / "hooks").mkdir(parents=True)
     (run / "sysfs").mkdir()
     slo = run / "nodeslo.yaml"
-    slo.write_text("{}\n")
+    slo.write_text(ALL_GATES_SLO if all_gates else "{}\n")
     port = _free_port()
     args = [
         sys.executable, "-m", "koordlet.main", "-local-mode", f"-node-slo-file={slo}",
@@ -117,6 +134,7 @@ def measure(socket_path: str, count: int, seconds: float, workdir: Path, repo: P
         f"-sys-fs-root-dir={run / 'sysfs'}", f"-addr=127.0.0.1:{port}",
         f"-runtime-hooks-config-path={run / 'hooks'}", f"-runtime-hooks-addr={run / 'koordlet.sock'}",
         f"-runtime-hooks-host-endpoint={run / 'koordlet.sock'}",
+        *(all_gates_args(run) if all_gates else []),
     ]
     if "prediction-checkpoint-filepath" in (repo / "koordlet/config.py").read_text():
         # a tree with the peak predictor and the system config record: theirs in the run dir
@@ -150,11 +168,14 @@ def measure(socket_path: str, count: int, seconds: float, workdir: Path, repo: P
 
 
 def _interleaved(socket_path: str, count: int, args: argparse.Namespace, workdir: Path) -> dict[str, list[Result]]:
-    trees = [("before", Path(args.before).resolve()), ("after", REPO)]
-    runs: dict[str, list[Result]] = {name: [] for name, _ in trees}
+    if args.gates == "both":
+        trees = [("default", REPO, False), ("all", REPO, True)]
+    else:
+        trees = [("before", Path(args.before).resolve(), args.gates == "all"), ("after", REPO, args.gates == "all")]
+    runs: dict[str, list[Result]] = {name: [] for name, _, _ in trees}
     for round_ in range(args.rounds):
-        for name, tree in trees if round_ % 2 == 0 else trees[::-1]:
-            result = measure(socket_path, count, args.seconds, workdir, tree)
+        for name, tree, all_gates in trees if round_ % 2 == 0 else trees[::-1]:
+            result = measure(socket_path, count, args.seconds, workdir, tree, all_gates)
             runs[name].append(result)
             if not args.json:
                 print(f"# {count} pods, {name}: {result.rss_mib:.1f} MiB, {result.cpu_pct:.2f} %", file=sys.stderr)
@@ -168,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", help="a tree of an earlier commit, measured interleaved with this one")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each tree per count with --before")
     parser.add_argument("--json", action="store_true", help="print one JSON object keyed by count")
+    parser.add_argument("--all-gates", dest="gates", action="store_const", const="all", default="default",
+                        help="every feature gate on")
+    parser.add_argument("--gates", choices=("default", "all", "both"), dest="gates",
+                        help="default gates, every gate, or both interleaved")
     args = parser.parse_args(argv)
     counts = sorted(int(c) for c in args.counts.split(","))
     if os.geteuid() != 0:
@@ -192,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"# {count} pods up ({count - made} made in {time.monotonic() - started:.0f} s)",
                           file=sys.stderr)
                 made = count
-                if args.before is None:
-                    results[count] = measure(socket_path, count, args.seconds, Path(tmp))
+                if args.before is None and args.gates != "both":
+                    results[count] = measure(socket_path, count, args.seconds, Path(tmp), all_gates=args.gates == "all")
                 else:
                     compared[count] = _interleaved(socket_path, count, args, Path(tmp))
         finally:
@@ -233,9 +258,9 @@ def _print_compared(compared: dict[int, dict[str, list[Result]]], as_json: bool)
         for name, figures in by_tree.items():
             runs = " ".join(f"{c:.2f}" for c in figures["cpu_pct_runs"])
             print(f"{count:>6} {name:>7} {figures['rss_mib_median']:>8.1f} {figures['cpu_pct_median']:>8.2f}  {runs}")
-        before, after = by_tree["before"]["cpu_pct_median"], by_tree["after"]["cpu_pct_median"]
+        (first, before), (second, after) = ((name, figures["cpu_pct_median"]) for name, figures in by_tree.items())
         if before > 0:
-            print(f"{count:>6} cpu after/before {after / before:.2f}")
+            print(f"{count:>6} cpu {second}/{first} {after / before:.2f}")
     return 0
 
 

@@ -42,6 +42,38 @@ class ResctrlNode:
 
 
 @dataclass(frozen=True, slots=True)
+class LinuxDevice:
+    """A device node a container is to get (NRI's LinuxDevice; the proxy adds it to CreateContainer's devices):
+    ``path`` on the host and in the container, ``type`` ``c``/``b``, its numbers and the node's file mode."""
+
+    path: str
+    type: str
+    major: int
+    minor: int
+    file_mode: int = 0o666
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A bind mount a container is to get: ``source`` on the host at ``destination`` in the container."""
+
+    destination: str
+    source: str
+    type: str = "bind"
+    options: tuple[str, ...] = ("rbind",)
+    readonly: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RDMANode:
+    """The node's RDMA device nodes (read by koordlet, not by plugins): ``rdma_cm`` (None when missing) and the
+    ``uverbs`` node of each RDMA PCI function by bus id."""
+
+    rdma_cm: LinuxDevice | None = None
+    uverbs: Mapping[str, LinuxDevice] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeContext:
     """Node-wide inputs of the rules."""
 
@@ -57,6 +89,8 @@ class NodeContext:
     cpu_pools: CPUPools | None = None
     kubelet_cpu_policy: str = ""
     be_cpu_manager: bool = False  # gate BECPUManager: allocated BE pods get their NUMA nodes' BE shared pools
+    rdma: RDMANode | None = None  # gate RDMADeviceInject: the node's RDMA device nodes
+    hami_core_library: str = "/usr/local/vgpu/libvgpu.so"  # -hami-core-library-directory-path
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +131,13 @@ class Changes:
     resctrl_group: str | None = None
     resctrl_schemata: str | None = None
     oom_score_adj: int | None = None  # every process of the container (reconciler only; §3.3 OOMScoreAdj)
+    # Added to a container at creation only (the proxy's CreateContainer, NRI's adjustment); a later plugin's
+    # entry for the same path replaces an earlier one.
+    devices: tuple[LinuxDevice, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    # Host directories the container's mounts need (made by koordlet before the answer goes out, mode 0777:
+    # HAMi-core's per-container cache dir, gate HamiCoreVGPUMonitor).
+    host_dirs: tuple[str, ...] = ()
 
     def merged(self, later: Changes) -> Changes:
         updates = {}
@@ -105,12 +146,27 @@ class Changes:
             if f.name == "envs":
                 if value:
                     updates["envs"] = {**self.envs, **value}
+            elif f.name in _LISTS:
+                if value:
+                    updates[f.name] = _merge_list(getattr(self, f.name), value)
             elif value is not None:
                 updates[f.name] = value
         return replace(self, **updates) if updates else self
 
     def __bool__(self) -> bool:
-        return any(getattr(self, f.name) not in (None, {}) for f in fields(self))
+        return any(getattr(self, f.name) not in (None, {}, ()) for f in fields(self))
+
+
+_LISTS = frozenset({"devices", "mounts", "host_dirs"})
+
+
+def _merge_list(earlier: tuple, later: tuple) -> tuple:
+    """``earlier`` then ``later``, an entry of ``later`` replacing one of ``earlier`` for the same path."""
+    def key(item: object) -> object:
+        return getattr(item, "path", None) or getattr(item, "destination", None) or item
+
+    replaced = {key(item) for item in later}
+    return tuple(item for item in earlier if key(item) not in replaced) + tuple(later)
 
 
 NO_CHANGES = Changes()

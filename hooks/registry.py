@@ -121,5 +121,6 @@ def _load_all() -> None:
         gpu,
         groupidentity,
         oomscore,
+        rdma,
         resctrl,
     )

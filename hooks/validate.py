@@ -21,10 +21,14 @@ too; what only koordlet knows (the node, the parent cgroup) is added here:
 - resctrl group names: a plain directory name of at most 64 characters; schemata of at most 4 KiB, one line
   per resource, printable;
 - ``oom_score_adj`` −1000..1000 (the kernel's OOM_SCORE_ADJ_MIN..MAX).
+- devices: a normalised absolute path under ``/dev/``, type ``c`` or ``b``, numbers 0..2^32-1, a file mode
+  within 0o777; mounts: normalised absolute source and destination (no ``..``), a ``bind`` mount; host dirs a
+  normalised absolute path: a value that is not is dropped on its own, the others kept.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -33,7 +37,7 @@ from koordlet.api.units import CFS_PERIOD_US
 from wire import kernel_ranges
 from wire.kernel_ranges import CPUListError, parse_cpu_list
 
-from .protocol import Changes, NodeContext
+from .protocol import Changes, LinuxDevice, Mount, NodeContext
 
 MAX_CPU_LIST_CHARS = 4096
 MAX_ENV_NAME = 256
@@ -115,6 +119,8 @@ def _oom_score_adj_problem(value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or not OOM_SCORE_ADJ_MIN <= value <= OOM_SCORE_ADJ_MAX:
         return f"outside {OOM_SCORE_ADJ_MIN}..{OOM_SCORE_ADJ_MAX}"
     return None
+
+
 def _resctrl_group_problem(name: str) -> str | None:
     if name == "" or (_RESCTRL_GROUP.match(name) and name not in (".", "..")):
         return None
@@ -143,6 +149,48 @@ def _checked_envs(envs: Mapping[str, str], rejected: list[Rejected]) -> dict[str
     for name, reason in bad.items():
         rejected.append(Rejected(f"envs.{str(name)[:64]}", str(envs[name])[:64], reason))
     return {name: value for name, value in envs.items() if name not in bad}
+def _absolute(path: object) -> bool:
+    """A normalised absolute path: no ``..``, ``.``, empty or doubled components, no NUL."""
+    return (isinstance(path, str) and path.startswith("/") and "\x00" not in path and len(path) <= 4096
+            and posixpath.normpath(path) == path and "/../" not in f"{path}/")
+
+
+def _device_problem(device: LinuxDevice) -> str | None:
+    if not _absolute(device.path) or not device.path.startswith("/dev/"):
+        return "not a normalised path under /dev/"
+    if device.type not in ("c", "b"):
+        return "type is not c or b"
+    if not (0 <= device.major < 1 << 32 and 0 <= device.minor < 1 << 32 and 0 <= device.file_mode <= 0o777):
+        return "device numbers or file mode out of range"
+    return None
+
+
+def _mount_problem(mount: Mount) -> str | None:
+    if not (_absolute(mount.destination) and _absolute(mount.source)) or mount.destination == "/":
+        return "source and destination must be normalised absolute paths"
+    if mount.type != "bind":
+        return "only bind mounts"
+    return None
+
+
+def _check_lists(changes: Changes, drop: dict[str, object], rejected: list[Rejected]) -> None:
+    """Devices, mounts and host dirs: the bad entries dropped one by one."""
+    checks: tuple[tuple[str, Callable[[object], str | None]], ...] = (
+        ("devices", _device_problem),  # type: ignore[arg-type]
+        ("mounts", _mount_problem),  # type: ignore[arg-type]
+        ("host_dirs", lambda path: None if _absolute(path) and path != "/" else "not a normalised absolute path"),
+    )
+    for name, problem in checks:
+        items = getattr(changes, name)
+        kept = []
+        for item in items:
+            reason = problem(item)
+            if reason is None:
+                kept.append(item)
+            else:
+                rejected.append(Rejected(name, item, reason))
+        if len(kept) != len(items):
+            drop[name] = tuple(kept)
 
 
 def check(changes: Changes, node: NodeContext, parent_quota: ParentQuota = None) -> tuple[Changes, list[Rejected]]:
@@ -161,6 +209,7 @@ def check(changes: Changes, node: NodeContext, parent_quota: ParentQuota = None)
         if reason is not None:
             rejected.append(Rejected(key, value, reason))
             drop[key] = None
+    _check_lists(changes, drop, rejected)
     envs = _checked_envs(changes.envs, rejected)
     if envs is not None:
         drop["envs"] = envs

@@ -5,6 +5,11 @@ Every part that changes the node (QoS strategies, the runtime hooks' reconciler,
 writes) hands its Plan to a :class:`PlanRunner`; none of them calls the executor or the evictor itself.
 A failed write never stops the rest of the plan: it is counted in the record (and logged at debug level;
 the executor counts every outcome in Prometheus itself).
+
+With auditing on (gate ``AuditEvents``, :mod:`koordlet.audit`) the runner writes one audit event for every
+file it wrote (not for writes the executor skipped as already there), every resctrl action and every
+eviction it asked for, from the plan's ``reason`` and ``why`` (a step's own, a victim's message): any part
+that changes the node through a Plan is audited without doing anything for it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from types import MappingProxyType
 
 from prometheus_client import Gauge
 
+from koordlet import audit
 from koordlet.eviction import EvictionOutcome, Evictor
 from koordlet.executor import (
     BatchResult,
@@ -114,18 +120,55 @@ class _Counts:
     process_results: list[ProcessResult] = field(default_factory=list)
 
 
+_AGENTS_AUDITOR = object()  # PlanRunner(auditor=...) default: the agent's auditor (audit.current()), at each run
+
+
+@dataclass(frozen=True, slots=True)
+class _AuditContext:
+    auditor: audit.Auditor
+    source: str
+    reason: str
+    why: str
+
+    def write(self, step: WriteStep, update: ResourceUpdate, why: str = "") -> None:
+        """One cgroup file written; ``why``: the write's own reason (CgroupWrite.reason), else the step's."""
+        where = update.cgroup_dir.strip("/") or "/"
+        self.file(self.auditor.owner_of(update.cgroup_dir), f"{update.resource.name} of {where}", update.value,
+                  step.reason, why or step.why)
+
+    def file(self, owner: audit.Owner, what: str, value: object, reason: str = "", why: str = "") -> None:
+        """One file written: ``what`` (a cgroup file of a dir, a sysctl) set to ``value``; the plan's reason and
+        why unless given."""
+        why = why or self.why
+        message = f"{what} to {value} by {self.source}" + (f": {why}" if why else "")
+        self.auditor.log(audit.LEVEL_UPDATE, owner, reason or self.reason, message)
+
+    def resctrl(self, level: int, what: str) -> None:
+        message = f"{what} by {self.source}" + (f": {self.why}" if self.why else "")
+        self.auditor.log(level, audit.Owner(audit.TYPE_GROUP, name="resctrl"), self.reason, message)
+
+
 class PlanRunner:
     """Carries plans out. ``verify``: compare a cached write with the file before skipping it (the reconciler,
     which must restore a value someone changed by hand at once)."""
 
     def __init__(self, executor: ResourceExecutor, evictor: Evictor | None = None,
-                 gauges: Mapping[str, Gauge] | None = None) -> None:
-        """``gauges``: the gauges plans may set, by name (the QoS manager's metrics)."""
+                 gauges: Mapping[str, Gauge] | None = None, auditor: object = _AGENTS_AUDITOR) -> None:
+        """``gauges``: the gauges plans may set, by name (the QoS manager's metrics); ``auditor``: where the
+        audit events go (an :class:`~koordlet.audit.Auditor`, None for none; default: the agent's, looked up
+        at every run so that one installed after this runner was built is used)."""
         self._executor = executor
         self._evictor = evictor
         self._gauges = dict(gauges or {})
+        self._auditor = auditor
         self._lock = threading.Lock()
         self._last: dict[str, PlanRecord] = {}
+
+    def _audit(self, plan: Plan, source: str) -> _AuditContext | None:
+        auditor = audit.current() if self._auditor is _AGENTS_AUDITOR else self._auditor
+        if not isinstance(auditor, audit.Auditor):
+            return None
+        return _AuditContext(auditor, source, plan.reason or source, plan.why)
 
     def last(self, source: str) -> PlanRecord | None:
         """The record of the newest plan run for ``source``."""
@@ -134,17 +177,18 @@ class PlanRunner:
 
     def run(self, plan: Plan, source: str, now: float = 0.0, *, verify: bool = False) -> PlanRecord:
         counts = _Counts()
+        audited = self._audit(plan, source) if not plan.empty else None
         for step in plan.steps:
-            self._write(step, counts, verify)
+            self._write(step, counts, verify, audited)
         for action in plan.resctrl:
-            self._resctrl(action, counts)
-        released, evicted, blocked = self._evict(plan.evictions) if plan.evictions else ((), (), ())
+            self._resctrl(action, counts, audited)
+        released, evicted, blocked = self._evict(plan.evictions, audited) if plan.evictions else ((), (), ())
         for gauge in plan.gauges:
             self._set_gauge(gauge)
         for action in plan.system:
-            self._system(action, counts)
+            self._system(action, counts, audited)
         for write in plan.processes:
-            self._processes(write, counts)
+            self._processes(write, counts, audited)
         record = PlanRecord(
             source=source,
             at=now,
@@ -189,7 +233,7 @@ class PlanRunner:
         except ValueError as exc:
             logger.error("a plan removed %s by labels it does not have: %s", update.name, exc)
 
-    def _system(self, action: SystemAction, counts: _Counts) -> None:
+    def _system(self, action: SystemAction, counts: _Counts, audited: _AuditContext | None) -> None:
         try:
             if isinstance(action, SystemWrite):
                 done = self._executor.write_system(action.name, action.value)
@@ -202,8 +246,14 @@ class PlanRunner:
         if done:
             counts.system_written += 1
             logger.info("%s (%s)", action, action.reason or "no reason given")
+            if audited is not None:
+                if isinstance(action, SystemWrite):
+                    audited.file(audit.NODE, action.name, action.value, why=action.reason)
+                else:
+                    audited.file(audit.NODE, action.key, "the value found before koordlet's first write",
+                                 why=action.reason)
 
-    def _processes(self, write: ProcessWrite, counts: _Counts) -> None:
+    def _processes(self, write: ProcessWrite, counts: _Counts, audited: _AuditContext | None) -> None:
         """``write.value`` to each process of the cgroup whose file differs; a process that exited meanwhile is
         skipped; a refusal (EACCES: lowering oom_score_adj without CAP_SYS_RESOURCE) is counted, not raised."""
         try:
@@ -227,8 +277,12 @@ class PlanRunner:
                 counts.process_errors.append(f"{pid}: {exc}")
         counts.processes_written += written
         counts.process_results.append(ProcessResult(write, found, written, tuple(refused)))
+        if audited is not None and written:
+            where = write.cgroup_dir.strip("/") or "/"
+            audited.file(audited.auditor.owner_of(write.cgroup_dir), f"{write.name} of {written} processes of {where}",
+                         write.value, why=write.reason)
 
-    def _write(self, step: WriteStep, counts: _Counts, verify: bool) -> None:
+    def _write(self, step: WriteStep, counts: _Counts, verify: bool, audited: _AuditContext | None) -> None:
         updates: list[ResourceUpdate] = []
         for write in step.writes:
             try:
@@ -245,19 +299,34 @@ class PlanRunner:
         counts.written += result.written
         counts.skipped += result.skipped
         counts.failures.extend(result.failures)
+        if audited is not None:
+            reasons = {(w.resource, w.cgroup_dir): w.reason for w in step.writes if w.reason}
+            for update in result.done:
+                audited.write(step, update, reasons.get((update.resource.name, update.cgroup_dir), ""))
 
-    def _resctrl(self, action: ResctrlAction, counts: _Counts) -> None:
+    def _resctrl(self, action: ResctrlAction, counts: _Counts, audited: _AuditContext | None) -> None:
+        moved_before = sum(len(pids) for pids in counts.moved.values())
         try:
             if isinstance(action, ResctrlGroup):
                 if self._executor.ensure_resctrl_group(action.group):
                     counts.created.append(action.group)
+                    if audited is not None:
+                        audited.resctrl(audit.LEVEL_UPDATE, f"created resctrl group {action.group}")
             elif isinstance(action, ResctrlWrite):
                 self._executor.write_resctrl(action.group, action.file, action.value)
                 counts.resctrl_written += 1
+                if audited is not None:
+                    audited.resctrl(audit.LEVEL_UPDATE, f"resctrl {action.group or '/'} {action.file} to "
+                                                        f"{action.value.strip()!r}")
             elif isinstance(action, ResctrlRemoveGroup):
                 self._remove_group(action, counts)
+                if audited is not None and action.group in counts.removed:
+                    audited.resctrl(audit.LEVEL_UPDATE, f"removed resctrl group {action.group}")
             else:
                 self._move_tasks(action, counts)
+                moved = sum(len(pids) for pids in counts.moved.values()) - moved_before
+                if audited is not None and moved:
+                    audited.resctrl(audit.LEVEL_TASKS, f"moved {moved} tasks into resctrl group {action.group}")
         except ExecutorError as exc:
             counts.resctrl_errors.append(f"{action.group}: {exc}")
             logger.debug("resctrl action %r not carried out: %s", action, exc)
@@ -292,8 +361,8 @@ class PlanRunner:
             except ExecutorError as exc:
                 logger.debug("cannot move task %s to resctrl group %r: %s", pid, group, exc)
 
-    def _evict(self, tasks: tuple[Evictions, ...]) -> tuple[tuple[tuple[str, float], ...], tuple[str, ...],
-                                                            tuple[str, ...]]:
+    def _evict(self, tasks: tuple[Evictions, ...], audited: _AuditContext | None,
+               ) -> tuple[tuple[tuple[str, float], ...], tuple[str, ...], tuple[str, ...]]:
         evictor = self._evictor
         if evictor is None:
             logger.warning("%s asked for evictions but this agent has no evictor", tasks[0].feature)
@@ -303,9 +372,11 @@ class PlanRunner:
             if evictor.is_evicting(victim.pod.uid):
                 return VictimOutcome.RELEASED
             result = evictor.evict(victim.pod, task.feature, victim.message, task.eviction_rule)
-            if not result.releases:
-                return VictimOutcome.REFUSED
-            return VictimOutcome.EVICTED if result.outcome is EvictionOutcome.EVICTED else VictimOutcome.RELEASED
+            answer = (VictimOutcome.REFUSED if not result.releases else
+                      VictimOutcome.EVICTED if result.outcome is EvictionOutcome.EVICTED else VictimOutcome.RELEASED)
+            if audited is not None:
+                self._audit_eviction(audited, task, victim, answer, result.outcome.value)
+            return answer
 
         done = walk_evictions(tasks, outcome)
         for task in done:
@@ -315,3 +386,15 @@ class PlanRunner:
         return (tuple((t.feature, t.released) for t in done),
                 tuple(v.pod.key for t in done for v in t.accepted),
                 tuple(v.pod.key for t in done for v in t.refused))
+
+    @staticmethod
+    def _audit_eviction(audited: _AuditContext, task: Evictions, victim: Victim, answer: VictimOutcome,
+                        outcome: str) -> None:
+        pod = victim.pod
+        done = {VictimOutcome.EVICTED: "evicted", VictimOutcome.RELEASED: f"stopped ({outcome})"}.get(
+            answer, f"eviction refused ({outcome})")
+        message = (f"{done} by {audited.source} to release {task.target:.0f} of which this pod holds "
+                   f"{victim.releases:.0f}: {victim.message or task.reason or audited.why}")
+        reason = audited.reason if audited.reason != audited.source else task.feature
+        audited.auditor.log(audit.LEVEL_EVICTION, audit.Owner(audit.TYPE_POD, pod.namespace, pod.name), reason,
+                            message)

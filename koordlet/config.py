@@ -15,7 +15,8 @@ NodeMetric/Device written under ``-report-dir``), ``-metrics-bind-host`` (the ho
 names none; localhost by default, so a DaemonSet whose probes or Prometheus reach the node address
 must pass ``-addr=0.0.0.0:9316``), ``-kubelet-cgroup-root`` (kubelet's ``--cgroup-root``),
 ``-create-node-metric`` (create a missing NodeMetric instead of skipping), ``-kubelet-token-file``,
-``-kubelet-client-cert``/``-kubelet-client-key``, ``-kubelet-port``, ``-stop-timeout``.
+``-kubelet-client-cert``/``-kubelet-client-key``, ``-kubelet-port``, ``-stop-timeout``, ``-terway-qos-dir``
+(Koordinator writes Terway's files to a fixed ``/host-var-lib/terway/qos``).
 """
 
 from __future__ import annotations
@@ -216,6 +217,22 @@ class KoordletConfig:
     prediction_model_expiration_duration_s: float = 1800.0
     prediction_model_checkpoint_interval_s: float = 600.0
     prediction_model_checkpoint_max_per_step: int = 12
+    # audit (gate AuditEvents; Koordinator pkg/koordlet/audit flags)
+    audit_log_dir: str = "/var/log/koordlet"
+    audit_verbose: int = 3
+    audit_max_disk_space_mb: int = 16
+    audit_max_concurrent_readers: int = 4
+    audit_max_events_limit: int = 2048
+    # collectors of the Alpha gates (§7.1)
+    cpi_collector_interval_s: float = 60.0
+    collect_cpi_timewindow_s: float = 10.0
+    coldpage_collector_interval_s: float = 5.0
+    resctrl_collector_interval_s: float = 10.0
+    enable_resctrl_collector: bool = False
+    # devices and vendor files
+    pod_resources_proxy_path: str = "/var/run/koordlet/pod-resources"
+    hami_core_library_directory_path: str = "/usr/local/vgpu/libvgpu.so"
+    terway_qos_dir: str = "/var/lib/terway/qos"
 
     def gate(self, name: str) -> bool:
         return bool(self.feature_gates.get(name, False))
@@ -305,6 +322,7 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
     _collection_qos_and_hook_flags(flag, switch, path)
     _nri_flags(flag, switch)
     _prediction_and_system_config_flags(flag)
+    _observability_flags(flag, switch, path)
     _report_api_and_mode_flags(flag, switch, kubeconfig)
     return parser
 
@@ -419,6 +437,25 @@ def _report_api_and_mode_flags(flag: _AddFlag, switch: _AddSwitch, kubeconfig: s
     flag("netqos-uplink", str, "", "interface that TCNetworkQoS shapes (default: that of the default route)")
 
 
+def _observability_flags(flag: _AddFlag, switch: _AddSwitch, path: _ModePath) -> None:
+    flag("audit-log-dir", str, "/var/log/koordlet", "audit log dir (gate AuditEvents)")
+    flag("audit-verbose", int, 3, "audit events above this level are not written (0: all)")
+    flag("audit-max-disk-space-mb", int, 16, "disk space of all audit files together")
+    flag("audit-max-concurrent-readers", int, 4, "readings of /events kept at once")
+    flag("audit-max-events-limit", int, 2048, "most events one /events page may ask for")
+    flag("cpi-collector-interval", parse_duration, 60.0, "CPI collection period (gate CPICollector)")
+    flag("collect-cpi-timewindow", parse_duration, 10.0, "how long one CPI collection counts")
+    flag("coldpage-collector-interval", parse_duration, 5.0, "cold page collection period (gate ColdPageCollector)")
+    flag("resctrl-collector-interval", parse_duration, 10.0, "resctrl monitoring period (gate ResctrlCollector)")
+    switch("enable-resctrl-collector", False, "collect LLC occupancy and memory bandwidth of the QoS resctrl groups")
+    flag("pod-resources-proxy-path", str, "/var/run/koordlet/pod-resources",
+         "dir of the pod-resources proxy socket kubelet.sock (gate PodResourcesProxy)")
+    flag("hami-core-library-directory-path", str, "/usr/local/vgpu/libvgpu.so", "HAMi-core's libvgpu.so on the node")
+    flag("terway-qos-dir", str, path("/var/lib/terway/qos", "/host-var-lib/terway/qos"),
+         "where Terway's QoS reads pod.json and global_bps_config (gate TerwayQoS)")
+
+
+
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletConfig:
     """The configuration from command line and environment; raises ConfigError with a clear message."""
     parser = _build_parser(environ.get(ENV_AGENT_MODE) == HOST_MODE, environ.get(ENV_KUBECONFIG, ""))
@@ -445,6 +482,10 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
             "prediction_cold_start_duration", "prediction_memory_histogram_decay_halflife",
             "prediction_cpu_histogram_decay_halflife", "prediction_training_interval",
             "prediction_model_expiration_duration", "prediction_model_checkpoint_interval")},
+        "cpi_collector_interval": "cpi_collector_interval_s",
+        "collect_cpi_timewindow": "collect_cpi_timewindow_s",
+        "coldpage_collector_interval": "coldpage_collector_interval_s",
+        "resctrl_collector_interval": "resctrl_collector_interval_s",
     }
     values = {renamed.get(name, name): value for name, value in args.items()}
     config = KoordletConfig(node_name=node_name, feature_gates=MappingProxyType(gates),
@@ -453,12 +494,19 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
     return config
 
 
+# Durations that must be positive (their flags: the name without "_s", dashes for underscores).
+_POSITIVE_DURATIONS = (
+    "kubelet_sync_interval_s", "kubelet_sync_timeout_s", "collect_res_used_interval_s", "node_topology_sync_interval_s",
+    "report_interval_s", "stop_timeout_s", "runtime_hooks_reconcile_interval_s",
+    "runtime_hooks_nri_connect_timeout_s", "runtime_hooks_nri_backoff_duration_s", "runtime_hooks_nri_backoff_cap_s",
+    "cpi_collector_interval_s", "collect_cpi_timewindow_s", "coldpage_collector_interval_s",
+    "resctrl_collector_interval_s", "prediction_training_interval_s", "prediction_cpu_histogram_decay_halflife_s",
+    "prediction_memory_histogram_decay_halflife_s",
+)
+
+
 def _check(config: KoordletConfig) -> None:
-    for name in ("kubelet_sync_interval_s", "kubelet_sync_timeout_s", "collect_res_used_interval_s",
-                 "node_topology_sync_interval_s",
-                 "report_interval_s", "stop_timeout_s", "runtime_hooks_reconcile_interval_s",
-                 "runtime_hooks_nri_connect_timeout_s", "runtime_hooks_nri_backoff_duration_s",
-                 "runtime_hooks_nri_backoff_cap_s"):
+    for name in _POSITIVE_DURATIONS:
         if getattr(config, name) <= 0:
             raise ConfigError(f"-{name.removesuffix('_s').replace('_', '-')} must be positive")
     try:
@@ -469,14 +517,21 @@ def _check(config: KoordletConfig) -> None:
         raise ConfigError(f"-addr {config.addr!r}: port out of range")
     if config.node_topology_min_update_interval_s < 0:
         raise ConfigError("-node-topology-min-update-interval must not be negative")
+    if bool(config.kubelet_client_cert) != bool(config.kubelet_client_key):
+        raise ConfigError("-kubelet-client-cert and -kubelet-client-key go together")
+    _check_nri_prediction_and_collectors(config)
+
+
+def _check_nri_prediction_and_collectors(config: KoordletConfig) -> None:
     if config.runtime_hooks_nri_backoff_factor < 1.0 or config.runtime_hooks_nri_backoff_steps < 0:
         raise ConfigError("-runtime-hooks-nri-backoff-factor must be >= 1 and -runtime-hooks-nri-backoff-steps >= 0")
-    for name in ("prediction_training_interval_s", "prediction_cpu_histogram_decay_halflife_s",
-                 "prediction_memory_histogram_decay_halflife_s"):
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"-{name.removesuffix('_s').replace('_', '-')} must be positive")
     if config.prediction_safety_margin_percent < 0 or config.prediction_model_checkpoint_max_per_step < 0:
         raise ConfigError("-prediction-safety-margin-percent and -prediction-model-checkpoint-max-per-step must "
                           "not be negative")
-    if bool(config.kubelet_client_cert) != bool(config.kubelet_client_key):
-        raise ConfigError("-kubelet-client-cert and -kubelet-client-key go together")
+    if config.collect_cpi_timewindow_s >= config.cpi_collector_interval_s:
+        raise ConfigError("-collect-cpi-timewindow must be shorter than -cpi-collector-interval")
+    if config.audit_max_disk_space_mb < 2:
+        raise ConfigError("-audit-max-disk-space-mb must hold at least one 2 MiB audit file")
+    for name in ("audit_max_concurrent_readers", "audit_max_events_limit"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"-{name.replace('_', '-')} must be at least 1")

@@ -8,7 +8,9 @@ silent: the ones that are on (by default or by the command line) are named in on
 (value 1 when on; :func:`gate_metrics`), and docs/feature-gates.md lists the table (a test holds it to this one).
 
 ``implemented``: ``"yes"`` — read by the modules in ``where``; ``"partial"`` — read there, but only part of
-Koordinator's feature is done (``note`` says which); ``"no"`` — read by nothing.
+Koordinator's feature is done (``note`` says which); ``"no"`` — read by nothing. ``verified``: where the gate's
+tests ran (a real kernel: the v1 host, the v2 guest; or files laid out as a named kernel or driver writes
+them); docs/gates.md says what each gate does and how it was verified.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Gate:
     implemented: str = NO
     where: tuple[str, ...] = ()  # the modules (repo-relative paths) that read the gate
     note: str = ""
+    verified: str = ""  # where its tests ran: real kernel (v1 host, v2 guest) or fixture laid out as …
 
     @property
     def default(self) -> bool:
@@ -44,49 +47,83 @@ class Gate:
 
 
 _QOS = "koordlet/qosmanager/framework.py"
+_MAIN = "koordlet/main.py"
+_VENDOR = "vendor-specific"
 
 GATES: tuple[Gate, ...] = (
     # Beta: on by default
-    Gate("BECPUSuppress", BETA, YES, (_QOS,)),
-    Gate("CPUBurst", BETA, YES, (_QOS,)),
-    Gate("RdtResctrl", BETA, YES, (_QOS,)),
-    Gate("NodeTopologyReport", BETA, YES, ("koordlet/main.py",)),
-    Gate("GroupIdentity", BETA, YES, ("hooks/groupidentity.py",)),
-    Gate("CPUSetAllocator", BETA, YES, ("hooks/cpuset.py",)),
-    Gate("BatchResource", BETA, YES, ("hooks/batchresource.py",)),
+    Gate("BECPUSuppress", BETA, YES, (_QOS,),
+         verified="v1 host and v2 guest: real quota and cpuset shrinking under a busy LS pod"),
+    Gate("CPUBurst", BETA, YES, (_QOS,),
+         verified="v1 host: cfs_burst_us; v2 guest: cpu.max.burst"),
+    Gate("RdtResctrl", BETA, YES, (_QOS,),
+         verified="fixture: resctrl of an Intel RDT machine (no RDT here)"),
+    Gate("NodeTopologyReport", BETA, YES, ("koordlet/main.py",),
+         verified="fixture machines and this host, through the project's API server"),
+    Gate("GroupIdentity", BETA, YES, ("hooks/groupidentity.py",),
+         verified="fixture: Anolis cpu.bvt_warp_ns files (the reconciler's trees)"),
+    Gate("CPUSetAllocator", BETA, YES, ("hooks/cpuset.py",),
+         verified="v1 host and v2 guest: real containerd through the proxy"),
+    Gate("BatchResource", BETA, YES, ("hooks/batchresource.py",),
+         verified="v1 host and v2 guest: real containerd through the proxy and NRI"),
     # Alpha: off by default
-    Gate("AuditEvents", ALPHA),
-    Gate("AuditEventsHTTPHandler", ALPHA),
-    Gate("BECPUManager", ALPHA, YES, (_QOS, "koordlet/runtimehooks/__init__.py")),
-    Gate("BECPUEvict", ALPHA, YES, (_QOS,)),
-    Gate("CPUEvict", ALPHA, YES, (_QOS,)),
-    Gate("CPUAllocatableEvict", ALPHA, YES, (_QOS,)),
-    Gate("BEMemoryEvict", ALPHA, YES, (_QOS,)),
-    Gate("MemoryEvict", ALPHA, YES, (_QOS,)),
-    Gate("MemoryAllocatableEvict", ALPHA, YES, (_QOS,)),
-    Gate("SystemConfig", ALPHA, YES, (_QOS,)),
-    Gate("ResctrlCollector", ALPHA),
-    Gate("CgroupReconcile", ALPHA, YES, (_QOS,)),
-    Gate("Accelerators", ALPHA, YES, ("koordlet/main.py",)),
-    Gate("RDMADevices", ALPHA),
-    Gate("CPICollector", ALPHA),
-    Gate("Libpfm4", ALPHA),
-    Gate("PSICollector", ALPHA, YES, ("koordlet/main.py",)),
-    Gate("BlkIOReconcile", ALPHA, YES, (_QOS,)),
-    Gate("ColdPageCollector", ALPHA),
-    Gate("HugePageReport", ALPHA),
-    Gate("PodResourcesProxy", ALPHA),
-    Gate("HamiCoreVGPUMonitor", ALPHA),
-    Gate("PerCPUMetric", ALPHA),
-    Gate("NodeMetricPromMetrics", ALPHA, YES, ("koordlet/main.py",)),
-    Gate("GPUEnvInject", ALPHA, YES, ("hooks/gpu.py",)),
-    Gate("RDMADeviceInject", ALPHA),
-    Gate("CPUNormalization", ALPHA, YES, ("hooks/cpunormalization.py",)),
-    Gate("CoreSched", ALPHA, YES, ("hooks/coresched.py",)),
-    Gate("TerwayQoS", ALPHA),
-    Gate("TCNetworkQoS", ALPHA, YES, ("koordlet/main.py",)),
-    Gate("Resctrl", ALPHA, YES, ("hooks/resctrl.py", "koordlet/runtimehooks/__init__.py")),
-    Gate("OOMScoreAdj", ALPHA, YES, ("hooks/oomscore.py",)),
+    Gate("AuditEvents", ALPHA, YES, (_MAIN,), verified="v1 host: a real suppression and eviction audited"),
+    Gate("AuditEventsHTTPHandler", ALPHA, YES, (_MAIN,), verified="v1 host: /events on the agent's port"),
+    Gate("BECPUManager", ALPHA, YES, (_QOS, "koordlet/runtimehooks/__init__.py"),
+         verified="decisions on snapshots: suppress stands down, BE cpusets back on the share pool"),
+    Gate("BECPUEvict", ALPHA, YES, (_QOS,),
+         verified="v1 host: real BE cgroups; the Eviction API of the project's API server"),
+    Gate("CPUEvict", ALPHA, YES, (_QOS,),
+         verified="decisions on snapshots; the Eviction API of the project's API server"),
+    Gate("CPUAllocatableEvict", ALPHA, YES, (_QOS,),
+         verified="decisions on snapshots; the Eviction API of the project's API server"),
+    Gate("BEMemoryEvict", ALPHA, YES, (_QOS,),
+         verified="v1 host and v2 guest: real memory pressure"),
+    Gate("MemoryEvict", ALPHA, YES, (_QOS,),
+         verified="decisions on snapshots; the Eviction API of the project's API server"),
+    Gate("MemoryAllocatableEvict", ALPHA, YES, (_QOS,),
+         verified="decisions on snapshots; the Eviction API of the project's API server"),
+    Gate("SystemConfig", ALPHA, YES, (_QOS,),
+         verified="fixture /proc/sys tree; v2 guest: the real /proc/sys/vm files"),
+    Gate("ResctrlCollector", ALPHA, YES, (_MAIN,), note="needs -enable-resctrl-collector too, as in Koordinator",
+         verified="fixture: resctrl mon_data of an Intel RDT machine"),
+    Gate("CgroupReconcile", ALPHA, YES, (_QOS,),
+         verified="v1 host and v2 guest: memory.min/low/high on real cgroups"),
+    Gate("Accelerators", ALPHA, YES, ("koordlet/main.py",),
+         verified="fake NVML built from a real GPU machine's facts (make gpu-check: real NVML)"),
+    Gate("RDMADevices", ALPHA, YES, (_MAIN,), verified="fixture: sysfs of an mlx5 NIC with SR-IOV"),
+    Gate("CPICollector", ALPHA, YES, (_MAIN,), note="off without a hardware PMU (said once)",
+         verified="v1 host and v2 guest: software counters on real cgroups; no-PMU path"),
+    Gate("Libpfm4", ALPHA, YES, (_MAIN,), verified="v1 host: libpfm4 4.13 encoding, grouped counters"),
+    Gate("PSICollector", ALPHA, YES, ("koordlet/main.py",),
+         verified="v1 host (the hybrid unified mount) and v2 guest: real pressure files"),
+    Gate("BlkIOReconcile", ALPHA, YES, (_QOS,),
+         verified="v1 host: a loop device, rate measured; v2 guest: an attached disk (io.max, io.cost)"),
+    Gate("ColdPageCollector", ALPHA, YES, (_MAIN,), note="kidled or the page-idle bitmap; off without both",
+         verified="fixture: Anolis kidled files, page-idle bitmap files; v1 host: neither (off)"),
+    Gate("HugePageReport", ALPHA, YES, (_MAIN,), verified="fixture machines; v2 guest booted with hugepages"),
+    Gate("PodResourcesProxy", ALPHA, YES, (_MAIN,), verified="the test kubelet's pod resources API over gRPC"),
+    Gate("HamiCoreVGPUMonitor", ALPHA, YES, ("hooks/gpu.py",), note=_VENDOR + " (HAMi-core)",
+         verified="real containerd through the proxy; HAMi-core's cache dir layout"),
+    Gate("PerCPUMetric", ALPHA, YES, (_MAIN,), verified="v1 host /proc/stat; fixture of 300 CPUs"),
+    Gate("NodeMetricPromMetrics", ALPHA, YES, ("koordlet/main.py",),
+         verified="v1 host: the agent's /metrics"),
+    Gate("GPUEnvInject", ALPHA, YES, ("hooks/gpu.py",),
+         verified="real containerd through the proxy (fake NVML)"),
+    Gate("RDMADeviceInject", ALPHA, YES, ("hooks/rdma.py",),
+         verified="fixture sysfs; devices into real containerd through the proxy"),
+    Gate("CPUNormalization", ALPHA, YES, ("hooks/cpunormalization.py",),
+         verified="real containerd through NRI; plugin tests"),
+    Gate("CoreSched", ALPHA, YES, ("hooks/coresched.py",),
+         verified="fixture: Anolis core scheduling cgroup files (the reconciler's trees)"),
+    Gate("TerwayQoS", ALPHA, YES, (_MAIN,), note=_VENDOR + " (Terway)",
+         verified="fixture: Terway's QoS dir (pod.json, global_bps_config)"),
+    Gate("TCNetworkQoS", ALPHA, YES, ("koordlet/main.py",),
+         verified="v1 host: HTB classes on a veth in a private network namespace, rates measured"),
+    Gate("Resctrl", ALPHA, YES, ("hooks/resctrl.py", "koordlet/runtimehooks/__init__.py"),
+         verified="fixture: resctrl of an Intel RDT machine (no RDT here)"),
+    Gate("OOMScoreAdj", ALPHA, YES, ("hooks/oomscore.py",),
+         verified="v1 host: real containerd (raise; lowering needs CAP_SYS_RESOURCE); v2 guest: lowering"),
 )
 BY_NAME: Mapping[str, Gate] = MappingProxyType({gate.name: gate for gate in GATES})
 BETA_GATES: tuple[str, ...] = tuple(g.name for g in GATES if g.stage == BETA)
@@ -119,8 +156,9 @@ def gate_samples(gates: Mapping[str, bool]) -> Iterator[tuple[dict[str, str], fl
 
 def readme_table() -> str:
     """The gate table of docs/feature-gates.md (``tests/koordlet/test_features.py`` checks it holds exactly this)."""
-    rows = ["| gate | default | implemented | note |", "|---|---|---|---|"]
-    rows += [f"| `{g.name}` | {'on' if g.default else 'off'} | {g.implemented} | {g.note} |" for g in GATES]
+    rows = ["| gate | default | implemented | note | verified on |", "|---|---|---|---|---|"]
+    rows += [f"| `{g.name}` | {'on' if g.default else 'off'} | {g.implemented} | {g.note} | {g.verified} |"
+             for g in GATES]
     return "\n".join(rows)
 
 

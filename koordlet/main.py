@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 import kubernetes.client
 import kubernetes.config
 
-from koordlet import features
+from koordlet import audit, features
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
@@ -63,6 +63,7 @@ from koordlet.prediction.server import PredictionConfig, PredictServer
 from koordlet.reporters.device import DeviceReportLoop, GPUCollector
 from koordlet.reporters.nodemetric import NodeMetricReporter, ProdPredict
 from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
+from koordlet.reporters.rdma import RDMAInventory
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
 from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
@@ -75,7 +76,7 @@ from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.roots import HostDirs
-from koordlet.system.sysfs import read_node_topology
+from koordlet.system.sysfs import read_node_hugepages, read_node_topology, read_online_cpus
 
 if TYPE_CHECKING:
     from koordlet.runtimehooks.nri import NriConfig
@@ -265,6 +266,14 @@ def _states_informer(ctx: AgentContext) -> Component | None:
     return ctx.states
 
 
+def _audit_owners(ctx: AgentContext) -> Component | None:
+    """The audit log tells a pod's writes from the node's by the informer's pods."""
+    auditor = audit.current()
+    if auditor is not None:
+        auditor.set_owner_resolver(audit.pod_owner_resolver(ctx.states.pods))
+    return None
+
+
 def _states_synced(ctx: AgentContext) -> Component | None:
     """Wait (bounded, cut short by a stop) until the informer has synced."""
     states, abort = ctx.states, ctx.abort
@@ -280,6 +289,19 @@ def _states_synced(ctx: AgentContext) -> Component | None:
 def _pleg(ctx: AgentContext) -> Component | None:
     states = ctx.states
     return PodCgroupWatcher(ctx.cgroup_fs, ctx.layout, lambda pod_uid: states.request_resync(follow_up_s=1.0))
+
+
+def _pod_resources_proxy(ctx: AgentContext) -> Component | None:
+    """kubelet's pod-resources API with the scheduler's devices added (gate ``PodResourcesProxy``), at
+    ``<-pod-resources-proxy-path>/kubelet.sock`` in front of ``<-var-lib-kubelet-dir>/pod-resources/kubelet.sock``."""
+    config = ctx.config
+    if not config.gate("PodResourcesProxy"):
+        return None
+    from koordlet.statesinformer.podresources import SOCKET_NAME, PodResourcesProxy, PodResourcesServer
+
+    kubelet_socket = os.path.join(config.var_lib_kubelet_dir, "pod-resources", SOCKET_NAME)
+    proxy = PodResourcesProxy(ctx.states.pods, kubelet_socket)
+    return PodResourcesServer(proxy, os.path.join(config.pod_resources_proxy_path, SOCKET_NAME))
 
 
 def _gpu_service(ctx: AgentContext) -> Component | None:
@@ -317,7 +339,8 @@ def _device_plugin(ctx: AgentContext) -> Component | None:
 
 def _collectors(ctx: AgentContext) -> list[Collector]:
     config, states, layout, cgroup_fs = ctx.config, ctx.states, ctx.layout, ctx.cgroup_fs
-    node_collector = NodeResourceCollector(ctx.dirs.proc_dir, config.collect_res_used_interval_s)
+    node_collector = NodeResourceCollector(ctx.dirs.proc_dir, config.collect_res_used_interval_s,
+                                           per_cpu=config.gate("PerCPUMetric"))
     collectors: list[Collector] = [
         node_collector,
         PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
@@ -332,13 +355,46 @@ def _collectors(ctx: AgentContext) -> list[Collector]:
     if ctx.gpu is not None:
         collectors.append(GPUCollector(ctx.gpu, config.collect_res_used_interval_s,
                                        pods=pod_cgroup_source(states.pods, layout), cgroup_fs=cgroup_fs))
+    collectors += _alpha_collectors(ctx)
+    return collectors
+
+
+def _alpha_collectors(ctx: AgentContext) -> list[Collector]:
+    """The collectors of the Alpha gates ``ResctrlCollector``, ``CPICollector`` and ``ColdPageCollector``."""
+    config = ctx.config
+    dirs = host_dirs(config)
+    collectors: list[Collector] = []
+    if config.gate("ResctrlCollector"):
+        if config.enable_resctrl_collector and dirs.resctrl_dir:
+            from koordlet.metricsadvisor.resctrl import ResctrlCollector
+
+            collectors.append(ResctrlCollector(dirs.resctrl_dir, config.resctrl_collector_interval_s))
+        else:
+            logger.info("resctrl collector off: gate ResctrlCollector needs -enable-resctrl-collector too "
+                        "(as in Koordinator)")
+    if config.gate("ColdPageCollector"):
+        from koordlet.metricsadvisor.coldpage import ColdPageCollector
+
+        collectors.append(ColdPageCollector(
+            pod_cgroup_source(ctx.states.pods, ctx.layout), ctx.cgroup_fs, config.coldpage_collector_interval_s,
+            host_apps=host_app_cgroup_source(ctx.states.node_slo, ctx.layout), proc_dir=dirs.proc_dir,
+            sys_dir=dirs.sys_dir))
+    if config.gate("CPICollector"):
+        from koordlet.metricsadvisor.cpi import CPICollector
+
+        libpfm = config.gate("Libpfm4")
+        collectors.append(CPICollector(pod_cgroup_source(ctx.states.pods, ctx.layout), ctx.cgroup_fs,
+                                       read_online_cpus(dirs.sys_dir), config.cpi_collector_interval_s,
+                                       config.collect_cpi_timewindow_s, group=libpfm, libpfm=libpfm))
     return collectors
 
 
 def _metrics_advisor(ctx: AgentContext) -> Component | None:
     config = ctx.config
     ctx.metrics.bind(ctx.cache, ctx.states, stale_after_s=max(10.0, 3 * config.collect_res_used_interval_s),
-                     psi_stale_after_s=3 * config.psi_collector_interval_s)
+                     psi_stale_after_s=3 * config.psi_collector_interval_s,
+                     slow_stale_after_s=3 * max(config.cpi_collector_interval_s, config.resctrl_collector_interval_s,
+                                                config.coldpage_collector_interval_s))
     return CollectorRunner(ctx.cache, _collectors(ctx), registry=ctx.metrics.registry)
 
 
@@ -401,6 +457,8 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         serve_hooks=config.runtime_hooks_network == "unix",
         sys_dir=ctx.dirs.sys_dir,
         proc_dir=ctx.dirs.proc_dir,
+        dev_dir=ctx.dirs.dev_dir,
+        hami_core_library=config.hami_core_library_directory_path,
         nri=_nri_config(config),
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
@@ -419,21 +477,42 @@ def _netqos(ctx: AgentContext) -> Component | None:
                          sys_dir=dirs.sys_dir, registry=ctx.metrics.registry)
 
 
+def _terway_qos(ctx: AgentContext) -> Component | None:
+    """Terway's QoS files (gate ``TerwayQoS``), written while NodeSLO's netQOSPolicy is terway-qos."""
+    if not ctx.config.gate("TerwayQoS"):
+        return None
+    from koordlet.runtimehooks.terwayqos import TerwayQoSWriter
+
+    return TerwayQoSWriter(ctx.states, ctx.layout, ctx.config.terway_qos_dir)
+
+
 def default_components() -> list[ComponentFactory]:
     """Started after the states informer and metrics advisor, before the reporters, in this order
-    (§1.2: qos manager, then runtime hooks; then tc network QoS when its gate is on)."""
-    return [_qos_manager, _runtime_hooks, _netqos]
+    (§1.2: qos manager, then runtime hooks; then tc network QoS and Terway's QoS files when their gates are on)."""
+    return [_qos_manager, _runtime_hooks, _netqos, _terway_qos]
+
+
+def _rdma_inventory(config: KoordletConfig) -> RDMAInventory | None:
+    """The node's RDMA devices (gate ``RDMADevices``), None when the gate is off or the node has none."""
+    if not config.gate("RDMADevices"):
+        return None
+    inventory = RDMAInventory(host_dirs(config).sys_dir)
+    if not inventory.devices():
+        logger.info("RDMA devices: none on this node (no network PCI function with infiniband/)")
+        return None
+    return inventory
 
 
 def _device_reporter(ctx: AgentContext) -> Component | None:
-    """The Device object, with a GPU service only."""
-    if ctx.gpu is None:
+    """The Device object, with a GPU service or RDMA devices."""
+    rdma = _rdma_inventory(ctx.config)
+    if ctx.gpu is None and rdma is None:
         return None
     config, api_client, kube = ctx.config, ctx.api_client, ctx.kube
     custom_api = CustomObjects(api_client) if api_client is not None else None
     file_path = None if custom_api is not None else Path(config.report_dir) / f"device-{config.node_name}.yaml"
     reporter = DeviceReporter(config.node_name, custom_api=custom_api, file_path=file_path)
-    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, _node_uid(kube))
+    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, _node_uid(kube), rdma=rdma)
 
 
 def _node_uid(kube: KubeStates | None) -> Callable[[], str]:
@@ -467,12 +546,16 @@ def _nrt_reporter(ctx: AgentContext) -> Component | None:
         node = states.node()
         return dict(node.annotations) if node is not None else {}
 
+    per_cpu = config.gate("PerCPUMetric")
+    metrics = ctx.metrics
     return NRTReportLoop(
         NRTReporter(config.node_name, CustomObjects(api_client)),
         lambda: read_node_topology(sys_dir), states.pods, ctx.cpu_manager,
         node_annotations=node_annotations, node_uid=_node_uid(kube), interval_s=config.node_topology_sync_interval_s,
         min_update_interval_s=config.node_topology_min_update_interval_s,
-        observe=ctx.metrics.observe_node_topology_report)
+        observe=metrics.observe_node_topology_report,
+        read_hugepages=(lambda: read_node_hugepages(sys_dir)) if config.gate("HugePageReport") else None,
+        observe_pools=lambda pools: metrics.observe_cpu_pools(pools.shared_cpus, pools.be_shared_cpus, per_cpu))
 
 
 def prediction_config(config: KoordletConfig) -> PredictionConfig:
@@ -540,8 +623,10 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
         Part("node and NodeSLO sources", _node_sources),
         Part("CRI pod source", _cri_pod_source),
         Part("states informer", _states_informer),
+        Part("audit owners", _audit_owners),
         Part("states sync", _states_synced),
         Part("PLEG", _pleg),
+        Part("pod resources proxy", _pod_resources_proxy),
         Part("GPU service", _gpu_service),
         Part("device plugin", _device_plugin),
         Part("metrics advisor", _metrics_advisor),
@@ -588,6 +673,26 @@ class Koordlet:
         """Cut a start in progress short (a signal during the states sync wait); call :meth:`stop` after."""
         self._abort.set()
 
+    def _start_auditor(self) -> None:
+        """The audit log (gate ``AuditEvents``), installed for every plan runner; whose cgroup a write touched
+        is told from the states informer's pods once it is built (:func:`_audit_owners`)."""
+        config = self.config
+        if not config.gate("AuditEvents"):
+            return
+        auditor = audit.Auditor(audit.AuditConfig(
+            log_dir=config.audit_log_dir, verbose=config.audit_verbose,
+            max_disk_space_mb=config.audit_max_disk_space_mb,
+            max_concurrent_readers=config.audit_max_concurrent_readers,
+            max_events_limit=config.audit_max_events_limit))
+        audit.install(auditor)
+
+        def stop(_timeout_s: float) -> None:
+            if audit.current() is auditor:
+                audit.install(None)
+            auditor.close()
+
+        self._started("audit log", stop)
+
     def _started(self, name: str, stop: Callable[[float], bool | None]) -> None:
         self._stoppers.append((name, stop))
         logger.info("started %s", name)
@@ -600,8 +705,11 @@ class Koordlet:
         api_client = self._api_client if not config.local_mode else None
 
         features.report(config.feature_gates, self.metrics.registry, config.node_name)  # inert gates: log, gauge
+        self._start_auditor()
         server = MetricsServer(self.metrics.registry, config.metrics_host, config.metrics_port,
                                healthy=self.started.is_set)
+        if config.gate("AuditEventsHTTPHandler"):
+            server.handle("/events", audit.events_handler())
         server.start()
         self.metrics_server = server
         self._started("metrics server", server.stop)

@@ -17,17 +17,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import parse_qs
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
-from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
+from koordlet.metriccache import (
+    CPI_RESOURCE_CYCLE,
+    CPI_RESOURCE_INSTRUCTION,
+    Label,
+    MetricCache,
+    MetricKind,
+    SeriesKey,
+)
 from koordlet.statesinformer.api import StatesProvider
 
 logger = logging.getLogger(__name__)
@@ -75,6 +83,8 @@ _GPU_SERIES = (  # (metric name, help, cache kind, level)
 )
 _GPU_LEVEL_LABELS = {"node": _GPU_NODE_LABELS, "pod": _GPU_POD_LABELS, "container": _GPU_CONTAINER_LABELS}
 _PSI_RESOURCE_TYPE = {"cpu": "cpu", "memory": "mem", "io": "io"}  # Koordinator's psi_resource_type values
+_CPI_LABELS = ("node", "container_id", "container_name", "pod_uid", "pod_name", "pod_namespace", "cpi_field")
+_CPI_FIELD = {CPI_RESOURCE_CYCLE: "cycles", CPI_RESOURCE_INSTRUCTION: "instructions"}  # metrics/cpi.go
 
 
 def _unit(resource: str) -> tuple[str, float]:
@@ -103,12 +113,13 @@ class _LiveGauges:
     """Gauges read at scrape time from the cache (node usage) and the states (requests, limits)."""
 
     def __init__(self, node_name: str, cache: MetricCache | None, states: StatesProvider | None,
-                 stale_after_s: float, psi_stale_after_s: float = 30.0) -> None:
+                 stale_after_s: float, psi_stale_after_s: float = 30.0, slow_stale_after_s: float = 180.0) -> None:
         self._node = node_name
         self._cache = cache
         self._states = states
         self._stale_after_s = stale_after_s
         self._psi_stale_after_s = psi_stale_after_s
+        self._slow_stale_after_s = slow_stale_after_s
 
     def describe(self) -> list[Metric]:
         return []  # collected at scrape time only; names are not reserved ahead
@@ -127,6 +138,7 @@ class _LiveGauges:
                     family.add_metric([node], latest[1])
         yield cpu
         yield memory
+        yield from self._per_cpu()
         owners = _Owners.of(self._states)
         yield from self._gpu(owners)
         if self._states is None:
@@ -153,6 +165,67 @@ class _LiveGauges:
                 allocatable.add_metric([node, resource, unit], amount / divisor)
         yield allocatable
         yield from self._psi(owners)
+        yield from self._resctrl()
+        yield from self._cpi(owners)
+
+    def _latest(self, kind: str) -> dict[SeriesKey, float]:
+        """The newest sample of every series of ``kind`` within the slow collectors' staleness."""
+        if self._cache is None:
+            return {}
+        now = time.time()
+        return self._cache.last_by_key(kind, now - self._slow_stale_after_s, now)
+
+    def _resctrl(self) -> Iterator[Metric]:
+        """``koordlet_resctrl_llc_occupancy`` (bytes) and ``koordlet_resctrl_memory_bandwidth`` (bytes per
+        second; Koordinator exports the raw counter) of the QoS groups (gate ``ResctrlCollector``)."""
+        llc, mb = self._latest(MetricKind.RESCTRL_LLC), self._latest(MetricKind.RESCTRL_MB)
+        if llc:
+            family = GaugeMetricFamily("koordlet_resctrl_llc_occupancy",
+                                       "resctrl default qos(LSR, LS, BE) llc occupancy collected by koordlet",
+                                       labels=["node", "cache_id", "qos"])
+            for key, value in llc.items():
+                family.add_metric([self._node, key.label(Label.CACHE_ID) or "", key.label(Label.QOS) or ""], value)
+            yield family
+        if mb:
+            family = GaugeMetricFamily("koordlet_resctrl_memory_bandwidth",
+                                       "resctrl default qos(LSR, LS, BE) memory bandwidth collected by koordlet, "
+                                       "bytes per second", labels=["node", "cache_id", "qos", "mb_type"])
+            for key, value in mb.items():
+                family.add_metric([self._node, key.label(Label.CACHE_ID) or "", key.label(Label.QOS) or "",
+                                   key.label(Label.RESCTRL_MB_TYPE) or ""], value)
+            yield family
+
+    def _cpi(self, owners: _Owners) -> Iterator[Metric]:
+        """``koordlet_container_cpi{cpi_field=cycles|instructions}`` of the last CPI window (gate ``CPICollector``)."""
+        latest = self._latest(MetricKind.CONTAINER_CPI)
+        if not latest:
+            return
+        family = GaugeMetricFamily("koordlet_container_cpi", "Container cpi collected by koordlet",
+                                   labels=list(_CPI_LABELS))
+        for key, value in latest.items():
+            container_id = key.label(Label.CONTAINER_ID) or ""
+            pod_uid, container_name = owners.containers.get(container_id, ("", ""))
+            if pod_uid not in owners.pods:
+                continue
+            pod_name, namespace = owners.pods[pod_uid]
+            field = _CPI_FIELD.get(key.label(Label.CPI_RESOURCE) or "", "")
+            family.add_metric([self._node, container_id, container_name, pod_uid, pod_name, namespace, field], value)
+        yield family
+
+    def _per_cpu(self) -> Iterator[Metric]:
+        """``koordlet_node_used_cpu_cores_per_cpu{cpu}`` from the latest per-CPU samples (gate ``PerCPUMetric``;
+        no family at all without them)."""
+        if self._cache is None:
+            return
+        now = time.time()
+        latest = self._cache.last_values(MetricKind.NODE_PER_CPU_USAGE, Label.CPU, now - self._stale_after_s, now)
+        if not latest:
+            return
+        family = GaugeMetricFamily("koordlet_node_used_cpu_cores_per_cpu",
+                                   "Cores one logical CPU used (latest sample, 0..1)", labels=["node", "cpu"])
+        for cpu in sorted(latest, key=int):
+            family.add_metric([self._node, cpu], latest[cpu])
+        yield family
 
     def _gpu(self, owners: _Owners) -> Iterator[Metric]:
         """The GPU gauges from the cache's latest GPU samples and its GPU list (KV ``gpu_devices``)."""
@@ -263,19 +336,33 @@ class KoordletMetrics:
         self.kubelet_request_duration = Histogram(
             "koordlet_kubelet_request_duration_seconds", "kubelet API request duration",
             ["verb", "path", "code"], buckets=tuple(0.001 * 4**k for k in range(7)), registry=self.registry)
+        self.share_pool_cores = Gauge("koordlet_cpuset_share_pool_cpu_cores", "Number of share pool cores",
+                                      ["node"], registry=self.registry)
+        self.be_share_pool_cores = Gauge("koordlet_cpuset_be_share_pool_cpu_cores", "Number of be share pool cores",
+                                         ["node"], registry=self.registry)
+        self.share_pool_info = Gauge(
+            "koordlet_cpuset_share_pool_info",
+            "Indicates whether the CPU ID is currently part of the share pool (1 = in pool; gate PerCPUMetric)",
+            ["node", "cpu"], registry=self.registry)
+        self.be_share_pool_info = Gauge(
+            "koordlet_cpuset_be_share_pool_info",
+            "Indicates whether the CPU ID is currently part of the BE share pool (1 = in pool; gate PerCPUMetric)",
+            ["node", "cpu"], registry=self.registry)
+        self._pools_shown: tuple[frozenset[int], frozenset[int]] | None = None
         self._bound = False
         if cache is not None or states is not None:
             self.bind(cache, states, stale_after_s)
 
     def bind(self, cache: MetricCache | None, states: StatesProvider | None, stale_after_s: float = 10.0,
-             psi_stale_after_s: float = 30.0) -> None:
+             psi_stale_after_s: float = 30.0, slow_stale_after_s: float = 180.0) -> None:
         """Attach the cache and states the scrape-time gauges read (once; the agent builds them after this).
 
         Samples older than ``stale_after_s`` (usage) or ``psi_stale_after_s`` (PSI, collected less often)
         are not shown."""
         if self._bound:
             raise RuntimeError("metrics already bound to a cache and states")
-        self.registry.register(_LiveGauges(self.node_name, cache, states, stale_after_s, psi_stale_after_s))
+        self.registry.register(_LiveGauges(self.node_name, cache, states, stale_after_s, psi_stale_after_s,
+                                           slow_stale_after_s))
         self._bound = True
 
     def observe_node_metric_status(self, status: Mapping[str, Any]) -> None:
@@ -289,6 +376,19 @@ class KoordletMetrics:
                     continue
                 unit, divisor = _unit(resource)
                 gauge.labels(self.node_name, resource, unit).set(amount / divisor)
+
+    def observe_cpu_pools(self, shared: frozenset[int], be_shared: frozenset[int], per_cpu: bool) -> None:
+        """The node's share pools as the NodeResourceTopology reports them: their sizes, and with ``per_cpu``
+        (gate ``PerCPUMetric``) one ``_info{cpu}`` series per CPU in each (Koordinator metrics/cpu_cpuset.go)."""
+        self.share_pool_cores.labels(self.node_name).set(len(shared))
+        self.be_share_pool_cores.labels(self.node_name).set(len(be_shared))
+        if not per_cpu or (shared, be_shared) == self._pools_shown:
+            return
+        self._pools_shown = (shared, be_shared)
+        for gauge, cpus in ((self.share_pool_info, shared), (self.be_share_pool_info, be_shared)):
+            gauge.clear()
+            for cpu in sorted(cpus):
+                gauge.labels(self.node_name, str(cpu)).set(1)
 
     def observe_report(self, status: str) -> None:
         self.node_metric_reports.labels(self.node_name, status).inc()
@@ -322,14 +422,28 @@ def exposition(registries: Iterable[CollectorRegistry]) -> bytes:
     return generate_latest(_Merged(registries))  # type: ignore[arg-type]
 
 
+class Answer(Protocol):
+    """What a handler added with :meth:`MetricsServer.handle` answers."""
+
+    status: int
+    content_type: str
+    body: bytes
+    headers: Mapping[str, str]
+
+
+PathHandler = Callable[[Mapping[str, Sequence[str]], Sequence[str]], Answer]  # (query, Accept values) -> answer
+
+
 class MetricsServer:
-    """``/metrics``, ``/internal-metrics``, ``/external-metrics`` and ``/healthz`` on one port."""
+    """``/metrics``, ``/internal-metrics``, ``/external-metrics`` and ``/healthz`` on one port, and the paths
+    added with :meth:`handle` (``/events``)."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int,
                  healthy: Callable[[], bool] = lambda: True, include_default: bool = True) -> None:
         registries = (registry, REGISTRY) if include_default else (registry,)
         self._registries = registries
         self._healthy = healthy
+        self._handlers: dict[str, PathHandler] = {}
         server = ThreadingHTTPServer((host, port), self._handler_class())
         server.daemon_threads = True
         self._server = server
@@ -339,6 +453,18 @@ class MetricsServer:
     def port(self) -> int:
         return self._server.server_address[1]
 
+    def handle(self, path: str, handler: PathHandler) -> None:
+        """Serve ``GET path`` with ``handler`` (its query and the request's Accept header values)."""
+        self._handlers[path] = handler
+
+    def _extra(self, path: str, raw_query: str, accept: Sequence[str]) -> tuple[bytes, int, str, Mapping[str, str]]:
+        try:
+            answer = self._handlers[path](parse_qs(raw_query, keep_blank_values=True), accept)
+        except Exception:  # one broken handler must not take the port down
+            logger.exception("handler of %s failed", path)
+            return b"internal error\n", 500, "text/plain", {}
+        return answer.body, answer.status, answer.content_type, answer.headers
+
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         outer = self
 
@@ -347,8 +473,11 @@ class MetricsServer:
                 logger.debug("metrics http: " + format, *args)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server naming
-                path = self.path.split("?", 1)[0]
-                if path in ("/metrics", "/internal-metrics", "/external-metrics"):
+                path, _, query = self.path.partition("?")
+                headers: Mapping[str, str] = {}
+                if path in outer._handlers:
+                    body, status, ctype, headers = outer._extra(path, query, self.headers.get_all("Accept") or [])
+                elif path in ("/metrics", "/internal-metrics", "/external-metrics"):
                     try:
                         body, status, ctype = exposition(outer._registries), 200, CONTENT_TYPE_LATEST
                     except Exception:  # a scrape must answer even when one collector is broken
@@ -362,6 +491,8 @@ class MetricsServer:
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(body)
 

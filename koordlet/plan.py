@@ -18,6 +18,11 @@ A Plan holds, carried out in this order:
 ``memo`` is the strategy's own state for its next tick (token buckets, the last policy, a cool-down): the
 manager hands it back in the next snapshot, so ``decide`` stays a pure function. ``report`` is the decision's
 detail (budgets, usage, victims), for logs and tests.
+
+``reason`` and ``why`` go into the audit log (:mod:`koordlet.audit`) with every write, resctrl action and
+eviction the runner carries out for the plan: ``reason`` a short name (Koordinator's audit reasons, such as
+``AdjustBEByNodeCPUUsage``; the plan's source when empty), ``why`` the decision's figures. A
+:class:`WriteStep` may carry its own; a :class:`Victim`'s ``message`` is its eviction's why.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class WriteStep:
 
     writes: tuple[CgroupWrite, ...]
     leveled: bool = False
+    reason: str = ""  # for the audit log; "" = the plan's
+    why: str = ""  # for the audit log; "" = the plan's
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +190,8 @@ class Plan:
     report: Any = None
     system: tuple[SystemAction, ...] = ()
     processes: tuple[ProcessWrite, ...] = ()
+    reason: str = ""
+    why: str = ""
 
     @property
     def empty(self) -> bool:

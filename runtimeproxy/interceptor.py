@@ -14,6 +14,7 @@ Per reference/koordinator.md §2.2 and §2.6–2.7, with its faults fixed:
 from __future__ import annotations
 
 import logging
+import posixpath
 import time
 import zlib
 from collections.abc import Awaitable, Callable
@@ -126,6 +127,45 @@ def _set_envs(config: cri.ContainerConfig, envs: dict[str, str]) -> None:
     keys = [k for k in dict.fromkeys(order) if k in envs] + [k for k in envs if k not in order]
     del config.envs[:]
     config.envs.extend(cri.KeyValue(key=k, value=envs[k].encode("utf-8", "surrogateescape")) for k in keys)
+
+
+_DEVICE_PERMISSIONS = frozenset("rwm")
+
+
+def _clean_path(path: str) -> bool:
+    """A normalised absolute path (no ``..``, ``.``, doubled or trailing slashes, NUL)."""
+    return path.startswith("/") and "\x00" not in path and posixpath.normpath(path) == path and path != "/"
+
+
+def add_devices_and_mounts(config: cri.ContainerConfig, added: hookapi.ContainerResourceHookResponse,
+                           reject: Callable[[str, object], None]) -> bool:
+    """The hook answers' devices and mounts onto a CreateContainer config (koordlet-py's extension of the hook
+    API): a device or mount whose container path kubelet already set keeps kubelet's; a device outside ``/dev``
+    or a path that is not normalised is refused (``reject``). True when the config changed."""
+    changed = False
+    have = {device.container_path for device in config.devices}
+    for device in added.container_devices:
+        permissions = device.permissions or "rwm"
+        if not (_clean_path(device.host_path) and device.host_path.startswith("/dev/")
+                and _clean_path(device.container_path) and set(permissions) <= _DEVICE_PERMISSIONS):
+            reject("container_devices", device.host_path)
+            continue
+        if device.container_path in have:
+            continue
+        have.add(device.container_path)
+        config.devices.add(container_path=device.container_path, host_path=device.host_path, permissions=permissions)
+        changed = True
+    mounted = {mount.container_path for mount in config.mounts}
+    for mount in added.container_mounts:
+        if not (_clean_path(mount.host_path) and _clean_path(mount.container_path)):
+            reject("container_mounts", mount.host_path)
+            continue
+        if mount.container_path in mounted:
+            continue
+        mounted.add(mount.container_path)
+        config.mounts.add(container_path=mount.container_path, host_path=mount.host_path, readonly=mount.readonly)
+        changed = True
+    return changed
 
 
 def _replace_map(target, values) -> None:
@@ -244,8 +284,13 @@ class LifecycleInterceptor:
             self.metrics.bad_hook_values.labels(hook.value, field).inc()
         return reject
 
-    def _merge_container(self, creq: hookapi.ContainerResourceHookRequest, hook: HookType):
+    def _merge_container(self, creq: hookapi.ContainerResourceHookRequest, hook: HookType,
+                         added: hookapi.ContainerResourceHookResponse | None = None):
+        """``added``: collects the answers' devices and mounts (CreateContainer only)."""
         def merge(answer: hookapi.ContainerResourceHookResponse) -> None:
+            if added is not None:
+                added.container_devices.extend(answer.container_devices)
+                added.container_mounts.extend(answer.container_mounts)
             creq.container_annotations.update(answer.container_annotations)
             if answer.HasField("container_resources"):
                 merge_resources(creq.container_resources, answer.container_resources,
@@ -313,14 +358,21 @@ class LifecycleInterceptor:
         payload = raw
         if not self._skipped(creq.pod_labels):
             before = creq.SerializeToString()
-            failed = await self._container_chain(HookType.PRE_CREATE_CONTAINER, _PREFIX + "CreateContainer", creq)
+            added = hookapi.ContainerResourceHookResponse()
+            failed = await self._chain(HookType.PRE_CREATE_CONTAINER, _PREFIX + "CreateContainer", lambda: creq,
+                                       hookapi.ContainerResourceHookResponse,
+                                       self._merge_container(creq, HookType.PRE_CREATE_CONTAINER, added))
             if failed is not None:
                 return failed
-            if creq.SerializeToString() != before:
+            changed = creq.SerializeToString() != before
+            if changed:
                 _replace_map(msg.config.annotations, creq.container_annotations)
                 msg.config.linux.resources.CopyFrom(to_cri_resources(creq.container_resources))
                 msg.sandbox_config.linux.cgroup_parent = creq.pod_cgroup_parent
                 _set_envs(msg.config, dict(creq.container_envs))
+            who = f"{creq.pod_meta.namespace}/{creq.pod_meta.name}/{creq.container_meta.name}"
+            extended = add_devices_and_mounts(msg.config, added, self._rejecter(HookType.PRE_CREATE_CONTAINER, who))
+            if changed or extended:
                 payload = msg.SerializeToString()
         result = await backend(payload)
         if result.code == h2.GRPC_OK and result.payload is not None:

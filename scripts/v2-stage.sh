@@ -16,6 +16,7 @@
 #   V2_DRIVERS="cgroupfs systemd"   the guests to boot: cgroupfs (virtme-ng's init; every cgroupv2 test)
 #                        and systemd (systemd as PID 1; the pod story on kubelet's systemd layout)
 #   V2_MODE=tests        or `bench`: run bench/qos_reaction.py in the cgroupfs guest (make bench-v2)
+#   V2_HUGEPAGES=64      2 MiB huge pages the cgroupfs guest reserves at boot (kernel command line)
 # Installs what it needs: Debian qemu-system-x86 and linux-image-amd64 (apt-get), virtme-ng (pip, into
 # the project's virtualenv). Needs root.
 set -euo pipefail
@@ -106,7 +107,8 @@ boot() {
     guest_cmd="KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode KPY_V2_DISK=$(printf %q "$disk")"
     guest_cmd+=" bash $(printf %q "$here/scripts/v2-guest.sh")"
     for a in "$@"; do guest_cmd+=" $(printf %q "$a")"; done
-    how=(--disk "$disk" --exec "$guest_cmd")
+    # 2 MiB huge pages reserved at boot: the HugePageReport test reads them back from the guest's sysfs.
+    how=(--disk "$disk" --append "hugepagesz=2M hugepages=${V2_HUGEPAGES:-64}" --exec "$guest_cmd")
   fi
   log "booting $kernel under qemu (TCG: this machine's KVM cannot run guests), $cpus vCPUs, $memory, $driver driver"
   local started; started=$(date +%s)

@@ -176,7 +176,7 @@ class ContainerResourceHookRequest(_message.Message):
     def __init__(self, pod_meta: _Optional[_Union[PodSandboxMetadata, _Mapping]] = ..., container_meta: _Optional[_Union[ContainerMetadata, _Mapping]] = ..., container_annotations: _Optional[_Mapping[str, str]] = ..., container_resources: _Optional[_Union[LinuxContainerResources, _Mapping]] = ..., pod_resources: _Optional[_Union[LinuxContainerResources, _Mapping]] = ..., pod_annotations: _Optional[_Mapping[str, str]] = ..., pod_labels: _Optional[_Mapping[str, str]] = ..., pod_cgroup_parent: _Optional[str] = ..., container_envs: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ContainerResourceHookResponse(_message.Message):
-    __slots__ = ("container_annotations", "container_resources", "pod_cgroup_parent", "container_envs")
+    __slots__ = ("container_annotations", "container_resources", "pod_cgroup_parent", "container_envs", "container_devices", "container_mounts")
     class ContainerAnnotationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -195,8 +195,40 @@ class ContainerResourceHookResponse(_message.Message):
     CONTAINER_RESOURCES_FIELD_NUMBER: _ClassVar[int]
     POD_CGROUP_PARENT_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ENVS_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_MOUNTS_FIELD_NUMBER: _ClassVar[int]
     container_annotations: _containers.ScalarMap[str, str]
     container_resources: LinuxContainerResources
     pod_cgroup_parent: str
     container_envs: _containers.ScalarMap[str, str]
-    def __init__(self, container_annotations: _Optional[_Mapping[str, str]] = ..., container_resources: _Optional[_Union[LinuxContainerResources, _Mapping]] = ..., pod_cgroup_parent: _Optional[str] = ..., container_envs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    container_devices: _containers.RepeatedCompositeFieldContainer[ContainerDevice]
+    container_mounts: _containers.RepeatedCompositeFieldContainer[ContainerMount]
+    def __init__(self, container_annotations: _Optional[_Mapping[str, str]] = ..., container_resources: _Optional[_Union[LinuxContainerResources, _Mapping]] = ..., pod_cgroup_parent: _Optional[str] = ..., container_envs: _Optional[_Mapping[str, str]] = ..., container_devices: _Optional[_Iterable[_Union[ContainerDevice, _Mapping]]] = ..., container_mounts: _Optional[_Iterable[_Union[ContainerMount, _Mapping]]] = ...) -> None: ...
+
+class ContainerDevice(_message.Message):
+    __slots__ = ("container_path", "host_path", "permissions", "type", "major", "minor", "file_mode")
+    CONTAINER_PATH_FIELD_NUMBER: _ClassVar[int]
+    HOST_PATH_FIELD_NUMBER: _ClassVar[int]
+    PERMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    MAJOR_FIELD_NUMBER: _ClassVar[int]
+    MINOR_FIELD_NUMBER: _ClassVar[int]
+    FILE_MODE_FIELD_NUMBER: _ClassVar[int]
+    container_path: str
+    host_path: str
+    permissions: str
+    type: str
+    major: int
+    minor: int
+    file_mode: int
+    def __init__(self, container_path: _Optional[str] = ..., host_path: _Optional[str] = ..., permissions: _Optional[str] = ..., type: _Optional[str] = ..., major: _Optional[int] = ..., minor: _Optional[int] = ..., file_mode: _Optional[int] = ...) -> None: ...
+
+class ContainerMount(_message.Message):
+    __slots__ = ("container_path", "host_path", "readonly")
+    CONTAINER_PATH_FIELD_NUMBER: _ClassVar[int]
+    HOST_PATH_FIELD_NUMBER: _ClassVar[int]
+    READONLY_FIELD_NUMBER: _ClassVar[int]
+    container_path: str
+    host_path: str
+    readonly: bool
+    def __init__(self, container_path: _Optional[str] = ..., host_path: _Optional[str] = ..., readonly: _Optional[bool] = ...) -> None: ...

@@ -10,9 +10,10 @@ Resource amounts come back as integers in Koordinator's units (see ``koordlet.ap
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 from koordlet.api import device as _device
 from koordlet.api._fields import FieldError, Overrides, apply, check_int, collect, show
@@ -185,15 +186,27 @@ def parse_resource_status(value: str) -> ResourceStatus:
 # ------------------------------------------------------------------------------- device-allocated (§3.3)
 
 
-def parse_device_allocated(value: str) -> DeviceAllocated:
-    """``scheduling.koordinator.sh/device-allocated`` (GPU entries); see ``koordlet.api.device``."""
+_T = TypeVar("_T")
+
+
+def _device_allocated(parse: Callable[[str], _T], value: str) -> _T:
     _load_json(ANNOTATION_DEVICE_ALLOCATED, value)  # JSON errors (incl. deep nesting) as AnnotationError
     try:
-        return _device.parse_device_allocated(value)
+        return parse(value)
     except _device.DeviceAnnotationError as exc:
         raise AnnotationError(
             ANNOTATION_DEVICE_ALLOCATED, str(exc).removeprefix(f"{ANNOTATION_DEVICE_ALLOCATED}: ")
         ) from exc
+
+
+def parse_rdma_allocated(value: str) -> tuple[_device.RDMAAllocation, ...]:
+    """``scheduling.koordinator.sh/device-allocated`` (RDMA entries); see ``koordlet.api.device``."""
+    return _device_allocated(_device.parse_rdma_allocated, value)
+
+
+def parse_device_allocated(value: str) -> DeviceAllocated:
+    """``scheduling.koordinator.sh/device-allocated`` (GPU entries); see ``koordlet.api.device``."""
+    return _device_allocated(_device.parse_device_allocated, value)
 
 
 # ------------------------------------------------------------------------------- cpuQOS / memoryQOS (§3.3, §4.6)

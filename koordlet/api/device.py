@@ -49,7 +49,10 @@ DEVICE_VERSION = "v1alpha1"
 DEVICE_PLURAL = "devices"
 DEVICE_KIND = "Device"
 DEVICE_TYPE_GPU = "gpu"
+DEVICE_TYPE_RDMA = "rdma"
 DEVICE_CONDITION_HEALTHY = "Healthy"
+RESOURCE_RDMA = "koordinator.sh/rdma"
+RDMA_FULL = 100  # an RDMA device's koordinator.sh/rdma capacity (Koordinator statesinformer buildRDMADevice)
 
 # Labels on the Device object and on each GPU entry (koordinator.md §5.4).
 LABEL_DEVICE_GPU_VENDOR = "node.koordinator.sh/gpu-vendor"
@@ -80,10 +83,77 @@ class GPUAllocation:
 
 
 @dataclass(frozen=True, slots=True)
+class VirtualFunction:
+    """A VF of an allocated device (``extension.vfs[]``): its minor (-1 unknown) and PCI bus id."""
+
+    minor: int
+    bus_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RDMAAllocation:
+    """One RDMA device the scheduler gave a pod: the PF (minor, PCI bus id ``id``) and the VFs of it, if any."""
+
+    minor: int
+    bus_id: str
+    resources: Mapping[str, str] = field(default_factory=dict)
+    vfs: tuple[VirtualFunction, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceAllocated:
     """The parsed `scheduling.koordinator.sh/device-allocated` annotation (GPU part)."""
 
     gpus: tuple[GPUAllocation, ...]
+
+
+# A PCI function address as sysfs names it: domain:bus:device.function (0000:3b:00.2).
+_PCI_BUS_ID = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+def _bus_id(raw: object, where: str) -> str:
+    if not isinstance(raw, str) or not _PCI_BUS_ID.match(raw):
+        raise DeviceAnnotationError(f"{where}: not a PCI bus id (dddd:bb:dd.f): {raw!r}")
+    return raw.lower()
+
+
+def _resources(entry: Mapping[str, object], where: str) -> dict[str, str]:
+    resources = entry.get("resources", {})
+    if resources is None:
+        resources = {}
+    if not isinstance(resources, dict):
+        raise DeviceAnnotationError(f"{where}: resources must be an object")
+    return {str(k): str(v) for k, v in resources.items()}
+
+
+def _rdma_entries(data: Mapping[str, object]) -> tuple[RDMAAllocation, ...]:
+    raw = data.get(DEVICE_TYPE_RDMA) or []
+    if not isinstance(raw, list):
+        raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_ALLOCATED}: 'rdma' must be a list")
+    out: list[RDMAAllocation] = []
+    for index, entry in enumerate(raw):
+        where = f"{ANNOTATION_DEVICE_ALLOCATED}: rdma[{index}]"
+        if not isinstance(entry, dict):
+            raise DeviceAnnotationError(f"{where}: expected an object")
+        minor = _parse_minor(entry.get("minor"), where)
+        extension = entry.get("extension") or {}
+        if not isinstance(extension, dict):
+            raise DeviceAnnotationError(f"{where}: extension must be an object")
+        raw_vfs = extension.get("vfs") or []
+        if not isinstance(raw_vfs, list):
+            raise DeviceAnnotationError(f"{where}: extension.vfs must be a list")
+        vfs = []
+        for vf_index, vf in enumerate(raw_vfs):
+            vf_where = f"{where}.extension.vfs[{vf_index}]"
+            if not isinstance(vf, dict):
+                raise DeviceAnnotationError(f"{vf_where}: expected an object")
+            vf_minor = vf.get("minor", -1)
+            if isinstance(vf_minor, bool) or not isinstance(vf_minor, int):
+                raise DeviceAnnotationError(f"{vf_where}: minor must be an integer, got {vf_minor!r}")
+            vfs.append(VirtualFunction(vf_minor, _bus_id(vf.get("busID"), vf_where)))
+        bus_id = _bus_id(entry["id"], where) if entry.get("id") else ""
+        out.append(RDMAAllocation(minor, bus_id, _resources(entry, where), tuple(vfs)))
+    return tuple(out)
 
 
 def _parse_minor(raw: object, where: str) -> int:
@@ -95,17 +165,23 @@ def _parse_minor(raw: object, where: str) -> int:
     return raw
 
 
-def parse_device_allocated(value: str) -> DeviceAllocated:
-    """Parse the annotation value; entries of other device types (rdma, fpga) are ignored.
-
-    Raises DeviceAnnotationError naming the annotation and what is wrong.
-    """
+def _load_allocated(value: str) -> dict:
     try:
         data = load_json(value, ANNOTATION_DEVICE_ALLOCATED, max_bytes=256 << 10, max_depth=16)
     except SafeLoadError as exc:
         raise DeviceAnnotationError(str(exc)) from exc
     if not isinstance(data, dict):
         raise DeviceAnnotationError(f"{ANNOTATION_DEVICE_ALLOCATED}: expected a JSON object")
+    return data
+
+
+def parse_device_allocated(value: str) -> DeviceAllocated:
+    """Parse the annotation value's gpu entries; entries of other device types (rdma: :func:`parse_rdma_allocated`,
+    fpga) are ignored.
+
+    Raises DeviceAnnotationError naming the annotation and what is wrong.
+    """
+    data = _load_allocated(value)
     raw_gpus = data.get(DEVICE_TYPE_GPU, [])
     if raw_gpus is None:
         raw_gpus = []
@@ -121,18 +197,18 @@ def parse_device_allocated(value: str) -> DeviceAllocated:
         if minor in seen:
             raise DeviceAnnotationError(f"{where}: minor {minor} listed twice")
         seen.add(minor)
-        resources = entry.get("resources", {})
-        if resources is None:
-            resources = {}
-        if not isinstance(resources, dict):
-            raise DeviceAnnotationError(f"{where}: resources must be an object")
+        resources = _resources(entry, where)
         uuid = entry.get("id") or ""
         if not isinstance(uuid, str):
             raise DeviceAnnotationError(f"{where}: id must be a string")
-        gpus.append(
-            GPUAllocation(minor=minor, resources={str(k): str(v) for k, v in resources.items()}, uuid=uuid)
-        )
+        gpus.append(GPUAllocation(minor=minor, resources=resources, uuid=uuid))
     return DeviceAllocated(gpus=tuple(gpus))
+
+
+def parse_rdma_allocated(value: str) -> tuple[RDMAAllocation, ...]:
+    """The rdma entries of the annotation (an entry's ``id`` is the PF's PCI bus id, ``extension.vfs`` its VFs);
+    apart from the GPU part, so a malformed RDMA entry never costs a pod its GPUs. DeviceAnnotationError."""
+    return _rdma_entries(_load_allocated(value))
 
 
 def nvidia_visible_devices(gpus: Sequence[GPUAllocation]) -> str:

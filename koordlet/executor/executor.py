@@ -131,11 +131,13 @@ class UpdateFailure:
 @dataclass(frozen=True, slots=True)
 class BatchResult:
     """``written``: files written (a leveled update may write a file twice); ``skipped``: exact values
-    not written because the cache said they are already there."""
+    not written because the cache said they are already there; ``done``: the updates whose exact value was
+    written (what the audit log records)."""
 
     written: int = 0
     skipped: int = 0
     failures: tuple[UpdateFailure, ...] = ()
+    done: tuple[ResourceUpdate, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -236,7 +238,8 @@ class ResourceExecutor:
         if self.cgroup_fs.version is CgroupVersion.V1:
             loosened = sum(self._loosen(update) for update in by_depth)
         exact = self._run(list(reversed(by_depth)), verify)
-        return BatchResult(written=exact.written + loosened, skipped=exact.skipped, failures=exact.failures)
+        return BatchResult(written=exact.written + loosened, skipped=exact.skipped, failures=exact.failures,
+                           done=exact.done)
 
     def read(self, resource: CgroupResource | str, cgroup_dir: str, subsystem: str | None = None, *,
              every_tick: bool = False) -> str:
@@ -460,17 +463,18 @@ class ResourceExecutor:
     # ------------------------------------------------------------------------------------------ helpers
 
     def _run(self, updates: Sequence[ResourceUpdate], verify: bool = False) -> BatchResult:
-        written = skipped = 0
+        skipped = 0
+        done: list[ResourceUpdate] = []
         failures: list[UpdateFailure] = []
         for update in updates:
             try:
                 if self.update(update, verify):
-                    written += 1
+                    done.append(update)
                 else:
                     skipped += 1
             except ExecutorError as exc:
                 failures.append(UpdateFailure(update, exc))
-        return BatchResult(written=written, skipped=skipped, failures=tuple(failures))
+        return BatchResult(written=len(done), skipped=skipped, failures=tuple(failures), done=tuple(done))
 
     def _loosen(self, update: ResourceUpdate) -> bool:
         """Pass 1 of the leveled update: True when a looser value was written."""

@@ -35,10 +35,25 @@ logger = logging.getLogger(__name__)
 NODE_WINDOW_CAPACITY = 1800  # 30 min at 1 s
 POD_WINDOW_CAPACITY = 600  # 10 min at 1 s
 PSI_WINDOW_CAPACITY = 60  # 10 min at the PSI collector's 10 s; the kernel's avg300 covers longer
+PER_CPU_WINDOW_CAPACITY = 300  # 5 min at 1 s per CPU: 256 CPUs stay near 1.2 MiB
+# The Alpha collectors' kinds keep about 10 min at their default intervals (CPI 60 s, resctrl 10 s, cold
+# pages 5 s): what their consumers look at, and a bounded share of the agent's memory at 150 pods.
+CPI_WINDOW_CAPACITY = 10
+RESCTRL_WINDOW_CAPACITY = 60
+COLD_PAGE_WINDOW_CAPACITY = 120
+_COLD_PAGE_KINDS = (MetricKind.NODE_MEMORY_WITH_HOT_PAGE_USAGE, MetricKind.POD_MEMORY_WITH_HOT_PAGE_USAGE,
+                    MetricKind.CONTAINER_MEMORY_WITH_HOT_PAGE_USAGE, MetricKind.HOST_APP_MEMORY_WITH_HOT_PAGE_USAGE,
+                    MetricKind.NODE_MEMORY_COLD_PAGE_SIZE, MetricKind.POD_MEMORY_COLD_PAGE_SIZE,
+                    MetricKind.CONTAINER_MEMORY_COLD_PAGE_SIZE, MetricKind.HOST_APP_MEMORY_COLD_PAGE_SIZE)
 
 DEFAULT_CAPACITY_BY_KIND: Mapping[str, int] = {
     **{kind.value: POD_WINDOW_CAPACITY for kind in MetricKind if kind.value.startswith(("pod_", "container_"))},
     **{kind.value: PSI_WINDOW_CAPACITY for kind in MetricKind if kind.value.endswith("_psi")},
+    MetricKind.NODE_PER_CPU_USAGE.value: PER_CPU_WINDOW_CAPACITY,
+    MetricKind.CONTAINER_CPI.value: CPI_WINDOW_CAPACITY,
+    MetricKind.RESCTRL_LLC.value: RESCTRL_WINDOW_CAPACITY,
+    MetricKind.RESCTRL_MB.value: RESCTRL_WINDOW_CAPACITY,
+    **{kind.value: COLD_PAGE_WINDOW_CAPACITY for kind in _COLD_PAGE_KINDS},
 }
 
 
@@ -287,6 +302,17 @@ class MetricCache:
                 value = ring.last_in(start, end)
                 if value is not None:
                     out[ident] = value
+        return out
+
+    def last_by_key(self, kind: str, start: float, end: float) -> dict[SeriesKey, float]:
+        """{series of ``kind``: its newest value with start <= timestamp <= end} (one pass, one lock)."""
+        out: dict[SeriesKey, float] = {}
+        with self._lock:
+            for key, ring in self._series.items():
+                if key.kind == kind:
+                    value = ring.last_in(start, end)
+                    if value is not None:
+                        out[key] = value
         return out
 
     def keys(self, kind: str | None = None) -> list[SeriesKey]:

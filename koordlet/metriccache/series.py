@@ -10,6 +10,7 @@ class MetricKind(StrEnum):
     NODE_CPU_USAGE = "node_cpu_usage"  # cores
     NODE_MEMORY_USAGE = "node_memory_usage"  # bytes, MemTotal − MemAvailable
     NODE_MEMORY_USAGE_WITH_PAGE_CACHE = "node_memory_usage_with_page_cache"  # bytes, MemTotal − MemFree
+    NODE_PER_CPU_USAGE = "node_per_cpu_usage"  # cores of one CPU (0..1), label cpu (gate PerCPUMetric)
     NODE_PSI = "node_psi"  # percent (avg10/60/300), labels psi_resource/psi_precision/psi_degree
     NODE_BE = "node_be"  # milli-cores, labels be_resource/be_allocation
     SYS_CPU_USAGE = "sys_cpu_usage"  # cores, node − Σ pods
@@ -34,6 +35,22 @@ class MetricKind(StrEnum):
     POD_GPU_MEMORY_USAGE = "pod_gpu_memory_usage"
     CONTAINER_GPU_CORE_USAGE = "container_gpu_core_usage"
     CONTAINER_GPU_MEMORY_USAGE = "container_gpu_memory_usage"
+    # CPI (gate CPICollector): cycles or instructions over one collection window, labels pod_uid,
+    # container_id, cpi_resource (cycle/instruction)
+    CONTAINER_CPI = "container_cpi"
+    # resctrl monitoring of the QoS groups (gate ResctrlCollector), labels qos, cache_id (+ resctrl_type mb,
+    # resctrl_mb_type mbm_total_bytes/mbm_local_bytes): LLC bytes occupied; memory bandwidth bytes per second
+    RESCTRL_LLC = "resctrl_resource_llc"
+    RESCTRL_MB = "resctrl_resource_mb"
+    # cold memory (gate ColdPageCollector): bytes of cold page cache, and usage with only the hot page cache
+    NODE_MEMORY_WITH_HOT_PAGE_USAGE = "node_memory_with_hot_page_usage"
+    POD_MEMORY_WITH_HOT_PAGE_USAGE = "pod_memory_with_hot_page_usage"
+    CONTAINER_MEMORY_WITH_HOT_PAGE_USAGE = "container_memory_with_hot_page_usage"
+    HOST_APP_MEMORY_WITH_HOT_PAGE_USAGE = "host_application_memory_with_hot_page_usage"
+    NODE_MEMORY_COLD_PAGE_SIZE = "node_memory_cold_page_size"
+    POD_MEMORY_COLD_PAGE_SIZE = "pod_memory_cold_page_size"
+    CONTAINER_MEMORY_COLD_PAGE_SIZE = "container_memory_cold_page_size"
+    HOST_APP_MEMORY_COLD_PAGE_SIZE = "host_application_memory_cold_page_size"
 
 
 class Label(StrEnum):
@@ -49,6 +66,17 @@ class Label(StrEnum):
     GPU_MINOR = "gpu_minor"
     GPU_DEVICE_UUID = "gpu_device_uuid"
     HOST_APP_NAME = "host_app_name"
+    CPU = "cpu"  # a logical CPU id (Koordinator's Prometheus label for per-CPU series)
+    CPI_RESOURCE = "cpi_resource"
+    CACHE_ID = "cache_id"
+    RESCTRL_TYPE = "resctrl_type"
+    RESCTRL_MB_TYPE = "resctrl_mb_type"
+
+
+# Values of cpi_resource and resctrl_type (Koordinator metriccache/metric_types.go).
+CPI_RESOURCE_CYCLE = "cycle"
+CPI_RESOURCE_INSTRUCTION = "instruction"
+RESCTRL_TYPE_MB = "mb"
 
 
 # The GPUs of the node in the cache's KV (Koordinator keeps ``GPUDevices`` there: uuid, minor, memory

@@ -137,6 +137,16 @@ class CollectorRunner(TickerThread):
                     entry.next_due = monotonic_now + interval
         return min((entry.next_due for entry in self._active), default=monotonic_now + 1.0)
 
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        """Stop the thread, then close the collectors that hold something open (kept files, perf counters)."""
+        stopped = super().stop(timeout_s)
+        if stopped:
+            for entry in self._active:
+                close = getattr(entry.collector, "close", None)
+                if close is not None:
+                    close()
+        return stopped
+
     def _schedule_from(self, start: float) -> None:
         for entry in self._active:
             entry.next_due = start

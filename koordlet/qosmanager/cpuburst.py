@@ -62,6 +62,10 @@ _STATIC_BURST_POLICIES = (CPU_BURST_POLICY_CPU_BURST_ONLY, CPU_BURST_POLICY_AUTO
 _INELIGIBLE_QOS = (QoSClass.LSR, QoSClass.LSE, QoSClass.BE)
 
 
+AUDIT_REASON_QUOTA = "CFSQuotaBurst"  # Koordinator's audit reasons
+AUDIT_REASON_BURST = "CPUBurst"
+
+
 class SharePoolState(enum.StrEnum):
     OVERLOAD = "overload"
     COOLING = "cooling"
@@ -256,17 +260,19 @@ class PodBurstState:
     quota_delta_us: int = 0
     ups: tuple[CgroupWrite, ...] = ()
     downs: tuple[CgroupWrite, ...] = ()
+    notes: tuple[str, ...] = ()  # what happened to each scaled container, for the audit log
 
     def with_burst(self, burst_us: int) -> PodBurstState:
         return replace(self, burst_sum_us=self.burst_sum_us + burst_us)
 
-    def with_quota(self, container_dir: str, old_us: int, new_us: int) -> PodBurstState:
+    def with_quota(self, container_dir: str, old_us: int, new_us: int, note: str) -> PodBurstState:
         write = CgroupWrite("cpu.cfs_quota_us", container_dir, new_us)
+        changed = replace(self, quota_delta_us=self.quota_delta_us + new_us - old_us, notes=(*self.notes, note))
         if new_us > old_us:
-            return replace(self, quota_delta_us=self.quota_delta_us + new_us - old_us, ups=(*self.ups, write))
-        return replace(self, quota_delta_us=self.quota_delta_us + new_us - old_us, downs=(*self.downs, write))
+            return replace(changed, ups=(*self.ups, write))
+        return replace(changed, downs=(*self.downs, write))
 
-    def quota_step(self) -> WriteStep | None:
+    def quota_step(self, node_state: SharePoolState) -> WriteStep | None:
         """The pod's and its containers' quota writes in a safe order (v1: a child's quota may not exceed its
         parent's): scaling up, the pod first; scaling down, the containers first. A pod quota of −1 stays."""
         if not self.ups and not self.downs:
@@ -274,9 +280,9 @@ class PodBurstState:
         pod_write: tuple[CgroupWrite, ...] = ()
         if self.pod_quota_us != UNLIMITED:
             pod_write = (CgroupWrite("cpu.cfs_quota_us", self.pod_dir, self.pod_quota_us + self.quota_delta_us),)
-        if self.quota_delta_us >= 0:
-            return WriteStep(pod_write + self.downs + self.ups)
-        return WriteStep(self.downs + self.ups + pod_write)
+        why = f"share pool {node_state.value}: " + "; ".join(self.notes)
+        writes = pod_write + self.downs + self.ups if self.quota_delta_us >= 0 else self.downs + self.ups + pod_write
+        return WriteStep(writes, reason=AUDIT_REASON_QUOTA, why=why)
 
     def burst_write(self) -> CgroupWrite:
         """The pod's ``cpu.cfs_burst_us``: its containers' sum, capped at its own quota."""
@@ -291,6 +297,8 @@ class _QuotaScaling:
     operation: BurstOperation
     quota_us: int
     bucket: TokenBucket | None
+    base_us: int = 0
+    ceil_us: int = 0
 
 
 def _scale_quota(entry: BurstContainer, snapshot: Snapshot, container_quota: int, bucket: TokenBucket | None,
@@ -313,7 +321,7 @@ def _scale_quota(entry: BurstContainer, snapshot: Snapshot, container_quota: int
     )
     if operation is BurstOperation.RESET and container_quota == base:
         return None
-    return _QuotaScaling(operation, scaled_quota(operation, container_quota, base, ceil), bucket)
+    return _QuotaScaling(operation, scaled_quota(operation, container_quota, base, ceil), bucket, base, ceil)
 
 
 def decide_burst(
@@ -353,10 +361,15 @@ def decide_burst(
         operations[cid] = scaling.operation
         quotas[cid] = scaling.quota_us
         if scaling.quota_us != container_quota:
-            pods[uid] = state.with_quota(entry.container_dir, container_quota, scaling.quota_us)
-    steps = [step for step in (state.quota_step() for state in pods.values()) if step is not None]
+            note = (f"{entry.container.name} {scaling.operation.value} {container_quota}->{scaling.quota_us} "
+                    f"(throttled {snapshot.container_throttled_ratio.get(cid, 0.0):.2f}, base {scaling.base_us}, "
+                    f"ceil {scaling.ceil_us})")
+            pods[uid] = state.with_quota(entry.container_dir, container_quota, scaling.quota_us, note)
+    steps = [step for step in (state.quota_step(node_state) for state in pods.values()) if step is not None]
     burst_writes.extend(state.burst_write() for state in pods.values())
-    steps.append(WriteStep(tuple(burst_writes)))
+    steps.append(WriteStep(tuple(burst_writes), reason=AUDIT_REASON_BURST,
+                           why="burst = CPU limit x cpuBurstPercent% x cfs period, capped at the cgroup's quota; "
+                               "a pod's is the sum of its containers'"))
     return BurstDecision(
         node_state=node_state,
         steps=tuple(steps),

@@ -462,17 +462,37 @@ def _gauges(node: str, decision: SuppressDecision) -> tuple[GaugeSet, ...]:
     return tuple(gauges)
 
 
+AUDIT_REASON = "AdjustBEByNodeCPUUsage"  # Koordinator's audit reason for suppress writes
+
+
+def budget_why(snapshot: Snapshot, config: SuppressConfig, decision: SuppressDecision) -> str:
+    """The audit log's why of a suppress plan: the §4.2 budget with its figures."""
+    budget = decision.budget
+    if budget is None:
+        return f"policy {config.policy}: {decision.reason or 'no budget'}"
+    capacity = snapshot.capacity_cpu_milli / 1000.0
+    text = (f"policy {config.policy}: BE budget {budget.suppress_cores:.2f} cores = {capacity:g} cores x "
+            f"{config.threshold_percent}% - LS pods {budget.pod_non_be_used_cores:.2f} - host apps "
+            f"{budget.host_app_non_be_cores:.2f} - system {budget.system_used_cores:.2f} (reserved "
+            f"{budget.node_reserved_cores:.2f}); BE pods use {budget.be_used_cores:.2f}")
+    if config.min_percent is not None:
+        text += f"; floor {config.min_percent}% of capacity"
+    return text
+
+
 def decide(snapshot: Snapshot, config: SuppressConfig) -> Plan:
     """Suppress's plan: the policy's limit (plus the restore of the other policy's after a switch); with
     suppress switched off, the restore of both."""
     if config.be_cpu_manager:
         return Plan(decide_be_cpu_manager(snapshot, snapshot.layout), memo=SuppressMemo())
     if not config.enabled:
-        return Plan(decide_restore(snapshot, snapshot.layout), memo=SuppressMemo())
+        return Plan(decide_restore(snapshot, snapshot.layout), memo=SuppressMemo(), reason=AUDIT_REASON,
+                    why="suppress off (resourceUsedThresholdWithBE.enable false): BE limits restored")
     memo = snapshot.memo if isinstance(snapshot.memo, SuppressMemo) else SuppressMemo()
     decision = decide_suppress(snapshot, config, current_of(snapshot), snapshot.layout, memo.last_policy)
+    why = budget_why(snapshot, config, decision) if decision.steps else ""
     return Plan(decision.steps, gauges=_gauges(snapshot.node.name, decision), memo=SuppressMemo(config.policy),
-                report=decision)
+                report=decision, reason=AUDIT_REASON, why=why)
 
 
 STRATEGY = Strategy("cpusuppress", GATE_BE_CPU_SUPPRESS, SuppressConfig, decide)

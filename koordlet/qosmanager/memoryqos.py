@@ -216,7 +216,11 @@ def decide(snapshot: Snapshot, config: MemoryQoSConfig) -> Plan:
         _log_missing(supported)
     if not supported or not config.enabled:
         return Plan(memo=True)
-    return Plan(decide_steps(snapshot, snapshot.layout, snapshot.page_size, supported), memo=True)
+    return Plan(decide_steps(snapshot, snapshot.layout, snapshot.page_size, supported), memo=True,
+                reason="CgroupReconcile",
+                why="memory QoS of the pod's class (NodeSLO resourceQOSStrategy memoryQOS, pod annotation "
+                    "koordinator.sh/memoryQOS): min/low = request x min/lowLimitPercent, high = request + "
+                    "(limit - request) x throttlingPercent")
 
 
 STRATEGY = Strategy("memoryqos", GATE_CGROUP_RECONCILE, MemoryQoSConfig, decide)

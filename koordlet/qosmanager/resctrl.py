@@ -122,7 +122,8 @@ def decide(snapshot: Snapshot, config: ResctrlConfig) -> Plan:
     if snapshot.last is not None:
         made = (made | frozenset(snapshot.last.created_groups)) - frozenset(snapshot.last.removed_groups)
     if not config.enabled:
-        return Plan(resctrl=tuple(ResctrlRemoveGroup(group) for group in GROUPS if group in made), memo=made)
+        return Plan(resctrl=tuple(ResctrlRemoveGroup(group) for group in GROUPS if group in made), memo=made,
+                    reason="ResctrlReconcile", why="resctrlQOS off: the class groups go, their tasks to the root")
     info = snapshot.resctrl
     if info is None:
         return Plan(memo=made)
@@ -130,7 +131,15 @@ def decide(snapshot: Snapshot, config: ResctrlConfig) -> Plan:
     actions: list[ResctrlAction] = [ResctrlGroup(group) for group in GROUPS]
     actions += [ResctrlWrite(group, "schemata", text) for group, text in decision.schemata.items()]
     actions += [ResctrlMoveTasks(group, dirs) for group, dirs in decision.tasks.items()]
-    return Plan(resctrl=tuple(actions), memo=made, report=decision)
+    strategy = snapshot.node_slo.resource_qos_strategy
+    why = "; ".join(f"{group}: {_class_figures(strategy.for_class(QoSClass(group)).resctrl_qos)}" for group in GROUPS)
+    return Plan(resctrl=tuple(actions), memo=made, report=decision, reason="ResctrlReconcile", why=why)
+
+
+def _class_figures(qos: ResctrlQOS) -> str:
+    """A class's NodeSLO resctrlQOS, for the audit log."""
+    return (f"enable {qos.enable}, L3 {qos.cat_range_start_percent}-{qos.cat_range_end_percent}%, "
+            f"MB {qos.mba_percent}%")
 
 
 STRATEGY = Strategy("resctrl", GATE_RDT_RESCTRL, ResctrlConfig, decide)

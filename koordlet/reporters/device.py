@@ -18,10 +18,11 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from koordlet.gpu.metrics import PodPIDs, process_samples, usage_samples
-from koordlet.gpu.reporter import DeviceReporter, DeviceReportError
+from koordlet.gpu.reporter import DeviceReporter, DeviceReportError, ReportResult
 from koordlet.gpu.service import GPUService
 from koordlet.metriccache import Sample
 from koordlet.metricsadvisor.pods import PodSource
+from koordlet.reporters.rdma import RDMAInventory, device_object
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.cgroup_stats import CgroupStatError, read_cgroup_procs
 from koordlet.ticker import PeriodicThread
@@ -73,11 +74,14 @@ class GPUCollector:
 
 
 class DeviceReportLoop:
-    """Reports the Device object on a timer; the GPU service stays its owner's to stop."""
+    """Reports the Device object on a timer: the GPUs of the GPU service (which stays its owner's to stop) and
+    the RDMA devices of ``rdma`` (gate ``RDMADevices``), either of them None when off."""
 
-    def __init__(self, service: GPUService, reporter: DeviceReporter, interval_s: float = DEFAULT_SYNC_INTERVAL_S,
-                 node_uid: Callable[[], str] = lambda: "", observe: Callable[[str], None] | None = None) -> None:
+    def __init__(self, service: GPUService | None, reporter: DeviceReporter,
+                 interval_s: float = DEFAULT_SYNC_INTERVAL_S, node_uid: Callable[[], str] = lambda: "",
+                 observe: Callable[[str], None] | None = None, rdma: RDMAInventory | None = None) -> None:
         self._service = service
+        self._rdma = rdma
         self._reporter = reporter
         self._interval_s = interval_s
         self._node_uid = node_uid
@@ -88,7 +92,7 @@ class DeviceReportLoop:
 
     def report_once(self) -> bool:
         try:
-            result = self._service.report(self._reporter, self._node_uid())
+            result = self._report()
         except (DeviceReportError, ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as err:
             self._observe("failed")
             if not self._failing:
@@ -101,6 +105,15 @@ class DeviceReportLoop:
         self.reports += 1
         self._observe(result.value)
         return True
+
+    def _report(self) -> ReportResult:
+        reporter, node_uid = self._reporter, self._node_uid()
+        if self._rdma is None:
+            assert self._service is not None
+            return self._service.report(reporter, node_uid)
+        previous = reporter.previous()
+        gpus = self._service.device_object(reporter.node_name, node_uid, previous) if self._service else None
+        return reporter.report(device_object(reporter.node_name, node_uid, self._rdma.entries(), gpus))
 
     def start(self) -> None:
         """The first report at once, then every interval."""

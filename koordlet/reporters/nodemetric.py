@@ -15,8 +15,9 @@ What is reported, from the metric cache:
                                ``gpu-memory-ratio`` (100 × memory / total), truncated to integers, as
                                Koordinator's ``collectNodeGPUMetric`` / ``collectPodGPUMetric`` do
 CPU is written in milli-cores (``1234m``), memory in bytes. ``nodeMemoryCollectPolicy`` picks the memory
-series (``usageWithPageCache`` uses the with-page-cache one; ``usageWithHotPageCache`` has no kidled
-data here and falls back to the default).
+series (``usageWithPageCache`` uses the with-page-cache one; ``usageWithHotPageCache`` the usage with only the
+hot page cache that the cold page collector stores, gate ``ColdPageCollector``, and the default series of a
+node, pod or host application it has no sample of, as Koordinator does when cold memory is not started).
 
 The spec's ``metricCollectPolicy`` is read from the object at every report and sets the next interval.
 Writing is conflict-safe: GET, set ``status``, PUT ``/status`` with the object's resourceVersion; a 409
@@ -122,10 +123,12 @@ GPU_CORE = "koordinator.sh/gpu-core"
 GPU_MEMORY = "koordinator.sh/gpu-memory"
 GPU_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
 
-_NODE_KINDS = (MetricKind.NODE_CPU_USAGE, MetricKind.NODE_MEMORY_USAGE, MetricKind.NODE_MEMORY_USAGE_WITH_PAGE_CACHE)
-_POD_KINDS = (MetricKind.POD_CPU_USAGE, MetricKind.POD_MEMORY_USAGE, MetricKind.POD_MEMORY_USAGE_WITH_PAGE_CACHE)
+_NODE_KINDS = (MetricKind.NODE_CPU_USAGE, MetricKind.NODE_MEMORY_USAGE, MetricKind.NODE_MEMORY_USAGE_WITH_PAGE_CACHE,
+               MetricKind.NODE_MEMORY_WITH_HOT_PAGE_USAGE)
+_POD_KINDS = (MetricKind.POD_CPU_USAGE, MetricKind.POD_MEMORY_USAGE, MetricKind.POD_MEMORY_USAGE_WITH_PAGE_CACHE,
+              MetricKind.POD_MEMORY_WITH_HOT_PAGE_USAGE)
 _HOST_APP_KINDS = (MetricKind.HOST_APP_CPU_USAGE, MetricKind.HOST_APP_MEMORY_USAGE,
-                   MetricKind.HOST_APP_MEMORY_USAGE_WITH_PAGE_CACHE)
+                   MetricKind.HOST_APP_MEMORY_USAGE_WITH_PAGE_CACHE, MetricKind.HOST_APP_MEMORY_WITH_HOT_PAGE_USAGE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +143,17 @@ class StatusBuilder:
     def __init__(self, cache: MetricCache) -> None:
         self._cache = cache
 
-    @staticmethod
-    def _series(kinds: tuple[str, str, str], policy: CollectPolicy, **labels: str) -> _Series:
-        """CPU and the memory series ``nodeMemoryCollectPolicy`` picks, for kinds (cpu, memory, with page cache)."""
-        cpu, memory, with_page_cache = kinds
-        chosen = with_page_cache if policy.memory_policy == MEMORY_WITH_PAGE_CACHE else memory
+    def _series(self, kinds: tuple[str, str, str, str], policy: CollectPolicy, **labels: str) -> _Series:
+        """CPU and the memory series ``nodeMemoryCollectPolicy`` picks, for kinds (cpu, memory, with page cache,
+        with hot page cache); the hot one only where it has samples."""
+        cpu, memory, with_page_cache, with_hot_page_cache = kinds
+        chosen = memory
+        if policy.memory_policy == MEMORY_WITH_PAGE_CACHE:
+            chosen = with_page_cache
+        elif policy.memory_policy == MEMORY_WITH_HOT_PAGE_CACHE:
+            hot = SeriesKey.of(with_hot_page_cache, **labels)
+            if self._cache.latest(hot) is not None:
+                return _Series(SeriesKey.of(cpu, **labels), hot)
         return _Series(SeriesKey.of(cpu, **labels), SeriesKey.of(chosen, **labels))
 
     _SYSTEM = _Series(SeriesKey.of(MetricKind.SYS_CPU_USAGE), SeriesKey.of(MetricKind.SYS_MEMORY_USAGE))

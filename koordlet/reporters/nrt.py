@@ -33,7 +33,7 @@ import copy
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import urllib3
@@ -55,7 +55,7 @@ from koordlet.api.pod import PodMeta
 from koordlet.api.safeload import load_json
 from koordlet.kubeapi import CustomObjects
 from koordlet.statesinformer.cpumanager import POLICY_STATIC, CPUManagerState
-from koordlet.system.sysfs import CPUInfo, NodeTopology, SysfsError
+from koordlet.system.sysfs import CPUInfo, HugePages, NodeTopology, SysfsError
 from koordlet.ticker import PeriodicThread
 
 logger = logging.getLogger(__name__)
@@ -181,24 +181,50 @@ def _resource(name: str, amount: str) -> dict[str, str]:
     return {"name": name, "capacity": amount, "allocatable": amount, "available": amount}
 
 
-def build_zones(topology: NodeTopology) -> list[dict[str, Any]]:
+HUGEPAGE_RESOURCES = ((2048, "hugepages-2Mi"), (1048576, "hugepages-1Gi"))  # page size kB → resource name
+
+
+def _hugepage_resources(pools: Sequence[HugePages] | None) -> tuple[list[dict[str, str]], int]:
+    """The zone's ``hugepages-2Mi`` and ``hugepages-1Gi`` (gate ``HugePageReport``; zero without it) and the
+    bytes they hold. Capacity and allocatable are the node's pool (``nr_hugepages`` pages), as Koordinator
+    reports; available is what the kernel has free of it (``free_hugepages``), where Koordinator repeats
+    allocatable."""
+    by_size = {pool.page_size_kb: pool for pool in pools or ()}
+    resources, held = [], 0
+    for size_kb, name in HUGEPAGE_RESOURCES:
+        pool = by_size.get(size_kb)
+        if pool is None:
+            resources.append(_resource(name, "0"))
+            continue
+        total = format_bytes(pool.total_bytes)
+        resources.append({"name": name, "capacity": total, "allocatable": total,
+                          "available": format_bytes(min(pool.free_bytes, pool.total_bytes))})
+        held += pool.total_bytes
+    return resources, held
+
+
+def build_zones(topology: NodeTopology,
+                hugepages: Mapping[int, Sequence[HugePages]] | None = None) -> list[dict[str, Any]]:
+    """One zone per NUMA node; ``hugepages`` (None: gate ``HugePageReport`` off) fills the huge page
+    resources and takes their memory out of the zone's ``memory``, as Koordinator does."""
     zones = []
     for node in topology.numa_nodes:
         zone: dict[str, Any] = {"name": zone_name(node.node_id), "type": ZONE_TYPE_NODE}
         if node.distances:
             zone["costs"] = [{"name": zone_name(other), "value": distance} for other, distance in node.distances]
-        zone["resources"] = [
+        huge, held = _hugepage_resources(hugepages.get(node.node_id) if hugepages is not None else None)
+        zone["resources"] = sorted([
             _resource("cpu", str(len(node.cpus))),
-            _resource("hugepages-1Gi", "0"),
-            _resource("hugepages-2Mi", "0"),
-            _resource("memory", format_bytes(node.memory_total_bytes)),
-        ]
+            *huge,
+            _resource("memory", format_bytes(max(node.memory_total_bytes - held, 0))),
+        ], key=lambda r: r["name"])
         zones.append(zone)
     return sorted(zones, key=lambda z: z["name"])
 
 
 def build_nrt(node_name: str, topology: NodeTopology, pools: CPUPools, kubelet: CPUManagerState | None,
-              node_annotations: Mapping[str, str], node_uid: str = "") -> dict[str, Any]:
+              node_annotations: Mapping[str, str], node_uid: str = "",
+              hugepages: Mapping[int, Sequence[HugePages]] | None = None) -> dict[str, Any]:
     """The whole NodeResourceTopology object koordlet wants for this node (pure)."""
     annotations = {
         ANNOTATION_NRT_CPU_TOPOLOGY: _json(cpu_topology_json(topology.cpus)),
@@ -215,7 +241,7 @@ def build_nrt(node_name: str, topology: NodeTopology, pools: CPUPools, kubelet: 
         metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid,
                                         "controller": True, "blockOwnerDeletion": True}]
     return {"apiVersion": f"{NRT_GROUP}/{NRT_VERSION}", "kind": NRT_KIND, "metadata": metadata,
-            "topologyPolicies": [TOPOLOGY_POLICY_NONE], "zones": build_zones(topology)}
+            "topologyPolicies": [TOPOLOGY_POLICY_NONE], "zones": build_zones(topology, hugepages)}
 
 
 def _decoded(value: str | None) -> object:
@@ -353,7 +379,11 @@ class NRTReportLoop:
         resync_s: float = DEFAULT_RESYNC_S,
         observe: Callable[[str], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        read_hugepages: Callable[[], Mapping[int, Sequence[HugePages]]] | None = None,
+        observe_pools: Callable[[CPUPools], None] | None = None,
     ) -> None:
+        """``read_hugepages``: the NUMA nodes' huge page pools, read at every tick (gate ``HugePageReport``);
+        ``observe_pools``: called with each tick's CPU pools (the share-pool gauges)."""
         self._reporter = reporter
         self._read_topology = read_topology
         self._pods = pods
@@ -364,6 +394,8 @@ class NRTReportLoop:
         self._resync_s = resync_s
         self._observe = observe or (lambda outcome: None)
         self._monotonic = monotonic
+        self._read_hugepages = read_hugepages
+        self._observe_pools = observe_pools
         self._topology: NodeTopology | None = None
         self._topology_read_at = -float("inf")
         self._stored: dict[str, Any] | None = None  # the object as last written or read
@@ -397,7 +429,11 @@ class NRTReportLoop:
                 logger.warning("CPU pools: skipped %s", problem)
                 self._observe("bad_annotation")
             self._last_problems = pools.problems
-        self.desired = build_nrt(self._reporter.node_name, topology, pools, kubelet, annotations, self._node_uid())
+        if self._observe_pools is not None:
+            self._observe_pools(pools)
+        hugepages = self._read_hugepages() if self._read_hugepages is not None else None
+        self.desired = build_nrt(self._reporter.node_name, topology, pools, kubelet, annotations, self._node_uid(),
+                                 hugepages)
         return self.desired
 
     def report_once(self) -> str:

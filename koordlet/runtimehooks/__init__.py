@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from hooks import registry
-from hooks.protocol import NodeContext, ResctrlNode
+from hooks.protocol import LinuxDevice, NodeContext, RDMANode, ResctrlNode
 from koordlet.api.cpupools import CPUPools, compute_cpu_pools
 from koordlet.api.pod import PodMeta
 from koordlet.executor import ResourceExecutor
@@ -25,8 +25,9 @@ from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.statesinformer.cpumanager import CPUManagerState
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.procfs import read_meminfo
+from koordlet.system.rdma import DeviceNode, rdma_device_nodes
 from koordlet.system.resctrl import ResctrlInfoError, read_resctrl_info
-from koordlet.system.roots import PROC_DIR, SYS_DIR
+from koordlet.system.roots import DEV_DIR, PROC_DIR, SYS_DIR
 from koordlet.system.sysfs import SysfsError, read_cpu_topology, read_online_cpus
 from wire.sockets import remove_socket
 
@@ -51,9 +52,11 @@ class RuntimeHooksConfig:
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     resctrl_dir: str | None = None
     serve_hooks: bool = True  # False: reconciler only (no proxy on this node)
-    sys_dir: str = SYS_DIR  # online CPUs, for the hook value check
+    sys_dir: str = SYS_DIR  # online CPUs, for the hook value check; RDMA functions
     proc_dir: str = PROC_DIR  # the node's memory, for the hook value check
     nri: NriConfig | None = None  # NRI mode: register as a plugin at nri.socket_path (None: off)
+    dev_dir: str = DEV_DIR  # RDMA device nodes (gate RDMADeviceInject)
+    hami_core_library: str = "/usr/local/vgpu/libvgpu.so"  # -hami-core-library-directory-path
 
 
 def node_capacity(sys_dir: str, proc_dir: str) -> tuple[frozenset[int], int]:
@@ -83,6 +86,31 @@ def read_resctrl_node(resctrl_dir: str | None) -> ResctrlNode | None:
     return None if info is None else ResctrlNode(info.cbm_mask, info.cache_ids, info.has_mb, info.vendor)
 
 
+RDMA_REFRESH_S = 60.0  # how often the RDMA device nodes are read again (they change with hotplug only)
+
+
+class _RDMANodes:
+    """The node's RDMA device nodes for the RDMADeviceInject plugin, read at most every RDMA_REFRESH_S."""
+
+    def __init__(self, sys_dir: str, dev_dir: str) -> None:
+        self._sys_dir, self._dev_dir = sys_dir, dev_dir
+        self._value: RDMANode | None = None
+        self._read_at = float("-inf")
+
+    @staticmethod
+    def _device(node: DeviceNode) -> LinuxDevice:
+        return LinuxDevice(node.path, node.type, node.major, node.minor)
+
+    def get(self) -> RDMANode:
+        now = time.monotonic()
+        if self._value is None or now - self._read_at >= RDMA_REFRESH_S:
+            rdma_cm, uverbs = rdma_device_nodes(self._sys_dir, self._dev_dir)
+            self._value = RDMANode(self._device(rdma_cm) if rdma_cm is not None else None,
+                                   {bus: self._device(node) for bus, node in uverbs.items()})
+            self._read_at = now
+        return self._value
+
+
 def group_identity_supported(executor: ResourceExecutor, layout: KubeCgroupLayout) -> bool:
     """Koordinator's check (§3.3): ``cpu.bvt_warp_ns`` exists in the kubepods dir (Anolis kernels)."""
     from koordlet.executor import ExecutorError
@@ -103,6 +131,11 @@ class RuntimeHooks:
         self.config = config
         self.states = states
         self.plugins = registry.enabled(config.feature_gates)
+        gates = config.feature_gates
+        if gates.get("HamiCoreVGPUMonitor") and not gates.get("GPUEnvInject"):
+            # Koordinator's monitor is a part of its GPU env hook: without that hook it does nothing.
+            log.info("HamiCoreVGPUMonitor needs GPUEnvInject on (as in Koordinator); off")
+            self.plugins = [p for p in self.plugins if p.gate != "HamiCoreVGPUMonitor"]
         self._resctrl = read_resctrl_node(config.resctrl_dir) if config.feature_gates.get("Resctrl") else None
         self._bvt = group_identity_supported(executor, layout)
         self._online_cpus, self._memory_bytes = node_capacity(config.sys_dir, config.proc_dir)
@@ -114,6 +147,7 @@ class RuntimeHooks:
             self._topology = ()
         self._pools_key: tuple | None = None
         self._pools: CPUPools | None = None
+        self._rdma = _RDMANodes(config.sys_dir, config.dev_dir) if gates.get("RDMADeviceInject") else None
         rejects = RejectedValues(warn)
         self.reconciler = Reconciler(states.pods, self.node_context, lambda: self.plugins, executor, layout,
                                      config.reconcile_interval_s, rejects)
@@ -138,7 +172,9 @@ class RuntimeHooks:
                            online_cpus=self._online_cpus, memory_bytes=self._memory_bytes,
                            cpu_pools=self._cpu_pools(annotations, kubelet),
                            kubelet_cpu_policy=kubelet.policy if kubelet is not None else "",
-                           be_cpu_manager=self.config.feature_gates.get("BECPUManager", False))
+                           be_cpu_manager=self.config.feature_gates.get("BECPUManager", False),
+                           rdma=self._rdma.get() if self._rdma is not None else None,
+                           hami_core_library=self.config.hami_core_library)
 
     def _cpu_pools(self, annotations: dict[str, str], kubelet: CPUManagerState | None) -> CPUPools | None:
         """The node's CPU pools, computed again only when the pods, kubelet's state or the annotations change

@@ -4,6 +4,7 @@ see, built from what koordlet knows."""
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
 import threading
 from collections import OrderedDict
@@ -13,6 +14,7 @@ from dataclasses import replace
 from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_from_milli
 from hooks.registry import EXPECTED_ERRORS
 from hooks.validate import Rejected
+from koordlet import audit
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.units import CFS_PERIOD_US
@@ -76,6 +78,13 @@ class RejectedValues:
         where = f"{pod.key}/{container}" if container else pod.key
         text = "; ".join(f"{item.key}={item.value!r:.80}: {item.reason}" for item in fresh)
         log.warning("hook values dropped for %s (the pod goes on as kubelet asked): %s", where, text)
+        auditor = audit.current()
+        if auditor is not None:
+            owner = audit.Owner(audit.TYPE_POD, pod.namespace, pod.name, container)
+            for item in fresh:
+                auditor.log(audit.LEVEL_UPDATE, owner, "HookValueRejected",
+                            f"{item.key} not set to {item.value!r:.80}: {item.reason}; the pod keeps what kubelet "
+                            "asked for")
         if self._warn is not None:
             self._warn(pod, "KoordletHookValueRejected",
                        f"koordlet dropped hook values{' for container ' + container if container else ''} "
@@ -257,3 +266,29 @@ def apply_to_resources(changes: Changes, r: hookapi.LinuxContainerResources, *, 
 def apply_to_container_response(changes: Changes, resp: hookapi.ContainerResourceHookResponse) -> None:
     apply_to_resources(changes, resp.container_resources)
     resp.container_envs.update(changes.envs)
+    for device in changes.devices:
+        resp.container_devices.add(container_path=device.path, host_path=device.path, permissions="rwm",
+                                   type=device.type, major=device.major, minor=device.minor,
+                                   file_mode=device.file_mode)
+    for mount in changes.mounts:
+        resp.container_mounts.add(container_path=mount.destination, host_path=mount.source, readonly=mount.readonly)
+
+
+def make_host_dirs(changes: Changes, allowed_root: str) -> list[str]:
+    """Make the host dirs a plugin's mounts need (mode 0777, as HAMi-core's per-container cache dir must be
+    writable by any container user), only below ``allowed_root``; returns the dirs refused or not made."""
+    failed: list[str] = []
+    root = os.path.realpath(allowed_root)
+    for path in changes.host_dirs:
+        parent = os.path.realpath(os.path.dirname(path))
+        if os.path.commonpath([root, parent]) != root or os.path.islink(path):
+            log.warning("not making %s: outside %s", path, allowed_root)
+            failed.append(path)
+            continue
+        try:
+            os.makedirs(path, exist_ok=True)
+            os.chmod(path, 0o777)
+        except OSError as err:
+            log.warning("cannot make %s: %s", path, err)
+            failed.append(path)
+    return failed

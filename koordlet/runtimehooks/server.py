@@ -17,6 +17,7 @@ from concurrent import futures
 import grpc
 
 from hooks import registry
+from hooks.gpu import hami_cache_root
 from hooks.protocol import NodeContext, PodContext
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
@@ -33,6 +34,7 @@ from .apply import (
     apply_to_resources,
     container_context_from_request,
     effective_quota_reader,
+    make_host_dirs,
     pod_dir_of,
     pod_from_container_request,
     pod_from_sandbox_request,
@@ -121,9 +123,12 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         plugins = [p for p in self._plugins() if stage in p.stages]
         context = container_context_from_request(pod, req)
         pod_dir = pod_dir_of(self._layout, req.pod_cgroup_parent or pod.cgroup_parent, pod.key)
-        changes = registry.run_container(plugins, self._node(), context, self._report,
+        node = self._node()
+        changes = registry.run_container(plugins, node, context, self._report,
                                          self._rejects.reporter(pod, context.name),
                                          effective_quota_reader(self._executor, pod_dir) if pod_dir else None)
+        if changes.host_dirs:
+            make_host_dirs(changes, hami_cache_root(node.hami_core_library))
         if self._decisions is not None:
             key = create_key(pod.uid, context.name) if stage is registry.Stage.PRE_CREATE_CONTAINER else \
                 update_key(req.container_meta.id)

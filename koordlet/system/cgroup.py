@@ -125,6 +125,12 @@ class CgroupFS:
         return os.path.join(base, rel) if rel else base
 
 
+def host_cgroup_dir(subsystem: str, rel_dir: str) -> str:
+    """A cgroup v1 dir as a process on the host names it (``/sys/fs/cgroup/<subsystem>/<rel>``), for files
+    another host daemon reads (Terway's pod.json), whatever mount dir koordlet itself reads through."""
+    return os.path.join(CGROUP_MOUNT_DIR, subsystem, rel_dir.strip("/"))
+
+
 def detect_cgroup_driver(cgroup_fs: CgroupFS, cgroup_root: str = "/") -> CgroupDriver:
     """systemd when ``kubepods.slice`` exists under the cpu hierarchy (+ kubelet ``--cgroup-root``),
     cgroupfs when ``kubepods`` does, else cgroupfs (§8.2).

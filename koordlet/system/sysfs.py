@@ -29,6 +29,7 @@ _NODE_DIR = re.compile(r"^node(\d+)$")
 __all__ = [
     "CPUInfo",
     "CPUListError",
+    "HugePages",
     "NUMANode",
     "NodeTopology",
     "SysfsError",
@@ -39,6 +40,7 @@ __all__ = [
     "pci_device_parent_bridge",
     "read_cpu_topology",
     "read_isolated_cpus",
+    "read_node_hugepages",
     "read_node_topology",
     "read_numa_nodes",
     "read_online_cpus",
@@ -265,6 +267,55 @@ def read_node_topology(sys_dir: str = SYS_DIR) -> NodeTopology:
         numa_nodes=read_numa_nodes(sys_dir, tuple(cpu.cpu_id for cpu in cpus)),
         isolated_cpus=read_isolated_cpus(sys_dir),
     )
+
+
+# ------------------------------------------------------------------------------------------- hugepages
+
+_HUGEPAGES_DIR = re.compile(r"^hugepages-(\d+)kB$")
+
+
+@dataclass(frozen=True, slots=True)
+class HugePages:
+    """One huge page size on one NUMA node (``nodeN/hugepages/hugepages-<size>kB/``): the pool the kernel holds
+    (``nr_hugepages``) and the pages of it not in use (``free_hugepages``)."""
+
+    page_size_kb: int
+    total_pages: int
+    free_pages: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.total_pages * self.page_size_kb * 1024
+
+    @property
+    def free_bytes(self) -> int:
+        return self.free_pages * self.page_size_kb * 1024
+
+
+def read_node_hugepages(sys_dir: str = SYS_DIR) -> dict[int, tuple[HugePages, ...]]:
+    """{NUMA node id: its huge page pools, by page size} from ``devices/system/node/node*/hugepages``; a node
+    (or a kernel) without huge page support has none. A size whose counters are unreadable is left out."""
+    out: dict[int, tuple[HugePages, ...]] = {}
+    for node_id in _node_ids(sys_dir):
+        base = os.path.join(sys_dir, NODE_SYSFS, f"node{node_id}", "hugepages")
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            continue
+        pools = []
+        for name in names:
+            match = _HUGEPAGES_DIR.match(name)
+            if match is None:
+                continue
+            try:
+                total = int(_read_text(os.path.join(base, name, "nr_hugepages")))
+                free = int(_read_text(os.path.join(base, name, "free_hugepages")))
+            except (OSError, ValueError) as exc:
+                logger.warning("huge pages of %s unreadable: %s", os.path.join(base, name), exc)
+                continue
+            pools.append(HugePages(int(match.group(1)), total, free))
+        out[node_id] = tuple(sorted(pools, key=lambda pool: pool.page_size_kb))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------- PCI

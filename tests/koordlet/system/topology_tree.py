@@ -3,7 +3,8 @@
 The files are what the kernel writes: ``cpu/{online,possible,isolated}``, ``cpuN/online`` (absent for cpu0,
 which cannot go offline), ``cpuN/topology/{core_id,physical_package_id}`` only for online CPUs (the kernel
 removes the topology directory of an offline CPU), the ``cpuN/nodeM`` link, and
-``node/nodeM/{cpulist,meminfo,distance}`` plus ``node/online``.
+``node/nodeM/{cpulist,meminfo,distance}`` plus ``node/online``, and per node the huge page pools of both x86
+sizes (``nodeM/hugepages/hugepages-{2048,1048576}kB/{nr,free,surplus}_hugepages``, zero unless reserved).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from koordlet.api.cpuset import format_cpu_list
 
 GIB_KB = 1024 * 1024
+HUGEPAGE_SIZES_KB = (2048, 1048576)  # x86-64: 2 MiB and 1 GiB
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class Machine:
     offline: frozenset[int] = frozenset()
     isolated: frozenset[int] = frozenset()
     distances: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # NUMA node → {page size kB: (nr_hugepages, free_hugepages)}; sizes not named hold 0 pages.
+    hugepages: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def online(self) -> tuple[int, ...]:
@@ -96,6 +100,12 @@ def build_tree(root: Path, machine: Machine) -> str:
             f"Node {node} MemUsed:        {kb - kb // 2} kB\n")
         if node in machine.distances:
             (node_dir / "distance").write_text(" ".join(map(str, machine.distances[node])) + "\n")
+        for size_kb in HUGEPAGE_SIZES_KB:
+            total, free = machine.hugepages.get(node, {}).get(size_kb, (0, 0))
+            pool_dir = node_dir / "hugepages" / f"hugepages-{size_kb}kB"
+            pool_dir.mkdir(parents=True)
+            for name, value in (("nr_hugepages", total), ("free_hugepages", free), ("surplus_hugepages", 0)):
+                (pool_dir / name).write_text(f"{value}\n")
     (node_base / "online").write_text(format_cpu_list(nodes) + "\n")
     for cpu, (core, package, node) in machine.cpus.items():
         cpu_dir = cpu_base / f"cpu{cpu}"
