@@ -17,13 +17,15 @@ Fields koordlet sets, and how (docs/nri.md lists them for operators):
 | resctrl_group            | linux.resources.rdt_class              | differs (the group is made at pod level)    |
 | cpu_idle (cgroup v2)     | linux.resources.unified["cpu.idle"]    | differs; v1 has no unified files            |
 | envs                     | env (adjustment only)                  | absent or different                         |
+| devices (RDMA)           | linux.devices (adjustment only)        | no device at that path yet                  |
+| mounts (HAMi-core)       | mounts (adjustment only)               | no such mount yet                           |
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from hooks.protocol import Changes, ContainerContext, ContainerResources
+from hooks.protocol import Changes, ContainerContext, ContainerResources, LinuxDevice, Mount
 from koordlet.api.pod import PodMeta
 from koordlet.api.units import CFS_PERIOD_US
 from wire import nri_pb2 as api
@@ -109,6 +111,16 @@ def env_change(changes: Changes, current: Mapping[str, str]) -> list[api.KeyValu
             if current.get(name) != value]
 
 
+def device_of(device: LinuxDevice) -> api.LinuxDevice:
+    return api.LinuxDevice(path=device.path, type=device.type, major=device.major, minor=device.minor,
+                           file_mode=api.OptionalFileMode(value=device.file_mode))
+
+
+def mount_of(mount: Mount) -> api.Mount:
+    options = list(mount.options) + (["ro"] if mount.readonly and "ro" not in mount.options else [])
+    return api.Mount(destination=mount.destination, type=mount.type, source=mount.source, options=options)
+
+
 def adjustment(changes: Changes, container: api.Container, cgroup_v2: bool) -> api.ContainerAdjustment:
     """The CreateContainer answer for ``changes`` (empty when the container already is that way)."""
     out = api.ContainerAdjustment()
@@ -116,6 +128,12 @@ def adjustment(changes: Changes, container: api.Container, cgroup_v2: bool) -> a
     if resources.ByteSize():
         out.linux.resources.CopyFrom(resources)
     out.env.extend(env_change(changes, envs_of(container.env)))
+    # Devices and mounts the plugins add (RDMA device nodes, HAMi-core's files); one the container has already
+    # (the proxy's answer when both front doors are on) is not added twice.
+    have_devices = {device.path for device in container.linux.devices}
+    out.linux.devices.extend(device_of(d) for d in changes.devices if d.path not in have_devices)
+    have_mounts = {(m.destination, m.source) for m in container.mounts}
+    out.mounts.extend(mount_of(m) for m in changes.mounts if (m.destination, m.source) not in have_mounts)
     return out
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from hooks import registry
+from hooks.gpu import hami_cache_root
 from hooks.protocol import Changes, ContainerContext, NodeContext, PodContext
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
@@ -42,6 +43,7 @@ from ..apply import (
     RejectedValues,
     container_context_from_meta,
     effective_quota_reader,
+    make_host_dirs,
     pod_dir_of,
     report_plugin_error,
     run_pod_level,
@@ -178,6 +180,8 @@ class NriHandlers:
             pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
             changes = self._container_changes(self._staged(Stage.PRE_CREATE_CONTAINER), self._node(),
                                               convert.container_context(pod, container), pod_dir)
+        if changes.host_dirs:  # HAMi-core's per-container cache dir, before the container mounts it
+            make_host_dirs(changes, hami_cache_root(self._node().hami_core_library))
         adjust = convert.adjustment(changes, container, self._cgroup_v2)
         return api.CreateContainerResponse(adjust=adjust) if adjust.ByteSize() else api.CreateContainerResponse()
 

@@ -1,5 +1,5 @@
-"""Devices and mounts of the hook plugins through the proxy onto real containerd and runc (Koordinator gives
-them through NRI only): a pod the scheduler gave an RDMA PF and a HAMi-core GPU share starts with
+"""Devices and mounts of the hook plugins through the proxy and through NRI onto real containerd and runc
+(Koordinator gives them through NRI only): a pod the scheduler gave an RDMA PF and a HAMi-core GPU share starts with
 ``/dev/infiniband/rdma_cm`` and the PF's ``uverbs`` device (``RDMADeviceInject``; the RDMA functions from a
 sysfs laid out as the mlx5 driver writes it), HAMi-core's library and lock dir mounted, and its usage region
 written where HAMi's vGPU monitor reads it on the host (``HamiCoreVGPUMonitor``).
@@ -23,12 +23,14 @@ import pytest
 from koordlet.api.nodeslo import default_node_slo_spec
 from koordlet.executor import ResourceExecutor
 from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
+from koordlet.runtimehooks.nri import NriConfig
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.kubepods import KubeCgroupLayout
 from tests.koordlet.system.rdma_tree import PF0, rdma_tree
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
+from tests.support.nri import NriContainerd, clean_up_dead_instances
 from tests.support.proxy import ProxyProcess
 from wire import cri_pb2 as cri
 
@@ -65,8 +67,7 @@ def vgpu_lock() -> Iterator[None]:
             shutil.rmtree(lock, ignore_errors=True)
 
 
-@pytest.fixture
-def stack(containerd_socket: str, tmp_path: Path, host_rdma_nodes: None, vgpu_lock: None) -> Iterator[tuple]:
+def _hooks(tmp_path: Path, nri: NriConfig | None = None) -> tuple[RuntimeHooks, Path]:
     sys_dir, _ = rdma_tree(tmp_path / "node", dev_nodes=False)
     library = tmp_path / "vgpu" / "libvgpu.so"
     library.parent.mkdir()
@@ -75,9 +76,15 @@ def stack(containerd_socket: str, tmp_path: Path, host_rdma_nodes: None, vgpu_lo
                                 host_endpoint=str(tmp_path / "koordlet.sock"),
                                 config_dir=str(tmp_path / "hookserver.d"), reconcile_interval_s=60.0,
                                 feature_gates=GATES, sys_dir=sys_dir, dev_dir="/dev",
-                                hami_core_library=str(library))
+                                hami_core_library=str(library), serve_hooks=nri is None, nri=nri)
     states = StaticStates(node=NodeInfo("n1"), node_slo=default_node_slo_spec())
     hooks = RuntimeHooks(config, states, ResourceExecutor(CgroupFS()), KubeCgroupLayout(cgroup_root=CGROUP_ROOT))
+    return hooks, library
+
+
+@pytest.fixture
+def stack(containerd_socket: str, tmp_path: Path, host_rdma_nodes: None, vgpu_lock: None) -> Iterator[tuple]:
+    hooks, library = _hooks(tmp_path)
     hooks.start()
     proxy = ProxyProcess(str(tmp_path / "proxy.sock"), containerd_socket, state_dir=str(tmp_path)).start()
     client = CriClient(proxy.listen)
@@ -91,8 +98,34 @@ def stack(containerd_socket: str, tmp_path: Path, host_rdma_nodes: None, vgpu_lo
         hooks.stop()
 
 
+@pytest.fixture
+def nri_stack(tmp_path: Path, host_rdma_nodes: None, vgpu_lock: None) -> Iterator[tuple]:
+    """koordlet as the NRI plugin of containerd 2.1, no proxy: kubelet's calls go to containerd directly."""
+    clean_up_dead_instances()
+    runtime = NriContainerd.for_process("2.1", instance="devices").up()
+    hooks, library = _hooks(tmp_path, NriConfig(socket_path=runtime.nri_socket, socket_poll_s=0.2))
+    client = CriClient(runtime.socket)
+    pods = PodFactory(client)
+    try:
+        hooks.start()
+        assert hooks.nri is not None and hooks.nri.registered.wait(15), "koordlet did not register with NRI"
+        yield pods, library
+    finally:
+        pods.cleanup()
+        client.close()
+        hooks.stop()
+        runtime.down()
+
+
 def test_rdma_devices_and_hami_core_mounts_reach_the_container_through_the_proxy(stack: tuple) -> None:
-    pods, library = stack
+    _devices_and_mounts_reach_the_container(*stack)
+
+
+def test_rdma_devices_and_hami_core_mounts_reach_the_container_through_nri(nri_stack: tuple) -> None:
+    _devices_and_mounts_reach_the_container(*nri_stack)
+
+
+def _devices_and_mounts_reach_the_container(pods: PodFactory, library: Path) -> None:
     allocated = {"gpu": [{"minor": 0, "resources": {"koordinator.sh/gpu-core": "30",
                                                     "koordinator.sh/gpu-memory-ratio": "25",
                                                     "koordinator.sh/gpu-memory": "4Gi"}}],
