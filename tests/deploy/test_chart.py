@@ -5,6 +5,7 @@ objects through the project's API server."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
 from pathlib import Path, PurePosixPath
@@ -289,4 +290,23 @@ def test_by_default_koordlet_reaches_containerds_nri_socket_at_its_host_path() -
     _all_paths_under_mounts(container, pod, {
         config.nri_socket_path: "/var/run/nri/nri.sock",
         config.prediction_checkpoint_filepath: "/var/run/koordlet/prediction-checkpoints",
-        config.system_config_record_file: "/var/run/koordlet/system-config-originals.json"})
+        config.system_config_record_file: "/var/run/koordlet/system-config-originals.json",
+        config.audit_log_dir: "/var/log/koordlet",
+        config.pod_resources_proxy_path: "/var/run/koordlet/pod-resources",
+        os.path.join(config.var_lib_kubelet_dir, "pod-resources", "kubelet.sock"):
+            "/var/lib/kubelet/pod-resources/kubelet.sock"})
+
+
+@pytest.mark.parametrize("host_mode", [True, False])
+def test_the_vendor_gates_get_the_host_dirs_they_read(host_mode: bool) -> None:
+    docs = chart_documents("--set", "koordlet.features=TerwayQoS=true\\,HamiCoreVGPUMonitor=true\\,GPUEnvInject=true",
+                           "--set", f"koordlet.hostMode={str(host_mode).lower()}")
+    pod = _of_kind(docs, "DaemonSet")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    environ = {"NODE_NAME": "node-1", **({"agent_mode": "hostMode"} if host_mode else {})}
+    config = parse_config(container["args"], environ=environ)
+    assert config.gate("TerwayQoS") and config.gate("HamiCoreVGPUMonitor")
+    _all_paths_under_mounts(container, pod, {
+        config.terway_qos_dir: "/var/lib/terway/qos",
+        config.hami_core_library_directory_path: "/usr/local/vgpu/libvgpu.so",
+        config.audit_log_dir: "/var/log/koordlet"})
