@@ -21,7 +21,7 @@ from koordlet.qosmanager import QoSManagerConfig
 from tests.koordlet.qosmanager.factory import spec
 from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used
 from tests.support.apiserver import ApiServer, kube_api_client
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.cgroupv1
 
@@ -63,9 +63,9 @@ def test_a_suppression_and_an_eviction_show_up_in_events_with_their_figures(even
             node.start(spec(cpuSuppressThresholdPercent=30, cpuSuppressPolicy="cfsQuota",
                             memoryEvictThresholdPercent=threshold),
                        evictor=Evictor("node-1", api_client=api_client), config=config)
-            assert wait_until(lambda: node.read("cpu", node.be_dir, "cpu.cfs_quota_us") != "-1", 10.0)
+            assert wait_for(lambda: node.read("cpu", node.be_dir, "cpu.cfs_quota_us") != "-1", 10.0)
             node.spawn("be", f"data = b'x' * {total * 3 // 100}\nimport time\ntime.sleep(60)\n")
-            assert wait_until(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 15.0)
+            assert wait_for(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 15.0)
             time.sleep(0.2)
         quota = node.read("cpu", node.be_dir, "cpu.cfs_quota_us")
     finally:

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.koordlet import test_main
-from tests.koordlet.test_main import NODE, REPO, _needs_cgroup_v1, _tail, eventually, free_port, get
+from tests.koordlet.test_main import NODE, REPO, _needs_cgroup_v1, _tail, free_port, get
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import PodFactory
+from tests.support.waiting import wait_for
 
 GATES = ("AuditEvents", "AuditEventsHTTPHandler", "CPICollector", "Libpfm4", "ResctrlCollector", "PerCPUMetric",
          "HugePageReport", "ColdPageCollector", "RDMADevices", "RDMADeviceInject", "PodResourcesProxy",
@@ -56,20 +57,20 @@ def test_the_agent_runs_every_gate_of_issue_28(containerd_socket: str, pods: Pod
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
-        assert eventually(lambda: get(base + "/healthz")[0] == 200), _tail(log)
-        per_cpu = eventually(lambda: "koordlet_node_used_cpu_cores_per_cpu{" in get(base + "/metrics")[1])
+        assert wait_for(lambda: get(base + "/healthz")[0] == 200, 20.0, 0.2), _tail(log)
+        per_cpu = wait_for(lambda: "koordlet_node_used_cpu_cores_per_cpu{" in get(base + "/metrics")[1], 20.0, 0.2)
         assert per_cpu, _tail(log)
 
         def audited() -> list[dict]:
             status, body = get(base + "/events?pod=default/job")
             return [json.loads(line) for line in body.splitlines()] if status == 200 else []
 
-        events = eventually(audited)  # the reconciler's batch-resource writes on the BE pod
+        events = wait_for(audited, 20.0, 0.2)  # the reconciler's batch-resource writes on the BE pod
         assert events, _tail(log)
         assert all(e["type"] == "pod" and e["name"] == "job" for e in events)
         assert any(e["message"].startswith("cpu.shares of ") and " by reconciler" in e["message"] for e in events)
         assert (tmp_path / "pod-resources" / "kubelet.sock").is_socket()
-        assert eventually(lambda: (tmp_path / "terway" / "pod.json").exists()), _tail(log)
+        assert wait_for(lambda: (tmp_path / "terway" / "pod.json").exists(), 20.0, 0.2), _tail(log)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0, _tail(log)
         text = _tail(log, 200_000)

@@ -15,7 +15,7 @@ from koordlet.api.qos import KubeQoS
 from koordlet.runtimehooks.terwayqos import NODE_CONFIG, POD_CONFIG, TerwayQoSWriter, node_config, pod_config
 from koordlet.statesinformer.api import StaticStates
 from koordlet.system.kubepods import KubeCgroupLayout
-from tests.koordlet.statesinformer.waiting import wait_for
+from tests.support.waiting import wait_for
 
 LAYOUT = KubeCgroupLayout()
 
