@@ -32,7 +32,7 @@ import grpc  # noqa: E402
 import yaml  # noqa: E402
 
 from tests.koordlet.deviceplugin.kubelet import TestKubelet  # noqa: E402
-from tests.support.containerd import Containerd  # noqa: E402
+from tests.support.containerd import Containerd, generation  # noqa: E402
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config  # noqa: E402
 from tests.support.proxy import ProxyProcess, wait_for_socket  # noqa: E402
 from wire import cri_pb2 as cri  # noqa: E402
@@ -41,8 +41,9 @@ from wire import deviceplugin_pb2_grpc as dp_grpc  # noqa: E402
 
 # Its own kubelet --cgroup-root, so a test session running beside it never shares a kubepods tree with it.
 CGROUP_ROOT = "/koordlet-py-demo"
+# containerd 2.1 (the default generation), or the one KPY_CONTAINERD names (1.6, 1.7: the test command's subsets).
 DEMO_CONTAINERD = Containerd("/run/koordlet-py/demo/containerd", "/var/lib/koordlet-py/demo/containerd",
-                             cgroup_root=CGROUP_ROOT)
+                             cgroup_root=CGROUP_ROOT, version=generation())
 CGROUP_V1 = Path("/sys/fs/cgroup")
 NODE = "demo-node"
 FAKE_GPUS = 2  # fake NVML (tests/koordlet/gpu/fake_nvml.py): H100s as reference/gpu-machine.md describes one

@@ -25,17 +25,21 @@ wait_gone() { for _ in $(seq 1 "${2:-50}"); do gone "$1" && return 0; sleep 0.1;
 
 TASKDIR=$RUN/state/io.containerd.runtime.v2.task
 GRACEFUL=
-# Shim PIDs, found through the shim sockets named in our own bundles' "address" files (1.6 keeps no
-# shim.pid); collected first, while the shims still listen.
+# Shim sockets named in our own bundles: the "address" file (1.6, 1.7) or bootstrap.json's "address" (2.x).
+shim_socks() {
+  { cat "$TASKDIR"/*/*/address 2>/dev/null; echo
+    cat "$TASKDIR"/*/*/bootstrap.json 2>/dev/null | grep -o '"address":"[^"]*"' | cut -d'"' -f4
+  } | sed 's|^unix://||' | grep -v '^$' | sort -u
+}
+SHIM_SOCKS=$(shim_socks)
+# Shim PIDs, found through those sockets (1.6 keeps no shim.pid); collected first, while the shims still listen.
 shim_pids() {
-  local a sock
-  for a in "$TASKDIR"/*/*/address; do
-    [ -f "$a" ] || continue; sock=$(sed 's|^unix://||' "$a")
+  local sock
+  for sock in $SHIM_SOCKS; do
     ss -xlpn 2>/dev/null | awk -v s="$sock" '$5 == s' | grep -o 'pid=[0-9]*' | cut -d= -f2
   done | sort -u
 }
 SHIMS=$(shim_pids)
-SHIM_SOCKS=$(cat "$TASKDIR"/*/*/address 2>/dev/null | sed 's|^unix://||' | sort -u)
 
 # 1. Graceful: while containerd answers, SIGKILL every task and delete it (a shim exits when its
 #    last task is deleted).
@@ -91,13 +95,23 @@ ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE" 2>/dev/null
 #    every v1 hierarchy, or in the one unified hierarchy on cgroup v2.
 if [ "$(stat -f -c %T /sys/fs/cgroup 2>/dev/null)" = cgroup2fs ]; then hierarchies=/sys/fs/cgroup/
 else hierarchies=$(printf '%s ' /sys/fs/cgroup/*/); fi
-for top in $TOPS; do
-  for h in $hierarchies; do
-    d=$h$top; [ -d "$d" ] || continue
-    find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
-    [ -d "$d" ] && log "cgroup $d not empty (processes still inside?)"
+# A cgroup whose last process was just killed stays busy a moment after (seconds under emulation) while the
+# kernel frees it: one with no process left is retried, bounded (10 s); one with processes (another session's
+# pods under the same top) is left at once.
+for _ in $(seq 1 50); do
+  busy=
+  for top in $TOPS; do
+    for h in $hierarchies; do
+      d=$h$top; [ -d "$d" ] || continue
+      find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
+      [ -d "$d" ] || continue
+      if [ -z "$(find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null)" ]; then busy+=" $d"; fi
+    done
   done
+  [ -n "$busy" ] || break
+  sleep 0.2
 done
+for d in $busy; do log "cgroup $d could not be removed (no process inside, still busy after 10 s)"; done
 
 # 7. Files.
 rm -rf "$RUN/state" "$RUN/runc" "$RUN/cni-ipam" "$RUN/cni" "$SOCK" "$SOCK.ttrpc"

@@ -21,10 +21,12 @@
 #   CTRD_NO_INSTALL=1                      never call apt-get
 #   CTRD_SYSTEMD_CGROUP=1                  runc's systemd cgroup driver (SystemdCgroup = true): pods in
 #                                          kubepods.slice/.../cri-containerd-<id>.scope; needs systemd as PID 1
-#   CTRD_VERSION=1.6                       the containerd generation: 1.6 (Debian 12's package, the host's),
-#                                          1.7 (Debian 13's) or 2.1 (Debian unstable's); the newer two are
-#                                          unpacked by scripts/apt-fetch.sh into $KOORDLET_TOOLS/containerd-<gen>
-#                                          and run beside Debian 12's runc
+#   CTRD_VERSION=2.1                       the containerd generation: 2.1 (Debian unstable's, the default: the
+#                                          current line), 1.7 (Debian 13's) or 1.6 (Debian 12's package, the
+#                                          host's); the newer two are unpacked by scripts/apt-fetch.sh into
+#                                          $KOORDLET_TOOLS/containerd-<gen> and run beside Debian 12's runc
+#   CTRD_FETCH_ONLY=1                      install and fetch that generation, print nothing, start nothing
+#                                          (scripts/v2-stage.sh: the VM has no network)
 #   CTRD_NRI_SOCKET=                       containerd >= 1.7: NRI on, its socket at this path (unset: NRI off,
 #                                          so no test containerd ever listens on the host's /var/run/nri)
 set -euo pipefail
@@ -46,7 +48,7 @@ SOCK=$RUN/containerd.sock
 PIDFILE=$RUN/containerd.pid
 CONF=$RUN/config.toml
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-GEN=${CTRD_VERSION:-1.6}
+GEN=${CTRD_VERSION:-2.1}
 
 log() { echo "containerd-up: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -98,6 +100,7 @@ case $GEN in
 esac
 have=$(containerd --version | awk '{print $3}')
 [[ $have == "$GEN".* || $have == v"$GEN".* ]] || die "containerd on PATH is $have, not $GEN"
+[ "${CTRD_FETCH_ONLY:-}" != 1 ] || exit 0
 
 # ---- stale instance (crashed / killed): clean it up first -------------------------------------
 if [ -f "$PIDFILE" ] && ! alive; then
@@ -121,6 +124,52 @@ mkdir -p "$RUN/cni/net.d" "$ROOT"
 #   -> "can't get final child's PID from pipe: EOF"); with it, negative values are clamped to 0.
 # netns_mounts_under_state_dir: pod netns bind mounts live under $RUN, so down.sh finds them.
 # runc Root: keep runc's state under $RUN too (default is /run/containerd/runc).
+if [ "$GEN" = 2.1 ]; then
+# containerd 2.x: config version 3. The CRI plugin is split: images (snapshotter, the pinned sandbox image),
+# runtime (the runtimes, CNI, the security knobs) and the gRPC service (streaming); systemd_cgroup is gone.
+cat > "$CONF" <<EOF
+version = 3
+root = "$ROOT/root"
+state = "$RUN/state"
+oom_score = 0
+
+[grpc]
+  address = "$SOCK"
+[ttrpc]
+  address = "$SOCK.ttrpc"
+[debug]
+  level = "$LEVEL"
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "$ROOT/opt"
+  [plugins."io.containerd.cri.v1.images"]
+    snapshotter = "$SNAP"
+    [plugins."io.containerd.cri.v1.images".pinned_images]
+      sandbox = "$IMAGE"
+  [plugins."io.containerd.cri.v1.runtime"]
+    enable_selinux = false
+    disable_apparmor = true
+    restrict_oom_score_adj = true
+    disable_hugetlb_controller = true
+    tolerate_missing_hugetlb_controller = true
+    netns_mounts_under_state_dir = true
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["/usr/lib/cni"]
+      conf_dir = "$RUN/cni/net.d"
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "runc"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+          SystemdCgroup = $SYSTEMD_CGROUP
+          Root = "$RUN/runc"
+  [plugins."io.containerd.grpc.v1.cri"]
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+EOF
+else
+# containerd 1.6 and 1.7: config version 2.
 cat > "$CONF" <<EOF
 version = 2
 root = "$ROOT/root"
@@ -160,6 +209,7 @@ oom_score = 0
           SystemdCgroup = $SYSTEMD_CGROUP
           Root = "$RUN/runc"
 EOF
+fi
 if [ "$GEN" != 1.6 ]; then
   # NRI: off unless asked for (2.x has it on by default at /var/run/nri/nri.sock).
   if [ -n "${CTRD_NRI_SOCKET:-}" ]; then

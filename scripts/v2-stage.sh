@@ -51,6 +51,9 @@ if [ ! -x "$venv/bin/vng" ]; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "virtme-ng>=1.30" >&2 ||
     die "pip install virtme-ng failed"
 fi
+# The guests' containerd (tests/support/containerd.py's default generation) is fetched here: the VM has no network.
+CTRD_VERSION=2.1 CTRD_FETCH_ONLY=1 CTRD_RUN="$out/.fetch" bash "$here/scripts/containerd-up.sh" ||
+  die "could not fetch containerd 2.1 for the guests"
 kernel=${V2_KERNEL:-$(ls -v /boot/vmlinuz-* 2>/dev/null | tail -1)}
 [ -r "$kernel" ] || die "no kernel image to boot (looked for /boot/vmlinuz-*)"
 # virtme-ng loads modules (9p, overlay, virtio) from the kernel's /lib/modules tree.

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.support.containerd import Containerd
+from tests.support.containerd import Containerd, generation
 from tests.support.cri import PodFactory
 from tests.support.stack import Stack, container_value, http_get, rss_mib
 from wire import cri_pb2 as cri
@@ -61,7 +61,7 @@ def test_containerd_restart_under_the_proxy(tmp_path: Path) -> None:
     """The proxy needs no restart: calls fail fast (UNAVAILABLE) while containerd is down, and work again
     when it is back, pods started before it still there."""
     containerd = Containerd(f"/run/koordlet-py/fault-{os.getpid()}/containerd",
-                            f"/var/lib/koordlet-py/fault-{os.getpid()}/containerd")
+                            f"/var/lib/koordlet-py/fault-{os.getpid()}/containerd", version=generation())
     containerd.up()
     stack = Stack(tmp_path, containerd.socket)
     try:
@@ -83,7 +83,7 @@ def test_containerd_restart_under_the_proxy(tmp_path: Path) -> None:
         assert time.monotonic() - started < 5
 
         with open(run / "containerd.log", "ab") as log:
-            proc = subprocess.Popen(["containerd", "--config", str(run / "config.toml")], stdout=log,
+            proc = subprocess.Popen([containerd.binary, "--config", str(run / "config.toml")], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         (run / "containerd.pid").write_text(str(proc.pid))
         deadline = time.monotonic() + 30

@@ -215,7 +215,7 @@ def test_an_eviction_is_audited_with_its_outcome_and_figures(
     free = seed_pod(server, "free", "BE", "BestEffort", app="free")
     runner = PlanRunner(_tree(tmp_path), Evictor("node-1", api_client=api_client), auditor=auditor)
     victims = (Victim(free, 300.0, "node memory usage 72% >= threshold 70%"),)
-    runner.run(Plan(evictions=Evictions("BEMemoryEvict", 200.0, victims)), "memoryevict")
+    runner.run(Plan(evictions=(Evictions("BEMemoryEvict", 200.0, victims),)), "memoryevict")
     (event,) = audit.read_events(str(tmp_path / "log"))
     assert (event.type, event.namespace, event.name, event.reason) == ("pod", "default", "free", "BEMemoryEvict")
     assert event.message == ("evicted by memoryevict to release 200 of which this pod holds 300: "

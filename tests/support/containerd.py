@@ -11,6 +11,19 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/busybox:local"
 # Pods of tests and the demo live under this kubelet --cgroup-root, never under the host's kubepods.
 CGROUP_ROOT = "/koordlet-py"
+# The containerd generations the scripts install (scripts/containerd-up.sh CTRD_VERSION) and the one a test session
+# runs on: KPY_CONTAINERD, else the default (README "Testing": the full suite runs there, the other two run the
+# runtime-facing subset, scripts/test-all.sh).
+GENERATIONS = ("1.6", "1.7", "2.1")
+DEFAULT_GENERATION = "2.1"
+
+
+def generation() -> str:
+    """The containerd generation of this test session (KPY_CONTAINERD, else DEFAULT_GENERATION)."""
+    chosen = os.environ.get("KPY_CONTAINERD", "") or DEFAULT_GENERATION
+    if chosen not in GENERATIONS:
+        raise ValueError(f"KPY_CONTAINERD={chosen!r}: known generations are {', '.join(GENERATIONS)}")
+    return chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,12 +31,20 @@ class Containerd:
     run_dir: str
     root_dir: str
     cgroup_root: str = CGROUP_ROOT  # the kubelet --cgroup-root of the pods made against it (pruned on down)
-    version: str = "1.6"  # the containerd generation (scripts/containerd-up.sh CTRD_VERSION: 1.6, 1.7, 2.1)
+    version: str = DEFAULT_GENERATION  # the containerd generation (scripts/containerd-up.sh CTRD_VERSION: 1.6, 1.7, 2.1)
     nri_socket: str | None = None  # containerd >= 1.7: NRI on at this socket (CTRD_NRI_SOCKET)
 
     @property
     def socket(self) -> str:
         return f"{self.run_dir}/containerd.sock"
+
+    @property
+    def binary(self) -> str:
+        """This generation's containerd: Debian 12's on PATH for 1.6, else the one containerd-up.sh unpacked."""
+        if self.version == "1.6":
+            return "containerd"
+        tools = Path(os.environ.get("KOORDLET_TOOLS", REPO / ".tools"))
+        return str(tools / f"containerd-{self.version}" / "usr" / "bin" / "containerd")
 
     def _env(self) -> dict[str, str]:
         return {**os.environ, "CTRD_RUN": self.run_dir, "CTRD_ROOT": self.root_dir, "CTRD_CNI": "none",
@@ -51,7 +72,8 @@ def session_containerd(pid: int | None = None) -> Containerd:
     """The containerd of one test session: its own paths, so sessions running at once never share
     (and never stop) each other's runtime."""
     pid = os.getpid() if pid is None else pid
-    return Containerd(f"/run/koordlet-py/test-{pid}/containerd", f"/var/lib/koordlet-py/test-{pid}/containerd")
+    return Containerd(f"/run/koordlet-py/test-{pid}/containerd", f"/var/lib/koordlet-py/test-{pid}/containerd",
+                      version=generation())
 
 
 def clean_up_dead_sessions() -> list[int]:

@@ -130,10 +130,16 @@ def adjustment(changes: Changes, container: api.Container, cgroup_v2: bool) -> a
     out.env.extend(env_change(changes, envs_of(container.env)))
     # Devices and mounts the plugins add (RDMA device nodes, HAMi-core's files); one the container has already
     # (the proxy's answer when both front doors are on) is not added twice.
+    # Only touched when there is something to add: reaching out.linux marks it present, and an empty `linux {}`
+    # would make an unchanged container's answer non-empty.
     have_devices = {device.path for device in container.linux.devices}
-    out.linux.devices.extend(device_of(d) for d in changes.devices if d.path not in have_devices)
+    devices = [device_of(d) for d in changes.devices if d.path not in have_devices]
+    if devices:
+        out.linux.devices.extend(devices)
     have_mounts = {(m.destination, m.source) for m in container.mounts}
-    out.mounts.extend(mount_of(m) for m in changes.mounts if (m.destination, m.source) not in have_mounts)
+    mounts = [mount_of(m) for m in changes.mounts if (m.destination, m.source) not in have_mounts]
+    if mounts:
+        out.mounts.extend(mounts)
     return out
 
 

@@ -45,6 +45,10 @@ ANOLIS_ONLY = {"cpu.bvt_warp_ns", "memory.wmark_ratio", "memory.wmark_scale_fact
                "memory.priority", "memory.use_priority_oom"}
 V1_ONLY = {"net_cls.classid"}
 TASKS = {"cgroup.procs", "tasks"}
+# Per-device files (a device number in every value): written on the guest's attached disk by
+# tests/koordlet/qosmanager/test_blkio_v2.py (the io.max keys, the root's io.cost.qos and io.cost.model; io.weight
+# only by the host's unit tests).
+PER_DEVICE = {name for name, r in CGROUP_RESOURCES.items() if r.per_device}
 
 
 @pytest.fixture
@@ -72,7 +76,10 @@ def leaf() -> Iterator[str]:
 
 def test_the_table_covers_every_writable_resource() -> None:
     writable = {name for name, r in CGROUP_RESOURCES.items() if r.writable}
-    assert writable == set(WRITES) | ANOLIS_ONLY | V1_ONLY | TASKS
+    assert PER_DEVICE == {"blkio.throttle.read_bps_device", "blkio.throttle.write_bps_device",
+                          "blkio.throttle.read_iops_device", "blkio.throttle.write_iops_device",
+                          "blkio.cost.weight", "blkio.cost.qos", "blkio.cost.model"}
+    assert writable == set(WRITES) | ANOLIS_ONLY | V1_ONLY | TASKS | PER_DEVICE
 
 
 def test_every_writable_v2_file_takes_the_executors_value(leaf: str) -> None:
