@@ -10,7 +10,7 @@ fresh Python process for a fixed time, and reports that process's
   us_per_container  time of one pod-collector tick divided by N (each container also has its pod dir)
 
 Anchor: Koordinator's koordlet, 341 MiB and 0.5 core at 150 containers with 1 s collection
-(reference/koordinator.md §14). Goal here: <= 100 MiB and <= 5 % of a core. A benchmark, not a test:
+(docs/koordinator.md §14). Goal here: <= 100 MiB and <= 5 % of a core. A benchmark, not a test:
 needs root and cgroup v1 hierarchies at /sys/fs/cgroup/<controller>. Cleans up after itself.
 
     .venv/bin/python bench/agent_cost.py [--counts 10,50,150] [--seconds 15] [--json]

@@ -1,4 +1,4 @@
-"""How fast koordlet's QoS loops react on real cgroups (DESIGN.md §6: "time from a BE CPU burst to
+"""How fast koordlet's QoS loops react on real cgroups (docs/design.md §6: "time from a BE CPU burst to
 suppression; time from memory pressure to eviction").
 
 1. CPU: a BE process burns CPU in the besteffort cgroup under the cfsQuota suppress policy (collect and

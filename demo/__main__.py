@@ -46,13 +46,13 @@ DEMO_CONTAINERD = Containerd("/run/koordlet-py/demo/containerd", "/var/lib/koord
                              cgroup_root=CGROUP_ROOT, version=generation())
 CGROUP_V1 = Path("/sys/fs/cgroup")
 NODE = "demo-node"
-FAKE_GPUS = 2  # fake NVML (tests/koordlet/gpu/fake_nvml.py): H100s as reference/gpu-machine.md describes one
+FAKE_GPUS = 2  # fake NVML (tests/koordlet/gpu/fake_nvml.py): H100s as docs/node-interfaces.md §15 describes one
 BE_LABELS = {"koordinator.sh/qosClass": "BE"}
 LS_LABELS = {"koordinator.sh/qosClass": "LS"}
 BE_SPEC = {"containers": {"batch-job": {"requests": {"kubernetes.io/batch-cpu": "500",
                                                       "kubernetes.io/batch-memory": "256Mi"},
                                          "limits": {"kubernetes.io/batch-cpu": "1000",
-                                                    "kubernetes.io/batch-memory": "2Gi"}}}}
+                                                    "kubernetes.io/batch-memory": "4Gi"}}}}
 BURN = ["sh", "-c", "trap 'exit 0' TERM; yes > /dev/null & wait"]
 IDLE = ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
 
@@ -104,9 +104,19 @@ def wait_until(probe, timeout_s: float, step_s: float = 0.25):
     return None
 
 
+def _meminfo_kib() -> dict[str, int]:
+    return {line.split(":")[0]: int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()}
+
+
 def node_memory_used_percent() -> int:
-    info = {line.split(":")[0]: int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()}
+    info = _meminfo_kib()
     return int((info["MemTotal"] - info["MemAvailable"]) * 100 / info["MemTotal"])
+
+
+# The BE pod's allocation in the memory step: 3 GiB, or a quarter of the node's memory when that is less. Its
+# threshold sits half the allocation above today's use, so other programs' memory may move by that much either
+# way (a test VM booting beside the demo, a build) and the allocation still crosses it.
+ALLOC_MIB = min(3072, _meminfo_kib()["MemTotal"] // 1024 // 4)
 
 
 class Koordlet:
@@ -254,7 +264,8 @@ class Demo:
 
 
 def start_containerd(demo: Demo) -> None:
-    step("1. A private containerd 1.6 + runc", "cgroupfs driver, a local busybox image, no network")
+    step(f"1. A private containerd {DEMO_CONTAINERD.version} + runc",
+         "cgroupfs driver, a local busybox image, no network")
     demo.socket_path = DEMO_CONTAINERD.up()
     say(f"   up at {demo.socket_path}")
 
@@ -380,15 +391,17 @@ def show_suppress(demo: Demo) -> None:
 
 def show_eviction(demo: Demo) -> None:
     step("9. Memory pressure: the BE pod is evicted",
-         "threshold set just above today's node usage so a 1.5 GiB allocation crosses it; local mode kills "
+         f"threshold set above today's node usage so a {ALLOC_MIB / 1024:.1f} GiB allocation crosses it; "
+         "local mode kills "
          "through the CRI (with an API server: the Eviction API, so PDBs hold)")
     koordlet, client, direct = demo.koordlet, demo.client, demo.direct
-    threshold = min(95, node_memory_used_percent() + 3)
+    alloc_percent = ALLOC_MIB * 1024 * 100 // _meminfo_kib()["MemTotal"]
+    threshold = min(95, node_memory_used_percent() + max(1, alloc_percent // 2))
     koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": True, "memoryEvictThresholdPercent": threshold,
                                                         "cpuSuppressPolicy": "cfsQuota"}})
     say(f"   node memory used {node_memory_used_percent()} %, eviction threshold {threshold} %")
     time.sleep(2)
-    allocate = ["sh", "-c", "(head -c 1536m /dev/zero; sleep 60) | tail -c 1536m > /dev/null"]
+    allocate = ["sh", "-c", f"(head -c {ALLOC_MIB}m /dev/zero; sleep 60) | tail -c {ALLOC_MIB}m > /dev/null"]
 
     def allocate_in_be() -> None:
         try:

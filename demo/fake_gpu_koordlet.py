@@ -1,7 +1,7 @@
 """koordlet for the demo on a machine without GPUs: ``python -m demo.fake_gpu_koordlet <koordlet flags>``.
 
 The daemon exactly as ``python -m koordlet.main`` runs it, with the fake NVML the tests use (an H100 as
-reference/gpu-machine.md describes it, ``DEMO_FAKE_GPUS`` of them, default 2) in place of pynvml, so the
+docs/node-interfaces.md §15 describes it, ``DEMO_FAKE_GPUS`` of them, default 2) in place of pynvml, so the
 GPU service, the Device report and the device plugin run as they would on a GPU node.
 """
 

@@ -1,5 +1,6 @@
 """Batch resources: BE pods ask for ``kubernetes.io/batch-cpu``/``batch-memory`` instead of cpu/memory,
-so kubelet gives them nothing; this plugin turns those amounts into cgroup values (§3.3 BatchResource).
+so kubelet gives them nothing; this plugin turns those amounts into cgroup values
+(docs/koordinator.md §3.3 BatchResource).
 
 Amounts come from the pod spec (kubelet source) or, on a hook request that has no spec, from the
 ``node.koordinator.sh/extended-resource-spec`` annotation the scheduler's webhook writes.

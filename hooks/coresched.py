@@ -1,9 +1,12 @@
-"""Core scheduling's SCHED_IDLE part (§3.3 CoreSched): with NodeSLO ``policies.cpuPolicy: coreSched`` a pod's
-``cpu.idle`` is its class's ``cpuQOS.schedIdle`` where that class's ``cpuQOS.enable`` is on, else 0.
+"""Core scheduling's SCHED_IDLE part (docs/koordinator.md §3.3 CoreSched).
+
+With NodeSLO ``policies.cpuPolicy: coreSched`` a pod's ``cpu.idle`` is its class's ``cpuQOS.schedIdle`` where
+that class's ``cpuQOS.enable`` is on, else 0.
 
 Koordinator writes ``cpu.idle`` on the kubeQoS dirs; here it is written on the pod dir (same effect for the pod's
-tasks, and it keeps the reconciler per pod). Reconciler only: CoreSched answers no proxy stage (§3.3). The
-prctl core-scheduling cookies are not part of this plugin. SYSTEM pods are excluded.
+tasks, and it keeps the reconciler per pod). Reconciler only: CoreSched answers no proxy stage
+(docs/koordinator.md §3.3). The prctl core-scheduling cookies are not part of this plugin. SYSTEM pods are
+excluded.
 """
 
 from __future__ import annotations

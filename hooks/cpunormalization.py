@@ -1,5 +1,7 @@
-"""CPU normalization (§3.3 CPUNormalization): on a node whose CPUs are faster than the reference (node
-annotation ``node.koordinator.sh/cpu-normalization-ratio`` > 1), LS and unlabelled pods' CFS quotas are
+"""CPU normalization (docs/koordinator.md §3.3 CPUNormalization).
+
+On a node whose CPUs are faster than the reference (node annotation
+``node.koordinator.sh/cpu-normalization-ratio`` > 1), LS and unlabelled pods' CFS quotas are
 divided by the ratio, so a "core" means the same work everywhere. Pods bound to a cpuset are left alone.
 Container level only: the pod-level quota is not known at hook time."""
 

@@ -1,6 +1,6 @@
-"""CPU sets the scheduler chose (§3.3 CPUSetAllocator).
+"""CPU sets the scheduler chose (docs/koordinator.md §3.3 CPUSetAllocator).
 
-Container cpuset, in Koordinator's order (koordinator.md §3.3):
+Container cpuset, in Koordinator's order (docs/koordinator.md §3.3):
 
 1. a cpuset in ``scheduling.koordinator.sh/resource-status`` (LSE, LSR: the scheduler's choice) → that cpuset,
    and an unlimited CFS quota at pod and container level (bound pods must not be throttled, Koordinator #489);

@@ -1,4 +1,4 @@
-"""GPU env injection (§3.3 GPUEnvInject): ``NVIDIA_VISIBLE_DEVICES`` from the scheduler's
+"""GPU env injection (docs/koordinator.md §3.3 GPUEnvInject): ``NVIDIA_VISIBLE_DEVICES`` from the scheduler's
 ``scheduling.koordinator.sh/device-allocated`` annotation, computed by the same function the device
 plugin uses (koordlet.api.device.nvidia_visible_devices), so either path gives a container the same GPUs.
 

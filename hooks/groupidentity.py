@@ -1,4 +1,6 @@
-"""Group identity (Anolis ``cpu.bvt_warp_ns``): LS pods preempt BE pods on a shared CPU (§3.3 GroupIdentity).
+"""Group identity (Anolis ``cpu.bvt_warp_ns``; docs/koordinator.md §3.3 GroupIdentity).
+
+LS pods preempt BE pods on a shared CPU.
 
 Rule: on when the kernel has the file and ``policies.cpuPolicy`` is groupIdentity; a class's value is its
 ``cpuQOS.groupIdentity`` when its ``cpuQOS.enable`` (defaults LSR/LS 2, BE −1), else 0. The file exists only
@@ -44,7 +46,7 @@ def pod_bvt(ctx: PodContext, r: Rule) -> int:
         return r.lsr
     if qos is QoSClass.LS:
         raw = pod.annotations.get(ANNOTATION_CPU_QOS)
-        if raw:  # only honoured for LS pods (§3.3)
+        if raw:  # only honoured for LS pods (docs/koordinator.md §3.3)
             override = parse_cpu_qos(raw)
             return override.group_identity if override.enable else 0
         return r.ls

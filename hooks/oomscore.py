@@ -1,6 +1,8 @@
-"""OOM score (§3.3 OOMScoreAdj; Koordinator runtimehooks/hooks/oomscoreadj): every process of a container gets
-the ``oom_score_adj`` its pod's annotations name: the container's entry of ``koordinator.sh/oom-score-adj-spec``
-(``{"container-a": -500}``), else ``koordinator.sh/oom-score-adj`` (``"200"``).
+"""OOM score (docs/koordinator.md §3.3 OOMScoreAdj; Koordinator runtimehooks/hooks/oomscoreadj).
+
+Every process of a container gets the ``oom_score_adj`` its pod's annotations name: the container's entry of
+``koordinator.sh/oom-score-adj-spec`` (``{"container-a": -500}``), else ``koordinator.sh/oom-score-adj``
+(``"200"``).
 
 Like Koordinator, the value is applied by the reconciler only (no hook stage: a container has no process
 before it starts), to the processes of the container's cgroup whose value differs, again at every pass, so

@@ -1,4 +1,4 @@
-"""What plugins see and what they answer (reference/koordinator.md §3.2)."""
+"""What plugins see and what they answer (docs/koordinator.md §3.2)."""
 
 from __future__ import annotations
 
@@ -13,21 +13,23 @@ from wire.kernel_ranges import CFS_QUOTA_MIN_US, CPU_SHARES_MAX, CPU_SHARES_MIN
 
 
 def shares_from_milli(milli_cpu: int) -> int:
-    """cpu.shares for a CPU request (§3.2): max(2, min(262144, milli × 1024 / 1000)); ≤ 0 → 2."""
+    """cpu.shares for a CPU request (docs/koordinator.md §3.2): max(2, min(262144, milli × 1024 / 1000)); ≤ 0 → 2."""
     if milli_cpu <= 0:
         return CPU_SHARES_MIN
     return max(CPU_SHARES_MIN, min(CPU_SHARES_MAX, milli_cpu * 1024 // 1000))
 
 
 def quota_from_milli(milli_cpu: int) -> int:
-    """cfs_quota_us for a CPU limit (§3.2): milli × 100000 / 1000; ≤ 0 → −1 (unlimited); < 1000 → 1000."""
+    """cfs_quota_us for a CPU limit (docs/koordinator.md §3.2).
+
+    milli × 100000 / 1000; ≤ 0 → −1 (unlimited); < 1000 → 1000."""
     if milli_cpu <= 0:
         return -1
     return max(CFS_QUOTA_MIN_US, milli_cpu * CFS_PERIOD_US // 1000)
 
 
 def memory_limit(bytes_: int) -> int:
-    """memory.limit_in_bytes for a memory limit (§3.2): ≤ 0 → −1 (unlimited)."""
+    """memory.limit_in_bytes for a memory limit (docs/koordinator.md §3.2): ≤ 0 → −1 (unlimited)."""
     return bytes_ if bytes_ > 0 else -1
 
 
@@ -130,7 +132,8 @@ class Changes:
     envs: Mapping[str, str] = field(default_factory=dict)
     resctrl_group: str | None = None
     resctrl_schemata: str | None = None
-    oom_score_adj: int | None = None  # every process of the container (reconciler only; §3.3 OOMScoreAdj)
+    # every process of the container (reconciler only; docs/koordinator.md §3.3 OOMScoreAdj)
+    oom_score_adj: int | None = None
     # Added to a container at creation only (the proxy's CreateContainer, NRI's adjustment); a later plugin's
     # entry for the same path replaces an earlier one.
     devices: tuple[LinuxDevice, ...] = ()

@@ -1,7 +1,8 @@
-"""RDMA device injection (§3.3 RDMADeviceInject; Koordinator runtimehooks/hooks/rdma): a container of a pod the
-scheduler gave RDMA devices (``scheduling.koordinator.sh/device-allocated`` ``rdma`` entries) gets
-``/dev/infiniband/rdma_cm`` and the ``uverbs`` device of each allocated function: the PF's (entry ``id``), or,
-where the entry lists VFs (``extension.vfs``), each VF's instead, mode 0666.
+"""RDMA device injection (docs/koordinator.md §3.3 RDMADeviceInject; Koordinator runtimehooks/hooks/rdma).
+
+A container of a pod the scheduler gave RDMA devices (``scheduling.koordinator.sh/device-allocated`` ``rdma``
+entries) gets ``/dev/infiniband/rdma_cm`` and the ``uverbs`` device of each allocated function: the PF's
+(entry ``id``), or, where the entry lists VFs (``extension.vfs``), each VF's instead, mode 0666.
 
 Koordinator adds them through NRI only; here the answer's ``devices`` travel through the proxy too (the
 CreateContainer request's devices) and through NRI (the adjustment's devices). A function this node has no

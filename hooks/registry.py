@@ -1,6 +1,6 @@
 """The one place plugins are registered, and the runner that calls them in order.
 
-Within a level, plugins run in alphabetical order of name (reference/koordinator.md §3.1) and each
+Within a level, plugins run in alphabetical order of name (docs/koordinator.md §3.1) and each
 later plugin's settings win per field. A plugin that raises, whether its input is malformed
 (``AnnotationError``) or it has a bug (any other exception), is reported to ``on_error`` (which logs and
 counts it) and skipped for that pod; the others' answers stand.
@@ -32,7 +32,7 @@ class Stage(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class Plugin:
     name: str
-    gate: str  # koordlet feature gate (§9.2)
+    gate: str  # koordlet feature gate (docs/koordinator.md §9.2)
     rule: Callable[[NodeContext], object]
     pod: Callable[[PodContext, object], Changes] | None = None
     container: Callable[[ContainerContext, object], Changes] | None = None
@@ -60,7 +60,7 @@ def enabled(gates: Mapping[str, bool]) -> list[Plugin]:
 
 
 def stages(gates: Mapping[str, bool]) -> list[Stage]:
-    """Stages with at least one enabled plugin (what koordlet registers with the proxy, §2.4)."""
+    """Stages with at least one enabled plugin (what koordlet registers with the proxy, docs/koordinator.md §2.4)."""
     wanted = set().union(*(p.stages for p in enabled(gates)))
     return [s for s in Stage if s in wanted]
 

@@ -1,5 +1,7 @@
-"""Pod-level RDT (§3.3 Resctrl): a pod annotated ``node.koordinator.sh/resctrl`` gets its own resctrl group
-``koordlet-<podUID>`` with the LLC ways and memory bandwidth it asks for (per cache id where it says so).
+"""Pod-level RDT (docs/koordinator.md §3.3 Resctrl).
+
+A pod annotated ``node.koordinator.sh/resctrl`` gets its own resctrl group ``koordlet-<podUID>`` with the
+LLC ways and memory bandwidth it asks for (per cache id where it says so).
 Needs the node's cbm mask and cache ids (NodeContext.resctrl); without RDT the plugin has no opinion.
 
 Its containers are put in that group: at creation through NRI (the group as the container's RDT class, so

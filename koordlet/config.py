@@ -1,4 +1,6 @@
-"""koordlet's command line: Koordinator's flag names and defaults (koordinator.md §9.1), feature gates (§9.2).
+"""koordlet's command line: Koordinator's flag names and defaults, feature gates.
+
+Flags: docs/koordinator.md §9.1; feature gates: docs/koordinator.md §9.2.
 
 Go's ``flag`` package spells long flags with one dash (``-cgroup-root-dir=/x`` or ``-cgroup-root-dir /x``);
 both that and ``--cgroup-root-dir`` are accepted, so a DaemonSet written for Koordinator's koordlet works
@@ -40,7 +42,7 @@ class ConfigError(ValueError):
     """The command line or environment cannot configure koordlet."""
 
 
-# §9.2: Beta gates default on, Alpha gates default off; the one table is koordlet/features.py.
+# docs/koordinator.md §9.2: Beta gates default on, Alpha gates default off; the one table is koordlet/features.py.
 BETA_GATES = features.BETA_GATES
 ALPHA_GATES = features.ALPHA_GATES
 DEFAULT_FEATURE_GATES: Mapping[str, bool] = features.DEFAULTS
@@ -131,7 +133,7 @@ def parse_feature_gates(text: str, base: Mapping[str, bool] = DEFAULT_FEATURE_GA
 @dataclass(frozen=True, slots=True)
 class KoordletConfig:
     node_name: str
-    # paths (§9.1)
+    # paths (docs/koordinator.md §9.1)
     cgroup_root_dir: str
     proc_root_dir: str
     sys_root_dir: str
@@ -143,7 +145,7 @@ class KoordletConfig:
     # runtime
     containerd_endpoint: str
     default_runtime_type: str
-    # kubelet (§8.1)
+    # kubelet (docs/koordinator.md §8.1)
     kubelet_preferred_address_type: str
     kubelet_sync_interval_s: float
     kubelet_sync_timeout_s: float
@@ -157,11 +159,11 @@ class KoordletConfig:
     kubelet_config_file: str
     node_topology_sync_interval_s: float
     node_topology_min_update_interval_s: float
-    # metrics advisor (§7.1) and cache
+    # metrics advisor (docs/koordinator.md §7.1) and cache
     collect_res_used_interval_s: float
     psi_collector_interval_s: float
     enable_pagecache_collector: bool
-    # qos manager (§4.1)
+    # qos manager (docs/koordinator.md §4.1)
     reconcile_interval_seconds: int
     cpu_suppress_interval_seconds: int
     cpu_evict_interval_seconds: int
@@ -170,7 +172,7 @@ class KoordletConfig:
     cpu_evict_cool_time_seconds: int
     only_evict_by_api: bool
     resource_force_update_seconds: int
-    # runtime hooks (§9.1)
+    # runtime hooks (docs/koordinator.md §9.1)
     runtime_hooks_network: str
     runtime_hooks_addr: str
     runtime_hooks_host_endpoint: str
@@ -179,7 +181,7 @@ class KoordletConfig:
     runtime_hooks_config_path: str
     runtime_hooks_disable_stages: tuple[str, ...]
     runtime_hooks_reconcile_interval_s: float
-    # NRI mode (§2.10; reference/nri.md §6): koordlet as an NRI plugin of containerd >= 1.7
+    # NRI mode (docs/koordinator.md §2.10; docs/nri-protocol.md §6): koordlet as an NRI plugin of containerd >= 1.7
     enable_nri_runtime_hook: bool
     runtime_hooks_nri_socket_path: str
     runtime_hooks_nri_plugin_name: str
@@ -223,7 +225,7 @@ class KoordletConfig:
     audit_max_disk_space_mb: int = 16
     audit_max_concurrent_readers: int = 4
     audit_max_events_limit: int = 2048
-    # collectors of the Alpha gates (§7.1)
+    # collectors of the Alpha gates (docs/koordinator.md §7.1)
     cpi_collector_interval_s: float = 60.0
     collect_cpi_timewindow_s: float = 10.0
     coldpage_collector_interval_s: float = 5.0
@@ -433,7 +435,7 @@ def _report_api_and_mode_flags(flag: _AddFlag, switch: _AddSwitch, kubeconfig: s
     flag("cri-endpoint", str, "/var/run/containerd/containerd.sock", "CRI socket for the CRI pod source")
     flag("report-dir", str, "/var/lib/koordlet/reports", "where local mode writes NodeMetric/Device")
     flag("stop-timeout", parse_duration, 10.0, "bound on a graceful stop")
-    flag("feature-gates", str, "", "Name=bool,... (§9.2)")
+    flag("feature-gates", str, "", "Name=bool,... (docs/koordinator.md §9.2)")
     flag("netqos-uplink", str, "", "interface that TCNetworkQoS shapes (default: that of the default route)")
 
 

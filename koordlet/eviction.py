@@ -1,4 +1,4 @@
-"""The evictor: how koordlet removes a BE pod when a QoS strategy asks (koordinator.md §4.4–4.5).
+"""The evictor: how koordlet removes a BE pod when a QoS strategy asks (docs/koordinator.md §4.4–4.5).
 
 Default path: the Eviction API (``policy/v1`` Eviction through :class:`koordlet.kubeapi.CoreV1`), so
 PodDisruptionBudgets hold. A 429 from the API server means "not now": the pod is left alone and may be
@@ -50,7 +50,7 @@ DEFAULT_EVICTING_TTL_S = 60.0  # a pod whose eviction was accepted counts as "be
 DEFAULT_CRI_TIMEOUT_S = 5.0
 _MAX_TRACKED_PODS = 4096
 
-# koordinator.md §6; every Koordinator metric carries the node label.
+# docs/koordinator.md §6; every Koordinator metric carries the node label.
 POD_EVICTION = Counter(
     "koordlet_pod_eviction",
     "Pods evicted by koordlet, by reason",
@@ -66,7 +66,7 @@ POD_EVICTION_DETAIL = Counter(
 
 
 def reason_for(feature: str) -> str:
-    """The metric reason Koordinator records for an eviction by a feature (§4.5)."""
+    """The metric reason Koordinator records for an eviction by a feature (docs/koordinator.md §4.5)."""
     return f"trigger by koordlet feature {feature}"
 
 

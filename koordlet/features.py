@@ -1,4 +1,4 @@
-"""Koordinator's koordlet feature gates (koordinator.md §9.2): the one table of every gate koordlet accepts,
+"""Koordinator's koordlet feature gates (docs/koordinator.md §9.2): the one table of every gate koordlet accepts,
 its default, and whether (and where) koordlet-py acts on it.
 
 Every gate Koordinator's koordlet knows is accepted on ``-feature-gates`` so that a DaemonSet written for it
@@ -31,7 +31,7 @@ YES, PARTIAL, NO = "yes", "partial", "no"
 @dataclass(frozen=True, slots=True)
 class Gate:
     name: str
-    stage: str  # Beta gates default on, Alpha gates off (§9.2)
+    stage: str  # Beta gates default on, Alpha gates off (docs/koordinator.md §9.2)
     implemented: str = NO
     where: tuple[str, ...] = ()  # the modules (repo-relative paths) that read the gate
     note: str = ""

@@ -1,4 +1,6 @@
-"""The koordlet daemon: builds every part from the configuration and runs them in Koordinator's order (§1.2).
+"""The koordlet daemon: builds every part from the configuration and runs them in Koordinator's order.
+
+The order is docs/koordinator.md §1.2.
 
 Start: metrics HTTP server (``/healthz`` is 503 until the start is complete) → executor → metric cache →
 states informer (its node and NodeSLO sources first; waits until synced, bounded; PLEG) → GPU service →
@@ -322,7 +324,7 @@ def _device_plugin(ctx: AgentContext) -> Component | None:
     """The kubelet device plugin for this node's GPUs (with the GPU service, so gate ``Accelerators``):
     serves in ``<-var-lib-kubelet-dir>/device-plugins/``, registers with kubelet over ``kubelet.sock`` there
     (kubelet not up yet is waited for, not an error), registers again when kubelet re-creates that socket,
-    streams the GPU service's health, and answers Allocate with the scheduler's choice (node lock, seed 000;
+    streams the GPU service's health, and answers Allocate with the scheduler's choice (node lock, docs/node-lock.md;
     an API server is needed for that). Stopped before the GPU service."""
     gpu = ctx.gpu
     if gpu is None:
@@ -404,7 +406,7 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
 
     config = ctx.config
     if config.collect_res_used_interval_s < 1.0:
-        logger.info("qos manager off: -collect-res-used-interval below 1 s (§4.1)")
+        logger.info("qos manager off: -collect-res-used-interval below 1 s (docs/koordinator.md §4.1)")
         return None
     evictor = Evictor(config.node_name, api_client=ctx.api_client,
                       cri_endpoint=config.containerd_endpoint or config.cri_endpoint or None,
@@ -488,7 +490,8 @@ def _terway_qos(ctx: AgentContext) -> Component | None:
 
 def default_components() -> list[ComponentFactory]:
     """Started after the states informer and metrics advisor, before the reporters, in this order
-    (§1.2: qos manager, then runtime hooks; then tc network QoS and Terway's QoS files when their gates are on)."""
+    (docs/koordinator.md §1.2: qos manager, then runtime hooks; then tc network QoS and Terway's QoS files
+    when their gates are on)."""
     return [_qos_manager, _runtime_hooks, _netqos, _terway_qos]
 
 
@@ -615,7 +618,9 @@ def _component_part(factory: ComponentFactory) -> Part:
 
 
 def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
-    """Every part in start order (§1.2), ``components`` between the metrics advisor and the reporters."""
+    """Every part in start order (docs/koordinator.md §1.2).
+
+    ``components`` go between the metrics advisor and the reporters."""
     return [
         Part("executor", _executor),
         Part("metric cache", _metric_cache),

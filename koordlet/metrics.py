@@ -1,4 +1,4 @@
-"""koordlet's Prometheus metrics (Koordinator's names, koordinator.md §6) and the HTTP server on ``-addr``.
+"""koordlet's Prometheus metrics (Koordinator's names, docs/koordinator.md §6) and the HTTP server on ``-addr``.
 
 One registry per agent (:class:`KoordletMetrics`) holds the component metrics and the collectors' own
 timings; ``/metrics`` serves it merged with prometheus_client's default registry, where the executor,

@@ -1,10 +1,10 @@
-"""The node lock that serialises device binds on a node (seed 000, reference/peers.md §6.4).
+"""The node lock that serialises device binds on a node (docs/node-lock.md, docs/node-interfaces.md §6.4).
 
 The scheduler takes the lock in Bind, the device plugin releases it when kubelet's Allocate for
 that pod is answered, so Allocate knows which pod it serves. The lock is an annotation on the
 Node. Two values are read:
 - `<RFC3339 time>,<namespace>,<pod>`: ours and HAMi's; this module writes it;
-- a bare `<RFC3339 time>`: seed 000's format (Koordinator #2198, HAMi's original 4pd.io lock). It names
+- a bare `<RFC3339 time>`: the format of docs/node-lock.md §2 (Koordinator #2198, HAMi's original 4pd.io lock). It names
   no pod; the device plugin then serves the Pending pod of the node that waits for its devices.
 Times are Go's time.RFC3339 / RFC3339Nano: `2006-01-02T15:04:05Z` or `...+08:00`, optionally with
 1-9 fraction digits; nothing else (no space separator, no missing zone).
@@ -141,7 +141,7 @@ def parse_rfc3339(text: str) -> datetime:
 
 
 def parse_lock_value(value: str) -> NodeLock:
-    """`<RFC3339>,<namespace>,<pod>` or a bare `<RFC3339>` (seed 000); errors quote the raw value."""
+    """`<RFC3339>,<namespace>,<pod>` or a bare `<RFC3339>` (docs/node-lock.md); errors quote the raw value."""
     parts = value.split(",")
     try:
         if len(parts) == 1:

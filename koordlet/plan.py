@@ -1,4 +1,4 @@
-"""What every part that changes the node hands over: a :class:`Plan`, plain data (DESIGN.md §4).
+"""What every part that changes the node hands over: a :class:`Plan`, plain data (docs/design.md §4).
 
 The QoS strategies (``decide(snapshot, config) -> Plan``), the runtime hooks' reconciler and the hook
 server's pod-level writes all say what they want as a Plan and never touch the executor or the evictor
@@ -139,7 +139,7 @@ class Victim:
 
 @dataclass(frozen=True, slots=True)
 class Evictions:
-    """One eviction task (koordinator.md §4.5): evict ``candidates`` in order until ``target`` is released.
+    """One eviction task (docs/koordinator.md §4.5): evict ``candidates`` in order until ``target`` is released.
 
     Pods already being evicted count as released; a refused pod (PDB, failure) is skipped and the next one
     tried; a pod ``rule`` does not allow is never asked for (by default: BE pods only). ``feature`` names the

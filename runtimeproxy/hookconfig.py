@@ -1,4 +1,4 @@
-"""Hook server registrations: JSON files in /etc/runtime/hookserver.d (reference/koordinator.md §2.4).
+"""Hook server registrations: JSON files in /etc/runtime/hookserver.d (docs/koordinator.md §2.4).
 
     {"remote-endpoint": "/var/run/koordlet/koordlet.sock",
      "failure-policy": "Ignore",            # or "Fail"; absent means Ignore

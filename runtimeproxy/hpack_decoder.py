@@ -16,7 +16,7 @@ from hpack.table import HeaderTable
 
 _STATIC: tuple[tuple[bytes, bytes], ...] = tuple(HeaderTable.STATIC_TABLE)
 _STATIC_LEN = len(_STATIC)  # 61
-_ENTRY_OVERHEAD = 32  # RFC 7541 §4.1
+_ENTRY_OVERHEAD = 32  # RFC 7541 section 4.1
 _HUFFMAN_CACHE_MAX = 4096
 
 

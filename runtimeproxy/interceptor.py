@@ -1,6 +1,6 @@
 """The lifecycle calls: hook requests built, hook servers called, answers merged, runtime called.
 
-Per reference/koordinator.md §2.2 and §2.6–2.7, with its faults fixed:
+Per docs/koordinator.md §2.2 and §2.6–2.7, with its faults fixed:
 * every registered hook server that asks for a hook type is called, in file-name order, each one
   seeing the request as the previous one left it (Koordinator calls the first match only);
 * each hook call has a deadline; on error `Ignore` goes on with the request as it was, `Fail`
@@ -68,7 +68,7 @@ def _oom_score_adj_problem(value: int) -> str | None:
     return None if -1000 <= value <= 1000 else "outside -1000..1000"
 
 
-# The checked fields of a hook answer's container resources (koordinator.md §2.7): (name, whether the answer
+# The checked fields of a hook answer's container resources (docs/koordinator.md §2.7): (name, whether the answer
 # sets it, the kernel's range for it; wire.kernel_ranges, as hooks/validate.py and koordlet's cgroup registry).
 # Numbers are set when non-zero (positive for most); the cpusets always, as an empty one clears the cpuset (how
 # BE containers lose theirs).
@@ -85,7 +85,7 @@ _CHECKED_FIELDS: tuple[tuple[str, Callable[[int | str], bool], Callable[..., str
 
 def merge_resources(cached: hookapi.LinuxContainerResources, answer: hookapi.LinuxContainerResources,
                     reject: Callable[[str, object], None]) -> None:
-    """koordinator.md §2.7 container resource merge, refusing values the kernel would refuse."""
+    """docs/koordinator.md §2.7 container resource merge, refusing values the kernel would refuse."""
     for name, given, problem in _CHECKED_FIELDS:
         value = getattr(answer, name)
         if not given(value):
@@ -103,7 +103,7 @@ def merge_resources(cached: hookapi.LinuxContainerResources, answer: hookapi.Lin
 
 
 def update_from_request(cached: hookapi.LinuxContainerResources, request: cri.LinuxContainerResources) -> None:
-    """koordinator.md §2.6: the cached resources as an UpdateContainerResources request changes them."""
+    """docs/koordinator.md §2.6: the cached resources as an UpdateContainerResources request changes them."""
     if request.cpu_period > 0:
         cached.cpu_period = request.cpu_period
     if request.cpu_quota != 0:

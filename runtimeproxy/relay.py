@@ -1,4 +1,4 @@
-"""HTTP/2 frame relay between kubelet and the container runtime (reference/proxy-designs.md).
+"""HTTP/2 frame relay between kubelet and the container runtime (docs/design.md §3.1).
 
 Each kubelet connection gets one runtime connection, and frames are copied both ways:
 

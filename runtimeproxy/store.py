@@ -2,7 +2,7 @@
 
 A hook request for StartContainer or StopContainer carries the container's cgroup parent,
 resources and envs, which the CRI request does not: the proxy keeps them from CreateContainer.
-Koordinator keeps this in memory only and loses it on restart (reference/koordinator.md §2.8);
+Koordinator keeps this in memory only and loses it on restart (docs/koordinator.md §2.8);
 this store also writes an atomic checkpoint file after every change and, at start, rebuilds itself
 from the runtime (ListPodSandbox/ListContainers and their verbose status, whose "config" holds the
 CRI configs as the runtime received them, hook changes included) merged with that checkpoint.
@@ -38,7 +38,7 @@ CHECKPOINT_VERSION = 1
 
 
 def to_hook_resources(resources: cri.LinuxContainerResources) -> hookapi.LinuxContainerResources:
-    # Same field numbers in both protos (koordinator.md §2.3): the bytes convert directly.
+    # Same field numbers in both protos (docs/koordinator.md §2.3): the bytes convert directly.
     return hookapi.LinuxContainerResources.FromString(resources.SerializeToString())
 
 

@@ -18,14 +18,15 @@ rm -f out/host-*-junit.xml
 default=2.1
 # The runtime-facing tests (docs/testing.md): the proxy's transparency with real clients (ctr) and kubelet's call
 # sequence, hooks through the proxy, hostile clients, bad annotations, device injection, the states informer's
-# CRI view, the fault tests, OOM score on real containers, and the pod story on the host (the demo's test). Only
-# the modules that talk to containerd: the rest do not change with it. The NRI tests pick their own generations
-# (1.7 and 2.1) and run in the default stage.
+# CRI view, the fault tests and OOM score on real containers. Only the modules that talk to containerd: the rest
+# do not change with it. The NRI tests pick their own generations (1.7 and 2.1) and run in the default stage. The
+# demo's test (the pod story on the host) stays in the default stage: beside the VM, which saturates the node,
+# CPU suppression has nothing left to show.
 subset=(tests/runtimeproxy/test_kubelet_sequence.py tests/runtimeproxy/test_grpc_go_client.py
         tests/runtimeproxy/test_hooks.py tests/runtimeproxy/test_hostile_clients.py
         tests/koordlet/runtimehooks/test_bad_annotations.py tests/koordlet/runtimehooks/test_device_injection.py
         tests/koordlet/runtimehooks/test_runtimehooks.py tests/koordlet/statesinformer/test_cri.py
-        tests/test_faults.py tests/hooks/test_oomscore.py tests/test_demo.py)
+        tests/test_faults.py tests/hooks/test_oomscore.py)
 
 started=$(date +%s)
 echo "=== host stage on containerd $default (the default): every test but those marked cgroupv2 (they run in the VM stage) ==="

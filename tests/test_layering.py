@@ -1,4 +1,4 @@
-"""Dependency direction (DESIGN.md §2): wire (the stubs and socket helpers both sides share) imports
+"""Dependency direction (docs/design.md §2): wire (the stubs and socket helpers both sides share) imports
 nothing of koordlet, runtimeproxy or hooks; runtimeproxy imports nothing of koordlet or hooks, and
 koordlet nothing of runtimeproxy (both meet only in wire); hooks imports only koordlet.api (and itself,
 and wire if it needs to); koordlet.api imports no other koordlet part, and koordlet.system only

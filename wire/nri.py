@@ -1,6 +1,6 @@
 """The plugin side of NRI (containerd's Node Resource Interface) in asyncio: one connection to the runtime's
 NRI socket, registration, and the Plugin service answered by a handler object (what containerd/nri's
-``pkg/stub`` is for a Go plugin; reference/nri.md §2-§4).
+``pkg/stub`` is for a Go plugin; docs/nri-protocol.md §2-§4).
 
     conn = await PluginConnection.open(socket_path, handlers, executor)
     await conn.register("koordlet_nri", "00", timeout_s=5)

@@ -1,5 +1,5 @@
 """NRI's connection mux: several byte streams over one unix socket (containerd/nri pkg/net/multiplex;
-reference/nri.md §2.1).
+docs/nri-protocol.md §2.1).
 
 A frame is ``[connection id: uint32 BE][payload length: uint32 BE][payload]``. Connection 1 carries the ttrpc
 service the plugin serves (containerd calls it), connection 2 the one containerd serves (the plugin calls

@@ -1,4 +1,4 @@
-"""ttrpc, containerd's small RPC protocol, on any byte stream (containerd/ttrpc PROTOCOL.md; reference/nri.md §1).
+"""ttrpc, containerd's small RPC protocol, on any byte stream (containerd/ttrpc PROTOCOL.md; docs/nri-protocol.md §1).
 
 A message is a 10-byte header (data length uint32 BE, stream id uint32 BE, type, flags) and the data: a
 ``ttrpc.Request`` or ``ttrpc.Response`` envelope (proto/ttrpc.proto). The caller picks odd stream ids, 1, 3,

@@ -1,4 +1,4 @@
-"""Parsers of the JSON annotations Koordinator puts on pods and nodes (reference/koordinator.md §3.3, §4.3,
+"""Parsers of the JSON annotations Koordinator puts on pods and nodes (docs/koordinator.md §3.3, §4.3,
 §4.6, §5.5, §12).
 
 Every parser takes the annotation's string value and returns a frozen value, or raises
@@ -117,7 +117,7 @@ def _overrides(annotation: str, cls: type, data: object) -> Overrides:
     return overrides
 
 
-# ------------------------------------------------------------------------- extended-resource-spec (§3.3)
+# -------------------------------------------------------------------- extended-resource-spec (docs/koordinator.md §3.3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +148,7 @@ def parse_extended_resource_spec(value: str) -> ExtendedResourceSpec:
     return ExtendedResourceSpec(containers=MappingProxyType(containers))
 
 
-# -------------------------------------------------------------------------------- resource-status (§3.3)
+# --------------------------------------------------------------------------- resource-status (docs/koordinator.md §3.3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +183,7 @@ def parse_resource_status(value: str) -> ResourceStatus:
     return ResourceStatus(cpuset=cpuset, numa_node_resources=tuple(numa))
 
 
-# ------------------------------------------------------------------------------- device-allocated (§3.3)
+# -------------------------------------------------------------------------- device-allocated (docs/koordinator.md §3.3)
 
 
 _T = TypeVar("_T")
@@ -209,7 +209,7 @@ def parse_device_allocated(value: str) -> DeviceAllocated:
     return _device_allocated(_device.parse_device_allocated, value)
 
 
-# ------------------------------------------------------------------------------- cpuQOS / memoryQOS (§3.3, §4.6)
+# ------------------------------------------------------------------ cpuQOS / memoryQOS (docs/koordinator.md §3.3, §4.6)
 
 
 def parse_cpu_qos(value: str) -> CPUQOS:
@@ -250,7 +250,7 @@ def parse_memory_qos(value: str) -> PodMemoryQOS:
     return PodMemoryQOS(policy=str(policy), overrides=_overrides(annotation, MemoryQOS, data))
 
 
-# ---------------------------------------------------------------------------------------- cpuBurst (§4.3)
+# ---------------------------------------------------------------------------------- cpuBurst (docs/koordinator.md §4.3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +270,7 @@ def parse_cpu_burst(value: str) -> PodCPUBurst:
     return PodCPUBurst(overrides=_overrides(annotation, CPUBurstStrategy, data))
 
 
-# ------------------------------------------------------------------------------------- resctrl (§3.3)
+# ----------------------------------------------------------------------------------- resctrl (docs/koordinator.md §3.3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,7 +362,7 @@ def parse_resctrl(value: str) -> PodResctrl:
     return PodResctrl(llc=llc_all, llc_per_cache=tuple(llc_per_cache), mb=mb_all, mb_per_cache=tuple(mb_per_cache))
 
 
-# ------------------------------------------------------------------------------------ networkQOS (§3.3)
+# -------------------------------------------------------------------------------- networkQOS (docs/koordinator.md §3.3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,10 +475,12 @@ def _int64_text(annotation: str, text: str) -> int:
 
 
 def parse_oom_score_adj(annotations: Mapping[str, str], container: str) -> int | None:
-    """The oom_score_adj a container's processes are to get (§3.3 OOMScoreAdj): the container's entry of
-    ``koordinator.sh/oom-score-adj-spec`` (a JSON object of container name → integer), else the pod-wide
-    ``koordinator.sh/oom-score-adj`` (an integer string); None when neither names a value. A spec that cannot
-    be read stops here (no fall back), as in Koordinator. The range (−1000..1000) is hooks/validate.py's."""
+    """The oom_score_adj a container's processes are to get (docs/koordinator.md §3.3 OOMScoreAdj).
+
+    The container's entry of ``koordinator.sh/oom-score-adj-spec`` (a JSON object of container name → integer),
+    else the pod-wide ``koordinator.sh/oom-score-adj`` (an integer string); None when neither names a value. A
+    spec that cannot be read stops here (no fall back), as in Koordinator. The range (−1000..1000) is
+    hooks/validate.py's."""
     spec = annotations.get(ANNOTATION_OOM_SCORE_ADJ_SPEC)
     if spec:
         data = _object(ANNOTATION_OOM_SCORE_ADJ_SPEC, _load_json(ANNOTATION_OOM_SCORE_ADJ_SPEC, spec))
@@ -495,7 +497,9 @@ def parse_oom_score_adj(annotations: Mapping[str, str], container: str) -> int |
 
 
 def parse_blkio_qos(value: str) -> BlkIOQOS:
-    """``koordinator.sh/blkioQOS`` (§4.8): ``{"blocks": [{"name", "type", "ioCfg": {...}}]}`` for the pod's own
-    cgroup. (An empty value means no blocks; the blkio strategy handles that before parsing.)"""
+    """``koordinator.sh/blkioQOS`` (docs/koordinator.md §4.8) for the pod's own cgroup.
+
+    ``{"blocks": [{"name", "type", "ioCfg": {...}}]}``. (An empty value means no blocks; the blkio strategy
+    handles that before parsing.)"""
     data = _object(ANNOTATION_BLKIO_QOS, _load_json(ANNOTATION_BLKIO_QOS, value))
     return apply(BlkIOQOS(), _overrides(ANNOTATION_BLKIO_QOS, BlkIOQOS, data))

@@ -6,7 +6,7 @@ in Koordinator's annotations; the cpuset hook and CPU suppress call :func:`compu
 inputs so that what the node does and what the scheduler is told agree.
 
 The rules are Koordinator's koordlet (``pkg/koordlet/statesinformer/impl/states_noderesourcetopology.go``,
-``calcNodeTopo``/``calCPUSharePools``/``calGuaranteedCpu``; reference/koordinator.md §4.2, §8.1):
+``calcNodeTopo``/``calCPUSharePools``/``calGuaranteedCpu``; docs/koordinator.md §4.2, §8.1):
 
 1. Start from every online CPU.
 2. kubelet ``static`` policy: the CPUs kubelet assigned exclusively to a container leave both pools, unless

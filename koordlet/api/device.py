@@ -1,10 +1,10 @@
 """GPU / device names of the Koordinator API and the parser of the device-allocated annotation.
 
-Resource names, labels and annotations: reference/koordinator.md §5.4 and §12, seed 004.
+Resource names, labels and annotations: docs/koordinator.md §5.4 and §12, docs/koordinator.md §5.4.
 The scheduler writes `scheduling.koordinator.sh/device-allocated` on the pod; two consumers read it
 and must agree on what a container sees:
-- the GPU runtime hook (GPUEnvInject, koordinator.md §3.3) sets `NVIDIA_VISIBLE_DEVICES`;
-- our kubelet device plugin (seed 000) answers Allocate with the same variable.
+- the GPU runtime hook (GPUEnvInject, docs/koordinator.md §3.3) sets `NVIDIA_VISIBLE_DEVICES`;
+- our kubelet device plugin (docs/node-lock.md) answers Allocate with the same variable.
 Both call `nvidia_visible_devices()` below, so the value is computed in exactly one place.
 """
 
@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 
 from koordlet.api.safeload import SafeLoadError, load_json
 
-# Extended resources (koordinator.md §12).
+# Extended resources (docs/koordinator.md §12).
 RESOURCE_NVIDIA_GPU = "nvidia.com/gpu"
 RESOURCE_KOORD_GPU = "koordinator.sh/gpu"
 RESOURCE_GPU_CORE = "koordinator.sh/gpu-core"
 RESOURCE_GPU_MEMORY = "koordinator.sh/gpu-memory"
 RESOURCE_GPU_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
 RESOURCE_GPU_SHARED = "koordinator.sh/gpu.shared"
-# Full capacity of one GPU in the koordinator protocol (seed 004: "the total is abstracted to 100").
+# Full capacity of one GPU in the koordinator protocol (docs/koordinator.md §5.4: "the total is abstracted to 100").
 GPU_FULL_CORE = 100
 GPU_FULL_MEMORY_RATIO = 100
 
@@ -35,15 +35,15 @@ LABEL_GPU_ISOLATION_PROVIDER = "koordinator.sh/gpu-isolation-provider"
 # JSON object {"<container name>": [minor, ...]}; a pod is "bound" once every GPU container is in it.
 ANNOTATION_DEVICE_BOUND = "koordlet.koordinator.sh/device-bound"
 # Written by Koordinator's scheduler-side device plugin adapters at Bind: unix nanoseconds
-# (reference/peers.md §6.4); orders the pods an owner-less (bare timestamp) node lock may be for.
+# (docs/node-interfaces.md §6.4); orders the pods an owner-less (bare timestamp) node lock may be for.
 ANNOTATION_BIND_TIMESTAMP = "scheduling.koordinator.sh/bind-timestamp"
 
-# Node lock (seed 000, peers.md §6.4). HAMi and Koordinator's scheduler-side device plugin adapter
-# both use this key with the value "<RFC3339>,<namespace>,<pod>", so a scheduler of either kind
-# and our device plugin serialise on the same annotation.
+# Node lock (docs/node-lock.md, docs/node-interfaces.md §6.4). HAMi and Koordinator's scheduler-side device
+# plugin adapter both use this key with the value "<RFC3339>,<namespace>,<pod>", so a scheduler of either
+# kind and our device plugin serialise on the same annotation.
 ANNOTATION_NODE_LOCK = "hami.io/mutex.lock"
 
-# Device CR (koordinator.md §5.1, §5.4).
+# Device CR (docs/koordinator.md §5.1, §5.4).
 DEVICE_GROUP = "scheduling.koordinator.sh"
 DEVICE_VERSION = "v1alpha1"
 DEVICE_PLURAL = "devices"
@@ -54,12 +54,13 @@ DEVICE_CONDITION_HEALTHY = "Healthy"
 RESOURCE_RDMA = "koordinator.sh/rdma"
 RDMA_FULL = 100  # an RDMA device's koordinator.sh/rdma capacity (Koordinator statesinformer buildRDMADevice)
 
-# Labels on the Device object and on each GPU entry (koordinator.md §5.4).
+# Labels on the Device object and on each GPU entry (docs/koordinator.md §5.4).
 LABEL_DEVICE_GPU_VENDOR = "node.koordinator.sh/gpu-vendor"
 LABEL_DEVICE_GPU_MODEL = "node.koordinator.sh/gpu-model"
 LABEL_DEVICE_GPU_DRIVER_VERSION = "node.koordinator.sh/gpu-driver-version"
 GPU_VENDOR_NVIDIA = "nvidia"
-# Labels on the Node (seed 004: "kubernetes.io/gpu-driver: 460.91.03", "kubernetes.io/gpu-model: Tesla-T4").
+# Labels on the Node (docs/koordinator.md §5.4: "kubernetes.io/gpu-driver: 460.91.03",
+# "kubernetes.io/gpu-model: Tesla-T4").
 LABEL_NODE_GPU_MODEL = "kubernetes.io/gpu-model"
 LABEL_NODE_GPU_DRIVER = "kubernetes.io/gpu-driver"
 
@@ -214,8 +215,8 @@ def parse_rdma_allocated(value: str) -> tuple[RDMAAllocation, ...]:
 def nvidia_visible_devices(gpus: Sequence[GPUAllocation]) -> str:
     """Value of NVIDIA_VISIBLE_DEVICES for these GPUs: the minors, comma-joined, in scheduler order.
 
-    The one computation shared by the GPU env hook (koordinator.md §3.3 GPUEnvInject) and the
-    device plugin's Allocate (seed 000), so a container sees the same GPUs whichever path ran.
+    The one computation shared by the GPU env hook (docs/koordinator.md §3.3 GPUEnvInject) and the
+    device plugin's Allocate (docs/node-lock.md), so a container sees the same GPUs whichever path ran.
     """
     return ",".join(str(gpu.minor) for gpu in gpus)
 
@@ -242,18 +243,20 @@ def format_device_bound(bound: Mapping[str, Sequence[int]]) -> str:
 
 
 def label_value(text: str) -> str:
-    """A Kubernetes label value from free text: "Tesla T4" -> "Tesla-T4" (seed 004), at most 63 chars."""
+    """A Kubernetes label value from free text, at most 63 chars.
+
+    "Tesla T4" -> "Tesla-T4" (docs/koordinator.md §5.4)."""
     cleaned = _LABEL_VALUE_BAD_CHARS.sub("-", text.strip())
     return cleaned[:63].strip("-_.")
 
 
 def node_gpu_labels(model: str, driver_version: str) -> dict[str, str]:
-    """The GPU labels a node carries (seed 004)."""
+    """The GPU labels a node carries (docs/koordinator.md §5.4)."""
     return {LABEL_NODE_GPU_MODEL: label_value(model), LABEL_NODE_GPU_DRIVER: label_value(driver_version)}
 
 
 def device_gpu_labels(model: str, driver_version: str) -> dict[str, str]:
-    """The GPU labels of the Device object and of each of its GPU entries (koordinator.md §5.4)."""
+    """The GPU labels of the Device object and of each of its GPU entries (docs/koordinator.md §5.4)."""
     return {
         LABEL_DEVICE_GPU_VENDOR: GPU_VENDOR_NVIDIA,
         LABEL_DEVICE_GPU_MODEL: label_value(model),

@@ -1,4 +1,4 @@
-"""Who an eviction feature may take, and in which order (reference/koordinator.md §4.4–4.5; Koordinator
+"""Who an eviction feature may take, and in which order (docs/koordinator.md §4.4–4.5; Koordinator
 apis/extension evict.go and qosmanager/plugins/util evict.go).
 
 - BE features (``BECPUEvict``, ``BEMemoryEvict``): BE pods only.

@@ -1,4 +1,4 @@
-"""Label, annotation and extended-resource names of the Koordinator API (reference/koordinator.md §12, §3.3).
+"""Label, annotation and extended-resource names of the Koordinator API (docs/koordinator.md §12, §3.3).
 
 Every Koordinator key the node side reads or writes is spelled here once. The GPU names live in
 ``koordlet.api.device`` (their owner) and are re-exported below so that this module is the one index.
@@ -28,7 +28,8 @@ LABEL_SUB_PRIORITY = "koordinator.sh/priority"
 LABEL_EVICTION_ENABLED = "koordinator.sh/eviction-enabled"
 LABEL_CORE_SCHED_GROUP_ID = "koordinator.sh/core-sched-group-id"
 LABEL_CORE_SCHED_POLICY = "koordinator.sh/core-sched-policy"
-# A pod carrying this label with value "true" bypasses every runtime hook (a label, not an annotation; §2.1).
+# A pod carrying this label with value "true" bypasses every runtime hook (a label, not an annotation;
+# docs/koordinator.md §2.1).
 LABEL_SKIP_HOOKSERVER = "runtimeproxy.koordinator.sh/skip-hookserver"
 SKIP_HOOKSERVER_VALUE = "true"
 
@@ -45,7 +46,7 @@ ANNOTATION_EVICTION_POLICY = "koordinator.sh/eviction-policy"
 ANNOTATION_EVICTION_PRIORITY = "koordinator.sh/eviction-priority"
 ANNOTATION_OOM_SCORE_ADJ = "koordinator.sh/oom-score-adj"
 ANNOTATION_OOM_SCORE_ADJ_SPEC = "koordinator.sh/oom-score-adj-spec"
-# Set by dockershim-era runtimes; its presence tells the container id prefix is docker:// (§3.2).
+# Set by dockershim-era runtimes; its presence tells the container id prefix is docker:// (docs/koordinator.md §3.2).
 ANNOTATION_DOCKER_TYPE = "io.kubernetes.docker.type"
 
 # ---------------------------------------------------------------------------------------- node annotations
@@ -55,7 +56,7 @@ ANNOTATION_NODE_RESERVATION = "node.koordinator.sh/reservation"
 ANNOTATION_NODE_SYSTEM_QOS_RESOURCE = "node.koordinator.sh/system-qos-resource"
 ANNOTATION_NODE_CPU_RECLAIM_RATIO = "node.koordinator.sh/cpu-reclaim-ratio"
 ANNOTATION_NODE_MEMORY_RECLAIM_RATIO = "node.koordinator.sh/memory-reclaim-ratio"
-# NodeResourceTopology annotations koordlet writes (§5.5).
+# NodeResourceTopology annotations koordlet writes (docs/koordinator.md §5.5).
 ANNOTATION_NRT_CPU_BASIC_INFO = "node.koordinator.sh/cpu-basic-info"
 ANNOTATION_NRT_CPU_TOPOLOGY = "node.koordinator.sh/cpu-topology"
 ANNOTATION_NRT_CPU_SHARED_POOLS = "node.koordinator.sh/cpu-shared-pools"
@@ -76,7 +77,7 @@ RESOURCE_DEPRECATED_BATCH_CPU = "koordinator.sh/batch-cpu"
 RESOURCE_DEPRECATED_BATCH_MEMORY = "koordinator.sh/batch-memory"
 RESOURCE_RDMA = "koordinator.sh/rdma"
 RESOURCE_FPGA = "koordinator.sh/fpga"
-# Deprecated GPU aliases (§12: "deprecated kubernetes.io/gpu… aliases").
+# Deprecated GPU aliases (docs/koordinator.md §12: "deprecated kubernetes.io/gpu… aliases").
 RESOURCE_DEPRECATED_GPU = "kubernetes.io/gpu"
 RESOURCE_DEPRECATED_GPU_CORE = "kubernetes.io/gpu-core"
 RESOURCE_DEPRECATED_GPU_MEMORY = "kubernetes.io/gpu-memory"

@@ -1,10 +1,11 @@
 """NodeSLO ``spec`` (slo.koordinator.sh/v1alpha1): typed values, defaults, and the merge koordlet applies.
 
-Reference: koordinator.md §5.2 (fields and defaults), §4.2–4.7 and §3.3 (per-feature defaults).
+Reference: docs/koordinator.md §5.2 (fields and defaults), docs/koordinator.md §4.2–4.7 and §3.3 (per-feature defaults).
 :func:`parse_node_slo_spec` reads the CRD's camelCase ``spec`` dict and merges it field by field over
 :func:`default_node_slo_spec`'s values, then gives every QoS class whose cpu/memory/resctrl/network QoS
-is disabled the "none" values of that QoS (§5.2 last bullet): a user who sets ``enable: true`` gets the
-recommended values, one who disables a class gets no tuning, whatever else the spec says.
+is disabled the "none" values of that QoS (docs/koordinator.md §5.2 last bullet): a user who sets
+``enable: true`` gets the recommended values, one who disables a class gets no tuning, whatever else the
+spec says.
 
 Invalid input rejects the **whole** spec: :class:`NodeSLOError` lists every bad field with its path
 (``resourceQOSStrategy.beClass.memoryQOS.wmarkMinAdj: 80 is above the maximum 50``). The caller keeps the
@@ -48,7 +49,7 @@ class NodeSLOError(ValueError):
         super().__init__("invalid NodeSLO spec: " + "; ".join(self.errors))
 
 
-# ------------------------------------------------------------------------------------ threshold (§5.2, §4.2-4.5)
+# ----------------------------------------------------------------------- threshold (docs/koordinator.md §5.2, §4.2-4.5)
 
 CPU_SUPPRESS_POLICY_CPUSET = "cpuset"
 CPU_SUPPRESS_POLICY_CFS_QUOTA = "cfsQuota"
@@ -108,13 +109,13 @@ class ResourceThresholdStrategy:
 
     @property
     def effective_memory_evict_lower_percent(self) -> int:
-        """Lower bound of memory eviction: the field, or threshold − 2 (§4.5)."""
+        """Lower bound of memory eviction: the field, or threshold − 2 (docs/koordinator.md §4.5)."""
         if self.memory_evict_lower_percent is not None:
             return self.memory_evict_lower_percent
         return self.memory_evict_threshold_percent - 2
 
 
-# ---------------------------------------------------------------------------------- per-class QoS (§5.2, §4.6)
+# ----------------------------------------------------------------------- per-class QoS (docs/koordinator.md §5.2, §4.6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,8 +187,10 @@ _POSITIVE_INT64 = check_int(1, 2**63 - 1)
 
 @dataclass(frozen=True, slots=True)
 class IOCfg:
-    """``ioCfg`` of a block (§4.8): throttles (0 = none), the weight percent, and the blk-iocost settings of the
-    root cgroup. None = not set (the blkio strategy applies Koordinator's defaults)."""
+    """``ioCfg`` of a block (docs/koordinator.md §4.8).
+
+    Throttles (0 = none), the weight percent, and the blk-iocost settings of the root cgroup. None = not set
+    (the blkio strategy applies Koordinator's defaults)."""
 
     read_iops: int | None = field(default=None, metadata=meta("readIOPS", _NON_NEGATIVE_INT64))
     write_iops: int | None = field(default=None, metadata=meta("writeIOPS", _NON_NEGATIVE_INT64))
@@ -247,7 +250,7 @@ def check_blocks(value: object) -> tuple[BlockCfg, ...]:
 
 @dataclass(frozen=True, slots=True)
 class BlkIOQOS:
-    """``blkioQOS``: ``enable`` and the ``blocks`` (§4.8)."""
+    """``blkioQOS``: ``enable`` and the ``blocks`` (docs/koordinator.md §4.8)."""
 
     enable: bool = field(default=False, metadata=meta("enable", check_bool))
     blocks: tuple[BlockCfg, ...] = field(default=(), metadata=meta("blocks", check_blocks))
@@ -289,14 +292,16 @@ class ResourceQOSPolicies:
     )
 
 
-# "None" values: what a disabled QoS means (§4.6: all 0 except wmarkScalePermill 50; §4.7: full cache, 100% MB).
+# "None" values: what a disabled QoS means (docs/koordinator.md §4.6: all 0 except wmarkScalePermill 50;
+# docs/koordinator.md §4.7: full cache, 100% MB).
 NONE_CPU_QOS = CPUQOS()
 NONE_MEMORY_QOS = MemoryQOS()
 NONE_RESCTRL_QOS = ResctrlQOS()
 NONE_NETWORK_QOS = NetworkQOS()
 NONE_RESOURCE_QOS = ResourceQOS()
 
-# Recommended values of an enabled QoS, per class (§3.3 group identity, §4.6 memory, §4.7 resctrl, CoreSched).
+# Recommended values of an enabled QoS, per class: group identity (docs/koordinator.md §3.3), memory
+# (docs/koordinator.md §4.6), resctrl (docs/koordinator.md §4.7), CoreSched.
 _MEMORY_QOS_LS = MemoryQOS(wmark_ratio=95, wmark_scale_permill=20, wmark_min_adj=-25)
 RECOMMENDED_MEMORY_QOS: Mapping[QoSClass, MemoryQOS] = MappingProxyType(
     {
@@ -343,7 +348,7 @@ class ResourceQOSStrategy:
     cgroup_root: CgroupRootQOS = field(default=CgroupRootQOS(), metadata=nested("cgroupRoot"))
 
     def for_class(self, qos: QoSClass) -> ResourceQOS:
-        """Settings of a QoS class; LSE shares LSR's (§4.6); NONE gets the none values."""
+        """Settings of a QoS class; LSE shares LSR's (docs/koordinator.md §4.6); NONE gets the none values."""
         if qos in (QoSClass.LSE, QoSClass.LSR):
             return self.lsr_class
         if qos is QoSClass.LS:
@@ -355,7 +360,7 @@ class ResourceQOSStrategy:
         return NONE_RESOURCE_QOS
 
 
-# -------------------------------------------------------------------------------------- CPU burst (§4.3)
+# --------------------------------------------------------------------------------- CPU burst (docs/koordinator.md §4.3)
 
 CPU_BURST_POLICY_NONE = "none"
 CPU_BURST_POLICY_CPU_BURST_ONLY = "cpuBurstOnly"
@@ -387,7 +392,7 @@ class CPUBurstStrategy:
     share_pool_threshold_percent: int = field(default=50, metadata=meta("sharePoolThresholdPercent", PERCENT))
 
 
-# ----------------------------------------------------------------------------------- system strategy (§4.9)
+# --------------------------------------------------------------------------- system strategy (docs/koordinator.md §4.9)
 
 
 def _check_sched_features(value: object) -> Mapping[str, bool]:
@@ -431,7 +436,7 @@ class SystemStrategy:
     total_network_bandwidth_bps: int = field(default=0, metadata=meta("totalNetworkBandwidth", _check_bandwidth))
 
 
-# ---------------------------------------------------------------------------------- host applications (§5.2)
+# ------------------------------------------------------------------------- host applications (docs/koordinator.md §5.2)
 
 CGROUP_BASE_ROOT = "CgroupRoot"
 CGROUP_BASE_KUBEPODS = "Kubepods"

@@ -34,7 +34,9 @@ def split_container_id(container_id: str, default_runtime: str = DEFAULT_RUNTIME
 
 
 def runtime_for_pod(annotations: Mapping[str, str], default_runtime: str = DEFAULT_RUNTIME) -> str:
-    """Runtime name that prefixes the pod's container ids: docker when dockershim annotated it (§3.2)."""
+    """Runtime name that prefixes the pod's container ids.
+
+    docker when dockershim annotated it (docs/koordinator.md §3.2)."""
     return "docker" if ANNOTATION_DOCKER_TYPE in annotations else default_runtime
 
 
@@ -93,7 +95,7 @@ class PodMeta:
 
     @property
     def qos_class(self) -> QoSClass:
-        """The qosClass label, else derived from kube QoS (§12)."""
+        """The qosClass label, else derived from kube QoS (docs/koordinator.md §12)."""
         return qos_class_for_pod(self.labels, self.effective_kube_qos)
 
     @property

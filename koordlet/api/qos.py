@@ -1,4 +1,4 @@
-"""QoS classes, Kubernetes QoS and priority classes, and how a pod maps to them (reference/koordinator.md §12).
+"""QoS classes, Kubernetes QoS and priority classes, and how a pod maps to them (docs/koordinator.md §12).
 
 Two QoS notions meet on a node: Koordinator's (label ``koordinator.sh/qosClass``: LSE, LSR, LS, BE, SYSTEM)
 and Kubernetes' (Guaranteed, Burstable, BestEffort; visible in the pod's cgroup parent). Some Koordinator
@@ -67,7 +67,7 @@ PRIORITY_RANGES: Mapping[PriorityClass, PriorityRange] = {
     PriorityClass.FREE: PriorityRange(3000, 3999, 3500),
 }
 
-# §12: when the label is absent, Guaranteed pods are treated as LSR (QoSClassForGuaranteed).
+# docs/koordinator.md §12: when the label is absent, Guaranteed pods are treated as LSR (QoSClassForGuaranteed).
 _QOS_FOR_KUBE_QOS = {
     KubeQoS.GUARANTEED: QoSClass.LSR,
     KubeQoS.BURSTABLE: QoSClass.LS,
@@ -92,7 +92,7 @@ def qos_class_for_pod(labels: Mapping[str, str], kube_qos: KubeQoS | None) -> Qo
 
 
 def kube_qos_from_cgroup_parent(cgroup_parent: str) -> KubeQoS:
-    """Kube QoS from a CRI cgroup parent or cgroup dir, by substring as koordlet does (§2.6).
+    """Kube QoS from a CRI cgroup parent or cgroup dir, by substring as koordlet does (docs/koordinator.md §2.6).
 
     Works for both drivers: ``/kubepods/besteffort/pod…`` and ``kubepods-besteffort-pod….slice``;
     a path naming neither ``besteffort`` nor ``burstable`` is Guaranteed.
@@ -124,7 +124,7 @@ def priority_class_from_priority(priority: int | None) -> PriorityClass:
 def priority_class_for_pod(
     labels: Mapping[str, str], priority: int | None, qos: QoSClass = QoSClass.NONE
 ) -> PriorityClass:
-    """Label ``koordinator.sh/priority-class``, else ``spec.priority``, else derived from QoS (§12).
+    """Label ``koordinator.sh/priority-class``, else ``spec.priority``, else derived from QoS (docs/koordinator.md §12).
 
     QoS derivation: SYSTEM/LSE/LSR/LS → prod, BE → batch, none → NONE.
     """
@@ -145,5 +145,5 @@ def priority_class_for_pod(
 
 
 def skips_hooks(labels: Mapping[str, str]) -> bool:
-    """True when the pod opts out of runtime hooks (label value exactly "true", §2.1, §15.5)."""
+    """True when the pod opts out of runtime hooks (label value exactly "true", docs/koordinator.md §2.1, §15.5)."""
     return labels.get(LABEL_SKIP_HOOKSERVER) == SKIP_HOOKSERVER_VALUE

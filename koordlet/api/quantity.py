@@ -72,6 +72,6 @@ def parse_resource_quantity(resource: str, text: str) -> int:
     """A quantity in the integer unit Koordinator uses for ``resource``.
 
     ``cpu`` is counted in milli-cores ("4" → 4000); every other resource in its base unit: bytes for
-    memory, and the batch/mid CPU resources are already integer milli-cores ("1000" → 1000, §12).
+    memory, and the batch/mid CPU resources are already integer milli-cores ("1000" → 1000, docs/koordinator.md §12).
     """
     return parse_quantity_milli(text) if resource == "cpu" else parse_quantity(text)

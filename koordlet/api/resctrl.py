@@ -1,4 +1,4 @@
-"""Resctrl schemata maths (reference/koordinator.md §3.3, §4.7), shared by the class-level resctrl
+"""Resctrl schemata maths (docs/koordinator.md §3.3, §4.7), shared by the class-level resctrl
 strategy (koordlet.qosmanager.resctrl) and the pod-level resctrl hook (hooks.resctrl)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ class ResctrlMathError(ValueError):
 
 
 def l3_mask(cbm_mask: int, start_percent: int, end_percent: int) -> int:
-    """Bits [ceil(ways × start/100), ceil(ways × end/100)) of a contiguous cbm (§3.3)."""
+    """Bits [ceil(ways × start/100), ceil(ways × end/100)) of a contiguous cbm (docs/koordinator.md §3.3)."""
     ways = cbm_mask.bit_length()
     if cbm_mask <= 0 or bin(cbm_mask).count("1") != ways:
         raise ResctrlMathError(f"cbm_mask {cbm_mask:x} is not a contiguous block from bit 0")

@@ -1,4 +1,4 @@
-"""Allocate that honours the scheduler's device choice (seed 000, reference/peers.md §6.3-6.5).
+"""Allocate that honours the scheduler's device choice (docs/node-lock.md, docs/node-interfaces.md §6.3-6.5).
 
 kubelet's AllocateRequest carries only device IDs, never the pod. The scheduler therefore takes
 the node lock in Bind (koordlet/nodelock.py), and writes the GPUs it chose into the pod's
@@ -6,9 +6,10 @@ the node lock in Bind (koordlet/nodelock.py), and writes the GPUs it chose into 
 
 1. the pod is the holder of the node lock; it must be on this node, Pending, carry the
    annotation, and still have a GPU container without devices (ANNOTATION_DEVICE_BOUND). A lock
-   that is a bare RFC3339 timestamp (seed 000's format) names no pod: as the seed says, Allocate
-   then serves the latest Pending pod of this node that waits for its devices (latest by the
-   scheduler's bind-timestamp annotation, else by creation), and releases the lock like any other;
+   that is a bare RFC3339 timestamp (the format of docs/node-lock.md §2) names no pod: as the
+   proposal says (docs/node-lock.md §2), Allocate then serves the latest Pending pod of this node
+   that waits for its devices (latest by the scheduler's bind-timestamp annotation, else by
+   creation), and releases the lock like any other;
 2. the annotation's GPUs are split over the pod's GPU containers in order (init containers first,
    as kubelet admits them), each taking as many as it requests of our resource; the container
    kubelet asks for is the next one not yet bound, and its count must equal the request's;

@@ -1,8 +1,8 @@
-"""Kubelet device plugin (API v1beta1, reference/peers.md §7.1) for this node's GPUs.
+"""Kubelet device plugin (API v1beta1, docs/node-interfaces.md §7.1) for this node's GPUs.
 
 Resource name: `nvidia.com/gpu` by default. Koordinator accepts that community resource for whole
 GPUs and its scheduler writes the chosen GPUs into `scheduling.koordinator.sh/device-allocated`
-(seed 004); kubelet only calls a device plugin for the resource it registered, and fractional
+(docs/koordinator.md §5.4); kubelet only calls a device plugin for the resource it registered, and fractional
 `koordinator.sh/gpu-core`/`gpu-memory` requests never reach one (the GPU runtime hook covers
 those). So this plugin replaces NVIDIA's for `nvidia.com/gpu` on nodes where it runs; the name is
 a constructor argument for clusters that use another.

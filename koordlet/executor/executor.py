@@ -1,4 +1,4 @@
-"""The resource executor: the only code that writes kernel files (DESIGN.md §4, koordinator.md §10).
+"""The resource executor: the only code that writes kernel files (docs/design.md §4, docs/koordinator.md §10).
 
 Every write goes through :meth:`ResourceExecutor.update`, which
 1. validates the value against the resource registry (invalid → :class:`InvalidUpdateError`, never written);
@@ -18,7 +18,7 @@ once per resource and hierarchy); a missing dir is :class:`CgroupNotFoundError` 
 :meth:`ResourceExecutor.leveled_update` orders parent/child writes for hierarchical files on cgroup v1,
 where a child's cpuset must be a subset of its parent's and a child's CFS quota may not exceed its
 parent's: first parents to children with the looser of current and wanted value (union of cpusets, larger
-quota), then children to parents with the exact values (koordinator.md §10, §15.7).
+quota), then children to parents with the exact values (docs/koordinator.md §10, §15.7).
 
 Node-wide kernel files (the sysctls of NodeSLO ``systemStrategy``, ``/proc/<pid>/oom_score_adj``) go through
 :meth:`ResourceExecutor.write_system` with the same checks (registry range, path inside ``proc_dir``/``sys_dir``,

@@ -3,7 +3,8 @@
 Defined once, at import, on prometheus_client's default registry, which koordlet's /metrics endpoint
 serves; tests read the counters through :func:`update_count`. Names:
 ``koordlet_resource_update_total{resource,status}`` (ours) and
-``koordlet_resource_update_duration_milliseconds{type,status}`` with Koordinator's buckets 0.01×4^k (§6).
+``koordlet_resource_update_duration_milliseconds{type,status}`` with Koordinator's buckets 0.01×4^k
+(docs/koordinator.md §6).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `scheduling.koordinator.sh/v1alpha1` Device object for this node's GPUs (koordinator.md §5.4).
+"""The `scheduling.koordinator.sh/v1alpha1` Device object for this node's GPUs (docs/koordinator.md §5.4).
 
 One object per node, named after it, owned by the Node. Per GPU: type gpu, id = UUID, minor,
 health, resources gpu-core 100 / gpu-memory (bytes) / gpu-memory-ratio 100, topology
@@ -87,7 +87,7 @@ def build_device(
                     api.RESOURCE_GPU_MEMORY_RATIO: str(api.GPU_FULL_MEMORY_RATIO),
                 },
                 "topology": {
-                    # NVML gives no CPU socket; -1 is Koordinator's "unknown" (§5.4).
+                    # NVML gives no CPU socket; -1 is Koordinator's "unknown" (docs/koordinator.md §5.4).
                     "socketID": -1,
                     "nodeID": gpu.numa_node if gpu.numa_node is not None else -1,
                     "pcieID": gpu.pcie_switch_id,
@@ -143,7 +143,9 @@ def _normalise(value: Any, key: str = "") -> Any:
 
 
 def semantically_equal(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
-    """True when an update would change nothing that matters: spec, labels and annotations (§5.4)."""
+    """True when an update would change nothing that matters.
+
+    What matters: spec, labels and annotations (docs/koordinator.md §5.4)."""
     old_meta = existing.get("metadata") or {}
     new_meta = desired.get("metadata") or {}
     # Labels and annotations others added to the object are theirs: only ours are compared.

@@ -3,7 +3,7 @@
 The board is what the Device CR reporter and the device plugin's ListAndWatch read; every change
 bumps a generation counter and wakes the waiters, so a stream can block until something changed.
 
-Unlike NVIDIA's plugin (peers.md §7.2: "a device marked unhealthy never becomes healthy again"),
+Unlike NVIDIA's plugin (docs/node-interfaces.md §7.2: "a device marked unhealthy never becomes healthy again"),
 a GPU comes back: after `recover_after_s` without another critical Xid, and only when a probe of
 the device (a memory-info read) succeeds. The same probe on every poll marks a GPU that fell off
 the bus (GpuIsLost), which also covers GPUs NVML gives no events for (some VMs).
@@ -27,7 +27,7 @@ _log = logging.getLogger(__name__)
 # Changes kept for streams that fall behind: a flap (unhealthy and back) between two reads of a
 # stream is still delivered as two updates.
 _HISTORY = 64
-# Xids caused by applications, not by the GPU (NVIDIA k8s-device-plugin defaults, peers.md §7.2).
+# Xids caused by applications, not by the GPU (NVIDIA k8s-device-plugin defaults, docs/node-interfaces.md §7.2).
 APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 DEFAULT_RECOVER_AFTER_S = 300.0
 
@@ -36,7 +36,7 @@ DEFAULT_RECOVER_AFTER_S = 300.0
 class GPUHealth:
     uuid: str
     healthy: bool
-    # "" when healthy; otherwise why, e.g. "Xid79" (the Device CR condition reason, §5.4).
+    # "" when healthy; otherwise why, e.g. "Xid79" (the Device CR condition reason, docs/koordinator.md §5.4).
     reason: str = ""
     message: str = ""
 

@@ -1,4 +1,6 @@
-"""Per-GPU usage as metric-cache samples (koordinator.md §7.1 GPU collector, §7.2 series names).
+"""Per-GPU usage as metric-cache samples.
+
+GPU collector: docs/koordinator.md §7.1; series names: docs/koordinator.md §7.2.
 
 Kinds `node_gpu_core_usage` (percent of one GPU's SMs busy, 0-100) and `node_gpu_memory_usage`
 (bytes), labelled `gpu_minor` and `gpu_device_uuid`. Pod and container kinds `pod_gpu_core_usage`,

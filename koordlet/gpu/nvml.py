@@ -5,7 +5,7 @@ an argument, so CI drives the same code with a test double that implements the c
 (see tests/koordlet/gpu/fake_nvml.py). A node without the library, the driver or any GPU gets one
 INFO line and no session: the GPU parts of koordlet stay off there.
 
-Facts about real NVML on a GPU machine: reference/gpu-machine.md (H100, NUMA node query
+Facts about real NVML on a GPU machine: docs/node-interfaces.md §15 (H100, NUMA node query
 raises NVMLError_NotSupported inside the VM, which must read as "unknown", not a failure).
 """
 
@@ -67,7 +67,7 @@ class GPUInventory:
 
 @dataclass(frozen=True, slots=True)
 class GPUUsage:
-    """One sample of a GPU's load (koordinator.md §7.1: node GPU core and memory usage)."""
+    """One sample of a GPU's load (docs/koordinator.md §7.1: node GPU core and memory usage)."""
 
     uuid: str
     minor: int
@@ -78,7 +78,7 @@ class GPUUsage:
 
 @dataclass(frozen=True, slots=True)
 class ProcessGPUUsage:
-    """One process's share of one GPU (NVML per-process accounting, koordinator.md §7.1)."""
+    """One process's share of one GPU (NVML per-process accounting, docs/koordinator.md §7.1)."""
 
     pid: int
     uuid: str

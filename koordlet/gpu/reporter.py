@@ -4,7 +4,7 @@ With an API server: GET the node's Device; 404 -> create; present and semantical
 otherwise replace with the object's resourceVersion (a 409 means someone else wrote in between:
 read again and retry, a few times). Labels and annotations others put on the object are kept.
 Without one, the same object is written atomically to a YAML file so a user can see it.
-The node's GPU model and driver labels (seed 004) are patched when they differ.
+The node's GPU model and driver labels (docs/koordinator.md §5.4) are patched when they differ.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bounded in-memory time series of node, pod and container metrics (koordinator.md §7.2)."""
+"""Bounded in-memory time series of node, pod and container metrics (docs/koordinator.md §7.2)."""
 
 from koordlet.metriccache.cache import (
     DEFAULT_CAPACITY_BY_KIND,

@@ -1,13 +1,13 @@
 """In-memory metric cache, bounded by construction.
 
-Koordinator keeps its samples in an embedded Prometheus TSDB on disk (koordinator.md §7.2) and its
+Koordinator keeps its samples in an embedded Prometheus TSDB on disk (docs/koordinator.md §7.2) and its
 users see the agent grow past its 256 MiB limit. Here every series is a ring of preallocated
 ``array('d')`` slots (8 bytes per timestamp and 8 per value; a list of Python floats costs 4× that),
 so memory is set by (number of live series × capacity) and never by uptime. Series of pods and
 containers that are gone are dropped by :meth:`MetricCache.gc`.
 
 Capacity is per metric kind: node-level kinds keep 30 min at 1 s (the longest NodeMetric aggregate
-window, §5.3), pod and container kinds keep 10 min (twice the default 300 s aggregateDuration).
+window, docs/koordinator.md §5.3), pod and container kinds keep 10 min (twice the default 300 s aggregateDuration).
 Both are constructor arguments.
 
 Concurrency: one writer (the collector runner) and any number of readers. Writes and the copy-out

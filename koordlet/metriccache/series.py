@@ -1,4 +1,4 @@
-"""What a time series is called: metric kinds and label names (Koordinator's names, koordinator.md §7.2)."""
+"""What a time series is called: metric kinds and label names (Koordinator's names, docs/koordinator.md §7.2)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ class GPUDevice:
     memory_total_bytes: int
 
 
-# Values of be_allocation (koordinator.md §4.4 spells the last one "real-limit").
+# Values of be_allocation (docs/koordinator.md §4.4 spells the last one "real-limit").
 BE_ALLOCATION_USAGE = "usage"
 BE_ALLOCATION_REQUEST = "request"
 BE_ALLOCATION_REAL_LIMIT = "real-limit"

@@ -1,4 +1,4 @@
-"""Collectors of node, pod, container, BE and PSI metrics into the metric cache (koordinator.md §7.1)."""
+"""Collectors of node, pod, container, BE and PSI metrics into the metric cache (docs/koordinator.md §7.1)."""
 
 from koordlet.metricsadvisor.framework import Collector, CollectorRunner
 from koordlet.metricsadvisor.node import NodeResourceCollector, NodeUsage

@@ -1,6 +1,6 @@
 """Node resource collector: CPU cores from /proc/stat tick deltas, memory from /proc/meminfo.
 
-CPU (koordinator.md §7.1): busy ticks = user+nice+system+irq+softirq of the ``cpu`` line;
+CPU (docs/koordinator.md §7.1): busy ticks = user+nice+system+irq+softirq of the ``cpu`` line;
 cores = Δbusy_ticks / (Δt × CLK_TCK). The first collection only primes. Memory = MemTotal − MemAvailable
 (and MemTotal − MemFree as the with-page-cache variant). Both files are read through kept descriptors.
 

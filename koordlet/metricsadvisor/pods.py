@@ -1,6 +1,6 @@
 """Pod and container resource collector, BE aggregate and system usage, in one pass per tick.
 
-Each tick reads, for every pod dir and every container dir the pod source returns (koordinator.md §7.1):
+Each tick reads, for every pod dir and every container dir the pod source returns (docs/koordinator.md §7.1):
   CPU        v1 ``cpuacct.usage`` / v2 ``cpu.stat`` usage_usec; cores = Δns / Δt_ns (first sighting primes)
   throttling ``cpu.stat``; ratio = Δnr_throttled / Δnr_periods (0 when no period elapsed)
   memory     ``memory.stat``: anon + unevictable ("usage"); optionally + file LRU ("with page cache")
@@ -291,7 +291,7 @@ class PodResourceCollector:
                     samples,
                 )
         for app in self._host_apps() if self._host_apps is not None else ():
-            # Counted apart from pods: system usage leaves both out (§7.1).
+            # Counted apart from pods: system usage leaves both out (docs/koordinator.md §7.1).
             observed = self._observe("app/" + app.name, app.cgroup_dir, _HOST_APP_KINDS,
                                      ((Label.HOST_APP_NAME, app.name),), now, seen, samples)
             if observed is not None:
@@ -315,7 +315,7 @@ class PodResourceCollector:
         return samples
 
     def _collect_be(self, be_dir: str, now: float, request_milli: int) -> list[Sample]:
-        """BE usage, request and real limit in milli-cores (koordinator.md §7.1, §4.4)."""
+        """BE usage, request and real limit in milli-cores (docs/koordinator.md §7.1, §4.4)."""
         fs, version = self._fs, self._fs.version
         samples = [Sample(BE_CPU_REQUEST, now, float(request_milli))]
         try:
@@ -347,7 +347,7 @@ class PodResourceCollector:
         return samples
 
     def _system_usage(self, now: float, accounted_cpu_cores: float, accounted_memory_bytes: int) -> list[Sample]:
-        """node − Σ pods − Σ host apps (summed by the caller), clamped at 0 (koordinator.md §7.1), only against
+        """node − Σ pods − Σ host apps (summed by the caller), clamped at 0 (docs/koordinator.md §7.1), only against
         a node reading of this tick."""
         if self._node is None:
             return []

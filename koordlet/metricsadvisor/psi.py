@@ -1,4 +1,4 @@
-"""PSI collectors (§7.1): the node's /proc/pressure and every pod's and container's ``*.pressure``.
+"""PSI collectors (docs/koordinator.md §7.1): the node's /proc/pressure and every pod's and container's ``*.pressure``.
 
 Both give avg10/avg60/avg300 for ``some`` and ``full``. The node collector is off, with one log line,
 where the kernel has no readable /proc/pressure (CONFIG_PSI off or ``psi=0``).
@@ -91,7 +91,9 @@ class _PsiTarget:
 
 
 class PodPsiCollector:
-    """Pod and container PSI: ``cpu|memory|io.pressure`` of every pod and container cgroup (§6, §7.1).
+    """Pod and container PSI: ``cpu|memory|io.pressure`` of every pod and container cgroup.
+
+    docs/koordinator.md §6, §7.1.
 
     Where the files are, tried in this order for each cgroup:
       cgroup v2     the cgroup's own dir;

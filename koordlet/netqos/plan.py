@@ -3,7 +3,7 @@
 Pure: no netlink, no files. :mod:`koordlet.system.tc` compares a plan with what is on the link and
 changes only the difference.
 
-Layout (Koordinator's tc mode, reference/koordinator.md §3.3 NetQoS): an HTB qdisc with major 1 on the
+Layout (Koordinator's tc mode, docs/koordinator.md §3.3 NetQoS): an HTB qdisc with major 1 on the
 uplink's egress; root class 1:1 holds the whole node bandwidth; the class children are system 1:2, LS 1:3
 (LSE/LSR/LS pods) and BE 1:4; unclassified traffic goes to the system class (the qdisc default). Each class
 is guaranteed its ``egressRequest`` and may borrow up to its ``egressLimit`` (NodeSLO ``networkQOS`` of the
@@ -157,7 +157,9 @@ def net_pod(key: str, ips: Iterable[str], qos: QoSClass, annotations: Mapping[st
 
 
 def qos_minor(qos: QoSClass) -> int:
-    """The class a QoS goes to: LSE/LSR/LS share the LS class (§3.3); BE its own; the rest system."""
+    """The class a QoS goes to.
+
+    LSE/LSR/LS share the LS class (docs/koordinator.md §3.3); BE its own; the rest system."""
     if qos in (QoSClass.LSE, QoSClass.LSR, QoSClass.LS):
         return LS_MINOR
     if qos is QoSClass.BE:

@@ -1,4 +1,4 @@
-"""Prod reclaimable and prod peak (reference/koordinator.md §5.3; Koordinator pkg/koordlet/prediction
+"""Prod reclaimable and prod peak (docs/koordinator.md §5.3; Koordinator pkg/koordlet/prediction
 peak_predictor.go): what NodeMetric's ``prodReclaimableMetric`` and ``prodPeakMetric`` carry, from which
 koord-manager computes the Mid-tier resources.
 

@@ -58,7 +58,7 @@ NODE_ITEM_UIDS = frozenset({node_item_uid(SYSTEM_ITEM), *(node_item_uid(c.value)
 
 @dataclass(frozen=True, slots=True)
 class PredictionConfig:
-    """Koordinator's ``-prediction-*`` flags (koordinator.md §9.1)."""
+    """Koordinator's ``-prediction-*`` flags (docs/koordinator.md §9.1)."""
 
     checkpoint_dir: str = "/var/run/koordlet/prediction-checkpoints"
     cold_start_s: float = 24 * HOUR

@@ -1,4 +1,4 @@
-"""The QoS manager and its strategies (koordinator.md §4): suppress, burst, memory QoS, evictions, resctrl.
+"""The QoS manager and its strategies (docs/koordinator.md §4): suppress, burst, memory QoS, evictions, resctrl.
 
 Every strategy has one shape (see :mod:`koordlet.qosmanager.framework`): a frozen config from the NodeSLO
 and a pure ``decide(snapshot, config) -> Plan``, registered in :data:`STRATEGIES`. :func:`new_qos_manager`
@@ -66,7 +66,7 @@ _EVICTIONS = (memoryevict.STRATEGY.name, cpuevict.STRATEGY.name)
 
 
 def _interval_s(strategy: Strategy, config: QoSManagerConfig) -> float:
-    """The flag that sets each strategy's interval (koordinator.md §4.1)."""
+    """The flag that sets each strategy's interval (docs/koordinator.md §4.1)."""
     return {
         cpusuppress.STRATEGY.name: config.cpu_suppress_interval_s,
         memoryevict.STRATEGY.name: config.memory_evict_interval_s,
@@ -106,8 +106,9 @@ def new_qos_manager(
                               layout=layout, cpu_manager=cpu_manager, sys_dir=sys_dir)
     strategies: list[Strategy] = []
     if config.gate(GATE_BE_CPU_MANAGER):
-        # §4.2: with the BE CPU manager, suppress stands down and keeps the BE cpusets on the share pool
-        # (cpusuppress.decide_be_cpu_manager); the cpuset hook gives allocated BE pods their NUMA nodes' pools.
+        # docs/koordinator.md §4.2: with the BE CPU manager, suppress stands down and keeps the BE cpusets on the
+        # share pool (cpusuppress.decide_be_cpu_manager); the cpuset hook gives allocated BE pods their NUMA
+        # nodes' pools.
         logger.info("feature gate %s is on: CPU suppress stands down, BE cpusets follow the BE share pool",
                     GATE_BE_CPU_MANAGER)
     for strategy in STRATEGIES:

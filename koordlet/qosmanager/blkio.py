@@ -1,4 +1,4 @@
-"""BlkIO QoS (``BlkIOReconcile``, koordinator.md §4.8; Koordinator qosmanager/plugins/blkio): block I/O limits of
+"""BlkIO QoS (``BlkIOReconcile``, docs/koordinator.md §4.8; Koordinator qosmanager/plugins/blkio): block I/O limits of
 the BE class, of single pods, and blk-iocost on the root cgroup, every reconcile interval.
 
 Targets and files (v1 names; the executor writes the v2 ones: ``io.max`` ``rbps/wbps/riops/wiops``,

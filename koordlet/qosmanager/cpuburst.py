@@ -1,4 +1,4 @@
-"""CPU burst: static ``cfs_burst_us`` and dynamic CFS quota scaling for LS pods (koordinator.md §4.3).
+"""CPU burst: static ``cfs_burst_us`` and dynamic CFS quota scaling for LS pods (docs/koordinator.md §4.3).
 
 Eligible: running or pending pods whose qosClass label is not LSR/LSE/BE; their config is the node's
 ``cpuBurstStrategy`` with the pod annotation ``koordinator.sh/cpuBurst`` over it.
@@ -156,12 +156,12 @@ def pod_burst_config(pod: PodMeta, node_strategy: CPUBurstStrategy) -> CPUBurstS
 
 
 def is_eligible(pod: PodMeta) -> bool:
-    """A running or pending pod whose qosClass label is not LSR/LSE/BE (§4.3)."""
+    """A running or pending pod whose qosClass label is not LSR/LSE/BE (docs/koordinator.md §4.3)."""
     return pod.phase in ("Running", "Pending", "") and pod.qos_label not in _INELIGIBLE_QOS
 
 
 def eligible_containers(snapshot: Snapshot, layout: KubeCgroupLayout) -> tuple[BurstContainer, ...]:
-    """Containers of running/pending pods whose qosClass label is not LSR/LSE/BE (§4.3)."""
+    """Containers of running/pending pods whose qosClass label is not LSR/LSE/BE (docs/koordinator.md §4.3)."""
     node_strategy = snapshot.node_slo.cpu_burst_strategy
     found: list[BurstContainer] = []
     for pod in snapshot.pods:
@@ -181,8 +181,10 @@ def eligible_containers(snapshot: Snapshot, layout: KubeCgroupLayout) -> tuple[B
 
 
 def share_pool_state(snapshot: Snapshot, threshold_percent: int) -> SharePoolState:
-    """Node share-pool state from averages (§4.3): total = #CPUs − Σ LSE/LSR requests, used = node used −
-    usage of LSE/LSR/BE pods; ratio ≥ threshold → overload, ≥ 0.9 × threshold → cooling, else idle."""
+    """Node share-pool state from averages (docs/koordinator.md §4.3).
+
+    total = #CPUs − Σ LSE/LSR requests, used = node used − usage of LSE/LSR/BE pods; ratio ≥ threshold →
+    overload, ≥ 0.9 × threshold → cooling, else idle."""
     node_used = snapshot.node_cpu_avg_cores
     if node_used is None:
         return SharePoolState.UNKNOWN
@@ -208,7 +210,7 @@ def share_pool_state(snapshot: Snapshot, threshold_percent: int) -> SharePoolSta
 def container_operation(
     quota_burst: bool, limiter_allows: bool, throttled_ratio: float, node_state: SharePoolState
 ) -> BurstOperation:
-    """Operation of one container (§4.3), node overrides applied."""
+    """Operation of one container (docs/koordinator.md §4.3), node overrides applied."""
     if not quota_burst:
         return BurstOperation.RESET
     if not limiter_allows:
@@ -303,8 +305,9 @@ class _QuotaScaling:
 
 def _scale_quota(entry: BurstContainer, snapshot: Snapshot, container_quota: int, bucket: TokenBucket | None,
                  node_state: SharePoolState) -> _QuotaScaling | None:
-    """The dynamic quota of a container with a CPU limit and a known quota (§4.3); None when a reset would
-    find it at its base already."""
+    """The dynamic quota of a container with a CPU limit and a known quota (docs/koordinator.md §4.3).
+
+    None when a reset would find it at its base already."""
     limit_milli = entry.limit_milli
     base = limit_milli * CFS_PERIOD_US // 1000
     ceil = base * entry.config.cfs_quota_burst_percent // 100

@@ -1,4 +1,4 @@
-"""CPU eviction (``BECPUEvict``, ``CPUAllocatableEvict``, ``CPUEvict``; koordinator.md §4.4, Koordinator
+"""CPU eviction (``BECPUEvict``, ``CPUAllocatableEvict``, ``CPUEvict``; docs/koordinator.md §4.4, Koordinator
 qosmanager/plugins/cpuevict).
 
 One strategy runs the three features in Koordinator's order (BE satisfaction, allocatable, node usage) as the

@@ -1,4 +1,4 @@
-"""BE CPU suppress: shrink what BE pods may use to what LS pods and the system leave (koordinator.md §4.2).
+"""BE CPU suppress: shrink what BE pods may use to what LS pods and the system leave (docs/koordinator.md §4.2).
 
 Budget (cores): ``capacity × threshold% − podNonBEUsed − hostAppNonBE − systemUsed``, raised to
 ``capacity × minPercent%`` when that is set. Two policies carry it out on the besteffort cgroups:
@@ -98,7 +98,7 @@ _NEEDS = Needs(cgroup_reads=(CgroupRead("cpuset.cpus", Scope.BESTEFFORT),
 
 @dataclass(frozen=True, slots=True)
 class SuppressBudget:
-    """The figures of §4.2, in cores."""
+    """The figures of docs/koordinator.md §4.2, in cores."""
 
     suppress_cores: float
     pod_non_be_used_cores: float
@@ -134,7 +134,7 @@ class SuppressDecision:
 
 
 def _counts_as_be(pod: PodMeta) -> bool:
-    # §4.2 filters on the raw label or the kube QoS, not on the derived class.
+    # docs/koordinator.md §4.2 filters on the raw label or the kube QoS, not on the derived class.
     return pod.qos_label is QoSClass.BE or pod.effective_kube_qos is KubeQoS.BESTEFFORT
 
 
@@ -154,8 +154,10 @@ def _node_reserved_cores(snapshot: Snapshot, reservation: NodeReservation | None
 
 
 def suppress_budget(snapshot: Snapshot, config: SuppressConfig, pools: CPUPools | None = None) -> SuppressBudget | None:
-    """Cores left to BE pods (§4.2); None without a node CPU sample. ``pools``: :func:`node_cpu_pools` of the
-    snapshot when the caller has them (the node reservation comes from there)."""
+    """Cores left to BE pods (docs/koordinator.md §4.2); None without a node CPU sample.
+
+    ``pools``: :func:`node_cpu_pools` of the snapshot when the caller has them (the node reservation comes
+    from there)."""
     node_used = snapshot.node_cpu_cores
     if node_used is None:
         return None
@@ -218,7 +220,7 @@ def kubelet_static(snapshot: Snapshot) -> bool:
 def candidate_buckets(snapshot: Snapshot, pools: CPUPools | None = None) -> CPUBuckets:
     """The BE shared pool (``pools``, :func:`node_cpu_pools` of the snapshot): all CPUs − node-reserved −
     SYSTEM-exclusive − LSE-bound − kubelet-exclusive (static policy), exactly what the NRT tells the scheduler BE
-    may use; the CPUs of LSR pods form the LSR bucket (§4.2)."""
+    may use; the CPUs of LSR pods form the LSR bucket (docs/koordinator.md §4.2)."""
     if pools is None:
         pools = node_cpu_pools(snapshot)
     be_cpus = pools.be_shared_cpus
@@ -235,7 +237,7 @@ def candidate_buckets(snapshot: Snapshot, pools: CPUPools | None = None) -> CPUB
 def select_cpus(bucket: Sequence[CPUInfo], count: int) -> list[int]:
     """``count`` CPUs of ``bucket``: groups by (NUMA node, socket), each sorted by (core, cpu); groups visited
     largest first, round-robin, taking both hyper-threads of a core while ≥ 2 are still needed, then single
-    CPUs round-robin (§4.2)."""
+    CPUs round-robin (docs/koordinator.md §4.2)."""
     if count <= 0:
         return []
     groups: dict[tuple[int, int], dict[int, list[int]]] = {}
@@ -272,7 +274,9 @@ def _round_robin(groups: list[list[list[int]]], remaining: int, per_core: int, c
 
 
 def be_cpuset_size(budget_cores: float, current_size: int, num_cpus: int, candidates: int) -> int:
-    """ceil(budget), at least 2, growing by at most ceil(10 % of the CPUs) above the current size (§4.2)."""
+    """ceil(budget), at least 2, growing by at most ceil(10 % of the CPUs) above the current size.
+
+    docs/koordinator.md §4.2."""
     size = max(math.ceil(budget_cores), BE_MIN_CPUSET_CORES)
     if current_size > 0:
         size = min(size, current_size + math.ceil(CPUSET_GROWTH_RATIO * num_cpus))
@@ -331,7 +335,7 @@ def _cpuset_steps(layout: KubeCgroupLayout, pods: Sequence[PodMeta], cpus: Seque
 
 
 def decide_cfs_quota(budget_cores: float, current_quota_us: int, capacity_cores: float) -> int | None:
-    """The besteffort quota to write, or None to leave it (§4.2 cfsQuota policy)."""
+    """The besteffort quota to write, or None to leave it (docs/koordinator.md §4.2 cfsQuota policy)."""
     wanted = max(int(budget_cores * CFS_PERIOD_US), CFS_QUOTA_MIN_US)
     if current_quota_us != UNLIMITED:
         if abs(wanted - current_quota_us) < capacity_cores * CFS_PERIOD_US * CFS_QUOTA_SKIP_RATIO and (
@@ -466,7 +470,7 @@ AUDIT_REASON = "AdjustBEByNodeCPUUsage"  # Koordinator's audit reason for suppre
 
 
 def budget_why(snapshot: Snapshot, config: SuppressConfig, decision: SuppressDecision) -> str:
-    """The audit log's why of a suppress plan: the §4.2 budget with its figures."""
+    """The audit log's why of a suppress plan: the docs/koordinator.md §4.2 budget with its figures."""
     budget = decision.budget
     if budget is None:
         return f"policy {config.policy}: {decision.reason or 'no budget'}"

@@ -14,7 +14,7 @@ on it, with this phase the decision follows the sample by ``PHASE_LAG_S``.
 
 A strategy that raises is logged when it starts failing and when it recovers, counted in
 ``koordlet_qosmanager_strategy_runs{status="error"}``, and run again at its next tick.
-Flags and defaults: koordinator.md §4.1; feature gates: §9.2.
+Flags and defaults: docs/koordinator.md §4.1; feature gates: docs/koordinator.md §9.2.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 PHASE_LAG_S = 0.1  # strategies tick this long after the collector's tick
 
-# Feature gates of the QoS strategies and their defaults (koordinator.md §9.2).
+# Feature gates of the QoS strategies and their defaults (docs/koordinator.md §9.2).
 GATE_BE_CPU_SUPPRESS = "BECPUSuppress"
 GATE_CPU_BURST = "CPUBurst"
 GATE_BE_CPU_EVICT = "BECPUEvict"
@@ -73,7 +73,7 @@ def resolve_feature_gates(overrides: Mapping[str, bool] | None) -> Mapping[str, 
 
 @dataclass(frozen=True, slots=True)
 class QoSManagerConfig:
-    """Flags of koordinator.md §4.1 (seconds)."""
+    """Flags of docs/koordinator.md §4.1 (seconds)."""
 
     node_name: str = ""
     collect_res_used_interval_s: float = 1.0
@@ -184,7 +184,8 @@ class QoSManager(TickerThread):
         self._wall_clock = wall_clock
         self._entries: list[_Scheduled] = []
         if self._config.collect_res_used_interval_s < 1.0:
-            # Koordinator disables the whole QoS manager then (§4.1): its metrics would be too coarse.
+            # Koordinator disables the whole QoS manager then (docs/koordinator.md §4.1): its metrics would be
+            # too coarse.
             logger.warning(
                 "qos manager disabled: collect interval %.3f s is below 1 s", self._config.collect_res_used_interval_s
             )

@@ -1,5 +1,6 @@
-"""Memory eviction (``BEMemoryEvict``, ``MemoryAllocatableEvict``, ``MemoryEvict``; koordinator.md §4.5, Koordinator
-qosmanager/plugins/memoryevict).
+"""Memory eviction (``BEMemoryEvict``, ``MemoryAllocatableEvict``, ``MemoryEvict``).
+
+docs/koordinator.md §4.5; Koordinator qosmanager/plugins/memoryevict.
 
 One strategy runs the three features in Koordinator's order (BE, allocatable, opt-in) as the tasks of one plan:
 a pod evicted by an earlier task counts for the later ones, and the strategy rests for the cool-down (4 s)

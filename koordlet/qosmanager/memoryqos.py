@@ -1,5 +1,5 @@
 """Memory QoS (``CgroupReconcile``): memory.min/low/high per pod and container, kubeQoS sums, and the Anolis
-watermark/priority files where the kernel has them (koordinator.md §4.6).
+watermark/priority files where the kernel has them (docs/koordinator.md §4.6).
 
 Per pod: the class config from the merged NodeSLO, then the pod annotation ``koordinator.sh/memoryQOS``.
   memRequest = Σ container memory requests (BE: batch-memory)
@@ -69,7 +69,7 @@ class MemoryValues:
 
 
 def pod_memory_qos(pod: PodMeta, spec: NodeSLOSpec) -> MemoryQOS:
-    """Class config (LSE uses LSR's), then the pod annotation (§4.6)."""
+    """Class config (LSE uses LSR's), then the pod annotation (docs/koordinator.md §4.6)."""
     qos = pod.qos_class
     class_config = spec.resource_qos_strategy.for_class(qos).memory_qos
     raw = pod.annotations.get(ANNOTATION_MEMORY_QOS)

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the QoS manager and the evictor, with Koordinator's names (koordinator.md §6).
+"""Prometheus metrics of the QoS manager and the evictor, with Koordinator's names (docs/koordinator.md §6).
 
 Defined once, at import, on prometheus_client's default registry (the one koordlet's ``/metrics`` serves),
 like the executor's. Every Koordinator metric carries the ``node`` label.

@@ -1,5 +1,5 @@
 """Class-level RDT: resctrl groups LSR, LS and BE with L3 CAT masks and MBA, and pod tasks moved in
-(``RdtResctrl``, koordinator.md §4.7, mask rule of §3.3).
+(``RdtResctrl``, docs/koordinator.md §4.7, mask rule of docs/koordinator.md §3.3).
 
 L3 mask of a group = bits [ceil(ways × start/100), ceil(ways × end/100)) where ways is the bit length of
 the root ``info/L3/cbm_mask`` (contiguous); MB = ``mbaPercent`` rounded up to a multiple of 10 (Intel) or

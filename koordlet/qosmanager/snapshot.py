@@ -2,7 +2,7 @@
 
 A :class:`Snapshot` is built once per strategy tick by :class:`SnapshotBuilder` from the states provider and
 the metric cache; ``decide`` functions read nothing else (no files, no clock), so they are tested on
-hand-made snapshots. "Latest" values are the newest sample inside 2 × the collect interval (koordinator.md
+hand-made snapshots. "Latest" values are the newest sample inside 2 × the collect interval (docs/koordinator.md
 §4.1); a series without such a sample is absent from the snapshot, never a stale number.
 """
 
@@ -64,7 +64,7 @@ BE_CPU_REAL_LIMIT_KEY = BE_CPU_REAL_LIMIT
 
 @dataclass(frozen=True, slots=True)
 class BECPUWindow:
-    """``node_be`` cpu metrics over the BE-eviction window, in milli-cores (§4.4)."""
+    """``node_be`` cpu metrics over the BE-eviction window, in milli-cores (docs/koordinator.md §4.4)."""
 
     window_s: float
     samples: int  # the smallest sample count of the three series
@@ -172,7 +172,7 @@ class Snapshot:
 
 
 def is_be(pod: PodMeta) -> bool:
-    """A BE pod: the qosClass label BE, or no label and kube QoS BestEffort (§12)."""
+    """A BE pod: the qosClass label BE, or no label and kube QoS BestEffort (docs/koordinator.md §12)."""
     return pod.qos_class is QoSClass.BE
 
 
@@ -192,7 +192,7 @@ def pod_batch_cpu_request_milli(pod: PodMeta) -> int:
 
 
 def pod_memory_request_bytes(pod: PodMeta) -> int:
-    """Σ container memory requests; BE pods count batch-memory (§4.6)."""
+    """Σ container memory requests; BE pods count batch-memory (docs/koordinator.md §4.6)."""
     resource = RESOURCE_BATCH_MEMORY if is_be(pod) else RESOURCE_MEMORY
     return sum(container_resource(c, resource) for c in pod.containers if not c.is_init)
 

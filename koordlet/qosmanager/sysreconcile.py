@@ -1,4 +1,4 @@
-"""System config (``SystemConfig``, koordinator.md §4.9; Koordinator qosmanager/plugins/sysreconcile): the node's
+"""System config (``SystemConfig``, docs/koordinator.md §4.9; Koordinator qosmanager/plugins/sysreconcile): the node's
 sysctls from NodeSLO ``systemStrategy``, every reconcile interval.
 
 - ``minFreeKbytesFactor`` → ``vm.min_free_kbytes`` = node memory capacity in KiB × factor / 10000 (integer

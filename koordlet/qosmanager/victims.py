@@ -1,4 +1,4 @@
-"""What the eviction strategies share (koordinator.md §4.4–4.5 "Eviction mechanics"; Koordinator
+"""What the eviction strategies share (docs/koordinator.md §4.4–4.5 "Eviction mechanics"; Koordinator
 qosmanager/plugins/util evict.go): the cool-down kept in ``Plan.memo``, the :class:`~koordlet.plan.Evictions`
 tasks, what a pod's request is in its priority class's resource, and the allocatable trigger shared by
 ``CPUAllocatableEvict`` and ``MemoryAllocatableEvict``.

@@ -2,11 +2,11 @@
 
 The NVML session, inventory and health watcher are :class:`koordlet.gpu.service.GPUService`; this module only
 schedules them. :class:`GPUCollector` puts per-GPU core and memory usage into the metric cache on the
-collector runner's clock (§7.1: "with node collector"), and, given the pods, each pod's and container's
-GPU usage: NVML's per-process usage attributed through the PIDs in each container's ``cgroup.procs``.
-:class:`DeviceReportLoop` writes the Device object
-every ``-node-topology-sync-interval`` (3 s, §5.1) through :class:`koordlet.gpu.reporter.DeviceReporter`,
-which skips unchanged objects; a failed write is logged once when failing starts and retried next tick.
+collector runner's clock (docs/koordinator.md §7.1: "with node collector"), and, given the pods, each pod's
+and container's GPU usage: NVML's per-process usage attributed through the PIDs in each container's
+``cgroup.procs``. :class:`DeviceReportLoop` writes the Device object every ``-node-topology-sync-interval``
+(3 s, docs/koordinator.md §5.1) through :class:`koordlet.gpu.reporter.DeviceReporter`, which skips unchanged
+objects; a failed write is logged once when failing starts and retried next tick.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""NodeMetric ``.status`` every report interval (koordinator.md §5.3), to the API server or a YAML file.
+"""NodeMetric ``.status`` every report interval (docs/koordinator.md §5.3), to the API server or a YAML file.
 
 What is reported, from the metric cache:
   nodeUsage / systemUsage      avg over ``aggregateDurationSeconds`` (300 s) of node and system usage
@@ -66,13 +66,14 @@ MEMORY_WITHOUT_PAGE_CACHE = "usageWithoutPageCache"
 MEMORY_WITH_PAGE_CACHE = "usageWithPageCache"
 MEMORY_WITH_HOT_PAGE_CACHE = "usageWithHotPageCache"
 AGGREGATIONS = ("avg", "p50", "p90", "p95", "p99")
-MIN_COVERAGE = 0.5  # §5.3: an aggregate is reported only if its samples span >= 50 % of the duration
+# docs/koordinator.md §5.3: an aggregate is reported only if its samples span >= 50 % of the duration
+MIN_COVERAGE = 0.5
 _CONFLICT_RETRIES = 5
 
 
 @dataclass(frozen=True, slots=True)
 class CollectPolicy:
-    """``spec.metricCollectPolicy`` with Koordinator's defaults (§5.3)."""
+    """``spec.metricCollectPolicy`` with Koordinator's defaults (docs/koordinator.md §5.3)."""
 
     aggregate_duration_s: float = 300.0
     report_interval_s: float = 60.0

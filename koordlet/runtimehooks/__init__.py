@@ -112,7 +112,9 @@ class _RDMANodes:
 
 
 def group_identity_supported(executor: ResourceExecutor, layout: KubeCgroupLayout) -> bool:
-    """Koordinator's check (§3.3): ``cpu.bvt_warp_ns`` exists in the kubepods dir (Anolis kernels)."""
+    """Koordinator's check (docs/koordinator.md §3.3).
+
+    ``cpu.bvt_warp_ns`` exists in the kubepods dir (Anolis kernels)."""
     from koordlet.executor import ExecutorError
 
     try:

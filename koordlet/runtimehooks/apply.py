@@ -258,8 +258,9 @@ def apply_to_resources(changes: Changes, r: hookapi.LinuxContainerResources, *, 
     if container and changes.cpuset_cpus is not None:
         r.cpuset_cpus = changes.cpuset_cpus
     if changes.memory_limit_bytes is not None:
-        # Koordinator answers -1 for "unlimited" (koordinator.md §3.3); the proxy takes only a limit > 0
-        # (§2.7), so a -1 leaves kubelet's own value (0, unlimited, for a BE container) in the CRI request.
+        # Koordinator answers -1 for "unlimited" (docs/koordinator.md §3.3); the proxy takes only a limit > 0
+        # (docs/koordinator.md §2.7), so a -1 leaves kubelet's own value (0, unlimited, for a BE container) in
+        # the CRI request.
         r.memory_limit_in_bytes = changes.memory_limit_bytes
 
 

@@ -1,4 +1,4 @@
-"""Runtime hook metrics (reference/koordinator.md §6), on the default registry koordlet serves."""
+"""Runtime hook metrics (docs/koordinator.md §6), on the default registry koordlet serves."""
 
 from __future__ import annotations
 

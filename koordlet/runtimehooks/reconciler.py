@@ -1,4 +1,4 @@
-"""The reconciler (reference/koordinator.md §3.4): the same plugin results, applied to the cgroup files of
+"""The reconciler (docs/koordinator.md §3.4): the same plugin results, applied to the cgroup files of
 every pod and container on a timer and whenever the pods or the NodeSLO change, so settings converge
 without the proxy, after a koordlet restart, and after someone changed a file by hand.
 

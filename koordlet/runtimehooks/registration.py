@@ -1,4 +1,4 @@
-"""koordlet's hook server registration file for the proxy (reference/koordinator.md §2.4)."""
+"""koordlet's hook server registration file for the proxy (docs/koordinator.md §2.4)."""
 
 from __future__ import annotations
 

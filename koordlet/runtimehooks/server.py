@@ -1,9 +1,9 @@
 """koordlet's runtime.v1alpha1.RuntimeHookService: what the proxy asks on the pod lifecycle calls.
 
 Every answer starts as an echo of the request and is then changed by the plugins, so it always carries
-the full desired state (reference/koordinator.md §2.3). Pod-level settings cannot travel in a CRI request:
-the server writes them to the pod cgroup itself through the executor (§3.2, "Proxy" row) where the dir
-exists already, and the reconciler does where it did not yet.
+the full desired state (docs/koordinator.md §2.3). Pod-level settings cannot travel in a CRI request:
+the server writes them to the pod cgroup itself through the executor (docs/koordinator.md §3.2, "Proxy"
+row) where the dir exists already, and the reconciler does where it did not yet.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""States informer: node, NodeSLO and pods from their sources, with change callbacks (koordinator.md §8).
+"""States informer: node, NodeSLO and pods from their sources, with change callbacks (docs/koordinator.md §8).
 
 - ``api``: the StatesProvider protocol everything else codes against;
 - ``informer``: StatesInformer, the provider: pods polled from a pod source, node/NodeSLO pushed in;

@@ -9,7 +9,7 @@ are cached by id (a sandbox's config never changes) and forgotten when the id is
 Requests and limits are derived back from the Linux resources kubelet computed (the inverse of kubelet's
 conversion): cpu limit = quota × 1000 / period milli-cores, cpu request = shares × 1000 / 1024 (shares of
 2 are kubelet's "no request"), memory limit = memory_limit_in_bytes. A container of a BestEffort pod has
-none. Kube QoS comes from the cgroup parent (§2.6). The pod phase is not known here ("").
+none. Kube QoS comes from the cgroup parent (docs/koordinator.md §2.6). The pod phase is not known here ("").
 
 Memory and extended-resource requests are not in the Linux resources, so every pod from here has
 ``requests_known=False``: memory QoS and BE CPU eviction leave such pods (and the QoS dirs above them) as

@@ -1,11 +1,11 @@
 """The states informer: one StatesProvider fed by a pod source (polled) and node / NodeSLO sources (pushed).
 
-Pods are polled from a :class:`PodSource` (kubelet ``/pods`` or the CRI) every sync interval (§8.1: 10 s);
-a failed poll keeps the last good list, is logged once when failing starts and once on recovery, and is
-counted. When the pod list changes, the metric cache drops the series of pods and containers that are
-gone (:meth:`MetricCache.gc`) and ``AllPods`` callbacks fire. The node and NodeSLO watchers push through
-:meth:`set_node`, :meth:`set_node_slo` and :meth:`reject_node_slo`; a rejected NodeSLO leaves the last
-good one in place.
+Pods are polled from a :class:`PodSource` (kubelet ``/pods`` or the CRI) every sync interval
+(docs/koordinator.md §8.1: 10 s); a failed poll keeps the last good list, is logged once when failing starts
+and once on recovery, and is counted. When the pod list changes, the metric cache drops the series of pods
+and containers that are gone (:meth:`MetricCache.gc`) and ``AllPods`` callbacks fire. The node and NodeSLO
+watchers push through :meth:`set_node`, :meth:`set_node_slo` and :meth:`reject_node_slo`; a rejected NodeSLO
+leaves the last good one in place.
 
 Callbacks run on the thread that changed the state, after the change and outside the lock.
 """
@@ -71,7 +71,7 @@ class StatesInformer:
         self._pods_failing = False
         self._callbacks = Callbacks()
         self._synced = threading.Event()
-        # §8.1: event-driven syncs at most 5 per second, however many pods appear at once.
+        # docs/koordinator.md §8.1: event-driven syncs at most 5 per second, however many pods appear at once.
         self._thread = PeriodicThread("statesinformer-pods", sync_interval_s, self.sync_pods, fixed_rate=True,
                                       min_gap_s=MIN_RESYNC_GAP_S)
         self.pod_syncs = 0
@@ -185,8 +185,9 @@ class StatesInformer:
             logger.debug("dropped %d metric series of host applications no longer in NodeSLO", dropped)
 
     def request_resync(self, follow_up_s: float = 0.0) -> None:
-        """Poll pods now (a new pod cgroup appeared, §8.1 PLEG), and once more ``follow_up_s`` later: the
-        cgroup appears before the runtime reports the sandbox ready, so the first poll can miss the pod."""
+        """Poll pods now (a new pod cgroup appeared, docs/koordinator.md §8.1 PLEG), and once more ``follow_up_s``
+        later: the cgroup appears before the runtime reports the sandbox ready, so the first poll can miss the
+        pod."""
         self._thread.wake(follow_up_s)
 
     def start(self) -> None:

@@ -1,4 +1,4 @@
-"""The node and its NodeSLO from the API server: list + watch by name, with periodic resync (§8.1).
+"""The node and its NodeSLO from the API server: list + watch by name, with periodic resync (docs/koordinator.md §8.1).
 
 One :class:`ObjectWatcher` per object: list with a field selector on ``metadata.name`` (the node is
 cluster-scoped and so is NodeSLO, named after the node), hand the object (or its absence) over, then
@@ -10,10 +10,10 @@ fields newer than the client library survive.
 
 :func:`stop` shuts the watch's socket down, so a stop never waits for the server's timeout.
 
-NodeSLO handling (§5.2): the spec is merged over the defaults (:func:`parse_node_slo_spec`); an invalid
-one is rejected — the last good spec stays, the reason is logged and counted, and a Warning Event
-``InvalidNodeSLO`` is recorded on the Node (once per distinct error, not once per resync). A deleted or
-absent NodeSLO means the defaults.
+NodeSLO handling (docs/koordinator.md §5.2): the spec is merged over the defaults
+(:func:`parse_node_slo_spec`); an invalid one is rejected — the last good spec stays, the reason is logged
+and counted, and a Warning Event ``InvalidNodeSLO`` is recorded on the Node (once per distinct error, not
+once per resync). A deleted or absent NodeSLO means the defaults.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pods from kubelet's ``GET /pods`` (koordinator.md §8.1), and the pod JSON → PodMeta conversion.
+"""Pods from kubelet's ``GET /pods`` (docs/koordinator.md §8.1), and the pod JSON → PodMeta conversion.
 
 HTTPS on the kubelet port with a bearer token (the service account's, re-read every request so a
 rotated token is picked up) or a client certificate, and TLS verification off like Koordinator
@@ -118,7 +118,9 @@ def _timestamp(text: object) -> float | None:
 
 def kubelet_url(node: Mapping[str, Any], address_type: str = "InternalIP", port: int = 0,
                 insecure: bool = False, read_only_port: int = 10255) -> str | None:
-    """Base URL of the node's kubelet from a core/v1 Node (§8.1), or None when it has no such address."""
+    """Base URL of the node's kubelet from a core/v1 Node (docs/koordinator.md §8.1).
+
+    None when the Node has no such address."""
     status = node.get("status") or {}
     address = next((a.get("address") for a in status.get("addresses") or () if a.get("type") == address_type), None)
     if not address:

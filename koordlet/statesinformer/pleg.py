@@ -1,4 +1,4 @@
-"""Pod lifecycle events from the cgroup tree (Koordinator's PLEG, koordinator.md §8.1).
+"""Pod lifecycle events from the cgroup tree (Koordinator's PLEG, docs/koordinator.md §8.1).
 
 A new pod dir under one of the QoS-level dirs of the cpu hierarchy (``kubepods/``, ``kubepods/burstable/``,
 ``kubepods/besteffort/`` or their systemd slices, below kubelet's ``--cgroup-root``) means kubelet just

@@ -1,5 +1,5 @@
 """The node's block devices as sysfs shows them, and how a NodeSLO ``blkioQOS`` block name resolves to the
-``MAJ:MIN`` the blkio files take (reference/koordinator.md §4.8; Koordinator pkg/koordlet/util storageinfo.go).
+``MAJ:MIN`` the blkio files take (docs/koordinator.md §4.8; Koordinator pkg/koordlet/util storageinfo.go).
 
 Koordinator runs ``lsblk``, ``vgs`` and ``lvs``; the same facts are in sysfs, which needs no tools in the agent's
 image: ``/sys/class/block/<name>/dev`` (the number), ``.../partition`` (a partition; its disk is the parent

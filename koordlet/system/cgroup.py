@@ -1,4 +1,4 @@
-"""Where the cgroup hierarchies are: version (v1/v2) and kubelet cgroup driver detection (koordinator.md §8.2).
+"""Where the cgroup hierarchies are: version (v1/v2) and kubelet cgroup driver detection (docs/koordinator.md §8.2).
 
 Every function takes the cgroup mount dir ``cgroup_mount_dir`` (default ``/sys/fs/cgroup``;
 :mod:`koordlet.system.roots`) so tests point it at a fixture tree. Version detection looks that dir up in
@@ -133,7 +133,7 @@ def host_cgroup_dir(subsystem: str, rel_dir: str) -> str:
 
 def detect_cgroup_driver(cgroup_fs: CgroupFS, cgroup_root: str = "/") -> CgroupDriver:
     """systemd when ``kubepods.slice`` exists under the cpu hierarchy (+ kubelet ``--cgroup-root``),
-    cgroupfs when ``kubepods`` does, else cgroupfs (§8.2).
+    cgroupfs when ``kubepods`` does, else cgroupfs (docs/koordinator.md §8.2).
 
     Koordinator also asks the kubelet process (``--cgroup-driver`` / its config file) when neither dir
     exists yet; we do not, because the dir appears as soon as kubelet starts and the reconciler re-detects.

@@ -5,7 +5,7 @@ cpu, memory and cpuset files live in different mounts) and the cgroup version (`
 ``IntEnum`` with those values works too). Parsers take raw bytes and are tested on fixture files copied
 from a real v1 kernel and from the cgroup v2 kernel documentation.
 
-File names per version (reference/koordinator.md §10, peers.md §9.1):
+File names per version (docs/koordinator.md §10, docs/node-interfaces.md §9.1):
   CPU usage        v1 ``cpuacct.usage`` (ns)            v2 ``cpu.stat`` ``usage_usec``
   throttling       v1 ``cpu.stat`` (throttled_time ns)  v2 ``cpu.stat`` (throttled_usec)
   memory stats     ``memory.stat`` (v1 hierarchical ``total_*`` fields; v2 the plain names)
@@ -161,12 +161,12 @@ class MemoryStat:
 
     @property
     def usage_bytes(self) -> int:
-        """Memory "usage" without page cache: inactive_anon + active_anon + unevictable (koordinator.md §7.1)."""
+        """Memory "usage" without page cache: inactive_anon + active_anon + unevictable (docs/koordinator.md §7.1)."""
         return self.inactive_anon_bytes + self.active_anon_bytes + self.unevictable_bytes
 
     @property
     def usage_with_page_cache_bytes(self) -> int:
-        """Usage plus the page cache: adds active_file + inactive_file (koordinator.md §7.1)."""
+        """Usage plus the page cache: adds active_file + inactive_file (docs/koordinator.md §7.1)."""
         return self.usage_bytes + self.active_file_bytes + self.inactive_file_bytes
 
 
@@ -233,7 +233,7 @@ class CfsQuota:
 
     @property
     def limit_milli_cores(self) -> float | None:
-        """quota × 1000 / period, None when unlimited (Koordinator BE real limit, koordinator.md §7.1)."""
+        """quota × 1000 / period, None when unlimited (Koordinator BE real limit, docs/koordinator.md §7.1)."""
         if self.quota_us < 0 or self.period_us <= 0:
             return None
         return self.quota_us * 1000.0 / self.period_us

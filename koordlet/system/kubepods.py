@@ -1,5 +1,5 @@
-"""Kubelet's cgroup layout: kubepods, QoS, pod and container dirs for both drivers (peers.md §8.1,
-koordinator.md §8.2), and the parse back from a dir name to a pod uid or container id.
+"""Kubelet's cgroup layout: kubepods, QoS, pod and container dirs for both drivers (docs/node-interfaces.md §8.1,
+docs/koordinator.md §8.2), and the parse back from a dir name to a pod uid or container id.
 
 Dirs are returned relative to a hierarchy root, without a leading slash (``kubepods/besteffort/pod<uid>``);
 :meth:`koordlet.system.cgroup.CgroupFS.cgroup_dir` turns them into absolute paths per subsystem.
@@ -22,7 +22,8 @@ from koordlet.system.cgroup import CgroupDriver
 
 KUBEPODS = "kubepods"
 _SYSTEMD_QOS = {KubeQoS.BURSTABLE: "burstable", KubeQoS.BESTEFFORT: "besteffort"}
-# Runtime → (cgroupfs container dir prefix, systemd scope prefix), peers.md §8.1 and koordinator.md §3.2.
+# Runtime → (cgroupfs container dir prefix, systemd scope prefix), docs/node-interfaces.md §8.1 and
+# docs/koordinator.md §3.2.
 _CONTAINER_PREFIXES = {
     "containerd": ("", "cri-containerd-"),
     "docker": ("", "docker-"),

@@ -180,7 +180,7 @@ class KeptFiles:
 class CpuTicks:
     """Busy and total ticks (USER_HZ) of one ``cpu`` line of /proc/stat."""
 
-    # user+nice+system+irq+softirq; idle, iowait and steal are not busy (Koordinator, koordinator.md §7.1).
+    # user+nice+system+irq+softirq; idle, iowait and steal are not busy (Koordinator, docs/koordinator.md §7.1).
     busy_ticks: int
     total_ticks: int
 
@@ -270,7 +270,7 @@ class MemInfo:
 
     @property
     def used_bytes(self) -> int:
-        """Node memory usage as Koordinator reports it: MemTotal − MemAvailable (koordinator.md §7.1)."""
+        """Node memory usage as Koordinator reports it: MemTotal − MemAvailable (docs/koordinator.md §7.1)."""
         return max(self.mem_total_bytes - self.mem_available_bytes, 0)
 
     @property

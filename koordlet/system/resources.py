@@ -1,14 +1,14 @@
 """The registry of cgroup files koordlet reads and writes, with v1 and v2 names, validators and the v1→v2
-value translation (koordinator.md §10, peers.md §9.1, ranges of peers.md §14.6). The ranges of the values hooks
-also set (shares, quota, period, the memory limit's floor) are ``wire.kernel_ranges``, which the proxy and the
-hook value check read too.
+value translation (docs/koordinator.md §10, docs/node-interfaces.md §9.1, ranges of
+docs/node-interfaces.md §14.6). The ranges of the values hooks also set (shares, quota, period, the memory
+limit's floor) are ``wire.kernel_ranges``, which the proxy and the hook value check read too.
 
 Values are given in v1 terms (``cpu.cfs_quota_us = -1``, ``cpu.shares = 1024``) everywhere in koordlet;
 :meth:`CgroupResource.to_file_value` turns them into what the file of the running version takes.
 
-cpu.shares → cpu.weight uses the linear kubelet/runc ≤ 1.3.1 mapping of §10,
+cpu.shares → cpu.weight uses the linear kubelet/runc ≤ 1.3.1 mapping of docs/koordinator.md §10,
 ``weight = 1 + (shares − 2) × 9999 / 262142`` (integer division; 1024 → 39), not the newer quadratic one
-(peers.md §9.1). Reasons: it is the mapping Koordinator writes, and the one the runc on our target nodes
+(docs/node-interfaces.md §9.1). Reasons: it is the mapping Koordinator writes, and the one the runc on our target nodes
 (runc 1.1.5 with containerd 1.6) writes for the same CRI ``cpu_shares``; using the other one would make
 the reconciler and the runtime rewrite each other's value forever.
 """
@@ -145,7 +145,7 @@ def _cpu_list(text: str) -> str:
 
 
 def cpu_shares_to_weight(shares: int) -> int:
-    """Linear kubelet/runc mapping of §10 (see module docstring), clamped to cpu.weight's range."""
+    """Linear kubelet/runc mapping of docs/koordinator.md §10 (see module docstring), clamped to cpu.weight's range."""
     shares = min(max(shares, CPU_SHARES_MIN), CPU_SHARES_MAX)
     return CPU_WEIGHT_MIN + (shares - CPU_SHARES_MIN) * 9999 // (CPU_SHARES_MAX - CPU_SHARES_MIN)
 
@@ -315,7 +315,7 @@ _RESOURCES = (
         _int_range(CPU_SHARES_MIN, CPU_SHARES_MAX),
         v2_file="cpu.weight",
         to_v2=_shares_to_weight,
-        description="CPU weight; v2 cpu.weight by the linear §10 mapping",
+        description="CPU weight; v2 cpu.weight by the linear docs/koordinator.md §10 mapping",
     ),
     _rw(
         "cpu.cfs_quota_us",
@@ -367,7 +367,7 @@ _RESOURCES = (
     # tasks (written in the hierarchy the caller names; cpu by default)
     _rw("cgroup.procs", "cpu", _int_range(1, PID_MAX_LIMIT)),
     _rw("tasks", "cpu", _int_range(1, PID_MAX_LIMIT), v2_file="cgroup.threads"),
-    # blkio (§4.8): v1 per-device files; v2 io.max keys, io.weight and the root's blk-iocost files
+    # blkio (docs/koordinator.md §4.8): v1 per-device files; v2 io.max keys, io.weight and the root's blk-iocost files
     *(CgroupResource(name, "blkio", name, "io.max", ValueKind.INT_RANGE, _device_int(0, INT64_MAX),
                      _throttle_to_io_max(key), per_device=True, description=f"v2 io.max {key}")
       for name, key in IO_MAX_KEYS.items()),

@@ -1,6 +1,6 @@
 """The node-wide kernel files koordlet writes beside cgroups: the sysctls of NodeSLO ``systemStrategy``
-(reference/koordinator.md §4.9, §10; Koordinator pkg/koordlet/util/system system_resource.go) and the
-per-process ``oom_score_adj`` (§3.3 OOMScoreAdj).
+(docs/koordinator.md §4.9, §10; Koordinator pkg/koordlet/util/system system_resource.go) and the
+per-process ``oom_score_adj`` (docs/koordinator.md §3.3 OOMScoreAdj).
 
 Each :class:`SystemResource` names the filesystem it lives in (``proc`` → ``proc_dir``, ``sys`` → ``sys_dir``),
 its path there, and its valid range; :meth:`SystemResource.path` resolves it under the mount dir the caller

@@ -32,7 +32,7 @@ def _qos_class(group_identity: int, wmark_min_adj: int) -> dict:
 
 
 def koordinator_node_slo(name: str = "node-1") -> dict:
-    """A NodeSLO with the full §5.2 field set, as koord-manager's slo-controller writes it."""
+    """A NodeSLO with the full docs/koordinator.md §5.2 field set, as koord-manager's slo-controller writes it."""
     return {
         "apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO", "metadata": {"name": name},
         "spec": {

@@ -1,4 +1,6 @@
-"""The cpuset hook with the node's CPU pools and kubelet's CPU manager policy (Koordinator's order, §3.3)."""
+"""The cpuset hook with the node's CPU pools and kubelet's CPU manager policy.
+
+Koordinator's order, docs/koordinator.md §3.3."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""OOMScoreAdj (§3.3): the annotations, the plugin, the −1000..1000 bound of validate.check, and the reconciler
-keeping the value on every process of a real containerd container as processes come and go."""
+"""OOMScoreAdj (docs/koordinator.md §3.3): the annotations, the plugin and its bound.
+
+The −1000..1000 bound of validate.check, and the reconciler keeping the value on every process of a real
+containerd container as processes come and go."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Each hook plugin against hand-computed values (reference/koordinator.md §3.2, §3.3)."""
+"""Each hook plugin against hand-computed values (docs/koordinator.md §3.2, §3.3)."""
 
 from __future__ import annotations
 

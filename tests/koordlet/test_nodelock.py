@@ -224,7 +224,7 @@ def test_api_errors_other_than_conflict_are_not_retried(kube) -> None:
 @pytest.mark.parametrize(
     "value, expected",
     [
-        # Go's time.RFC3339 (seed 000: "value is the system timestamp") and RFC3339Nano forms.
+        # Go's time.RFC3339 (docs/node-lock.md: "value is the system timestamp") and RFC3339Nano forms.
         ("2026-11-23T07:00:00Z", datetime(2026, 11, 23, 7, 0, 0, tzinfo=UTC)),
         ("2026-11-23T15:00:00+08:00", datetime(2026, 11, 23, 7, 0, 0, tzinfo=UTC)),
         ("2026-11-23T02:00:00-05:00", datetime(2026, 11, 23, 7, 0, 0, tzinfo=UTC)),

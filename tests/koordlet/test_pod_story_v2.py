@@ -267,9 +267,15 @@ def _burn(story: Story, pod: Pod, burners: int, name: str) -> str:
 
 
 def _stop(story: Story, cid: str) -> None:
+    """Stop and remove a burner. Its loops end at once through the kernel (cgroup.kill): on an emulated guest they
+    saturate, runc's stop (with the systemd driver a D-Bus round trip to PID 1) could wait behind them for longer
+    than a kubelet-sized deadline (seen: StopContainer over 30 s in the systemd guest)."""
+    for pod in (story.ls, story.be):
+        for d in pod.dir.glob(f"*{cid}*"):
+            (d / "cgroup.kill").write_text("1")
     runtime = story.pods.client.runtime
-    runtime.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=0), timeout=30)
-    runtime.RemoveContainer(cri.RemoveContainerRequest(container_id=cid), timeout=30)
+    runtime.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=0), timeout=120)
+    runtime.RemoveContainer(cri.RemoveContainerRequest(container_id=cid), timeout=60)
     story.pods.containers.remove(cid)
 
 

@@ -54,7 +54,7 @@ def test_unknown_fields_survive_decode_and_encode() -> None:
 
 
 def test_hook_api_field_numbers_match_koordinator() -> None:
-    # Encoded by hand from reference/koordinator.md §2.3, not with our own stubs.
+    # Encoded by hand from docs/koordinator.md §2.3, not with our own stubs.
     resources = _field(1, 0, 100000) + _field(2, 0, 50000) + _field(3, 0, 512) + _field(4, 0, 1 << 30) + \
         _field(6, 2, b"0-3") + _field(9, 2, _field(1, 2, b"memory.max") + _field(2, 2, b"max"))
     raw = (

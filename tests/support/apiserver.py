@@ -1,7 +1,7 @@
 """A small, real Kubernetes API server for tests and the local demo.
 
 It speaks the real REST paths and JSON of the API server so the real `kubernetes` client (and any
-other HTTP client) can talk to it; no API server binary can be installed here (DESIGN.md §7).
+other HTTP client) can talk to it; no API server binary can be installed here (docs/design.md §7).
 
 Served (everything in memory, one lock, thread-safe):
 - core/v1 nodes, pods, events, namespaces (implicit: any namespace exists, and is listed once

@@ -31,7 +31,7 @@ class Containerd:
     run_dir: str
     root_dir: str
     cgroup_root: str = CGROUP_ROOT  # the kubelet --cgroup-root of the pods made against it (pruned on down)
-    version: str = DEFAULT_GENERATION  # the containerd generation (scripts/containerd-up.sh CTRD_VERSION: 1.6, 1.7, 2.1)
+    version: str = DEFAULT_GENERATION  # the generation (scripts/containerd-up.sh CTRD_VERSION: 2.1, 1.7, 1.6)
     nri_socket: str | None = None  # containerd >= 1.7: NRI on at this socket (CTRD_NRI_SOCKET)
 
     @property

@@ -35,7 +35,7 @@ def sandbox_config(name: str, uid: str | None = None, kube_qos: str = "besteffor
                    annotations: dict[str, str] | None = None, cgroup_root: str = CGROUP_ROOT) -> cri.PodSandboxConfig:
     uid = uid or str(uuid.uuid4())
     # Host-network sandboxes with an empty hostname: what kubelet sends for hostNetwork pods, and
-    # what works here without CNI (reference/containerd/README.md §4).
+    # what works here without CNI (docs/design.md §7).
     return cri.PodSandboxConfig(
         metadata=cri.PodSandboxMetadata(name=name, uid=uid, namespace="default", attempt=0),
         labels=labels or {}, annotations=annotations or {},

@@ -2,7 +2,7 @@
 
 An answer carries only what differs from the container as it arrives: every field an NRI plugin sets is
 owned by it for that container, and containerd fails the creation when two plugins set one field
-(reference/nri.md §4.6). So a value already there (kubelet's, or the proxy's when both front doors are on) is
+(docs/nri-protocol.md §4.6). So a value already there (kubelet's, or the proxy's when both front doors are on) is
 not set again, and "unlimited" (-1) is not set where the container has no limit.
 
 Fields koordlet sets, and how (docs/nri.md lists them for operators):

@@ -1,5 +1,5 @@
 """koordlet's answers to NRI events: the same ``hooks/`` plugins decide as behind the proxy's hook server
-(reference/koordinator.md §2.10, §3.2 "NRI" row), and every value passes ``hooks/validate.check`` on the way
+(docs/koordinator.md §2.10, §3.2 "NRI" row), and every value passes ``hooks/validate.check`` on the way
 (``registry.run_pod``/``run_container``); a dropped value is logged, counted and written as an Event.
 
 | NRI event        | what koordlet does                                                                     |

@@ -1,6 +1,6 @@
 """koordlet's connection to the runtime's NRI socket: register, stay registered, come back.
 
-Where Koordinator's users got hurt (reference/nri.md §6), and what this does instead:
+Where Koordinator's users got hurt (docs/nri-protocol.md §6), and what this does instead:
 
 - **one connection, always.** One loop owns the connection; a new one is opened only after the old one is
   closed and gone, so the runtime never sees two koordlet plugins that conflict with each other

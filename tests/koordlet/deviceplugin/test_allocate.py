@@ -240,11 +240,11 @@ def test_allocate_serves_the_lock_holder_not_other_pending_gpu_pods(plugin: Plug
     assert api.ANNOTATION_DEVICE_BOUND not in pod_annotations(plugin.kube, "newer")
 
 
-# -- seed 000's bare-timestamp lock; locks nobody can use (issue #16) ---------------------------------------
+# -- the bare-timestamp lock of docs/node-lock.md; locks nobody can use (issue #16) ----------------------------------
 
 
 def go_rfc3339_now() -> str:
-    """What seed 000's scheduler writes: Go's time.Now().Format(time.RFC3339Nano) in a +08:00 zone."""
+    """What the scheduler of docs/node-lock.md writes: Go's time.Now().Format(time.RFC3339Nano) in a +08:00 zone."""
     now = datetime.now(timezone(timedelta(hours=8)))
     return now.strftime("%Y-%m-%dT%H:%M:%S.%f") + "123" + now.strftime("%z")[:3] + ":" + now.strftime("%z")[3:]
 

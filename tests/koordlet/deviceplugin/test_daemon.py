@@ -1,6 +1,6 @@
-"""The device plugin as a part of the koordlet daemon: a real Koordlet (fake NVML from reference/gpu-machine.md,
+"""The device plugin as a part of the koordlet daemon: a real Koordlet (fake NVML from docs/node-interfaces.md §15,
 the in-repo API server) registers with a test kubelet, re-registers when kubelet restarts, streams the GPU
-service's health and serves Allocate with the scheduler's choice (seed 000)."""
+service's health and serves Allocate with the scheduler's choice (docs/node-lock.md)."""
 
 from __future__ import annotations
 

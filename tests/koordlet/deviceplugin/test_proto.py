@@ -1,4 +1,4 @@
-"""proto/deviceplugin.proto must stay wire-compatible with kubelet's v1beta1 API (peers.md §7.1)."""
+"""proto/deviceplugin.proto must stay wire-compatible with kubelet's v1beta1 API (docs/node-interfaces.md §7.1)."""
 
 import pytest
 

@@ -1,6 +1,6 @@
 """A test double of the `pynvml` calls koordlet uses, with an H100-like inventory.
 
-Values from reference/gpu-machine.md (one NVIDIA H100 80GB HBM3 on a VM, driver 580.159.04,
+Values from docs/node-interfaces.md §15 (one NVIDIA H100 80GB HBM3 on a VM, driver 580.159.04,
 NUMA query NotSupported). It is a plain object standing in for the module: discovery takes the
 NVML module as an argument, so the code under test runs unchanged against this or real NVML.
 """

@@ -1,7 +1,7 @@
 """Real NVML on a real GPU (a machine with an NVIDIA GPU; make gpu-check). Skipped where nvmlInit fails.
 
 Prints the Device object, the model, the driver and the time of one discovery pass so the lead can
-compare with reference/gpu-machine.md (≈24 ms including nvmlInit on the H100).
+compare with docs/node-interfaces.md §15 (≈24 ms including nvmlInit on the H100).
 """
 
 import json

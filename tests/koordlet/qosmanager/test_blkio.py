@@ -1,5 +1,7 @@
-"""BlkIOReconcile (§4.8): decide() on hand-made snapshots, the v1 → v2 file mapping through the executor, and the
-real thing: a BE pod reading a loop device on this host's cgroup v1, throttled to the configured rate, measured.
+"""BlkIOReconcile (docs/koordinator.md §4.8): decide(), the v1 → v2 file mapping, and the real thing.
+
+decide() on hand-made snapshots, the v1 → v2 file mapping through the executor, and the real thing: a BE
+pod reading a loop device on this host's cgroup v1, throttled to the configured rate, measured.
 The v2 guest does the same on a disk attached to the VM (test_blkio_v2.py)."""
 
 from __future__ import annotations

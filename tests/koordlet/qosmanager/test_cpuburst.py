@@ -1,4 +1,4 @@
-"""CPU burst decide() against hand-computed §4.3 figures."""
+"""CPU burst decide() against hand-computed docs/koordinator.md §4.3 figures."""
 
 from __future__ import annotations
 
@@ -174,10 +174,11 @@ def test_the_per_pod_state_is_a_frozen_value_that_orders_the_pods_writes() -> No
     with pytest.raises(dataclasses.FrozenInstanceError):
         state.burst_sum_us = 0  # type: ignore[misc]
     assert state.quota_step(SharePoolState.IDLE) is None and state.burst_write().value == 200_000
-    up = state.with_quota("pod/a", 100_000, 120_000)
-    assert [(w.cgroup_dir, w.value) for w in up.quota_step(SharePoolState.IDLE).writes] == [("pod", 220_000), ("pod/a", 120_000)]
-    down = state.with_quota("pod/a", 100_000, 80_000)
-    assert [(w.cgroup_dir, w.value) for w in down.quota_step(SharePoolState.IDLE).writes] == [("pod/a", 80_000), ("pod", 180_000)]
-    unlimited = PodBurstState("pod", -1).with_burst(300_000).with_quota("pod/a", 100_000, 120_000)
-    assert [w.cgroup_dir for w in unlimited.quota_step(SharePoolState.IDLE).writes] == ["pod/a"]
+    idle = SharePoolState.IDLE
+    up = state.with_quota("pod/a", 100_000, 120_000, "a up")
+    assert [(w.cgroup_dir, w.value) for w in up.quota_step(idle).writes] == [("pod", 220_000), ("pod/a", 120_000)]
+    down = state.with_quota("pod/a", 100_000, 80_000, "a down")
+    assert [(w.cgroup_dir, w.value) for w in down.quota_step(idle).writes] == [("pod/a", 80_000), ("pod", 180_000)]
+    unlimited = PodBurstState("pod", -1).with_burst(300_000).with_quota("pod/a", 100_000, 120_000, "a up")
+    assert [w.cgroup_dir for w in unlimited.quota_step(idle).writes] == ["pod/a"]
     assert unlimited.burst_write().value == 300_000

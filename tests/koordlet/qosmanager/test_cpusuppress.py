@@ -1,4 +1,4 @@
-"""CPU suppress decide() against hand-computed §4.2 figures."""
+"""CPU suppress decide() against hand-computed docs/koordinator.md §4.2 figures."""
 
 from __future__ import annotations
 

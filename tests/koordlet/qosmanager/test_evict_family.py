@@ -1,5 +1,7 @@
-"""CPUEvict, CPUAllocatableEvict, MemoryEvict and MemoryAllocatableEvict decide() against hand-worked §4.4–4.5
-figures; the tasks of one plan sharing what they release; and the rules that keep a pod out."""
+"""CPUEvict, CPUAllocatableEvict, MemoryEvict and MemoryAllocatableEvict decide() against worked figures.
+
+The figures are hand-worked from docs/koordinator.md §4.4–4.5; also the tasks of one plan sharing what they
+release, and the rules that keep a pod out."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""BEMemoryEvict and BECPUEvict decide() against hand-computed §4.4–4.5 figures."""
+"""BEMemoryEvict and BECPUEvict decide() against hand-computed docs/koordinator.md §4.4–4.5 figures."""
 
 from __future__ import annotations
 

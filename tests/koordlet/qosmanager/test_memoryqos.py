@@ -1,4 +1,4 @@
-"""Memory QoS decide() against hand-computed §4.6 figures."""
+"""Memory QoS decide() against hand-computed docs/koordinator.md §4.6 figures."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SystemConfig: sysctls from NodeSLO ``systemStrategy`` (koordinator.md §4.9), written through the executor on a
+"""SystemConfig: sysctls from NodeSLO ``systemStrategy`` (docs/koordinator.md §4.9), written through the executor on a
 private fixture tree laid out as /proc and /sys are, and put back as they were when the strategy or the gate
 goes off. The real /proc/sys/vm files are written in the cgroup v2 guest (test_sysreconcile_v2.py)."""
 

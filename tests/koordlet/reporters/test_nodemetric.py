@@ -238,7 +238,7 @@ def test_timer_reports_and_stops_quickly(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------ GPU devices
 
-GPU0 = GPUDevice("GPU-00000000-1a2b-3c4d-5e6f-00a0b0c0d0e0", 0, 85520809984)  # an H100 (gpu-machine.md)
+GPU0 = GPUDevice("GPU-00000000-1a2b-3c4d-5e6f-00a0b0c0d0e0", 0, 85520809984)  # an H100 (docs/node-interfaces.md §15)
 GPU1 = GPUDevice("GPU-00000001-1a2b-3c4d-5e6f-00a0b0c0d0e1", 1, 85520809984)
 
 

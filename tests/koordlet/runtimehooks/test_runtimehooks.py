@@ -75,7 +75,7 @@ def test_server_answers_full_desired_state_with_batch_resources(served) -> None:
 
 def test_unlimited_batch_memory_is_answered_as_minus_one_and_the_proxy_keeps_kubelets_limit(served) -> None:
     """Koordinator's wire answer for a BE container without a batch-memory limit is -1 (not 0); the proxy's
-    merge (§2.7) takes a memory limit only when > 0, so the CRI request keeps kubelet's value."""
+    merge (docs/koordinator.md §2.7) takes a memory limit only when > 0, so the CRI request keeps kubelet's value."""
     from runtimeproxy.interceptor import merge_resources
     from runtimeproxy.store import to_cri_resources
 

@@ -110,7 +110,8 @@ def test_resctrl_pod_gets_its_group_schemata_and_tasks_on_a_fixture_tree(tmp_pat
     hooks = _hooks(tmp_path, {"Resctrl": True}, resctrl_root=str(resctrl_root))
     hooks.states.set_pods([pod])
     hooks.reconciler.reconcile_once()
-    # 11 ways, [ceil(11 * 0 %), ceil(11 * 50 %)) = ways [0, 6) = 0x3f (§3.3); MB 30 % on Intel stays 30
+    # 11 ways, [ceil(11 * 0 %), ceil(11 * 50 %)) = ways [0, 6) = 0x3f (docs/koordinator.md §3.3);
+    # MB 30 % on Intel stays 30
     assert (group / "schemata").read_text() == "L3:0=3f;1=3f\nMB:0=30;1=30\n"
     assert (group / "tasks").read_text() == "4243"  # a regular file here keeps only the last write
 
