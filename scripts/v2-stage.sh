@@ -15,7 +15,7 @@
 #   V2_OUT=out/v2        results: <driver>/{junit.xml,rc,guest.log,wall_seconds}; the guests write there
 #   V2_DRIVERS="cgroupfs systemd"   the guests to boot: cgroupfs (virtme-ng's init; every cgroupv2 test but
 #                        the pod story, which it runs only when it boots alone)
-#                        and systemd (systemd as PID 1; the pod story on kubelet's systemd layout)
+#                        and systemd (systemd as PID 1: the pod story and NRI on kubelet's systemd layout)
 #   V2_MODE=tests        or `bench`: run bench/qos_reaction.py in the cgroupfs guest (make bench-v2)
 #   V2_HUGEPAGES=64      2 MiB huge pages the cgroupfs guest reserves at boot (kernel command line)
 # Installs what it needs: Debian qemu-system-x86 and linux-image-amd64 (apt-get), virtme-ng (pip, into
@@ -171,7 +171,8 @@ else
   # V2_DRIVERS: which guests (default both). Arguments given: they go to both guests' pytest.
   for driver in ${V2_DRIVERS:-cgroupfs systemd}; do
     if [ "$driver" = systemd ] && [ $# -eq 0 ]; then
-      boot systemd "$out/systemd" tests/koordlet/test_pod_story_v2.py || rc=$?
+      boot systemd "$out/systemd" tests/koordlet/test_pod_story_v2.py \
+        tests/koordlet/runtimehooks/nri/test_containerd_v2.py || rc=$?
     else
       boot "$driver" "$out/$driver" "$@" || rc=$?
     fi
