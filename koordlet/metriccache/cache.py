@@ -27,6 +27,7 @@ import threading
 from array import array
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from koordlet.metriccache.series import GPU_DEVICES_KV, GPUDevice, Label, MetricKind, Sample, SeriesKey
 
@@ -34,7 +35,9 @@ logger = logging.getLogger(__name__)
 
 NODE_WINDOW_CAPACITY = 1800  # 30 min at 1 s
 POD_WINDOW_CAPACITY = 600  # 10 min at 1 s
-PSI_WINDOW_CAPACITY = 60  # 10 min at the PSI collector's 10 s; the kernel's avg300 covers longer
+# PSI: what reads it is the /metrics export (the latest sample, stale after three intervals), and the kernel's
+# avg10/avg60/avg300 already are windows. 18 series per cgroup: at 150 pods 60 samples each cost ~5 MiB.
+PSI_WINDOW_CAPACITY = 3
 PER_CPU_WINDOW_CAPACITY = 300  # 5 min at 1 s per CPU: 256 CPUs stay near 1.2 MiB
 # The Alpha collectors' kinds keep about 10 min at their default intervals (CPI 60 s, resctrl 10 s, cold
 # pages 5 s): what their consumers look at, and a bounded share of the agent's memory at 150 pods.
@@ -45,6 +48,8 @@ _COLD_PAGE_KINDS = (MetricKind.NODE_MEMORY_WITH_HOT_PAGE_USAGE, MetricKind.POD_M
                     MetricKind.CONTAINER_MEMORY_WITH_HOT_PAGE_USAGE, MetricKind.HOST_APP_MEMORY_WITH_HOT_PAGE_USAGE,
                     MetricKind.NODE_MEMORY_COLD_PAGE_SIZE, MetricKind.POD_MEMORY_COLD_PAGE_SIZE,
                     MetricKind.CONTAINER_MEMORY_COLD_PAGE_SIZE, MetricKind.HOST_APP_MEMORY_COLD_PAGE_SIZE)
+
+_NO_SERIES: Mapping[SeriesKey, _Ring] = MappingProxyType({})
 
 DEFAULT_CAPACITY_BY_KIND: Mapping[str, int] = {
     **{kind.value: POD_WINDOW_CAPACITY for kind in MetricKind if kind.value.startswith(("pod_", "container_"))},
@@ -199,7 +204,9 @@ class MetricCache:
             raise ValueError(f"capacities must be at least 1: {bad}")
         self._default_capacity = default_capacity
         self._capacity_by_kind = by_kind
-        self._series: dict[SeriesKey, _Ring] = {}
+        # Series by kind: the readers that scan (last_values, last_by_key, keys) visit one kind's series only,
+        # not every series of the node (with every gate on, 18 PSI series per pod and container alone).
+        self._series: dict[str, dict[SeriesKey, _Ring]] = {}
         self._kv: dict[str, object] = {}
         self._lock = threading.Lock()
         self._rejected = 0
@@ -212,9 +219,7 @@ class MetricCache:
     def append(self, key: SeriesKey, timestamp: float, value: float) -> bool:
         """Add one sample; False (and counted) when it is not newer than the series' last sample."""
         with self._lock:
-            ring = self._series.get(key)
-            if ring is None:
-                ring = self._series[key] = _Ring(self.capacity_of(key.kind))
+            ring = self._ring_for(key)
             accepted = ring.append(timestamp, value)
             if not accepted:
                 self._rejected += 1
@@ -224,16 +229,28 @@ class MetricCache:
         """Add many samples under one lock; returns how many were accepted."""
         accepted = 0
         with self._lock:
-            series, capacity_of = self._series, self.capacity_of
+            ring_for = self._ring_for
             for sample in samples:
-                ring = series.get(sample.key)
-                if ring is None:
-                    ring = series[sample.key] = _Ring(capacity_of(sample.key.kind))
+                ring = ring_for(sample.key)
                 if ring.append(sample.timestamp, sample.value):
                     accepted += 1
                 else:
                     self._rejected += 1
         return accepted
+
+    def _ring_for(self, key: SeriesKey) -> _Ring:
+        """The series' ring, made on its first sample (call under the lock)."""
+        of_kind = self._series.get(key.kind)
+        if of_kind is None:
+            of_kind = self._series[key.kind] = {}
+        ring = of_kind.get(key)
+        if ring is None:
+            ring = of_kind[key] = _Ring(self.capacity_of(key.kind))
+        return ring
+
+    def _ring(self, key: SeriesKey) -> _Ring | None:
+        of_kind = self._series.get(key.kind)
+        return None if of_kind is None else of_kind.get(key)
 
     def gc(self, live_pod_uids: Collection[str], live_container_ids: Collection[str]) -> int:
         """Drop series labelled with a pod uid or container id that is not live; returns how many."""
@@ -246,9 +263,9 @@ class MetricCache:
 
     def drop_where(self, predicate: Callable[[SeriesKey], bool]) -> int:
         with self._lock:
-            doomed = [key for key in self._series if predicate(key)]
+            doomed = [key for of_kind in self._series.values() for key in of_kind if predicate(key)]
             for key in doomed:
-                del self._series[key]
+                del self._series[key.kind][key]
         if doomed:
             logger.debug("metric cache dropped %d series", len(doomed))
         return len(doomed)
@@ -258,7 +275,7 @@ class MetricCache:
     def latest(self, key: SeriesKey) -> tuple[float, float] | None:
         """(timestamp, value) of the newest sample, or None."""
         with self._lock:
-            ring = self._series.get(key)
+            ring = self._ring(key)
             if ring is None or ring.size == 0:
                 return None
             index = ring.last_index()
@@ -267,7 +284,7 @@ class MetricCache:
     def query(self, key: SeriesKey, start: float, end: float) -> Aggregate | None:
         """Aggregate of the samples with start <= timestamp <= end, or None when there are none."""
         with self._lock:
-            ring = self._series.get(key)
+            ring = self._ring(key)
             window = ring.window(start, end) if ring is not None else None
         if window is None:
             return None
@@ -285,7 +302,7 @@ class MetricCache:
     def last_value(self, key: SeriesKey, start: float, end: float) -> float | None:
         """``query(key, start, end).last`` without aggregating the window: the newest value in it, or None."""
         with self._lock:
-            ring = self._series.get(key)
+            ring = self._ring(key)
             return ring.last_in(start, end) if ring is not None else None
 
     def last_values(self, kind: str, label: str, start: float, end: float) -> dict[str, float]:
@@ -293,9 +310,7 @@ class MetricCache:
         carry ``label`` and have a sample in the window (one pass, one lock)."""
         out: dict[str, float] = {}
         with self._lock:
-            for key, ring in self._series.items():
-                if key.kind != kind:
-                    continue
+            for key, ring in self._series.get(kind, _NO_SERIES).items():
                 ident = key.label(label)
                 if ident is None:
                     continue
@@ -308,23 +323,22 @@ class MetricCache:
         """{series of ``kind``: its newest value with start <= timestamp <= end} (one pass, one lock)."""
         out: dict[SeriesKey, float] = {}
         with self._lock:
-            for key, ring in self._series.items():
-                if key.kind == kind:
-                    value = ring.last_in(start, end)
-                    if value is not None:
-                        out[key] = value
+            for key, ring in self._series.get(kind, _NO_SERIES).items():
+                value = ring.last_in(start, end)
+                if value is not None:
+                    out[key] = value
         return out
 
     def keys(self, kind: str | None = None) -> list[SeriesKey]:
         with self._lock:
             if kind is None:
-                return list(self._series)
-            return [key for key in self._series if key.kind == kind]
+                return [key for of_kind in self._series.values() for key in of_kind]
+            return list(self._series.get(kind, _NO_SERIES))
 
     @property
     def series_count(self) -> int:
         with self._lock:
-            return len(self._series)
+            return sum(len(of_kind) for of_kind in self._series.values())
 
     @property
     def rejected_samples(self) -> int:

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
-from pyroute2.netlink.exceptions import NetlinkError
 
 from koordlet.netqos.plan import QDISC_MAJOR, NetPod, NetQoSError, handle, net_pod, plan, spec_from_node_slo
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.system import tc
 from koordlet.system.net import UplinkError, default_route_interface, link_speed_bps
 from koordlet.system.roots import PROC_DIR, SYS_DIR
+from koordlet.system.tc import NetlinkError
 from koordlet.ticker import PeriodicThread
 
 _log = logging.getLogger(__name__)

@@ -20,9 +20,11 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from pyroute2.netlink.exceptions import NetlinkError
-
 from koordlet.api.netqos import HTBClass, IPFilter, NetQoSPlan, format_handle
+from koordlet.system.lightimport import register_without_init
+
+register_without_init("pyroute2")  # its rtnetlink parts only (koordlet/system/lightimport.py)
+from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
 
 _log = logging.getLogger(__name__)
 
@@ -393,6 +395,6 @@ def remove(ipr: Any, ifname: str, plan_handle: int) -> bool:
 
 def open_iproute() -> Any:
     """An rtnetlink socket in the agent's network namespace (close it after use)."""
-    from pyroute2 import IPRoute
+    from pyroute2.iproute.linux import IPRoute
 
     return IPRoute()
