@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from koordlet.api.cpuset import format_cpu_list, parse_cpu_list
@@ -274,7 +275,25 @@ def _stop(story: Story, cid: str) -> None:
         for d in pod.dir.glob(f"*{cid}*"):
             (d / "cgroup.kill").write_text("1")
     runtime = story.pods.client.runtime
-    runtime.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=0), timeout=120)
+
+    def exited() -> bool:
+        try:
+            status = runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=cid), timeout=20).status
+        except grpc.RpcError:
+            return False
+        return status.state == cri.CONTAINER_EXITED
+
+    # Once containerd has seen the exit (through the shim), StopContainer has nothing left to wait for.
+    wait_for(exited, 60.0, step_s=0.5)
+    # A StopContainer that runs out of time is retried, as kubelet retries it (seen once in the systemd guest: the
+    # first call over 120 s under emulation).
+    for attempt in (1, 2):
+        try:
+            runtime.StopContainer(cri.StopContainerRequest(container_id=cid, timeout=0), timeout=90)
+            break
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED or attempt == 2:
+                raise
     runtime.RemoveContainer(cri.RemoveContainerRequest(container_id=cid), timeout=60)
     story.pods.containers.remove(cid)
 
