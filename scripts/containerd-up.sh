@@ -124,91 +124,80 @@ mkdir -p "$RUN/cni/net.d" "$ROOT"
 #   -> "can't get final child's PID from pipe: EOF"); with it, negative values are clamped to 0.
 # netns_mounts_under_state_dir: pod netns bind mounts live under $RUN, so down.sh finds them.
 # runc Root: keep runc's state under $RUN too (default is /run/containerd/runc).
+# The parts both config formats share: the header, the CRI knobs and the runc runtime (their sections differ).
+if [ "$GEN" = 2.1 ]; then config_version=3; else config_version=2; fi
+cat > "$CONF" <<EOF
+version = $config_version
+root = "$ROOT/root"
+state = "$RUN/state"
+oom_score = 0
+
+[grpc]
+  address = "$SOCK"
+[ttrpc]
+  address = "$SOCK.ttrpc"
+[debug]
+  level = "$LEVEL"
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "$ROOT/opt"
+EOF
+cri_knobs() {
+  cat <<EOF
+    enable_selinux = false
+    disable_apparmor = true
+    restrict_oom_score_adj = true
+    disable_hugetlb_controller = true
+    tolerate_missing_hugetlb_controller = true
+    netns_mounts_under_state_dir = true
+EOF
+}
+# runc_runtime PLUGIN [LINE]: the runc runtime under PLUGIN's containerd table (LINE: one more key of that table).
+runc_runtime() {
+  cat <<EOF
+    [plugins."$1".containerd]${2:+
+      $2}
+      default_runtime_name = "runc"
+      [plugins."$1".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."$1".containerd.runtimes.runc.options]
+          SystemdCgroup = $SYSTEMD_CGROUP
+          Root = "$RUN/runc"
+EOF
+}
 if [ "$GEN" = 2.1 ]; then
-# containerd 2.x: config version 3. The CRI plugin is split: images (snapshotter, the pinned sandbox image),
-# runtime (the runtimes, CNI, the security knobs) and the gRPC service (streaming); systemd_cgroup is gone.
-cat > "$CONF" <<EOF
-version = 3
-root = "$ROOT/root"
-state = "$RUN/state"
-oom_score = 0
-
-[grpc]
-  address = "$SOCK"
-[ttrpc]
-  address = "$SOCK.ttrpc"
-[debug]
-  level = "$LEVEL"
-
-[plugins]
-  [plugins."io.containerd.internal.v1.opt"]
-    path = "$ROOT/opt"
-  [plugins."io.containerd.cri.v1.images"]
-    snapshotter = "$SNAP"
-    [plugins."io.containerd.cri.v1.images".pinned_images]
-      sandbox = "$IMAGE"
-  [plugins."io.containerd.cri.v1.runtime"]
-    enable_selinux = false
-    disable_apparmor = true
-    restrict_oom_score_adj = true
-    disable_hugetlb_controller = true
-    tolerate_missing_hugetlb_controller = true
-    netns_mounts_under_state_dir = true
-    [plugins."io.containerd.cri.v1.runtime".cni]
-      bin_dirs = ["/usr/lib/cni"]
-      conf_dir = "$RUN/cni/net.d"
-    [plugins."io.containerd.cri.v1.runtime".containerd]
-      default_runtime_name = "runc"
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-          SystemdCgroup = $SYSTEMD_CGROUP
-          Root = "$RUN/runc"
-  [plugins."io.containerd.grpc.v1.cri"]
-    stream_server_address = "127.0.0.1"
-    stream_server_port = "0"
-EOF
+  # containerd 2.x: config version 3. The CRI plugin is split: images (snapshotter, the pinned sandbox image),
+  # runtime (the runtimes, CNI, the security knobs) and the gRPC service (streaming); systemd_cgroup is gone.
+  {
+    echo '  [plugins."io.containerd.cri.v1.images"]'
+    echo "    snapshotter = \"$SNAP\""
+    echo '    [plugins."io.containerd.cri.v1.images".pinned_images]'
+    echo "      sandbox = \"$IMAGE\""
+    echo '  [plugins."io.containerd.cri.v1.runtime"]'
+    cri_knobs
+    echo '    [plugins."io.containerd.cri.v1.runtime".cni]'
+    echo '      bin_dirs = ["/usr/lib/cni"]'
+    echo "      conf_dir = \"$RUN/cni/net.d\""
+    runc_runtime io.containerd.cri.v1.runtime
+    echo '  [plugins."io.containerd.grpc.v1.cri"]'
+    echo '    stream_server_address = "127.0.0.1"'
+    echo '    stream_server_port = "0"'
+  } >> "$CONF"
 else
-# containerd 1.6 and 1.7: config version 2.
-cat > "$CONF" <<EOF
-version = 2
-root = "$ROOT/root"
-state = "$RUN/state"
-oom_score = 0
-
-[grpc]
-  address = "$SOCK"
-[ttrpc]
-  address = "$SOCK.ttrpc"
-[debug]
-  level = "$LEVEL"
-
-[plugins]
-  [plugins."io.containerd.internal.v1.opt"]
-    path = "$ROOT/opt"
-  [plugins."io.containerd.grpc.v1.cri"]
-    sandbox_image = "$IMAGE"
-    stream_server_address = "127.0.0.1"
-    stream_server_port = "0"
-    enable_selinux = false
-    disable_apparmor = true
-    restrict_oom_score_adj = true
-    disable_hugetlb_controller = true
-    tolerate_missing_hugetlb_controller = true
-    netns_mounts_under_state_dir = true
-    systemd_cgroup = false
-    [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "/usr/lib/cni"
-      conf_dir = "$RUN/cni/net.d"
-    [plugins."io.containerd.grpc.v1.cri".containerd]
-      snapshotter = "$SNAP"
-      default_runtime_name = "runc"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-          SystemdCgroup = $SYSTEMD_CGROUP
-          Root = "$RUN/runc"
-EOF
+  # containerd 1.6 and 1.7: config version 2, one CRI plugin.
+  {
+    echo '  [plugins."io.containerd.grpc.v1.cri"]'
+    echo "    sandbox_image = \"$IMAGE\""
+    echo '    stream_server_address = "127.0.0.1"'
+    echo '    stream_server_port = "0"'
+    cri_knobs
+    echo '    systemd_cgroup = false'
+    echo '    [plugins."io.containerd.grpc.v1.cri".cni]'
+    echo '      bin_dir = "/usr/lib/cni"'
+    echo "      conf_dir = \"$RUN/cni/net.d\""
+    runc_runtime io.containerd.grpc.v1.cri "snapshotter = \"$SNAP\""
+  } >> "$CONF"
 fi
 if [ "$GEN" != 1.6 ]; then
   # NRI: off unless asked for (2.x has it on by default at /var/run/nri/nri.sock).
