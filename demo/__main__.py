@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 import grpc  # noqa: E402
 import yaml  # noqa: E402
 
+from koordlet.system.procfs import read_meminfo  # noqa: E402
 from tests.koordlet.deviceplugin.kubelet import TestKubelet  # noqa: E402
 from tests.support.containerd import Containerd, generation  # noqa: E402
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config  # noqa: E402
@@ -104,19 +105,16 @@ def wait_until(probe, timeout_s: float, step_s: float = 0.25):
     return None
 
 
-def _meminfo_kib() -> dict[str, int]:
-    return {line.split(":")[0]: int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()}
-
-
 def node_memory_used_percent() -> int:
-    info = _meminfo_kib()
-    return int((info["MemTotal"] - info["MemAvailable"]) * 100 / info["MemTotal"])
+    """The node's memory use as koordlet computes it (MemTotal − MemAvailable), in percent."""
+    info = read_meminfo()
+    return int(info.used_bytes * 100 / info.mem_total_bytes)
 
 
 # The BE pod's allocation in the memory step: 3 GiB, or a quarter of the node's memory when that is less. Its
 # threshold sits half the allocation above today's use, so other programs' memory may move by that much either
 # way (a test VM booting beside the demo, a build) and the allocation still crosses it.
-ALLOC_MIB = min(3072, _meminfo_kib()["MemTotal"] // 1024 // 4)
+ALLOC_MIB = min(3072, read_meminfo().mem_total_bytes // (1 << 20) // 4)
 
 
 class Koordlet:
@@ -395,7 +393,7 @@ def show_eviction(demo: Demo) -> None:
          "local mode kills "
          "through the CRI (with an API server: the Eviction API, so PDBs hold)")
     koordlet, client, direct = demo.koordlet, demo.client, demo.direct
-    alloc_percent = ALLOC_MIB * 1024 * 100 // _meminfo_kib()["MemTotal"]
+    alloc_percent = (ALLOC_MIB << 20) * 100 // read_meminfo().mem_total_bytes
     threshold = min(95, node_memory_used_percent() + max(1, alloc_percent // 2))
     koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": True, "memoryEvictThresholdPercent": threshold,
                                                         "cpuSuppressPolicy": "cfsQuota"}})
