@@ -23,23 +23,29 @@ log "PID 1: $(cat /proc/1/comm), cgroup driver for the pod story: ${KPY_CGROUP_D
 mkdir -p /var/lib/koordlet-py /run/koordlet-py
 mount -t tmpfs -o mode=0700 koordlet-py-v2 /var/lib/koordlet-py || { log "cannot mount a tmpfs for containerd"; finish 1; }
 
-export PYTHONDONTWRITEBYTECODE=1 KPY_V2_GUEST=1 HOME=/tmp
+# KPY_KEEP_LOGS: each containerd the tests start leaves its log here when it is removed (the guest's /run goes
+# with the guest).
+export PYTHONDONTWRITEBYTECODE=1 KPY_V2_GUEST=1 HOME=/tmp KPY_KEEP_LOGS="$out"
 cd "$here" || finish 1
 case "$mode" in
   tests)
     # Only the modules that mark tests cgroupv2: importing the whole tree under emulation to deselect the
     # rest would cost ~100 s. A test marked some other way (a conftest hook) is still found with args.
     # -v: one line per test, so a slow or stuck test shows on the console (the systemd guest logs lines).
-    # KPY_V2_SKIP: modules another guest runs (the pod story runs in the systemd guest, on the stack a current
-    # node runs; running it here too would cost the stage minutes of emulation).
+    # KPY_V2_SKIP: modules another guest runs, space-separated (the pod story and koordlet as an NRI plugin run
+    # in the systemd guest, on the stack a current node runs; running them here too would cost the stage minutes
+    # of emulation).
     if [ $# -eq 0 ]; then
-      mapfile -t files < <(grep -rlE --include='test_*.py' 'mark\.cgroupv2' tests | grep -vxF "${KPY_V2_SKIP:-none}" | sort)
+      skip=$(tr ' ' '\n' <<< "${KPY_V2_SKIP:-none}")
+      mapfile -t files < <(grep -rlE --include='test_*.py' 'mark\.cgroupv2' tests | grep -vxF "$skip" | sort)
       [ ${#files[@]} -gt 0 ] || { log "no module marks a test cgroupv2"; finish 1; }
       set -- "${files[@]}"
     fi
     # No hypothesis plugin: no cgroupv2 test is a property test, and loading it costs ~30 s under emulation.
+    # faulthandler_timeout: a test still running after 240 s prints every thread's stack (the run goes on), so a
+    # guest that hangs says where before the host's V2_TIMEOUT ends it.
     .venv/bin/python -m pytest -v -rs -p no:cacheprovider -p no:hypothesispytest -m cgroupv2 -o junit_family=xunit1 \
-      --junitxml="$out/junit.xml" "$@"
+      -o faulthandler_timeout=240 --junitxml="$out/junit.xml" "$@"
     rc=$?
     # The tests remove every cgroup they made (containerd-down.sh prunes runc's parents): on the real v2
     # hierarchy, check that nothing of ours is left.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +60,14 @@ class Containerd:
         return out.stdout.strip()
 
     def remove_dirs(self) -> None:
-        """Remove the (parent) dirs of run and root; never crosses into a mount left behind."""
+        """Remove the (parent) dirs of run and root; never crosses into a mount left behind. With KPY_KEEP_LOGS
+        set (the v2 guests set it to their results dir), containerd's log is copied there first, named after its
+        run dir (``run-koordlet-py-containerd.log``)."""
+        keep = os.environ.get("KPY_KEEP_LOGS")
+        log = Path(self.run_dir) / "containerd.log"
+        if keep and log.is_file():
+            name = self.run_dir.strip("/").replace("/", "-")
+            shutil.copyfile(log, Path(keep) / f"{name}.log")
         for path in {os.path.dirname(self.run_dir), os.path.dirname(self.root_dir)}:
             subprocess.run(["rm", "-rf", "--one-file-system", path], check=False, timeout=60)
 

@@ -92,6 +92,8 @@ def test_memory_over_threshold_produces_an_eviction_request(real_node: RealNode)
         real_node.spawn("be", f"data = b'x' * {allocate}\nimport time\ntime.sleep(60)\n")
         assert wait_for(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 10.0)
         assert not server.requests("POST", r"/pods/ls/eviction$")
+        # The Event follows the accepted eviction (its own POST, just after the eviction's).
+        assert wait_for(lambda: bool(server.list_objects("events", "default")), 5.0)
         (event,) = server.list_objects("events", "default")
         assert event["reason"] == "BEMemoryEvict" and f"threshold {threshold}%" in event["message"]
 
