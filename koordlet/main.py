@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import kubernetes.client
-import kubernetes.config
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.config.incluster_config import load_incluster_config
 
 from koordlet import audit, features
 from koordlet.api.pod import PodMeta
@@ -191,9 +192,12 @@ def local_node_info(node_name: str) -> NodeInfo:
 
 def _api_client(config: KoordletConfig) -> kubernetes.client.ApiClient:
     if config.kubeconfig:
-        client = kubernetes.config.new_client_from_config(config_file=config.kubeconfig)
+        # kube_config and its auth plugins load here, for a kubeconfig file only (koordlet/__init__.py).
+        from kubernetes.config.kube_config import new_client_from_config
+
+        client = new_client_from_config(config_file=config.kubeconfig)
     else:
-        kubernetes.config.load_incluster_config()
+        load_incluster_config()
         client = kubernetes.client.ApiClient()
     client.user_agent = "koordlet"
     return client
@@ -773,7 +777,7 @@ def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> i
     signal.signal(signal.SIGINT, on_signal)
     try:
         agent.start()
-    except (OSError, ValueError, RuntimeError, kubernetes.config.ConfigException) as err:
+    except (OSError, ValueError, RuntimeError, ConfigException) as err:
         logger.error("koordlet failed to start: %s", err)
         agent.stop()
         return 1

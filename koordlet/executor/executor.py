@@ -236,7 +236,7 @@ class ResourceExecutor:
         by_depth = sorted(updates, key=lambda u: u.depth)
         loosened = 0
         if self.cgroup_fs.version is CgroupVersion.V1:
-            loosened = sum(self._loosen(update) for update in by_depth)
+            loosened = sum(self._loosen(update, verify) for update in by_depth)
         exact = self._run(list(reversed(by_depth)), verify)
         return BatchResult(written=exact.written + loosened, skipped=exact.skipped, failures=exact.failures,
                            done=exact.done)
@@ -476,13 +476,22 @@ class ResourceExecutor:
                 failures.append(UpdateFailure(update, exc))
         return BatchResult(written=len(done), skipped=skipped, failures=tuple(failures), done=tuple(done))
 
-    def _loosen(self, update: ResourceUpdate) -> bool:
-        """Pass 1 of the leveled update: True when a looser value was written."""
+    def _loosen(self, update: ResourceUpdate, verify: bool = False) -> bool:
+        """Pass 1 of the leveled update: True when a looser value was written.
+
+        A value the write cache says this file was given recently needs no loosening (the merge of a value with
+        itself is that value): the file is not read, as the exact pass will not read it either. With ``verify``
+        (drift correction) the file is read."""
         merge = update.resource.merge
         if merge is None:
             return False
         try:
             target = self._target(update)
+            if not verify and not update.resource.per_device:
+                cached = self._cache.get(target.path)
+                if (cached is not None and cached[0] == target.value
+                        and self._clock() - cached[1] < self.force_update_seconds):
+                    return False
             current = kernfs.read_text(target.path)
             loosened = merge(current, target.value)
             if loosened == current:

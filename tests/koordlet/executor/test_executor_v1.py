@@ -136,6 +136,33 @@ def test_leveled_update_three_levels_unlimited_to_limited_and_back(
     assert [cpu_cgroups.read(d.split("/", 1)[1], "cpu.cfs_quota_us") for d in dirs] == ["-1", "-1", "-1"]
 
 
+def test_an_unchanged_leveled_update_touches_no_file_until_verify_or_the_cache_window_ends(
+    cpu_cgroups: PrivateCgroups
+) -> None:
+    """The QoS tick repeats the same leveled updates every second: values the write cache holds are neither
+    read (pass 1) nor written (pass 2). A hand change is put back by a verifying caller (the reconciler) at
+    once, and by anyone once the cache window ends."""
+    now = [0.0]
+    executor = ResourceExecutor(CgroupFS(version=CgroupVersion.V1), force_update_seconds=60.0, clock=lambda: now[0])
+    cpu_cgroups.make("pod/container")
+    pod, container = cpu_cgroups.rel("pod"), cpu_cgroups.rel("pod/container")
+    updates = [_quota(container, 20000), _quota(pod, 50000)]
+    assert executor.leveled_update(updates).written == 2
+    with open(os.path.join(cpu_cgroups.path("pod"), "cpu.cfs_quota_us"), "w") as f:
+        f.write("40000")  # by hand, tighter: pass 1 would have loosened it back had it read the file
+    now[0] = 1.0
+    result = executor.leveled_update(updates)
+    assert (result.written, result.skipped) == (0, 2)
+    assert cpu_cgroups.read("pod", "cpu.cfs_quota_us") == "40000"
+    assert executor.leveled_update(updates, verify=True).written >= 1
+    assert cpu_cgroups.read("pod", "cpu.cfs_quota_us") == "50000"
+    with open(os.path.join(cpu_cgroups.path("pod"), "cpu.cfs_quota_us"), "w") as f:
+        f.write("40000")
+    now[0] = 62.0
+    assert executor.leveled_update(updates).ok
+    assert cpu_cgroups.read("pod", "cpu.cfs_quota_us") == "50000"
+
+
 def _cpus(rel: str, cpus: str) -> ResourceUpdate:
     return ResourceUpdate.of("cpuset.cpus", rel, cpus)
 

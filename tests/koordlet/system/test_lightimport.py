@@ -64,3 +64,30 @@ def test_the_agents_tc_code_loads_pyroute2s_rtnetlink_parts_only() -> None:
              "print(ipr.link_lookup(ifname='lo'), 'pyroute2.ndb.main' in sys.modules); ipr.close()")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.split()[-1] == "False"
+
+
+def test_the_agent_loads_the_kubernetes_clients_parts_it_uses_and_the_rest_on_demand(tmp_path: Path) -> None:
+    """In a fresh interpreter: koordlet's modules and an in-cluster ApiClient leave kube_config's auth plugins
+    (google.auth, oauthlib), dynamic and leader election unloaded; a kubeconfig file loads kube_config, and the
+    package's usual names still work."""
+    unused = ("kubernetes.config.kube_config", "google.auth", "oauthlib", "requests_oauthlib", "kubernetes.dynamic",
+              "kubernetes.leaderelection")
+    probe = ("import sys, koordlet.main, koordlet.kubeapi, kubernetes.client; kubernetes.client.ApiClient(); "
+             f"print(sorted(m for m in {unused!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(textwrap.dedent("""
+        apiVersion: v1
+        kind: Config
+        clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+        users: [{name: u, user: {token: t}}]
+        contexts: [{name: x, context: {cluster: c, user: u}}]
+        current-context: x
+    """))
+    probe = ("import sys, types, kubernetes, koordlet.main as m; "
+             f"c = m._api_client(types.SimpleNamespace(kubeconfig={str(kubeconfig)!r})); "
+             "print(c.configuration.host, c.user_agent, 'kubernetes.config.kube_config' in sys.modules, "
+             "kubernetes.config.load_kube_config.__name__, kubernetes.watch.Watch.__name__)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["https://127.0.0.1:6443", "koordlet", "True", "load_kube_config", "Watch"]
