@@ -23,7 +23,7 @@ times each per count, in alternating order, and prints each one's runs and media
 ``--all-gates`` runs the koordlet with every feature gate on (``AllAlpha=true,AllBeta=true``), the audit log,
 the pod-resources proxy and Terway's QoS files in the run's dir, ``-enable-resctrl-collector``, and a NodeSLO
 asking for Terway's network QoS (so the tc manager leaves the host's uplink alone); ``--gates both`` measures
-the default gates and every gate interleaved on the same pods.
+the default gates and every gate interleaved on the same pods (with ``--before``: both trees, both ways).
 """
 
 from __future__ import annotations
@@ -168,10 +168,11 @@ def measure(socket_path: str, count: int, seconds: float, workdir: Path, repo: P
 
 
 def _interleaved(socket_path: str, count: int, args: argparse.Namespace, workdir: Path) -> dict[str, list[Result]]:
-    if args.gates == "both":
-        trees = [("default", REPO, False), ("all", REPO, True)]
-    else:
-        trees = [("before", Path(args.before).resolve(), args.gates == "all"), ("after", REPO, args.gates == "all")]
+    gates = {"default": (False,), "all": (True,), "both": (False, True)}[args.gates]
+    sources = [("before", Path(args.before).resolve()), ("after", REPO)] if args.before else [("", REPO)]
+    # Named by tree (with --before), by gates (with --gates both), or both: "before/all".
+    trees = [("/".join(n for n in (source, ("all" if all_gates else "default") if len(gates) > 1 else "") if n),
+              tree, all_gates) for all_gates in gates for source, tree in sources]
     runs: dict[str, list[Result]] = {name: [] for name, _, _ in trees}
     for round_ in range(args.rounds):
         for name, tree, all_gates in trees if round_ % 2 == 0 else trees[::-1]:
@@ -253,14 +254,16 @@ def _print_compared(compared: dict[int, dict[str, list[Result]]], as_json: bool)
     if as_json:
         print(json.dumps(summary))
         return 0
-    print(f"{'pods':>6} {'tree':>7} {'rss_mib':>8} {'cpu_pct':>8}  runs")
+    print(f"{'pods':>6} {'tree':>14} {'rss_mib':>8} {'cpu_pct':>8}  runs")
     for count, by_tree in summary.items():
         for name, figures in by_tree.items():
             runs = " ".join(f"{c:.2f}" for c in figures["cpu_pct_runs"])
-            print(f"{count:>6} {name:>7} {figures['rss_mib_median']:>8.1f} {figures['cpu_pct_median']:>8.2f}  {runs}")
-        (first, before), (second, after) = ((name, figures["cpu_pct_median"]) for name, figures in by_tree.items())
-        if before > 0:
-            print(f"{count:>6} cpu {second}/{first} {after / before:.2f}")
+            print(f"{count:>6} {name:>14} {figures['rss_mib_median']:>8.1f} {figures['cpu_pct_median']:>8.2f}  {runs}")
+        # CPU ratios of neighbours: after/before (per gate set with --before), else all/default.
+        medians = [(name, figures["cpu_pct_median"]) for name, figures in by_tree.items()]
+        for (first, before), (second, after) in zip(medians[::2], medians[1::2], strict=True):
+            if before > 0:
+                print(f"{count:>6} cpu {second}/{first} {after / before:.2f}")
     return 0
 
 

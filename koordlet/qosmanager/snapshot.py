@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -248,6 +248,44 @@ def pod_kube_qos(pod: PodMeta) -> KubeQoS:
     return KubeQoS.BESTEFFORT if is_be(pod) else KubeQoS.BURSTABLE
 
 
+class _OnFirstUse(Mapping[str, float]):
+    """A read-only mapping filled by ``load`` when first read. The builder gives every strategy every usage map
+    of its tick, each a scan of the metric cache over all pods or containers, while each map is read by one or
+    two strategies: the others never pay for the scan. The window ends at the snapshot's time, and a strategy
+    reads its snapshot within its tick."""
+
+    __slots__ = ("_load", "_values")
+
+    def __init__(self, load: Callable[[], dict[str, float]]) -> None:
+        self._load: Callable[[], dict[str, float]] | None = load
+        self._values: dict[str, float] = {}
+
+    def _loaded(self) -> dict[str, float]:
+        load = self._load
+        if load is not None:
+            self._values = load()
+            self._load = None
+        return self._values
+
+    def __getitem__(self, key: str) -> float:
+        return self._loaded()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._loaded()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._loaded().get(key, default)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._loaded()!r})"
+
+
 # ----------------------------------------------------------------------------------------- the builder
 
 
@@ -298,7 +336,8 @@ class SnapshotBuilder:
         return self._cache.last_value(key, now - 2 * self._interval_s, now)
 
     def _latest_by_label(self, kind: str, label: str, now: float) -> Mapping[str, float]:
-        return MappingProxyType(self._cache.last_values(kind, label, now - 2 * self._interval_s, now))
+        start = now - 2 * self._interval_s
+        return _OnFirstUse(lambda: self._cache.last_values(kind, label, start, now))
 
     def build(
         self,

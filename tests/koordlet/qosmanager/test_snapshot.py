@@ -31,6 +31,32 @@ def test_latest_values_ignore_samples_older_than_two_intervals() -> None:
     assert dict(snap.pod_cpu_cores) == {"fresh": 1.0}
 
 
+class _CountingCache(MetricCache):
+    """A real MetricCache that counts its per-label scans."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scans: list[str] = []
+
+    def last_values(self, kind: str, label: str, start: float, end: float) -> dict[str, float]:
+        self.scans.append(kind)
+        return super().last_values(kind, label, start, end)
+
+
+def test_a_usage_map_is_scanned_from_the_cache_only_when_a_strategy_reads_it() -> None:
+    cache = _CountingCache()
+    cache.append(_pod_cpu("a"), 99.5, 1.5)
+    cache.append(SeriesKey.of(MetricKind.POD_MEMORY_USAGE, **{Label.POD_UID: "a"}), 99.5, 64.0)
+    snap = SnapshotBuilder(StaticStates(node=node()), cache, collect_interval_s=1.0).build(now=100.0)
+    assert snap is not None and cache.scans == []
+    cache.append(_pod_cpu("a"), 100.5, 9.0)  # after the snapshot's time: not in its window
+    assert snap.pod_cpu_cores.get("a") == 1.5 and "a" in snap.pod_cpu_cores and dict(snap.pod_cpu_cores) == {"a": 1.5}
+    assert cache.scans == [MetricKind.POD_CPU_USAGE]  # once, however often it is read
+    assert snap.pod_memory_bytes["a"] == 64.0 and len(snap.pod_memory_bytes) == 1
+    assert snap.container_cpu_cores.get("x") is None
+    assert cache.scans == [MetricKind.POD_CPU_USAGE, MetricKind.POD_MEMORY_USAGE, MetricKind.CONTAINER_CPU_USAGE]
+
+
 def test_window_averages_and_be_window() -> None:
     cache = MetricCache()
     for t, value in ((91.0, 2.0), (95.0, 4.0), (100.0, 6.0)):
