@@ -62,7 +62,7 @@ class Containerd:
     def remove_dirs(self) -> None:
         """Remove the (parent) dirs of run and root; never crosses into a mount left behind. With KPY_KEEP_LOGS
         set (the v2 guests set it to their results dir), containerd's log is copied there first, named after its
-        run dir (``run-koordlet-py-containerd.log``)."""
+        run dir (``/run/koordlet-py/test-42/containerd``: ``run-koordlet-py-test-42-containerd.log``)."""
         keep = os.environ.get("KPY_KEEP_LOGS")
         log = Path(self.run_dir) / "containerd.log"
         if keep and log.is_file():
