@@ -389,8 +389,8 @@ class ResourceExecutor:
         """Caller holds the lock."""
         now = self._clock()
         cache_key = f"{path}\0{text.removeprefix('NO_')}" if resource.flags else path
-        cached = self._cache.get(cache_key) if record else None  # a PID's file: always read (PIDs are reused)
-        if cached is not None and cached[0] == text and now - cached[1] < self.force_update_seconds:
+        # A PID's file (record False): always read, PIDs are reused.
+        if record and self._wrote_recently(cache_key, text, now):
             return False
         current = self._read_current(path)
         if current is None:
@@ -487,11 +487,9 @@ class ResourceExecutor:
             return False
         try:
             target = self._target(update)
-            if not verify and not update.resource.per_device:
-                cached = self._cache.get(target.path)
-                if (cached is not None and cached[0] == target.value
-                        and self._clock() - cached[1] < self.force_update_seconds):
-                    return False
+            if not verify and not update.resource.per_device and self._wrote_recently(
+                    target.path, target.value, self._clock()):
+                return False
             current = kernfs.read_text(target.path)
             loosened = merge(current, target.value)
             if loosened == current:
@@ -575,8 +573,7 @@ class ResourceExecutor:
         # (resource, device) is cached on its own, and "verify" cannot compare a line with the whole file.
         per_device = resource.per_device
         key = f"{target.path}\0{resource.name}\0{device_of(v1_value)}" if per_device else target.path
-        cached = self._cache.get(key)
-        if (cached is not None and cached[0] == content and now - cached[1] < self.force_update_seconds
+        if (self._wrote_recently(key, content, now)
                 and (not verify or (not per_device and self._read_current(target.path) == content))):
             metrics.count_update(target.resource.name, metrics.STATUS_SKIPPED)
             return False
@@ -588,6 +585,11 @@ class ResourceExecutor:
             del self._cache[next(iter(self._cache))]
         metrics.count_update(target.resource.name, metrics.STATUS_WRITTEN)
         return True
+
+    def _wrote_recently(self, key: str, content: str, now: float) -> bool:
+        """The write cache's verdict: ``content`` went to ``key`` less than ``force_update_seconds`` ago."""
+        cached = self._cache.get(key)
+        return cached is not None and cached[0] == content and now - cached[1] < self.force_update_seconds
 
     def _write_file(self, resource_name: str, path: str, content: str) -> None:
         started = time.perf_counter()
