@@ -2,7 +2,8 @@
 
 The order is docs/koordinator.md §1.2.
 
-Start: metrics HTTP server (``/healthz`` is 503 until the start is complete) → executor → metric cache →
+Start: metrics HTTP server (``/healthz`` is 503 until the start is complete, then checks the parts' loops,
+koordlet.health; ``/readyz`` is 200 once started and synced) → executor → metric cache →
 states informer (its node and NodeSLO sources first; waits until synced, bounded; PLEG) → GPU service →
 GPU device plugin (with the GPU service) → metrics advisor → predict server → qos manager → runtime hooks →
 network QoS → reporters. SIGTERM/SIGINT stop everything in reverse order, each part with its share of what is left of
@@ -50,6 +51,7 @@ from koordlet.gpu.metrics import gpu_devices
 from koordlet.gpu.nvml import NvmlModule
 from koordlet.gpu.reporter import DeviceReporter
 from koordlet.gpu.service import GPUService
+from koordlet.health import DEFAULT_GRACE_S, Health
 from koordlet.kubeapi import CoreV1, CustomObjects
 from koordlet.metriccache import GPU_DEVICES_KV, MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer
@@ -109,6 +111,7 @@ class AgentContext:
     nvml: NvmlModule | None = None
     states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S
     abort: threading.Event = field(default_factory=threading.Event)  # a stop was asked for during the start
+    health: Health = field(default_factory=lambda: Health(lambda: True))  # parts add their checks (/healthz)
     # ---- built by the parts
     cgroup_fs: CgroupFS = field(init=False)
     executor: ResourceExecutor = field(init=False)
@@ -269,6 +272,7 @@ def _cri_pod_source(ctx: AgentContext) -> Component | None:
 
 
 def _states_informer(ctx: AgentContext) -> Component | None:
+    ctx.health.watch_states(ctx.states)
     return ctx.states
 
 
@@ -401,7 +405,9 @@ def _metrics_advisor(ctx: AgentContext) -> Component | None:
                      psi_stale_after_s=3 * config.psi_collector_interval_s,
                      slow_stale_after_s=3 * max(config.cpi_collector_interval_s, config.resctrl_collector_interval_s,
                                                 config.coldpage_collector_interval_s))
-    return CollectorRunner(ctx.cache, _collectors(ctx), registry=ctx.metrics.registry)
+    runner = CollectorRunner(ctx.cache, _collectors(ctx), registry=ctx.metrics.registry)
+    ctx.health.watch_loop("collectors", runner)
+    return runner
 
 
 def _qos_manager(ctx: AgentContext) -> Component | None:
@@ -426,8 +432,10 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
         cpu_evict_cool_time_s=float(config.cpu_evict_cool_time_seconds),
         feature_gates=config.feature_gates,
     )
-    return new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
-                           sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager)
+    manager = new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
+                              sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager)
+    ctx.health.watch_loop("qosmanager", manager)
+    return manager
 
 
 def _nri_config(config: KoordletConfig) -> NriConfig | None:
@@ -468,7 +476,13 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         nri=_nri_config(config),
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
-    return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
+    hooks = RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
+    ctx.health.watch_loop("reconciler", hooks.reconciler.loop)
+    if hooks.nri is not None:
+        from koordlet.runtimehooks.nri.plugin import socket_identity
+
+        ctx.health.watch_nri(hooks.nri, lambda path: socket_identity(path) is not None)
+    return hooks
 
 
 def _netqos(ctx: AgentContext) -> Component | None:
@@ -652,8 +666,10 @@ class Koordlet:
 
     def __init__(self, config: KoordletConfig, api_client: kubernetes.client.ApiClient | None = None,
                  extra_components: Sequence[ComponentFactory] | None = None,
-                 states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S, nvml: NvmlModule | None = None) -> None:
-        """``nvml``: the NVML module for the ``Accelerators`` gate (default: pynvml from nvidia-ml-py)."""
+                 states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S, nvml: NvmlModule | None = None,
+                 health_grace_s: float = DEFAULT_GRACE_S) -> None:
+        """``nvml``: the NVML module for the ``Accelerators`` gate (default: pynvml from nvidia-ml-py);
+        ``health_grace_s``: what the health checks allow beyond a part's own interval (koordlet.health)."""
         self.config = config
         self._nvml = nvml
         self._api_client = api_client
@@ -663,6 +679,7 @@ class Koordlet:
         self.started = threading.Event()
         self._abort = threading.Event()
         self.metrics = KoordletMetrics(config.node_name)
+        self.health = Health(self.started.is_set, health_grace_s)
         self.ctx: AgentContext | None = None
         self.metrics_server: MetricsServer | None = None
 
@@ -715,8 +732,9 @@ class Koordlet:
 
         features.report(config.feature_gates, self.metrics.registry, config.node_name)  # inert gates: log, gauge
         self._start_auditor()
-        server = MetricsServer(self.metrics.registry, config.metrics_host, config.metrics_port,
-                               healthy=self.started.is_set)
+        server = MetricsServer(self.metrics.registry, config.metrics_host, config.metrics_port)
+        server.route("/healthz", lambda request: self.health.healthz(request.query))
+        server.route("/readyz", lambda request: self.health.readyz(request.query))
         if config.gate("AuditEventsHTTPHandler"):
             server.handle("/events", audit.events_handler())
         server.start()
@@ -724,7 +742,7 @@ class Koordlet:
         self._started("metrics server", server.stop)
 
         ctx = self.ctx = AgentContext(config, self.metrics, api_client, self._nvml, self._sync_timeout_s,
-                                      self._abort)
+                                      self._abort, self.health)
         for part in self._parts:
             component = part.build(ctx)
             if component is not None:

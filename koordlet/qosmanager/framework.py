@@ -239,8 +239,14 @@ class QoSManager(TickerThread):
         if record.failed:
             metrics.STRATEGY_WRITE_FAILURES.labels(strategy=entry.strategy.name).inc(record.failed)
 
+    @property
+    def period_s(self) -> float:
+        """The shortest strategy interval: a healthy manager ticks at least that often."""
+        return min((entry.strategy.interval_s for entry in self._entries), default=1.0)
+
     def _run(self, entry: _Scheduled) -> bool:
         strategy = entry.strategy
+        self.doing = f"strategy {strategy.name}"
         if not self._states.has_synced():
             metrics.STRATEGY_RUNS.labels(strategy=strategy.name, status="skipped").inc()
             return False

@@ -158,6 +158,11 @@ class Reconciler:
         status = "failed" if failed else "succeeded"
         metrics.RECONCILER_DURATION_MS.labels("pod", "all", status).observe((time.perf_counter() - started) * 1000)
 
+    @property
+    def loop(self) -> PeriodicThread:
+        """The reconciler's thread (its heartbeat is a health check)."""
+        return self._thread
+
     def trigger(self) -> None:
         """Reconcile soon (pods or rules changed)."""
         self._thread.wake()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -76,6 +77,8 @@ class StatesInformer:
                                       min_gap_s=MIN_RESYNC_GAP_S)
         self.pod_syncs = 0
         self.pod_sync_failures = 0
+        self.last_pod_sync: float | None = None  # monotonic time of the last pod list taken (health checks)
+        self.last_pod_sync_error = ""
 
     # ----------------------------------------------------------------------------- StatesProvider
 
@@ -93,6 +96,10 @@ class StatesInformer:
 
     def has_synced(self) -> bool:
         return self._synced.is_set()
+
+    @property
+    def sync_interval_s(self) -> float:
+        return self._sync_interval_s
 
     def wait_synced(self, timeout_s: float) -> bool:
         return self._synced.wait(timeout_s)
@@ -144,6 +151,7 @@ class StatesInformer:
             pods = self._pod_source.list_pods()
         except PodSourceError as err:
             self.pod_sync_failures += 1
+            self.last_pod_sync_error = str(err)
             self._count_error(self._pod_source.name)
             if not self._pods_failing:
                 logger.warning("pod sync from %s failed (keeping %d known pods): %s",
@@ -154,6 +162,7 @@ class StatesInformer:
             logger.info("pod sync from %s recovered", self._pod_source.name)
             self._pods_failing = False
         self.pod_syncs += 1
+        self.last_pod_sync = time.monotonic()
         with self._lock:
             changed = not self._pods_synced or pods != self._pods
             self._pods = pods
