@@ -45,6 +45,9 @@ from koordlet import audit, features
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
+from koordlet.debug import serve_debug
+from koordlet.debug.actions import RECENT
+from koordlet.debug.endpoints import DebugSources
 from koordlet.events import PodEvents
 from koordlet.executor import ResourceExecutor
 from koordlet.gpu.metrics import gpu_devices
@@ -69,7 +72,7 @@ from koordlet.reporters.device import DeviceReportLoop, GPUCollector
 from koordlet.reporters.nodemetric import NodeMetricReporter, ProdPredict
 from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
 from koordlet.reporters.rdma import RDMAInventory
-from koordlet.statesinformer.api import NodeInfo
+from koordlet.statesinformer.api import CallbackKind, NodeInfo
 from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
 from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
 from koordlet.statesinformer.cri import CriPodSource
@@ -84,6 +87,8 @@ from koordlet.system.roots import HostDirs
 from koordlet.system.sysfs import read_node_hugepages, read_node_topology, read_online_cpus
 
 if TYPE_CHECKING:
+    from koordlet.qosmanager import QoSManager
+    from koordlet.runtimehooks import RuntimeHooks
     from koordlet.runtimehooks.nri import NriConfig
 
 logger = logging.getLogger(__name__)
@@ -122,6 +127,8 @@ class AgentContext:
     kube: KubeStates | None = field(default=None, init=False)  # the node and NodeSLO watchers (API server)
     gpu: GPUService | None = field(default=None, init=False)  # gate Accelerators, with a GPU
     reporter: NodeMetricReporter | None = field(default=None, init=False)
+    runtime_hooks: RuntimeHooks | None = field(default=None, init=False)
+    qos_manager: QoSManager | None = field(default=None, init=False)
     predictor: PredictServer | None = field(default=None, init=False)
     _cpu_manager: Callable[[], CPUManagerState | None] | None = field(default=None, init=False)
     _dirs: HostDirs | None = field(default=None, init=False)
@@ -272,8 +279,12 @@ def _cri_pod_source(ctx: AgentContext) -> Component | None:
 
 
 def _states_informer(ctx: AgentContext) -> Component | None:
-    ctx.health.watch_states(ctx.states)
-    return ctx.states
+    states = ctx.states
+    ctx.health.watch_states(states)
+    # the last actions of pods that are gone are forgotten with them (/debug/pods)
+    states.register_callback(CallbackKind.ALL_PODS, "debug-actions",
+                             lambda: RECENT.retain(pod.uid for pod in states.pods()))
+    return states
 
 
 def _audit_owners(ctx: AgentContext) -> Component | None:
@@ -435,6 +446,7 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
     manager = new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
                               sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager)
     ctx.health.watch_loop("qosmanager", manager)
+    ctx.qos_manager = manager
     return manager
 
 
@@ -476,7 +488,7 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         nri=_nri_config(config),
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
-    hooks = RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
+    hooks = ctx.runtime_hooks = RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
     ctx.health.watch_loop("reconciler", hooks.reconciler.loop)
     if hooks.nri is not None:
         from koordlet.runtimehooks.nri.plugin import socket_identity
@@ -695,6 +707,15 @@ class Koordlet:
     def reporter(self) -> NodeMetricReporter | None:
         return self.ctx.reporter if self.ctx is not None else None
 
+    def _debug_sources(self) -> DebugSources | None:
+        """What ``/debug/*`` reads, once the states informer and the executor are built (None before)."""
+        ctx = self.ctx
+        states, executor = getattr(ctx, "states", None), getattr(ctx, "executor", None)
+        if ctx is None or states is None or executor is None:
+            return None
+        return DebugSources(self.config.node_name, states, executor, ctx.layout, self.config.feature_gates, RECENT,
+                            ctx.runtime_hooks, ctx.qos_manager)
+
     def request_stop(self) -> None:
         """Cut a start in progress short (a signal during the states sync wait); call :meth:`stop` after."""
         self._abort.set()
@@ -735,6 +756,7 @@ class Koordlet:
         server = MetricsServer(self.metrics.registry, config.metrics_host, config.metrics_port)
         server.route("/healthz", lambda request: self.health.healthz(request.query))
         server.route("/readyz", lambda request: self.health.readyz(request.query))
+        serve_debug(server, self._debug_sources, api_client, config.node_name)
         if config.gate("AuditEventsHTTPHandler"):
             server.handle("/events", audit.events_handler())
         server.start()
@@ -773,11 +795,17 @@ class Koordlet:
 
 
 def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> int:
-    """The daemon; ``nvml``: the NVML module (default pynvml; the demo passes the tests' fake NVML)."""
+    """The daemon; ``nvml``: the NVML module (default pynvml; the demo passes the tests' fake NVML). ``koordlet
+    explain <namespace>/<name>`` asks a running koordlet why a pod has what it has (koordlet.debug.explain)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["explain"]:
+        from koordlet.debug.explain import main as explain
+
+        return explain(args[1:])
     logging.basicConfig(level=os.environ.get("KOORDLET_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
+        config = parse_config(args, os.environ)
     except ConfigError as err:
         print(f"koordlet: {err}", file=sys.stderr)
         return 2

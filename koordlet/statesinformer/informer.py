@@ -21,7 +21,7 @@ from typing import Protocol
 from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
 from koordlet.api.pod import PodMeta
 from koordlet.metriccache import Label, MetricCache
-from koordlet.statesinformer.api import CallbackKind, Callbacks, NodeInfo
+from koordlet.statesinformer.api import NOT_RECEIVED, CallbackKind, Callbacks, NodeInfo, NodeSLOOrigin
 from koordlet.ticker import PeriodicThread
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,8 @@ class StatesInformer:
         self._lock = threading.Lock()
         self._node: NodeInfo | None = None
         self._node_slo = default_node_slo_spec()
+        self._node_slo_origin = NOT_RECEIVED
+        self._node_slo_rejected: tuple[float, str] | None = None  # (wall time, why) of the last rejected spec
         self._pods: tuple[PodMeta, ...] = ()
         self._pods_synced = False
         self._node_slo_synced = not needs_node_slo
@@ -87,6 +89,14 @@ class StatesInformer:
 
     def node_slo(self) -> NodeSLOSpec:
         return self._node_slo
+
+    def node_slo_origin(self) -> NodeSLOOrigin:
+        """Where the spec :meth:`node_slo` returns came from."""
+        return self._node_slo_origin
+
+    def node_slo_rejected(self) -> tuple[float, str] | None:
+        """The last spec refused (wall time, why), None when none was; the spec in effect is the one before it."""
+        return self._node_slo_rejected
 
     def pods(self) -> tuple[PodMeta, ...]:
         return self._pods
@@ -117,10 +127,11 @@ class StatesInformer:
         if changed:
             self._callbacks.fire(CallbackKind.NODE_METADATA)
 
-    def set_node_slo(self, spec: NodeSLOSpec) -> None:
+    def set_node_slo(self, spec: NodeSLOSpec, origin: NodeSLOOrigin | None = None) -> None:
         with self._lock:
             changed = spec != self._node_slo
             self._node_slo = spec
+            self._node_slo_origin = origin or NodeSLOOrigin("unknown", at=time.time())
             self._node_slo_synced = True
         self._update_synced()
         if changed:
@@ -134,6 +145,7 @@ class StatesInformer:
         self._count_error("nodeslo")
         with self._lock:
             self._node_slo_synced = True
+            self._node_slo_rejected = (time.time(), reason)
         self._update_synced()
 
     def _update_synced(self) -> None:
