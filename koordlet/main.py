@@ -254,6 +254,8 @@ def _states_informer_built(ctx: AgentContext) -> Component | None:
                                   default_runtime=config.default_runtime_type,
                                   observe=ctx.metrics.observe_kubelet_request)
     ctx.pod_source = source
+    ctx.metrics.zero_states_errors((source.name, "nodeslo") if ctx.api_client is None else (source.name, "node",
+                                                                                             "nodeslo"))
     ctx.states = StatesInformer(source, config.kubelet_sync_interval_s, ctx.cache,
                                 count_error=ctx.metrics.observe_states_error)
     return None
@@ -422,8 +424,8 @@ def _metrics_advisor(ctx: AgentContext) -> Component | None:
 
 
 def _qos_manager(ctx: AgentContext) -> Component | None:
-    from koordlet.eviction import Evictor
-    from koordlet.qosmanager import QoSManagerConfig, new_qos_manager
+    from koordlet.eviction import Evictor, zero_eviction_counts
+    from koordlet.qosmanager import QoSManagerConfig, cpuevict, memoryevict, new_qos_manager
 
     config = ctx.config
     if config.collect_res_used_interval_s < 1.0:
@@ -447,6 +449,8 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
                               sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager)
     ctx.health.watch_loop("qosmanager", manager)
     ctx.qos_manager = manager
+    zero_eviction_counts(config.node_name, [feature for feature in (*memoryevict.FEATURES, *cpuevict.FEATURES)
+                                            if config.gate(feature)])
     return manager
 
 

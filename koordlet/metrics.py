@@ -396,6 +396,13 @@ class KoordletMetrics:
     def observe_node_topology_report(self, status: str) -> None:
         self.node_topology_reports.labels(self.node_name, status).inc()
 
+    def zero_states_errors(self, sources: Iterable[str]) -> None:
+        """Export 0 errors for each states source (and 0 NodeSLOs rejected) before the first one, so that increase()
+        (the alert rules) counts it."""
+        for source in sources:
+            self.states_errors.labels(self.node_name, source)
+        self.node_slo_rejected.labels(self.node_name)
+
     def observe_states_error(self, source: str) -> None:
         self.states_errors.labels(self.node_name, source).inc()
         if source == "nodeslo":

@@ -88,6 +88,7 @@ class CollectorRunner(TickerThread):
         for collector in collectors:
             if collector.enabled():
                 self._active.append(_Scheduled(collector, 0.0))
+                self.errors.labels(collector.name)  # 0 before the first error: rate() and the alerts count it
             else:
                 logger.info("collector %s disabled on this node", collector.name)
         super().__init__("metricsadvisor")

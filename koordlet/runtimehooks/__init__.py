@@ -34,6 +34,7 @@ from wire.sockets import remove_socket
 
 from .apply import RejectedValues
 from .decisions import Decisions
+from .metrics import zero_counts
 from .nri import NriConfig, NriHandlers, NriPlugin
 from .reconciler import Reconciler
 from .registration import remove_registration, write_registration
@@ -139,6 +140,7 @@ class RuntimeHooks:
             # Koordinator's monitor is a part of its GPU env hook: without that hook it does nothing.
             log.info("HamiCoreVGPUMonitor needs GPUEnvInject on (as in Koordinator); off")
             self.plugins = [p for p in self.plugins if p.gate != "HamiCoreVGPUMonitor"]
+        zero_counts(self.plugins)
         self._resctrl = read_resctrl_node(config.resctrl_dir) if config.feature_gates.get("Resctrl") else None
         self._bvt = group_identity_supported(executor, layout)
         self._online_cpus, self._memory_bytes = node_capacity(config.sys_dir, config.proc_dir)

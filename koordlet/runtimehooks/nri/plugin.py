@@ -122,11 +122,13 @@ class NriPlugin:
 
     def start(self) -> None:
         self.down_since = time.monotonic()
+        metrics.NRI_ENABLED.set(1)
         self._thread = threading.Thread(target=self._thread_main, name="nri-plugin", daemon=True)
         self._thread.start()
         self._started.wait(5.0)
 
     def stop(self, timeout_s: float = 5.0) -> bool:
+        metrics.NRI_ENABLED.set(0)
         loop, stopping = self._loop, self._stopping
         if self._thread is None or loop is None or stopping is None:
             return True
