@@ -14,7 +14,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "chart" / "koordlet-py"
-CRD_DIR = CHART / "files" / "crds"  # the one copy of the CRDs (the chart's templates/crds.yaml, deploy/crds/)
 NAMESPACE = "koordinator-system"  # the README's namespace, and deploy/base's
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")  # what the chart adds to deploy/base's objects
 

@@ -1,4 +1,4 @@
-"""NodeResourceTopology reporting against the project's API server (the CRD of deploy/chart/koordlet-py/crds validates
+"""NodeResourceTopology reporting against the project's API server (the chart's CRD, files/crds, validates
 every write), on fixture machines and on this host. Each object is decoded the way Koordinator's scheduler decodes
 it: only the JSON field names of its structs (apis/extension/numa_aware.go) are accepted."""
 
