@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.tools import tool
+from tests.deploy.tools import chart_documents, create_object, tool
 from tests.support.apiserver import ApiServer, kube_api_client, write_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,8 +270,6 @@ RUNNABLE = [c for c in COMMANDS if c.marked is None and isinstance(plan(c.text),
 def run_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """PATH with Helm and kubectl (1.35) first and the project's venv; KUBECONFIG for the project's API server, which
     holds the chart's CRDs (so `kubectl get crd ...` sees what an install of ours leaves)."""
-    from tests.deploy.test_chart import _create  # noqa: PLC0415 (a test helper)
-    from tests.deploy.tools import chart_documents  # noqa: PLC0415
 
     home = tmp_path_factory.mktemp("docs-commands")
     bin_dir = home / "bin"
@@ -281,7 +279,7 @@ def run_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     with ApiServer(crd_dir=None) as server, kube_api_client(server) as client:
         for doc in chart_documents():
             if doc["kind"] == "CustomResourceDefinition":
-                _create(client, doc)
+                create_object(client, doc)
         yield {"PATH": f"{bin_dir}:{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}", "HOME": str(home),
                "KUBECONFIG": str(write_kubeconfig(server, home / "kubeconfig")), "LANG": "C.UTF-8"}
 

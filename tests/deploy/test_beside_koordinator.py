@@ -21,8 +21,7 @@ import pytest
 
 from koordlet.reporters.nrt import NRT_VERSION
 from tests.deploy import koordinator_v180_chart as koordinator
-from tests.deploy.test_chart import _create
-from tests.deploy.tools import CHART, ROOT, documents, object_key, tool
+from tests.deploy.tools import CHART, ROOT, create_object, documents, object_key, tool
 from tests.support.apiserver import ApiServer, kube_api_client, write_kubeconfig
 from tests.test_docs_commands import extract
 
@@ -173,9 +172,9 @@ def test_the_readme_way_b_puts_exactly_one_koordlet_on_each_node(tmp_path: Path)
         for kind, namespace, name in sorted(koordinator.OBJECTS):
             stand_in = _stand_in(kind, namespace, name)
             if stand_in is not None:
-                _create(client, stand_in)
+                create_object(client, stand_in)
         for doc in ours:
-            _create(client, doc)  # 409 AlreadyExists on a shared name
+            create_object(client, doc)  # 409 AlreadyExists on a shared name
         env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
                "KUBECONFIG": str(write_kubeconfig(server, tmp_path / "kubeconfig"))}
         done = subprocess.run([tool("kubectl-1.35"), *shlex.split(label_command)[1:]], env=env, capture_output=True,

@@ -13,7 +13,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import kubernetes.client
 import pytest
 import yaml
 
@@ -27,8 +26,10 @@ from tests.deploy.tools import (
     ROOT,
     base_documents,
     chart_documents,
+    create_object,
     helm_template,
     object_key,
+    request,
     tool,
     without_helm_labels,
 )
@@ -330,31 +331,6 @@ def test_the_feature_gate_pattern_names_every_koordlet_gate() -> None:
     assert names == {g.name for g in GATES} | {"AllAlpha", "AllBeta"}
 
 
-_PLURALS = {"ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps", "Service": "services",
-            "DaemonSet": "daemonsets", "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
-            "CustomResourceDefinition": "customresourcedefinitions", "NodeSLO": "nodeslos", "NodeMetric": "nodemetrics",
-            "NodeResourceTopology": "noderesourcetopologies", "ServiceMonitor": "servicemonitors",
-            "PodMonitor": "podmonitors"}
-
-
-def _request(client: kubernetes.client.ApiClient, verb: str, path: str, body: dict[str, Any] | None = None,
-             ) -> dict[str, Any]:
-    request = client.param_serialize(verb, path, header_params={"Content-Type": "application/json"}, body=body)
-    response = client.call_api(*request)
-    data = response.read()
-    if not 200 <= response.status <= 299:
-        raise kubernetes.client.ApiException.from_response(http_resp=response, body=data.decode(), data=None)
-    return json.loads(data)
-
-
-def _create(client: kubernetes.client.ApiClient, doc: dict[str, Any]) -> dict[str, Any]:
-    group_version = doc["apiVersion"]
-    base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
-    namespace = doc["metadata"].get("namespace")
-    path = f"{base}/namespaces/{namespace}/{_PLURALS[doc['kind']]}" if namespace else f"{base}/{_PLURALS[doc['kind']]}"
-    return _request(client, "POST", path, doc)
-
-
 def _prometheus_operator_crd(kind: str) -> dict[str, Any]:
     """A stand-in for the Prometheus Operator's CRD of ``kind`` (its group, names and scope; spec left open), as
     a cluster that runs the operator has it."""
@@ -373,17 +349,17 @@ def test_the_rendered_objects_apply_to_the_api_server_and_the_crds_serve_koordin
     for docs in (chart_documents(), _every_value_docs(tmp_path)):
         with ApiServer(crd_dir=None) as server, kube_api_client(server) as client:
             for doc in crds + [_prometheus_operator_crd("ServiceMonitor"), _prometheus_operator_crd("PodMonitor")]:
-                _create(client, doc)
+                create_object(client, doc)
             for doc in docs:
                 if doc["kind"] != "CustomResourceDefinition":
-                    _create(client, doc)
+                    create_object(client, doc)
             assert len(server.list_objects("customresourcedefinitions")) == 6
             # The CRDs are served now: the objects Koordinator's manager writes are accepted.
-            _create(client, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
+            create_object(client, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
                              "metadata": {"name": "node-1"},
                              "spec": {"resourceUsedThresholdWithBE": {"enable": True,
                                                                       "cpuSuppressThresholdPercent": 65}}})
-            _create(client, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric",
+            create_object(client, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric",
                              "metadata": {"name": "node-1"}, "spec": {"metricCollectPolicy": {
                                  "aggregateDurationSeconds": 300, "reportIntervalSeconds": 60}}})
             daemonset = _of_kind(docs, "DaemonSet")["metadata"]
@@ -397,12 +373,12 @@ def test_the_nrt_crd_serves_both_versions_and_stores_v1alpha2() -> None:
     zones = [{"name": "node-0", "type": "Node", "resources": [
         {"name": "cpu", "capacity": "8", "allocatable": "8", "available": "6"}]}]
     with ApiServer(crd_dir=None) as server, kube_api_client(server) as client:
-        created = _create(client, nrt_crd)
+        created = create_object(client, nrt_crd)
         assert created["status"]["storedVersions"] == ["v1alpha2"]
-        _create(client, {"apiVersion": "topology.node.k8s.io/v1alpha1", "kind": "NodeResourceTopology",
+        create_object(client, {"apiVersion": "topology.node.k8s.io/v1alpha1", "kind": "NodeResourceTopology",
                          "metadata": {"name": "node-1"}, "topologyPolicies": ["None"], "zones": zones})
         assert server.get_object("noderesourcetopologies", "node-1")["apiVersion"] == "topology.node.k8s.io/v1alpha2"
         for version in ("v1alpha1", "v1alpha2"):
-            read = _request(client, "GET", f"/apis/topology.node.k8s.io/{version}/noderesourcetopologies/node-1")
+            read = request(client, "GET", f"/apis/topology.node.k8s.io/{version}/noderesourcetopologies/node-1")
             assert read["apiVersion"] == f"topology.node.k8s.io/{version}"
             assert (read["zones"], read["topologyPolicies"]) == (zones, ["None"])

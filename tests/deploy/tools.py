@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import kubernetes.client
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,3 +77,30 @@ def without_helm_labels(doc: dict[str, Any]) -> dict[str, Any]:
 
 def object_key(doc: dict[str, Any]) -> tuple[str, str, str]:
     return doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"]
+
+
+_PLURALS = {"ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps", "Service": "services",
+            "DaemonSet": "daemonsets", "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
+            "CustomResourceDefinition": "customresourcedefinitions", "NodeSLO": "nodeslos", "NodeMetric": "nodemetrics",
+            "NodeResourceTopology": "noderesourcetopologies", "ServiceMonitor": "servicemonitors",
+            "PodMonitor": "podmonitors"}
+
+
+def request(client: kubernetes.client.ApiClient, verb: str, path: str, body: dict[str, Any] | None = None,
+             ) -> dict[str, Any]:
+    """One API request with a JSON body; the decoded answer, or ApiException."""
+    prepared = client.param_serialize(verb, path, header_params={"Content-Type": "application/json"}, body=body)
+    response = client.call_api(*prepared)
+    data = response.read()
+    if not 200 <= response.status <= 299:
+        raise kubernetes.client.ApiException.from_response(http_resp=response, body=data.decode(), data=None)
+    return json.loads(data)
+
+
+def create_object(client: kubernetes.client.ApiClient, doc: dict[str, Any]) -> dict[str, Any]:
+    """POST ``doc`` to the API server ``client`` talks to (as `kubectl create -f` would)."""
+    group_version = doc["apiVersion"]
+    base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+    namespace = doc["metadata"].get("namespace")
+    path = f"{base}/namespaces/{namespace}/{_PLURALS[doc['kind']]}" if namespace else f"{base}/{_PLURALS[doc['kind']]}"
+    return request(client, "POST", path, doc)
