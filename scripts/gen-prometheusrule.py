@@ -27,8 +27,8 @@ run the script (a test fails when this one is stale). */ -}}
 apiVersion: monitoring.coreos.com/v1
 kind: PrometheusRule
 metadata:
-  name: koordlet
-  namespace: {{ .Values.installation.namespace }}
+  name: {{ include "koordlet-py.fullname" . }}
+  namespace: {{ .Release.Namespace }}
   labels:
     {{- include "koordlet-py.labels" . | nindent 4 }}
     {{- with .Values.prometheusRule.labels }}

@@ -155,9 +155,10 @@ class NodeSLOFileWatcher:
                              at=time.time())
 
     def _reject(self, err: NodeSLOFileError) -> bool:
-        self.rejections += 1
         FILE_REJECTED.labels(err.reason).inc()
         self._sink.reject_node_slo(str(err))
+        # Counted last: whoever waits on ``rejections`` then also sees the sink's error count and log.
+        self.rejections += 1
         return False
 
     def changed(self) -> None:

@@ -97,7 +97,8 @@ def test_the_chart_renders_the_same_rules_as_a_prometheusrule_when_asked() -> No
                                           "--set", "prometheusRule.labels.release=kube-prometheus-stack")
                if d["kind"] == "PrometheusRule"]
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
-    assert rule["metadata"]["namespace"] == "koordinator-system"
+    assert rule["metadata"]["name"] == "koordlet-py" and rule["metadata"]["labels"]["app.kubernetes.io/name"] == \
+        "koordlet-py"
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert rule["spec"] == yaml.safe_load(RULES.read_text())
 

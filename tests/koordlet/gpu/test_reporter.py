@@ -1,4 +1,4 @@
-"""The Device object through a real API server that validates it against deploy/chart/koordlet-py/crds."""
+"""The Device object through a real API server that validates it against deploy/chart/koordlet-py/files/crds."""
 
 
 import pytest
