@@ -319,8 +319,8 @@ class PlanRunner:
         counts.written += result.written
         counts.skipped += result.skipped
         counts.failures.extend(result.failures)
-        if audited is None and noted is None:
-            return
+        if (audited is None and noted is None) or not (result.done or result.failures):
+            return  # nothing written or refused: nothing to tell (the reconciler's usual pass)
         reasons = {(w.resource, w.cgroup_dir): w.reason for w in step.writes if w.reason}
         for update in result.done:
             why = reasons.get((update.resource.name, update.cgroup_dir), "")

@@ -77,10 +77,10 @@ class HookAnswers:
             entries[container] = record
 
     def missing(self, pod_uid: str, container: str = POD_LEVEL) -> bool:
-        """No record yet for this pod (or container): the reconciler records its answer then."""
-        with self._lock:
-            entries = self._pods.get(pod_uid)
-            return entries is None or container not in entries
+        """No record yet for this pod (or container): the reconciler records its answer then. Read without the lock
+        (one dict lookup each, atomic under the GIL): the reconciler asks for every pod on every pass."""
+        entries = self._pods.get(pod_uid)
+        return entries is None or container not in entries
 
     def of(self, pod_uid: str) -> Mapping[str, HookRecord]:
         """The records of one pod by container name (``""``: the pod level)."""
