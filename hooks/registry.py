@@ -59,6 +59,7 @@ class Trace:
     answers: list[PluginAnswer] = field(default_factory=list)
     rejected: list[validate.Rejected] = field(default_factory=list)
 
+
 ErrorReporter = Callable[[str, str, Exception], None]  # (plugin, pod key, error)
 # What malformed input raises in a plugin; anything else is a bug in it (logged with its traceback).
 EXPECTED_ERRORS = (AnnotationError, ValueError, KeyError, TypeError)

@@ -196,7 +196,8 @@ class PlanRunner:
     def run(self, plan: Plan, source: str, now: float = 0.0, *, verify: bool = False) -> PlanRecord:
         counts = _Counts()
         audited = self._audit(plan, source) if not plan.empty else None
-        noted = _Noted(self._actions, source, plan.reason, plan.why) if self._actions is not None else None
+        noted = _Noted(self._actions, source, plan.reason, plan.why) if self._actions is not None and not plan.empty \
+            else None
         for step in plan.steps:
             self._write(step, counts, verify, audited, noted)
         for action in plan.resctrl:

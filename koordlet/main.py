@@ -717,8 +717,8 @@ class Koordlet:
         states, executor = getattr(ctx, "states", None), getattr(ctx, "executor", None)
         if ctx is None or states is None or executor is None:
             return None
-        return DebugSources(self.config.node_name, states, executor, ctx.layout, self.config.feature_gates, RECENT,
-                            ctx.runtime_hooks, ctx.qos_manager)
+        return DebugSources(self.config.node_name, states, executor, ctx.layout, RECENT, ctx.runtime_hooks,
+                            ctx.qos_manager)
 
     def request_stop(self) -> None:
         """Cut a start in progress short (a signal during the states sync wait); call :meth:`stop` after."""

@@ -64,7 +64,6 @@ class DebugSources:
     states: StatesInformer
     executor: ResourceExecutor
     layout: KubeCgroupLayout
-    feature_gates: Mapping[str, bool]
     actions: RecentActions
     hooks: RuntimeHooks | None = None
     qos: QoSManager | None = None
