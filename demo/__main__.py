@@ -384,11 +384,21 @@ def show_suppress(demo: Demo) -> None:
     for second in range(5):
         time.sleep(1)
         say(f"   LS idle  {second + 1} s: besteffort quota {read('cpu', besteffort, 'cpu.cfs_quota_us')}")
+
+
+def show_explain(demo: Demo) -> None:
+    step("9. Why does the BE pod have these values? koordlet explain default/batch-job",
+         "what each hook plugin answered at creation, the cgroup files now, the last QoS actions with their figures")
+    done = subprocess.run([sys.executable, "-m", "koordlet.main", "explain", "default/batch-job",
+                           "--server", f"http://127.0.0.1:{demo.koordlet.port}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=30)
+    for line in (done.stdout or done.stderr).splitlines():
+        say(f"   {line}")
     demo.koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": False}})
 
 
 def show_eviction(demo: Demo) -> None:
-    step("9. Memory pressure: the BE pod is evicted",
+    step("10. Memory pressure: the BE pod is evicted",
          f"threshold set above today's node usage so a {ALLOC_MIB / 1024:.1f} GiB allocation crosses it; "
          "local mode kills "
          "through the CRI (with an API server: the Eviction API, so PDBs hold)")
@@ -428,7 +438,7 @@ def show_eviction(demo: Demo) -> None:
 
 
 def show_proxy_cost(demo: Demo) -> None:
-    step("10. What the proxy costs kubelet: the same call, direct vs through the proxy (p50 of 300)")
+    step("11. What the proxy costs kubelet: the same call, direct vs through the proxy (p50 of 300)")
     for name, request in (("Version", cri.VersionRequest()), ("ListContainers", cri.ListContainersRequest())):
         rows = []
         for c in (demo.direct, demo.client):
@@ -437,7 +447,7 @@ def show_proxy_cost(demo: Demo) -> None:
 
 
 STEPS = (start_containerd, start_koordlet, start_proxy, start_pods, show_metrics, show_nodemetric, show_suppress,
-         show_eviction, show_proxy_cost)
+         show_explain, show_eviction, show_proxy_cost)
 
 
 def clean_up(demo: Demo) -> None:

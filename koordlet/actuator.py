@@ -24,6 +24,7 @@ from types import MappingProxyType
 from prometheus_client import Gauge
 
 from koordlet import audit
+from koordlet.debug.actions import RECENT, RecentActions
 from koordlet.eviction import EvictionOutcome, Evictor
 from koordlet.executor import (
     BatchResult,
@@ -148,19 +149,36 @@ class _AuditContext:
         self.auditor.log(level, audit.Owner(audit.TYPE_GROUP, name="resctrl"), self.reason, message)
 
 
+@dataclass(frozen=True, slots=True)
+class _Noted:
+    """Where one run's writes and evictions are remembered for ``/debug/pods`` (koordlet.debug.actions)."""
+
+    actions: RecentActions
+    source: str
+    reason: str
+    why: str
+
+    def write(self, step: WriteStep, update: ResourceUpdate, why: str = "", error: str = "") -> None:
+        self.actions.wrote(update.cgroup_dir, update.resource.name, update.value, self.source,
+                           step.reason or self.reason, why or step.why or self.why, error)
+
+
 class PlanRunner:
     """Carries plans out. ``verify``: compare a cached write with the file before skipping it (the reconciler,
     which must restore a value someone changed by hand at once)."""
 
     def __init__(self, executor: ResourceExecutor, evictor: Evictor | None = None,
-                 gauges: Mapping[str, Gauge] | None = None, auditor: object = _AGENTS_AUDITOR) -> None:
+                 gauges: Mapping[str, Gauge] | None = None, auditor: object = _AGENTS_AUDITOR,
+                 actions: RecentActions | None = RECENT) -> None:
         """``gauges``: the gauges plans may set, by name (the QoS manager's metrics); ``auditor``: where the
         audit events go (an :class:`~koordlet.audit.Auditor`, None for none; default: the agent's, looked up
-        at every run so that one installed after this runner was built is used)."""
+        at every run so that one installed after this runner was built is used); ``actions``: where the last
+        writes and evictions are remembered for ``/debug/pods`` (None: nowhere)."""
         self._executor = executor
         self._evictor = evictor
         self._gauges = dict(gauges or {})
         self._auditor = auditor
+        self._actions = actions
         self._lock = threading.Lock()
         self._last: dict[str, PlanRecord] = {}
 
@@ -178,11 +196,13 @@ class PlanRunner:
     def run(self, plan: Plan, source: str, now: float = 0.0, *, verify: bool = False) -> PlanRecord:
         counts = _Counts()
         audited = self._audit(plan, source) if not plan.empty else None
+        noted = _Noted(self._actions, source, plan.reason, plan.why) if self._actions is not None and not plan.empty \
+            else None
         for step in plan.steps:
-            self._write(step, counts, verify, audited)
+            self._write(step, counts, verify, audited, noted)
         for action in plan.resctrl:
             self._resctrl(action, counts, audited)
-        released, evicted, blocked = self._evict(plan.evictions, audited) if plan.evictions else ((), (), ())
+        released, evicted, blocked = self._evict(plan.evictions, audited, noted) if plan.evictions else ((), (), ())
         for gauge in plan.gauges:
             self._set_gauge(gauge)
         for action in plan.system:
@@ -282,7 +302,8 @@ class PlanRunner:
             audited.file(audited.auditor.owner_of(write.cgroup_dir), f"{write.name} of {written} processes of {where}",
                          write.value, why=write.reason)
 
-    def _write(self, step: WriteStep, counts: _Counts, verify: bool, audited: _AuditContext | None) -> None:
+    def _write(self, step: WriteStep, counts: _Counts, verify: bool, audited: _AuditContext | None,
+               noted: _Noted | None = None) -> None:
         updates: list[ResourceUpdate] = []
         for write in step.writes:
             try:
@@ -299,10 +320,20 @@ class PlanRunner:
         counts.written += result.written
         counts.skipped += result.skipped
         counts.failures.extend(result.failures)
-        if audited is not None:
-            reasons = {(w.resource, w.cgroup_dir): w.reason for w in step.writes if w.reason}
-            for update in result.done:
-                audited.write(step, update, reasons.get((update.resource.name, update.cgroup_dir), ""))
+        if (audited is None and noted is None) or not (result.done or result.failures):
+            return  # nothing written or refused: nothing to tell (the reconciler's usual pass)
+        reasons = {(w.resource, w.cgroup_dir): w.reason for w in step.writes if w.reason}
+        for update in result.done:
+            why = reasons.get((update.resource.name, update.cgroup_dir), "")
+            if audited is not None:
+                audited.write(step, update, why)
+            if noted is not None:
+                noted.write(step, update, why)
+        for failure in result.failures if noted is not None else ():
+            if isinstance(failure.error, CgroupNotFoundError):
+                continue  # not made yet (a pod's first hook) or gone: nothing was refused
+            noted.write(step, failure.update, reasons.get((failure.update.resource.name, failure.update.cgroup_dir),
+                                                          ""), str(failure.error))
 
     def _resctrl(self, action: ResctrlAction, counts: _Counts, audited: _AuditContext | None) -> None:
         moved_before = sum(len(pids) for pids in counts.moved.values())
@@ -361,7 +392,7 @@ class PlanRunner:
             except ExecutorError as exc:
                 logger.debug("cannot move task %s to resctrl group %r: %s", pid, group, exc)
 
-    def _evict(self, tasks: tuple[Evictions, ...], audited: _AuditContext | None,
+    def _evict(self, tasks: tuple[Evictions, ...], audited: _AuditContext | None, noted: _Noted | None = None,
                ) -> tuple[tuple[tuple[str, float], ...], tuple[str, ...], tuple[str, ...]]:
         evictor = self._evictor
         if evictor is None:
@@ -376,6 +407,10 @@ class PlanRunner:
                       VictimOutcome.EVICTED if result.outcome is EvictionOutcome.EVICTED else VictimOutcome.RELEASED)
             if audited is not None:
                 self._audit_eviction(audited, task, victim, answer, result.outcome.value)
+            if noted is not None:
+                noted.actions.evicted(victim.pod.uid, f"{answer.value} ({result.outcome.value}): releases "
+                                      f"{victim.releases:.0f} of {task.target:.0f}", noted.source,
+                                      task.feature, victim.message or task.reason or noted.why)
             return answer
 
         done = walk_evictions(tasks, outcome)

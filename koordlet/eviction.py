@@ -23,7 +23,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -63,6 +63,12 @@ POD_EVICTION_DETAIL = Counter(
     ["node", "pod_namespace", "pod_name", "reason"],
     registry=REGISTRY,
 )
+
+
+def zero_eviction_counts(node_name: str, features: Iterable[str]) -> None:
+    """Export 0 evictions for each feature before its first one, so that increase() (the alert rules) counts it."""
+    for feature in features:
+        POD_EVICTION.labels(node=node_name, reason=reason_for(feature))
 
 
 def reason_for(feature: str) -> str:

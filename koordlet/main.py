@@ -2,7 +2,8 @@
 
 The order is docs/koordinator.md §1.2.
 
-Start: metrics HTTP server (``/healthz`` is 503 until the start is complete) → executor → metric cache →
+Start: metrics HTTP server (``/healthz`` is 503 until the start is complete, then checks the parts' loops,
+koordlet.health; ``/readyz`` is 200 once started and synced) → executor → metric cache →
 states informer (its node and NodeSLO sources first; waits until synced, bounded; PLEG) → GPU service →
 GPU device plugin (with the GPU service) → metrics advisor → predict server → qos manager → runtime hooks →
 network QoS → reporters. SIGTERM/SIGINT stop everything in reverse order, each part with its share of what is left of
@@ -44,12 +45,16 @@ from koordlet import audit, features
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
+from koordlet.debug import serve_debug
+from koordlet.debug.actions import RECENT
+from koordlet.debug.endpoints import DebugSources
 from koordlet.events import PodEvents
 from koordlet.executor import ResourceExecutor
 from koordlet.gpu.metrics import gpu_devices
 from koordlet.gpu.nvml import NvmlModule
 from koordlet.gpu.reporter import DeviceReporter
 from koordlet.gpu.service import GPUService
+from koordlet.health import DEFAULT_GRACE_S, Health
 from koordlet.kubeapi import CoreV1, CustomObjects
 from koordlet.metriccache import GPU_DEVICES_KV, MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer
@@ -67,7 +72,7 @@ from koordlet.reporters.device import DeviceReportLoop, GPUCollector
 from koordlet.reporters.nodemetric import NodeMetricReporter, ProdPredict
 from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
 from koordlet.reporters.rdma import RDMAInventory
-from koordlet.statesinformer.api import NodeInfo
+from koordlet.statesinformer.api import CallbackKind, NodeInfo
 from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
 from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
 from koordlet.statesinformer.cri import CriPodSource
@@ -82,6 +87,8 @@ from koordlet.system.roots import HostDirs
 from koordlet.system.sysfs import read_node_hugepages, read_node_topology, read_online_cpus
 
 if TYPE_CHECKING:
+    from koordlet.qosmanager import QoSManager
+    from koordlet.runtimehooks import RuntimeHooks
     from koordlet.runtimehooks.nri import NriConfig
 
 logger = logging.getLogger(__name__)
@@ -109,6 +116,7 @@ class AgentContext:
     nvml: NvmlModule | None = None
     states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S
     abort: threading.Event = field(default_factory=threading.Event)  # a stop was asked for during the start
+    health: Health = field(default_factory=lambda: Health(lambda: True))  # parts add their checks (/healthz)
     # ---- built by the parts
     cgroup_fs: CgroupFS = field(init=False)
     executor: ResourceExecutor = field(init=False)
@@ -119,6 +127,8 @@ class AgentContext:
     kube: KubeStates | None = field(default=None, init=False)  # the node and NodeSLO watchers (API server)
     gpu: GPUService | None = field(default=None, init=False)  # gate Accelerators, with a GPU
     reporter: NodeMetricReporter | None = field(default=None, init=False)
+    runtime_hooks: RuntimeHooks | None = field(default=None, init=False)
+    qos_manager: QoSManager | None = field(default=None, init=False)
     predictor: PredictServer | None = field(default=None, init=False)
     _cpu_manager: Callable[[], CPUManagerState | None] | None = field(default=None, init=False)
     _dirs: HostDirs | None = field(default=None, init=False)
@@ -244,6 +254,8 @@ def _states_informer_built(ctx: AgentContext) -> Component | None:
                                   default_runtime=config.default_runtime_type,
                                   observe=ctx.metrics.observe_kubelet_request)
     ctx.pod_source = source
+    ctx.metrics.zero_states_errors((source.name, "nodeslo") if ctx.api_client is None else (source.name, "node",
+                                                                                             "nodeslo"))
     ctx.states = StatesInformer(source, config.kubelet_sync_interval_s, ctx.cache,
                                 count_error=ctx.metrics.observe_states_error)
     return None
@@ -269,7 +281,12 @@ def _cri_pod_source(ctx: AgentContext) -> Component | None:
 
 
 def _states_informer(ctx: AgentContext) -> Component | None:
-    return ctx.states
+    states = ctx.states
+    ctx.health.watch_states(states)
+    # the last actions of pods that are gone are forgotten with them (/debug/pods)
+    states.register_callback(CallbackKind.ALL_PODS, "debug-actions",
+                             lambda: RECENT.retain(pod.uid for pod in states.pods()))
+    return states
 
 
 def _audit_owners(ctx: AgentContext) -> Component | None:
@@ -401,12 +418,14 @@ def _metrics_advisor(ctx: AgentContext) -> Component | None:
                      psi_stale_after_s=3 * config.psi_collector_interval_s,
                      slow_stale_after_s=3 * max(config.cpi_collector_interval_s, config.resctrl_collector_interval_s,
                                                 config.coldpage_collector_interval_s))
-    return CollectorRunner(ctx.cache, _collectors(ctx), registry=ctx.metrics.registry)
+    runner = CollectorRunner(ctx.cache, _collectors(ctx), registry=ctx.metrics.registry)
+    ctx.health.watch_loop("collectors", runner)
+    return runner
 
 
 def _qos_manager(ctx: AgentContext) -> Component | None:
-    from koordlet.eviction import Evictor
-    from koordlet.qosmanager import QoSManagerConfig, new_qos_manager
+    from koordlet.eviction import Evictor, zero_eviction_counts
+    from koordlet.qosmanager import QoSManagerConfig, cpuevict, memoryevict, new_qos_manager
 
     config = ctx.config
     if config.collect_res_used_interval_s < 1.0:
@@ -426,8 +445,13 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
         cpu_evict_cool_time_s=float(config.cpu_evict_cool_time_seconds),
         feature_gates=config.feature_gates,
     )
-    return new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
-                           sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager)
+    manager = new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
+                              sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager)
+    ctx.health.watch_loop("qosmanager", manager)
+    ctx.qos_manager = manager
+    zero_eviction_counts(config.node_name, [feature for feature in (*memoryevict.FEATURES, *cpuevict.FEATURES)
+                                            if config.gate(feature)])
+    return manager
 
 
 def _nri_config(config: KoordletConfig) -> NriConfig | None:
@@ -468,7 +492,13 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         nri=_nri_config(config),
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
-    return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
+    hooks = ctx.runtime_hooks = RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
+    ctx.health.watch_loop("reconciler", hooks.reconciler.loop)
+    if hooks.nri is not None:
+        from koordlet.runtimehooks.nri.plugin import socket_identity
+
+        ctx.health.watch_nri(hooks.nri, lambda path: socket_identity(path) is not None)
+    return hooks
 
 
 def _netqos(ctx: AgentContext) -> Component | None:
@@ -652,8 +682,10 @@ class Koordlet:
 
     def __init__(self, config: KoordletConfig, api_client: kubernetes.client.ApiClient | None = None,
                  extra_components: Sequence[ComponentFactory] | None = None,
-                 states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S, nvml: NvmlModule | None = None) -> None:
-        """``nvml``: the NVML module for the ``Accelerators`` gate (default: pynvml from nvidia-ml-py)."""
+                 states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S, nvml: NvmlModule | None = None,
+                 health_grace_s: float = DEFAULT_GRACE_S) -> None:
+        """``nvml``: the NVML module for the ``Accelerators`` gate (default: pynvml from nvidia-ml-py);
+        ``health_grace_s``: what the health checks allow beyond a part's own interval (koordlet.health)."""
         self.config = config
         self._nvml = nvml
         self._api_client = api_client
@@ -663,6 +695,7 @@ class Koordlet:
         self.started = threading.Event()
         self._abort = threading.Event()
         self.metrics = KoordletMetrics(config.node_name)
+        self.health = Health(self.started.is_set, health_grace_s)
         self.ctx: AgentContext | None = None
         self.metrics_server: MetricsServer | None = None
 
@@ -677,6 +710,15 @@ class Koordlet:
     @property
     def reporter(self) -> NodeMetricReporter | None:
         return self.ctx.reporter if self.ctx is not None else None
+
+    def _debug_sources(self) -> DebugSources | None:
+        """What ``/debug/*`` reads, once the states informer and the executor are built (None before)."""
+        ctx = self.ctx
+        states, executor = getattr(ctx, "states", None), getattr(ctx, "executor", None)
+        if ctx is None or states is None or executor is None:
+            return None
+        return DebugSources(self.config.node_name, states, executor, ctx.layout, RECENT, ctx.runtime_hooks,
+                            ctx.qos_manager)
 
     def request_stop(self) -> None:
         """Cut a start in progress short (a signal during the states sync wait); call :meth:`stop` after."""
@@ -715,8 +757,10 @@ class Koordlet:
 
         features.report(config.feature_gates, self.metrics.registry, config.node_name)  # inert gates: log, gauge
         self._start_auditor()
-        server = MetricsServer(self.metrics.registry, config.metrics_host, config.metrics_port,
-                               healthy=self.started.is_set)
+        server = MetricsServer(self.metrics.registry, config.metrics_host, config.metrics_port)
+        server.route("/healthz", lambda request: self.health.healthz(request.query))
+        server.route("/readyz", lambda request: self.health.readyz(request.query))
+        serve_debug(server, self._debug_sources, api_client, config.node_name)
         if config.gate("AuditEventsHTTPHandler"):
             server.handle("/events", audit.events_handler())
         server.start()
@@ -724,7 +768,7 @@ class Koordlet:
         self._started("metrics server", server.stop)
 
         ctx = self.ctx = AgentContext(config, self.metrics, api_client, self._nvml, self._sync_timeout_s,
-                                      self._abort)
+                                      self._abort, self.health)
         for part in self._parts:
             component = part.build(ctx)
             if component is not None:
@@ -755,11 +799,17 @@ class Koordlet:
 
 
 def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> int:
-    """The daemon; ``nvml``: the NVML module (default pynvml; the demo passes the tests' fake NVML)."""
+    """The daemon; ``nvml``: the NVML module (default pynvml; the demo passes the tests' fake NVML). ``koordlet
+    explain <namespace>/<name>`` asks a running koordlet why a pod has what it has (koordlet.debug.explain)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["explain"]:
+        from koordlet.debug.explain import main as explain
+
+        return explain(args[1:])
     logging.basicConfig(level=os.environ.get("KOORDLET_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
+        config = parse_config(args, os.environ)
     except ConfigError as err:
         print(f"koordlet: {err}", file=sys.stderr)
         return 2

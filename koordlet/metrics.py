@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs
@@ -396,6 +396,13 @@ class KoordletMetrics:
     def observe_node_topology_report(self, status: str) -> None:
         self.node_topology_reports.labels(self.node_name, status).inc()
 
+    def zero_states_errors(self, sources: Iterable[str]) -> None:
+        """Export 0 errors for each states source (and 0 NodeSLOs rejected) before the first one, so that increase()
+        (the alert rules) counts it."""
+        for source in sources:
+            self.states_errors.labels(self.node_name, source)
+        self.node_slo_rejected.labels(self.node_name)
+
     def observe_states_error(self, source: str) -> None:
         self.states_errors.labels(self.node_name, source).inc()
         if source == "nodeslo":
@@ -423,7 +430,7 @@ def exposition(registries: Iterable[CollectorRegistry]) -> bytes:
 
 
 class Answer(Protocol):
-    """What a handler added with :meth:`MetricsServer.handle` answers."""
+    """What a handler added with :meth:`MetricsServer.handle` or :meth:`MetricsServer.route` answers."""
 
     status: int
     content_type: str
@@ -431,12 +438,49 @@ class Answer(Protocol):
     headers: Mapping[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An :class:`Answer` (what the route handlers of koordlet's own endpoints return)."""
+
+    status: int
+    content_type: str
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def text(cls, status: int, text: str) -> Reply:
+        return cls(status, "text/plain; charset=utf-8", text.encode() + (b"" if text.endswith("\n") else b"\n"))
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One GET as a route handler or a guard sees it: the path, its query, the headers (names in any case) and
+    the peer's address."""
+
+    path: str
+    query: Mapping[str, Sequence[str]]
+    headers: Mapping[str, str]
+    client: str
+
+    @property
+    def accept(self) -> list[str]:
+        get_all = getattr(self.headers, "get_all", None)
+        return list(get_all("Accept") or []) if get_all is not None else [self.headers.get("Accept", "")]
+
+
 PathHandler = Callable[[Mapping[str, Sequence[str]], Sequence[str]], Answer]  # (query, Accept values) -> answer
+RouteHandler = Callable[[Request], Answer]
+Guard = Callable[[Request], Answer | None]  # None: let the request through; else the refusal to send
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
 
 
 class MetricsServer:
-    """``/metrics``, ``/internal-metrics``, ``/external-metrics`` and ``/healthz`` on one port, and the paths
-    added with :meth:`handle` (``/events``)."""
+    """``/metrics``, ``/internal-metrics``, ``/external-metrics`` and ``/healthz`` on one port, the paths added
+    with :meth:`handle` (``/events``) and :meth:`route` (``/readyz``, ``/debug/...``), and the guards added with
+    :meth:`guard`, which see every request under their prefixes before any handler does."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int,
                  healthy: Callable[[], bool] = lambda: True, include_default: bool = True) -> None:
@@ -444,6 +488,8 @@ class MetricsServer:
         self._registries = registries
         self._healthy = healthy
         self._handlers: dict[str, PathHandler] = {}
+        self._routes: list[tuple[str, bool, RouteHandler]] = []  # (path, also the paths under it, handler)
+        self._guards: list[tuple[str, Guard]] = []
         server = ThreadingHTTPServer((host, port), self._handler_class())
         server.daemon_threads = True
         self._server = server
@@ -457,9 +503,34 @@ class MetricsServer:
         """Serve ``GET path`` with ``handler`` (its query and the request's Accept header values)."""
         self._handlers[path] = handler
 
-    def _extra(self, path: str, raw_query: str, accept: Sequence[str]) -> tuple[bytes, int, str, Mapping[str, str]]:
+    def route(self, path: str, handler: RouteHandler, *, prefix: bool = False) -> None:
+        """Serve ``GET path`` (with ``prefix``, also every path under it) with ``handler``, which gets the whole
+        :class:`Request`; a route comes before the built-in paths and the first route added that matches wins."""
+        self._routes.append((path, prefix, handler))
+
+    def guard(self, prefix: str, check: Guard) -> None:
+        """Run ``check`` on every request for ``prefix`` or a path under it before it is served (authorization)."""
+        self._guards.append((prefix, check))
+
+    def _serve(self, request: Request) -> tuple[bytes, int, str, Mapping[str, str]] | None:
+        """A guard's refusal, or a route's or a handler's answer; None for the built-in paths."""
+        path = request.path
         try:
-            answer = self._handlers[path](parse_qs(raw_query, keep_blank_values=True), accept)
+            for prefix, check in self._guards:
+                if _under(path, prefix):
+                    refusal = check(request)
+                    if refusal is not None:
+                        return refusal.body, refusal.status, refusal.content_type, refusal.headers
+            answer: Answer | None = None
+            for route_path, prefix_match, route_handler in self._routes:
+                if path == route_path or (prefix_match and _under(path, route_path)):
+                    answer = route_handler(request)
+                    break
+            else:
+                handler = self._handlers.get(path)
+                if handler is None:
+                    return None
+                answer = handler(request.query, request.accept)
         except Exception:  # one broken handler must not take the port down
             logger.exception("handler of %s failed", path)
             return b"internal error\n", 500, "text/plain", {}
@@ -475,8 +546,11 @@ class MetricsServer:
             def do_GET(self) -> None:  # noqa: N802 - http.server naming
                 path, _, query = self.path.partition("?")
                 headers: Mapping[str, str] = {}
-                if path in outer._handlers:
-                    body, status, ctype, headers = outer._extra(path, query, self.headers.get_all("Accept") or [])
+                request = Request(path, parse_qs(query, keep_blank_values=True), self.headers,
+                                  str(self.client_address[0]))
+                served = outer._serve(request)
+                if served is not None:
+                    body, status, ctype, headers = served
                 elif path in ("/metrics", "/internal-metrics", "/external-metrics"):
                     try:
                         body, status, ctype = exposition(outer._registries), 200, CONTENT_TYPE_LATEST

@@ -10,7 +10,8 @@ Which text is a command:
 A command that cannot run here is marked by a line ``<!-- not runnable here: <reason> -->`` directly before its block
 (a fenced block, or the paragraph, list item or table an inline command is in), or directly before an inline span.
 
-How each runs here (``plan``), always from the repository root, with Helm and kubectl from scripts/fetch-tools.sh:
+How each runs here (``plan``), always from the repository root, with Helm, kubectl and promtool from
+scripts/fetch-tools.sh:
 - ``helm template``/``lint``/``show``: as written; ``helm install`` of a chart in this repository: as written plus
   ``--dry-run=client`` (renders and checks every value; contacts no cluster);
 - ``kubectl kustomize``: as written; ``kubectl get``: as written, against the project's API server holding the
@@ -19,7 +20,8 @@ How each runs here (``plan``), always from the repository root, with Helm and ku
   is not cheap and runs as ``make -n`` (the target exists and its recipe expands);
 - a script of scripts/ that has ``--dry-run``: with ``--dry-run`` (``sudo`` dropped: the tests run as root);
 - ``.venv/bin/python -m pytest``: with ``--collect-only`` (the paths and options are right; running them is the suite);
-- ``koordlet``/``koord-runtime-proxy`` with ``-h``: as written.
+- ``koordlet``/``koord-runtime-proxy`` with ``-h``: as written;
+- ``promtool check rules``/``test rules``: as written (Debian 12's promtool from scripts/fetch-tools.sh).
 Anything else (a cluster, systemd, a node, a benchmark, a pipeline) must be marked.
 """
 
@@ -192,7 +194,7 @@ def plan(text: str) -> Plan | str:
     if not words:
         return "no command"
     program, args = words[0], words[1:]
-    for planner in (_helm, _kubectl, _make, _script, _python, _agent):
+    for planner in (_helm, _kubectl, _make, _script, _python, _agent, _promtool):
         planned = planner(program, args, env)
         if planned is not None:
             return planned
@@ -260,6 +262,14 @@ def _agent(program: str, args: list[str], env: dict[str, str]) -> Plan | str | N
     return None
 
 
+def _promtool(program: str, args: list[str], env: dict[str, str]) -> Plan | str | None:
+    if program != "promtool":
+        return None
+    if args[:2] in (["check", "rules"], ["test", "rules"]):
+        return Plan(("promtool", *args), env)
+    return f"promtool {' '.join(args[:2])} needs a Prometheus server"
+
+
 # ---------------------------------------------------------------------------------------------------- the tests
 
 COMMANDS = all_commands()
@@ -268,14 +278,15 @@ RUNNABLE = [c for c in COMMANDS if c.marked is None and isinstance(plan(c.text),
 
 @pytest.fixture(scope="module")
 def run_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """PATH with Helm and kubectl (1.35) first and the project's venv; KUBECONFIG for the project's API server, which
-    holds the chart's CRDs (so `kubectl get crd ...` sees what an install of ours leaves)."""
+    """PATH with Helm, kubectl (1.35) and promtool first and the project's venv; KUBECONFIG for the project's API
+    server, which holds the chart's CRDs (so `kubectl get crd ...` sees what an install of ours leaves)."""
 
     home = tmp_path_factory.mktemp("docs-commands")
     bin_dir = home / "bin"
     bin_dir.mkdir()
     (bin_dir / "helm").symlink_to(tool("helm"))
     (bin_dir / "kubectl").symlink_to(tool("kubectl-1.35"))
+    (bin_dir / "promtool").symlink_to(tool("promtool"))
     with ApiServer(crd_dir=None) as server, kube_api_client(server) as client:
         for doc in chart_documents():
             if doc["kind"] == "CustomResourceDefinition":

@@ -131,6 +131,18 @@ class Strategy(Generic[C]):
         return self.config.from_node_slo(spec, flags)  # type: ignore[attr-defined]
 
 
+@dataclass(frozen=True, slots=True)
+class StrategyState:
+    """One strategy as :meth:`QoSManager.schedule` shows it: its interval, whether its NodeSLO switch was on at its
+    last tick (None before the first), the seconds to its next tick and its last plan."""
+
+    name: str
+    interval_s: float
+    active: bool | None
+    next_in_s: float
+    plan: Plan | None
+
+
 class _Scheduled:
     __slots__ = ("active", "failing", "memo", "next_due", "plan", "record", "strategy")
 
@@ -207,6 +219,13 @@ class QoSManager(TickerThread):
     def scheduled(self) -> list[str]:
         return [entry.strategy.name for entry in self._entries]
 
+    def schedule(self) -> list[StrategyState]:
+        """Every scheduled strategy as it stands (``/debug/pods``); read from another thread, each field is one
+        tick's value."""
+        now = self._monotonic()
+        return [StrategyState(e.strategy.name, e.strategy.interval_s, e.active, max(e.next_due - now, 0.0), e.plan)
+                for e in self._entries]
+
     def _entry(self, name: str) -> _Scheduled:
         for entry in self._entries:
             if entry.strategy.name == name:
@@ -239,8 +258,14 @@ class QoSManager(TickerThread):
         if record.failed:
             metrics.STRATEGY_WRITE_FAILURES.labels(strategy=entry.strategy.name).inc(record.failed)
 
+    @property
+    def period_s(self) -> float:
+        """The shortest strategy interval: a healthy manager ticks at least that often."""
+        return min((entry.strategy.interval_s for entry in self._entries), default=1.0)
+
     def _run(self, entry: _Scheduled) -> bool:
         strategy = entry.strategy
+        self.doing = f"strategy {strategy.name}"
         if not self._states.has_synced():
             metrics.STRATEGY_RUNS.labels(strategy=strategy.name, status="skipped").inc()
             return False

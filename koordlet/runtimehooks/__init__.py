@@ -20,6 +20,7 @@ from hooks import registry
 from hooks.protocol import LinuxDevice, NodeContext, RDMANode, ResctrlNode
 from koordlet.api.cpupools import CPUPools, compute_cpu_pools
 from koordlet.api.pod import PodMeta
+from koordlet.debug.answers import HookAnswers
 from koordlet.executor import ResourceExecutor
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.statesinformer.cpumanager import CPUManagerState
@@ -33,6 +34,7 @@ from wire.sockets import remove_socket
 
 from .apply import RejectedValues
 from .decisions import Decisions
+from .metrics import zero_counts
 from .nri import NriConfig, NriHandlers, NriPlugin
 from .reconciler import Reconciler
 from .registration import remove_registration, write_registration
@@ -138,6 +140,7 @@ class RuntimeHooks:
             # Koordinator's monitor is a part of its GPU env hook: without that hook it does nothing.
             log.info("HamiCoreVGPUMonitor needs GPUEnvInject on (as in Koordinator); off")
             self.plugins = [p for p in self.plugins if p.gate != "HamiCoreVGPUMonitor"]
+        zero_counts(self.plugins)
         self._resctrl = read_resctrl_node(config.resctrl_dir) if config.feature_gates.get("Resctrl") else None
         self._bvt = group_identity_supported(executor, layout)
         self._online_cpus, self._memory_bytes = node_capacity(config.sys_dir, config.proc_dir)
@@ -151,17 +154,18 @@ class RuntimeHooks:
         self._pools: CPUPools | None = None
         self._rdma = _RDMANodes(config.sys_dir, config.dev_dir) if gates.get("RDMADeviceInject") else None
         rejects = RejectedValues(warn)
+        self.answers = HookAnswers()  # what the plugins answered at each pod's creation (/debug/pods)
         self.reconciler = Reconciler(states.pods, self.node_context, lambda: self.plugins, executor, layout,
-                                     config.reconcile_interval_s, rejects)
+                                     config.reconcile_interval_s, rejects, self.answers)
         # both front doors: the hook server's decisions, remembered for the NRI plugin to take
         self.decisions = Decisions() if config.nri is not None and config.serve_hooks else None
         self.service = HookService(lambda: self.plugins, self.node_context, self._known_pod, executor, layout,
-                                   config.disabled_stages, rejects, self.decisions)
+                                   config.disabled_stages, rejects, self.decisions, self.answers)
         self.nri: NriPlugin | None = None
         self.nri_handlers: NriHandlers | None = None
         if config.nri is not None:
             self.nri_handlers = NriHandlers(lambda: self.plugins, self.node_context, states.pods, executor, layout,
-                                            config.disabled_stages, rejects, self.decisions)
+                                            config.disabled_stages, rejects, self.decisions, self.answers)
             self.nri = NriPlugin(config.nri, self.nri_handlers)
         self._server = None
 
@@ -191,6 +195,9 @@ class RuntimeHooks:
             self._pools_key = (pods, kubelet, items)  # held, so an unchanged list is recognised by identity
         return self._pools
 
+    def _forget_gone_pods(self) -> None:
+        self.answers.retain(pod.uid for pod in self.states.pods())
+
     def _known_pod(self, uid: str) -> PodMeta | None:
         return next((p for p in self.states.pods() if p.uid == uid), None)
 
@@ -207,6 +214,7 @@ class RuntimeHooks:
             self.nri.start()
         for kind in (CallbackKind.ALL_PODS, CallbackKind.NODE_SLO_SPEC, CallbackKind.NODE_METADATA):
             self.states.register_callback(kind, "runtimehooks-reconciler", self.reconciler.trigger)
+        self.states.register_callback(CallbackKind.ALL_PODS, "runtimehooks-answers", self._forget_gone_pods)
         self.reconciler.start()
         log.info("runtime hooks: plugins %s, stages %s", [p.name for p in self.plugins], self.stages())
 

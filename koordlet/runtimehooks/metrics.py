@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from hooks.protocol import Changes
+from hooks.registry import Plugin
 
 _BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000)
 
@@ -46,6 +51,11 @@ NRI_EVENT_DURATION_MS = Histogram(
     ["event"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 100, 500, 2000),
 )
+NRI_ENABLED = Gauge(
+    "koordlet_nri_enabled",
+    "1 while koordlet runs as an NRI plugin (-enable-nri-runtime-hook), else 0; with koordlet_nri_registered 0 for "
+    "long, the runtime offers no NRI or refuses the plugin.",
+)
 NRI_REGISTERED = Gauge(
     "koordlet_nri_registered",
     "1 while koordlet is registered with the runtime's NRI and synchronized (it gets events), else 0.",
@@ -75,3 +85,12 @@ PROCESS_WRITE_ERRORS = Counter(
     "errno.",
     ["resource", "errno"],
 )
+
+
+def zero_counts(plugins: list[Plugin]) -> None:
+    """Export 0 for each plugin's errors and each field's dropped values before the first one, so that rate() and
+    increase() (the alert rules, deploy/prometheus/koordlet-rules.yaml) count the first one too."""
+    for plugin in plugins:
+        PLUGIN_ERRORS.labels(plugin.name)
+    for field in fields(Changes):
+        VALUES_REJECTED.labels(field.name)

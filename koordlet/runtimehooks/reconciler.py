@@ -16,10 +16,12 @@ import time
 from collections.abc import Callable
 
 from hooks import registry
-from hooks.protocol import NodeContext, PodContext
+from hooks.protocol import Changes, NodeContext, PodContext
+from hooks.registry import Trace
 from koordlet.actuator import PlanRunner, ProcessResult
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
+from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import CgroupNotFoundError, ResourceExecutor, UnsupportedResourceError
 from koordlet.plan import Plan, ProcessWrite
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
@@ -45,8 +47,12 @@ _TERMINAL_PHASES = ("Succeeded", "Failed")
 class Reconciler:
     def __init__(self, pods: Callable[[], tuple[PodMeta, ...]], node: Callable[[], NodeContext],
                  plugins: Callable[[], list[registry.Plugin]], executor: ResourceExecutor,
-                 layout: KubeCgroupLayout, interval_s: float = 10.0, rejects: RejectedValues | None = None) -> None:
+                 layout: KubeCgroupLayout, interval_s: float = 10.0, rejects: RejectedValues | None = None,
+                 answers: HookAnswers | None = None) -> None:
+        """``answers``: where the plugins' answer for a pod or container that has none yet (created before koordlet
+        started, or with no front door) is kept for ``/debug/pods``."""
         self._pods = pods
+        self._answers = answers
         self._executor = executor
         self._rejects = rejects or RejectedValues()
         self._node = node
@@ -73,8 +79,10 @@ class Reconciler:
         pod_dir = self._pod_dir(pod)
         if pod_dir is None:
             return Plan()
+        trace = self._trace(pod.uid, POD_LEVEL)
         pod_changes = registry.run_pod(plugins, node, PodContext(pod), self._report, self._rejects.reporter(pod),
-                                       effective_quota_reader(self._executor, posixpath.dirname(pod_dir)))
+                                       effective_quota_reader(self._executor, posixpath.dirname(pod_dir)), trace)
+        self._note(pod.uid, POD_LEVEL, trace, pod_changes)
         # a container's quota is bound by its pod's as this plan leaves it (the pod's write comes first when
         # it loosens, last when it tightens: leveled)
         container_parent = effective_quota_reader(self._executor, pod_dir, pod_changes.cfs_quota_us)
@@ -84,9 +92,11 @@ class Reconciler:
         for container in pod.containers:
             if not container.container_id:
                 continue
+            trace = self._trace(pod.uid, container.name)
             changes = registry.run_container(plugins, node, container_context_from_meta(pod, container),
                                              self._report, self._rejects.reporter(pod, container.name),
-                                             container_parent)
+                                             container_parent, trace)
+            self._note(pod.uid, container.name, trace, changes)
             container_dir = self._layout.container_dir(pod_dir, container.container_id, container.runtime)
             container_dirs.append(container_dir)
             more_leveled, more_plain = cgroup_writes(changes, container_dir)
@@ -95,6 +105,15 @@ class Reconciler:
             processes += process_writes(changes, container_dir, f"{pod.key}/{container.name}")
         return Plan(steps_of(leveled, plain), resctrl=resctrl_actions(pod_changes, tuple(container_dirs)),
                     processes=tuple(processes))
+
+    def _trace(self, pod_uid: str, container: str) -> Trace | None:
+        """A trace when nothing is recorded yet for this pod or container (one lookup per pass otherwise)."""
+        answers = self._answers
+        return Trace() if answers is not None and answers.missing(pod_uid, container) else None
+
+    def _note(self, pod_uid: str, container: str, trace: Trace | None, changes: Changes) -> None:
+        if trace is not None and self._answers is not None:
+            self._answers.record(pod_uid, container, "reconcile", "reconciler", trace, changes)
 
     def reconcile_pod(self, pod: PodMeta, node: NodeContext, plugins: list[registry.Plugin]) -> int:
         """Apply one pod's results; returns the number of failed writes (pods gone meanwhile excluded)."""
@@ -157,6 +176,11 @@ class Reconciler:
         self.passes += 1
         status = "failed" if failed else "succeeded"
         metrics.RECONCILER_DURATION_MS.labels("pod", "all", status).observe((time.perf_counter() - started) * 1000)
+
+    @property
+    def loop(self) -> PeriodicThread:
+        """The reconciler's thread (its heartbeat is a health check)."""
+        return self._thread
 
     def trigger(self) -> None:
         """Reconcile soon (pods or rules changed)."""

@@ -18,9 +18,11 @@ import grpc
 
 from hooks import registry
 from hooks.gpu import hami_cache_root
-from hooks.protocol import NodeContext, PodContext
+from hooks.protocol import Changes, NodeContext, PodContext
+from hooks.registry import Trace
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
+from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import ResourceExecutor
 from koordlet.system.kubepods import KubeCgroupLayout
 from wire import hookapi_pb2 as hookapi
@@ -50,9 +52,12 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
     def __init__(self, plugins: Callable[[], list[registry.Plugin]], node: Callable[[], NodeContext],
                  known_pod: Callable[[str], PodMeta | None], executor: ResourceExecutor,
                  layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset(),
-                 rejects: RejectedValues | None = None, decisions: Decisions | None = None) -> None:
-        """``decisions``: where answers are remembered for the NRI plugin (both front doors on)."""
+                 rejects: RejectedValues | None = None, decisions: Decisions | None = None,
+                 answers: HookAnswers | None = None) -> None:
+        """``decisions``: where answers are remembered for the NRI plugin (both front doors on); ``answers``: where
+        each plugin's answer at creation is kept for ``/debug/pods``."""
         self._plugins = plugins
+        self._answers = answers
         self._decisions = decisions
         self._executor = executor
         self._rejects = rejects or RejectedValues()
@@ -80,14 +85,18 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
     def _pre_run_pod_sandbox(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
         resp = hookapi.PodSandboxHookResponse(labels=req.labels, annotations=req.annotations,
                                               cgroup_parent=req.cgroup_parent, resources=req.resources)
-        if registry.Stage.PRE_RUN_POD_SANDBOX.value in self._disabled:
+        stage = registry.Stage.PRE_RUN_POD_SANDBOX
+        if stage.value in self._disabled:
+            self._note(req.pod_meta.uid, POD_LEVEL, stage, None, None)
             return resp
         pod = pod_from_sandbox_request(req, self._known_pod(req.pod_meta.uid))
-        plugins = [p for p in self._plugins() if registry.Stage.PRE_RUN_POD_SANDBOX in p.stages]
+        plugins = [p for p in self._plugins() if stage in p.stages]
         pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, f"pod {pod.key}")
         parent = effective_quota_reader(self._executor, posixpath.dirname(pod_dir)) if pod_dir else None
+        trace = Trace() if self._answers is not None else None
         changes = registry.run_pod(plugins, self._node(), PodContext(pod), self._report,
-                                   self._rejects.reporter(pod), parent)
+                                   self._rejects.reporter(pod), parent, trace)
+        self._note(pod.uid, POD_LEVEL, stage, trace, changes)
         if self._decisions is not None:
             self._decisions.remember(pod_key(pod.uid), changes)
         if not changes:
@@ -96,6 +105,12 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         if pod_dir is not None:
             run_pod_level(self._runner, pod, pod_dir, changes, "hookserver")
         return resp
+
+    def _note(self, pod_uid: str, container: str, stage: registry.Stage, trace: Trace | None,
+              changes: Changes | None) -> None:
+        if self._answers is not None and stage is not registry.Stage.PRE_UPDATE_CONTAINER_RESOURCES:
+            note = "" if changes is not None else f"stage {stage.value} off (-runtime-hooks-disable-stages)"
+            self._answers.record(pod_uid, container, stage.value, "hookserver", trace, changes, note)
 
     @staticmethod
     def _pod_echo(request: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
@@ -118,15 +133,18 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
     def _container(self, stage: registry.Stage, req: hookapi.ContainerResourceHookRequest):
         resp = self._container_echo(req)
         if stage.value in self._disabled:
+            self._note(req.pod_meta.uid, req.container_meta.name, stage, None, None)
             return resp
         pod = pod_from_container_request(req, self._known_pod(req.pod_meta.uid))
         plugins = [p for p in self._plugins() if stage in p.stages]
         context = container_context_from_request(pod, req)
         pod_dir = pod_dir_of(self._layout, req.pod_cgroup_parent or pod.cgroup_parent, pod.key)
         node = self._node()
+        trace = Trace() if self._answers is not None else None
         changes = registry.run_container(plugins, node, context, self._report,
                                          self._rejects.reporter(pod, context.name),
-                                         effective_quota_reader(self._executor, pod_dir) if pod_dir else None)
+                                         effective_quota_reader(self._executor, pod_dir) if pod_dir else None, trace)
+        self._note(pod.uid, context.name, stage, trace, changes)
         if changes.host_dirs:
             make_host_dirs(changes, hami_cache_root(node.hami_core_library))
         if self._decisions is not None:

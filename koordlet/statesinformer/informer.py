@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
 from koordlet.api.pod import PodMeta
 from koordlet.metriccache import Label, MetricCache
-from koordlet.statesinformer.api import CallbackKind, Callbacks, NodeInfo
+from koordlet.statesinformer.api import NOT_RECEIVED, CallbackKind, Callbacks, NodeInfo, NodeSLOOrigin
 from koordlet.ticker import PeriodicThread
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class StatesInformer:
         self._lock = threading.Lock()
         self._node: NodeInfo | None = None
         self._node_slo = default_node_slo_spec()
+        self._node_slo_origin = NOT_RECEIVED
+        self._node_slo_rejected: tuple[float, str] | None = None  # (wall time, why) of the last rejected spec
         self._pods: tuple[PodMeta, ...] = ()
         self._pods_synced = False
         self._node_slo_synced = not needs_node_slo
@@ -76,6 +79,8 @@ class StatesInformer:
                                       min_gap_s=MIN_RESYNC_GAP_S)
         self.pod_syncs = 0
         self.pod_sync_failures = 0
+        self.last_pod_sync: float | None = None  # monotonic time of the last pod list taken (health checks)
+        self.last_pod_sync_error = ""
 
     # ----------------------------------------------------------------------------- StatesProvider
 
@@ -85,6 +90,14 @@ class StatesInformer:
     def node_slo(self) -> NodeSLOSpec:
         return self._node_slo
 
+    def node_slo_origin(self) -> NodeSLOOrigin:
+        """Where the spec :meth:`node_slo` returns came from."""
+        return self._node_slo_origin
+
+    def node_slo_rejected(self) -> tuple[float, str] | None:
+        """The last spec refused (wall time, why), None when none was; the spec in effect is the one before it."""
+        return self._node_slo_rejected
+
     def pods(self) -> tuple[PodMeta, ...]:
         return self._pods
 
@@ -93,6 +106,10 @@ class StatesInformer:
 
     def has_synced(self) -> bool:
         return self._synced.is_set()
+
+    @property
+    def sync_interval_s(self) -> float:
+        return self._sync_interval_s
 
     def wait_synced(self, timeout_s: float) -> bool:
         return self._synced.wait(timeout_s)
@@ -110,10 +127,11 @@ class StatesInformer:
         if changed:
             self._callbacks.fire(CallbackKind.NODE_METADATA)
 
-    def set_node_slo(self, spec: NodeSLOSpec) -> None:
+    def set_node_slo(self, spec: NodeSLOSpec, origin: NodeSLOOrigin | None = None) -> None:
         with self._lock:
             changed = spec != self._node_slo
             self._node_slo = spec
+            self._node_slo_origin = origin or NodeSLOOrigin("unknown", at=time.time())
             self._node_slo_synced = True
         self._update_synced()
         if changed:
@@ -127,6 +145,7 @@ class StatesInformer:
         self._count_error("nodeslo")
         with self._lock:
             self._node_slo_synced = True
+            self._node_slo_rejected = (time.time(), reason)
         self._update_synced()
 
     def _update_synced(self) -> None:
@@ -144,6 +163,7 @@ class StatesInformer:
             pods = self._pod_source.list_pods()
         except PodSourceError as err:
             self.pod_sync_failures += 1
+            self.last_pod_sync_error = str(err)
             self._count_error(self._pod_source.name)
             if not self._pods_failing:
                 logger.warning("pod sync from %s failed (keeping %d known pods): %s",
@@ -154,6 +174,7 @@ class StatesInformer:
             logger.info("pod sync from %s recovered", self._pod_source.name)
             self._pods_failing = False
         self.pod_syncs += 1
+        self.last_pod_sync = time.monotonic()
         with self._lock:
             changed = not self._pods_synced or pods != self._pods
             self._pods = pods

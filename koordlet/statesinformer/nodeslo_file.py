@@ -16,9 +16,11 @@ and by the informer's ``reject_node_slo``; the last good spec stays.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
+import time
 from typing import Protocol
 
 from prometheus_client import Counter
@@ -27,6 +29,7 @@ from watchdog.observers import Observer
 
 from koordlet.api.nodeslo import NodeSLOError, NodeSLOSpec, default_node_slo_spec, parse_node_slo_spec
 from koordlet.api.safeload import SafeLoadError, load_yaml
+from koordlet.statesinformer.api import SOURCE_DEFAULTS, SOURCE_FILE, NodeSLOOrigin
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +43,7 @@ FILE_REJECTED = Counter("koordlet_node_slo_file_rejected", "NodeSLO files reject
 
 
 class NodeSLOSink(Protocol):
-    def set_node_slo(self, spec: NodeSLOSpec) -> None: ...
+    def set_node_slo(self, spec: NodeSLOSpec, origin: NodeSLOOrigin | None = None) -> None: ...
 
     def reject_node_slo(self, reason: str) -> None: ...
 
@@ -142,8 +145,14 @@ class NodeSLOFileWatcher:
                 return self._reject(NodeSLOFileError(f"{self.path}: {type(err).__name__}: {str(err)[:120]}",
                                                      "invalid"))
             self._last = (raw, True)
-            self._sink.set_node_slo(spec)
+            self._sink.set_node_slo(spec, self._origin(raw))
             return True
+
+    def _origin(self, raw: bytes | None) -> NodeSLOOrigin:
+        if raw is None:
+            return NodeSLOOrigin(SOURCE_DEFAULTS, f"no file at {self.path}", path=self.path, at=time.time())
+        return NodeSLOOrigin(SOURCE_FILE, f"sha256 {hashlib.sha256(raw).hexdigest()[:12]}", path=self.path,
+                             at=time.time())
 
     def _reject(self, err: NodeSLOFileError) -> bool:
         FILE_REJECTED.labels(err.reason).inc()

@@ -143,7 +143,7 @@ def test_the_notes_say_how_to_check_the_install() -> None:
 
 _ONE_VALUE = {"sloControllerConfig.data", "koordlet.resources", "koordlet.nodeSelector", "koordlet.nodeAffinity",
               "koordlet.podAnnotations", "koordlet.podLabels", "koordlet.securityContext", "koordlet.updateStrategy",
-              "koordlet.monitor.labels"}
+              "koordlet.monitor.labels", "prometheusRule.labels"}
 
 
 def _leaves(values: dict[str, Any], prefix: str = "") -> set[str]:
@@ -194,6 +194,7 @@ EVERY_VALUE: dict[str, Any] = {
     "sloControllerConfig": {"create": True, "data": {
         "resource-threshold-config": {"clusterStrategy": {"enable": True, "cpuSuppressThresholdPercent": 55}},
         "cpu-burst-config": {"clusterStrategy": {"policy": "auto"}}}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
 }
 
 
@@ -208,11 +209,11 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     docs = _every_value_docs(tmp_path)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Service",
-                            "ServiceMonitor", "PodMonitor"])
+                            "ServiceMonitor", "PodMonitor", "PrometheusRule"])
     for doc in docs:
         assert doc["metadata"]["name"] == ("slo-controller-config" if doc["kind"] == "ConfigMap" else "edge-qos")
         assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == "qos-agent"
-        if doc["kind"] not in ("ServiceMonitor", "PodMonitor"):  # the Prometheus Operator's CRDs: not models here
+        if doc["kind"] not in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):  # the Operator's CRDs: no models
             validate(doc)
         if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert doc["metadata"]["namespace"] == "qos-system"
@@ -348,12 +349,13 @@ def test_the_rendered_objects_apply_to_the_api_server_and_the_crds_serve_koordin
     crds = [d for d in chart_documents() if d["kind"] == "CustomResourceDefinition"]
     for docs in (chart_documents(), _every_value_docs(tmp_path)):
         with ApiServer(crd_dir=None) as server, kube_api_client(server) as client:
-            for doc in crds + [_prometheus_operator_crd("ServiceMonitor"), _prometheus_operator_crd("PodMonitor")]:
+            for doc in crds + [_prometheus_operator_crd(kind) for kind in ("ServiceMonitor", "PodMonitor",
+                                                                           "PrometheusRule")]:
                 create_object(client, doc)
             for doc in docs:
                 if doc["kind"] != "CustomResourceDefinition":
                     create_object(client, doc)
-            assert len(server.list_objects("customresourcedefinitions")) == 6
+            assert len(server.list_objects("customresourcedefinitions")) == 7
             # The CRDs are served now: the objects Koordinator's manager writes are accepted.
             create_object(client, {"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO",
                              "metadata": {"name": "node-1"},

@@ -83,7 +83,7 @@ _PLURALS = {"ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps", "Ser
             "DaemonSet": "daemonsets", "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
             "CustomResourceDefinition": "customresourcedefinitions", "NodeSLO": "nodeslos", "NodeMetric": "nodemetrics",
             "NodeResourceTopology": "noderesourcetopologies", "ServiceMonitor": "servicemonitors",
-            "PodMonitor": "podmonitors"}
+            "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
 
 
 def request(client: kubernetes.client.ApiClient, verb: str, path: str, body: dict[str, Any] | None = None,

@@ -20,7 +20,9 @@ Served (everything in memory, one lock, thread-safe):
   honoured), `/status` subresources, and pods/eviction that honours PodDisruptionBudgets;
 - resourceVersion on every object from one increasing counter; a PUT or a patch whose body
   carries a stale metadata.resourceVersion fails 409 Conflict;
-- discovery (/api, /apis, /apis/<group>, /apis/<group>/<version>), /version, /healthz.
+- discovery (/api, /apis, /apis/<group>, /apis/<group>/<version>), /version, /healthz;
+- TokenReview (the tokens a test registers with ``add_token``) and SubjectAccessReview (RBAC over the stored
+  ClusterRoles and ClusterRoleBindings), tests/support/authreview.py.
 
 Deliberate simplifications: no authentication (unless a bearer token is given: then a request
 without `Authorization: Bearer <token>` is 401 Unauthorized); deletes are immediate (no kubelet, no grace
@@ -62,6 +64,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import kubernetes.client
 
+from tests.support import authreview
 from tests.support.kube import (
     FieldError,
     PatchError,
@@ -311,6 +314,7 @@ class ApiServer:
         self._resource_version = 0
         self._events: deque[_WatchEvent] = deque(maxlen=watch_log_size)  # for watches that resume
         self._failures: list[InjectedFailure] = []
+        self._users: dict[str, dict] = {}  # bearer token -> the user a TokenReview names (add_token)
         self._requests: list[RecordedRequest] = []
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()
@@ -374,6 +378,12 @@ class ApiServer:
         with self._cond:
             self._failures.append(failure)
         return failure
+
+    def add_token(self, token: str, username: str, groups: tuple[str, ...] = ("system:authenticated",),
+                  uid: str = "") -> None:
+        """Make TokenReviews of ``token`` authenticate as ``username`` in ``groups``."""
+        with self._cond:
+            self._users[token] = {"username": username, "uid": uid or str(uuid.uuid4()), "groups": list(groups)}
 
     def clear_failures(self) -> None:
         with self._cond:
@@ -466,6 +476,8 @@ class ApiServer:
         fixed = self._fixed_response(path)
         if fixed is not None:
             return fixed
+        if path in (authreview.TOKEN_REVIEWS, authreview.ACCESS_REVIEWS):
+            return self._review(verb, path, body)
         route = self._parse_route(path)
         if route.subresource == "eviction" and verb != "POST":
             raise ApiStatusError(405, f"{verb} is not supported on {path}")
@@ -479,6 +491,21 @@ class ApiServer:
         if response is None:
             raise ApiStatusError(405, f"{verb} is not supported on {path}")
         return response
+
+    def _review(self, verb: str, path: str, body: JSON) -> _Response:
+        if verb != "POST":
+            raise ApiStatusError(405, f"{verb} is not supported on {path}")
+        with self._cond:
+            try:
+                if path == authreview.TOKEN_REVIEWS:
+                    return _Response(201, authreview.token_review(body, self._users))
+                roles = {obj["metadata"]["name"]: obj for (plural, _, _), obj in self._objects.items()
+                         if plural == "clusterroles.rbac.authorization.k8s.io"}
+                bindings = [obj for (plural, _, _), obj in self._objects.items()
+                            if plural == "clusterrolebindings.rbac.authorization.k8s.io"]
+                return _Response(201, authreview.access_review(body, roles, bindings))
+            except authreview.ReviewError as err:
+                raise ApiStatusError(err.code, str(err)) from err
 
     def _fixed_response(self, path: str) -> _Response | None:
         """Health, version and discovery: answers that name no resource."""

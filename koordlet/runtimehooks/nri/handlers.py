@@ -29,9 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from hooks import registry
 from hooks.gpu import hami_cache_root
 from hooks.protocol import Changes, ContainerContext, NodeContext, PodContext
+from hooks.registry import Trace
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
+from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import ResourceExecutor
 from koordlet.plan import Plan, ResctrlRemoveGroup
 from koordlet.system.cgroup import CgroupVersion
@@ -73,8 +75,11 @@ class NriHandlers:
     def __init__(self, plugins: Callable[[], list[registry.Plugin]], node: Callable[[], NodeContext],
                  known_pods: Callable[[], Sequence[PodMeta]], executor: ResourceExecutor,
                  layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset(),
-                 rejects: RejectedValues | None = None, decisions: Decisions | None = None) -> None:
+                 rejects: RejectedValues | None = None, decisions: Decisions | None = None,
+                 answers: HookAnswers | None = None) -> None:
+        """``answers``: where each plugin's answer at creation is kept for ``/debug/pods`` (when NRI decides)."""
         self._plugins = plugins
+        self._answers = answers
         self._node = node
         self._known_pods = known_pods
         self._executor = executor
@@ -103,15 +108,26 @@ class NriHandlers:
         return [p for p in self._plugins() if stage in p.stages]
 
     def _pod_changes(self, pod: PodMeta, plugins: list[registry.Plugin], node: NodeContext,
-                     pod_dir: str | None) -> Changes:
+                     pod_dir: str | None, record: bool = False) -> Changes:
+        """``record``: keep each plugin's answer for ``/debug/pods`` (the pod's creation)."""
         parent = effective_quota_reader(self._executor, posixpath.dirname(pod_dir)) if pod_dir else None
-        return registry.run_pod(plugins, node, PodContext(pod), self._report, self._rejects.reporter(pod), parent)
+        trace = Trace() if record and self._answers is not None else None
+        changes = registry.run_pod(plugins, node, PodContext(pod), self._report, self._rejects.reporter(pod), parent,
+                                   trace)
+        if trace is not None and self._answers is not None:
+            self._answers.record(pod.uid, POD_LEVEL, Stage.PRE_RUN_POD_SANDBOX.value, "nri", trace, changes)
+        return changes
 
     def _container_changes(self, plugins: list[registry.Plugin], node: NodeContext, context: ContainerContext,
-                           pod_dir: str | None) -> Changes:
+                           pod_dir: str | None, record: bool = False) -> Changes:
         parent = effective_quota_reader(self._executor, pod_dir) if pod_dir else None
-        return registry.run_container(plugins, node, context, self._report,
-                                      self._rejects.reporter(context.pod, context.name), parent)
+        trace = Trace() if record and self._answers is not None else None
+        changes = registry.run_container(plugins, node, context, self._report,
+                                         self._rejects.reporter(context.pod, context.name), parent, trace)
+        if trace is not None and self._answers is not None:
+            self._answers.record(context.pod.uid, context.name, Stage.PRE_CREATE_CONTAINER.value, "nri", trace,
+                                 changes)
+        return changes
 
     # -- the events ----------------------------------------------------------------------------------------
     def configure(self, request: api.ConfigureRequest) -> None:
@@ -152,7 +168,8 @@ class NriHandlers:
         pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
         changes = self._decisions.take(pod_key(pod.uid)) if self._decisions is not None else None
         if changes is None:
-            changes = self._pod_changes(pod, self._staged(Stage.PRE_RUN_POD_SANDBOX), self._node(), pod_dir)
+            changes = self._pod_changes(pod, self._staged(Stage.PRE_RUN_POD_SANDBOX), self._node(), pod_dir,
+                                        record=True)
         if changes and pod_dir is not None:
             run_pod_level(self._runner, pod, pod_dir, changes, "nri")
 
@@ -179,7 +196,7 @@ class NriHandlers:
         if changes is None:
             pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
             changes = self._container_changes(self._staged(Stage.PRE_CREATE_CONTAINER), self._node(),
-                                              convert.container_context(pod, container), pod_dir)
+                                              convert.container_context(pod, container), pod_dir, record=True)
         if changes.host_dirs:  # HAMi-core's per-container cache dir, before the container mounts it
             make_host_dirs(changes, hami_cache_root(self._node().hami_core_library))
         adjust = convert.adjustment(changes, container, self._cgroup_v2)
