@@ -237,8 +237,10 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     assert container["securityContext"] == EVERY_VALUE["koordlet"]["securityContext"]
     assert container["env"][-2:] == EVERY_VALUE["koordlet"]["extraEnv"]
     assert container["ports"][0]["containerPort"] == 19316
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": 19316}
+    # ready = started and the states informer synced; /healthz also fails on a stalled loop (docs/operations.md)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 19316}
     assert container["args"][-3:] == ["-feature-gates=BEMemoryEvict=true,CPUBurst=false",
                                       "-collect-res-used-interval=2s", "--kubelet-sync-interval=20s"]
     env = {e["name"]: e.get("value") for e in container["env"]}

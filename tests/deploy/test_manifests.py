@@ -65,8 +65,10 @@ def test_daemonset_runs_on_the_host_with_the_paths_koordlet_needs() -> None:
         assert mounted.get(path) == path, f"{path} must be mounted at the same path"
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": 9316}
+    # ready = started and the states informer synced; /healthz also fails on a stalled loop (docs/operations.md)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9316}
 
 
 def test_resources_are_sized_from_the_measured_cost() -> None:
