@@ -112,6 +112,18 @@ def test_the_chart_makes_no_namespace_and_keeps_its_crds() -> None:
     assert not [d for d in chart_documents("--set", "crds.managed=false") if d["kind"] == "CustomResourceDefinition"]
 
 
+def test_an_upgraded_release_of_the_earlier_chart_keeps_its_namespace() -> None:
+    """The earlier chart owned its Namespace; `--reuse-values` carries installation.createNamespace=true and the
+    namespace of that chart, and the Namespace is rendered again with the keep policy, so Helm neither deletes it
+    in the upgrade nor at a later uninstall. Another namespace value than the release's is refused."""
+    reused = ("--set", "installation.createNamespace=true", "--set", f"installation.namespace={NAMESPACE}")
+    [namespace] = [d for d in chart_documents(*reused) if d["kind"] == "Namespace"]
+    assert namespace["metadata"]["name"] == NAMESPACE
+    assert namespace["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    done = helm_template("--set", "installation.namespace=elsewhere", check=False)
+    assert done.returncode != 0 and "is not the release's namespace" in done.stderr
+
+
 def test_two_releases_share_no_object_name_but_slo_controller_config() -> None:
     first = {object_key(d) for d in chart_documents()}
     second = {object_key(d) for d in chart_documents(release="koordlet-py-gpu")}
@@ -162,6 +174,7 @@ def _leaves(values: dict[str, Any], prefix: str = "") -> set[str]:
 EVERY_VALUE: dict[str, Any] = {
     "nameOverride": "qos-agent",
     "fullnameOverride": "edge-qos",
+    "installation": {"createNamespace": True, "namespace": "qos-system"},
     "crds": {"managed": False},
     "imageRepositoryHost": "registry.example.com/team",
     "imagePullSecrets": [{"name": "pull-secret"}],
@@ -208,8 +221,12 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     assert _leaves(EVERY_VALUE) == _leaves(VALUES), "set every value of values.yaml here (a new value needs a test)"
     docs = _every_value_docs(tmp_path)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Service",
-                            "ServiceMonitor", "PodMonitor", "PrometheusRule"])
+    assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
+                            "Service", "ServiceMonitor", "PodMonitor", "PrometheusRule"])
+    namespace = _of_kind(docs, "Namespace")
+    assert namespace["metadata"]["name"] == "qos-system"
+    assert namespace["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    docs = [d for d in docs if d["kind"] != "Namespace"]
     for doc in docs:
         assert doc["metadata"]["name"] == ("slo-controller-config" if doc["kind"] == "ConfigMap" else "edge-qos")
         assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == "qos-agent"
