@@ -46,6 +46,7 @@ from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
 from koordlet.events import PodEvents
 from koordlet.executor import ResourceExecutor
+from koordlet.executor.records import NodeRecords
 from koordlet.gpu.metrics import gpu_devices
 from koordlet.gpu.nvml import NvmlModule
 from koordlet.gpu.reporter import DeviceReporter
@@ -210,7 +211,8 @@ def _executor(ctx: AgentContext) -> Component | None:
     ctx.executor = ResourceExecutor(cgroup_fs, resctrl_root=ctx.dirs.resctrl_dir,
                                     force_update_seconds=float(config.resource_force_update_seconds),
                                     proc_dir=ctx.dirs.proc_dir, sys_dir=ctx.dirs.sys_dir,
-                                    originals_file=config.system_config_record_file or None)
+                                    originals_file=config.system_config_record_file or None,
+                                    records=NodeRecords.beside(config.system_config_record_file))
     driver = detect_cgroup_driver(cgroup_fs, config.kubelet_cgroup_root)
     layout = ctx.layout = KubeCgroupLayout(driver, config.kubelet_cgroup_root)
     logger.info("cgroup %s, driver %s, kubelet cgroup root %s", cgroup_fs.version.name, driver.value,
