@@ -168,20 +168,21 @@ def steps_of(leveled: list[CgroupWrite], plain: list[CgroupWrite]) -> tuple[Writ
     return tuple(steps)
 
 
-def resctrl_actions(changes: Changes, task_dirs: tuple[str, ...] = ()) -> tuple[ResctrlAction, ...]:
-    """The pod's resctrl group with its schemata, and the processes of ``task_dirs`` moved in."""
+def resctrl_actions(changes: Changes, pod_uid: str, task_dirs: tuple[str, ...] = ()) -> tuple[ResctrlAction, ...]:
+    """The pod's resctrl group (recorded as the pod's, so it goes with the pod) with its schemata, and the processes
+    of ``task_dirs`` moved in."""
     group, schemata = changes.resctrl_group, changes.resctrl_schemata
     if not (group and schemata):
         return ()
-    actions: list[ResctrlAction] = [ResctrlGroup(group), ResctrlWrite(group, "schemata", schemata)]
+    actions: list[ResctrlAction] = [ResctrlGroup(group, pod_uid), ResctrlWrite(group, "schemata", schemata)]
     if task_dirs:
         actions.append(ResctrlMoveTasks(group, task_dirs, source="cgroup.procs"))
     return tuple(actions)
 
 
-def pod_level_plan(changes: Changes, pod_dir: str) -> Plan:
+def pod_level_plan(changes: Changes, pod_dir: str, pod_uid: str) -> Plan:
     """What the hook server writes itself for a pod-level answer: the pod dir's values and its resctrl group."""
-    return Plan(steps_of(*cgroup_writes(changes, pod_dir)), resctrl=resctrl_actions(changes))
+    return Plan(steps_of(*cgroup_writes(changes, pod_dir)), resctrl=resctrl_actions(changes, pod_uid))
 
 
 def pod_dir_of(layout: KubeCgroupLayout, cgroup_parent: str, what: str) -> str | None:
@@ -197,7 +198,7 @@ def pod_dir_of(layout: KubeCgroupLayout, cgroup_parent: str, what: str) -> str |
 
 def run_pod_level(runner: PlanRunner, pod: PodMeta, pod_dir: str, changes: Changes, source: str) -> None:
     """Carry out a pod-level answer (pod_level_plan) at once; a pod dir not there yet is the reconciler's."""
-    record = runner.run(pod_level_plan(changes, pod_dir), source)
+    record = runner.run(pod_level_plan(changes, pod_dir, pod.uid), source)
     for failure in record.failures:
         if isinstance(failure.error, CgroupNotFoundError):
             log.debug("pod %s: %s not there yet; the reconciler will apply it", pod.key, pod_dir)

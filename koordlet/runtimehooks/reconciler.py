@@ -93,7 +93,7 @@ class Reconciler:
             leveled += more_leveled
             plain += more_plain
             processes += process_writes(changes, container_dir, f"{pod.key}/{container.name}")
-        return Plan(steps_of(leveled, plain), resctrl=resctrl_actions(pod_changes, tuple(container_dirs)),
+        return Plan(steps_of(leveled, plain), resctrl=resctrl_actions(pod_changes, pod.uid, tuple(container_dirs)),
                     processes=tuple(processes))
 
     def reconcile_pod(self, pod: PodMeta, node: NodeContext, plugins: list[registry.Plugin]) -> int:

@@ -3,7 +3,8 @@
 Every answer starts as an echo of the request and is then changed by the plugins, so it always carries
 the full desired state (docs/koordinator.md §2.3). Pod-level settings cannot travel in a CRI request:
 the server writes them to the pod cgroup itself through the executor (docs/koordinator.md §3.2, "Proxy"
-row) where the dir exists already, and the reconciler does where it did not yet.
+row) where the dir exists already, and the reconciler does where it did not yet. PostStopPodSandbox removes the
+pod's resctrl group if koordlet made it (podgroups.py); the proxy calls it while the ``Resctrl`` gate is on.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .apply import (
     run_pod_level,
 )
 from .decisions import Decisions, create_key, pod_key, update_key
+from .podgroups import PodGroups
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         self._node = node
         self._known_pod = known_pod
         self._runner = PlanRunner(executor)
+        self._groups = PodGroups(executor, self._runner, "hookserver", self._rejects)
         self._layout = layout
         self._disabled = disabled_stages
 
@@ -105,8 +108,13 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
     def PreRunPodSandboxHook(self, request, context):  # noqa: N802 - gRPC method name
         return self._timed("PreRunPodSandbox", "pre", self._pre_run_pod_sandbox, request, self._pod_echo)
 
+    def _post_stop_pod_sandbox(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
+        meta = req.pod_meta
+        self._groups.remove(meta.uid, f"pod {meta.namespace}/{meta.name} stopped (PostStopPodSandbox)")
+        return self._pod_echo(req)
+
     def PostStopPodSandboxHook(self, request, context):  # noqa: N802
-        return self._pod_echo(request)
+        return self._timed("PostStopPodSandbox", "post", self._post_stop_pod_sandbox, request, self._pod_echo)
 
     # -- containers --------------------------------------------------------------------------------
     @staticmethod
