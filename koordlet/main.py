@@ -406,12 +406,16 @@ def _metrics_advisor(ctx: AgentContext) -> Component | None:
     return CollectorRunner(ctx.cache, _collectors(ctx), registry=ctx.metrics.registry)
 
 
+def _qos_manager_on(config: KoordletConfig) -> bool:
+    return config.collect_res_used_interval_s >= 1.0
+
+
 def _qos_manager(ctx: AgentContext) -> Component | None:
     from koordlet.eviction import Evictor
     from koordlet.qosmanager import QoSManagerConfig, new_qos_manager
 
     config = ctx.config
-    if config.collect_res_used_interval_s < 1.0:
+    if not _qos_manager_on(config):
         logger.info("qos manager off: -collect-res-used-interval below 1 s (docs/koordinator.md §4.1)")
         return None
     evictor = Evictor(config.node_name, api_client=ctx.api_client,
@@ -492,6 +496,20 @@ def _terway_qos(ctx: AgentContext) -> Component | None:
     from koordlet.runtimehooks.terwayqos import TerwayQoSWriter
 
     return TerwayQoSWriter(ctx.states, ctx.layout, ctx.config.terway_qos_dir)
+
+
+def _node_state_collector(ctx: AgentContext) -> Component | None:
+    """The collector pass over what koordlet made on the node (koordlet.collector): at start, then every few
+    minutes."""
+    from koordlet.collector import CollectorConfig, NodeStateCollector
+
+    config = ctx.config
+    qos_manager = _qos_manager_on(config)
+    collector_config = CollectorConfig(pod_groups=config.gate("Resctrl"),
+                                       class_groups=qos_manager and config.gate("RdtResctrl"),
+                                       blkio=qos_manager and config.gate("BlkIOReconcile"),
+                                       resctrl_dir=ctx.dirs.resctrl_dir)
+    return NodeStateCollector(collector_config, ctx.states, ctx.executor)
 
 
 def default_components() -> list[ComponentFactory]:
@@ -643,6 +661,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
         Part("metrics advisor", _metrics_advisor),
         Part("predict server", _predict_server),
         *(_component_part(factory) for factory in components),
+        Part("node state collector", _node_state_collector),
         Part("Device reporter", _device_reporter),
         Part("NodeResourceTopology reporter", _nrt_reporter),
         Part("NodeMetric reporter", _nodemetric_reporter),

@@ -22,6 +22,7 @@ from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.executor import ResourceExecutor
+from koordlet.executor.records import NodeRecords
 from koordlet.metriccache import MetricCache
 from koordlet.plan import LineKey, LineRestore, LineWrite
 from koordlet.qosmanager import blkio
@@ -222,14 +223,67 @@ def read_rate(procs_file: str, device: str, nbytes: int) -> float:
     return nbytes / (time.monotonic() - started)
 
 
-def _tick(executor: ResourceExecutor, layout: KubeCgroupLayout, spec, pods) -> object:
+def _tick(executor: ResourceExecutor, layout: KubeCgroupLayout, spec, pods, sys_dir: str = "/sys") -> object:
     states = StaticStates(node=NodeInfo("node-1"), node_slo=spec, pods=pods)
-    builder = SnapshotBuilder(states, MetricCache(), reader=executor, layout=layout, sys_dir="/sys")
+    builder = SnapshotBuilder(states, MetricCache(), reader=executor, layout=layout, sys_dir=sys_dir)
     config = blkio.BlkIOConfig.from_node_slo(spec)
     plan = blkio.decide(builder.build(config.needs), config)
     record = PlanRunner(executor).run(plan, "blkio")
     assert all("weight" in error for error in record.line_errors), record.line_errors
     return plan
+
+
+def _line(path: Path, number: str) -> str:
+    return next((line for line in path.read_text().splitlines() if line.startswith(number + " ")), "")
+
+
+def check_an_operators_cost_qos_line_survives(root: Path, new_executor, layout: KubeCgroupLayout, disk: str,
+                                              number: str, sys_dir: str = "/sys") -> None:
+    """An operator's own io.cost.qos line for ``disk``: koordlet with the gate on leaves it alone while the root's
+    blkioQOS is off (the default) or names other disks; koordlet's own line for that disk is written once (not again
+    while it holds) and the operator's comes back when the root is switched off, and again when koordlet starts with
+    the gate off (the collector, from the record a restarted agent reads). ``new_executor()``: an agent's executor
+    with the records in their files."""
+    from koordlet.collector import CollectorConfig, NodeStateCollector
+
+    qos = root / "io.cost.qos"
+    qos.write_text(f"{number} enable=1 ctrl=user rpct=90 rlat=5000 wpct=90 wlat=5000")
+    operators = _line(qos, number)
+    assert "rlat=5000" in operators
+    executor = new_executor()
+    for spec in (_spec(), _spec(root={"enable": True, "blocks": [_block("/dev/no-such-disk")]})):
+        for _ in range(3):
+            assert _tick(executor, layout, spec, (), sys_dir).lines == ()
+    assert _line(qos, number) == operators
+    mine = _spec(root={"enable": True, "blocks": [_block(disk, readLatency=2000)]})
+    assert "blkio.cost.qos" in {line.resource for line in _tick(executor, layout, mine, (), sys_dir).lines}
+    assert "rlat=2000" in _line(qos, number)
+    assert _tick(executor, layout, mine, (), sys_dir).lines == ()  # holds: not written again
+    _tick(executor, layout, _spec(root={"enable": False}), (), sys_dir)
+    assert _line(qos, number) == operators
+    _tick(executor, layout, mine, (), sys_dir)
+    assert "rlat=2000" in _line(qos, number)
+    restarted = new_executor()  # koordlet starts again, gate BlkIOReconcile off
+    collector = NodeStateCollector(CollectorConfig(blkio=False), StaticStates(node=NodeInfo("node-1")), restarted)
+    assert collector.collect_once() == 1
+    assert _line(qos, number) == operators
+    assert restarted.records.device_lines.keys() == frozenset()
+
+
+def test_an_operators_io_cost_qos_line_survives_koordlet_gate_on_and_off_on_a_fixture_tree(tmp_path: Path) -> None:
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    (root / "io.cost.model").write_text("254:16 ctrl=auto model=linear rbps=1 rseqiops=2 rrandiops=3 wbps=4 "
+                                        "wseqiops=5 wrandiops=6\n")
+    (tmp_path / "sys/class/block/vdb").mkdir(parents=True)
+    (tmp_path / "sys/class/block/vdb/dev").write_text("254:16\n")
+    record = str(tmp_path / "run" / "system-config-originals.json")
+
+    def new_executor() -> ResourceExecutor:
+        return ResourceExecutor(CgroupFS(str(root), CgroupVersion.V2), records=NodeRecords.beside(record))
+
+    check_an_operators_cost_qos_line_survives(root, new_executor, KubeCgroupLayout(cgroup_root="/none"), "/dev/vdb",
+                                              "254:16", str(tmp_path / "sys"))
 
 
 @pytest.mark.cgroupv1
