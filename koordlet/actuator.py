@@ -39,9 +39,11 @@ from koordlet.executor import (
     UpdateFailure,
 )
 from koordlet.executor.lines import DeviceLines
+from koordlet.hostdirs import remove_host_dir
 from koordlet.plan import (
     Evictions,
     GaugeSet,
+    HostDirRemove,
     LineAction,
     LineKey,
     LineWrite,
@@ -106,11 +108,13 @@ class PlanRecord:
     blocked: tuple[str, ...] = ()  # pod keys whose eviction was refused
     lines_written: int = 0  # per-device blkio lines written or put back
     line_errors: tuple[str, ...] = ()
+    removed_dirs: tuple[str, ...] = ()  # host dirs removed
+    dir_errors: tuple[str, ...] = ()
 
     @property
     def failed(self) -> int:
         return (len(self.failures) + len(self.unknown_resources) + len(self.resctrl_errors) + len(self.system_errors)
-                + len(self.process_errors) + len(self.line_errors))
+                + len(self.process_errors) + len(self.line_errors) + len(self.dir_errors))
 
 
 @dataclass(slots=True)
@@ -131,6 +135,8 @@ class _Counts:
     process_results: list[ProcessResult] = field(default_factory=list)
     lines_written: int = 0
     line_errors: list[str] = field(default_factory=list)
+    removed_dirs: list[str] = field(default_factory=list)
+    dir_errors: list[str] = field(default_factory=list)
 
 
 _AGENTS_AUDITOR = object()  # PlanRunner(auditor=...) default: the agent's auditor (audit.current()), at each run
@@ -157,8 +163,15 @@ class _AuditContext:
         self.auditor.log(audit.LEVEL_UPDATE, owner, reason or self.reason, message)
 
     def resctrl(self, level: int, what: str) -> None:
+        self._log(level, audit.Owner(audit.TYPE_GROUP, name="resctrl"), what)
+
+    def node(self, what: str) -> None:
+        """Something of the node's that is not a file written (a host dir removed)."""
+        self._log(audit.LEVEL_UPDATE, audit.NODE, what)
+
+    def _log(self, level: int, owner: audit.Owner, what: str) -> None:
         message = f"{what} by {self.source}" + (f": {self.why}" if self.why else "")
-        self.auditor.log(level, audit.Owner(audit.TYPE_GROUP, name="resctrl"), self.reason, message)
+        self.auditor.log(level, owner, self.reason, message)
 
 
 class PlanRunner:
@@ -205,6 +218,8 @@ class PlanRunner:
             self._processes(write, counts, audited)
         for line in plan.lines:
             self._line(line, counts, audited)
+        for host_dir in plan.host_dirs:
+            self._host_dir(host_dir, counts, audited)
         record = PlanRecord(
             source=source,
             at=now,
@@ -227,6 +242,8 @@ class PlanRunner:
             process_results=tuple(counts.process_results),
             lines_written=counts.lines_written,
             line_errors=tuple(counts.line_errors),
+            removed_dirs=tuple(counts.removed_dirs),
+            dir_errors=tuple(counts.dir_errors),
         )
         for failure in record.failures:
             logger.debug("%s: %s of %r not written: %s", source, failure.update.resource.name,
@@ -291,6 +308,20 @@ class PlanRunner:
                 f"the line of {action.device} found before koordlet's first write"
             audited.file(audited.auditor.owner_of(action.cgroup_dir), f"{action.resource} of {where}", value,
                          why=action.reason)
+
+    def _host_dir(self, action: HostDirRemove, counts: _Counts, audited: _AuditContext | None) -> None:
+        """A host dir koordlet made, removed and forgotten (forgotten too when it is gone already)."""
+        try:
+            removed = remove_host_dir(action.path, action.root)
+        except (OSError, ValueError) as exc:
+            counts.dir_errors.append(f"{action.path}: {exc}")
+            logger.warning("host dir %s not removed: %s", action.path, exc)
+            return
+        self._executor.records.host_dirs.forget(action.path)
+        if removed:
+            counts.removed_dirs.append(action.path)
+            if audited is not None:
+                audited.node(f"removed host dir {action.path}")
 
     def _processes(self, write: ProcessWrite, counts: _Counts, audited: _AuditContext | None) -> None:
         """``write.value`` to each process of the cgroup whose file differs; a process that exited meanwhile is

@@ -14,7 +14,10 @@ per item (reason ``NodeStateCollect``, the why naming what no longer asks for it
   manager off, the NodeSLO's ``resctrlQOS`` off in every class, the node without RDT);
 - every blkio line the blkio strategy wrote while that strategy is off (gate ``BlkIOReconcile``, or the QoS
   manager), put back as it was before koordlet (:mod:`koordlet.executor.lines`). While it is on, the strategy
-  puts back each tick what it no longer asks for.
+  puts back each tick what it no longer asks for;
+- a host dir made for a container's mounts (HAMi-core's cache dir, :mod:`koordlet.hostdirs`) whose pod is gone or
+  finished, past the same grace: a gate switched off does not take it from a pod that still runs, whose
+  container has it mounted.
 
 Nothing is taken away that is not in a record (a group of another tool, even one named ``koordlet-*``, is left
 alone), and no pass runs before the states informer has synced: an empty pod list at start must not cost every pod
@@ -30,7 +33,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from prometheus_client import Counter
 
@@ -41,7 +45,7 @@ from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
 from koordlet.executor import ResourceExecutor
 from koordlet.executor.records import recorded_lines
-from koordlet.plan import LineKey, LineRestore, Plan, ResctrlRemoveGroup
+from koordlet.plan import HostDirRemove, LineKey, LineRestore, Plan, ResctrlRemoveGroup
 from koordlet.qosmanager.resctrl import GROUPS as CLASS_GROUPS
 from koordlet.qosmanager.resctrl import ResctrlConfig
 from koordlet.statesinformer.api import StatesProvider
@@ -59,7 +63,7 @@ _FINISHED = ("Succeeded", "Failed")
 COLLECTED = Counter(
     "koordlet_node_state_collected",
     "Things koordlet made on the node that its collector took away because nothing asks for them any more: resctrl "
-    "groups removed, blkio lines put back as they were before koordlet.",
+    "groups removed, blkio lines put back as they were before koordlet, host dirs removed.",
     ["kind"],
 )
 
@@ -72,6 +76,7 @@ class CollectorConfig:
     class_groups: bool = False  # gate RdtResctrl with the QoS manager: the LSR/LS/BE groups
     blkio: bool = False  # gate BlkIOReconcile with the QoS manager
     resctrl_dir: str | None = None
+    host_dir_root: str | None = None  # below which koordlet makes host dirs (the HAMi-core cache root)
     interval_s: float = COLLECT_INTERVAL_S
     grace_s: float = FRESH_GROUP_GRACE_S
 
@@ -87,6 +92,27 @@ class Wants:
     class_groups_enabled: bool  # some class's NodeSLO resctrlQOS is on
 
 
+@dataclass(frozen=True, slots=True)
+class Made:
+    """What the records say koordlet made: resctrl group → when recorded; blkio lines; host dir → (pod uid, when
+    recorded)."""
+
+    groups: Mapping[str, float]
+    lines: Sequence[LineKey] = ()
+    host_dirs: Mapping[str, tuple[str, float]] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def _pod_gone(uid: str, recorded_at: float, wants: Wants, pods: Mapping[str, PodMeta], now: float) -> str | None:
+    """Why the pod ``uid`` no longer has what koordlet made for it: gone (past the grace: what NRI's RunPodSandbox
+    makes comes before kubelet lists the pod) or finished; None while it is there."""
+    pod = pods.get(uid)
+    if pod is None:
+        return None if now - recorded_at < wants.config.grace_s else "its pod is gone"
+    if pod.phase in _FINISHED:
+        return f"pod {pod.key} has finished ({pod.phase})"
+    return None
+
+
 def _pod_group_why(group: str, recorded_at: float, wants: Wants, pods: Mapping[str, PodMeta],
                    now: float) -> str | None:
     """Why a recorded pod group is to go; None while something asks for it (or may soon)."""
@@ -94,13 +120,10 @@ def _pod_group_why(group: str, recorded_at: float, wants: Wants, pods: Mapping[s
         return "feature gate Resctrl is off"
     if wants.rdt is False:
         return "the node has no RDT (no info/L3/cbm_mask under the resctrl root)"
-    pod = pods.get(group.removeprefix(GROUP_PREFIX))
-    if pod is None:
-        if now - recorded_at < wants.config.grace_s:
-            return None  # made at RunPodSandbox, before the informer lists the pod
-        return "its pod is gone"
-    if pod.phase in _FINISHED:
-        return f"pod {pod.key} has finished ({pod.phase})"
+    uid = group.removeprefix(GROUP_PREFIX)
+    pod = pods.get(uid)
+    if pod is None or pod.phase in _FINISHED:
+        return _pod_gone(uid, recorded_at, wants, pods, now)
     if ANNOTATION_RESCTRL not in pod.annotations or skips_hooks(pod.labels):
         return f"pod {pod.key} no longer asks for a resctrl group of its own"
     return None
@@ -116,12 +139,11 @@ def _class_group_why(wants: Wants) -> str | None:
     return None
 
 
-def collect(groups: Mapping[str, float], lines: Sequence[LineKey], wants: Wants, now: float) -> list[Plan]:
-    """The plans that take away what nothing asks for: ``groups`` (recorded resctrl group → when recorded) and
-    ``lines`` (recorded blkio lines)."""
+def collect(made: Made, wants: Wants, now: float) -> list[Plan]:
+    """The plans that take away what nothing asks for, one per item (the blkio lines: one for all)."""
     pods = {pod.uid: pod for pod in wants.pods}
     plans: list[Plan] = []
-    for group, recorded_at in sorted(groups.items()):
+    for group, recorded_at in sorted(made.groups.items()):
         if group.startswith(GROUP_PREFIX):
             why = _pod_group_why(group, recorded_at, wants, pods, now)
         elif group in CLASS_GROUPS:
@@ -131,10 +153,18 @@ def collect(groups: Mapping[str, float], lines: Sequence[LineKey], wants: Wants,
         if why is not None:
             plans.append(Plan(resctrl=(ResctrlRemoveGroup(group),), reason=AUDIT_REASON,
                               why=f"resctrl group {group}: {why}"))
-    if lines and not wants.config.blkio:
+    if made.lines and not wants.config.blkio:
         why = "the BlkIOReconcile strategy is off (its feature gate, or the QoS manager)"
-        plans.append(Plan(lines=tuple(LineRestore(k.resource, k.cgroup_dir, k.device, why) for k in lines),
+        plans.append(Plan(lines=tuple(LineRestore(k.resource, k.cgroup_dir, k.device, why) for k in made.lines),
                           reason=AUDIT_REASON, why=why))
+    root = wants.config.host_dir_root
+    for path, (uid, recorded_at) in sorted(made.host_dirs.items()):
+        if not root or not path.startswith(root.rstrip("/") + "/"):
+            continue  # not where koordlet makes them: a record edited by hand is no reason to remove anything
+        why = _pod_gone(uid, recorded_at, wants, pods, now)
+        if why is not None:
+            plans.append(Plan(host_dirs=(HostDirRemove(path, root),), reason=AUDIT_REASON,
+                              why=f"host dir {path}: {why}"))
     return plans
 
 
@@ -143,6 +173,11 @@ def _recorded_at(text: str) -> float:
         return float(text)
     except ValueError:
         return 0.0  # unreadable: as old as can be (no grace)
+
+
+def _host_dir_owner(text: str) -> tuple[str, float]:
+    uid, _, at = text.partition(" ")
+    return uid, _recorded_at(at)
 
 
 class NodeStateCollector:
@@ -179,16 +214,19 @@ class NodeStateCollector:
         if not self._states.has_synced():
             logger.debug("node state collector: states not synced yet")
             return 0
-        groups = {name: _recorded_at(at) for name, at in self._records.resctrl_groups.items().items()}
-        lines = sorted(recorded_lines(self._records), key=LineKey.text)
-        plans = collect(groups, lines, self.wants(), self._clock())
+        records = self._records
+        made = Made({name: _recorded_at(at) for name, at in records.resctrl_groups.items().items()},
+                    sorted(recorded_lines(records), key=LineKey.text),
+                    {path: _host_dir_owner(owner) for path, owner in records.host_dirs.items().items()})
+        plans = collect(made, self.wants(), self._clock())
         for plan in plans:
             record = self._runner.run(plan, "collector")
             COLLECTED.labels("resctrl_group").inc(len(record.removed_groups))
             COLLECTED.labels("blkio_line").inc(record.lines_written)
+            COLLECTED.labels("host_dir").inc(len(record.removed_dirs))
             logger.info("collected: %s (%d done, %d failed)", plan.why,
-                        len(record.removed_groups) + record.lines_written, record.failed)
-            for error in (*record.resctrl_errors, *record.line_errors):
+                        len(record.removed_groups) + record.lines_written + len(record.removed_dirs), record.failed)
+            for error in (*record.resctrl_errors, *record.line_errors, *record.dir_errors):
                 logger.warning("collector: %s", error)
         self.passes += 1
         return len(plans)

@@ -501,6 +501,7 @@ def _terway_qos(ctx: AgentContext) -> Component | None:
 def _node_state_collector(ctx: AgentContext) -> Component | None:
     """The collector pass over what koordlet made on the node (koordlet.collector): at start, then every few
     minutes."""
+    from hooks.gpu import hami_cache_root
     from koordlet.collector import CollectorConfig, NodeStateCollector
 
     config = ctx.config
@@ -508,7 +509,8 @@ def _node_state_collector(ctx: AgentContext) -> Component | None:
     collector_config = CollectorConfig(pod_groups=config.gate("Resctrl"),
                                        class_groups=qos_manager and config.gate("RdtResctrl"),
                                        blkio=qos_manager and config.gate("BlkIOReconcile"),
-                                       resctrl_dir=ctx.dirs.resctrl_dir)
+                                       resctrl_dir=ctx.dirs.resctrl_dir,
+                                       host_dir_root=hami_cache_root(config.hami_core_library_directory_path))
     return NodeStateCollector(collector_config, ctx.states, ctx.executor)
 
 

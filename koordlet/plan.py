@@ -15,7 +15,8 @@ A Plan holds, carried out in this order:
 5. ``system``: node-wide kernel files (sysctls) to write, or to put back as they were before koordlet;
 6. ``processes``: per-process files (``oom_score_adj``) of every process of a cgroup;
 7. ``lines``: one device's line of a per-device blkio file, written with a record of what it held before, or put
-   back from that record (:mod:`koordlet.executor.lines`).
+   back from that record (:mod:`koordlet.executor.lines`);
+8. ``host_dirs``: host directories koordlet made for containers' mounts, removed (:mod:`koordlet.hostdirs`).
 
 ``memo`` is the strategy's own state for its next tick (token buckets, the last policy, a cool-down): the
 manager hands it back in the next snapshot, so ``decide`` stays a pure function. ``report`` is the decision's
@@ -176,6 +177,14 @@ LineAction = LineWrite | LineRestore
 
 
 @dataclass(frozen=True, slots=True)
+class HostDirRemove:
+    """Remove the host directory ``path`` koordlet made (and what is in it), if it is a directory below ``root``."""
+
+    path: str
+    root: str
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessWrite:
     """Write ``value`` to the per-process file ``name`` (``oom_score_adj``) of every process in the cgroup
     ``cgroup_dir`` (its ``cgroup.procs``) whose value differs. ``reason``: why (the audit's line)."""
@@ -252,11 +261,12 @@ class Plan:
     reason: str = ""
     why: str = ""
     lines: tuple[LineAction, ...] = ()
+    host_dirs: tuple[HostDirRemove, ...] = ()
 
     @property
     def empty(self) -> bool:
         return not (self.steps or self.resctrl or self.evictions or self.gauges or self.system or self.processes
-                    or self.lines)
+                    or self.lines or self.host_dirs)
 
 
 class VictimOutcome(enum.Enum):

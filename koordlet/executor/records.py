@@ -5,6 +5,8 @@ put back, also by the agent that starts after a crash (ARCHITECTURE.md, "What ko
   a pod's ``koordlet-<pod uid>`` group whenever koordlet made it or took it for a pod it serves), each with the
   wall-clock time it was recorded. Removed groups are forgotten. The collector removes only groups in this record
   (:mod:`koordlet.collector`), so a group of another tool, even one named ``koordlet-*``, is never touched.
+- ``host_dirs``: the host directories koordlet made for a container's mounts (HAMi-core's cache dirs), each with
+  its pod's uid and the time (``"<uid> <unix time>"``), so they go when the pod goes (:mod:`koordlet.hostdirs`).
 - ``device_lines``: for each per-device blkio line koordlet wrote (``resource``, cgroup dir, ``MAJ:MIN``), what that
   device's line held before koordlet's first write (``""``: the file had no line for the device), so the line can
   be put back when no block configures it any more or the gate goes off (:mod:`koordlet.executor.lines`).
@@ -24,8 +26,10 @@ from koordlet.plan import LineKey
 
 RESCTRL_GROUPS_FILE = "resctrl-groups.json"
 DEVICE_LINES_FILE = "blkio-originals.json"
-MAX_RESCTRL_GROUPS = 1024  # far above the CLOSIDs of any CPU (16 on many, 128 at most today)
+HOST_DIRS_FILE = "host-dirs.json"
+MAX_RESCTRL_GROUPS = 1024  # far above the CLOSIDs a CPU has (16 on many), which bound the groups
 MAX_DEVICE_LINES = 4096  # 5 files × devices × (the besteffort dir, the root, annotated pods and their containers)
+MAX_HOST_DIRS = 4096  # one per container with a HAMi-core GPU share
 
 
 def _resctrl_groups(path: str | None) -> Originals:
@@ -36,12 +40,17 @@ def _device_lines(path: str | None) -> Originals:
     return Originals(path, kind="koordlet-blkio-originals", label="blkio line record", max_entries=MAX_DEVICE_LINES)
 
 
+def _host_dirs(path: str | None) -> Originals:
+    return Originals(path, kind="koordlet-host-dirs", label="host dir record", max_entries=MAX_HOST_DIRS)
+
+
 @dataclass(frozen=True, slots=True)
 class NodeRecords:
     """The records of one agent (in memory only unless built by :meth:`beside`)."""
 
     resctrl_groups: Originals = field(default_factory=lambda: _resctrl_groups(None))
     device_lines: Originals = field(default_factory=lambda: _device_lines(None))
+    host_dirs: Originals = field(default_factory=lambda: _host_dirs(None))
 
     @classmethod
     def beside(cls, record_file: str | None) -> NodeRecords:
@@ -50,7 +59,8 @@ class NodeRecords:
             return cls()
         directory = os.path.dirname(record_file) or "."
         return cls(_resctrl_groups(os.path.join(directory, RESCTRL_GROUPS_FILE)),
-                   _device_lines(os.path.join(directory, DEVICE_LINES_FILE)))
+                   _device_lines(os.path.join(directory, DEVICE_LINES_FILE)),
+                   _host_dirs(os.path.join(directory, HOST_DIRS_FILE)))
 
 
 def recorded_lines(records: NodeRecords) -> dict[LineKey, str]:

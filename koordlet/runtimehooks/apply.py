@@ -4,7 +4,6 @@ see, built from what koordlet knows."""
 from __future__ import annotations
 
 import logging
-import os
 import posixpath
 import threading
 from collections import OrderedDict
@@ -274,23 +273,3 @@ def apply_to_container_response(changes: Changes, resp: hookapi.ContainerResourc
                                    file_mode=device.file_mode)
     for mount in changes.mounts:
         resp.container_mounts.add(container_path=mount.destination, host_path=mount.source, readonly=mount.readonly)
-
-
-def make_host_dirs(changes: Changes, allowed_root: str) -> list[str]:
-    """Make the host dirs a plugin's mounts need (mode 0777, as HAMi-core's per-container cache dir must be
-    writable by any container user), only below ``allowed_root``; returns the dirs refused or not made."""
-    failed: list[str] = []
-    root = os.path.realpath(allowed_root)
-    for path in changes.host_dirs:
-        parent = os.path.realpath(os.path.dirname(path))
-        if os.path.commonpath([root, parent]) != root or os.path.islink(path):
-            log.warning("not making %s: outside %s", path, allowed_root)
-            failed.append(path)
-            continue
-        try:
-            os.makedirs(path, exist_ok=True)
-            os.chmod(path, 0o777)
-        except OSError as err:
-            log.warning("cannot make %s: %s", path, err)
-            failed.append(path)
-    return failed

@@ -23,6 +23,7 @@ from hooks.protocol import NodeContext, PodContext
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
 from koordlet.executor import ResourceExecutor
+from koordlet.hostdirs import make_host_dirs
 from koordlet.system.kubepods import KubeCgroupLayout
 from wire import hookapi_pb2 as hookapi
 from wire import hookapi_pb2_grpc as hookapi_grpc
@@ -35,7 +36,6 @@ from .apply import (
     apply_to_resources,
     container_context_from_request,
     effective_quota_reader,
-    make_host_dirs,
     pod_dir_of,
     pod_from_container_request,
     pod_from_sandbox_request,
@@ -62,6 +62,7 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         self._known_pod = known_pod
         self._runner = PlanRunner(executor)
         self._groups = PodGroups(executor, self._runner, "hookserver", self._rejects)
+        self._host_dirs = executor.records.host_dirs
         self._layout = layout
         self._disabled = disabled_stages
 
@@ -136,7 +137,7 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
                                          self._rejects.reporter(pod, context.name),
                                          effective_quota_reader(self._executor, pod_dir) if pod_dir else None)
         if changes.host_dirs:
-            make_host_dirs(changes, hami_cache_root(node.hami_core_library))
+            make_host_dirs(changes, hami_cache_root(node.hami_core_library), self._host_dirs, pod.uid)
         if self._decisions is not None:
             key = create_key(pod.uid, context.name) if stage is registry.Stage.PRE_CREATE_CONTAINER else \
                 update_key(req.container_meta.id)

@@ -13,7 +13,7 @@ from koordlet import audit
 from koordlet.api.keys import ANNOTATION_RESCTRL
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import PodMeta
-from koordlet.collector import CollectorConfig, NodeStateCollector, Wants, collect
+from koordlet.collector import CollectorConfig, Made, NodeStateCollector, Wants, collect
 from koordlet.executor import ResourceExecutor
 from koordlet.executor.records import NodeRecords
 from koordlet.plan import LineKey, LineRestore, ResctrlRemoveGroup
@@ -43,7 +43,7 @@ def test_a_pod_group_goes_when_its_pod_is_gone_finished_or_no_longer_annotated_a
     groups = {"koordlet-live": old, "koordlet-gone": old, "koordlet-done": old, "koordlet-plain": old,
               "koordlet-new": NOW - 10}
     pods = (_pod("live"), _pod("done", phase="Succeeded"), _pod("plain", annotations={}))
-    plans = collect(groups, (), _wants(pods), NOW)
+    plans = collect(Made(groups), _wants(pods), NOW)
     assert _removed(plans) == ["koordlet-done", "koordlet-gone", "koordlet-plain"]
     assert [plan.reason for plan in plans] == ["NodeStateCollect"] * 3
     assert plans[1].why == "resctrl group koordlet-gone: its pod is gone"
@@ -52,26 +52,26 @@ def test_a_pod_group_goes_when_its_pod_is_gone_finished_or_no_longer_annotated_a
 def test_nothing_asks_for_any_pod_group_with_the_gate_off_or_without_rdt_and_unknown_names_stay() -> None:
     groups = {"koordlet-live": NOW - 3600, "koordlet-new": NOW, "somebody-elses": NOW - 3600}
     pods = (_pod("live"), _pod("new"))
-    assert _removed(collect(groups, (), _wants(pods), NOW)) == []
-    assert _removed(collect(groups, (), _wants(pods, CollectorConfig(class_groups=True, blkio=True)), NOW)) == [
+    assert _removed(collect(Made(groups), _wants(pods), NOW)) == []
+    assert _removed(collect(Made(groups), _wants(pods, CollectorConfig(class_groups=True, blkio=True)), NOW)) == [
         "koordlet-live", "koordlet-new"]
-    assert _removed(collect(groups, (), _wants(pods, rdt=False), NOW)) == ["koordlet-live", "koordlet-new"]
-    assert _removed(collect(groups, (), _wants(pods, rdt=None), NOW)) == []  # RDT unreadable: nothing on that ground
+    assert _removed(collect(Made(groups), _wants(pods, rdt=False), NOW)) == ["koordlet-live", "koordlet-new"]
+    assert _removed(collect(Made(groups), _wants(pods, rdt=None), NOW)) == []  # RDT unreadable: nothing on that ground
 
 
 def test_class_groups_go_when_the_rdtresctrl_strategy_cannot_ask_for_them() -> None:
     groups = {"LSR": 0.0, "LS": 0.0, "BE": 0.0}
-    assert _removed(collect(groups, (), _wants(), NOW)) == []
-    assert _removed(collect(groups, (), _wants(classes=False), NOW)) == ["BE", "LS", "LSR"]
-    assert _removed(collect(groups, (), _wants(config=CollectorConfig(pod_groups=True, blkio=True)), NOW)) == [
+    assert _removed(collect(Made(groups), _wants(), NOW)) == []
+    assert _removed(collect(Made(groups), _wants(classes=False), NOW)) == ["BE", "LS", "LSR"]
+    assert _removed(collect(Made(groups), _wants(config=CollectorConfig(pod_groups=True, blkio=True)), NOW)) == [
         "BE", "LS", "LSR"]
 
 
 def test_recorded_blkio_lines_go_back_only_while_the_blkio_strategy_is_off() -> None:
     lines = (LineKey("blkio.cost.qos", "", "8:0"), LineKey("blkio.throttle.read_bps_device", "kubepods/besteffort",
                                                           "8:0"))
-    assert collect({}, lines, _wants(), NOW) == []
-    (plan,) = collect({}, lines, _wants(config=CollectorConfig(pod_groups=True)), NOW)
+    assert collect(Made({}, lines), _wants(), NOW) == []
+    (plan,) = collect(Made({}, lines), _wants(config=CollectorConfig(pod_groups=True)), NOW)
     assert plan.lines == tuple(LineRestore(k.resource, k.cgroup_dir, k.device, plan.why) for k in lines)
 
 
@@ -83,7 +83,8 @@ def _agent(tmp_path: Path, resctrl: Path, states: StaticStates, config: Collecto
     """An agent's collector as built at its start: the records read back from their files."""
     executor = ResourceExecutor(CgroupFS(str(tmp_path / "cg"), CgroupVersion.V2), resctrl_root=str(resctrl),
                                 records=NodeRecords.beside(str(tmp_path / "run" / "system-config-originals.json")))
-    config = CollectorConfig(config.pod_groups, config.class_groups, config.blkio, str(resctrl))
+    config = CollectorConfig(config.pod_groups, config.class_groups, config.blkio, str(resctrl),
+                             str(tmp_path / "vgpu" / "containers"))
     return NodeStateCollector(config, states, executor, wall_clock=lambda: NOW), executor
 
 
@@ -152,3 +153,36 @@ def test_class_groups_stay_while_the_nodeslo_asks_for_them(tmp_path: Path) -> No
     spec = parse_node_slo_spec({"resourceQOSStrategy": {"lsClass": {"resctrlQOS": {"enable": True}}}})
     collector, _ = _agent(tmp_path, root, StaticStates(node=NodeInfo("n1"), node_slo=spec))
     assert collector.collect_once() == 0 and (root / "LS").is_dir()
+
+
+def test_a_host_dir_goes_when_its_pod_is_gone_past_the_grace_or_finished_and_never_outside_its_root(
+        tmp_path: Path, audited) -> None:
+    """HAMi-core's per-container cache dirs, made through the hooks and recorded with their pod: a live pod's stays
+    (a gate switched off does not take it from a running container), a gone one's goes with what is in it."""
+    from hooks.protocol import Changes
+    from koordlet.hostdirs import make_host_dirs
+
+    root = tmp_path / "vgpu" / "containers"
+    root.mkdir(parents=True)
+    states = StaticStates(node=NodeInfo("n1"), pods=[_pod("live"), _pod("done", phase="Failed")])
+    collector, executor = _agent(tmp_path, resctrl_tree(tmp_path / "resctrl"), states,
+                                 CollectorConfig(pod_groups=False, class_groups=True, blkio=True))
+    for uid in ("live", "gone", "done", "new"):
+        assert make_host_dirs(Changes(host_dirs=(str(root / f"{uid}_main"),)), str(root),
+                              executor.records.host_dirs, uid) == []
+        (root / f"{uid}_main" / f"{uid}_main.cache").write_bytes(b"\0" * 64)
+    records = executor.records.host_dirs
+    for uid in ("gone", "done", "live"):  # made an hour ago
+        path = str(root / f"{uid}_main")
+        records.forget(path)
+        records.record(path, f"{uid} {NOW - 3600:.0f}")
+    records.forget(str(root / "new_main"))
+    records.record(str(root / "new_main"), f"new {NOW - 5:.0f}")
+    records.record(str(tmp_path / "elsewhere"), f"gone {NOW - 3600:.0f}")  # a record edited by hand
+    (tmp_path / "elsewhere").mkdir()
+    assert collector.collect_once() == 2
+    assert sorted(p.name for p in root.iterdir()) == ["live_main", "new_main"]
+    assert (tmp_path / "elsewhere").is_dir()  # never outside the root
+    messages = [e.message for e in audited()]
+    assert f"removed host dir {root / 'gone_main'} by collector: host dir {root / 'gone_main'}: its pod is gone" \
+        in messages

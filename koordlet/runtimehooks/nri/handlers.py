@@ -35,6 +35,7 @@ from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
 from koordlet.executor import ResourceExecutor
+from koordlet.hostdirs import make_host_dirs
 from koordlet.system.cgroup import CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout
 from wire import nri_pb2 as api
@@ -44,7 +45,6 @@ from ..apply import (
     RejectedValues,
     container_context_from_meta,
     effective_quota_reader,
-    make_host_dirs,
     pod_dir_of,
     report_plugin_error,
     run_pod_level,
@@ -86,6 +86,7 @@ class NriHandlers:
         self._rejects = rejects or RejectedValues()
         self._decisions = decisions
         self._groups = PodGroups(executor, self._runner, "nri", self._rejects)
+        self._host_dirs = executor.records.host_dirs
         self._cgroup_v2 = executor.cgroup_fs.version is CgroupVersion.V2
         self._pod_work = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nri-pod")  # one: pods in order
         self.runtime = ""  # "containerd 2.1.9", from Configure
@@ -177,7 +178,7 @@ class NriHandlers:
             changes = self._container_changes(self._staged(Stage.PRE_CREATE_CONTAINER), self._node(),
                                               convert.container_context(pod, container), pod_dir)
         if changes.host_dirs:  # HAMi-core's per-container cache dir, before the container mounts it
-            make_host_dirs(changes, hami_cache_root(self._node().hami_core_library))
+            make_host_dirs(changes, hami_cache_root(self._node().hami_core_library), self._host_dirs, pod.uid)
         changes = self._groups.checked(pod, self._node, changes)  # runc refuses a class whose group is missing
         adjust = convert.adjustment(changes, container, self._cgroup_v2)
         return api.CreateContainerResponse(adjust=adjust) if adjust.ByteSize() else api.CreateContainerResponse()
