@@ -15,6 +15,8 @@ per item (reason ``NodeStateCollect``, the why naming what no longer asks for it
 - every blkio line the blkio strategy wrote while that strategy is off (gate ``BlkIOReconcile``, or the QoS
   manager), put back as it was before koordlet (:mod:`koordlet.executor.lines`). While it is on, the strategy
   puts back each tick what it no longer asks for;
+- every sysctl the SystemConfig strategy changed while that strategy is off (its gate, or the QoS manager; the QoS
+  manager also puts them back when it starts with the gate off), put back as it was before koordlet;
 - a host dir made for a container's mounts (HAMi-core's cache dir, :mod:`koordlet.hostdirs`) whose pod is gone or
   finished, past the same grace: a gate switched off does not take it from a pod that still runs, whose
   container has it mounted.
@@ -45,7 +47,7 @@ from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
 from koordlet.executor import ResourceExecutor
 from koordlet.executor.records import recorded_lines
-from koordlet.plan import HostDirRemove, LineKey, LineRestore, Plan, ResctrlRemoveGroup
+from koordlet.plan import HostDirRemove, LineKey, LineRestore, Plan, ResctrlRemoveGroup, SystemRestore
 from koordlet.qosmanager.resctrl import GROUPS as CLASS_GROUPS
 from koordlet.qosmanager.resctrl import ResctrlConfig
 from koordlet.statesinformer.api import StatesProvider
@@ -63,7 +65,7 @@ _FINISHED = ("Succeeded", "Failed")
 COLLECTED = Counter(
     "koordlet_node_state_collected",
     "Things koordlet made on the node that its collector took away because nothing asks for them any more: resctrl "
-    "groups removed, blkio lines put back as they were before koordlet, host dirs removed.",
+    "groups removed, blkio lines and sysctls put back as they were before koordlet, host dirs removed.",
     ["kind"],
 )
 
@@ -75,6 +77,7 @@ class CollectorConfig:
     pod_groups: bool = False  # gate Resctrl: pods' own resctrl groups
     class_groups: bool = False  # gate RdtResctrl with the QoS manager: the LSR/LS/BE groups
     blkio: bool = False  # gate BlkIOReconcile with the QoS manager
+    system_config: bool = False  # gate SystemConfig with the QoS manager
     resctrl_dir: str | None = None
     host_dir_root: str | None = None  # below which koordlet makes host dirs (the HAMi-core cache root)
     interval_s: float = COLLECT_INTERVAL_S
@@ -99,6 +102,7 @@ class Made:
 
     groups: Mapping[str, float]
     lines: Sequence[LineKey] = ()
+    sysctls: Sequence[str] = ()  # the keys of the sysctl record
     host_dirs: Mapping[str, tuple[str, float]] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -157,6 +161,10 @@ def collect(made: Made, wants: Wants, now: float) -> list[Plan]:
         why = "the BlkIOReconcile strategy is off (its feature gate, or the QoS manager)"
         plans.append(Plan(lines=tuple(LineRestore(k.resource, k.cgroup_dir, k.device, why) for k in made.lines),
                           reason=AUDIT_REASON, why=why))
+    if made.sysctls and not wants.config.system_config:
+        why = "the SystemConfig strategy is off (its feature gate, or the QoS manager)"
+        plans.append(Plan(system=tuple(SystemRestore(key, why) for key in made.sysctls), reason=AUDIT_REASON,
+                          why=why))
     root = wants.config.host_dir_root
     for path, (uid, recorded_at) in sorted(made.host_dirs.items()):
         if not root or not path.startswith(root.rstrip("/") + "/"):
@@ -188,6 +196,7 @@ class NodeStateCollector:
         self.config = config
         self._states = states
         self._records = executor.records
+        self._sysctls = executor.originals
         self._runner = PlanRunner(executor)
         self._clock = wall_clock
         self.passes = 0
@@ -217,6 +226,7 @@ class NodeStateCollector:
         records = self._records
         made = Made({name: _recorded_at(at) for name, at in records.resctrl_groups.items().items()},
                     sorted(recorded_lines(records), key=LineKey.text),
+                    sorted(self._sysctls.keys()),
                     {path: _host_dir_owner(owner) for path, owner in records.host_dirs.items().items()})
         plans = collect(made, self.wants(), self._clock())
         for plan in plans:
@@ -224,9 +234,10 @@ class NodeStateCollector:
             COLLECTED.labels("resctrl_group").inc(len(record.removed_groups))
             COLLECTED.labels("blkio_line").inc(record.lines_written)
             COLLECTED.labels("host_dir").inc(len(record.removed_dirs))
-            logger.info("collected: %s (%d done, %d failed)", plan.why,
-                        len(record.removed_groups) + record.lines_written + len(record.removed_dirs), record.failed)
-            for error in (*record.resctrl_errors, *record.line_errors, *record.dir_errors):
+            COLLECTED.labels("sysctl").inc(record.system_written)
+            done = len(record.removed_groups) + record.lines_written + len(record.removed_dirs) + record.system_written
+            logger.info("collected: %s (%d done, %d failed)", plan.why, done, record.failed)
+            for error in (*record.resctrl_errors, *record.line_errors, *record.dir_errors, *record.system_errors):
                 logger.warning("collector: %s", error)
         self.passes += 1
         return len(plans)

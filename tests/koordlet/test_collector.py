@@ -16,14 +16,15 @@ from koordlet.api.pod import PodMeta
 from koordlet.collector import CollectorConfig, Made, NodeStateCollector, Wants, collect
 from koordlet.executor import ResourceExecutor
 from koordlet.executor.records import NodeRecords
-from koordlet.plan import LineKey, LineRestore, ResctrlRemoveGroup
+from koordlet.plan import LineKey, LineRestore, ResctrlRemoveGroup, SystemRestore
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from tests.support.resctrl import group_as_the_kernel_makes_it, resctrl_tree
 
 RDT = {ANNOTATION_RESCTRL: json.dumps({"llc": {"schemata": {"range": [0, 50]}}})}
 NOW = 1_000_000.0
-ON = CollectorConfig(pod_groups=True, class_groups=True, blkio=True)
+ON = CollectorConfig(pod_groups=True, class_groups=True, blkio=True, system_config=True)
+RESCTRL_OFF = CollectorConfig(pod_groups=False, class_groups=True, blkio=True, system_config=True)
 
 
 def _pod(uid: str, annotations=RDT, phase: str = "Running") -> PodMeta:
@@ -67,12 +68,14 @@ def test_class_groups_go_when_the_rdtresctrl_strategy_cannot_ask_for_them() -> N
         "BE", "LS", "LSR"]
 
 
-def test_recorded_blkio_lines_go_back_only_while_the_blkio_strategy_is_off() -> None:
+def test_recorded_blkio_lines_and_sysctls_go_back_only_while_their_strategy_is_off() -> None:
     lines = (LineKey("blkio.cost.qos", "", "8:0"), LineKey("blkio.throttle.read_bps_device", "kubepods/besteffort",
                                                           "8:0"))
-    assert collect(Made({}, lines), _wants(), NOW) == []
-    (plan,) = collect(Made({}, lines), _wants(config=CollectorConfig(pod_groups=True)), NOW)
-    assert plan.lines == tuple(LineRestore(k.resource, k.cgroup_dir, k.device, plan.why) for k in lines)
+    made = Made({}, lines, ("vm.min_free_kbytes",))
+    assert collect(made, _wants(), NOW) == []
+    lines_plan, sysctls_plan = collect(made, _wants(config=CollectorConfig(pod_groups=True)), NOW)
+    assert lines_plan.lines == tuple(LineRestore(k.resource, k.cgroup_dir, k.device, lines_plan.why) for k in lines)
+    assert sysctls_plan.system == (SystemRestore("vm.min_free_kbytes", sysctls_plan.why),)
 
 
 # ------------------------------------------------------------------------------------ the pass, on fixture trees
@@ -83,8 +86,8 @@ def _agent(tmp_path: Path, resctrl: Path, states: StaticStates, config: Collecto
     """An agent's collector as built at its start: the records read back from their files."""
     executor = ResourceExecutor(CgroupFS(str(tmp_path / "cg"), CgroupVersion.V2), resctrl_root=str(resctrl),
                                 records=NodeRecords.beside(str(tmp_path / "run" / "system-config-originals.json")))
-    config = CollectorConfig(config.pod_groups, config.class_groups, config.blkio, str(resctrl),
-                             str(tmp_path / "vgpu" / "containers"))
+    config = CollectorConfig(config.pod_groups, config.class_groups, config.blkio, config.system_config,
+                             str(resctrl), str(tmp_path / "vgpu" / "containers"))
     return NodeStateCollector(config, states, executor, wall_clock=lambda: NOW), executor
 
 
@@ -139,7 +142,7 @@ def test_after_the_resctrl_gate_flips_off_every_pod_group_koordlet_made_goes_and
         group_as_the_kernel_makes_it(root, group)
     _record(tmp_path, {"koordlet-live": NOW - 3600, "LS": NOW - 3600})  # BE was there before koordlet
     states = StaticStates(node=NodeInfo("n1"), pods=[_pod("live")])
-    collector, _ = _agent(tmp_path, root, states, CollectorConfig(pod_groups=False, class_groups=True, blkio=True))
+    collector, _ = _agent(tmp_path, root, states, RESCTRL_OFF)
     assert collector.collect_once() == 2  # the pod group (gate off), LS (NodeSLO's resctrlQOS off in every class)
     assert sorted(p.name for p in root.iterdir() if p.name != "info" and p.is_dir()) == ["BE"]
     assert {e.message.rpartition(": ")[2] for e in audited()} == {"feature gate Resctrl is off",
@@ -166,7 +169,7 @@ def test_a_host_dir_goes_when_its_pod_is_gone_past_the_grace_or_finished_and_nev
     root.mkdir(parents=True)
     states = StaticStates(node=NodeInfo("n1"), pods=[_pod("live"), _pod("done", phase="Failed")])
     collector, executor = _agent(tmp_path, resctrl_tree(tmp_path / "resctrl"), states,
-                                 CollectorConfig(pod_groups=False, class_groups=True, blkio=True))
+                                 RESCTRL_OFF)
     for uid in ("live", "gone", "done", "new"):
         assert make_host_dirs(Changes(host_dirs=(str(root / f"{uid}_main"),)), str(root),
                               executor.records.host_dirs, uid) == []

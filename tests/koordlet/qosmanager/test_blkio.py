@@ -264,7 +264,8 @@ def check_an_operators_cost_qos_line_survives(root: Path, new_executor, layout: 
     _tick(executor, layout, mine, (), sys_dir)
     assert "rlat=2000" in _line(qos, number)
     restarted = new_executor()  # koordlet starts again, gate BlkIOReconcile off
-    collector = NodeStateCollector(CollectorConfig(blkio=False), StaticStates(node=NodeInfo("node-1")), restarted)
+    states = StaticStates(node=NodeInfo("node-1"))
+    collector = NodeStateCollector(CollectorConfig(blkio=False, system_config=True), states, restarted)
     assert collector.collect_once() == 1
     assert _line(qos, number) == operators
     assert restarted.records.device_lines.keys() == frozenset()
