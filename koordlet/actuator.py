@@ -11,9 +11,10 @@ A failed write never stops the rest of the plan: it is counted in the record (an
 the executor counts every outcome in Prometheus itself).
 
 With auditing on (gate ``AuditEvents``, :mod:`koordlet.audit`) the runner writes one audit event for every
-file it wrote (not for writes the executor skipped as already there), every resctrl action and every
-eviction it asked for, from the plan's ``reason`` and ``why`` (a step's own, a victim's message): any part
-that changes the node through a Plan is audited without doing anything for it.
+file it wrote (not for writes the executor skipped as already there; blkio lines and sysctls put back included),
+every resctrl action, every host dir removed and every eviction it asked for, from the plan's ``reason`` and
+``why`` (a step's own, a victim's message): any part that changes the node through a Plan is audited without
+doing anything for it.
 """
 
 from __future__ import annotations
