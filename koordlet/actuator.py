@@ -1,15 +1,20 @@
 """The one runner of :class:`~koordlet.plan.Plan` s: cgroup writes and resctrl through the executor,
 evictions through the evictor, gauges on the QoS manager's metrics; and a record of what it did.
 
+What it makes on the node it records in the executor's :class:`~koordlet.executor.records.NodeRecords` (resctrl
+groups; the blkio lines, through :class:`~koordlet.executor.lines.DeviceLines`), so the collector
+(:mod:`koordlet.collector`) and a restarted agent know what is koordlet's to take away or put back.
+
 Every part that changes the node (QoS strategies, the runtime hooks' reconciler, the hook server's pod-level
 writes) hands its Plan to a :class:`PlanRunner`; none of them calls the executor or the evictor itself.
 A failed write never stops the rest of the plan: it is counted in the record (and logged at debug level;
 the executor counts every outcome in Prometheus itself).
 
 With auditing on (gate ``AuditEvents``, :mod:`koordlet.audit`) the runner writes one audit event for every
-file it wrote (not for writes the executor skipped as already there), every resctrl action and every
-eviction it asked for, from the plan's ``reason`` and ``why`` (a step's own, a victim's message): any part
-that changes the node through a Plan is audited without doing anything for it.
+file it wrote (not for writes the executor skipped as already there; blkio lines and sysctls put back included),
+every resctrl action, every host dir removed and every eviction it asked for, from the plan's ``reason`` and
+``why`` (a step's own, a victim's message): any part that changes the node through a Plan is audited without
+doing anything for it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -34,9 +40,15 @@ from koordlet.executor import (
     ResourceUpdate,
     UpdateFailure,
 )
+from koordlet.executor.lines import DeviceLines
+from koordlet.hostdirs import remove_host_dir
 from koordlet.plan import (
     Evictions,
     GaugeSet,
+    HostDirRemove,
+    LineAction,
+    LineKey,
+    LineWrite,
     Plan,
     ProcessWrite,
     ResctrlAction,
@@ -96,11 +108,15 @@ class PlanRecord:
     process_results: tuple[ProcessResult, ...] = ()  # one per ProcessWrite of the plan
     evicted: tuple[str, ...] = ()  # pod keys whose eviction was accepted
     blocked: tuple[str, ...] = ()  # pod keys whose eviction was refused
+    lines_written: int = 0  # per-device blkio lines written or put back
+    line_errors: tuple[str, ...] = ()
+    removed_dirs: tuple[str, ...] = ()  # host dirs removed
+    dir_errors: tuple[str, ...] = ()
 
     @property
     def failed(self) -> int:
         return (len(self.failures) + len(self.unknown_resources) + len(self.resctrl_errors) + len(self.system_errors)
-                + len(self.process_errors))
+                + len(self.process_errors) + len(self.line_errors) + len(self.dir_errors))
 
 
 @dataclass(slots=True)
@@ -119,6 +135,10 @@ class _Counts:
     processes_written: int = 0
     process_errors: list[str] = field(default_factory=list)
     process_results: list[ProcessResult] = field(default_factory=list)
+    lines_written: int = 0
+    line_errors: list[str] = field(default_factory=list)
+    removed_dirs: list[str] = field(default_factory=list)
+    dir_errors: list[str] = field(default_factory=list)
 
 
 _AGENTS_AUDITOR = object()  # PlanRunner(auditor=...) default: the agent's auditor (audit.current()), at each run
@@ -145,8 +165,15 @@ class _AuditContext:
         self.auditor.log(audit.LEVEL_UPDATE, owner, reason or self.reason, message)
 
     def resctrl(self, level: int, what: str) -> None:
+        self._log(level, audit.Owner(audit.TYPE_GROUP, name="resctrl"), what)
+
+    def node(self, what: str) -> None:
+        """Something of the node's that is not a file written (a host dir removed)."""
+        self._log(audit.LEVEL_UPDATE, audit.NODE, what)
+
+    def _log(self, level: int, owner: audit.Owner, what: str) -> None:
         message = f"{what} by {self.source}" + (f": {self.why}" if self.why else "")
-        self.auditor.log(level, audit.Owner(audit.TYPE_GROUP, name="resctrl"), self.reason, message)
+        self.auditor.log(level, owner, self.reason, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +202,7 @@ class PlanRunner:
         at every run so that one installed after this runner was built is used); ``actions``: where the last
         writes and evictions are remembered for ``/debug/pods`` (None: nowhere)."""
         self._executor = executor
+        self._lines = DeviceLines(executor)
         self._evictor = evictor
         self._gauges = dict(gauges or {})
         self._auditor = auditor
@@ -209,6 +237,10 @@ class PlanRunner:
             self._system(action, counts, audited)
         for write in plan.processes:
             self._processes(write, counts, audited)
+        for line in plan.lines:
+            self._line(line, counts, audited)
+        for host_dir in plan.host_dirs:
+            self._host_dir(host_dir, counts, audited)
         record = PlanRecord(
             source=source,
             at=now,
@@ -229,6 +261,10 @@ class PlanRunner:
             processes_written=counts.processes_written,
             process_errors=tuple(counts.process_errors),
             process_results=tuple(counts.process_results),
+            lines_written=counts.lines_written,
+            line_errors=tuple(counts.line_errors),
+            removed_dirs=tuple(counts.removed_dirs),
+            dir_errors=tuple(counts.dir_errors),
         )
         for failure in record.failures:
             logger.debug("%s: %s of %r not written: %s", source, failure.update.resource.name,
@@ -272,6 +308,41 @@ class PlanRunner:
                 else:
                     audited.file(audit.NODE, action.key, "the value found before koordlet's first write",
                                  why=action.reason)
+
+    def _line(self, action: LineAction, counts: _Counts, audited: _AuditContext | None) -> None:
+        """One device's blkio line written (its line before recorded) or put back from the record."""
+        try:
+            if isinstance(action, LineWrite):
+                done = self._lines.write(action.resource, action.cgroup_dir, action.value)
+            else:
+                done = self._lines.restore(LineKey.of(action.resource, action.cgroup_dir, action.device))
+        except (ExecutorError, UnknownCgroupResourceError) as exc:
+            counts.line_errors.append(f"{action}: {exc}")
+            logger.debug("%s not carried out: %s", action, exc)
+            return
+        if not done:
+            return
+        counts.lines_written += 1
+        if audited is not None:
+            where = action.cgroup_dir.strip("/") or "/"
+            value = action.value if isinstance(action, LineWrite) else \
+                f"the line of {action.device} found before koordlet's first write"
+            audited.file(audited.auditor.owner_of(action.cgroup_dir), f"{action.resource} of {where}", value,
+                         why=action.reason)
+
+    def _host_dir(self, action: HostDirRemove, counts: _Counts, audited: _AuditContext | None) -> None:
+        """A host dir koordlet made, removed and forgotten (forgotten too when it is gone already)."""
+        try:
+            removed = remove_host_dir(action.path, action.root)
+        except (OSError, ValueError) as exc:
+            counts.dir_errors.append(f"{action.path}: {exc}")
+            logger.warning("host dir %s not removed: %s", action.path, exc)
+            return
+        self._executor.records.host_dirs.forget(action.path)
+        if removed:
+            counts.removed_dirs.append(action.path)
+            if audited is not None:
+                audited.node(f"removed host dir {action.path}")
 
     def _processes(self, write: ProcessWrite, counts: _Counts, audited: _AuditContext | None) -> None:
         """``write.value`` to each process of the cgroup whose file differs; a process that exited meanwhile is
@@ -339,7 +410,10 @@ class PlanRunner:
         moved_before = sum(len(pids) for pids in counts.moved.values())
         try:
             if isinstance(action, ResctrlGroup):
-                if self._executor.ensure_resctrl_group(action.group):
+                created = self._executor.ensure_resctrl_group(action.group)
+                if created or action.pod_uid:  # what koordlet made (or took for a pod it serves) it collects
+                    self._executor.records.resctrl_groups.record(action.group, f"{time.time():.0f}")
+                if created:
                     counts.created.append(action.group)
                     if audited is not None:
                         audited.resctrl(audit.LEVEL_UPDATE, f"created resctrl group {action.group}")
@@ -366,7 +440,9 @@ class PlanRunner:
         """The group's tasks to the root group's ``tasks`` (recorded as moved to ""), then the group away."""
         pids = {p for p in self._executor.read_resctrl(action.group, "tasks").split() if p.isdigit()}
         self._write_tasks("", pids, counts)
-        if self._executor.remove_resctrl_group(action.group):
+        removed = self._executor.remove_resctrl_group(action.group)
+        self._executor.records.resctrl_groups.forget(action.group)  # removed now, or gone already
+        if removed:
             counts.resctrl_written += 1
             counts.removed.append(action.group)
 

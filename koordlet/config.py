@@ -413,12 +413,13 @@ def _prediction_and_system_config_flags(flag: _AddFlag) -> None:
     flag("prediction-memory-histogram-decay-halflife", parse_duration, 24 * 3600.0, "memory histograms' half-life")
     flag("prediction-cpu-histogram-decay-halflife", parse_duration, 12 * 3600.0, "CPU histograms' half-life")
     flag("prediction-training-interval", parse_duration, 60.0, "one sample per model this often (the p90 over it)")
-    flag("prediction-model-expiration-duration", parse_duration, 1800.0, "node items not updated this long go")
+    flag("prediction-model-expiration-duration", parse_duration, 1800.0, "a model not updated this long goes")
     flag("prediction-model-checkpoint-interval", parse_duration, 600.0, "a model is saved at most this often")
     flag("prediction-model-checkpoint-max-per-step", int, 12, "models saved per minute at most")
     flag("system-config-record-file", str, "/var/run/koordlet/system-config-originals.json",
          "SystemConfig: where the sysctl values found before koordlet's first writes are kept (put back when "
-         "the strategy or its gate goes off); empty: memory only")
+         "the strategy or its gate goes off); the records of the resctrl groups, blkio lines and host dirs koordlet "
+         "made are kept beside it; empty: memory only")
 
 
 def _report_api_and_mode_flags(flag: _AddFlag, switch: _AddSwitch, kubeconfig: str) -> None:

@@ -50,6 +50,7 @@ from koordlet.debug.actions import RECENT
 from koordlet.debug.endpoints import DebugSources
 from koordlet.events import PodEvents
 from koordlet.executor import ResourceExecutor
+from koordlet.executor.records import NodeRecords
 from koordlet.gpu.metrics import gpu_devices
 from koordlet.gpu.nvml import NvmlModule
 from koordlet.gpu.reporter import DeviceReporter
@@ -220,7 +221,8 @@ def _executor(ctx: AgentContext) -> Component | None:
     ctx.executor = ResourceExecutor(cgroup_fs, resctrl_root=ctx.dirs.resctrl_dir,
                                     force_update_seconds=float(config.resource_force_update_seconds),
                                     proc_dir=ctx.dirs.proc_dir, sys_dir=ctx.dirs.sys_dir,
-                                    originals_file=config.system_config_record_file or None)
+                                    originals_file=config.system_config_record_file or None,
+                                    records=NodeRecords.beside(config.system_config_record_file))
     driver = detect_cgroup_driver(cgroup_fs, config.kubelet_cgroup_root)
     layout = ctx.layout = KubeCgroupLayout(driver, config.kubelet_cgroup_root)
     logger.info("cgroup %s, driver %s, kubelet cgroup root %s", cgroup_fs.version.name, driver.value,
@@ -423,12 +425,16 @@ def _metrics_advisor(ctx: AgentContext) -> Component | None:
     return runner
 
 
+def _qos_manager_on(config: KoordletConfig) -> bool:
+    return config.collect_res_used_interval_s >= 1.0
+
+
 def _qos_manager(ctx: AgentContext) -> Component | None:
     from koordlet.eviction import Evictor, zero_eviction_counts
     from koordlet.qosmanager import QoSManagerConfig, cpuevict, memoryevict, new_qos_manager
 
     config = ctx.config
-    if config.collect_res_used_interval_s < 1.0:
+    if not _qos_manager_on(config):
         logger.info("qos manager off: -collect-res-used-interval below 1 s (docs/koordinator.md §4.1)")
         return None
     evictor = Evictor(config.node_name, api_client=ctx.api_client,
@@ -520,6 +526,23 @@ def _terway_qos(ctx: AgentContext) -> Component | None:
     from koordlet.runtimehooks.terwayqos import TerwayQoSWriter
 
     return TerwayQoSWriter(ctx.states, ctx.layout, ctx.config.terway_qos_dir)
+
+
+def _node_state_collector(ctx: AgentContext) -> Component | None:
+    """The collector pass over what koordlet made on the node (koordlet.collector): at start, then every few
+    minutes."""
+    from hooks.gpu import hami_cache_root
+    from koordlet.collector import CollectorConfig, NodeStateCollector
+
+    config = ctx.config
+    qos_manager = _qos_manager_on(config)
+    collector_config = CollectorConfig(pod_groups=config.gate("Resctrl"),
+                                       class_groups=qos_manager and config.gate("RdtResctrl"),
+                                       blkio=qos_manager and config.gate("BlkIOReconcile"),
+                                       system_config=qos_manager and config.gate("SystemConfig"),
+                                       resctrl_dir=ctx.dirs.resctrl_dir,
+                                       host_dir_root=hami_cache_root(config.hami_core_library_directory_path))
+    return NodeStateCollector(collector_config, ctx.states, ctx.executor)
 
 
 def default_components() -> list[ComponentFactory]:
@@ -671,6 +694,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
         Part("metrics advisor", _metrics_advisor),
         Part("predict server", _predict_server),
         *(_component_part(factory) for factory in components),
+        Part("node state collector", _node_state_collector),
         Part("Device reporter", _device_reporter),
         Part("NodeResourceTopology reporter", _nrt_reporter),
         Part("NodeMetric reporter", _nodemetric_reporter),

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from koordlet.executor import metrics
 from koordlet.executor.originals import Originals
+from koordlet.executor.records import NodeRecords
 from koordlet.system import kernfs
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.resources import CgroupResource, InvalidCgroupValueError, device_of, get_resource
@@ -181,13 +182,16 @@ class ResourceExecutor:
         proc_dir: str | None = None,
         sys_dir: str | None = None,
         originals_file: str | None = None,
+        records: NodeRecords | None = None,
     ) -> None:
         """``proc_dir``/``sys_dir``: where procfs and sysfs are mounted (None: no system writes);
-        ``originals_file``: where the values found before the first sysctl writes are kept (None: memory)."""
+        ``originals_file``: where the values found before the first sysctl writes are kept (None: memory);
+        ``records``: what koordlet made on the node, for the plan runner and the collector (None: in memory)."""
         self.cgroup_fs = cgroup_fs
         self.resctrl_root = resctrl_root
         self._mounts = {"proc": proc_dir, "sys": sys_dir}
         self.originals = Originals(originals_file)
+        self.records = records if records is not None else NodeRecords()
         self.force_update_seconds = force_update_seconds
         self._clock = clock
         self._lock = threading.Lock()

@@ -31,6 +31,7 @@ from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.executor import ExecutorError, ResourceExecutor, UnsupportedResourceError
+from koordlet.executor.records import recorded_lines
 from koordlet.metriccache import (
     Label,
     MetricCache,
@@ -38,6 +39,7 @@ from koordlet.metriccache import (
     SeriesKey,
 )
 from koordlet.metricsadvisor.pods import BE_CPU_REAL_LIMIT, BE_CPU_REQUEST, BE_CPU_USAGE
+from koordlet.plan import LineKey
 from koordlet.statesinformer.api import NodeInfo, StatesProvider
 from koordlet.system.blockdev import StorageInfo, read_storage_info
 from koordlet.system.cgroup import CgroupVersion
@@ -107,6 +109,7 @@ class Needs:
     kubelet_cpu_manager: bool = False  # kubelet's CPU manager state (policy, exclusive CPUs)
     system_files: tuple[str, ...] = ()  # node-wide kernel files (koordlet.system.sysctl names) to read
     storage: bool = False  # the node's block devices (koordlet.system.blockdev), refreshed every few seconds
+    device_lines: bool = False  # the per-device blkio lines koordlet wrote (the executor's record)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,7 @@ class Snapshot:
     system_values: Mapping[str, str] = field(default_factory=lambda: _EMPTY_SYSTEM)
     system_recorded: frozenset[str] = frozenset()
     storage: StorageInfo | None = None  # ``Needs.storage``
+    lines_recorded: frozenset[LineKey] = frozenset()  # ``Needs.device_lines``: the lines koordlet may put back
     cgroup_v2: bool = False  # the node's cgroup version (the executor's)
     memo: Any = None  # the strategy's ``Plan.memo`` of its previous tick
     last: PlanRecord | None = None  # what the runner did with the strategy's previous plan
@@ -397,6 +401,8 @@ class SnapshotBuilder:
             system_values=self._read_system(needs.system_files),
             system_recorded=self._reader.originals.keys() if needs.system_files and self._reader else frozenset(),
             storage=self._storage_info(now) if needs.storage else None,
+            lines_recorded=frozenset(recorded_lines(self._reader.records)) if needs.device_lines and self._reader
+            else frozenset(),
             cgroup_v2=self._reader is not None and self._reader.cgroup_fs.version is CgroupVersion.V2,
             memo=memo,
             last=last,

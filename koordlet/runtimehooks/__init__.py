@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from hooks import registry
+from hooks import resctrl as resctrl_hook
 from hooks.protocol import LinuxDevice, NodeContext, RDMANode, ResctrlNode
 from koordlet.api.cpupools import CPUPools, compute_cpu_pools
 from koordlet.api.pod import PodMeta
@@ -88,6 +89,7 @@ def read_resctrl_node(resctrl_dir: str | None) -> ResctrlNode | None:
     return None if info is None else ResctrlNode(info.cbm_mask, info.cache_ids, info.has_mb, info.vendor)
 
 
+POST_STOP_POD_SANDBOX = "PostStopPodSandbox"  # runtime.v1alpha1's stage name
 RDMA_REFRESH_S = 60.0  # how often the RDMA device nodes are read again (they change with hotplug only)
 
 
@@ -202,8 +204,12 @@ class RuntimeHooks:
         return next((p for p in self.states.pods() if p.uid == uid), None)
 
     def stages(self) -> list[str]:
-        disabled = self.config.disabled_stages
-        return [s.value for s in registry.stages(self.config.feature_gates) if s.value not in disabled]
+        """The plugins' stages, and PostStopPodSandbox while pods may have resctrl groups (gate ``Resctrl``), in
+        which the hook server removes them; less ``-runtime-hooks-disable-stages``."""
+        stages = [s.value for s in registry.stages(self.config.feature_gates)]
+        if self.config.feature_gates.get(resctrl_hook.PLUGIN.gate):
+            stages.append(POST_STOP_POD_SANDBOX)
+        return [stage for stage in stages if stage not in self.config.disabled_stages]
 
     def start(self) -> None:
         if self.config.serve_hooks:

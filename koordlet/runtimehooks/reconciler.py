@@ -103,7 +103,7 @@ class Reconciler:
             leveled += more_leveled
             plain += more_plain
             processes += process_writes(changes, container_dir, f"{pod.key}/{container.name}")
-        return Plan(steps_of(leveled, plain), resctrl=resctrl_actions(pod_changes, tuple(container_dirs)),
+        return Plan(steps_of(leveled, plain), resctrl=resctrl_actions(pod_changes, pod.uid, tuple(container_dirs)),
                     processes=tuple(processes))
 
     def _trace(self, pod_uid: str, container: str) -> Trace | None:

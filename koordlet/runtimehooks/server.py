@@ -3,7 +3,8 @@
 Every answer starts as an echo of the request and is then changed by the plugins, so it always carries
 the full desired state (docs/koordinator.md §2.3). Pod-level settings cannot travel in a CRI request:
 the server writes them to the pod cgroup itself through the executor (docs/koordinator.md §3.2, "Proxy"
-row) where the dir exists already, and the reconciler does where it did not yet.
+row) where the dir exists already, and the reconciler does where it did not yet. PostStopPodSandbox removes the
+pod's resctrl group if koordlet made it (podgroups.py); the proxy calls it while the ``Resctrl`` gate is on.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
 from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import ResourceExecutor
+from koordlet.hostdirs import make_host_dirs
 from koordlet.system.kubepods import KubeCgroupLayout
 from wire import hookapi_pb2 as hookapi
 from wire import hookapi_pb2_grpc as hookapi_grpc
@@ -36,7 +38,6 @@ from .apply import (
     apply_to_resources,
     container_context_from_request,
     effective_quota_reader,
-    make_host_dirs,
     pod_dir_of,
     pod_from_container_request,
     pod_from_sandbox_request,
@@ -44,6 +45,7 @@ from .apply import (
     run_pod_level,
 )
 from .decisions import Decisions, create_key, pod_key, update_key
+from .podgroups import PodGroups
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,8 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         self._node = node
         self._known_pod = known_pod
         self._runner = PlanRunner(executor)
+        self._groups = PodGroups(executor, self._runner, "hookserver", self._rejects)
+        self._host_dirs = executor.records.host_dirs
         self._layout = layout
         self._disabled = disabled_stages
 
@@ -120,8 +124,13 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
     def PreRunPodSandboxHook(self, request, context):  # noqa: N802 - gRPC method name
         return self._timed("PreRunPodSandbox", "pre", self._pre_run_pod_sandbox, request, self._pod_echo)
 
+    def _post_stop_pod_sandbox(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
+        meta = req.pod_meta
+        self._groups.remove(meta.uid, f"pod {meta.namespace}/{meta.name} stopped (PostStopPodSandbox)")
+        return self._pod_echo(req)
+
     def PostStopPodSandboxHook(self, request, context):  # noqa: N802
-        return self._pod_echo(request)
+        return self._timed("PostStopPodSandbox", "post", self._post_stop_pod_sandbox, request, self._pod_echo)
 
     # -- containers --------------------------------------------------------------------------------
     @staticmethod
@@ -146,7 +155,7 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
                                          effective_quota_reader(self._executor, pod_dir) if pod_dir else None, trace)
         self._note(pod.uid, context.name, stage, trace, changes)
         if changes.host_dirs:
-            make_host_dirs(changes, hami_cache_root(node.hami_core_library))
+            make_host_dirs(changes, hami_cache_root(node.hami_core_library), self._host_dirs, pod.uid)
         if self._decisions is not None:
             key = create_key(pod.uid, context.name) if stage is registry.Stage.PRE_CREATE_CONTAINER else \
                 update_key(req.container_meta.id)

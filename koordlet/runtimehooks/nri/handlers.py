@@ -6,9 +6,11 @@
 |------------------|----------------------------------------------------------------------------------------|
 | RunPodSandbox    | the pod-level plan (pod cgroup values, its resctrl group), carried out by the runner    |
 |                  | right after the answer, so containerd does not wait for the writes                     |
-| CreateContainer  | a ContainerAdjustment with what the plugins want changed (convert.py)                  |
+| CreateContainer  | a ContainerAdjustment with what the plugins want changed (convert.py); an RDT class    |
+|                  | only once its group exists (podgroups.py)                                              |
 | UpdateContainer  | a ContainerUpdate that carries the container id, from the resources the call asks for  |
-| RemovePodSandbox | clean-up: the pod's resctrl group; what is remembered about the pod                    |
+| RemovePodSandbox | clean-up: the pod's resctrl group (if koordlet's record has it); what is remembered     |
+|                  | about the pod                                                                          |
 | Synchronize      | updates for every existing container and the pod-level plan of every pod, at once      |
 
 Pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true`` and stages turned off with
@@ -35,7 +37,7 @@ from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
 from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import ResourceExecutor
-from koordlet.plan import Plan, ResctrlRemoveGroup
+from koordlet.hostdirs import make_host_dirs
 from koordlet.system.cgroup import CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout
 from wire import nri_pb2 as api
@@ -45,13 +47,13 @@ from ..apply import (
     RejectedValues,
     container_context_from_meta,
     effective_quota_reader,
-    make_host_dirs,
     pod_dir_of,
     report_plugin_error,
     run_pod_level,
     with_spec,
 )
 from ..decisions import Decisions, create_key, pod_key, update_key
+from ..podgroups import PodGroups
 from . import convert
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,8 @@ class NriHandlers:
         self._disabled = disabled_stages
         self._rejects = rejects or RejectedValues()
         self._decisions = decisions
+        self._groups = PodGroups(executor, self._runner, "nri", self._rejects)
+        self._host_dirs = executor.records.host_dirs
         self._cgroup_v2 = executor.cgroup_fs.version is CgroupVersion.V2
         self._pod_work = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nri-pod")  # one: pods in order
         self.runtime = ""  # "containerd 2.1.9", from Configure
@@ -174,18 +178,11 @@ class NriHandlers:
             run_pod_level(self._runner, pod, pod_dir, changes, "nri")
 
     def remove_pod_sandbox(self, sandbox: api.PodSandbox) -> None:
-        """The pod's resctrl group goes with the pod (Koordinator's PreRemoveRunPodSandbox)."""
+        """The pod's resctrl group goes with the pod (Koordinator's PreRemoveRunPodSandbox), if koordlet made it:
+        by the record, not by asking the plugins again (their gates and the node's RDT may have changed)."""
         if self._decisions is not None:
             self._decisions.forget_pod(sandbox.uid)
-        pod = self._pod(sandbox)
-        if skips_hooks(pod.labels):
-            return
-        changes = registry.run_pod(self._staged(Stage.PRE_RUN_POD_SANDBOX), self._node(), PodContext(pod),
-                                   self._report)
-        if changes.resctrl_group:
-            record = self._runner.run(Plan(resctrl=(ResctrlRemoveGroup(changes.resctrl_group),)), "nri")
-            for error in record.resctrl_errors:
-                log.warning("pod %s: removing resctrl group %s", pod.key, error)
+        self._groups.remove(sandbox.uid, f"pod {sandbox.namespace}/{sandbox.name} removed (NRI RemovePodSandbox)")
 
     def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
         pod = self._pod(request.pod)
@@ -198,7 +195,8 @@ class NriHandlers:
             changes = self._container_changes(self._staged(Stage.PRE_CREATE_CONTAINER), self._node(),
                                               convert.container_context(pod, container), pod_dir, record=True)
         if changes.host_dirs:  # HAMi-core's per-container cache dir, before the container mounts it
-            make_host_dirs(changes, hami_cache_root(self._node().hami_core_library))
+            make_host_dirs(changes, hami_cache_root(self._node().hami_core_library), self._host_dirs, pod.uid)
+        changes = self._groups.checked(pod, self._node, changes)  # runc refuses a class whose group is missing
         adjust = convert.adjustment(changes, container, self._cgroup_v2)
         return api.CreateContainerResponse(adjust=adjust) if adjust.ByteSize() else api.CreateContainerResponse()
 
