@@ -221,8 +221,8 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     assert _leaves(EVERY_VALUE) == _leaves(VALUES), "set every value of values.yaml here (a new value needs a test)"
     docs = _every_value_docs(tmp_path)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
-                            "Service", "ServiceMonitor", "PodMonitor", "PrometheusRule"])
+    assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
+                            "DaemonSet", "Service", "ServiceMonitor", "PodMonitor", "PrometheusRule"])
     namespace = _of_kind(docs, "Namespace")
     assert namespace["metadata"]["name"] == "qos-system"
     assert namespace["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}

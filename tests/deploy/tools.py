@@ -79,7 +79,8 @@ def object_key(doc: dict[str, Any]) -> tuple[str, str, str]:
     return doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"]
 
 
-_PLURALS = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps", "Service": "services",
+_PLURALS = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps",
+            "Service": "services",
             "DaemonSet": "daemonsets", "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
             "CustomResourceDefinition": "customresourcedefinitions", "NodeSLO": "nodeslos", "NodeMetric": "nodemetrics",
             "NodeResourceTopology": "noderesourcetopologies", "ServiceMonitor": "servicemonitors",
