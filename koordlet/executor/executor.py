@@ -401,8 +401,9 @@ class ResourceExecutor:
         if before is None:
             raise InvalidUpdateError(f"{resource.name}: this kernel has no feature {text.removeprefix('NO_')!r}")
         if before != text:
-            if record:
-                self.originals.record(key, before)
+            if record and not self.originals.record(key, before):
+                raise WriteFailedError(f"{path}: its value before koordlet's first write ({before!r}) cannot be "
+                                       "recorded, so it is not changed", None)
             self._write_file(resource.name, path, text)
         if record:
             self._cache[cache_key] = (text, now)

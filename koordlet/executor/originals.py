@@ -67,26 +67,33 @@ class Originals:
             logger.info("system config record: koordlet changed %s before this start", ", ".join(sorted(values)))
         return dict(values)
 
-    def _save(self) -> None:
+    def _save(self) -> bool:
         if self._path is None:
-            return
+            return True
         text = json.dumps({"kind": _KIND, "version": _VERSION, "originals": self._values}, sort_keys=True)
         try:
             os.makedirs(os.path.dirname(self._path) or ".", exist_ok=True)
             write_atomic(self._path, text, mode=0o600)
         except OSError as err:
             logger.error("cannot write the system config record %s: %s", self._path, err)
+            return False
+        return True
 
-    def record(self, key: str, value: str) -> None:
-        """Keep ``value`` as ``key``'s original unless one is kept already (only the first write counts)."""
+    def record(self, key: str, value: str) -> bool:
+        """Keep ``value`` as ``key``'s original unless one is kept already (only the first write counts). False
+        when it could not be kept (the record full, the value too long, the file not written): the caller must
+        not change the file then, or what was there could never be put back."""
         with self._lock:
             if key in self._values:
-                return
+                return True
             if len(self._values) >= MAX_ENTRIES or len(value) > MAX_VALUE_CHARS:
                 logger.error("system config record full or value too long: %s not recorded", key)
-                return
+                return False
             self._values[key] = value
-            self._save()
+            if not self._save():
+                del self._values[key]  # not kept: the next write tries again
+                return False
+            return True
 
     def get(self, key: str) -> str | None:
         with self._lock:
