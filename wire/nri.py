@@ -62,6 +62,7 @@ DEFAULT_REGISTRATION_TIMEOUT_S = 5.0
 _ANSWER_MARGIN_S = 0.1  # answer at least this much (or a tenth of the time left) ahead of the deadline
 _SEND_MARGIN_S = 0.02  # a change under way at the time-out is waited for until this long before the deadline
 _RESPONSE_ROOM = MESSAGE_MAX - (64 << 10)  # a Synchronize answer stays this far within the 4 MiB
+_TIMED_OUT = object()  # what the budget's timer settles a call with
 
 
 class Event(enum.IntEnum):
@@ -81,9 +82,6 @@ class Event(enum.IntEnum):
     def title(self) -> str:
         """``RunPodSandbox``, ``CreateContainer`` ...: the name NRI's event mask parser and logs use."""
         return "".join(part.capitalize() for part in self.name.split("_"))
-
-
-_TIMED_OUT = object()
 
 
 def event_mask(events: Sequence[Event]) -> int:
