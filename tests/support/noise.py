@@ -1,5 +1,5 @@
 """Load beside the tests: another program on the node that allocates and frees memory and burns CPU, so a run
-shows that no test depends on what the rest of the machine does (issue 33 §4).
+shows that no test depends on what the rest of the machine does.
 
     .venv/bin/python -m tests.support.noise [--seconds N] [--max-mib 1024] [--cpu 0.5]
 
