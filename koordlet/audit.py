@@ -9,9 +9,12 @@ every resctrl action and every eviction it asks for (so a new strategy is audite
 the runtime hooks for the hook values they drop.
 
 The log (Koordinator's defaults): ``<dir>/audit.log``, rotated at 2 MiB to
-``audit-<local time %Y-%m-%d-%H-%M-%S>-<n>.log``, the oldest removed so that all files together stay within
+``audit-<time %Y-%m-%d-%H-%M-%S>-<n>.log``, the oldest removed so that all files together stay within
 ``-audit-max-disk-space-mb`` (16: eight files); events above ``-audit-verbose`` (3) are not written
-(levels: 0 evictions, 3 writes, 5 resctrl task moves).
+(levels: 0 evictions, 3 writes, 5 resctrl task moves). Unlike Koordinator, the time in a rotated file's name
+is UTC, never before the newest name's (a clock set back reuses that time with a higher ``n``), and files are
+ordered by (time, n): with local time, the hour repeated at a DST fall-back would name the newest file as the
+oldest, and it would be the next one removed.
 
 ``GET /events`` (Koordinator's handler): newest first, ``size`` events a page (default 256, at most
 ``-audit-max-events-limit`` 2048, above it 400); the answer names a page token (JSON field
@@ -29,6 +32,7 @@ import glob
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -54,6 +58,8 @@ DEFAULT_MAX_EVENTS_LIMIT = 2048
 MAX_FILE_SIZE_BYTES = 2 << 20  # Koordinator audit.MaxFileSize
 CURRENT_FILE = "audit.log"
 _ROTATED_GLOB = "audit-*.log"
+_ROTATED_NAME = re.compile(r"^audit-(\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d)-(\d+)\.log$")
+_STAMP_FORMAT = "%Y-%m-%d-%H-%M-%S"
 _CHUNK_BYTES = 64 << 10
 _LOG_DIR_MODE = 0o755
 _LOG_FILE_MODE = 0o640
@@ -212,15 +218,10 @@ class EventLog:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        stamp = self._clock().strftime("%Y-%m-%d-%H-%M-%S")
         directory = self._config.log_dir
-        target = ""
-        for n in range(9):
-            target = os.path.join(directory, f"audit-{stamp}-{n}.log")
-            if not os.path.exists(target):
-                break
-        os.rename(self.current_path, target)
-        rotated = sorted(glob.glob(os.path.join(glob.escape(directory), _ROTATED_GLOB)))
+        os.rename(self.current_path, os.path.join(directory, _next_rotated_name(
+            rotated_files(directory), self._clock().astimezone(UTC).strftime(_STAMP_FORMAT))))
+        rotated = rotated_files(directory)
         for old in rotated[: max(len(rotated) - self._config.max_files + 1, 0)]:
             try:
                 os.remove(old)
@@ -233,6 +234,26 @@ class EventLog:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+def _rotation_key(path: str) -> tuple[str, int]:
+    """(UTC time, n) of a rotated file's name; a name of another shape sorts first (removed first)."""
+    match = _ROTATED_NAME.match(os.path.basename(path))
+    return (match[1], int(match[2])) if match else ("", -1)
+
+
+def rotated_files(log_dir: str) -> list[str]:
+    """The rotated files of ``log_dir``, oldest first."""
+    return sorted(glob.glob(os.path.join(glob.escape(log_dir), _ROTATED_GLOB)), key=_rotation_key)
+
+
+def _next_rotated_name(rotated: Sequence[str], stamp: str) -> str:
+    """The name that sorts after every one of ``rotated``: ``stamp`` (UTC) with n 0, or, when the newest name's
+    time is not before it, that time with the next n."""
+    newest_stamp, newest_n = _rotation_key(rotated[-1]) if rotated else ("", -1)
+    if stamp > newest_stamp:
+        return f"audit-{stamp}-0.log"
+    return f"audit-{newest_stamp}-{newest_n + 1}.log"
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -291,7 +312,7 @@ class EventIterator:
 
     def __init__(self, log_dir: str, event_filter: EventFilter = EventFilter()) -> None:
         self._filter = event_filter
-        self._pending = sorted(glob.glob(os.path.join(glob.escape(log_dir), _ROTATED_GLOB)), reverse=True)
+        self._pending = rotated_files(log_dir)[::-1]
         self._fd: int | None = None
         self._lines: _ReverseLines | None = None
         self._done = False
@@ -589,16 +610,19 @@ def events_handler() -> Callable[[Mapping[str, Sequence[str]], Sequence[str]], H
 def pod_owner_resolver(pods: Callable[[], Sequence[PodMeta]]) -> OwnerResolver:
     """Whose cgroup dir: the pod whose ``pod<uid>`` (or systemd ``…-pod<uid>.slice``) dir it is or is in,
     and the container whose dir follows; the node for the QoS dirs and anything else. The uid index is
-    built again only when ``pods()`` returns another list."""
-    index: dict[str, PodMeta] = {}
-    seen: list[object] = [None]
+    built again only when ``pods()`` returns another list.
+
+    Several threads resolve at once (the QoS manager's, the reconciler's, the NRI and hook server's runners): an
+    index is never changed once built, and the (list, index) pair is replaced in one assignment, so a reader
+    always sees a whole index of one list."""
+    built: list[tuple[object, dict[str, PodMeta]]] = [(None, {})]
 
     def resolve(cgroup_dir: str) -> Owner:
         listed = pods()
-        if listed is not seen[0]:
-            index.clear()
-            index.update((pod.uid, pod) for pod in listed)
-            seen[0] = listed
+        seen, index = built[0]
+        if listed is not seen:
+            index = {pod.uid: pod for pod in listed}
+            built[0] = (listed, index)
         parts = [part for part in cgroup_dir.split("/") if part]
         for i, part in enumerate(parts):
             uid = pod_uid_from_dir_name(part)

@@ -397,13 +397,15 @@ def _alpha_collectors(ctx: AgentContext) -> list[Collector]:
         else:
             logger.info("resctrl collector off: gate ResctrlCollector needs -enable-resctrl-collector too "
                         "(as in Koordinator)")
-    if config.gate("ColdPageCollector"):
-        from koordlet.metricsadvisor.coldpage import ColdPageCollector
+    from koordlet.metricsadvisor.coldpage import ColdPageCollector, restore_kidled
 
+    if config.gate("ColdPageCollector"):
         collectors.append(ColdPageCollector(
             pod_cgroup_source(ctx.states.pods, ctx.layout), ctx.cgroup_fs, config.coldpage_collector_interval_s,
-            host_apps=host_app_cgroup_source(ctx.states.node_slo, ctx.layout), proc_dir=dirs.proc_dir,
-            sys_dir=dirs.sys_dir))
+            executor=ctx.executor, host_apps=host_app_cgroup_source(ctx.states.node_slo, ctx.layout),
+            proc_dir=dirs.proc_dir, sys_dir=dirs.sys_dir))
+    else:  # what an earlier koordlet with the gate on changed goes back
+        restore_kidled(ctx.executor, "feature gate ColdPageCollector is off")
     if config.gate("CPICollector"):
         from koordlet.metricsadvisor.cpi import CPICollector
 

@@ -20,11 +20,13 @@ where a child's cpuset must be a subset of its parent's and a child's CFS quota 
 parent's: first parents to children with the looser of current and wanted value (union of cpusets, larger
 quota), then children to parents with the exact values (docs/koordinator.md §10, §15.7).
 
-Node-wide kernel files (the sysctls of NodeSLO ``systemStrategy``, ``/proc/<pid>/oom_score_adj``) go through
-:meth:`ResourceExecutor.write_system` with the same checks (registry range, path inside ``proc_dir``/``sys_dir``,
-``O_NOFOLLOW``, the write cache). Before its first write of a sysctl the executor records what was there
-(:class:`~koordlet.executor.originals.Originals`, kept in a file when one is given, so a restarted agent still
-knows), and :meth:`ResourceExecutor.restore_system` writes it back.
+Node-wide kernel files (the sysctls of NodeSLO ``systemStrategy``, kidled's settings, ``/proc/<pid>/oom_score_adj``)
+go through :meth:`ResourceExecutor.write_system` with the same checks (registry range, path inside
+``proc_dir``/``sys_dir``, ``O_NOFOLLOW``, the write cache). Before its first write of a node-wide file the
+executor records what was there (:class:`~koordlet.executor.originals.Originals`, kept in a file when one is
+given, so a restarted agent still knows; a file whose value cannot be recorded is not written), and
+:meth:`ResourceExecutor.restore_system` writes it back. The page-idle bitmap's marks go through
+:meth:`ResourceExecutor.mark_page_idle` (koordlet/executor/pageidle.py).
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ def _safe_parts(rel_dir: str) -> list[str]:
     return parts
 
 
-def _inside(real_base: str, path: str) -> bool:
+def path_inside(real_base: str, path: str) -> bool:
     real = os.path.realpath(path)
     return real == real_base or real.startswith(real_base.rstrip("/") + "/")
 
@@ -292,7 +294,7 @@ class ResourceExecutor:
         if not group or not _RESCTRL_GROUP.match(group):
             raise UnsafePathError(f"unsafe resctrl group name {group!r}")
         path = os.path.join(self.resctrl_root, group)
-        if not _inside(os.path.realpath(self.resctrl_root), path):
+        if not path_inside(os.path.realpath(self.resctrl_root), path):
             raise UnsafePathError(f"{path} resolves outside the resctrl root {self.resctrl_root}")
         return path
 
@@ -354,7 +356,7 @@ class ResourceExecutor:
         real_root = self._real_roots.get(mount)
         if real_root is None:
             real_root = self._real_roots[mount] = os.path.realpath(mount)
-        if not _inside(real_root, path):
+        if not path_inside(real_root, path):
             raise UnsafePathError(f"{path} resolves outside {mount}")
         return path
 
@@ -405,8 +407,9 @@ class ResourceExecutor:
         if before is None:
             raise InvalidUpdateError(f"{resource.name}: this kernel has no feature {text.removeprefix('NO_')!r}")
         if before != text:
-            if record:
-                self.originals.record(key, before)
+            if record and not self.originals.record(key, before):
+                raise WriteFailedError(f"{path}: its value before koordlet's first write ({before!r}) cannot be "
+                                       "recorded, so it is not changed", None)
             self._write_file(resource.name, path, text)
         if record:
             self._cache[cache_key] = (text, now)
@@ -447,6 +450,13 @@ class ResourceExecutor:
         metrics.count_update(name, metrics.STATUS_WRITTEN)
         logger.info("restored %s to %s (its value before koordlet changed it)", key, original)
         return True
+
+    def mark_page_idle(self, first_page: int, pages: int) -> int:
+        """Mark ``pages`` page frames from ``first_page`` idle in the page-idle bitmap; how many it covered (0:
+        past the last frame). Raises ExecutorError (koordlet/executor/pageidle.py)."""
+        from koordlet.executor.pageidle import mark_page_idle
+
+        return mark_page_idle(self._mounts["sys"], first_page, pages)
 
     def forget(self, cgroup_dir: str = "") -> None:
         """Drop cached writes of ``cgroup_dir`` and below in every hierarchy (all when empty), e.g. when a
@@ -544,7 +554,7 @@ class ResourceExecutor:
         real_root = self._real_roots.get(hierarchy)
         if real_root is None:
             real_root = self._real_roots[hierarchy] = os.path.realpath(hierarchy)
-        if not _inside(real_root, path):
+        if not path_inside(real_root, path):
             raise UnsafePathError(f"{path} resolves outside the cgroup hierarchy {hierarchy}")
         if len(self._checked_paths) >= _CACHE_MAX_ENTRIES:
             self._checked_paths.clear()
@@ -559,7 +569,7 @@ class ResourceExecutor:
         if group and not _RESCTRL_GROUP.match(group):
             raise UnsafePathError(f"unsafe resctrl group name {group!r}")
         path = os.path.join(self.resctrl_root, group, filename) if group else os.path.join(self.resctrl_root, filename)
-        if not _inside(os.path.realpath(self.resctrl_root), path):
+        if not path_inside(os.path.realpath(self.resctrl_root), path):
             raise UnsafePathError(f"{path} resolves outside the resctrl root {self.resctrl_root}")
         if not os.path.exists(path):
             raise CgroupNotFoundError(f"{path} does not exist")

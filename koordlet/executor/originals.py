@@ -79,19 +79,22 @@ class Originals:
             logger.info("%s: koordlet changed %s before this start", self._label, ", ".join(sorted(values)))
         return dict(values)
 
-    def _save(self) -> None:
+    def _save(self) -> bool:
         if self._path is None:
-            return
+            return True
         text = json.dumps({"kind": self._kind, "version": _VERSION, "originals": self._values}, sort_keys=True)
         try:
             os.makedirs(os.path.dirname(self._path) or ".", exist_ok=True)
             write_atomic(self._path, text, mode=0o600)
         except OSError as err:
             logger.error("cannot write the %s %s: %s", self._label, self._path, err)
+            return False
+        return True
 
     def record(self, key: str, value: str) -> bool:
-        """Keep ``value`` as ``key``'s original unless one is kept already (only the first write counts); False
-        when the record is full or the value too long (logged: the caller goes on without a record)."""
+        """Keep ``value`` as ``key``'s original unless one is kept already (only the first write counts). False
+        when it could not be kept (the record full, the value too long, the file not written): the caller must
+        not change the file then, or what was there could never be put back."""
         with self._lock:
             if key in self._values:
                 return True
@@ -99,7 +102,9 @@ class Originals:
                 logger.error("%s full or value too long: %s not recorded", self._label, key)
                 return False
             self._values[key] = value
-            self._save()
+            if not self._save():
+                del self._values[key]  # not kept: the next write tries again
+                return False
             return True
 
     def get(self, key: str) -> str | None:

@@ -126,7 +126,7 @@ def new_qos_manager(
 def _restore_system_config(config: QoSManagerConfig, executor: ResourceExecutor, runner: PlanRunner) -> None:
     """With the ``SystemConfig`` gate off, put back every sysctl an earlier koordlet changed (the executor's
     record survives restarts): switching the gate off undoes the strategy."""
-    recorded = sorted(executor.originals.keys())
+    recorded = sorted(key for key in executor.originals.keys() if sysreconcile.owns(key))
     if config.gate(GATE_SYSTEM_CONFIG) or not recorded:
         return
     reason = f"feature gate {GATE_SYSTEM_CONFIG} is off"

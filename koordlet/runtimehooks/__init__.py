@@ -152,8 +152,9 @@ class RuntimeHooks:
         except SysfsError as err:
             log.warning("CPU topology unknown (%s): the cpuset hook leaves shared-pool cpusets alone", err)
             self._topology = ()
-        self._pools_key: tuple | None = None
-        self._pools: CPUPools | None = None
+        # (the pod list, kubelet's state, the annotations) -> their pools, replaced in one assignment: the hook
+        # server, the NRI plugin's workers and the reconciler ask from their own threads
+        self._pools: tuple[tuple, CPUPools] | None = None
         self._rdma = _RDMANodes(config.sys_dir, config.dev_dir) if gates.get("RDMADeviceInject") else None
         rejects = RejectedValues(warn)
         self.answers = HookAnswers()  # what the plugins answered at each pod's creation (/debug/pods)
@@ -191,11 +192,12 @@ class RuntimeHooks:
             return None  # kubelet's exclusive CPUs unknown: no pool could be trusted to leave them out
         pods = self.states.pods()
         items = tuple(sorted(annotations.items()))
-        cached = self._pools_key
-        if cached is None or cached[0] is not pods or cached[1] is not kubelet or cached[2] != items:
-            self._pools = compute_cpu_pools(self._topology, pods, kubelet, annotations)
-            self._pools_key = (pods, kubelet, items)  # held, so an unchanged list is recognised by identity
-        return self._pools
+        cached = self._pools
+        if cached is not None and cached[0][0] is pods and cached[0][1] is kubelet and cached[0][2] == items:
+            return cached[1]
+        pools = compute_cpu_pools(self._topology, pods, kubelet, annotations)
+        self._pools = ((pods, kubelet, items), pools)  # the key held, so an unchanged list is recognised by identity
+        return pools
 
     def _forget_gone_pods(self) -> None:
         self.answers.retain(pod.uid for pod in self.states.pods())

@@ -14,10 +14,13 @@
 | Synchronize      | updates for every existing container and the pod-level plan of every pod, at once      |
 
 Pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true`` and stages turned off with
-``-runtime-hooks-disable-stages`` get no answer, as behind the proxy. CreateContainer and UpdateContainer are
-decisions (pure plugins, at most a few cgroup file reads) and are answered on the connection's loop; the
-events that write cgroup files run in the NRI plugin's worker threads under the runtime's request timeout
-(wire/nri.py); Synchronize stops deciding at its deadline and leaves the rest to the reconciler.
+``-runtime-hooks-disable-stages`` get no answer, as behind the proxy. CreateContainer, UpdateContainer and
+Synchronize run in the NRI plugin's worker threads under the runtime's request timeout (wire/nri.py): their
+decisions read cgroup files, the node's CPU pools and kubelet's checkpoint, and may post a Warning Event, none
+of which may hold up the connection. What they change before answering (a HAMi host dir, Synchronize's
+pod-level writes) is wrapped in ``wire.nri.changing``, so a handler that missed its deadline changes nothing
+after its empty answer. Synchronize stops deciding at its deadline and leaves the rest to the reconciler. The
+pod events only queue their work, so they are answered on the loop.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from koordlet.hostdirs import make_host_dirs
 from koordlet.system.cgroup import CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout
 from wire import nri_pb2 as api
-from wire.nri import Event, event_mask
+from wire.nri import Event, changing, event_mask
 
 from ..apply import (
     RejectedValues,
@@ -68,11 +71,10 @@ class NriHandlers:
     """The :class:`wire.nri.PluginHandlers` of koordlet."""
 
     events = event_mask(EVENTS)
-    # Answered on the connection's loop: the decisions (the plugins, a cgroup quota read or two), and the pod
-    # events, whose work (cgroup and resctrl writes: 5-25 ms measured, that containerd would wait for before
-    # RunPodSandbox returns) goes to one background thread, in order, after the answer. Synchronize runs in a
-    # worker thread under the deadline.
-    quick = frozenset({"CreateContainer", "UpdateContainer", "RunPodSandbox", "RemovePodSandbox"})
+    # Answered on the connection's loop: the pod events, whose work (cgroup and resctrl writes: 5-25 ms measured,
+    # that containerd would wait for before RunPodSandbox returns) goes to one background thread, in order, after
+    # the answer. The others run in the plugin's worker threads under the deadline.
+    quick = frozenset({"RunPodSandbox", "RemovePodSandbox"})
 
     def __init__(self, plugins: Callable[[], list[registry.Plugin]], node: Callable[[], NodeContext],
                  known_pods: Callable[[], Sequence[PodMeta]], executor: ResourceExecutor,
@@ -195,8 +197,11 @@ class NriHandlers:
             changes = self._container_changes(self._staged(Stage.PRE_CREATE_CONTAINER), self._node(),
                                               convert.container_context(pod, container), pod_dir, record=True)
         if changes.host_dirs:  # HAMi-core's per-container cache dir, before the container mounts it
-            make_host_dirs(changes, hami_cache_root(self._node().hami_core_library), self._host_dirs, pod.uid)
-        changes = self._groups.checked(pod, self._node, changes)  # runc refuses a class whose group is missing
+            root = hami_cache_root(self._node().hami_core_library)
+            with changing():
+                make_host_dirs(changes, root, self._host_dirs, pod.uid)
+        with changing():  # runc refuses a class whose group is missing: the group is made before the answer
+            changes = self._groups.checked(pod, self._node, changes)
         adjust = convert.adjustment(changes, container, self._cgroup_v2)
         return api.CreateContainerResponse(adjust=adjust) if adjust.ByteSize() else api.CreateContainerResponse()
 
@@ -261,4 +266,5 @@ class NriHandlers:
                 continue
             changes = self._pod_changes(pod, plugins, node, pod_dir)
             if changes:
-                run_pod_level(self._runner, pod, pod_dir, changes, "nri")
+                with changing():  # never after the answer went without this (wire/nri.py)
+                    run_pod_level(self._runner, pod, pod_dir, changes, "nri")
