@@ -20,6 +20,7 @@ scripts/fetch-tools.sh:
   is not cheap and runs as ``make -n`` (the target exists and its recipe expands);
 - a script of scripts/ that has ``--dry-run``: with ``--dry-run`` (``sudo`` dropped: the tests run as root);
 - ``.venv/bin/python -m pytest``: with ``--collect-only`` (the paths and options are right; running them is the suite);
+- ``.venv/bin/python`` with ``--seconds N``, N at most 10: as written (it ends by itself);
 - ``koordlet``/``koord-runtime-proxy`` with ``-h``: as written;
 - ``promtool check rules``/``test rules``: as written (Debian 12's promtool from scripts/fetch-tools.sh).
 Anything else (a cluster, systemd, a node, a benchmark, a pipeline) must be marked.
@@ -253,6 +254,9 @@ def _python(program: str, args: list[str], env: dict[str, str]) -> Plan | str | 
     if args[:2] == ["-m", "pytest"]:
         return Plan((".venv/bin/python", *args, "--collect-only", "-q"), env,
                     "with --collect-only: running it is the suite")
+    if "--seconds" in args and args[args.index("--seconds") + 1:][:1] and \
+            args[args.index("--seconds") + 1].isdigit() and int(args[args.index("--seconds") + 1]) <= 10:
+        return Plan((".venv/bin/python", *args), env, "as written: it ends by itself within --seconds")
     return "a program or benchmark that runs for minutes"
 
 
