@@ -61,6 +61,7 @@ from koordlet.metricsadvisor import (
     PodPsiCollector,
     PodResourceCollector,
 )
+from koordlet.metricsadvisor.nodeinfo import CPUNodeMap, NodeInfoCollector
 from koordlet.prediction.predictor import ProdPrediction, predict_prod
 from koordlet.prediction.server import PredictionConfig, PredictServer
 from koordlet.reporters.device import DeviceReportLoop, GPUCollector
@@ -79,7 +80,7 @@ from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.roots import HostDirs
-from koordlet.system.sysfs import read_node_hugepages, read_node_topology, read_online_cpus
+from koordlet.system.sysfs import NUMAMemInfoFiles, read_node_hugepages, read_node_topology, read_online_cpus
 
 if TYPE_CHECKING:
     from koordlet.runtimehooks.nri import NriConfig
@@ -346,8 +347,11 @@ def _device_plugin(ctx: AgentContext) -> Component | None:
 def _collectors(ctx: AgentContext) -> list[Collector]:
     config, states, layout, cgroup_fs = ctx.config, ctx.states, ctx.layout, ctx.cgroup_fs
     node_collector = NodeResourceCollector(ctx.dirs.proc_dir, config.collect_res_used_interval_s,
-                                           per_cpu=config.gate("PerCPUMetric"))
+                                           per_cpu=config.gate("PerCPUMetric"),
+                                           numa_files=NUMAMemInfoFiles(ctx.dirs.sys_dir),
+                                           cpu_nodes=CPUNodeMap(ctx.cache))
     collectors: list[Collector] = [
+        NodeInfoCollector(ctx.cache, ctx.dirs.sys_dir, observe=ctx.metrics.observe_node_info),
         node_collector,
         PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
                              config.collect_res_used_interval_s, be_cgroup_dir=layout.qos_dir(KubeQoS.BESTEFFORT),
@@ -427,7 +431,8 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
         feature_gates=config.feature_gates,
     )
     return new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
-                           sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager)
+                           sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager,
+                           observe_storage=ctx.metrics.observe_local_storage_info)
 
 
 def _nri_config(config: KoordletConfig) -> NriConfig | None:
@@ -588,14 +593,17 @@ def _predict_server(ctx: AgentContext) -> Component | None:
 
 
 def _prod_prediction(ctx: AgentContext) -> ProdPredict | None:
-    server, states = ctx.predictor, ctx.states
+    """The prod prediction of each NodeMetric build, recorded in the prediction metrics as it is made."""
+    server, states, metrics = ctx.predictor, ctx.states, ctx.metrics
     if server is None:
         return None
     config = server.config
 
     def predict(pods: Sequence[PodMeta], now: float) -> ProdPrediction:
-        return predict_prod(pods, states.node(), server.prediction, now, config.cold_start_s,
-                            config.safety_margin_percent)
+        prediction = predict_prod(pods, states.node(), server.prediction, now, config.cold_start_s,
+                                  config.safety_margin_percent)
+        metrics.observe_prediction(prediction.by_predictor, prediction.reclaimable)
+        return prediction
 
     return predict
 

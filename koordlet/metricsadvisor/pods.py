@@ -8,7 +8,10 @@ and then
   BE         the besteffort dir's CPU Δ in milli-cores, its real limit = min(cpuset size × 1000,
              quota × 1000 / period when quota ≠ −1), and Σ batch-cpu requests of BE pods
   host apps  CPU and memory of NodeSLO ``hostApplications`` (out-of-band processes in their own cgroups)
-  system     node − Σ pods − Σ host apps, clamped at 0, from the node collector's reading of the same tick.
+  system     node − Σ pods − Σ host apps, clamped at 0, from the node collector's reading of the same tick;
+             per NUMA node (Koordinator #3138): memory = the node's − Σ pods' memory on it (``memory.numa_stat``
+             of each pod dir, read only on a node with more than one NUMA node; host applications are not
+             taken out, as in Koordinator), CPU = the system CPU shared out by the NUMA nodes' CPU use.
 
 Pods and containers come from a callable (the states informer provides it), as dirs relative to the
 cgroup hierarchy root (``kubepods/besteffort/pod<uid>``); :class:`koordlet.system.cgroup.CgroupFS`
@@ -35,7 +38,7 @@ from koordlet.metriccache import (
     Sample,
     SeriesKey,
 )
-from koordlet.metricsadvisor.node import NodeResourceCollector
+from koordlet.metricsadvisor.node import NodeResourceCollector, NUMAUsage, numa_key
 from koordlet.system import cgroup_stats
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.procfs import KeptFiles, ProcParseError
@@ -91,10 +94,12 @@ class _Target:
     usage_path: str | None  # v1 cpuacct.usage; None on v2, where cpu.stat has usage_usec
     memory_stat_path: str
     keys: tuple[SeriesKey, SeriesKey, SeriesKey, SeriesKey | None]  # cpu, memory, with page cache, throttled
+    numa_stat_path: str  # memory.numa_stat (read for pods on a multi-NUMA node)
 
     @property
     def paths(self) -> tuple[str, ...]:
-        return tuple(p for p in (self.cpu_stat_path, self.usage_path, self.memory_stat_path) if p is not None)
+        return tuple(p for p in (self.cpu_stat_path, self.usage_path, self.memory_stat_path, self.numa_stat_path)
+                     if p is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +210,7 @@ class PodResourceCollector:
                     SeriesKey.of(kinds.memory_with_cache, **label_map),
                     SeriesKey.of(kinds.throttled, **label_map) if kinds.throttled is not None else None,
                 ),
+                numa_stat_path=files.memory_numa_stat,
             )
             self._targets[ident] = target
         return target
@@ -268,6 +274,10 @@ class PodResourceCollector:
         accounted_cpu_cores = 0.0
         accounted_memory_bytes = 0
         be_request_milli = 0
+        numa = self._node.last_numa if self._node is not None else None
+        multi_numa = numa is not None and len(numa.memory_bytes) > 1
+        pods_numa_memory: dict[int, int] | None = {} if multi_numa else None
+        pods_memory_bytes = 0
         for pod in self._pods():
             if pod.qos == QOS_BE:
                 be_request_milli += pod.batch_cpu_request_milli
@@ -280,6 +290,9 @@ class PodResourceCollector:
             # A pod seen for the first time has no CPU rate yet and counts 0 towards Σ pods this tick.
             accounted_cpu_cores += observed[0] or 0.0
             accounted_memory_bytes += observed[1]
+            pods_memory_bytes += observed[1]
+            if pods_numa_memory is not None:
+                self._add_numa_memory(pod_ident, pods_numa_memory)
             for container in pod.containers:
                 self._observe(
                     "ctr/" + container.container_id,
@@ -290,28 +303,74 @@ class PodResourceCollector:
                     seen,
                     samples,
                 )
+        app_cpu_cores, app_memory_bytes = self._collect_host_apps(now, seen, samples)
+        accounted_cpu_cores += app_cpu_cores
+        accounted_memory_bytes += app_memory_bytes
+        self._forget_gone(seen)
+        if self._be_dir is not None:
+            samples.extend(self._collect_be(self._be_dir, now, be_request_milli))
+        system = self._system_usage(now, accounted_cpu_cores, accounted_memory_bytes)
+        samples.extend(system)
+        if numa is not None and abs(numa.timestamp - now) <= self.interval_s:
+            # One NUMA node: every pod's memory is on it.
+            on_nodes = pods_numa_memory if pods_numa_memory is not None else dict.fromkeys(numa.memory_bytes,
+                                                                                            pods_memory_bytes)
+            system_cpu = next((s.value for s in system if s.key == SYS_CPU), None)
+            samples.extend(self._system_numa_usage(now, numa, on_nodes, system_cpu))
+        return samples
+
+    def _collect_host_apps(self, now: float, seen: dict[str, _CgroupReading],
+                           samples: list[Sample]) -> tuple[float, int]:
+        """The host applications' samples; their CPU cores and memory bytes together."""
+        cpu_cores, memory_bytes = 0.0, 0
         for app in self._host_apps() if self._host_apps is not None else ():
             # Counted apart from pods: system usage leaves both out (docs/koordinator.md §7.1).
             observed = self._observe("app/" + app.name, app.cgroup_dir, _HOST_APP_KINDS,
                                      ((Label.HOST_APP_NAME, app.name),), now, seen, samples)
             if observed is not None:
-                accounted_cpu_cores += observed[0] or 0.0
-                accounted_memory_bytes += observed[1]
+                cpu_cores += observed[0] or 0.0
+                memory_bytes += observed[1]
                 self._missing_apps.discard(app.name)
             elif app.name not in self._missing_apps:
                 self._missing_apps.add(app.name)
                 logger.warning("host application %s: cannot read its cgroup %s (NodeSLO hostApplications); "
                                "its usage counts as system usage until it can be read", app.name, app.cgroup_dir)
-        # Forget pods, containers and host apps that are gone: state stays bounded by the live population.
+        return cpu_cores, memory_bytes
+
+    def _forget_gone(self, seen: dict[str, _CgroupReading]) -> None:
+        """Forget pods, containers and host apps that are gone: state stays bounded by the live population."""
         self._prev = seen
         if len(self._targets) > len(seen):
             gone = [ident for ident in self._targets if ident not in seen]
             for ident in gone:
                 target = self._targets.pop(ident)
                 self._files.forget(target.paths)
-        if self._be_dir is not None:
-            samples.extend(self._collect_be(self._be_dir, now, be_request_milli))
-        samples.extend(self._system_usage(now, accounted_cpu_cores, accounted_memory_bytes))
+
+    def _add_numa_memory(self, pod_ident: str, total: dict[int, int]) -> None:
+        """Add a pod's memory per NUMA node (its dir's memory.numa_stat) to ``total``; a pod that cannot be read
+        is left out (it is counted as system memory this tick)."""
+        target = self._targets[pod_ident]
+        try:
+            usage = cgroup_stats.numa_memory_usage(self._files.read(target.numa_stat_path), self._fs.version)
+        except (OSError, ProcParseError) as err:
+            self.read_errors += 1
+            logger.debug("cannot read %s: %s", target.numa_stat_path, err)
+            return
+        for node_id, used in usage.items():
+            total[node_id] = total.get(node_id, 0) + used
+
+    def _system_numa_usage(self, now: float, numa: NUMAUsage, pods_memory: dict[int, int],
+                           system_cpu_cores: float | None) -> list[Sample]:
+        """Per NUMA node: memory = the node's − Σ pods' (≥ 0); CPU = the system CPU × the node's share of the NUMA
+        nodes' CPU use (Koordinator #3138 sysresource: no per-NUMA CPU accounting exists for cgroups)."""
+        samples = [Sample(numa_key(MetricKind.SYS_NUMA_MEMORY_USAGE, node_id), now,
+                          float(max(used - pods_memory.get(node_id, 0), 0)))
+                   for node_id, used in numa.memory_bytes.items()]
+        if system_cpu_cores is not None and numa.cpu_cores:
+            total = sum(numa.cpu_cores.values())
+            for node_id, cores in numa.cpu_cores.items():
+                share = system_cpu_cores * cores / total if total > 0 else 0.0
+                samples.append(Sample(numa_key(MetricKind.SYS_NUMA_CPU_USAGE, node_id), now, share))
         return samples
 
     def _collect_be(self, be_dir: str, now: float, request_milli: int) -> list[Sample]:

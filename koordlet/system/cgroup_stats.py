@@ -13,6 +13,8 @@ File names per version (docs/koordinator.md §10, docs/node-interfaces.md §9.1)
   CFS quota        v1 ``cpu.cfs_quota_us`` + ``cpu.cfs_period_us``   v2 ``cpu.max``
   cpuset           ``cpuset.cpus`` (v2 reads ``cpuset.cpus.effective``: an empty ``cpuset.cpus`` inherits)
   processes        ``cgroup.procs`` (both versions; on v1 read it in the cpu hierarchy)
+  threads          v1 ``tasks``                         v2 ``cgroup.threads``
+  memory per NUMA  ``memory.numa_stat``: v1 ``hierarchical_*`` lines in pages, v2 per-type lines in bytes
 """
 
 from __future__ import annotations
@@ -288,6 +290,58 @@ def read_cgroup_procs(cgroup_dir: str) -> tuple[int, ...]:
     return parse_cgroup_procs(read_file_bytes(os.path.join(cgroup_dir, "cgroup.procs")))
 
 
+def threads_file(version: int) -> str:
+    """The file listing every thread of a cgroup: v1 ``tasks``, v2 ``cgroup.threads``."""
+    return "cgroup.threads" if _is_v2(version) else "tasks"
+
+
+def read_cgroup_threads(cgroup_dir: str, version: int) -> tuple[int, ...]:
+    """The thread ids in ``cgroup_dir`` itself (on v1 read it in the cpu hierarchy); OSError when it is gone."""
+    return parse_cgroup_procs(read_file_bytes(os.path.join(cgroup_dir, threads_file(version))))
+
+
+# ------------------------------------------------------------------------------------------- NUMA memory
+
+# The lines of memory.numa_stat summed into a cgroup's memory use per NUMA node: the same parts as the usage of
+# memory.stat (anon LRU + unevictable, no page cache). v1 counts pages and needs the hierarchical lines (a pod
+# dir's own "anon=" holds nothing: its pages are charged to its containers' dirs); v2 counts bytes, descendants
+# included.
+_NUMA_LINES_V1 = (b"hierarchical_anon", b"hierarchical_unevictable")
+_NUMA_LINES_V2 = (b"active_anon", b"inactive_anon", b"unevictable")
+
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def numa_memory_usage(data: bytes, version: int, page_size: int = PAGE_SIZE) -> dict[int, int]:
+    """NUMA node id → bytes of a ``memory.numa_stat``: the anon LRU and unevictable memory on each node."""
+    v2 = _is_v2(version)
+    wanted = _NUMA_LINES_V2 if v2 else _NUMA_LINES_V1
+    unit = 1 if v2 else page_size
+    usage: dict[int, int] = {}
+    found = 0
+    for line in data.split(b"\n"):
+        parts = line.split()
+        if not parts:
+            continue
+        key = parts[0] if v2 else parts[0].partition(b"=")[0]
+        if key not in wanted:
+            continue
+        found += 1
+        for part in parts[1:]:
+            node, sep, value = part.partition(b"=")
+            if not sep or not node.startswith(b"N"):
+                continue
+            try:
+                node_id, amount = int(node[1:]), int(value)
+            except ValueError as err:
+                raise CgroupStatError(f"memory.numa_stat: bad entry {part[:40]!r}") from err
+            usage[node_id] = usage.get(node_id, 0) + amount * unit
+    if found < len(wanted):
+        raise CgroupStatError(f"memory.numa_stat lacks {b', '.join(wanted).decode()}")
+    return usage
+
+
 # ------------------------------------------------------------------------------------------------- PSI
 
 
@@ -313,6 +367,7 @@ class UsageFiles:
     cpu_stat: str
     cpuacct_usage: str | None  # v1 only: v2 has usage_usec in cpu.stat
     memory_stat: str
+    memory_numa_stat: str
 
 
 def usage_files(cpu_dir: str, cpuacct_dir: str, memory_dir: str, version: int) -> UsageFiles:
@@ -321,4 +376,5 @@ def usage_files(cpu_dir: str, cpuacct_dir: str, memory_dir: str, version: int) -
         cpu_stat=os.path.join(cpu_dir, "cpu.stat"),
         cpuacct_usage=None if _is_v2(version) else os.path.join(cpuacct_dir, "cpuacct.usage"),
         memory_stat=os.path.join(memory_dir, "memory.stat"),
+        memory_numa_stat=os.path.join(memory_dir, "memory.numa_stat"),
     )
