@@ -50,6 +50,7 @@ from koordlet.gpu.metrics import gpu_devices
 from koordlet.gpu.nvml import NvmlModule
 from koordlet.gpu.reporter import DeviceReporter
 from koordlet.gpu.service import GPUService
+from koordlet.gpu.xpu import XPUInventory
 from koordlet.kubeapi import CoreV1, CustomObjects
 from koordlet.metriccache import GPU_DEVICES_KV, MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer
@@ -516,15 +517,20 @@ def _rdma_inventory(config: KoordletConfig) -> RDMAInventory | None:
 
 
 def _device_reporter(ctx: AgentContext) -> Component | None:
-    """The Device object, with a GPU service or RDMA devices."""
-    rdma = _rdma_inventory(ctx.config)
-    if ctx.gpu is None and rdma is None:
+    """The Device object, with a GPU service, the XPU device-info files (gate ``Accelerators``, as Koordinator's XPU
+    collector) or RDMA devices."""
+    config = ctx.config
+    rdma = _rdma_inventory(config)
+    xpu = (XPUInventory(config.xpu_device_infos_dir, on_problem=ctx.metrics.observe_xpu_problem)
+           if config.gate("Accelerators") else None)
+    if ctx.gpu is None and rdma is None and xpu is None:
         return None
-    config, api_client, kube = ctx.config, ctx.api_client, ctx.kube
+    api_client, kube = ctx.api_client, ctx.kube
     custom_api = CustomObjects(api_client) if api_client is not None else None
     file_path = None if custom_api is not None else Path(config.report_dir) / f"device-{config.node_name}.yaml"
     reporter = DeviceReporter(config.node_name, custom_api=custom_api, file_path=file_path)
-    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, _node_uid(kube), rdma=rdma)
+    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, _node_uid(kube), rdma=rdma,
+                            xpu=xpu, xpu_only=config.xpu_enforce_collect_from_device_infos)
 
 
 def _node_uid(kube: KubeStates | None) -> Callable[[], str]:

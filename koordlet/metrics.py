@@ -404,6 +404,9 @@ class KoordletMetrics:
             "koordlet_node_resource_priority_reclaimable_status",
             "status of node reclaimable of different priorities resources updated by koordinator (0 ok, 1 failed)",
             ["node", "priority"], registry=self.registry)
+        self.xpu_device_info_problems = Counter(
+            "koordlet_xpu_device_info_problems", "Device-info files or entries of -xpu-device-infos-dir refused "
+            "(each problem counted once until a file changes)", ["node"], registry=self.registry)
         self._pools_shown: tuple[frozenset[int], frozenset[int]] | None = None
         self._bound = False
         if cache is not None or states is not None:
@@ -492,6 +495,10 @@ class KoordletMetrics:
         for resource in ("cpu", "memory"):
             unit, divisor = _unit(resource)
             gauge.labels(self.node_name, label, resource, unit).set(amounts.get(resource, 0) / divisor)
+
+    def observe_xpu_problem(self, message: str) -> None:
+        """A device-info file or entry refused (the XPU inventory logs the message)."""
+        self.xpu_device_info_problems.labels(self.node_name).inc()
 
     def observe_report(self, status: str) -> None:
         self.node_metric_reports.labels(self.node_name, status).inc()
