@@ -70,7 +70,7 @@ from koordlet.reporters.nodemetric import NodeMetricReporter, ProdPredict
 from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
 from koordlet.reporters.rdma import RDMAInventory
 from koordlet.statesinformer.api import NodeInfo
-from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
+from koordlet.statesinformer.cgroups import container_task_reader, host_app_cgroup_source, pod_cgroup_source
 from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
 from koordlet.statesinformer.cri import CriPodSource
 from koordlet.statesinformer.informer import PodSource, StatesInformer
@@ -247,7 +247,9 @@ def _states_informer_built(ctx: AgentContext) -> Component | None:
                                   observe=ctx.metrics.observe_kubelet_request)
     ctx.pod_source = source
     ctx.states = StatesInformer(source, config.kubelet_sync_interval_s, ctx.cache,
-                                count_error=ctx.metrics.observe_states_error)
+                                count_error=ctx.metrics.observe_states_error,
+                                task_reader=container_task_reader(ctx.layout, ctx.cgroup_fs)
+                                if config.enable_pod_taskids else None)
     return None
 
 
@@ -471,10 +473,12 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         proc_dir=ctx.dirs.proc_dir,
         dev_dir=ctx.dirs.dev_dir,
         hami_core_library=config.hami_core_library_directory_path,
+        disable_unset_cpu_quota=config.disable_unset_cpu_quota,
         nri=_nri_config(config),
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
-    return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
+    task_ids = ctx.states.container_task_ids if config.enable_pod_taskids else None
+    return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager, task_ids)
 
 
 def _netqos(ctx: AgentContext) -> Component | None:

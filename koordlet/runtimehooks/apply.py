@@ -168,14 +168,16 @@ def steps_of(leveled: list[CgroupWrite], plain: list[CgroupWrite]) -> tuple[Writ
     return tuple(steps)
 
 
-def resctrl_actions(changes: Changes, task_dirs: tuple[str, ...] = ()) -> tuple[ResctrlAction, ...]:
-    """The pod's resctrl group with its schemata, and the processes of ``task_dirs`` moved in."""
+def resctrl_actions(changes: Changes, task_dirs: tuple[str, ...] = (),
+                    task_ids: tuple[int, ...] = ()) -> tuple[ResctrlAction, ...]:
+    """The pod's resctrl group with its schemata, and the processes of ``task_dirs`` and the threads ``task_ids``
+    moved in."""
     group, schemata = changes.resctrl_group, changes.resctrl_schemata
     if not (group and schemata):
         return ()
     actions: list[ResctrlAction] = [ResctrlGroup(group), ResctrlWrite(group, "schemata", schemata)]
-    if task_dirs:
-        actions.append(ResctrlMoveTasks(group, task_dirs, source="cgroup.procs"))
+    if task_dirs or task_ids:
+        actions.append(ResctrlMoveTasks(group, task_dirs, source="cgroup.procs", task_ids=task_ids))
     return tuple(actions)
 
 

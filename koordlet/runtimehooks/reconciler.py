@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from hooks import registry
 from hooks.protocol import NodeContext, PodContext
@@ -45,8 +45,12 @@ _TERMINAL_PHASES = ("Succeeded", "Failed")
 class Reconciler:
     def __init__(self, pods: Callable[[], tuple[PodMeta, ...]], node: Callable[[], NodeContext],
                  plugins: Callable[[], list[registry.Plugin]], executor: ResourceExecutor,
-                 layout: KubeCgroupLayout, interval_s: float = 10.0, rejects: RejectedValues | None = None) -> None:
+                 layout: KubeCgroupLayout, interval_s: float = 10.0, rejects: RejectedValues | None = None,
+                 task_ids: Callable[[str], Mapping[str, tuple[int, ...]]] | None = None) -> None:
+        """``task_ids``: pod UID → each container's (and the sandbox's) thread ids as the states informer last read
+        them (``-enable-pod-taskids``); they are moved into the pod's resctrl group with its processes."""
         self._pods = pods
+        self._task_ids = task_ids
         self._executor = executor
         self._rejects = rejects or RejectedValues()
         self._node = node
@@ -93,7 +97,9 @@ class Reconciler:
             leveled += more_leveled
             plain += more_plain
             processes += process_writes(changes, container_dir, f"{pod.key}/{container.name}")
-        return Plan(steps_of(leveled, plain), resctrl=resctrl_actions(pod_changes, tuple(container_dirs)),
+        threads = self._task_ids(pod.uid) if self._task_ids is not None and pod_changes.resctrl_group else {}
+        task_ids = tuple(sorted({tid for ids in threads.values() for tid in ids}))
+        return Plan(steps_of(leveled, plain), resctrl=resctrl_actions(pod_changes, tuple(container_dirs), task_ids),
                     processes=tuple(processes))
 
     def reconcile_pod(self, pod: PodMeta, node: NodeContext, plugins: list[registry.Plugin]) -> int:
