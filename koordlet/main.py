@@ -31,9 +31,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 import kubernetes.client
@@ -84,6 +85,7 @@ from koordlet.system.roots import HostDirs
 from koordlet.system.sysfs import NUMAMemInfoFiles, read_node_hugepages, read_node_topology, read_online_cpus
 
 if TYPE_CHECKING:
+    from koordlet.extensions import Extensions
     from koordlet.runtimehooks.nri import NriConfig
 
 logger = logging.getLogger(__name__)
@@ -122,6 +124,7 @@ class AgentContext:
     gpu: GPUService | None = field(default=None, init=False)  # gate Accelerators, with a GPU
     reporter: NodeMetricReporter | None = field(default=None, init=False)
     predictor: PredictServer | None = field(default=None, init=False)
+    extensions: Extensions | None = field(default=None, init=False)  # out-of-tree strategies and hook plugins
     _cpu_manager: Callable[[], CPUManagerState | None] | None = field(default=None, init=False)
     _dirs: HostDirs | None = field(default=None, init=False)
 
@@ -223,6 +226,22 @@ def _executor(ctx: AgentContext) -> Component | None:
 def _metric_cache(ctx: AgentContext) -> Component | None:
     ctx.cache = MetricCache()
     return None
+
+
+def _extensions(ctx: AgentContext) -> Component | None:
+    """Out-of-tree QoS strategies and hook plugins (entry points), named at start, switched by
+    ``-qos-extension-plugins`` (koordlet/extensions.py)."""
+    from koordlet.extensions import load_extensions, report
+
+    ctx.extensions = load_extensions(ctx.config.qos_extension_plugins)
+    report(ctx.extensions, ctx.metrics.registry, ctx.config.node_name, ctx.config.qos_extension_plugins)
+    return None
+
+
+def _gates_with_extensions(ctx: AgentContext) -> Mapping[str, bool]:
+    """The feature gates with each loaded extension's switch laid over them."""
+    extra = ctx.extensions.gates if ctx.extensions is not None else {}
+    return MappingProxyType({**ctx.config.feature_gates, **extra})
 
 
 def _states_informer_built(ctx: AgentContext) -> Component | None:
@@ -431,11 +450,12 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
         memory_evict_interval_s=float(config.memory_evict_interval_seconds),
         memory_evict_cool_time_s=float(config.memory_evict_cool_time_seconds),
         cpu_evict_cool_time_s=float(config.cpu_evict_cool_time_seconds),
-        feature_gates=config.feature_gates,
+        feature_gates=_gates_with_extensions(ctx),
     )
     return new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
                            sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager,
-                           observe_storage=ctx.metrics.observe_local_storage_info)
+                           observe_storage=ctx.metrics.observe_local_storage_info,
+                           extensions=ctx.extensions.strategies if ctx.extensions is not None else ())
 
 
 def _nri_config(config: KoordletConfig) -> NriConfig | None:
@@ -466,7 +486,7 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         failure_policy=config.runtime_hooks_failure_policy,
         disabled_stages=frozenset(config.runtime_hooks_disable_stages),
         reconcile_interval_s=config.runtime_hooks_reconcile_interval_s,
-        feature_gates=config.feature_gates,
+        feature_gates=_gates_with_extensions(ctx),
         resctrl_dir=ctx.dirs.resctrl_dir,
         serve_hooks=config.runtime_hooks_network == "unix",
         sys_dir=ctx.dirs.sys_dir,
@@ -646,6 +666,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
     return [
         Part("executor", _executor),
         Part("metric cache", _metric_cache),
+        Part("extensions", _extensions),
         Part("pod source", _states_informer_built),
         Part("node and NodeSLO sources", _node_sources),
         Part("CRI pod source", _cri_pod_source),
