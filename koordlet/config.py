@@ -482,7 +482,7 @@ def parse_map_string_bool(text: str) -> dict[str, bool]:
 
 def _parity_flags(flag: _AddFlag, switch: _AddSwitch) -> None:
     """Koordinator v1.8's flags for XPU devices, the cpuset hook's quota, pod task ids and out-of-tree QoS plugins
-    (issue 35 §4; facts: Koordinator v1.8.0 util/system/config.go, statesinformer/impl/config.go,
+    (issue 35, part 4; facts: Koordinator v1.8.0 util/system/config.go, statesinformer/impl/config.go,
     runtimehooks/config.go, qosmanager/framework/extension.go)."""
     flag("xpu-device-infos-dir", str, "/var/run/koordlet/xpu-device-infos/",
          "dir of the device-info JSON files a device daemon writes for NPUs, MLUs and other accelerators "

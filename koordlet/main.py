@@ -494,6 +494,7 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         dev_dir=ctx.dirs.dev_dir,
         hami_core_library=config.hami_core_library_directory_path,
         disable_unset_cpu_quota=config.disable_unset_cpu_quota,
+        node_name=config.node_name,
         nri=_nri_config(config),
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None

@@ -31,6 +31,7 @@ from koordlet.system.roots import DEV_DIR, PROC_DIR, SYS_DIR
 from koordlet.system.sysfs import SysfsError, read_cpu_topology, read_online_cpus
 from wire.sockets import remove_socket
 
+from . import metrics
 from .apply import RejectedValues
 from .decisions import Decisions
 from .nri import NriConfig, NriHandlers, NriPlugin
@@ -58,6 +59,7 @@ class RuntimeHooksConfig:
     dev_dir: str = DEV_DIR  # RDMA device nodes (gate RDMADeviceInject)
     hami_core_library: str = "/usr/local/vgpu/libvgpu.so"  # -hami-core-library-directory-path
     disable_unset_cpu_quota: bool = False  # -disable-unset-cpu-quota: the cpuset hook keeps bound pods' quota
+    node_name: str = ""  # the ``node`` label of the runtime hook metrics
 
 
 def node_capacity(sys_dir: str, proc_dir: str) -> tuple[frozenset[int], int]:
@@ -136,6 +138,8 @@ class RuntimeHooks:
         for the reconciler's resctrl moves."""
         self.config = config
         self.states = states
+        if config.node_name:
+            metrics.set_node(config.node_name)
         self.plugins = registry.enabled(config.feature_gates)
         gates = config.feature_gates
         if gates.get("HamiCoreVGPUMonitor") and not gates.get("GPUEnvInject"):

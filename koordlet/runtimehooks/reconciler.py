@@ -127,7 +127,7 @@ class Reconciler:
             container = posixpath.basename(result.write.cgroup_dir)
             name = next((c.name for c in pod.containers if c.container_id and container.endswith(c.container_id)),
                         container)
-            labels = (pod.namespace, pod.name, pod.uid, name)
+            labels = (metrics.node(), pod.namespace, pod.name, pod.uid, name)
             if result.holds:
                 metrics.CONTAINER_OOM_SCORE_ADJ.labels(*labels).set(result.write.value)
                 self._gauged.add(labels)
@@ -162,7 +162,8 @@ class Reconciler:
             self._refusals_logged.clear()
         self.passes += 1
         status = "failed" if failed else "succeeded"
-        metrics.RECONCILER_DURATION_MS.labels("pod", "all", status).observe((time.perf_counter() - started) * 1000)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        metrics.RECONCILER_DURATION_MS.labels(metrics.node(), "pod", "all", status).observe(elapsed_ms)
 
     def trigger(self) -> None:
         """Reconcile soon (pods or rules changed)."""

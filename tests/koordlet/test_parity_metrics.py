@@ -1,4 +1,4 @@
-"""Koordinator v1.8's metrics that issue 35 §4 adds, set where Koordinator sets them (facts: Koordinator's
+"""Koordinator v1.8's metrics that issue 35 (part 4) adds, set where Koordinator sets them (facts: Koordinator's
 pkg/koordlet/metrics/*.go and their callers at v1.8.0 and #3138), read back from what ``/metrics`` serves:
 
 - ``koordlet_node_predicted_resource_reclaimable`` / ``_peak{predictor}``: every prod prediction of a NodeMetric
