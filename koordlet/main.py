@@ -378,7 +378,8 @@ def _collectors(ctx: AgentContext) -> list[Collector]:
         PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
                              config.collect_res_used_interval_s, be_cgroup_dir=layout.qos_dir(KubeQoS.BESTEFFORT),
                              node=node_collector, collect_page_cache=config.enable_pagecache_collector,
-                             host_apps=host_app_cgroup_source(states.node_slo, layout)),
+                             host_apps=host_app_cgroup_source(states.node_slo, layout),
+                             kubepods_dir=layout.kubepods_dir()),
     ]
     if config.gate("PSICollector"):
         collectors.append(NodePsiCollector(ctx.dirs.proc_dir, config.psi_collector_interval_s))

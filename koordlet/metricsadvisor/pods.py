@@ -9,9 +9,11 @@ and then
              quota × 1000 / period when quota ≠ −1), and Σ batch-cpu requests of BE pods
   host apps  CPU and memory of NodeSLO ``hostApplications`` (out-of-band processes in their own cgroups)
   system     node − Σ pods − Σ host apps, clamped at 0, from the node collector's reading of the same tick;
-             per NUMA node (Koordinator #3138): memory = the node's − Σ pods' memory on it (``memory.numa_stat``
-             of each pod dir, read only on a node with more than one NUMA node; host applications are not
-             taken out, as in Koordinator), CPU = the system CPU shared out by the NUMA nodes' CPU use.
+             per NUMA node (Koordinator #3138): memory = the node's − the pods' memory on it, CPU = the system CPU
+             shared out by the NUMA nodes' CPU use. With one NUMA node the pods' memory is Σ pods (all on it);
+             with more, the ``memory.numa_stat`` of the kubepods dir, which holds every pod's: one read a tick
+             where Koordinator reads each pod's (the same sum; 150 pod reads cost +50 % of the tick, measured
+             by bench/numa_usage.py). Host applications are not taken out, as in Koordinator.
 
 Pods and containers come from a callable (the states informer provides it), as dirs relative to the
 cgroup hierarchy root (``kubepods/besteffort/pod<uid>``); :class:`koordlet.system.cgroup.CgroupFS`
@@ -94,12 +96,10 @@ class _Target:
     usage_path: str | None  # v1 cpuacct.usage; None on v2, where cpu.stat has usage_usec
     memory_stat_path: str
     keys: tuple[SeriesKey, SeriesKey, SeriesKey, SeriesKey | None]  # cpu, memory, with page cache, throttled
-    numa_stat_path: str  # memory.numa_stat (read for pods on a multi-NUMA node)
 
     @property
     def paths(self) -> tuple[str, ...]:
-        return tuple(p for p in (self.cpu_stat_path, self.usage_path, self.memory_stat_path, self.numa_stat_path)
-                     if p is not None)
+        return tuple(p for p in (self.cpu_stat_path, self.usage_path, self.memory_stat_path) if p is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,11 +155,13 @@ class PodResourceCollector:
         collect_page_cache: bool = False,
         monotonic_ns: Callable[[], int] = time.monotonic_ns,
         host_apps: HostAppSource | None = None,
+        kubepods_dir: str | None = None,
     ) -> None:
         """``cgroup_fs``: where the hierarchies are (detected from /proc/self/mountinfo if None);
         ``be_cgroup_dir``: the besteffort QoS dir relative to the hierarchy root (no BE samples if None);
         ``node``: the node collector whose reading of the same tick gives system usage (none if None);
-        ``host_apps``: the host applications to read (none if None)."""
+        ``host_apps``: the host applications to read (none if None); ``kubepods_dir``: the dir holding every pod
+        (relative to the hierarchy root), whose memory.numa_stat gives the pods' memory per NUMA node."""
         self.interval_s = interval_s
         self._pods = pods
         self._host_apps = host_apps
@@ -173,6 +175,8 @@ class PodResourceCollector:
         self._targets: dict[str, _Target] = {}
         self._files = KeptFiles()
         self._prev_be: tuple[int, int] | None = None  # (monotonic ns, usage ns)
+        self._kubepods_numa_stat = (cgroup_stats.numa_stat_path(self._fs.cgroup_dir("memory", kubepods_dir))
+                                    if kubepods_dir is not None else None)
         self.read_errors = 0
 
     def enabled(self) -> bool:
@@ -210,7 +214,6 @@ class PodResourceCollector:
                     SeriesKey.of(kinds.memory_with_cache, **label_map),
                     SeriesKey.of(kinds.throttled, **label_map) if kinds.throttled is not None else None,
                 ),
-                numa_stat_path=files.memory_numa_stat,
             )
             self._targets[ident] = target
         return target
@@ -275,8 +278,6 @@ class PodResourceCollector:
         accounted_memory_bytes = 0
         be_request_milli = 0
         numa = self._node.last_numa if self._node is not None else None
-        multi_numa = numa is not None and len(numa.memory_bytes) > 1
-        pods_numa_memory: dict[int, int] | None = {} if multi_numa else None
         pods_memory_bytes = 0
         for pod in self._pods():
             if pod.qos == QOS_BE:
@@ -291,8 +292,6 @@ class PodResourceCollector:
             accounted_cpu_cores += observed[0] or 0.0
             accounted_memory_bytes += observed[1]
             pods_memory_bytes += observed[1]
-            if pods_numa_memory is not None:
-                self._add_numa_memory(pod_ident, pods_numa_memory)
             for container in pod.containers:
                 self._observe(
                     "ctr/" + container.container_id,
@@ -312,9 +311,8 @@ class PodResourceCollector:
         system = self._system_usage(now, accounted_cpu_cores, accounted_memory_bytes)
         samples.extend(system)
         if numa is not None and abs(numa.timestamp - now) <= self.interval_s:
-            # One NUMA node: every pod's memory is on it.
-            on_nodes = pods_numa_memory if pods_numa_memory is not None else dict.fromkeys(numa.memory_bytes,
-                                                                                            pods_memory_bytes)
+            on_nodes = (self._kubepods_numa_memory() if len(numa.memory_bytes) > 1
+                        else dict.fromkeys(numa.memory_bytes, pods_memory_bytes))
             system_cpu = next((s.value for s in system if s.key == SYS_CPU), None)
             samples.extend(self._system_numa_usage(now, numa, on_nodes, system_cpu))
         return samples
@@ -346,26 +344,26 @@ class PodResourceCollector:
                 target = self._targets.pop(ident)
                 self._files.forget(target.paths)
 
-    def _add_numa_memory(self, pod_ident: str, total: dict[int, int]) -> None:
-        """Add a pod's memory per NUMA node (its dir's memory.numa_stat) to ``total``; a pod that cannot be read
-        is left out (it is counted as system memory this tick)."""
-        target = self._targets[pod_ident]
+    def _kubepods_numa_memory(self) -> dict[int, int] | None:
+        """The pods' memory per NUMA node: the kubepods dir's memory.numa_stat (None without one, or unreadable:
+        no system memory per NUMA node this tick)."""
+        if self._kubepods_numa_stat is None:
+            return None
         try:
-            usage = cgroup_stats.numa_memory_usage(self._files.read(target.numa_stat_path), self._fs.version)
+            return cgroup_stats.numa_memory_usage(self._files.read(self._kubepods_numa_stat), self._fs.version)
         except (OSError, ProcParseError) as err:
             self.read_errors += 1
-            logger.debug("cannot read %s: %s", target.numa_stat_path, err)
-            return
-        for node_id, used in usage.items():
-            total[node_id] = total.get(node_id, 0) + used
+            logger.debug("cannot read %s: %s", self._kubepods_numa_stat, err)
+            return None
 
-    def _system_numa_usage(self, now: float, numa: NUMAUsage, pods_memory: dict[int, int],
+    def _system_numa_usage(self, now: float, numa: NUMAUsage, pods_memory: dict[int, int] | None,
                            system_cpu_cores: float | None) -> list[Sample]:
-        """Per NUMA node: memory = the node's − Σ pods' (≥ 0); CPU = the system CPU × the node's share of the NUMA
-        nodes' CPU use (Koordinator #3138 sysresource: no per-NUMA CPU accounting exists for cgroups)."""
-        samples = [Sample(numa_key(MetricKind.SYS_NUMA_MEMORY_USAGE, node_id), now,
-                          float(max(used - pods_memory.get(node_id, 0), 0)))
-                   for node_id, used in numa.memory_bytes.items()]
+        """Per NUMA node: memory = the node's − the pods' (≥ 0; none when the pods' is not known); CPU = the system
+        CPU × the node's share of the NUMA nodes' CPU use (Koordinator #3138 sysresource: no per-NUMA CPU
+        accounting exists for cgroups)."""
+        samples = [] if pods_memory is None else [
+            Sample(numa_key(MetricKind.SYS_NUMA_MEMORY_USAGE, node_id), now,
+                   float(max(used - pods_memory.get(node_id, 0), 0))) for node_id, used in numa.memory_bytes.items()]
         if system_cpu_cores is not None and numa.cpu_cores:
             total = sum(numa.cpu_cores.values())
             for node_id, cores in numa.cpu_cores.items():

@@ -313,22 +313,24 @@ _NUMA_LINES_V2 = (b"active_anon", b"inactive_anon", b"unevictable")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
+def numa_stat_path(memory_dir: str) -> str:
+    """The ``memory.numa_stat`` of a cgroup given its dir in the memory hierarchy."""
+    return os.path.join(memory_dir, "memory.numa_stat")
+
+
 def numa_memory_usage(data: bytes, version: int, page_size: int = PAGE_SIZE) -> dict[int, int]:
-    """NUMA node id → bytes of a ``memory.numa_stat``: the anon LRU and unevictable memory on each node."""
+    """NUMA node id → bytes of a ``memory.numa_stat``: the anon LRU and unevictable memory on each node. The wanted
+    lines are looked up (``bytes.find``), not every line split: this runs for every pod each second."""
     v2 = _is_v2(version)
-    wanted = _NUMA_LINES_V2 if v2 else _NUMA_LINES_V1
-    unit = 1 if v2 else page_size
+    wanted, unit = (_NUMA_LINES_V2, 1) if v2 else (_NUMA_LINES_V1, page_size)
     usage: dict[int, int] = {}
-    found = 0
-    for line in data.split(b"\n"):
-        parts = line.split()
-        if not parts:
-            continue
-        key = parts[0] if v2 else parts[0].partition(b"=")[0]
-        if key not in wanted:
-            continue
-        found += 1
-        for part in parts[1:]:
+    for key in wanted:
+        head = key + (b" " if v2 else b"=")
+        at = 0 if data.startswith(head) else data.find(b"\n" + head) + 1
+        if at == 0 and not data.startswith(head):
+            raise CgroupStatError(f"memory.numa_stat lacks {key.decode()}")
+        line_end = data.find(b"\n", at)
+        for part in data[at:line_end if line_end >= 0 else len(data)].split()[1:]:
             node, sep, value = part.partition(b"=")
             if not sep or not node.startswith(b"N"):
                 continue
@@ -337,8 +339,6 @@ def numa_memory_usage(data: bytes, version: int, page_size: int = PAGE_SIZE) -> 
             except ValueError as err:
                 raise CgroupStatError(f"memory.numa_stat: bad entry {part[:40]!r}") from err
             usage[node_id] = usage.get(node_id, 0) + amount * unit
-    if found < len(wanted):
-        raise CgroupStatError(f"memory.numa_stat lacks {b', '.join(wanted).decode()}")
     return usage
 
 
@@ -367,7 +367,6 @@ class UsageFiles:
     cpu_stat: str
     cpuacct_usage: str | None  # v1 only: v2 has usage_usec in cpu.stat
     memory_stat: str
-    memory_numa_stat: str
 
 
 def usage_files(cpu_dir: str, cpuacct_dir: str, memory_dir: str, version: int) -> UsageFiles:
@@ -376,5 +375,4 @@ def usage_files(cpu_dir: str, cpuacct_dir: str, memory_dir: str, version: int) -
         cpu_stat=os.path.join(cpu_dir, "cpu.stat"),
         cpuacct_usage=None if _is_v2(version) else os.path.join(cpuacct_dir, "cpuacct.usage"),
         memory_stat=os.path.join(memory_dir, "memory.stat"),
-        memory_numa_stat=os.path.join(memory_dir, "memory.numa_stat"),
     )

@@ -75,11 +75,14 @@ def _numa_stat(version: int, per_node: dict[int, int]) -> bytes:
 
 
 def _write_pods(root: Path, version: int, usage_ns: dict[str, int]) -> None:
+    """The pods' dirs, and the kubepods dir's memory.numa_stat holding both pods' memory (the kernel counts a
+    dir's descendants there: v1 in its hierarchical_* lines, v2 in every line)."""
     write = _write_v1 if version == 1 else _write_v2
     for pod in PODS:
         write(root, pod.cgroup_dir, usage_ns[pod.pod_uid], 0, 0, sum(POD_NUMA[pod.pod_uid].values()))
-        memory_dir = root / "cgroup" / ("memory" if version == 1 else "") / pod.cgroup_dir
-        (memory_dir / "memory.numa_stat").write_bytes(_numa_stat(version, POD_NUMA[pod.pod_uid]))
+    both = {node: POD_NUMA["uid-a"][node] + POD_NUMA["uid-b"][node] for node in (0, 1)}
+    kubepods = root / "cgroup" / ("memory" if version == 1 else "") / "kubepods"
+    (kubepods / "memory.numa_stat").write_bytes(_numa_stat(version, both))
 
 
 class _Agent:
@@ -93,7 +96,8 @@ class _Agent:
         self.node = NodeResourceCollector(str(root), monotonic_ns=self.clock, numa_files=NUMAMemInfoFiles(sys_dir),
                                           cpu_nodes=CPUNodeMap(self.cache))
         fs = CgroupFS(mount_dir=str(root / "cgroup"), version=CgroupVersion(version))
-        self.pods = PodResourceCollector(lambda: pods, fs, node=self.node, monotonic_ns=self.clock)
+        self.pods = PodResourceCollector(lambda: pods, fs, node=self.node, monotonic_ns=self.clock,
+                                         kubepods_dir="kubepods")
 
     def tick(self, now: float, info: bool = True) -> dict[SeriesKey, float]:
         samples: list[Sample] = [*(self.info.collect(now) if info else ()), *self.node.collect(now),
@@ -348,7 +352,7 @@ def test_v2_guest_with_two_numa_nodes_sees_a_pods_memory_on_its_node() -> None:
         cache = MetricCache()
         node = NodeResourceCollector("/proc", numa_files=NUMAMemInfoFiles("/sys"), cpu_nodes=CPUNodeMap(cache))
         pods = PodResourceCollector(lambda: (PodCgroup("numa", f"{base}/pod", (), "LS"),),
-                                    CgroupFS(root, CgroupVersion.V2), node=node)
+                                    CgroupFS(root, CgroupVersion.V2), node=node, kubepods_dir=base)
         runner = CollectorRunner(cache, [NodeInfoCollector(cache, "/sys"), node, pods])
         try:
             for names in (("node_info", "node_resource", "pod_resource"), ("node_resource", "pod_resource")):
