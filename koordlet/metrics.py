@@ -182,7 +182,7 @@ class _LiveGauges:
         if self._cache is None or not apps:
             return
         family = GaugeMetricFamily("koordlet_host_application_resource_usage",
-                                   "Host application resource usage collected by koordlet",
+                                   "Latest usage of a NodeSLO host application",
                                    labels=["node", "host_application_name", "resource", "priority_class", "qos"])
         now = time.time()
         for app in apps:
@@ -346,10 +346,11 @@ class KoordletMetrics:
             "koordlet_node_metric_system_usage", "System usage as last reported in NodeMetric",
             ["node", "resource", "unit"], registry=self.registry)
         self.node_metric_numa_node_usage = Gauge(
-            "koordlet_node_metric_numa_node_usage", "the per-NUMA node usage reported in the NodeMetric",
+            "koordlet_node_metric_numa_node_usage", "Usage of one NUMA node as last reported in NodeMetric numaUsages",
             ["node", "numa_node_id", "resource", "unit"], registry=self.registry)
         self.node_metric_numa_system_usage = Gauge(
-            "koordlet_node_metric_numa_system_usage", "the per-NUMA system usage reported in the NodeMetric",
+            "koordlet_node_metric_numa_system_usage",
+            "System usage on one NUMA node as last reported in NodeMetric numaUsages",
             ["node", "numa_node_id", "resource", "unit"], registry=self.registry)
         self.node_metric_reports = Counter(
             "koordlet_node_metric_reports", "NodeMetric status reports by outcome", ["node", "status"],
@@ -381,28 +382,28 @@ class KoordletMetrics:
         # Koordinator metrics/common.go: each reading of the node's CPU info, NUMA info and local storage
         # (status succeeded/failed).
         self.collect_node_cpu_info_status = Counter(
-            "koordlet_collect_node_cpu_info_status", "the count of CollectNodeCPUInfo status", ["node", "status"],
+            "koordlet_collect_node_cpu_info_status", "Readings of the CPU topology, by outcome", ["node", "status"],
             registry=self.registry)
         self.collect_node_numa_info_status = Counter(
-            "koordlet_collect_node_numa_info_status", "the count of CollectNodeNUMAInfo status", ["node", "status"],
+            "koordlet_collect_node_numa_info_status", "Readings of the NUMA nodes, by outcome", ["node", "status"],
             registry=self.registry)
         self.collect_node_local_storage_info_status = Counter(
-            "koordlet_collect_node_local_storage_info_status", "the count of CollectNodeLocalStorageInfo status",
+            "koordlet_collect_node_local_storage_info_status", "Readings of the block devices, by outcome",
             ["node", "status"], registry=self.registry)
         # Koordinator metrics/prediction.go and resource_summary.go: set at every NodeMetric build.
         self.node_predicted_resource_reclaimable = Gauge(
-            "koordlet_node_predicted_resource_reclaimable", "the node reclaimable resources predicted by koordinator",
+            "koordlet_node_predicted_resource_reclaimable", "Prod reclaimable as each predictor last said",
             ["node", "predictor", "resource", "unit"], registry=self.registry)
         self.node_predicted_resource_peak = Gauge(
-            "koordlet_node_predicted_resource_peak", "the node peak resources predicted by koordinator",
+            "koordlet_node_predicted_resource_peak", "Prod peak as each predictor last said",
             ["node", "predictor", "resource", "unit"], registry=self.registry)
         self.node_priority_resource_reclaimable = Gauge(
             "koordlet_node_priority_resource_reclaimable",
-            "the node reclaimable of different priorities resources updated by koordinator",
+            "Reclaimable resources of a priority as last reported in NodeMetric",
             ["node", "priority", "resource", "unit"], registry=self.registry)
         self.node_resource_priority_reclaimable_status = Gauge(
             "koordlet_node_resource_priority_reclaimable_status",
-            "status of node reclaimable of different priorities resources updated by koordinator (0 ok, 1 failed)",
+            "Whether the reclaimable of a priority could be predicted at the last report (0 yes, 1 no)",
             ["node", "priority"], registry=self.registry)
         self.xpu_device_info_problems = Counter(
             "koordlet_xpu_device_info_problems", "Device-info files or entries of -xpu-device-infos-dir refused "

@@ -403,20 +403,14 @@ def parse_numa_meminfo(data: bytes, node_id: int) -> NUMAMemInfo:
 
 class NUMAMemInfoFiles:
     """Every NUMA node's ``meminfo``, read each tick through kept descriptors (the node collector). The node
-    list is read once; :meth:`refresh` reads it again (memory hotplug)."""
+    list is read when this is made: a NUMA node added later (memory hotplug) is seen after the agent restarts."""
 
-    __slots__ = ("_files", "_sys_dir")
+    __slots__ = ("_files",)
 
     def __init__(self, sys_dir: str = SYS_DIR) -> None:
-        self._sys_dir = sys_dir
-        self._files: tuple[tuple[int, KeptFile], ...] = ()
-        self.refresh()
-
-    def refresh(self) -> None:
-        self.close()
-        base = os.path.join(self._sys_dir, NODE_SYSFS)
+        base = os.path.join(sys_dir, NODE_SYSFS)
         self._files = tuple((node_id, KeptFile(os.path.join(base, f"node{node_id}", "meminfo")))
-                            for node_id in _node_ids(self._sys_dir))
+                            for node_id in _node_ids(sys_dir))
 
     @property
     def node_ids(self) -> tuple[int, ...]:

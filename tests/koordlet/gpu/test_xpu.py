@@ -21,13 +21,11 @@ from koordlet.api import device as api
 from koordlet.api.xpu import XPUSchemaError, parse_xpu_device_infos
 from koordlet.config import parse_config
 from koordlet.gpu.reporter import DeviceReporter
-from koordlet.gpu.service import GPUService
 from koordlet.gpu.xpu import ANNOTATION_GPU_PARTITIONS, LABEL_GPU_PARTITION_POLICY, XPUInventory
 from koordlet.main import Koordlet
 from koordlet.reporters.device import DeviceReportLoop
-from tests.koordlet.gpu.fake_nvml import FakeNvml, h100_gpus
-
-NODE = "node-a"
+from tests.koordlet.gpu.fake_nvml import FakeNvml
+from tests.koordlet.gpu.test_reporter import NODE, stored
 
 
 def ascend(minor: int, links: str = "") -> dict:
@@ -66,32 +64,18 @@ def infos(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def gpu_service(tmp_path: Path):
-    started = GPUService.start(FakeNvml(h100_gpus(2)), sys_dir=str(tmp_path / "sys"), poll_timeout_ms=20)
-    assert started is not None
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
-def stored(kube) -> dict:
-    return kube.custom.get_cluster_custom_object(api.DEVICE_GROUP, api.DEVICE_VERSION, api.DEVICE_PLURAL, NODE)
-
-
-def test_npus_from_the_daemons_file_take_the_gpus_place_in_the_device(kube, infos: Path, gpu_service) -> None:
+def test_npus_from_the_daemons_file_take_the_gpus_place_in_the_device(kube, infos: Path, service) -> None:
     write_like_the_daemon(infos / "ic-device", [ascend(0, "1,2,3"), ascend(1, "0,2,3"), ascend(2, "0,1,3"),
                                                 ascend(3, "0,1,2")])
     (infos / ".ic-device123456").write_text("[{half")  # a daemon's write in progress: not read
     node = kube.node(NODE)
-    loop = DeviceReportLoop(gpu_service, DeviceReporter(NODE, custom_api=kube.agent_custom),
+    loop = DeviceReportLoop(service, DeviceReporter(NODE, custom_api=kube.agent_custom),
                             node_uid=lambda: node["metadata"]["uid"], xpu=XPUInventory(str(infos)))
     assert loop.report_once()
     obj = stored(kube)  # the CRD schema accepted it
     entries = obj["spec"]["devices"]
     assert [(e["type"], e["minor"]) for e in entries] == [("gpu", 0), ("gpu", 1), ("gpu", 2), ("gpu", 3)]
-    assert {e["id"] for e in entries}.isdisjoint(gpu.uuid for gpu in gpu_service.inventory.gpus)  # no NVML GPU
+    assert {e["id"] for e in entries}.isdisjoint(gpu.uuid for gpu in service.inventory.gpus)  # no NVML GPU
     first = entries[0]
     assert first["resources"] == {"koordinator.sh/gpu-memory-ratio": "100", "koordinator.sh/gpu-memory": "64Gi",
                                   "huawei.com/npu-cpu": "7", "huawei.com/npu-core": "20", "huawei.com/npu-dvpp": "100"}
@@ -105,15 +89,15 @@ def test_npus_from_the_daemons_file_take_the_gpus_place_in_the_device(kube, info
     (infos / "ic-device").unlink()
     assert loop.report_once()
     obj = stored(kube)
-    assert [e["id"] for e in obj["spec"]["devices"]] == [gpu.uuid for gpu in gpu_service.inventory.gpus]
+    assert [e["id"] for e in obj["spec"]["devices"]] == [gpu.uuid for gpu in service.inventory.gpus]
     assert ANNOTATION_GPU_PARTITIONS not in (obj["metadata"].get("annotations") or {})
     assert LABEL_GPU_PARTITION_POLICY not in obj["metadata"]["labels"]
     assert obj["metadata"]["labels"][api.LABEL_DEVICE_GPU_VENDOR] == "nvidia"
 
 
-def test_enforced_device_infos_never_report_nvml_gpus(kube, infos: Path, gpu_service) -> None:
+def test_enforced_device_infos_never_report_nvml_gpus(kube, infos: Path, service) -> None:
     """``-xpu-enforce-collect-from-device-infos``: without files the Device has no accelerator at all."""
-    loop = DeviceReportLoop(gpu_service, DeviceReporter(NODE, custom_api=kube.agent_custom),
+    loop = DeviceReportLoop(service, DeviceReporter(NODE, custom_api=kube.agent_custom),
                             xpu=XPUInventory(str(infos)), xpu_only=True)
     assert loop.report_once()
     assert stored(kube)["spec"]["devices"] == []
