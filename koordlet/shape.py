@@ -1,4 +1,4 @@
-"""The one shape check of QoS strategies and hook plugins, built-in or out-of-tree (koordlet/extensions.py).
+"""The shape check of QoS strategies and hook plugins, built-in or out-of-tree (koordlet/extensions.py).
 
 A QoS strategy (koordlet/qosmanager/framework.py): a :class:`~koordlet.qosmanager.framework.Strategy` whose config
 is a frozen dataclass built by ``from_node_slo(spec, flags)`` with a bool ``enabled`` and a ``Needs``, and whose

@@ -140,4 +140,5 @@ def test_docs_section_6_lists_every_koordinator_metric_and_says_which_are_not_ex
     listed = set(re.findall(r"`(koordlet_[a-z_]+)`", section))
     assert {f"koordlet_{name}" for name in KOORDINATOR} - listed == set()
     for name in NOT_EXPORTED:
-        assert re.search(rf"`koordlet_{name}`[^\n]*not exported", section), f"§6 does not say {name} is not exported"
+        assert re.search(rf"`koordlet_{name}`[^\n]*not exported", section), \
+            f"docs/koordinator.md §6 does not say {name} is not exported"
