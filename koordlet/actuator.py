@@ -455,6 +455,7 @@ class PlanRunner:
             except ExecutorError:
                 continue  # gone meanwhile
             wanted.update(pid for pid in text.split() if pid.isdigit() and pid not in present)
+        wanted.update(tid for tid in map(str, action.task_ids) if tid not in present)
         self._write_tasks(action.group, wanted, counts)
 
     def _write_tasks(self, group: str, pids: set[str], counts: _Counts) -> None:

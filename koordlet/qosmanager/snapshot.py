@@ -311,11 +311,15 @@ class SnapshotBuilder:
         page_size: int | None = None,
         cpu_manager: Callable[[], Any] | None = None,
         sys_dir: str | None = None,
+        observe_storage: Callable[[bool], None] | None = None,
     ) -> None:
         """``reader``: the executor whose reads fill ``Needs.cgroup_reads``, ``kernel_files`` and ``resctrl``
         (without it those stay empty); ``layout``: kubelet's cgroup layout the dirs are built with;
-        ``cpu_manager``: kubelet's CPU manager state (``Needs.kubelet_cpu_manager``), None when unknown."""
+        ``cpu_manager``: kubelet's CPU manager state (``Needs.kubelet_cpu_manager``), None when unknown;
+        ``observe_storage``: told whether each reading of the block devices worked (Koordinator's
+        collect_node_local_storage_info_status)."""
         self._cpu_manager = cpu_manager
+        self._observe_storage = observe_storage
         self._sys_dir = sys_dir  # ``Needs.storage``: the block devices under <sys_dir>/class/block
         self._storage: tuple[float, StorageInfo] | None = None
         self._states = states
@@ -448,7 +452,14 @@ class SnapshotBuilder:
         if self._sys_dir is None:
             return None
         if self._storage is None or now - self._storage[0] >= STORAGE_REFRESH_S or now < self._storage[0]:
-            self._storage = (now, read_storage_info(self._sys_dir))
+            try:
+                info, ok = read_storage_info(self._sys_dir, strict=True), True
+            except OSError as exc:
+                logger.debug("cannot list the block devices: %s", exc)
+                info, ok = StorageInfo(), False
+            self._storage = (now, info)
+            if self._observe_storage is not None:
+                self._observe_storage(ok)
         return self._storage[1]
 
     def _read_system(self, names: tuple[str, ...]) -> Mapping[str, str]:

@@ -167,15 +167,16 @@ def steps_of(leveled: list[CgroupWrite], plain: list[CgroupWrite]) -> tuple[Writ
     return tuple(steps)
 
 
-def resctrl_actions(changes: Changes, pod_uid: str, task_dirs: tuple[str, ...] = ()) -> tuple[ResctrlAction, ...]:
+def resctrl_actions(changes: Changes, pod_uid: str, task_dirs: tuple[str, ...] = (),
+                    task_ids: tuple[int, ...] = ()) -> tuple[ResctrlAction, ...]:
     """The pod's resctrl group (recorded as the pod's, so it goes with the pod) with its schemata, and the processes
-    of ``task_dirs`` moved in."""
+    of ``task_dirs`` and the threads ``task_ids`` moved in."""
     group, schemata = changes.resctrl_group, changes.resctrl_schemata
     if not (group and schemata):
         return ()
     actions: list[ResctrlAction] = [ResctrlGroup(group, pod_uid), ResctrlWrite(group, "schemata", schemata)]
-    if task_dirs:
-        actions.append(ResctrlMoveTasks(group, task_dirs, source="cgroup.procs"))
+    if task_dirs or task_ids:
+        actions.append(ResctrlMoveTasks(group, task_dirs, source="cgroup.procs", task_ids=task_ids))
     return tuple(actions)
 
 

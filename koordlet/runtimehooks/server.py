@@ -83,7 +83,8 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             log.exception("%s failed; answering with the request unchanged", hook)
             return echo(request)
         finally:
-            metrics.HOOK_DURATION_MS.labels(hook, stage, status).observe((time.perf_counter() - started) * 1000)
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            metrics.HOOK_DURATION_MS.labels(metrics.node(), hook, stage, status).observe(elapsed_ms)
 
     # -- pod -------------------------------------------------------------------------------------
     def _pre_run_pod_sandbox(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
