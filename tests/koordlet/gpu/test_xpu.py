@@ -1,5 +1,5 @@
 """XPU devices from the device-info files a device daemon writes (koordlet/gpu/xpu.py, koordlet/api/xpu.py), into
-the Device object through the test API server, which validates it against deploy/chart/koordlet-py/crds.
+the Device object through the test API server, which validates it against deploy/chart/koordlet-py/files/crds.
 
 The files are laid out as koord-device-daemon v1.8.0 writes them: one JSON array (Go's MarshalIndent, two spaces)
 in ``/var/run/koordlet/xpu-device-infos/ic-device``, replaced through a temporary ``.ic-device…`` file in the same

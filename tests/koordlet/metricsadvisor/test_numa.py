@@ -199,7 +199,7 @@ def test_numa_meminfo_and_numa_stat_parsers_take_the_kernels_files() -> None:
 def test_numa_usages_pass_the_crd_and_become_the_numa_gauges(server: ApiServer, tmp_path: Path) -> None:
     """``status.nodeMetric.numaUsages[]{numaNodeID, nodeUsage, systemUsage}`` as Koordinator's CRD at #3138
     declares it (numaNodeID int32 required; both usages ResourceMaps): the API server validates the status against
-    deploy/chart/koordlet-py/crds; the gauges carry Koordinator's labels (metrics/node_metric.go)."""
+    deploy/chart/koordlet-py/files/crds; the gauges carry Koordinator's labels (metrics/node_metric.go)."""
     cache = MetricCache()
     cache.set_kv("node_numa_info", read_numa_nodes(build_tree(tmp_path, MACHINE)))
     samples = []
@@ -246,7 +246,7 @@ def test_the_crds_numa_usages_field_is_koordinators() -> None:
     carry nodeUsage and systemUsage ResourceMaps."""
     import yaml
     repo = Path(__file__).resolve().parents[3]
-    crd = yaml.safe_load((repo / "deploy/chart/koordlet-py/crds/slo.koordinator.sh_nodemetrics.yaml").read_text())
+    crd = yaml.safe_load((repo / "deploy/chart/koordlet-py/files/crds/slo.koordinator.sh_nodemetrics.yaml").read_text())
     status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     items = status["nodeMetric"]["properties"]["numaUsages"]["items"]
     assert status["nodeMetric"]["properties"]["numaUsages"]["type"] == "array"
