@@ -26,12 +26,14 @@ RETRY_PAUSE_S = 0.1
 class LoopFigures:
     calls: int
     failed: int
-    longest_wait_s: float
+    longest_wait_s: float  # the longest single call, from its start to its answer (or its failure)
+    longest_gap_s: float  # the longest time without any call answered: what the client saw of an outage
     failures: tuple[str, ...]  # "<method>: <status code> <details>", the first few
 
     def line(self) -> str:
         return (f"{self.calls} calls, {self.failed} failed (a thread retries {RETRY_PAUSE_S:g} s after a failure), "
-                f"longest wait {self.longest_wait_s * 1000:.0f} ms"
+                f"longest wait {self.longest_wait_s * 1000:.0f} ms, longest gap without an answer "
+                f"{self.longest_gap_s * 1000:.0f} ms"
                 + (f"; first failures: {list(self.failures)}" if self.failures else ""))
 
 
@@ -47,6 +49,8 @@ class CallLoop:
         self.ok = 0
         self.failed = 0
         self.longest_wait_s = 0.0
+        self.longest_gap_s = 0.0
+        self._last_answer = 0.0
         self.failures: list[str] = []
         self._threads = [threading.Thread(target=self._run, daemon=True, name=f"cri-loop-{i}") for i in range(threads)]
 
@@ -81,6 +85,10 @@ class CallLoop:
             self.longest_wait_s = max(self.longest_wait_s, seconds)
             if error is None:
                 self.ok += 1
+                now = time.monotonic()
+                if self._last_answer:
+                    self.longest_gap_s = max(self.longest_gap_s, now - self._last_answer)
+                self._last_answer = now
             else:
                 self.failed += 1
                 if len(self.failures) < 5:
@@ -107,4 +115,4 @@ class CallLoop:
             thread.join(CALL_TIMEOUT_S + 5)
         self.client.close()
         with self._lock:
-            return LoopFigures(self.calls, self.failed, self.longest_wait_s, tuple(self.failures))
+            return LoopFigures(self.calls, self.failed, self.longest_wait_s, self.longest_gap_s, tuple(self.failures))
