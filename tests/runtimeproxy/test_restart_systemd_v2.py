@@ -1,4 +1,4 @@
-"""koord-runtime-proxy restarted by real systemd while kubelet-like traffic runs: the figure of issue 34 §1.
+"""koord-runtime-proxy restarted by real systemd while kubelet-like traffic runs: the figure issue 34 asks for.
 
 Runs in the v2 stage's systemd guest only (systemd 252 as PID 1, scripts/v2-systemd-init.sh): the proxy's units
 from this tree's ``systemd/`` are installed as they ship, with two changes a test must make (the proxy runs from
