@@ -145,7 +145,13 @@ class ProxyServer:
             where = f"{opts.listen_path} (systemd's socket, fd {opts.listen_fd})"
         http = None
         if opts.metrics_port >= 0:
-            http = await serve_http(opts.metrics_host, opts.metrics_port, self.metrics, self.ready)
+            try:
+                http = await serve_http(opts.metrics_host, opts.metrics_port, self.metrics, self.ready)
+            except OSError as err:
+                # kubelet's calls matter more than the metrics: an address not (yet) on the node costs the
+                # endpoint, not the CRI socket.
+                log.error("metrics endpoint %s:%d cannot listen (%s): serving CRI without /metrics, /healthz "
+                          "and /readyz", opts.metrics_host, opts.metrics_port, err)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         self._serving = True

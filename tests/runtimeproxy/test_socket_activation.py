@@ -23,6 +23,7 @@ from tests.support.hostile import frame, request_headers
 from tests.support.proxy import ProxyProcess
 from tests.support.rawh2 import DATA, END_HEADERS, END_STREAM, HEADERS, RawPeer
 from tests.support.sdactivation import SystemdStandIn
+from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
 from wire.systemd import listen_fds
 
@@ -190,3 +191,21 @@ def test_a_passed_socket_that_does_not_listen_is_refused_with_a_clear_message(
         assert "bad socket from systemd: fd 3 (cri) is not listening" in proxy.log()
     finally:
         systemd.close()
+
+
+def test_a_metrics_address_that_cannot_listen_costs_the_endpoint_not_the_cri_socket(
+        fake_runtime: FakeRuntime, tmp_path) -> None:
+    proxy = ProxyProcess(str(tmp_path / "p.sock"), fake_runtime.socket_path, log_path=str(tmp_path / "p.log"))
+    # an address this node does not have, as a node IP typed wrong would be
+    proxy.args[proxy.args.index("--metrics-bind-address") + 1] = "192.0.2.1:9318"
+    proxy.start(wait=False)
+    try:
+        assert wait_for(lambda: "serving CRI on" in proxy.log(), 15), proxy.log()
+        assert "metrics endpoint 192.0.2.1:9318 cannot listen" in proxy.log()
+        client = CriClient(proxy.listen)
+        try:
+            client.runtime.Version(cri.VersionRequest(), timeout=10)
+        finally:
+            client.close()
+    finally:
+        assert proxy.terminate() == 0
