@@ -14,8 +14,9 @@
 #   V2_KERNEL=           a kernel image; default: the newest /boot/vmlinuz-*
 #   V2_OUT=out/v2        results: <driver>/{junit.xml,rc,guest.log,wall_seconds}; the guests write there
 #   V2_DRIVERS="cgroupfs systemd"   the guests to boot: cgroupfs (virtme-ng's init; every cgroupv2 test but
-#                        the pod story, which it runs only when it boots alone)
-#                        and systemd (systemd as PID 1: the pod story and NRI on kubelet's systemd layout)
+#                        the pod story, which it runs only when it boots alone, and the proxy's restarts
+#                        under systemd, never) and systemd (systemd as PID 1: the pod story and NRI on
+#                        kubelet's systemd layout, the proxy restarted by systemctl)
 #   V2_MODE=tests        or `bench`: run bench/qos_reaction.py in the cgroupfs guest (make bench-v2)
 #   V2_HUGEPAGES=64      2 MiB huge pages the cgroupfs guest reserves at boot (kernel command line)
 #   V2_NUMA=2            NUMA nodes of the cgroupfs guest (qemu -numa through vng --numa): V2_CPUS and V2_MEMORY
@@ -124,9 +125,11 @@ boot() {
     truncate -s 64M "$disk"
     local guest_cmd
     guest_cmd="KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode KPY_V2_DISK=$(printf %q "$disk") KPY_V2_NUMA=$numa"
-    # The pod story and the NRI plugin on containerd 2.1 are the systemd guest's (below) when both guests boot.
-    [[ " ${V2_DRIVERS:-cgroupfs systemd} " != *" systemd "* ]] ||
-      guest_cmd+=" KPY_V2_SKIP=$(printf %q "${systemd_modules[*]}")"
+    # The pod story and the NRI plugin on containerd 2.1 are the systemd guest's (below) when both guests boot;
+    # the proxy's restarts under systemd need systemd as PID 1, so they are never the cgroupfs guest's.
+    local skip=("${systemd_only_modules[@]}")
+    [[ " ${V2_DRIVERS:-cgroupfs systemd} " != *" systemd "* ]] || skip+=("${systemd_modules[@]}")
+    guest_cmd+=" KPY_V2_SKIP=$(printf %q "${skip[*]}")"
     guest_cmd+=" bash $(printf %q "$here/scripts/v2-guest.sh")"
     for a in "$@"; do guest_cmd+=" $(printf %q "$a")"; done
     # 2 MiB huge pages reserved at boot: the HugePageReport test reads them back from the guest's sysfs.
@@ -181,7 +184,10 @@ boot() {
 
 # What the systemd guest runs: the stack a current node runs (kubelet's systemd layout, containerd 2.1, the
 # proxy and koordlet as an NRI plugin). The cgroupfs guest runs every other cgroupv2 module.
-systemd_modules=(tests/koordlet/test_pod_story_v2.py tests/koordlet/runtimehooks/nri/test_containerd_v2.py)
+# The proxy restarted 10 times by systemd while a client calls it needs systemd itself: it runs in that guest only.
+systemd_only_modules=(tests/runtimeproxy/test_restart_systemd_v2.py)
+systemd_modules=(tests/koordlet/test_pod_story_v2.py tests/koordlet/runtimehooks/nri/test_containerd_v2.py
+                 "${systemd_only_modules[@]}")
 mkdir -p "$out"
 started=$(date +%s)
 rc=0
