@@ -458,22 +458,6 @@ class ResourceExecutor:
 
         return mark_page_idle(self._mounts["sys"], first_page, pages)
 
-    def forget(self, cgroup_dir: str = "") -> None:
-        """Drop cached writes of ``cgroup_dir`` and below in every hierarchy (all when empty), e.g. when a
-        pod is gone or its cgroup was recreated, so the next update writes for sure."""
-        marker = "/" + cgroup_dir.strip("/") + "/"
-        with self._lock:
-            if marker == "//":
-                self._cache.clear()
-                self._checked_paths.clear()
-                self._reads.forget()
-                return
-            self._reads.forget(marker)
-            for path in [p for p in self._cache if marker in p]:
-                del self._cache[path]
-            for key in [k for k, (p, _) in self._checked_paths.items() if marker in p]:
-                del self._checked_paths[key]
-
     # ------------------------------------------------------------------------------------------ helpers
 
     def _run(self, updates: Sequence[ResourceUpdate], verify: bool = False) -> BatchResult:
