@@ -1,13 +1,13 @@
 """The executor's resctrl writes: a group's ``schemata`` and ``tasks`` (never cached: a ``tasks`` write moves
-threads and must happen every time it is asked for), and the groups themselves (mkdir, rmdir), each path checked
-to stay inside the resctrl root."""
+threads and must happen every time it is asked for), and the groups themselves (mkdir, rmdir). Every group name
+passes ``wire.kernel_ranges.resctrl_group_problem`` (the rule the hook value check applies to the names plugins
+answer), and every path is checked to stay inside the resctrl root."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
-import re
 import threading
 
 from koordlet.executor import metrics
@@ -21,11 +21,11 @@ from koordlet.executor.errors import (
 )
 from koordlet.executor.files import RealRoots, write_file
 from koordlet.system import kernfs
+from wire.kernel_ranges import resctrl_group_problem
 
 logger = logging.getLogger(__name__)
 
 _RESCTRL_FILES = ("schemata", "tasks")
-_RESCTRL_GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # The files the kernel makes in a resctrl control group (its mon_data/mon_groups dirs go with an rmdir too).
 RESCTRL_GROUP_FILES = frozenset({"schemata", "tasks", "cpus", "cpus_list", "mode", "size"})
 _GROUP_RESOURCE = "resctrl.group"
@@ -116,17 +116,23 @@ class ResctrlGroups:
 
     def _group_path(self, group: str) -> str:
         root = self._root()
-        if not group or not _RESCTRL_GROUP.match(group):
-            raise UnsafePathError(f"unsafe resctrl group name {group!r}")
+        _check_name(group)
         return self._roots.check(root, os.path.join(root, group), "the resctrl root")
 
     def _file_path(self, group: str, filename: str) -> str:
         root = self._root()
         if filename not in _RESCTRL_FILES:
             raise InvalidUpdateError(f"resctrl file must be one of {_RESCTRL_FILES}, got {filename!r}")
-        if group and not _RESCTRL_GROUP.match(group):
-            raise UnsafePathError(f"unsafe resctrl group name {group!r}")
+        if group:
+            _check_name(group)
         path = self._roots.check(root, os.path.join(root, group, filename), "the resctrl root")
         if not os.path.exists(path):
             raise CgroupNotFoundError(f"{path} does not exist")
         return path
+
+
+def _check_name(group: str) -> None:
+    """The name rule every resctrl group koordlet touches follows (``wire.kernel_ranges``, as the hook check)."""
+    problem = resctrl_group_problem(group)
+    if problem is not None:
+        raise UnsafePathError(f"unsafe resctrl group name {group!r}: {problem}")
