@@ -44,7 +44,11 @@ from koordlet.statesinformer.api import NodeInfo, StatesProvider
 from koordlet.system.blockdev import StorageInfo, read_storage_info
 from koordlet.system.cgroup import CgroupVersion
 from koordlet.system.cgroup_stats import parse_quota_us  # noqa: F401 - the strategies import it from here
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.system.kubepods import (
+    CgroupPathError,
+    KubeCgroupLayout,
+    pod_cgroup_dir,  # noqa: F401 - the strategies import it from here
+)
 from koordlet.system.resctrl import ResctrlInfo, ResctrlInfoError, read_resctrl_info
 from koordlet.system.sysfs import CPUInfo
 
@@ -201,41 +205,15 @@ def pod_memory_request_bytes(pod: PodMeta) -> int:
     return sum(container_resource(c, resource) for c in pod.containers if not c.is_init)
 
 
-def pod_cgroup_dir(layout: KubeCgroupLayout, pod: PodMeta) -> str | None:
-    """The pod's cgroup dir relative to the hierarchy root; None when it cannot be built safely."""
-    if pod.cgroup_parent:
-        return _dir_from_cgroup_parent(layout, pod.cgroup_parent)
-    kube_qos = pod.effective_kube_qos
-    if kube_qos is None:
-        return None
-    return _pod_dir(layout, pod.uid, kube_qos)
-
-
 def container_cgroup_dir(layout: KubeCgroupLayout, pod_dir: str, container: ContainerMeta) -> str | None:
     if not container.container_id:
         return None
     return _container_dir(layout, pod_dir, container.container_id, container.runtime)
 
 
-# The strategies ask for the same dirs of the same pods every tick; building one checks each component.
-# Pure functions of their (hashable) arguments, so they are memoised in LRU caches sized above a node's
-# pod count (kubelet's --max-pods defaults to 110): pod churn replaces entries and never grows them.
-@functools.lru_cache(maxsize=1024)
-def _dir_from_cgroup_parent(layout: KubeCgroupLayout, cgroup_parent: str) -> str | None:
-    try:
-        return layout.dir_from_cgroup_parent(cgroup_parent)
-    except CgroupPathError:
-        return None
-
-
-@functools.lru_cache(maxsize=1024)
-def _pod_dir(layout: KubeCgroupLayout, uid: str, kube_qos: KubeQoS) -> str | None:
-    try:
-        return layout.pod_dir(uid, kube_qos)
-    except CgroupPathError:
-        return None
-
-
+# The strategies ask for the same dirs of the same pods every tick; building one checks each component. A pure
+# function of its (hashable) arguments, so it is memoised in an LRU cache sized above a node's containers: pod
+# churn replaces entries and never grows them. (Pod dirs: koordlet.system.kubepods.pod_cgroup_dir, memoised too.)
 @functools.lru_cache(maxsize=4096)
 def _container_dir(layout: KubeCgroupLayout, pod_dir: str, container_id: str, runtime: str) -> str | None:
     try:
