@@ -230,17 +230,6 @@ def _same(value: str, current: str | None) -> str:
     return value
 
 
-def devices_in(content: str) -> frozenset[str]:
-    """The ``MAJ:MIN`` that lines of a per-device blkio file name (v1 ``8:16 1048576``, v2 io.max ``8:16 rbps=…``;
-    v2 ``io.weight``'s ``default 100`` names none)."""
-    found = set()
-    for line in content.splitlines():
-        head = line.split(" ", 1)[0]
-        if re.match(r"^\d+:\d+$", head):
-            found.add(head)
-    return frozenset(found)
-
-
 # ---------------------------------------------------------------------------------- leveled-batch merges
 
 

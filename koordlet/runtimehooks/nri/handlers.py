@@ -154,15 +154,6 @@ class NriHandlers:
         except Exception:  # noqa: BLE001 - one pod's failure must not stop the pods after it
             log.exception("NRI: pod %s/%s: %s failed", pod.namespace, pod.name, handle.__name__)
 
-    def drain(self, timeout_s: float = 5.0) -> bool:
-        """Wait until the pod events received so far are carried out (tests, and a stop)."""
-        done = self._pod_work.submit(lambda: None)
-        try:
-            done.result(timeout_s)
-        except TimeoutError:
-            return False
-        return True
-
     def close(self) -> None:
         self._pod_work.shutdown(wait=False, cancel_futures=True)
 
