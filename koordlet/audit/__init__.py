@@ -5,8 +5,9 @@ One event per line, the JSON of Koordinator's ``Event`` (``createdAt``, ``type``
 ``namespace``, ``name``, ``container``, ``reason``, ``message``); the message says what was done, to what
 value and why, with the figures of the decision ("cpu.cfs_quota_us of kubepods/besteffort to 2000: BE
 budget ..."). Events are written by :class:`koordlet.actuator.PlanRunner` for every write it carries out,
-every resctrl action and every eviction it asks for (so a new strategy is audited by construction), and by
-the runtime hooks for the hook values they drop.
+every resctrl action and every eviction it asks for (so a new strategy is audited by construction), by the
+runtime hooks for the hook values they drop, and by the cold page collector's page-idle pass (``ColdPageMark``, at
+level 5: its marks are no plan).
 
 The log (Koordinator's defaults): ``<dir>/audit.log``, rotated at 2 MiB to
 ``audit-<time %Y-%m-%d-%H-%M-%S>-<n>.log``, the oldest removed so that all files together stay within

@@ -4,7 +4,7 @@ Shape (one for every strategy, checked by tests/koordlet/qosmanager/test_registr
 has a frozen config built by ``from_node_slo(spec, flags)`` and a pure ``decide(snapshot, config) -> Plan``,
 and registers them as a :class:`Strategy` (``STRATEGY`` at the bottom of the module; the list is
 :data:`koordlet.qosmanager.STRATEGIES`). The manager builds the snapshot the config ``needs``, calls
-``decide`` and hands the :class:`~koordlet.plan.Plan` to the one :class:`~koordlet.actuator.PlanRunner`;
+``decide`` and hands the :class:`~koordlet.plan.Plan` to its :class:`~koordlet.actuator.PlanRunner`;
 strategies never see the executor or the evictor. The smallest strategy to copy: ``memoryevict.py``.
 
 One thread ticks all strategies (as the collector runner does): strategies are cheap, and one thread keeps
