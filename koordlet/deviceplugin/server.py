@@ -41,7 +41,7 @@ from koordlet.gpu.service import GPUService
 from koordlet.kubeapi import CoreV1
 from koordlet.nodelock import NodeLocker
 from koordlet.system.roots import DEV_DIR
-from koordlet.ticker import PeriodicThread
+from koordlet.ticker import PeriodicThread, start_observer
 from wire import deviceplugin_pb2 as pb
 from wire import deviceplugin_pb2_grpc as pb_grpc
 from wire.sockets import remove_socket
@@ -319,7 +319,7 @@ class DevicePluginServer:
             _DirWatch(self.kubelet_socket, self.socket_path, self._wake_watch, self.registered.is_set),
             self.plugin_dir,
         )
-        self._observer.start()
+        start_observer(self._observer, "deviceplugin-dir-watch")
         try:
             self._restart()
         except DevicePluginError as exc:
