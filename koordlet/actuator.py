@@ -37,7 +37,6 @@ from types import MappingProxyType
 from prometheus_client import Gauge
 
 from koordlet import audit
-from koordlet.debug.actions import RECENT, RecentActions
 from koordlet.eviction import EvictionOutcome, Evictor
 from koordlet.executor import (
     BatchResult,
@@ -48,6 +47,7 @@ from koordlet.executor import (
     UpdateFailure,
 )
 from koordlet.executor.lines import DeviceLines
+from koordlet.history.actions import RECENT, RecentActions
 from koordlet.hostdirs import remove_host_dir
 from koordlet.plan import (
     Evictions,
@@ -185,7 +185,7 @@ class _AuditContext:
 
 @dataclass(frozen=True, slots=True)
 class _Noted:
-    """Where one run's writes and evictions are remembered for ``/debug/pods`` (koordlet.debug.actions)."""
+    """Where one run's writes and evictions are remembered for ``/debug/pods`` (koordlet.history.actions)."""
 
     actions: RecentActions
     source: str

@@ -34,9 +34,9 @@ from hooks.protocol import Changes
 from koordlet.api._fields import dump
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
-from koordlet.debug.actions import RecentActions
-from koordlet.debug.answers import POD_LEVEL, HookRecord
 from koordlet.executor import ExecutorError, ResourceExecutor
+from koordlet.history.actions import RecentActions
+from koordlet.history.answers import POD_LEVEL, HookRecord
 from koordlet.metrics import Reply, Request
 from koordlet.plan import Plan
 from koordlet.system.cgroup import CgroupVersion

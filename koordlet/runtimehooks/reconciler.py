@@ -21,8 +21,8 @@ from hooks.registry import Trace
 from koordlet.actuator import PlanRunner, ProcessResult
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
-from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import CgroupNotFoundError, ResourceExecutor, UnsupportedResourceError
+from koordlet.history.answers import POD_LEVEL, HookAnswers
 from koordlet.plan import Plan, ProcessWrite
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout, pod_cgroup_dir
 from koordlet.ticker import PeriodicThread

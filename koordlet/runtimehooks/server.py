@@ -23,8 +23,8 @@ from hooks.protocol import Changes, NodeContext, PodContext
 from hooks.registry import Trace
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
-from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import ResourceExecutor
+from koordlet.history.answers import POD_LEVEL, HookAnswers
 from koordlet.hostdirs import make_host_dirs
 from koordlet.system.kubepods import KubeCgroupLayout, pod_cgroup_dir
 from wire import hookapi_pb2 as hookapi

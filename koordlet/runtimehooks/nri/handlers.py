@@ -38,8 +38,8 @@ from hooks.registry import Trace
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
-from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import ResourceExecutor
+from koordlet.history.answers import POD_LEVEL, HookAnswers
 from koordlet.hostdirs import make_host_dirs
 from koordlet.system.cgroup import CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout, pod_cgroup_dir
