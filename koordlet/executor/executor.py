@@ -1,6 +1,6 @@
-"""The resource executor: the one writer of kernel files, cgroup, resctrl, node-wide (sysctls, kidled,
-``oom_score_adj``) and the page-idle bitmap (docs/design.md §4, docs/koordinator.md §10). (Network QoS changes the
-kernel over netlink, not through files: :mod:`koordlet.system.tc`, from :mod:`koordlet.netqos`.)
+"""The resource executor: the one writer of kernel files, cgroups, resctrl, the node-wide files (sysctls, kidled,
+``oom_score_adj``) and the page-idle bitmap alike (docs/design.md §4, docs/koordinator.md §10). Network QoS changes
+the kernel over netlink, not through files (:mod:`koordlet.system.tc`, from :mod:`koordlet.netqos`).
 
 :class:`ResourceExecutor` is the face the rest of koordlet holds; each kind of kernel file has its own module
 behind it, and all of them share one lock, one write cache and one set of checked roots:
