@@ -47,7 +47,6 @@ from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
 from koordlet.debug import serve_debug
-from koordlet.debug.actions import RECENT
 from koordlet.debug.endpoints import DebugSources
 from koordlet.events import PodEvents
 from koordlet.executor import ResourceExecutor
@@ -58,6 +57,7 @@ from koordlet.gpu.reporter import DeviceReporter
 from koordlet.gpu.service import GPUService
 from koordlet.gpu.xpu import XPUInventory
 from koordlet.health import DEFAULT_GRACE_S, Health
+from koordlet.history.actions import RECENT
 from koordlet.kubeapi import CoreV1, CustomObjects
 from koordlet.metriccache import GPU_DEVICES_KV, MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer

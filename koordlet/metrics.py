@@ -40,6 +40,8 @@ from koordlet.statesinformer.api import StatesProvider
 
 logger = logging.getLogger(__name__)
 
+REQUEST_THREAD = "metrics-http-request"  # the name of the thread that serves one HTTP request
+
 NODE_CPU = SeriesKey.of(MetricKind.NODE_CPU_USAGE)
 NODE_MEMORY = SeriesKey.of(MetricKind.NODE_MEMORY_USAGE)
 
@@ -651,6 +653,11 @@ class MetricsServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            def setup(self) -> None:
+                # ThreadingHTTPServer starts a thread a request and gives it no name of ours.
+                threading.current_thread().name = REQUEST_THREAD
+                super().setup()
+
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
                 logger.debug("metrics http: " + format, *args)
 

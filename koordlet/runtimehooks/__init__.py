@@ -21,8 +21,8 @@ from hooks import resctrl as resctrl_hook
 from hooks.protocol import LinuxDevice, NodeContext, RDMANode, ResctrlNode
 from koordlet.api.cpupools import CPUPools, compute_cpu_pools
 from koordlet.api.pod import PodMeta
-from koordlet.debug.answers import HookAnswers
 from koordlet.executor import ResourceExecutor
+from koordlet.history.answers import HookAnswers
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.statesinformer.cpumanager import CPUManagerState
 from koordlet.system.kubepods import KubeCgroupLayout

@@ -29,7 +29,6 @@ from koordlet.plan import (
     WriteStep,
 )
 from koordlet.system.cgroup_stats import parse_quota_us
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 from wire import hookapi_pb2 as hookapi
 
 from . import metrics
@@ -183,17 +182,6 @@ def resctrl_actions(changes: Changes, pod_uid: str, task_dirs: tuple[str, ...] =
 def pod_level_plan(changes: Changes, pod_dir: str, pod_uid: str) -> Plan:
     """What the hook server writes itself for a pod-level answer: the pod dir's values and its resctrl group."""
     return Plan(steps_of(*cgroup_writes(changes, pod_dir)), resctrl=resctrl_actions(changes, pod_uid))
-
-
-def pod_dir_of(layout: KubeCgroupLayout, cgroup_parent: str, what: str) -> str | None:
-    """The pod dir for a pod's cgroup parent; None (logged) when there is none or it is malformed."""
-    if not cgroup_parent:
-        return None
-    try:
-        return layout.dir_from_cgroup_parent(cgroup_parent)
-    except CgroupPathError as err:
-        log.warning("%s: bad cgroup parent: %s", what, err)
-        return None
 
 
 def run_pod_level(runner: PlanRunner, pod: PodMeta, pod_dir: str, changes: Changes, source: str) -> None:

@@ -21,10 +21,10 @@ from hooks.registry import Trace
 from koordlet.actuator import PlanRunner, ProcessResult
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
-from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import CgroupNotFoundError, ResourceExecutor, UnsupportedResourceError
+from koordlet.history.answers import POD_LEVEL, HookAnswers
 from koordlet.plan import Plan, ProcessWrite
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout, pod_cgroup_dir
 from koordlet.ticker import PeriodicThread
 
 from . import metrics
@@ -72,15 +72,9 @@ class Reconciler:
 
     _report = staticmethod(report_plugin_error)
 
-    def _pod_dir(self, pod: PodMeta) -> str | None:
-        if pod.cgroup_parent:
-            return self._layout.dir_from_cgroup_parent(pod.cgroup_parent)
-        kube_qos = pod.effective_kube_qos
-        return self._layout.pod_dir(pod.uid, kube_qos) if kube_qos is not None else None
-
     def pod_plan(self, pod: PodMeta, node: NodeContext, plugins: list[registry.Plugin]) -> Plan:
         """The plugins' results for one pod and its containers, as a plan (empty when the pod has no dir)."""
-        pod_dir = self._pod_dir(pod)
+        pod_dir = pod_cgroup_dir(self._layout, pod)
         if pod_dir is None:
             return Plan()
         trace = self._trace(pod.uid, POD_LEVEL)

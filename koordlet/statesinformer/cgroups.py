@@ -22,27 +22,18 @@ from koordlet.api.qos import KubeQoS
 from koordlet.metricsadvisor.pods import ContainerCgroup, HostAppCgroup, PodCgroup
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.cgroup_stats import CgroupStatError, read_cgroup_threads
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout, join_dirs
+from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout, join_dirs, pod_cgroup_dir
 
 logger = logging.getLogger(__name__)
 
 BATCH_CPU = "kubernetes.io/batch-cpu"
 
 
-def _pod_dir(pod: PodMeta, layout: KubeCgroupLayout) -> str | None:
-    """The pod's dir from its cgroup parent, else from its kube QoS; None when neither is known."""
-    if pod.cgroup_parent:
-        return layout.dir_from_cgroup_parent(pod.cgroup_parent)
-    if pod.effective_kube_qos is not None:
-        return layout.pod_dir(pod.uid, pod.effective_kube_qos)
-    return None
-
-
 def pod_cgroups(pods: Sequence[PodMeta], layout: KubeCgroupLayout) -> list[PodCgroup]:
     out = []
     for pod in pods:
         try:
-            pod_dir = _pod_dir(pod, layout)
+            pod_dir = pod_cgroup_dir(layout, pod)
             if pod_dir is None:
                 continue
             containers = tuple(
@@ -84,7 +75,7 @@ def container_task_reader(layout: KubeCgroupLayout,
     def read(pod: PodMeta) -> dict[str, tuple[int, ...]]:
         ids: dict[str, tuple[int, ...]] = {}
         try:
-            pod_dir = _pod_dir(pod, layout)
+            pod_dir = pod_cgroup_dir(layout, pod)
         except CgroupPathError:
             return ids
         if pod_dir is None:
