@@ -3,7 +3,8 @@
 The order is docs/koordinator.md §1.2.
 
 Start: metrics HTTP server (``/healthz`` is 503 until the start is complete) → executor → metric cache →
-states informer (its node and NodeSLO sources first; waits until synced, bounded; PLEG) → GPU service →
+states informer (its node and NodeSLO sources first; then the NRI plugin, which needs no pod list; then the
+wait until synced, bounded; PLEG) → GPU service →
 GPU device plugin (with the GPU service) → metrics advisor → predict server → qos manager → runtime hooks →
 network QoS → reporters. SIGTERM/SIGINT stop everything in reverse order, each part with its share of what is left of
 ``-stop-timeout`` (so the whole stop stays within it); the process exits 0 after a clean stop.
@@ -40,7 +41,7 @@ import kubernetes.client
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import load_incluster_config
 
-from koordlet import audit, features
+from koordlet import audit, features, logs
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
@@ -82,6 +83,7 @@ from koordlet.system.roots import HostDirs
 from koordlet.system.sysfs import read_node_hugepages, read_node_topology, read_online_cpus
 
 if TYPE_CHECKING:
+    from koordlet.runtimehooks import RuntimeHooks
     from koordlet.runtimehooks.nri import NriConfig
 
 logger = logging.getLogger(__name__)
@@ -120,6 +122,7 @@ class AgentContext:
     gpu: GPUService | None = field(default=None, init=False)  # gate Accelerators, with a GPU
     reporter: NodeMetricReporter | None = field(default=None, init=False)
     predictor: PredictServer | None = field(default=None, init=False)
+    runtime_hooks: RuntimeHooks | None = field(default=None, init=False)  # built early for the NRI plugin
     _cpu_manager: Callable[[], CPUManagerState | None] | None = field(default=None, init=False)
     _dirs: HostDirs | None = field(default=None, init=False)
 
@@ -446,10 +449,28 @@ def _nri_config(config: KoordletConfig) -> NriConfig | None:
                      fail_on_error=config.runtime_hooks_plugin_failure_policy == "Fail")
 
 
+def _nri_plugin(ctx: AgentContext) -> Component | None:
+    """The NRI plugin, registered before the states sync wait: an NRI request carries the pod's labels and
+    annotations, so it needs no pod list, and a pod created while the list is not there yet still gets its
+    values. The rest of the runtime hooks start in their place (:func:`_runtime_hooks`)."""
+    if not ctx.config.enable_nri_runtime_hook:
+        return None
+    hooks = _built_runtime_hooks(ctx)
+    hooks.start_nri()
+    return _Running(hooks.stop_nri)
+
+
 def _runtime_hooks(ctx: AgentContext) -> Component | None:
-    """The hook server (for the proxy), the NRI plugin (for containerd >= 1.7) and the reconciler."""
+    """The hook server (for the proxy), the NRI plugin (for containerd >= 1.7; started already by
+    :func:`_nri_plugin`) and the reconciler."""
+    return _built_runtime_hooks(ctx)
+
+
+def _built_runtime_hooks(ctx: AgentContext) -> RuntimeHooks:
     from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
 
+    if ctx.runtime_hooks is not None:
+        return ctx.runtime_hooks
     config = ctx.config
     hooks_config = RuntimeHooksConfig(
         socket_path=config.runtime_hooks_addr,
@@ -468,7 +489,9 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         nri=_nri_config(config),
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
-    return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
+    hooks = ctx.runtime_hooks = RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn,
+                                             ctx.cpu_manager)
+    return hooks
 
 
 def _netqos(ctx: AgentContext) -> Component | None:
@@ -633,6 +656,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
         Part("CRI pod source", _cri_pod_source),
         Part("states informer", _states_informer),
         Part("audit owners", _audit_owners),
+        *([Part("NRI plugin", _nri_plugin)] if _runtime_hooks in components else []),
         Part("states sync", _states_synced),
         Part("PLEG", _pleg),
         Part("pod resources proxy", _pod_resources_proxy),
@@ -756,13 +780,18 @@ class Koordlet:
 
 def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> int:
     """The daemon; ``nvml``: the NVML module (default pynvml; the demo passes the tests' fake NVML)."""
-    logging.basicConfig(level=os.environ.get("KOORDLET_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
     except ConfigError as err:
         print(f"koordlet: {err}", file=sys.stderr)
         return 2
+    logs.setup(config.logging)
+    if config.unused_flags:
+        logger.info("accepted but not used by koordlet-py (docs/configuration.md): %s",
+                    ", ".join(f"-{name}" for name in config.unused_flags))
+    if config.ignored_args:
+        logger.warning("arguments after %r are not flags and are ignored, as Go's flag package does: %s",
+                       config.ignored_args[0], " ".join(config.ignored_args))
     soft = raise_nofile_limit()
     logger.info("RLIMIT_NOFILE soft limit %d", soft)
     stop_requested = threading.Event()
