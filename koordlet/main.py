@@ -327,6 +327,15 @@ def _gpu_service(ctx: AgentContext) -> Component | None:
     return _Running(gpu.stop)
 
 
+def _can_write_in(directory: str) -> bool:
+    """Whether ``directory`` (or, while it does not exist, the dir it would be made in) takes new files: access(2)
+    says no for a read-only mount (EROFS) as for missing permission."""
+    path = os.path.abspath(directory)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return os.access(path, os.W_OK)
+
+
 def _device_plugin(ctx: AgentContext) -> Component | None:
     """The kubelet device plugin for this node's GPUs (with the GPU service, so gate ``Accelerators``):
     serves in ``<-var-lib-kubelet-dir>/device-plugins/``, registers with kubelet over ``kubelet.sock`` there
@@ -339,6 +348,12 @@ def _device_plugin(ctx: AgentContext) -> Component | None:
     from koordlet.deviceplugin.server import gpu_device_plugin
 
     config = ctx.config
+    if not _can_write_in(config.device_plugin_dir):
+        logger.warning("GPU device plugin off: %s is not writable here (Koordinator's chart mounts /var/lib/kubelet "
+                       "read-only), so no plugin socket can be made there; the GPUs are still reported in the Device "
+                       "object and NodeMetric. Mount it read-write to serve nvidia.com/gpu (docs/koordinator.md)",
+                       config.device_plugin_dir)
+        return None
     core_api = CoreV1(ctx.api_client) if ctx.api_client is not None else None
     server = gpu_device_plugin(core_api, config.node_name, gpu, plugin_dir=config.device_plugin_dir,
                                dev_dir=ctx.dirs.dev_dir)
@@ -778,6 +793,17 @@ class Koordlet:
         logger.info("koordlet stopped")
 
 
+def log_command_line_notes(config: KoordletConfig) -> None:
+    """One line naming the flags given that Koordinator's koordlet has and koordlet-py does not act on
+    (koordlet/compatflags.py), and one for arguments Go's flag rules leave unread."""
+    if config.unused_flags:
+        logger.info("accepted but not used by koordlet-py (docs/configuration.md): %s",
+                    ", ".join(f"-{name}" for name in config.unused_flags))
+    if config.ignored_args:
+        logger.warning("%r is not a flag, so it and what follows are ignored, as Go's flag package does: %s",
+                       config.ignored_args[0], " ".join(config.ignored_args))
+
+
 def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> int:
     """The daemon; ``nvml``: the NVML module (default pynvml; the demo passes the tests' fake NVML)."""
     try:
@@ -786,12 +812,7 @@ def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> i
         print(f"koordlet: {err}", file=sys.stderr)
         return 2
     logs.setup(config.logging)
-    if config.unused_flags:
-        logger.info("accepted but not used by koordlet-py (docs/configuration.md): %s",
-                    ", ".join(f"-{name}" for name in config.unused_flags))
-    if config.ignored_args:
-        logger.warning("arguments after %r are not flags and are ignored, as Go's flag package does: %s",
-                       config.ignored_args[0], " ".join(config.ignored_args))
+    log_command_line_notes(config)
     soft = raise_nofile_limit()
     logger.info("RLIMIT_NOFILE soft limit %d", soft)
     stop_requested = threading.Event()

@@ -19,6 +19,8 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -39,7 +41,8 @@ METRICS_PORT = koord.VALUES["koordlet"]["metrics"]["port"]
 def _go_sample(kind: str) -> str:
     """A value Go's type takes (``kind`` as recorded in koordinator_v1_8_0.FLAGS)."""
     return {"string": "x", "bool": "true", "int": "0x10", "int64": "-7", "uint": "010", "uint64": "3",
-            "float64": "1.5e1", "duration": "1m30s", "mapStringBool": "CPUBurst=true", "stringSlice": "PreRunPodSandbox",
+            "float64": "1.5e1", "duration": "1m30s", "mapStringBool": "CPUBurst=true",
+            "stringSlice": "PreRunPodSandbox",
             "Level": "4", "severity": "WARNING", "moduleSpec": "informer=5", "traceLocation": "main.go:10"}[kind]
 
 
@@ -370,94 +373,123 @@ def _get(url: str) -> str:
 
 def _metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
+        if line.startswith((name + " ", name + "{")):
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def write_kubeconfig(path: Path, server_url: str, ca: Path, token: str) -> Path:
+    """A kubeconfig for the project's API server over TLS with a bearer token."""
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server_url, "certificate-authority": str(ca)}}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    return path
+
+
+@dataclass
+class _Cluster:
+    """What the koordlet pod meets on its node: containerd 2.1 with NRI at the host's /var/run/nri/nri.sock, the
+    project's API server (TLS, a service-account token, Koordinator's CRDs from the facts) and kubelet's /pods."""
+
+    tmp_path: Path
+    api: Any = None
+    kubelet: Any = None
+    client: Any = None
+    pods: Any = None
+    service_account: Path = field(init=False)
+
+    def seed(self, kubelet_port: int) -> None:
+        _serve_koordinators_crds(self.api)
+        self.api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+                       "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                                  "capacity": {"cpu": "2", "memory": "8Gi"},
+                                  "allocatable": {"cpu": "2", "memory": "8Gi"},
+                                  "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}}}})
+        # koord-manager makes the NodeMetric; koordlet fills its status
+        self.api.seed({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric", "metadata": {"name": NODE},
+                       "spec": {"metricCollectPolicy": {"aggregateDurationSeconds": 60, "reportIntervalSeconds": 10}}})
+
+
+@contextmanager
+def _koordinators_node(tmp_path: Path) -> Iterator[_Cluster]:
+    from tests.deploy.test_image import _import, build_image_archive
+    from tests.koordlet.statesinformer.kubelet_server import FakeKubelet, make_certs, serve
+    from tests.support.apiserver import ApiServer
+    from tests.support.containerd import Containerd
+    from tests.support.cri import CriClient, PodFactory
+
+    archive = build_image_archive()
+    containerd = Containerd(run_dir=f"/run/koordlet-py/dropin-{os.getpid()}/containerd",
+                            root_dir=f"/var/lib/koordlet-py/dropin-{os.getpid()}/containerd", version="2.1",
+                            nri_socket=NRI_SOCKET)
+    containerd.up()
+    certs = make_certs(tmp_path)
+    cluster = _Cluster(tmp_path)
+    cluster.service_account = tmp_path / "serviceaccount"
+    cluster.service_account.mkdir()
+    (cluster.service_account / "token").write_text(TOKEN)
+    (cluster.service_account / "ca.crt").write_bytes(certs.server_cert.read_bytes())
+    (cluster.service_account / "namespace").write_text(SA_NAMESPACE)
+    cluster.kubelet = FakeKubelet(payload={"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []})
+    serving = serve(cluster.kubelet, certs)
+    kubelet_port = int(next(serving).rsplit(":", 1)[1])
+    cluster.client = CriClient(containerd.socket)
+    cluster.pods = PodFactory(cluster.client)
+    try:
+        _import(containerd.socket, archive)
+        with ApiServer(crd_dir=None, tls=(certs.server_cert, certs.server_key), token=TOKEN) as api:
+            cluster.api = api
+            cluster.seed(kubelet_port)
+            yield cluster
+    finally:
+        cluster.pods.cleanup()
+        cluster.client.close()
+        serving.close()
+        containerd.down()
+        containerd.remove_dirs()
 
 
 @pytest.mark.containerd
 def test_the_image_runs_as_koordinators_koordlet_with_exactly_its_chart(
         chart_host_dirs: list[str], tmp_path: Path) -> None:
-    from tests.deploy.test_image import _container_log, _import, build_image_archive
-    from tests.koordlet.statesinformer.kubelet_server import FakeKubelet, make_certs, serve
-    from tests.support.apiserver import ApiServer
-    from tests.support.containerd import Containerd
-    from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
+    from tests.deploy.test_image import _container_log
     from tests.support.waiting import wait_for
     from wire import cri_pb2 as cri
 
-    archive = build_image_archive()
-    runtime_dir = tmp_path / "ctrd"
-    containerd = Containerd(run_dir=f"/run/koordlet-py/dropin-{os.getpid()}/containerd",
-                            root_dir=f"/var/lib/koordlet-py/dropin-{os.getpid()}/containerd", version="2.1",
-                            nri_socket=NRI_SOCKET)
-    runtime_dir.mkdir()
-    containerd.up()
-    certs = make_certs(tmp_path)
-    service_account = tmp_path / "serviceaccount"
-    service_account.mkdir()
-    (service_account / "token").write_text(TOKEN)
-    (service_account / "ca.crt").write_bytes(certs.server_cert.read_bytes())
-    (service_account / "namespace").write_text(SA_NAMESPACE)
-    kubelet = FakeKubelet(payload={"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []})
-    serving = serve(kubelet, certs)
-    kubelet_port = int(next(serving).rsplit(":", 1)[1])
-    client = CriClient(containerd.socket)
-    pods = PodFactory(client)
-    report: list[str] = []
-    try:
-        _import(containerd.socket, archive)
-        with ApiServer(crd_dir=None, tls=(certs.server_cert, certs.server_key), token=TOKEN) as api:
-            _serve_koordinators_crds(api)
-            api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
-                      "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-                                 "capacity": {"cpu": "2", "memory": "8Gi"},
-                                 "allocatable": {"cpu": "2", "memory": "8Gi"},
-                                 "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}}}})
-            # koord-manager makes the NodeMetric; koordlet fills its status
-            api.seed({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric", "metadata": {"name": NODE},
-                      "spec": {"metricCollectPolicy": {"aggregateDurationSeconds": 60, "reportIntervalSeconds": 10}}})
-            uid = str(uuid.uuid4())
-            empty_dir = tmp_path / "metric-data"
-            empty_dir.mkdir()
-            sandbox, config = _cri_pod(uid, service_account, int(api.url.rsplit(":", 1)[1]), empty_dir,
-                                       tmp_path / "logs")
-            sid = pods.run_pod(sandbox)
-            cid = pods.create_container(sid, sandbox, config)
-            kubelet.payload["items"] = [_koordlet_pod_as_kubelet_lists_it(uid, cid)]
-            started = time.monotonic()
-            client.runtime.StartContainer(cri.StartContainerRequest(container_id=cid), timeout=60)
-            log_file = tmp_path / "logs" / "koordlet.log"
-            logs = lambda: log_file.read_text() if log_file.exists() else _container_log(client, cid)  # noqa: E731
+    with _koordinators_node(tmp_path) as node:
+        api, client = node.api, node.client
+        uid = str(uuid.uuid4())
+        empty_dir = tmp_path / "metric-data"
+        empty_dir.mkdir()
+        sandbox, config = _cri_pod(uid, node.service_account, int(api.url.rsplit(":", 1)[1]), empty_dir,
+                                   tmp_path / "logs")
+        sid = node.pods.run_pod(sandbox)
+        cid = node.pods.create_container(sid, sandbox, config)
+        node.kubelet.payload["items"] = [_koordlet_pod_as_kubelet_lists_it(uid, cid)]  # as a real kubelet lists it
+        started = time.monotonic()
+        client.runtime.StartContainer(cri.StartContainerRequest(container_id=cid), timeout=60)
+        log_file = tmp_path / "logs" / "koordlet.log"
+        logs = lambda: log_file.read_text() if log_file.exists() else _container_log(client, cid)  # noqa: E731
 
-            assert wait_for(lambda: "NRI: registered as 00-koordlet_nri" in logs(), 30), \
-                "\n".join(line for line in logs().splitlines() if "NRI" in line or "koordlet.main" in line)
-            registered_s = time.monotonic() - started
-            report.append(f"NRI registration {registered_s:.1f} s after StartContainer")
-            assert registered_s < 10.0, logs()
-
-            assert wait_for(lambda: _metric(_get(f"http://127.0.0.1:{METRICS_PORT}/metrics"),
-                                            "koordlet_nri_registered") == 1.0, 30), logs()
-            _be_pod_gets_its_batch_values_through_nri(client, sandbox_config, container_config, cri)
-
-            assert wait_for(lambda: ((api.get_object("nodemetrics", NODE) or {}).get("status") or {})
-                            .get("nodeMetric"), 90), logs()
-            assert wait_for(lambda: api.get_object("noderesourcetopologies", NODE), 60), logs()
-            rejected = [r for r in api.requests() if r.status == 422]
-            assert rejected == [], [(r.verb, r.path) for r in rejected]
-            status = client.runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=cid), timeout=10).status
-            assert status.state == cri.CONTAINER_RUNNING, logs()
-            text = logs()
-            assert "accepted but not used" not in text  # the chart passes no flag we leave unused
-            assert "Traceback" not in text, text
-            report.append(f"ran {time.monotonic() - started:.0f} s, still running")
-            print("\n".join(report))
-    finally:
-        pods.cleanup()
-        client.close()
-        serving.close()
-        containerd.down()
-        containerd.remove_dirs()
+        assert wait_for(lambda: "NRI: registered as 00-koordlet_nri" in logs(), 30), \
+            "\n".join(line for line in logs().splitlines() if "NRI" in line or "koordlet.main" in line)
+        registered_s = time.monotonic() - started
+        assert registered_s < 10.0, logs()
+        assert wait_for(lambda: _metric(_get(f"http://127.0.0.1:{METRICS_PORT}/metrics"),
+                                        "koordlet_nri_registered") == 1.0, 30), logs()
+        _be_pod_gets_its_batch_values_through_nri(client)
+        assert wait_for(lambda: ((api.get_object("nodemetrics", NODE) or {}).get("status") or {})
+                        .get("nodeMetric"), 90), logs()
+        assert wait_for(lambda: api.get_object("noderesourcetopologies", NODE), 60), logs()
+        assert [(r.verb, r.path) for r in api.requests() if r.status == 422] == []
+        status = client.runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=cid), timeout=10).status
+        assert status.state == cri.CONTAINER_RUNNING, logs()
+        assert "accepted but not used" not in logs()  # the chart passes no flag we leave unused
+        assert "Traceback" not in logs(), logs()
+        print(f"NRI registration {registered_s:.1f} s after StartContainer; "
+              f"ran {time.monotonic() - started:.0f} s, still running")
 
 
 def _serve_koordinators_crds(api: Any) -> None:
@@ -478,9 +510,9 @@ def _serve_koordinators_crds(api: Any) -> None:
             assert response.status == 201, crd["metadata"]["name"]
 
 
-def _be_pod_gets_its_batch_values_through_nri(client: Any, sandbox_config: Any, container_config: Any,
-                                              cri: Any) -> None:
-    from tests.support.cri import PodFactory
+def _be_pod_gets_its_batch_values_through_nri(client: Any) -> None:
+    from tests.support.cri import PodFactory, container_config, sandbox_config
+    from wire import cri_pb2 as cri
 
     be_pods = PodFactory(client)
     try:
@@ -497,3 +529,60 @@ def _be_pod_gets_its_batch_values_through_nri(client: Any, sandbox_config: Any, 
         assert (memory / "memory.limit_in_bytes").read_text().strip() == str(96 << 20)
     finally:
         be_pods.cleanup()
+
+
+def test_the_device_object_of_a_gpu_node_validates_against_koordinators_crd(tmp_path: Path) -> None:
+    """The image has no GPU, so the Device object is shown here: koordlet with the tests' fake NVML (two H100s,
+    demo/fake_gpu_koordlet.py) in a process on this host, the chart's args, kubelet's dir read-only as the chart
+    mounts it, against the API server serving Koordinator v1.8.0's CRDs from the recorded facts."""
+    import sys
+
+    from tests.koordlet.statesinformer.kubelet_server import FakeKubelet, kubelet_pod_list, make_certs, serve
+    from tests.support.apiserver import ApiServer
+    from tests.support.containerd import CGROUP_ROOT
+    from tests.support.proxy import free_port
+    from tests.support.waiting import wait_for
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount kubelet's dir read-only")
+    certs = make_certs(tmp_path)
+    kubelet = FakeKubelet(payload=kubelet_pod_list())
+    serving = serve(kubelet, certs)
+    kubelet_port = int(next(serving).rsplit(":", 1)[1])
+    kubelet_dir = tmp_path / "var-lib-kubelet"
+    (kubelet_dir / "device-plugins").mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(kubelet_dir), str(kubelet_dir)], check=True, timeout=30)
+    proc = None
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(kubelet_dir)], check=True, timeout=30)
+        with ApiServer(crd_dir=None, tls=(certs.server_cert, certs.server_key), token=TOKEN) as api:
+            _serve_koordinators_crds(api)
+            api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": str(uuid.uuid4())},
+                      "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                                 "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}}}})
+            kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url, certs.server_cert, TOKEN)
+            (tmp_path / "hooks").mkdir()
+            args = [sys.executable, "-m", "demo.fake_gpu_koordlet", *CONTAINER["args"],
+                    "-cgroup-root-dir=/sys/fs/cgroup/", f"-kubelet-cgroup-root={CGROUP_ROOT}",
+                    f"-addr=127.0.0.1:{free_port()}", f"-kubeconfig={kubeconfig}", "-enable-nri-runtime-hook=false",
+                    f"-var-lib-kubelet-dir={kubelet_dir}", f"-runtime-hooks-addr={tmp_path / 'koordlet.sock'}",
+                    f"-runtime-hooks-config-path={tmp_path / 'hooks'}",
+                    f"-prediction-checkpoint-filepath={tmp_path / 'prediction'}",
+                    f"-system-config-record-file={tmp_path / 'originals.json'}"]
+            env = {**os.environ, "NODE_NAME": NODE, "agent_mode": "hostMode", "PYTHONPATH": str(ROOT)}
+            log_path = tmp_path / "koordlet.log"
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            logs = lambda: log_path.read_text(errors="replace")  # noqa: E731
+            assert wait_for(lambda: api.get_object("devices", NODE), 60), logs()
+            device = api.get_object("devices", NODE)
+            assert [d["type"] for d in device["spec"]["devices"]] == ["gpu", "gpu"]
+            assert "GPU device plugin off" in logs() and "is not writable here" in logs()
+            assert [r for r in api.requests() if r.status == 422] == []
+            assert proc.poll() is None, logs()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
+        subprocess.run(["umount", str(kubelet_dir)], check=False, timeout=30)
+        serving.close()
