@@ -47,6 +47,10 @@ SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500", "k
 
 @pytest.fixture(scope="module")
 def image_archive() -> Path:
+    return build_image_archive()
+
+
+def build_image_archive() -> Path:
     """`make image`: the OCI archive of koordlet-py:<version> (KOORDLET_IMAGE_ARCHIVE: one built already)."""
     if os.environ.get("KOORDLET_IMAGE_ARCHIVE"):
         return Path(os.environ["KOORDLET_IMAGE_ARCHIVE"])
