@@ -89,7 +89,13 @@ from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.roots import HostDirs
-from koordlet.system.sysfs import NUMAMemInfoFiles, read_node_hugepages, read_node_topology, read_online_cpus
+from koordlet.system.sysfs import (
+    NUMAMemInfoFiles,
+    SysfsError,
+    read_node_hugepages,
+    read_node_topology,
+    read_online_cpus,
+)
 
 if TYPE_CHECKING:
     from koordlet.extensions import Extensions
@@ -453,9 +459,14 @@ def _alpha_collectors(ctx: AgentContext) -> list[Collector]:
         from koordlet.metricsadvisor.cpi import CPICollector
 
         libpfm = config.gate("Libpfm4")
-        collectors.append(CPICollector(pod_cgroup_source(ctx.states.pods, ctx.layout), ctx.cgroup_fs,
-                                       read_online_cpus(dirs.sys_dir), config.cpi_collector_interval_s,
-                                       config.collect_cpi_timewindow_s, group=libpfm, libpfm=libpfm))
+        try:
+            cpus = read_online_cpus(dirs.sys_dir)
+        except SysfsError as err:  # one collector off, not the agent
+            logger.warning("CPI collector off: %s", err)
+        else:
+            collectors.append(CPICollector(pod_cgroup_source(ctx.states.pods, ctx.layout), ctx.cgroup_fs, cpus,
+                                           config.cpi_collector_interval_s, config.collect_cpi_timewindow_s,
+                                           group=libpfm, libpfm=libpfm))
     return collectors
 
 

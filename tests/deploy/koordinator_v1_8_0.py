@@ -17,6 +17,10 @@ clone and no network. Facts only (names, types, paths, values), no code of their
   default values (``{image}`` stands for the image the values name), :data:`DAEMONSET_LABELS` its labels.
 - :data:`VALUES`: the chart's default values that concern koordlet, :data:`IMAGE_TEMPLATE` how it names the image.
 - :data:`KOORDLET_ROLE_RULES`: the ClusterRole the chart binds to the ``koordlet`` service account.
+- :data:`OBJECTS`, :data:`SERVICE_MONITOR_OBJECTS`, :data:`CRD_VERSIONS`, :data:`KOORDLET_AFFINITY_VALUE`: what the
+  chart renders (Helm 4.1.4, ``helm template koordinator versions/v1.8.0 --namespace koordinator-system``), for the
+  tests that install our chart beside it; tests/deploy/test_beside_koordinator.py checks them against the chart
+  itself when ``KOORDINATOR_CHARTS_DIR`` names a checkout of koordinator-sh/charts.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 VERSION = "v1.8.0"
+NAMESPACE = "koordinator-system"
 
 FLAGS: dict[str, dict[str, str]] = {
     "cmd/koordlet/options": {
@@ -324,3 +329,73 @@ KOORDLET_ROLE_RULES: list[dict[str, list[str]]] = [
   'verbs': ['patch', 'update', 'get', 'list', 'watch']},
  {'apiGroups': [''], 'resources': ['pods/eviction'], 'verbs': ['*']},
  {'apiGroups': [''], 'resources': ['events'], 'verbs': ['*']}]
+
+# (kind, namespace, name) of every object the default render makes; the Namespace is its own.
+OBJECTS: frozenset[tuple[str, str, str]] = frozenset({
+    ("ClusterRole", "", "koord-descheduler-role"),
+    ("ClusterRole", "", "koord-manager-role"),
+    ("ClusterRole", "", "koord-scheduler-role"),
+    ("ClusterRole", "", "koordlet-role"),
+    ("ClusterRoleBinding", "", "koord-descheduler-rolebinding"),
+    ("ClusterRoleBinding", "", "koord-manager-rolebinding"),
+    ("ClusterRoleBinding", "", "koord-scheduler-rolebinding"),
+    ("ClusterRoleBinding", "", "koord-scheduler-rolebinding-custom"),
+    ("ClusterRoleBinding", "", "koord-scheduler-rolebinding-volume"),
+    ("ClusterRoleBinding", "", "koordlet-rolebinding"),
+    ("ConfigMap", NAMESPACE, "gpu-shared-resource-templates"),
+    ("ConfigMap", NAMESPACE, "koord-descheduler-config"),
+    ("ConfigMap", NAMESPACE, "koord-scheduler-config"),
+    ("ConfigMap", NAMESPACE, "slo-controller-config"),
+    ("CustomResourceDefinition", "", "clustercolocationprofiles.config.koordinator.sh"),
+    ("CustomResourceDefinition", "", "clusternetworktopologies.scheduling.koordinator.sh"),
+    ("CustomResourceDefinition", "", "devices.scheduling.koordinator.sh"),
+    ("CustomResourceDefinition", "", "elasticquotaprofiles.quota.koordinator.sh"),
+    ("CustomResourceDefinition", "", "elasticquotas.scheduling.sigs.k8s.io"),
+    ("CustomResourceDefinition", "", "nodemetrics.slo.koordinator.sh"),
+    ("CustomResourceDefinition", "", "noderesourcetopologies.topology.node.k8s.io"),
+    ("CustomResourceDefinition", "", "nodeslos.slo.koordinator.sh"),
+    ("CustomResourceDefinition", "", "podgroups.scheduling.sigs.k8s.io"),
+    ("CustomResourceDefinition", "", "podmigrationjobs.scheduling.koordinator.sh"),
+    ("CustomResourceDefinition", "", "recommendations.analysis.koordinator.sh"),
+    ("CustomResourceDefinition", "", "reservations.scheduling.koordinator.sh"),
+    ("CustomResourceDefinition", "", "scheduleexplanations.scheduling.koordinator.sh"),
+    ("DaemonSet", NAMESPACE, "koord-device-daemon"),
+    ("DaemonSet", NAMESPACE, "koordlet"),
+    ("Deployment", NAMESPACE, "koord-descheduler"),
+    ("Deployment", NAMESPACE, "koord-manager"),
+    ("Deployment", NAMESPACE, "koord-scheduler"),
+    ("MutatingWebhookConfiguration", "", "koordinator-mutating-webhook-configuration"),
+    ("Namespace", "", NAMESPACE),
+    ("PriorityClass", "", "koord-batch"),
+    ("PriorityClass", "", "koord-free"),
+    ("PriorityClass", "", "koord-mid"),
+    ("PriorityClass", "", "koord-prod"),
+    ("Role", NAMESPACE, "koord-leader-election-role"),
+    ("RoleBinding", NAMESPACE, "koord-leader-election-rolebinding"),
+    ("Secret", NAMESPACE, "koordinator-webhook-certs"),
+    ("Service", NAMESPACE, "koordinator-webhook-service"),
+    ("ServiceAccount", NAMESPACE, "koord-descheduler"),
+    ("ServiceAccount", NAMESPACE, "koord-manager"),
+    ("ServiceAccount", NAMESPACE, "koord-scheduler"),
+    ("ServiceAccount", NAMESPACE, "koordlet"),
+    ("ValidatingWebhookConfiguration", "", "koordinator-validating-webhook-configuration"),
+})
+
+# With koordlet.enableServiceMonitor=true it also renders these two.
+SERVICE_MONITOR_OBJECTS: frozenset[tuple[str, str, str]] = frozenset({
+    ("Service", NAMESPACE, "koordlet-service"),
+    ("ServiceMonitor", NAMESPACE, "koordlet-service-monitor"),
+})
+
+# The served versions and the storage version of the CRDs koordlet reads and writes, as that chart ships them
+# (templates/crd/; all with conversion None).
+CRD_VERSIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    "nodeslos.slo.koordinator.sh": (("v1alpha1",), "v1alpha1"),
+    "nodemetrics.slo.koordinator.sh": (("v1alpha1",), "v1alpha1"),
+    "devices.scheduling.koordinator.sh": (("v1alpha1",), "v1alpha1"),
+    "noderesourcetopologies.topology.node.k8s.io": (("v1alpha1", "v1alpha2"), "v1alpha2"),
+}
+
+# templates/koordlet.yaml renders the value koordlet.nodeAffinity, as given, as the koordlet pod's whole
+# spec.affinity (so the value holds a nodeAffinity key). It has no node selector value for koordlet.
+KOORDLET_AFFINITY_VALUE = "koordlet.nodeAffinity"

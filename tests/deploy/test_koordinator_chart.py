@@ -85,6 +85,9 @@ def test_every_flag_of_koordinators_koordlet_parses_in_each_of_gos_spellings(nam
     (["-stderrthreshold=LOUD"], 'strconv.ParseInt: parsing "LOUD": invalid syntax'),
     (["-log_backtrace_at=main:3"], "syntax error: expect file.go:234"),
     (["-qos-extension-plugins=A"], "malformed pair, expect string=bool"),
+    (["-qos-extension-plugins=A=yes"],
+     'invalid value of A: yes, err: strconv.ParseBool: parsing "yes": invalid syntax'),
+    (["-feature-gates=BECPUEvict=on"], 'strconv.ParseBool: parsing "on": invalid syntax'),
     (["-addr"], "flag needs an argument: -addr"),
     (["---v=1"], "bad flag syntax: ---v=1"),
     (["-no-such-flag"], "flag provided but not defined: -no-such-flag"),
@@ -105,6 +108,13 @@ def test_booleans_and_the_end_of_the_flags_follow_go() -> None:
     assert parse_config(["--", "-v=9"], ENV).logging.verbosity == 0
     assert parse_config(["-kubelet-read-only-port=0x2813", "-reconcile-interval-seconds=010"], ENV).\
         kubelet_read_only_port == 10259
+
+
+def test_a_map_flag_given_again_merges_its_pairs_as_map_string_bool_does() -> None:
+    config = parse_config(["-qos-extension-plugins=a=true,b=true", "-qos-extension-plugins", "b=false,c=1"], ENV)
+    assert dict(config.qos_extension_plugins) == {"a": True, "b": False, "c": True}
+    gates = parse_config(["-feature-gates=BECPUEvict=true", "-feature-gates=BEMemoryEvict=true"], ENV)
+    assert gates.gate("BECPUEvict") and gates.gate("BEMemoryEvict")
 
 
 def test_the_charts_args_parse_and_name_the_unused_flags_given() -> None:
@@ -311,12 +321,19 @@ def chart_host_dirs() -> Iterator[list[str]]:
             made.append(missing)
             missing = os.path.dirname(missing)
         os.makedirs(path, exist_ok=True)
+    # What koordlet makes in its host dir (sockets, pod-resources/, xpu-device-infos/, checkpoints) goes after the
+    # test even where the dir was there before: a later test (test_image) refuses a non-empty one.
+    koordlet_dir = "/var/run/koordlet"
+    before = set(os.listdir(koordlet_dir)) if os.path.isdir(koordlet_dir) else set()
     try:
         yield wanted
     finally:
-        for path in ("/etc/runtime/hookserver.d/koordlet.json", "/var/run/koordlet/koordlet.sock", NRI_SOCKET):
+        for path in ("/etc/runtime/hookserver.d/koordlet.json", NRI_SOCKET):
             if os.path.lexists(path):
                 os.unlink(path)
+        for entry in set(os.listdir(koordlet_dir) if os.path.isdir(koordlet_dir) else ()) - before:
+            subprocess.run(["rm", "-rf", "--one-file-system", os.path.join(koordlet_dir, entry)], check=False,
+                           timeout=30)
         for path in sorted(made, key=len, reverse=True):
             subprocess.run(["rm", "-rf", "--one-file-system", path], check=False, timeout=30)
 
