@@ -17,16 +17,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from koordlet.reporters.nrt import NRT_VERSION
 from tests.deploy import koordinator_v1_8_0 as koordinator
 from tests.deploy.tools import CHART, ROOT, create_object, documents, object_key, tool
 from tests.support.apiserver import ApiServer, kube_api_client, write_kubeconfig
 from tests.test_docs_commands import extract
 
-# A checkout (or bare clone) of koordinator-sh/charts, to check the recorded facts against; none in CI (no network).
-CHARTS_DIR = os.environ.get("KOORDINATOR_CHARTS_DIR", "")
 # Flags of `helm upgrade`/`install` that `helm template` has no use for (they act on a release in a cluster).
 _RELEASE_ONLY_FLAGS = {"--reuse-values", "--wait", "--atomic", "--create-namespace"}
 
@@ -209,18 +205,6 @@ def _stand_in(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return None
     api_version, body = bodies[kind]
     return {"apiVersion": api_version, "kind": kind, "metadata": meta, **body}
-
-
-@pytest.fixture(scope="module")
-def koordinator_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Koordinator v1.8.0's chart from the koordinator-sh/charts at ``KOORDINATOR_CHARTS_DIR``, when one is named."""
-    if not CHARTS_DIR:
-        pytest.skip("KOORDINATOR_CHARTS_DIR names no koordinator-sh/charts: the recorded facts stand unchecked here")
-    out = tmp_path_factory.mktemp("koordinator-chart")
-    archive = subprocess.run(["git", "-C", CHARTS_DIR, "archive", "HEAD", f"versions/{koordinator.VERSION}"],
-                             capture_output=True, timeout=60, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True, timeout=60)
-    return out / "versions" / koordinator.VERSION
 
 
 def test_the_recorded_facts_are_koordinators_chart(koordinator_chart: Path, tmp_path: Path) -> None:

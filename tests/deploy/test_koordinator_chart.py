@@ -607,3 +607,27 @@ def test_the_device_object_of_a_gpu_node_validates_against_koordinators_crd(tmp_
             proc.wait(30)
         subprocess.run(["umount", str(kubelet_dir)], check=False, timeout=30)
         serving.close()
+
+
+def test_the_readmes_command_on_koordinators_chart_renders_the_recorded_pod_with_our_image(
+        koordinator_chart: Path) -> None:
+    """With Koordinator's chart at hand: `helm template` with the README's exact --set arguments renders the
+    koordlet DaemonSet recorded in koordinator_v1_8_0.py, our image in it, and its role as recorded."""
+    from tests.deploy.tools import documents, tool
+
+    command = _readme_command()
+    sets = [arg for flag, arg in zip(command, command[1:], strict=False) if flag == "--set"]
+    done = subprocess.run([tool("helm"), "template", "koordinator", str(koordinator_chart), "--namespace",
+                           koord.NAMESPACE, *(x for s in sets for x in ("--set", s))],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    docs = documents(done.stdout)
+    [daemonset] = [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "koordlet"]
+    spec = daemonset["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    assert container["image"] == _readme_push_target()
+    recorded = koord.DAEMONSET_POD["spec"]["containers"][0]
+    assert {k: v for k, v in container.items() if k != "image"} == {k: v for k, v in recorded.items() if k != "image"}
+    assert spec["volumes"] == koord.DAEMONSET_POD["spec"]["volumes"]
+    [role] = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "koordlet-role"]
+    assert role["rules"] == koord.KOORDLET_ROLE_RULES
