@@ -62,8 +62,6 @@ UNUSED_FLAGS: tuple[UnusedFlag, ...] = (
     # pkg/koordlet/metricsadvisor/framework
     UnusedFlag("collect-sys-metric-outdated-interval", goflag.DURATION, 10.0,
                "staleness follows each collector's own interval"),
-    UnusedFlag("collect-node-cpu-info-interval", goflag.DURATION, 60.0,
-               "the CPU topology is read at each NodeResourceTopology report (-node-topology-sync-interval)"),
     UnusedFlag("collect-node-storage-info-interval", goflag.DURATION, 1.0, "no node storage collector"),
     # pkg/koordlet/metriccache
     UnusedFlag("metric-gc-interval-seconds", goflag.INT, 300, _TSDB),

@@ -232,6 +232,7 @@ class KoordletConfig:
     audit_max_events_limit: int = 2048
     # collectors of the Alpha gates (docs/koordinator.md §7.1)
     cpi_collector_interval_s: float = 60.0
+    collect_node_cpu_info_interval_s: float = 60.0
     collect_cpi_timewindow_s: float = 10.0
     coldpage_collector_interval_s: float = 5.0
     resctrl_collector_interval_s: float = 10.0
@@ -362,6 +363,8 @@ def _collection_qos_and_hook_flags(flag: _AddFlag, switch: _AddSwitch, path: _Mo
          "NodeResourceTopology: least time between two updates of the object")
     flag("collect-res-used-interval", _DURATION, 1.0, "node/pod usage collection period")
     flag("psi-collector-interval", _DURATION, 10.0, "PSI collection period")
+    flag("collect-node-cpu-info-interval", _DURATION, 60.0,
+         "period of the node info collector (CPU topology and NUMA nodes into the metric cache)")
     switch("enable-pagecache-collector", False, "also collect usage with page cache")
     flag("reconcile-interval-seconds", _INT, 1, "cpu burst / cgroup reconcile period")
     flag("cpu-suppress-interval-seconds", _INT, 1, "cpu suppress period")
@@ -524,6 +527,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
         "node_topology_min_update_interval": "node_topology_min_update_interval_s",
         "collect_res_used_interval": "collect_res_used_interval_s",
         "psi_collector_interval": "psi_collector_interval_s",
+        "collect_node_cpu_info_interval": "collect_node_cpu_info_interval_s",
         "runtime_hooks_reconcile_interval": "runtime_hooks_reconcile_interval_s",
         "runtime_hooks_nri_connect_timeout": "runtime_hooks_nri_connect_timeout_s",
         "runtime_hooks_nri_backoff_duration": "runtime_hooks_nri_backoff_duration_s",
@@ -557,6 +561,7 @@ _POSITIVE_DURATIONS = (
     "report_interval_s", "stop_timeout_s", "runtime_hooks_reconcile_interval_s",
     "runtime_hooks_nri_connect_timeout_s", "runtime_hooks_nri_backoff_duration_s", "runtime_hooks_nri_backoff_cap_s",
     "cpi_collector_interval_s", "collect_cpi_timewindow_s", "coldpage_collector_interval_s",
+    "collect_node_cpu_info_interval_s",
     "resctrl_collector_interval_s", "prediction_training_interval_s", "prediction_cpu_histogram_decay_halflife_s",
     "prediction_memory_histogram_decay_halflife_s",
 )

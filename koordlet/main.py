@@ -414,7 +414,8 @@ def _collectors(ctx: AgentContext) -> list[Collector]:
                                            numa_files=NUMAMemInfoFiles(ctx.dirs.sys_dir),
                                            cpu_nodes=CPUNodeMap(ctx.cache))
     collectors: list[Collector] = [
-        NodeInfoCollector(ctx.cache, ctx.dirs.sys_dir, observe=ctx.metrics.observe_node_info),
+        NodeInfoCollector(ctx.cache, ctx.dirs.sys_dir, ctx.config.collect_node_cpu_info_interval_s,
+                          observe=ctx.metrics.observe_node_info),
         node_collector,
         PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
                              config.collect_res_used_interval_s, be_cgroup_dir=layout.qos_dir(KubeQoS.BESTEFFORT),

@@ -160,3 +160,9 @@ def test_nri_flags_are_parsed_and_the_socket_path_joined_as_go_does() -> None:
 def test_nri_flags_that_containerd_would_refuse_are_refused_at_start(argv: list[str]) -> None:
     with pytest.raises(ConfigError):
         parse_config(argv, ENV)
+
+
+def test_the_node_info_collectors_interval_is_koordinators_flag_and_acts() -> None:
+    config = parse_config(["-collect-node-cpu-info-interval=30s"], ENV)
+    assert config.collect_node_cpu_info_interval_s == 30.0 and config.unused_flags == ()
+    assert parse_config([], ENV).collect_node_cpu_info_interval_s == 60.0  # Koordinator's default
