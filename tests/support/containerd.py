@@ -10,8 +10,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/busybox:local"
-# Pods of tests and the demo live under this kubelet --cgroup-root, never under the host's kubepods.
-CGROUP_ROOT = "/koordlet-py"
+# Pods of tests live under this kubelet --cgroup-root, never under the host's kubepods nor under another test
+# session's (a test that lowers the besteffort dir's quota must not meet another session's pods there): one root per
+# session, kept in the environment so that the processes a session starts use the same one.
+SESSION_CGROUP_ROOT = "/koordlet-py-test-{pid}"
+CGROUP_ROOT = os.environ.setdefault("KPY_CGROUP_ROOT", SESSION_CGROUP_ROOT.format(pid=os.getpid()))
 # The containerd generations the scripts install (scripts/containerd-up.sh CTRD_VERSION) and the one a test session
 # runs on: KPY_CONTAINERD, else the default (README "Testing": the full suite runs there, the other two run the
 # runtime-facing subset, scripts/test-all.sh).
@@ -80,8 +83,9 @@ def session_containerd(pid: int | None = None) -> Containerd:
     """The containerd of one test session: its own paths, so sessions running at once never share
     (and never stop) each other's runtime."""
     pid = os.getpid() if pid is None else pid
+    cgroup_root = CGROUP_ROOT if pid == os.getpid() else SESSION_CGROUP_ROOT.format(pid=pid)
     return Containerd(f"/run/koordlet-py/test-{pid}/containerd", f"/var/lib/koordlet-py/test-{pid}/containerd",
-                      version=generation())
+                      cgroup_root=cgroup_root, version=generation())
 
 
 def clean_up_dead_sessions() -> list[int]:

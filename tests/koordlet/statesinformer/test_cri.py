@@ -57,8 +57,9 @@ def test_pods_listed_from_cri_with_cgroup_parent_and_resources(containerd_socket
         # The collectors' view: pod and container dirs under kubelet's --cgroup-root.
         layout = KubeCgroupLayout(CgroupDriver.CGROUPFS, CGROUP_ROOT)
         cgroups = {c.pod_uid: c for c in pod_cgroups([be, ls], layout)}
-        assert cgroups[be.uid].cgroup_dir == f"koordlet-py/kubepods/besteffort/pod{be.uid}"
-        assert cgroups[be.uid].containers[0].cgroup_dir == f"koordlet-py/kubepods/besteffort/pod{be.uid}/{be_cid}"
+        pod_dir = f"{CGROUP_ROOT.lstrip('/')}/kubepods/besteffort/pod{be.uid}"
+        assert cgroups[be.uid].cgroup_dir == pod_dir
+        assert cgroups[be.uid].containers[0].cgroup_dir == f"{pod_dir}/{be_cid}"
         assert Path("/sys/fs/cgroup/cpu", cgroups[be.uid].containers[0].cgroup_dir).is_dir()
         assert cgroups[be.uid].qos == "BE" and cgroups[ls.uid].qos == "LS"
         # A removed pod is gone at the next listing, and so is its cached status.
