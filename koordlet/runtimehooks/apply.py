@@ -142,12 +142,15 @@ def cgroup_writes(changes: Changes, cgroup_dir: str) -> tuple[list[CgroupWrite],
         leveled.append(CgroupWrite("memory.limit_in_bytes", cgroup_dir, changes.memory_limit_bytes))
     if changes.cpuset_cpus:
         leveled.append(CgroupWrite("cpuset.cpus", cgroup_dir, changes.cpuset_cpus))
-    if changes.cpu_shares is not None:
+    # cpu.idle before cpu.shares: the kernel refuses a weight on an idle group (EINVAL) and holds it at the
+    # minimum, and turning idle off resets the weight to 1024, which the shares written after it then correct
+    # (hooks/coresched.py).
+    if changes.cpu_idle is not None:
+        plain.append(CgroupWrite("cpu.idle", cgroup_dir, changes.cpu_idle))
+    if changes.cpu_shares is not None and changes.cpu_idle != 1:
         plain.append(CgroupWrite("cpu.shares", cgroup_dir, changes.cpu_shares))
     if changes.bvt_warp_ns is not None:
         plain.append(CgroupWrite("cpu.bvt_warp_ns", cgroup_dir, changes.bvt_warp_ns))
-    if changes.cpu_idle is not None:
-        plain.append(CgroupWrite("cpu.idle", cgroup_dir, changes.cpu_idle))
     return leveled, plain
 
 
