@@ -16,7 +16,8 @@
 #   V2_DRIVERS="cgroupfs systemd"   the guests to boot: cgroupfs (virtme-ng's init; every cgroupv2 test but
 #                        the pod story, which it runs only when it boots alone)
 #                        and systemd (systemd as PID 1: the pod story and NRI on kubelet's systemd layout)
-#   V2_MODE=tests        or `bench`: run bench/qos_reaction.py in the cgroupfs guest (make bench-v2)
+#   V2_MODE=tests        or `bench`: run a benchmark's --v2-guest part in the cgroupfs guest (make bench-v2)
+#   V2_BENCH=bench/qos_reaction.py   the benchmark V2_MODE=bench runs (its other arguments: this script's)
 #   V2_HUGEPAGES=64      2 MiB huge pages the cgroupfs guest reserves at boot (kernel command line)
 # Installs what it needs: Debian qemu-system-x86 and linux-image-amd64 (apt-get), virtme-ng (pip, into
 # the project's virtualenv). Needs root.
@@ -109,6 +110,7 @@ boot() {
     truncate -s 64M "$disk"
     local guest_cmd
     guest_cmd="KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode KPY_V2_DISK=$(printf %q "$disk")"
+    guest_cmd+=" KPY_V2_BENCH=$(printf %q "${V2_BENCH:-bench/qos_reaction.py}")"
     # The pod story and the NRI plugin on containerd 2.1 are the systemd guest's (below) when both guests boot.
     [[ " ${V2_DRIVERS:-cgroupfs systemd} " != *" systemd "* ]] ||
       guest_cmd+=" KPY_V2_SKIP=$(printf %q "${systemd_modules[*]}")"
