@@ -246,6 +246,7 @@ def container_context_from_meta(pod: PodMeta, container: ContainerMeta) -> Conta
         pod=pod, name=container.name, container_id=container.container_id,
         resources=ContainerResources(cfs_quota_us=quota_from_milli(container.limits.get("cpu", 0)),
                                      memory_limit_bytes=container.limits.get("memory", 0)),
+        running=True,
     )
 
 

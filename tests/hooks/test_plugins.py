@@ -190,14 +190,22 @@ def test_resctrl_group_and_schemata() -> None:
     assert not resctrl.container(ContainerContext(pod, "c"), resctrl.rule(NodeContext()))
 
 
-def test_cpu_normalization_scales_ls_quotas_only() -> None:
-    ratio = cpunormalization.rule(NodeContext(node_annotations={"node.koordinator.sh/cpu-normalization-ratio": "2"}))
+def test_cpu_normalization_scales_ls_quotas_only_and_leaves_a_running_one_to_cpu_burst() -> None:
+    annotations = {"node.koordinator.sh/cpu-normalization-ratio": "2"}
+    ratio = cpunormalization.rule(NodeContext(node_annotations=annotations))
     ls = PodMeta(name="p", namespace="n", uid="u", labels=LS)
     ctx = ContainerContext(ls, "c", resources=ContainerResources(cfs_quota_us=150000))
     assert cpunormalization.container(ctx, ratio) == Changes(cfs_quota_us=75000)
     assert not cpunormalization.container(ContainerContext(be_pod(), "a", resources=ctx.resources), ratio)
     assert cpunormalization.rule(NodeContext(node_annotations={"node.koordinator.sh/cpu-normalization-ratio": "-1"})) \
-        is None
+        .ratio is None
+    # CPU burst on: a container kubelet creates or updates still gets the normalized quota (burst's base); a running
+    # one is burst's (koordlet/api/cfsquota.py), so the reconciler does not set it back under a burst
+    with_burst = cpunormalization.rule(NodeContext(node_annotations=annotations, cpu_burst=True))
+    assert cpunormalization.container(ctx, with_burst) == Changes(cfs_quota_us=75000)
+    running = ContainerContext(ls, "c", resources=ctx.resources, running=True)
+    assert not cpunormalization.container(running, with_burst)
+    assert cpunormalization.container(running, ratio) == Changes(cfs_quota_us=75000)  # burst off: the reconciler's
 
 
 def test_plugins_run_in_name_order_and_later_ones_win() -> None:

@@ -226,7 +226,7 @@ class NriHandlers:
                      node: NodeContext) -> api.ContainerUpdate | None:
         spec = pod.container(container.name)
         context = (container_context_from_meta(pod, spec) if spec is not None
-                   else ContainerContext(pod=pod, name=container.name, container_id=container.id))
+                   else ContainerContext(pod=pod, name=container.name, container_id=container.id, running=True))
         pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
         changes = self._container_changes(plugins, node, context, pod_dir)
         # ignore_failure: a value the kernel refuses now (a parent's quota lowered meanwhile) is the

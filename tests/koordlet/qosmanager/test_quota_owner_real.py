@@ -1,0 +1,119 @@
+"""CPU burst and CPU normalization both on, on the real kernel (cgroup v1 here, v2 in the VM stage): across a burst
+and back neither undoes the other (Koordinator #2306; docs/colocation.md "One owner for the CFS quota").
+
+An LS pod with one container, limit 0.2 cores (kubelet's quota 20000 µs on the pod and the container), on a node whose
+CPU normalization ratio is 1.25: the normalized base is 16000 µs. (A small limit, so that two burners are throttled
+at every step even on a busy shared machine.) The burst strategy (run tick by tick) and the
+runtime hooks' reconciler (normalization, a pass after every tick) both act on the same cgroups. The container
+really burns, so its throttling is the kernel's, read by the real collector. The node's CPU use is the one input
+set by the test: the share pool's load on a shared machine is not what this test is about, and an overloaded share
+pool makes burst scale down instead of up.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from hooks import registry
+from hooks.protocol import NodeContext
+from koordlet.api.keys import ANNOTATION_NODE_CPU_NORMALIZATION_RATIO
+from koordlet.api.nodeslo import parse_node_slo_spec
+from koordlet.api.pod import ContainerMeta
+from koordlet.api.qos import KubeQoS, QoSClass
+from koordlet.metriccache import MetricKind, SeriesKey
+from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
+from koordlet.runtimehooks.reconciler import Reconciler
+from koordlet.system.cgroup import CgroupVersion
+from koordlet.system.cgroup_stats import read_cfs_quota
+from tests.koordlet.qosmanager.realnode import BURN, RealNode, skip_unless_v2_writable
+
+CONTAINER = ContainerMeta("app", container_id="0123456789ab", requests={"cpu": 100}, limits={"cpu": 200})
+GATES = {"CPUBurst": True, "CPUNormalization": True, "BECPUSuppress": False, "RdtResctrl": False}
+KUBELET_QUOTA, BASE, CEIL = 20_000, 16_000, 48_000  # limit 0.2 cores; ÷ 1.25; base × cfsQuotaBurstPercent 300 %
+
+
+def _slo(policy: str):
+    return parse_node_slo_spec({"cpuBurstStrategy": {"policy": policy, "cfsQuotaBurstPercent": 300,
+                                                     "cfsQuotaBurstPeriodSeconds": -1}})
+
+
+@pytest.fixture(params=[pytest.param("v1", marks=pytest.mark.cgroupv1),
+                        pytest.param("v2", marks=pytest.mark.cgroupv2)])
+def node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
+    v2 = request.param == "v2"
+    skip_unless_v2_writable() if v2 else RealNode.skip_unless_possible()
+    real = RealNode("quota-owner", (("ls", QoSClass.LS, KubeQoS.BURSTABLE),), v2=v2)
+    try:
+        yield real
+    finally:
+        real.close()
+
+
+class Actors:
+    """The burst strategy and the reconciler on one node, driven by the test."""
+
+    def __init__(self, node: RealNode) -> None:
+        self.node = node
+        self.container_dir = node.add_container("ls", CONTAINER)
+        self.pod_dir = node.pod_dir(node.pod("ls"))
+        for cgroup_dir in (self.pod_dir, self.container_dir):  # kubelet's values
+            self._set_quota(cgroup_dir, KUBELET_QUOTA)
+        node.states.set_node(replace(node.node, annotations={ANNOTATION_NODE_CPU_NORMALIZATION_RATIO: "1.25"}))
+        self.manager: QoSManager = new_qos_manager(node.states, node.cache, node.executor, node.layout,
+                                                   config=QoSManagerConfig(feature_gates=GATES))
+        plugins = registry.enabled(GATES)
+        self.reconciler = Reconciler(
+            node.states.pods, lambda: NodeContext(node_slo=node.states.node_slo(),
+                                                  node_annotations=node.states.node().annotations, cpu_burst=True),
+            lambda: plugins, node.executor, node.layout)
+
+    def _set_quota(self, cgroup_dir: str, quota_us: int) -> None:
+        if self.node.fs.version is CgroupVersion.V2:
+            name, value = "cpu.max", f"{quota_us} 100000"
+        else:
+            name, value = "cpu.cfs_quota_us", str(quota_us)
+        self.node.groups.write("cpu", self.node._rel(cgroup_dir), name, value)
+
+    def quota(self, cgroup_dir: str) -> int:
+        return read_cfs_quota(self.node.fs.cgroup_dir("cpu", cgroup_dir), self.node.fs.version).quota_us
+
+    def burst_tick(self) -> int:
+        """Collect (the container's real throttling over the last 0.3 s), one burst tick, then a reconciler pass;
+        returns the container's quota after the tick, checking the pass left it there."""
+        self.node.runner.run_collector("pod_resource")
+        time.sleep(0.3)
+        self.node.runner.run_collector("pod_resource")
+        self.node.cache.append(SeriesKey.of(MetricKind.NODE_CPU_USAGE), time.time(), 0.2)  # an idle share pool
+        assert self.manager.run_strategy("cpuburst")
+        after_burst = self.quota(self.container_dir)
+        self.reconciler.reconcile_once()
+        assert self.quota(self.container_dir) == after_burst, "the reconciler undid burst's quota"
+        assert self.quota(self.pod_dir) >= after_burst  # v1: a child's quota never above its pod's
+        return after_burst
+
+
+def test_burst_and_normalization_both_on_neither_undoes_the_other_across_a_burst_and_back(node: RealNode) -> None:
+    actors = Actors(node)
+    # At rest (policy none): burst resets the container to the normalized base, and the reconciler keeps it there.
+    node.states.set_node_slo(_slo("none"))
+    assert actors.burst_tick() == BASE
+    # A burst: the container burns 2 CPUs against 0.16 and is throttled; burst scales it up tick by tick, past
+    # kubelet's 20000, and the reconciler's normalization (which would write 16000) leaves every step alone.
+    node.states.set_node_slo(_slo("cfsQuotaBurstOnly"))
+    burners = [node.groups.spawn(node._rel(actors.container_dir), BURN) for _ in range(max(2, os.cpu_count() or 2))]
+    seen = [actors.burst_tick() for _ in range(3)]
+    assert seen == [19_200, 23_040, 27_648], seen  # × 1.2 per tick from the normalized base
+    for burner in burners:
+        burner.kill()
+        burner.wait()
+    # And back: the burst is over (policy none again): burst resets to the normalized base, not to kubelet's quota,
+    # and the reconciler agrees.
+    node.states.set_node_slo(_slo("none"))
+    assert actors.burst_tick() == BASE
+    assert actors.burst_tick() == BASE
+    assert max(seen) <= CEIL
