@@ -99,6 +99,12 @@ class WriteFailedError(ExecutorError):
         self.errno = errno_value
 
 
+class PartialWriteError(WriteFailedError):
+    """An action file did part of what the write asked (``memory.reclaim``: less reclaimed, EAGAIN). Not a fault."""
+
+    status = metrics.STATUS_PARTIAL
+
+
 @dataclass(frozen=True, slots=True)
 class ResourceUpdate:
     """Write ``value`` (v1 semantics) to ``resource`` of the cgroup ``cgroup_dir``.
@@ -211,6 +217,8 @@ class ResourceExecutor:
         resource_name = update.resource.name
         try:
             target = self._target(update)
+            if update.resource.action:
+                return self._act(target)
             with self._lock:
                 return self._write_target(target, target.value, verify)
         except ExecutorError as exc:
@@ -585,6 +593,33 @@ class ResourceExecutor:
             del self._cache[next(iter(self._cache))]
         metrics.count_update(target.resource.name, metrics.STATUS_WRITTEN)
         return True
+
+    def _act(self, target: _Target) -> bool:
+        """An action file (``memory.reclaim``): written every time, never cached, and outside the lock (the kernel
+        may take a while, and no other write waits for it); EAGAIN is a :class:`PartialWriteError`."""
+        self._require_file(target.path)
+        try:
+            self._write_file(target.resource.name, target.path, target.value)
+        except WriteFailedError as exc:
+            if exc.errno == errno.EAGAIN:
+                raise PartialWriteError(str(exc), exc.errno) from exc
+            raise
+        metrics.count_update(target.resource.name, metrics.STATUS_WRITTEN)
+        return True
+
+    def has(self, resource: CgroupResource | str, cgroup_dir: str) -> bool:
+        """Whether this kernel has ``resource`` in the dir ``cgroup_dir`` (a probe that needs no read, so it works for
+        write-only files). Raises CgroupNotFoundError when the dir is missing, InvalidUpdateError when this cgroup
+        version has no such file."""
+        if isinstance(resource, str):
+            resource = get_resource(resource)
+        path = self._checked_path(resource, cgroup_dir, None)
+        if os.path.exists(path):
+            return True
+        missing = self._missing(path)
+        if isinstance(missing, CgroupNotFoundError):
+            raise missing
+        return False
 
     def _wrote_recently(self, key: str, content: str, now: float) -> bool:
         """The write cache's verdict: ``content`` went to ``key`` less than ``force_update_seconds`` ago."""

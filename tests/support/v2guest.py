@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,19 @@ KERNEL_LACKS = "kernel lacks"
 
 def in_v2_guest() -> bool:
     return os.environ.get("KPY_V2_GUEST") == "1"
+
+
+def attached_disk() -> str:
+    """The disk v2-stage.sh attaches to the cgroupfs guest, found by its virtio serial (the image path's first 20
+    characters, all a virtio-blk serial holds); skips outside the guest, fails in a guest without it."""
+    if not in_v2_guest():
+        pytest.skip("needs the disk the cgroup v2 VM stage attaches (make v2-check)")
+    image = os.environ.get("KPY_V2_DISK", "")
+    assert image, "v2-stage.sh names the attached disk in KPY_V2_DISK"
+    for serial in sorted(Path("/sys/block").glob("*/serial")):
+        if serial.read_text().strip() and image.startswith(serial.read_text().strip()):
+            return f"/dev/{serial.parent.name}"
+    pytest.fail(f"no disk with the serial of {image} under /sys/block")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -37,7 +37,7 @@ def node(request: pytest.FixtureRequest):
     real = RealNode("cpu-idle", PODS, v2=v2)
     if not os.path.exists(real.fs.cgroup_dir("cpu", os.path.join(real.be_dir, "cpu.idle"))):
         real.close()
-        pytest.skip(f"this kernel ({os.uname().release}) has no cpu.idle (Linux < 5.15)")
+        pytest.skip(f"this kernel lacks cpu.idle ({os.uname().release}; it came in Linux 5.15)")
     try:
         yield real
     finally:
