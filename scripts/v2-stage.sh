@@ -19,6 +19,7 @@
 #   V2_MODE=tests        or `bench`: run a benchmark's --v2-guest part in the cgroupfs guest (make bench-v2)
 #   V2_BENCH=bench/qos_reaction.py   the benchmark V2_MODE=bench runs (its other arguments: this script's)
 #   V2_HUGEPAGES=64      2 MiB huge pages the cgroupfs guest reserves at boot (kernel command line)
+#   V2_DISK_MB=64        size of the sparse disk attached to the cgroupfs guest (blkio tests; BE page cache in benches)
 # Installs what it needs: Debian qemu-system-x86 and linux-image-amd64 (apt-get), virtme-ng (pip, into
 # the project's virtualenv). Needs root.
 set -euo pipefail
@@ -107,7 +108,7 @@ boot() {
     # A block device for the blkio tests (test_blkio_v2.py): a sparse 64 MiB image attached as a virtio disk; the
     # guest finds it by its serial (the image path's first 20 characters, all a virtio-blk serial holds).
     local disk=$dir/blkio-disk.img
-    truncate -s 64M "$disk"
+    truncate -s "${V2_DISK_MB:-64}M" "$disk"
     local guest_cmd
     guest_cmd="KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode KPY_V2_DISK=$(printf %q "$disk")"
     guest_cmd+=" KPY_V2_BENCH=$(printf %q "${V2_BENCH:-bench/qos_reaction.py}")"

@@ -162,7 +162,9 @@ class RealNode:
         created = kubernetes.client.CoreV1Api(api_client).create_namespaced_pod("default", {
             "metadata": {"name": pod_name, "labels": dict(pod.labels)},
             "spec": {"containers": [{"name": "main", "image": "localhost/busybox"}]}})
-        self.states.set_pods([replace(p, uid=created.metadata.uid) if p.name == pod_name else p for p in self.pods])
+        self.states.set_pods([replace(p, uid=created.metadata.uid) if p.name == pod_name else p
+                              for p in self.states.pods()])
+        self.pods = list(self.states.pods())
 
     def spawn(self, pod_name: str, code: str = BURN) -> subprocess.Popen[bytes]:
         return self.groups.spawn(self._rel(self.pod_dir(self.pod(pod_name))), code)
