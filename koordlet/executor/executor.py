@@ -9,7 +9,9 @@ Every write goes through :meth:`ResourceExecutor.update`, which
 3. translates the v1 value for cgroup v2 (``cpu.max``, ``cpu.weight``, ``memory.max``…);
 4. skips the write when the same content was written to that file less than ``force_update_seconds``
    (default 60, flag ``-resource-force-update-seconds``) ago, without touching the file system (with
-   ``verify``, after reading the file back); a cgroup removed since is reported by the next write;
+   ``verify``, after reading the file back); a cgroup removed since is reported by the next write. Action
+   files (``memory.reclaim``: each write asks the kernel to act) are written every time, outside the lock;
+   the kernel doing less than asked (EAGAIN) is a :class:`PartialWriteError`, not a failure;
 5. logs the write at debug level and counts every outcome in Prometheus.
 
 A missing file in an existing dir is :class:`UnsupportedResourceError` (kernel without that feature; logged
