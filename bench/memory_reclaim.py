@@ -8,9 +8,12 @@ would) and the reclaim strategy switched by NodeSLO ``extensions.beMemoryReclaim
 1. a BE pod fills the page cache by reading the attached disk (``--cache-mib``), another BE pod holds anonymous
    memory (``--anon-mib``, compressible pages: the guest swaps to a zram device, so that BE anonymous memory is
    reclaimable at all; kubelet's NoSwap / LimitedSwap would keep a BestEffort pod off swap, leaving page cache only);
-2. a few seconds later the LS pod allocates ``--ls-mib`` and holds it, which takes the node (MemTotal − MemAvailable)
-   over the eviction threshold unless something was freed; the thresholds are set from the guest's memory at the
-   start: eviction where the LS allocation is half done without reclaim, reclaim (MemTotal − MemFree) below that;
+2. a few seconds later the LS pod allocates ``--ls-mib`` and holds it; together the pods want more than the guest
+   has, so without reclaim the LS pod's allocation waits for the kernel to reclaim page cache, and it takes the
+   node (MemTotal − MemAvailable) over the eviction threshold unless BE memory was freed. The thresholds come from
+   the guest's memory at the start: eviction where the LS allocation is half done on top of the BE pods'
+   anonymous memory; reclaim (MemTotal − MemFree) just above what the LS pod alone will use, and down to a
+   quarter GiB above the start, so that reclaim makes room for the LS pod before it asks;
 3. ``--observe`` seconds of sampling every 0.25 s.
 
 Reported per setting: BE pods evicted, the LS pod's memory PSI (peak ``some avg10`` and the stall time it accumulated,
@@ -106,13 +109,14 @@ def phase(reclaim: bool, args: argparse.Namespace, disk: str) -> dict[str, objec
             for name in ("be-cache", "be-anon"):
                 node.put_pod_in_api(name, api_client)
             total, used0, _ = meminfo()
-            # eviction once the LS allocation is half done on top of the BE pods' anon; reclaim well below that
             evict = (used0 + (args.anon_mib + args.ls_mib // 2) * MiB) * 100 // total
-            threshold = (used0 + args.anon_mib // 2 * MiB) * 100 // total
+            threshold = (used0 + (args.ls_mib + 150) * MiB) * 100 // total
+            lower = (used0 + 256 * MiB) * 100 // total
             node.start(parse_node_slo_spec({
                 "resourceUsedThresholdWithBE": {"enable": True, "memoryEvictThresholdPercent": int(evict)},
-                "extensions": {"beMemoryReclaimStrategy": {"enable": reclaim, "reclaimThresholdPercent": int(threshold),
-                                                           "reclaimStepBytes": "64Mi", "reclaimMaxStepBytes": "1Gi"}}}),
+                "extensions": {"beMemoryReclaimStrategy": {
+                    "enable": reclaim, "reclaimThresholdPercent": int(threshold), "reclaimLowerPercent": int(lower),
+                    "reclaimStepBytes": "64Mi", "reclaimMaxStepBytes": "1Gi"}}}),
                 evictor=Evictor("node-1", api_client=api_client), config=QoSManagerConfig(node_name="node-1",
                                                                                           feature_gates=GATES))
             held = {"be-cache": node.spawn("be-cache", READ_DISK.format(disk=disk, size=args.cache_mib * MiB)),
@@ -121,12 +125,13 @@ def phase(reclaim: bool, args: argparse.Namespace, disk: str) -> dict[str, objec
                 assert child.stdout is not None and child.stdout.readline() == b"held\n"
             time.sleep(args.settle)
             ls_dir = node.pod_dir(node.pod("ls"))
+            resident_at_ls = meminfo()[2]
             _, stall_before = _psi(node, ls_dir)
             started = time.monotonic()
             ls = node.spawn("ls", HOLD_ANON.format(size=args.ls_mib * MiB))
             assert ls.stdout is not None and ls.stdout.readline() == b"held\n"
             allocated_s = time.monotonic() - started
-            above_evict = above_reclaim = peak_avg10 = 0.0
+            above_evict = above_reclaim = peak_avg10 = peak_used = 0.0
             evicted: set[str] = set()
             end = time.monotonic() + args.observe
             while time.monotonic() < end:
@@ -136,6 +141,7 @@ def phase(reclaim: bool, args: argparse.Namespace, disk: str) -> dict[str, objec
                         evicted.add(name)
                         held[name].kill()  # what kubelet does with an evicted pod
                 _, used, resident = meminfo()
+                peak_used = max(peak_used, used * 100 / total)
                 above_evict += 0.25 if used * 100 // total >= evict else 0.0
                 above_reclaim += 0.25 if resident * 100 // total >= threshold else 0.0
                 peak_avg10 = max(peak_avg10, _psi(node, ls_dir)[0])
@@ -144,10 +150,12 @@ def phase(reclaim: bool, args: argparse.Namespace, disk: str) -> dict[str, objec
             return {"reclaim": reclaim, "evicted": sorted(evicted), "evictions": len(evicted),
                     "ls_psi_some_avg10_peak": round(peak_avg10, 2),
                     "ls_memory_stall_ms": round((stall_after - stall_before) / 1000, 1),
-                    "ls_allocation_s": round(allocated_s, 2),
+                    "ls_allocation_s": round(allocated_s, 2), "resident_at_ls_start_mib": resident_at_ls // MiB,
+                    "peak_used_percent": round(peak_used, 1),
                     "seconds_at_or_above_eviction_threshold": above_evict,
                     "seconds_at_or_above_reclaim_threshold": above_reclaim,
-                    "eviction_threshold_percent": int(evict), "reclaim_threshold_percent": int(threshold)}
+                    "eviction_threshold_percent": int(evict), "reclaim_threshold_percent": int(threshold),
+                    "reclaim_lower_percent": int(lower)}
         finally:
             node.close()
 
@@ -169,24 +177,24 @@ def _print(result: dict[str, object]) -> None:
     print(f"kernel {result['kernel']}, {result['mem_total_mib']} MiB, used at start {result['used_at_start_mib']} MiB; "
           f"BE page cache {result['be_cache_mib']} MiB, BE anon {result['be_anon_mib']} MiB, LS allocates "
           f"{result['ls_mib']} MiB; zram swap {result['zram_swap_mib']} MiB; observed {result['observe_s']} s")
-    keys = ("evictions", "ls_psi_some_avg10_peak", "ls_memory_stall_ms", "ls_allocation_s",
-            "seconds_at_or_above_eviction_threshold", "seconds_at_or_above_reclaim_threshold")
+    keys = ("evictions", "ls_psi_some_avg10_peak", "ls_memory_stall_ms", "ls_allocation_s", "resident_at_ls_start_mib",
+            "peak_used_percent", "seconds_at_or_above_eviction_threshold", "seconds_at_or_above_reclaim_threshold")
     runs = result["runs"]
     assert isinstance(runs, list)
     print(f"  {'':40s} {'reclaim off':>12s} {'reclaim on':>12s}")
     for key in keys:
         print(f"  {key:40s} {runs[0][key]!s:>12s} {runs[1][key]!s:>12s}")
     print(f"  thresholds: eviction {runs[0]['eviction_threshold_percent']}% (MemTotal - MemAvailable), reclaim "
-          f"{runs[0]['reclaim_threshold_percent']}% (MemTotal - MemFree)")
+          f"{runs[0]['reclaim_threshold_percent']}% down to {runs[0]['reclaim_lower_percent']}% (MemTotal - MemFree)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache-mib", type=int, default=1024)
-    parser.add_argument("--anon-mib", type=int, default=768)
+    parser.add_argument("--cache-mib", type=int, default=1800)
+    parser.add_argument("--anon-mib", type=int, default=1024)
     parser.add_argument("--ls-mib", type=int, default=1024)
-    parser.add_argument("--swap-mib", type=int, default=1024)
-    parser.add_argument("--settle", type=float, default=8.0)
+    parser.add_argument("--swap-mib", type=int, default=1280)
+    parser.add_argument("--settle", type=float, default=10.0)
     parser.add_argument("--observe", type=float, default=20.0)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--v2-guest", action="store_true", help=argparse.SUPPRESS)

@@ -9,7 +9,8 @@ Eligible: running or pending pods whose qosClass label is not LSR/LSE/BE; their 
   the same cgroup; Anolis kernels, for which Koordinator's 1000 % default was chosen, have no such rule.
 - Dynamic quota (policies ``cfsQuotaBurstOnly``, ``auto``): per container with a CPU limit, scale the
   quota up ×1.2 when it was throttled, down ×0.8 when its token bucket is empty or the node's share pool
-  is overloaded, within [limit, limit × cfsQuotaBurstPercent/100]; other policies reset it to the limit.
+  is overloaded, within [base, base × cfsQuotaBurstPercent/100]; other policies reset it to the base (the CPU
+  limit's quota, normalized as below).
   Writes: scaling up pod then container, scaling down container then pod; a pod quota of −1 stays.
 
 The quota's base is kubelet's limit normalized by the node's CPU normalization ratio where CPUNormalization would
