@@ -72,6 +72,14 @@ for offset in range(0, len(data), 4096):
 print('held', flush=True)
 time.sleep(3600)
 """
+# The LS pod's allocation in one C-level fill: without room it waits for the kernel's reclaim (a slow fill gives
+# kswapd time to make room in the background, and the LS pod never stalls).
+HOLD_LS = """
+import time
+data = b'\\x01' * {size}
+print('held', flush=True)
+time.sleep(3600)
+"""
 
 
 def meminfo() -> tuple[int, int, int]:
@@ -128,7 +136,7 @@ def phase(reclaim: bool, args: argparse.Namespace, disk: str) -> dict[str, objec
             resident_at_ls = meminfo()[2]
             _, stall_before = _psi(node, ls_dir)
             started = time.monotonic()
-            ls = node.spawn("ls", HOLD_ANON.format(size=args.ls_mib * MiB))
+            ls = node.spawn("ls", HOLD_LS.format(size=args.ls_mib * MiB))
             assert ls.stdout is not None and ls.stdout.readline() == b"held\n"
             allocated_s = time.monotonic() - started
             above_evict = above_reclaim = peak_avg10 = peak_used = 0.0
