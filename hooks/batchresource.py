@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from koordlet.api.annotations import parse_extended_resource_spec
-from koordlet.api.cfsquota import node_normalization_ratio, normalized_quota_us
+from koordlet.api.cfsquota import be_quota_suppressed, node_normalization_ratio, normalized_quota_us
 from koordlet.api.keys import ANNOTATION_EXTENDED_RESOURCE_SPEC, RESOURCE_BATCH_CPU, RESOURCE_BATCH_MEMORY
-from koordlet.api.nodeslo import CPU_SUPPRESS_POLICY_CFS_QUOTA
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import QoSClass
 
@@ -50,8 +49,7 @@ class BatchAmounts:
 
 
 def rule(node: NodeContext) -> Rule:
-    threshold = node.node_slo.resource_used_threshold_with_be
-    return Rule(unlimited_quota=threshold.enable and threshold.cpu_suppress_policy == CPU_SUPPRESS_POLICY_CFS_QUOTA,
+    return Rule(unlimited_quota=be_quota_suppressed(node.node_slo),
                 normalization_ratio=node_normalization_ratio(node.node_annotations))
 
 

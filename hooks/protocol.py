@@ -92,6 +92,7 @@ class NodeContext:
     kubelet_cpu_policy: str = ""
     be_cpu_manager: bool = False  # gate BECPUManager: allocated BE pods get their NUMA nodes' BE shared pools
     cpu_burst: bool = False  # gate CPUBurst: the burst strategy owns running LS containers' quotas (api/cfsquota.py)
+    be_cpu_suppress: bool = False  # gate BECPUSuppress: CPU suppress owns the besteffort dir's quota (api/cfsquota.py)
     rdma: RDMANode | None = None  # gate RDMADeviceInject: the node's RDMA device nodes
     hami_core_library: str = "/usr/local/vgpu/libvgpu.so"  # -hami-core-library-directory-path
 

@@ -20,8 +20,14 @@ container dir has one owner, by :func:`quota_owner`, first match wins:
    ratio, at creation and update (the proxy, NRI), and in the reconciler where burst does not own it;
 5. :attr:`QuotaOwner.KUBELET` the rest: kubelet's value, untouched.
 
-At creation a container burst will own gets normalization's value, which is burst's base: the two agree. The
-besteffort QoS dir is CPU suppress's alone (not a pod dir: nothing here).
+At creation a container burst will own gets normalization's value, which is burst's base: the two agree.
+
+The besteffort QoS dir's quota is CPU suppress's: under its ``cfsQuota`` policy it is the BE pods' shared limit, and
+BE pods' own quotas are then unlimited (:func:`be_quota_suppressed`; cgroup v1 refuses a parent quota below a child's);
+under any other policy, or with suppress off, it is unlimited. So a BE pod's own quota needs the besteffort dir
+unlimited above it first: the runtime hooks' reconciler writes that −1 (suppress's own value then) ahead of the pod's
+quota in one leveled update, rather than leaving the pod unlimited until suppress's next tick and the reconciler's
+next pass.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from dataclasses import dataclass
 
 from koordlet.api.annotations import AnnotationError, parse_cpu_normalization_ratio, parse_resource_status
 from koordlet.api.keys import ANNOTATION_NODE_CPU_NORMALIZATION_RATIO, ANNOTATION_RESOURCE_STATUS
+from koordlet.api.nodeslo import CPU_SUPPRESS_POLICY_CFS_QUOTA, NodeSLOSpec
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import QoSClass
 from wire.kernel_ranges import CFS_QUOTA_MIN_US
@@ -74,6 +81,14 @@ def normalized_quota_us(quota_us: int, ratio: float | None) -> int:
     if quota_us <= 0 or ratio is None:
         return quota_us
     return max(CFS_QUOTA_MIN_US, math.ceil(quota_us / ratio))
+
+
+def be_quota_suppressed(spec: NodeSLOSpec) -> bool:
+    """CPU suppress limits the BE pods by the besteffort dir's quota (NodeSLO ``resourceUsedThresholdWithBE`` enabled
+    with ``cpuSuppressPolicy: cfsQuota``): BE pods' own quotas are unlimited then (Koordinator's batchresource rule),
+    and the besteffort dir's quota is unlimited otherwise (module docstring)."""
+    threshold = spec.resource_used_threshold_with_be
+    return threshold.enable and threshold.cpu_suppress_policy == CPU_SUPPRESS_POLICY_CFS_QUOTA
 
 
 def burst_eligible(pod: PodMeta) -> bool:

@@ -140,7 +140,7 @@ class UpdateFailure:
 class BatchResult:
     """``written``: files written (a leveled update may write a file twice); ``skipped``: exact values
     not written because the cache said they are already there; ``done``: the updates whose exact value was
-    written (what the audit log records)."""
+    written, by the exact pass or already by a leveled update's first (what the plan runner records)."""
 
     written: int = 0
     skipped: int = 0
@@ -244,12 +244,18 @@ class ResourceExecutor:
         the intersection/minimum), so only pass 2 runs. Failures are collected, not raised.
         """
         by_depth = sorted(updates, key=lambda u: u.depth)
-        loosened = 0
+        loosened: list[ResourceUpdate] = []
+        reached: list[ResourceUpdate] = []  # pass 1 wrote the exact value (a loosening: -1, a union): done there
         if self.cgroup_fs.version is CgroupVersion.V1:
-            loosened = sum(self._loosen(update, verify) for update in by_depth)
+            for update in by_depth:
+                wrote = self._loosen(update, verify)
+                if wrote is not None:
+                    (reached if wrote else loosened).append(update)
         exact = self._run(list(reversed(by_depth)), verify)
-        return BatchResult(written=exact.written + loosened, skipped=exact.skipped, failures=exact.failures,
-                           done=exact.done)
+        # those the exact pass then skipped (in place): what a caller records as done, like an exact write
+        first = tuple(u for u in reached if u not in exact.done and all(f.update is not u for f in exact.failures))
+        return BatchResult(written=exact.written + len(loosened) + len(reached), skipped=exact.skipped - len(first),
+                           failures=exact.failures, done=first + exact.done)
 
     def read(self, resource: CgroupResource | str, cgroup_dir: str, subsystem: str | None = None, *,
              every_tick: bool = False) -> str:
@@ -486,30 +492,31 @@ class ResourceExecutor:
                 failures.append(UpdateFailure(update, exc))
         return BatchResult(written=len(done), skipped=skipped, failures=tuple(failures), done=tuple(done))
 
-    def _loosen(self, update: ResourceUpdate, verify: bool = False) -> bool:
-        """Pass 1 of the leveled update: True when a looser value was written.
+    def _loosen(self, update: ResourceUpdate, verify: bool = False) -> bool | None:
+        """Pass 1 of the leveled update: None when nothing was written, else whether the value written is the wanted
+        one (a loosening: the exact pass then finds it in place).
 
         A value the write cache says this file was given recently needs no loosening (the merge of a value with
         itself is that value): the file is not read, as the exact pass will not read it either. With ``verify``
         (drift correction) the file is read."""
         merge = update.resource.merge
         if merge is None:
-            return False
+            return None
         try:
             target = self._target(update)
             if not verify and not update.resource.per_device and self._wrote_recently(
                     target.path, target.value, self._clock()):
-                return False
+                return None
             current = kernfs.read_text(target.path)
             loosened = merge(current, target.value)
             if loosened == current:
-                return False
+                return None
             with self._lock:  # already compared with the file: the write cache must not skip it
-                return self._write_target(target, loosened, verify=True)
+                return loosened == target.value if self._write_target(target, loosened, verify=True) else None
         except (ExecutorError, OSError) as exc:
             # The exact pass that follows reports (and counts) whatever is really wrong with this update.
             logger.debug("leveled pre-write of %s in %r skipped: %s", update.resource.name, update.cgroup_dir, exc)
-            return False
+            return None
 
     def _target(self, update: ResourceUpdate) -> _Target:
         resource = update.resource

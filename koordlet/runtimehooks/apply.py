@@ -11,13 +11,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 
-from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_from_milli
+from hooks.protocol import Changes, ContainerContext, ContainerResources, NodeContext, quota_from_milli
 from hooks.registry import EXPECTED_ERRORS
 from hooks.validate import Rejected
 from koordlet import audit
 from koordlet.actuator import PlanRunner
+from koordlet.api.cfsquota import be_quota_suppressed
 from koordlet.api.pod import ContainerMeta, PodMeta
-from koordlet.api.units import CFS_PERIOD_US
+from koordlet.api.qos import KubeQoS
+from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor
 from koordlet.plan import (
     CgroupWrite,
@@ -100,14 +102,15 @@ def _quota_of(text: str) -> int | None:
     return value if value > 0 else None
 
 
-def effective_quota_reader(executor: ResourceExecutor, cgroup_dir: str,
-                           planned: int | None = None) -> Callable[[], int | None]:
+def effective_quota_reader(executor: ResourceExecutor, cgroup_dir: str, planned: int | None = None,
+                           unlimited: str = "") -> Callable[[], int | None]:
     """A function giving the CPU quota that binds a child of ``cgroup_dir``: the smallest limited quota of
     ``cgroup_dir`` (``planned`` instead of its file, when a write of it is planned) and its ancestors (cgroup v1
-    refuses a child quota above that with EINVAL). None: nothing above is limited. Reads only when called, and
-    only up to the nearest limited quota read from a file: the kernel keeps that one within every limited
-    ancestor's (v1 checks a quota against its limited ancestors when it is set), so nothing above binds more
-    (a hook call on a pod with a quota reads one file, not one per level)."""
+    refuses a child quota above that with EINVAL); ``unlimited``: an ancestor (or ``cgroup_dir``) the same plan
+    makes unlimited first (:func:`besteffort_unlimited_first`), not read. None: nothing above is limited. Reads
+    only when called, and only up to the nearest limited quota read from a file: the kernel keeps that one within
+    every limited ancestor's (v1 checks a quota against its limited ancestors when it is set), so nothing above
+    binds more (a hook call on a pod with a quota reads one file, not one per level)."""
 
     def read() -> int | None:
         limits: list[int] = []
@@ -117,6 +120,9 @@ def effective_quota_reader(executor: ResourceExecutor, cgroup_dir: str,
                 limits.append(planned)
             directory = posixpath.dirname(directory)
         while directory:
+            if directory == unlimited.strip("/"):
+                directory = posixpath.dirname(directory)
+                continue
             try:
                 value = _quota_of(executor.read("cpu.cfs_quota_us", directory))
             except (ExecutorError, ValueError):
@@ -128,6 +134,33 @@ def effective_quota_reader(executor: ResourceExecutor, cgroup_dir: str,
         return min(limits) if limits else None
 
     return read
+
+
+def besteffort_unlimited_first(layout: KubeCgroupLayout, pod_dir: str, node: NodeContext) -> str:
+    """The besteffort QoS dir when it is ``pod_dir``'s parent and CPU suppress, which owns its quota, keeps that
+    unlimited under this NodeSLO (any policy but cfsQuota): a BE pod's own quota is then planned with a −1 on that
+    dir ahead of it (:func:`unlimited_parent_write`), so a switch away from cfsQuota gives the BE pods their quotas
+    back in one reconciler pass, before suppress's next tick (koordlet/api/cfsquota.py). "" otherwise."""
+    qos_dir = posixpath.dirname(pod_dir.rstrip("/"))
+    if node.be_cpu_suppress and not be_quota_suppressed(node.node_slo) and qos_dir == layout.qos_dir(
+            KubeQoS.BESTEFFORT):
+        return qos_dir
+    return ""
+
+
+def unlimited_parent_write(executor: ResourceExecutor, qos_dir: str, changes: Changes) -> CgroupWrite | None:
+    """The −1 for ``qos_dir`` (:func:`besteffort_unlimited_first`) that ``changes``' limited quota needs first: only
+    while that dir's quota is limited (a cfsQuota suppression left behind), so a steady pass writes nothing."""
+    if not qos_dir or changes.cfs_quota_us is None or changes.cfs_quota_us <= 0:
+        return None
+    try:
+        current = _quota_of(executor.read("cpu.cfs_quota_us", qos_dir))
+    except ExecutorError:
+        return None
+    if current is None:
+        return None
+    return CgroupWrite("cpu.cfs_quota_us", qos_dir, UNLIMITED,
+                       "BECPUSuppress: the besteffort quota is unlimited under this NodeSLO, ahead of a BE pod's own")
 
 
 def cgroup_writes(changes: Changes, cgroup_dir: str) -> tuple[list[CgroupWrite], list[CgroupWrite]]:

@@ -28,6 +28,7 @@ from koordlet.ticker import PeriodicThread
 from . import metrics
 from .apply import (
     RejectedValues,
+    besteffort_unlimited_first,
     cgroup_writes,
     container_context_from_meta,
     effective_quota_reader,
@@ -35,6 +36,7 @@ from .apply import (
     report_plugin_error,
     resctrl_actions,
     steps_of,
+    unlimited_parent_write,
 )
 
 log = logging.getLogger(__name__)
@@ -73,12 +75,16 @@ class Reconciler:
         pod_dir = self._pod_dir(pod)
         if pod_dir is None:
             return Plan()
+        unlimited = besteffort_unlimited_first(self._layout, pod_dir, node)
         pod_changes = registry.run_pod(plugins, node, PodContext(pod), self._report, self._rejects.reporter(pod),
-                                       effective_quota_reader(self._executor, posixpath.dirname(pod_dir)))
+                                       effective_quota_reader(self._executor, posixpath.dirname(pod_dir),
+                                                              unlimited=unlimited))
         # a container's quota is bound by its pod's as this plan leaves it (the pod's write comes first when
         # it loosens, last when it tightens: leveled)
-        container_parent = effective_quota_reader(self._executor, pod_dir, pod_changes.cfs_quota_us)
+        container_parent = effective_quota_reader(self._executor, pod_dir, pod_changes.cfs_quota_us, unlimited)
         leveled, plain = cgroup_writes(pod_changes, pod_dir)
+        if (parent_write := unlimited_parent_write(self._executor, unlimited, pod_changes)) is not None:
+            leveled.insert(0, parent_write)
         container_dirs: list[str] = []
         processes: list[ProcessWrite] = []
         for container in pod.containers:

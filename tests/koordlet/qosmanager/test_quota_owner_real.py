@@ -1,5 +1,7 @@
-"""CPU burst and CPU normalization both on, on the real kernel (cgroup v1 here, v2 in the VM stage): across a burst
-and back neither undoes the other (Koordinator #2306; docs/colocation.md "One owner for the CFS quota").
+"""The CFS quota's owners on the real kernel (cgroup v1 here, v2 in the VM stage; docs/colocation.md "One owner for
+the CFS quota").
+
+CPU burst and CPU normalization both on: across a burst and back neither undoes the other (Koordinator #2306).
 
 An LS pod with one container, limit 0.2 cores (kubelet's quota 20000 µs on the pod and the container), on a node whose
 CPU normalization ratio is 1.25: the normalized base is 16000 µs. (A small limit, so that two burners are throttled
@@ -12,16 +14,20 @@ pool makes burst scale down instead of up.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from hooks import registry
 from hooks.protocol import NodeContext
-from koordlet.api.keys import ANNOTATION_NODE_CPU_NORMALIZATION_RATIO
+from koordlet import audit
+from koordlet.api.keys import ANNOTATION_EXTENDED_RESOURCE_SPEC, ANNOTATION_NODE_CPU_NORMALIZATION_RATIO
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta
 from koordlet.api.qos import KubeQoS, QoSClass
@@ -47,11 +53,24 @@ def _slo(policy: str):
 def node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
     v2 = request.param == "v2"
     skip_unless_v2_writable() if v2 else RealNode.skip_unless_possible()
-    real = RealNode("quota-owner", (("ls", QoSClass.LS, KubeQoS.BURSTABLE),), v2=v2)
+    real = RealNode("quota-owner", (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT)),
+                    v2=v2)
     try:
         yield real
     finally:
         real.close()
+
+
+def _set_quota(node: RealNode, cgroup_dir: str, quota_us: int) -> None:
+    if node.fs.version is CgroupVersion.V2:
+        name, value = "cpu.max", f"{quota_us} 100000"
+    else:
+        name, value = "cpu.cfs_quota_us", str(quota_us)
+    node.groups.write("cpu", node._rel(cgroup_dir), name, value)
+
+
+def _quota(node: RealNode, cgroup_dir: str) -> int:
+    return read_cfs_quota(node.fs.cgroup_dir("cpu", cgroup_dir), node.fs.version).quota_us
 
 
 class Actors:
@@ -73,14 +92,10 @@ class Actors:
             lambda: plugins, node.executor, node.layout)
 
     def _set_quota(self, cgroup_dir: str, quota_us: int) -> None:
-        if self.node.fs.version is CgroupVersion.V2:
-            name, value = "cpu.max", f"{quota_us} 100000"
-        else:
-            name, value = "cpu.cfs_quota_us", str(quota_us)
-        self.node.groups.write("cpu", self.node._rel(cgroup_dir), name, value)
+        _set_quota(self.node, cgroup_dir, quota_us)
 
     def quota(self, cgroup_dir: str) -> int:
-        return read_cfs_quota(self.node.fs.cgroup_dir("cpu", cgroup_dir), self.node.fs.version).quota_us
+        return _quota(self.node, cgroup_dir)
 
     def burst_tick(self) -> int:
         """Collect (the container's real throttling over the last 0.3 s), one burst tick, then a reconciler pass;
@@ -117,3 +132,85 @@ def test_burst_and_normalization_both_on_neither_undoes_the_other_across_a_burst
     assert actors.burst_tick() == BASE
     assert actors.burst_tick() == BASE
     assert max(seen) <= CEIL
+
+
+BE_CONTAINER = ContainerMeta("main", container_id="be0123456789")
+BATCH_SPEC = {"containers": {"main": {"requests": {"kubernetes.io/batch-cpu": "500"},
+                                      "limits": {"kubernetes.io/batch-cpu": "1000"}}}}  # quota 100000 µs
+BE_GATES = {"BatchResource": True, "BECPUSuppress": True, "CPUBurst": False, "RdtResctrl": False}
+
+
+def _suppress(node: RealNode, policy: str) -> object:
+    return parse_node_slo_spec({"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 10,
+                                                                "cpuSuppressPolicy": policy}})
+
+
+def _be_pod_with_batch_quota(node: RealNode, be_cpu_suppress: bool) -> tuple[Reconciler, str, str]:
+    """The BE pod with a container and a batch-cpu limit of 1 core, and the reconciler (batch resources on)."""
+    node.states.set_pods([replace(p, annotations={ANNOTATION_EXTENDED_RESOURCE_SPEC: json.dumps(BATCH_SPEC)})
+                          if p.name == "be" else p for p in node.states.pods()])
+    container_dir = node.add_container("be", BE_CONTAINER)
+    plugins = registry.enabled(BE_GATES)
+    reconciler = Reconciler(node.states.pods, lambda: NodeContext(node_slo=node.states.node_slo(),
+                                                                  be_cpu_suppress=be_cpu_suppress),
+                            lambda: plugins, node.executor, node.layout)
+    return reconciler, node.pod_dir(node.pod("be")), container_dir
+
+
+def test_a_be_pods_batch_quota_gives_way_to_cfs_quota_suppression_recorded_and_comes_back_in_one_pass(
+        node: RealNode, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Batch resources and CPU suppress (cfsQuota) on one BE pod, in the order the agent runs them: a NodeSLO change
+    triggers a reconciler pass at once, CPU suppress ticks every second. Under cfsQuota the pod's and container's own
+    quotas are unset (Koordinator's rule: v1 refuses a besteffort quota below a child's), and those writes are
+    recorded (audited), though the leveled update's first pass makes them; suppress then lowers the besteffort dir.
+    Back to the cpuset policy, the next reconciler pass, before suppress's tick, gives the pod and container their
+    100000 µs back with the besteffort dir unlimited first, and reports no value as refused."""
+    reconciler, pod_dir, container_dir = _be_pod_with_batch_quota(node, be_cpu_suppress=True)
+    be_dir = node.be_dir
+    manager = new_qos_manager(node.states, node.cache, node.executor, node.layout,
+                              config=QoSManagerConfig(feature_gates=BE_GATES))
+    quotas = lambda: (_quota(node, be_dir), _quota(node, pod_dir), _quota(node, container_dir))  # noqa: E731
+    node.states.set_node_slo(_suppress(node, "cpuset"))
+    reconciler.reconcile_once()
+    assert quotas() == (-1, 100_000, 100_000)
+
+    auditor = audit.Auditor(audit.AuditConfig(log_dir=str(tmp_path / "audit")))
+    audit.install(auditor)
+    try:
+        node.states.set_node_slo(_suppress(node, "cfsQuota"))
+        reconciler.reconcile_once()
+        assert quotas() == (-1, -1, -1)
+        for _ in range(2):  # a CPU sample, then suppress's tick: the besteffort quota comes down, the kernel takes it
+            node.runner.run_collector("node_resource")
+            time.sleep(1.1)
+        assert manager.run_strategy("cpusuppress")
+        record = manager.last_record("cpusuppress")
+        assert record is not None and record.failed == 0
+        suppressed = _quota(node, be_dir)
+        assert 0 < suppressed < 100_000
+
+        caplog.set_level(logging.WARNING, logger="koordlet.runtimehooks")
+        node.states.set_node_slo(_suppress(node, "cpuset"))
+        reconciler.reconcile_once()
+        assert quotas() == (-1, 100_000, 100_000)
+        assert not [r for r in caplog.records if "dropped" in r.getMessage()]
+    finally:
+        audit.install(None)
+        auditor.close()
+    written = [e.message.split(" by ")[0] for e in reversed(audit.read_events(str(tmp_path / "audit")))
+               if "cpu.cfs_quota_us" in e.message]
+    # (the order within a pass is the leveled update's, which differs between v1 and v2; the kernel holds v1's)
+    assert sorted(written) == sorted([
+        f"cpu.cfs_quota_us of {pod_dir} to -1", f"cpu.cfs_quota_us of {container_dir} to -1",
+        f"cpu.cfs_quota_us of {be_dir} to {suppressed}", f"cpu.cfs_quota_us of {be_dir} to -1",
+        f"cpu.cfs_quota_us of {container_dir} to 100000", f"cpu.cfs_quota_us of {pod_dir} to 100000"])
+
+
+def test_without_cpu_suppress_a_besteffort_quota_koordlet_never_wrote_is_left_alone(node: RealNode) -> None:
+    """With the BECPUSuppress gate off the besteffort dir's quota is nobody's in koordlet: a limit set there by hand
+    stays, and a BE pod's batch quota above it is not written (the kernel would refuse it on v1)."""
+    reconciler, pod_dir, container_dir = _be_pod_with_batch_quota(node, be_cpu_suppress=False)
+    _set_quota(node, node.be_dir, 50_000)
+    node.states.set_node_slo(_suppress(node, "cpuset"))
+    reconciler.reconcile_once()
+    assert (_quota(node, node.be_dir), _quota(node, pod_dir), _quota(node, container_dir)) == (50_000, -1, -1)
