@@ -1,21 +1,24 @@
 """BE memory reclaim on real kernels: in the cgroup v2 guest a BE pod's page cache is given back through
 ``memory.reclaim`` once the node is above the reclaim threshold; on this host's cgroup v1 the strategy says once
-that the kernel has no ``memory.reclaim`` and stays off."""
+that the kernel has no ``memory.reclaim`` and stays off, and eviction works as before."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.qos import KubeQoS, QoSClass
+from koordlet.eviction import Evictor
 from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
 from koordlet.qosmanager.memoryreclaim import ReclaimMemo
 from koordlet.system.cgroup_stats import parse_memory_stat
 from koordlet.system.procfs import parse_meminfo
-from tests.koordlet.qosmanager.realnode import RealNode, skip_unless_v2_writable
+from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used, skip_unless_v2_writable
+from tests.support.apiserver import ApiServer, kube_api_client
 from tests.support.v2guest import attached_disk
 from tests.support.waiting import wait_for
 
@@ -60,15 +63,29 @@ def v1_node() -> Iterator[RealNode]:
 
 
 @pytest.mark.cgroupv1
-def test_on_cgroup_v1_it_says_once_that_the_kernel_has_no_memory_reclaim_and_stays_off(
+def test_on_cgroup_v1_it_says_once_that_the_kernel_has_no_memory_reclaim_stays_off_and_eviction_works_as_before(
         v1_node: RealNode, caplog: pytest.LogCaptureFixture) -> None:
+    """The whole QoS manager on its own loop, reclaim switched on with the node far above its threshold, and
+    BEMemoryEvict: the strategy says once that this kernel has no memory.reclaim and asks nothing at any tick, and a
+    BE pod that takes the node over the eviction threshold is evicted as without it."""
     caplog.set_level(logging.WARNING, logger="koordlet.qosmanager.memoryreclaim")
-    manager = _manager(v1_node, reclaimThresholdPercent=1, reclaimLowerPercent=0)  # the node is above it
-    v1_node.runner.run_collector("node_resource")
-    for _ in range(3):
-        assert manager.run_strategy("memoryreclaim")
-        assert manager.last_plan("memoryreclaim").empty
-    assert "no memory.reclaim" in manager.last_plan("memoryreclaim").memo.off_because
+    total, used = memory_total_and_used()
+    threshold = int(used * 100 // total) + 2  # crossed by allocating ~3 % of the node's memory
+    with ApiServer() as server, kube_api_client(server) as api_client:
+        v1_node.put_pod_in_api("be", api_client)
+        manager = v1_node.start(
+            parse_node_slo_spec({
+                "resourceUsedThresholdWithBE": {"enable": True, "memoryEvictThresholdPercent": threshold},
+                "extensions": {"beMemoryReclaimStrategy": {"enable": True, "reclaimThresholdPercent": 1,
+                                                           "reclaimLowerPercent": 0}}}),
+            evictor=Evictor("node-1", api_client=api_client),
+            config=QoSManagerConfig(node_name="node-1", feature_gates={**GATES, "BEMemoryEvict": True}))
+        time.sleep(1.5)
+        assert not server.requests("POST", r"/eviction$"), "the node was above the threshold before allocating"
+        v1_node.spawn("be", f"data = b'x' * {total * 3 // 100}\nimport time\ntime.sleep(60)\n")
+        assert wait_for(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 10.0)
+        plan = manager.last_plan("memoryreclaim")
+        assert plan is not None and plan.empty and "no memory.reclaim" in plan.memo.off_because
     assert [r.getMessage() for r in caplog.records if "memory reclaim off" in r.getMessage()] == [
         "BE memory reclaim off: this kernel has no memory.reclaim (cgroup v1, or Linux before 5.19); memory eviction "
         "works as before"]
