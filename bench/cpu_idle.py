@@ -36,8 +36,8 @@ from koordlet.api.qos import KubeQoS, QoSClass  # noqa: E402
 from koordlet.runtimehooks.reconciler import Reconciler  # noqa: E402
 from koordlet.system.cgroup import CgroupVersion  # noqa: E402
 from tests.koordlet.qosmanager.realnode import BURN, RealNode, skip_unless_v2_writable  # noqa: E402
+from tests.support.v2guest import run_bench_in_v2_guest  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PODS = (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT))
 BE_IDLE = parse_node_slo_spec({"resourceQOSStrategy": {
     "policies": {"cpuPolicy": "coreSched"}, "beClass": {"cpuQOS": {"enable": True, "schedIdle": 1}}}})
@@ -146,17 +146,10 @@ def _print(result: dict[str, object], label: str) -> None:
 
 
 def in_the_v2_vm(rounds: int, seconds: float) -> dict[str, object] | None:
-    out = os.path.join(REPO, "out", "v2-bench-cpu-idle")
-    env = {**os.environ, "V2_MODE": "bench", "V2_BENCH": "bench/cpu_idle.py", "V2_OUT": out, "V2_DRIVERS": "cgroupfs",
-           "V2_TIMEOUT": str(int(300 + rounds * seconds * 10))}
-    done = subprocess.run(["bash", os.path.join(REPO, "scripts", "v2-stage.sh"), "--rounds", str(rounds),
-                           "--seconds", str(seconds)], env=env, stdout=sys.stderr, check=False)
-    try:
-        with open(os.path.join(out, "bench.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        print(f"the v2 guest gave no results (exit {done.returncode}); see {out}/guest.log", file=sys.stderr)
-        return None
+    args = ["--rounds", str(rounds), "--seconds", str(seconds)]
+    result = run_bench_in_v2_guest("bench/cpu_idle.py", "v2-bench-cpu-idle", args, int(300 + rounds * seconds * 10))
+    assert result is None or isinstance(result, dict)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,9 +43,8 @@ from koordlet.qosmanager import QoSManagerConfig  # noqa: E402
 from koordlet.system.procfs import parse_meminfo, parse_psi  # noqa: E402
 from tests.koordlet.qosmanager.realnode import RealNode, skip_unless_v2_writable  # noqa: E402
 from tests.support.apiserver import ApiServer, kube_api_client  # noqa: E402
-from tests.support.v2guest import attached_disk  # noqa: E402
+from tests.support.v2guest import attached_disk, run_bench_in_v2_guest  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
 PODS = (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be-cache", QoSClass.BE, KubeQoS.BESTEFFORT),
         ("be-anon", QoSClass.BE, KubeQoS.BESTEFFORT))
@@ -218,17 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(os.environ["KPY_V2_OUT"], "bench.json"), "w") as f:
             json.dump(result, f)
         return 0
-    out = os.path.join(REPO, "out", "v2-bench-memory-reclaim")
-    env = {**os.environ, "V2_MODE": "bench", "V2_BENCH": "bench/memory_reclaim.py", "V2_OUT": out,
-           "V2_DISK_MB": str(args.cache_mib + 64), "V2_TIMEOUT": "1200"}
     forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k not in ("json", "v2_guest")]
-    done = subprocess.run(["bash", os.path.join(REPO, "scripts", "v2-stage.sh"), *forwarded], env=env,
-                          stdout=sys.stderr, check=False)
-    try:
-        with open(os.path.join(out, "bench.json")) as f:
-            result = json.load(f)
-    except (OSError, ValueError):
-        print(f"the v2 guest gave no results (exit {done.returncode}); see {out}/guest.log", file=sys.stderr)
+    result = run_bench_in_v2_guest("bench/memory_reclaim.py", "v2-bench-memory-reclaim", forwarded, 1200,
+                                   {"V2_DISK_MB": str(args.cache_mib + 64)})
+    if not isinstance(result, dict):
         return 1
     print(json.dumps(result, indent=2)) if args.json else _print(result)
     return 0

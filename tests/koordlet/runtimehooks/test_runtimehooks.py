@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -41,6 +42,26 @@ def _hooks(tmp_path: Path, states: StaticStates, cgroup_root: str = "/", interva
                                 feature_gates=gates)
     executor = ResourceExecutor(CgroupFS(mount_dir=os.path.join(cgroup_root, "sys/fs/cgroup")))
     return RuntimeHooks(config, states, executor, KubeCgroupLayout(cgroup_root=CGROUP_ROOT))
+
+
+@contextlib.contextmanager
+def _through_the_proxy(tmp_path: Path, containerd_socket: str, hooks: RuntimeHooks
+                       ) -> Iterator[tuple[CriClient, PodFactory]]:
+    """``hooks`` started behind koord-runtime-proxy in front of the test's containerd: the client through the proxy
+    and a pod factory on it; everything stopped and the pods removed (straight on containerd) after."""
+    hooks.start()
+    proxy = ProxyProcess(str(tmp_path / "proxy.sock"), containerd_socket, state_dir=str(tmp_path)).start()
+    client = CriClient(proxy.listen)
+    pods = PodFactory(client)
+    try:
+        yield client, pods
+    finally:
+        pods.client = CriClient(containerd_socket)
+        pods.cleanup()
+        pods.client.close()
+        client.close()
+        proxy.terminate()
+        hooks.stop()
 
 
 @pytest.fixture()
@@ -141,11 +162,7 @@ def test_be_pod_through_the_proxy_gets_its_batch_resources_on_disk_and_skip_labe
         containerd_socket: str, tmp_path: Path) -> None:
     states = StaticStates(node=NodeInfo("n1"), node_slo=default_node_slo_spec())
     hooks = _hooks(tmp_path, states, interval_s=0.5)
-    hooks.start()
-    proxy = ProxyProcess(str(tmp_path / "proxy.sock"), containerd_socket, state_dir=str(tmp_path)).start()
-    client = CriClient(proxy.listen)
-    pods = PodFactory(client)
-    try:
+    with _through_the_proxy(tmp_path, containerd_socket, hooks) as (client, pods):
         sandbox = sandbox_config("job", labels=BE_LABELS, annotations=BE_ANNOTATIONS)
         sid = pods.run_pod(sandbox)
         cid = pods.create_container(sid, sandbox, container_config("job"))
@@ -186,13 +203,6 @@ def test_be_pod_through_the_proxy_gets_its_batch_resources_on_disk_and_skip_labe
             time.sleep(0.1)
         assert (CGROUP_V1 / "memory" / pod_dir / "memory.limit_in_bytes").read_text().strip() == str(96 << 20)
         assert (CGROUP_V1 / "cpu" / cgroup2 / "cpu.shares").read_text().strip() == "1024"  # skip label: left alone
-    finally:
-        pods.client = CriClient(containerd_socket)
-        pods.cleanup()
-        pods.client.close()
-        client.close()
-        proxy.terminate()
-        hooks.stop()
 
 
 @pytest.mark.containerd
@@ -203,32 +213,23 @@ def test_be_pod_through_the_proxy_gets_cpu_idle_at_run_pod_sandbox(containerd_so
         "policies": {"cpuPolicy": "coreSched"}, "beClass": {"cpuQOS": {"enable": True, "schedIdle": 1}}}})
     states = StaticStates(node=NodeInfo("n1"), node_slo=core_sched)
     hooks = _hooks(tmp_path, states, interval_s=3600, gates={**GATES, "CoreSched": True})
-    hooks.start()
-    proxy = ProxyProcess(str(tmp_path / "proxy.sock"), containerd_socket, state_dir=str(tmp_path)).start()
-    client = CriClient(proxy.listen)
-    pods = PodFactory(client)
     made: list[Path] = []
     try:
-        be = sandbox_config("job", labels=BE_LABELS, annotations=BE_ANNOTATIONS)
-        ls = sandbox_config("web", kube_qos="burstable", labels={"koordinator.sh/qosClass": "LS"})
-        for sandbox in (be, ls):
-            # kubelet makes the pod's cgroup before it asks for the sandbox
-            pod_dir = CGROUP_V1 / "cpu" / sandbox.linux.cgroup_parent.lstrip("/")
-            for directory in reversed((pod_dir, *pod_dir.parents)):
-                if not directory.exists():
-                    directory.mkdir()
-                    made.append(directory)
-            pods.run_pod(sandbox)
-        idle = lambda sandbox: (CGROUP_V1 / "cpu" / sandbox.linux.cgroup_parent.lstrip("/") / "cpu.idle"  # noqa: E731
-                                ).read_text().strip()
-        assert (idle(be), idle(ls)) == ("1", "0")
+        with _through_the_proxy(tmp_path, containerd_socket, hooks) as (_, pods):
+            be = sandbox_config("job", labels=BE_LABELS, annotations=BE_ANNOTATIONS)
+            ls = sandbox_config("web", kube_qos="burstable", labels={"koordinator.sh/qosClass": "LS"})
+            for sandbox in (be, ls):
+                # kubelet makes the pod's cgroup before it asks for the sandbox
+                pod_dir = CGROUP_V1 / "cpu" / sandbox.linux.cgroup_parent.lstrip("/")
+                for directory in reversed((pod_dir, *pod_dir.parents)):
+                    if not directory.exists():
+                        directory.mkdir()
+                        made.append(directory)
+                pods.run_pod(sandbox)
+            idle = lambda sandbox: (CGROUP_V1 / "cpu" / sandbox.linux.cgroup_parent.lstrip("/")  # noqa: E731
+                                    / "cpu.idle").read_text().strip()
+            assert (idle(be), idle(ls)) == ("1", "0")
     finally:
-        pods.client = CriClient(containerd_socket)
-        pods.cleanup()
-        pods.client.close()
-        client.close()
-        proxy.terminate()
-        hooks.stop()
         for directory in reversed(made):
             with contextlib.suppress(OSError):  # runc may have pruned it already
                 directory.rmdir()
