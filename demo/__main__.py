@@ -11,6 +11,7 @@ pressure. Everything it started is stopped at the end, also on Ctrl-C or an erro
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import signal
@@ -111,9 +112,16 @@ def node_memory_used_percent() -> int:
     return int(info.used_bytes * 100 / info.mem_total_bytes)
 
 
-# The BE pod's allocation in the memory step: 3 GiB, or a quarter of the node's memory when that is less. Its
-# threshold sits half the allocation above today's use, so other programs' memory may move by that much either
-# way (a test VM booting beside the demo, a build) and the allocation still crosses it.
+def anon_bytes(cgroup: str) -> int:
+    """The anonymous memory charged to a cgroup (memory.stat total_rss): the node's use as koordlet computes it
+    always counts it, whatever other programs do."""
+    stat = read("memory", cgroup, "memory.stat")
+    return int(next((line.split()[1] for line in stat.splitlines() if line.startswith("total_rss ")), "0"))
+
+
+# The BE pod's allocation in the memory step: 3 GiB, or a quarter of the node's memory when that is less. The
+# threshold comes down to what the BE pod holds once it holds it, so the node is over it whatever other programs
+# on the machine do (a test VM booting beside the demo, a build).
 ALLOC_MIB = min(3072, read_meminfo().mem_total_bytes // (1 << 20) // 4)
 
 
@@ -259,6 +267,7 @@ class Demo:
     pods: PodFactory | None = None
     ls_cid: str = ""
     be_cid: str = ""
+    be_cgroup: str = ""
 
 
 def start_containerd(demo: Demo) -> None:
@@ -315,7 +324,7 @@ def start_pods(demo: Demo) -> None:
     _, start_ms = timed_ms(client.runtime.StartContainer, cri.StartContainerRequest(container_id=demo.be_cid))
     say(f"   BE pod: RunPodSandbox {run_ms:.0f} ms, CreateContainer {create_ms:.0f} ms, "
         f"StartContainer {start_ms:.0f} ms (hooks included)")
-    be_cgroup = f"{be_sandbox.linux.cgroup_parent}/{demo.be_cid}"
+    be_cgroup = demo.be_cgroup = f"{be_sandbox.linux.cgroup_parent}/{demo.be_cid}"
     ls_cgroup = f"{ls_sandbox.linux.cgroup_parent}/{demo.ls_cid}"
     say("   cgroup files of the containers (BE values come from the batch resources, via the hooks):")
     show("cpu", ls_cgroup, ["cpu.shares", "cpu.cfs_quota_us"], "LS web")
@@ -368,11 +377,29 @@ def show_nodemetric(demo: Demo) -> None:
             f"usage {pod.get('podUsage', {}).get('resources')}")
 
 
+def other_cpu_cores(koordlet: Koordlet, seconds: float = 2.0) -> float:
+    """CPU the node spends outside the demo's pods, as koordlet counts it (its node usage, less what the demo's
+    own kubepods cgroup used meanwhile): what Koordinator's suppress formula calls system usage."""
+    kubepods = f"{CGROUP_ROOT}/kubepods"
+    started, used = time.monotonic(), int(read("cpuacct", kubepods, "cpuacct.usage"))
+    time.sleep(seconds)
+    pods = (int(read("cpuacct", kubepods, "cpuacct.usage")) - used) / 1e9 / (time.monotonic() - started)
+    node = next(float(line.rsplit(" ", 1)[1]) for line in koordlet.metrics().splitlines()
+                if line.startswith("koordlet_node_used_cpu_cores{"))
+    return max(node - pods, 0.0)
+
+
 def show_suppress(demo: Demo) -> None:
-    step("8. CPU suppression: BE gets what LS leaves, under the 65 % threshold",
-         "NodeSLO resourceUsedThresholdWithBE.enable=true, cfsQuota policy; watch besteffort cpu.cfs_quota_us")
+    # The threshold sits a core above what the rest of the machine uses now (as koordlet reads it), so BE has
+    # about a core while LS idles and loses it when LS burns one, whatever else runs beside the demo.
+    cores = len(os.sched_getaffinity(0))
+    other = other_cpu_cores(demo.koordlet)
+    threshold = min(100, math.ceil((other + 1.0) * 100 / cores))
+    step(f"8. CPU suppression: BE gets what LS leaves, under a {threshold} % threshold",
+         f"the rest of the node uses {other:.2f} of {cores} cores; NodeSLO resourceUsedThresholdWithBE.enable=true, "
+         "cfsQuota policy; watch besteffort cpu.cfs_quota_us")
     besteffort = f"{CGROUP_ROOT}/kubepods/besteffort"
-    demo.koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 65,
+    demo.koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": threshold,
                                                              "cpuSuppressPolicy": "cfsQuota"}})
     time.sleep(3)
     say(f"   LS idle:      besteffort quota {read('cpu', besteffort, 'cpu.cfs_quota_us')} us per 100 ms")
@@ -384,21 +411,29 @@ def show_suppress(demo: Demo) -> None:
     for second in range(5):
         time.sleep(1)
         say(f"   LS idle  {second + 1} s: besteffort quota {read('cpu', besteffort, 'cpu.cfs_quota_us')}")
+
+
+def show_explain(demo: Demo) -> None:
+    step("9. Why does the BE pod have these values? koordlet explain default/batch-job",
+         "what each hook plugin answered at creation, the cgroup files now, the last QoS actions with their figures")
+    done = subprocess.run([sys.executable, "-m", "koordlet.main", "explain", "default/batch-job",
+                           "--server", f"http://127.0.0.1:{demo.koordlet.port}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=30)
+    for line in (done.stdout or done.stderr).splitlines():
+        say(f"   {line}")
     demo.koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": False}})
 
 
 def show_eviction(demo: Demo) -> None:
-    step("9. Memory pressure: the BE pod is evicted",
-         f"threshold set above today's node usage so a {ALLOC_MIB / 1024:.1f} GiB allocation crosses it; "
-         "local mode kills "
-         "through the CRI (with an API server: the Eviction API, so PDBs hold)")
+    step("10. Memory pressure: the BE pod is evicted",
+         f"the BE pod takes {ALLOC_MIB / 1024:.1f} GiB; then the threshold comes down to what it holds; local mode "
+         "kills through the CRI (with an API server: the Eviction API, so PDBs hold)")
     koordlet, client, direct = demo.koordlet, demo.client, demo.direct
-    alloc_percent = (ALLOC_MIB << 20) * 100 // read_meminfo().mem_total_bytes
-    threshold = min(95, node_memory_used_percent() + max(1, alloc_percent // 2))
-    koordlet.write_slo({"resourceUsedThresholdWithBE": {"enable": True, "memoryEvictThresholdPercent": threshold,
-                                                        "cpuSuppressPolicy": "cfsQuota"}})
-    say(f"   node memory used {node_memory_used_percent()} %, eviction threshold {threshold} %")
-    time.sleep(2)
+    # CPU suppression stands aside (threshold 100 %): at its floor quota the BE pod would take minutes to allocate
+    slo = {"enable": True, "memoryEvictThresholdPercent": 99, "cpuSuppressThresholdPercent": 100,
+           "cpuSuppressPolicy": "cfsQuota"}
+    koordlet.write_slo({"resourceUsedThresholdWithBE": slo})
+    say(f"   node memory used {node_memory_used_percent()} %, eviction threshold 99 %")
     allocate = ["sh", "-c", f"(head -c {ALLOC_MIB}m /dev/zero; sleep 60) | tail -c {ALLOC_MIB}m > /dev/null"]
 
     def allocate_in_be() -> None:
@@ -409,6 +444,11 @@ def show_eviction(demo: Demo) -> None:
             pass
 
     threading.Thread(target=allocate_in_be, daemon=True).start()
+    held = wait_until(lambda: anon_bytes(demo.be_cgroup) >= (ALLOC_MIB << 20) * 2 // 3, 60)
+    threshold = anon_bytes(demo.be_cgroup) * 100 // read_meminfo().mem_total_bytes
+    say(f"   the BE pod holds {anon_bytes(demo.be_cgroup) >> 20} MiB{'' if held else ' (not all of it yet)'}; "
+        f"node memory used {node_memory_used_percent()} %; eviction threshold now {threshold} %")
+    koordlet.write_slo({"resourceUsedThresholdWithBE": {**slo, "memoryEvictThresholdPercent": threshold}})
 
     def be_stopped():
         state = direct.runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=demo.be_cid)).status.state
@@ -416,7 +456,7 @@ def show_eviction(demo: Demo) -> None:
 
     t0 = time.monotonic()
     if wait_until(be_stopped, 30):
-        say(f"   BE container stopped {time.monotonic() - t0:.1f} s after the allocation began; koordlet says:")
+        say(f"   BE container stopped {time.monotonic() - t0:.1f} s after the threshold came down; koordlet says:")
         for line in (koordlet.log_lines("evict") or ["(no eviction line logged)"])[-3:]:
             say(f"   | {line.split(' ', 2)[-1][:200]}")
         ls_state = direct.runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=demo.ls_cid)).status.state
@@ -428,7 +468,7 @@ def show_eviction(demo: Demo) -> None:
 
 
 def show_proxy_cost(demo: Demo) -> None:
-    step("10. What the proxy costs kubelet: the same call, direct vs through the proxy (p50 of 300)")
+    step("11. What the proxy costs kubelet: the same call, direct vs through the proxy (p50 of 300)")
     for name, request in (("Version", cri.VersionRequest()), ("ListContainers", cri.ListContainersRequest())):
         rows = []
         for c in (demo.direct, demo.client):
@@ -437,7 +477,7 @@ def show_proxy_cost(demo: Demo) -> None:
 
 
 STEPS = (start_containerd, start_koordlet, start_proxy, start_pods, show_metrics, show_nodemetric, show_suppress,
-         show_eviction, show_proxy_cost)
+         show_explain, show_eviction, show_proxy_cost)
 
 
 def clean_up(demo: Demo) -> None:

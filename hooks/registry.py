@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from koordlet.api.annotations import AnnotationError
 
@@ -41,6 +41,25 @@ class Plugin:
 
 PLUGINS: dict[str, Plugin] = {}
 
+
+@dataclass(frozen=True, slots=True)
+class PluginAnswer:
+    """What one plugin answered for one pod or container: its changes, or the error it was skipped for."""
+
+    plugin: str
+    changes: Changes | None
+    error: str = ""
+
+
+@dataclass(slots=True)
+class Trace:
+    """Filled by :func:`run_pod` / :func:`run_container` when given: each plugin's answer in order, and the values
+    the check dropped (what ``/debug/pods`` shows of a pod's creation)."""
+
+    answers: list[PluginAnswer] = field(default_factory=list)
+    rejected: list[validate.Rejected] = field(default_factory=list)
+
+
 ErrorReporter = Callable[[str, str, Exception], None]  # (plugin, pod key, error)
 # What malformed input raises in a plugin; anything else is a bug in it (logged with its traceback).
 EXPECTED_ERRORS = (AnnotationError, ValueError, KeyError, TypeError)
@@ -55,7 +74,7 @@ def register(plugin: Plugin) -> Plugin:
 
 
 def enabled(gates: Mapping[str, bool]) -> list[Plugin]:
-    _load_all()
+    load_builtin()
     return [PLUGINS[name] for name in sorted(PLUGINS) if gates.get(PLUGINS[name].gate, False)]
 
 
@@ -65,18 +84,23 @@ def stages(gates: Mapping[str, bool]) -> list[Stage]:
     return [s for s in Stage if s in wanted]
 
 
-def _run(plugins: list[Plugin], node: NodeContext, pod_key: str, call, on_error: ErrorReporter | None) -> Changes:
+def _run(plugins: list[Plugin], node: NodeContext, pod_key: str, call, on_error: ErrorReporter | None,
+         trace: Trace | None = None) -> Changes:
     result = NO_CHANGES
     for plugin in plugins:
         try:
             changes = call(plugin, plugin.rule(node))
         except Exception as err:  # one plugin's failure must not cost the others' answers
+            if trace is not None:
+                trace.answers.append(PluginAnswer(plugin.name, None, f"{type(err).__name__}: {err}"))
             if on_error is not None:
                 on_error(plugin.name, pod_key, err)
             else:
                 log.warning("hook plugin %s skipped for %s: %s", plugin.name, pod_key, err,
                             exc_info=not isinstance(err, EXPECTED_ERRORS))
             continue
+        if trace is not None:
+            trace.answers.append(PluginAnswer(plugin.name, changes))
         if changes:
             result = result.merged(changes)
     return result
@@ -84,35 +108,39 @@ def _run(plugins: list[Plugin], node: NodeContext, pod_key: str, call, on_error:
 
 def run_pod(plugins: list[Plugin], node: NodeContext, ctx: PodContext,
             on_error: ErrorReporter | None = None, on_reject: RejectReporter | None = None,
-            parent_quota: validate.ParentQuota = None) -> Changes:
+            parent_quota: validate.ParentQuota = None, trace: Trace | None = None) -> Changes:
     """The enabled plugins' merged answer for a pod, checked (validate.check): values the kernel or the node
-    would refuse are dropped and handed to ``on_reject``. ``parent_quota``: the pod's QoS dir quota."""
+    would refuse are dropped and handed to ``on_reject``. ``parent_quota``: the pod's QoS dir quota; ``trace``:
+    filled with each plugin's answer and the values dropped."""
     changes = _run([p for p in plugins if p.pod is not None], node, ctx.pod.key,
-                   lambda plugin, rule: plugin.pod(ctx, rule), on_error)
-    return _checked(changes, node, parent_quota, on_reject)
+                   lambda plugin, rule: plugin.pod(ctx, rule), on_error, trace)
+    return _checked(changes, node, parent_quota, on_reject, trace)
 
 
 def run_container(plugins: list[Plugin], node: NodeContext, ctx: ContainerContext,
                   on_error: ErrorReporter | None = None, on_reject: RejectReporter | None = None,
-                  parent_quota: validate.ParentQuota = None) -> Changes:
+                  parent_quota: validate.ParentQuota = None, trace: Trace | None = None) -> Changes:
     """As :func:`run_pod`, for a container; ``parent_quota``: its pod dir's quota."""
     changes = _run([p for p in plugins if p.container is not None], node, f"{ctx.pod.key}/{ctx.name}",
-                   lambda plugin, rule: plugin.container(ctx, rule), on_error)
-    return _checked(changes, node, parent_quota, on_reject)
+                   lambda plugin, rule: plugin.container(ctx, rule), on_error, trace)
+    return _checked(changes, node, parent_quota, on_reject, trace)
 
 
 def _checked(changes: Changes, node: NodeContext, parent_quota: validate.ParentQuota,
-             on_reject: RejectReporter | None) -> Changes:
+             on_reject: RejectReporter | None, trace: Trace | None) -> Changes:
     if not changes:
         return changes
     kept, rejected = validate.check(changes, node, parent_quota)
+    if rejected and trace is not None:
+        trace.rejected.extend(rejected)
     if rejected and on_reject is not None:
         on_reject(rejected)
     return kept
 
 
-def _load_all() -> None:
-    # Importing a plugin module registers it.
+def load_builtin() -> None:
+    """Register the built-in plugins (importing a plugin module registers it); out-of-tree ones come through
+    koordlet/extensions.py (entry points ``koordlet.hook_plugins``)."""
     from . import (  # noqa: F401
         batchresource,
         coresched,

@@ -6,7 +6,9 @@ Needs the node's cbm mask and cache ids (NodeContext.resctrl); without RDT the p
 
 Its containers are put in that group: at creation through NRI (the group as the container's RDT class, so
 runc starts it there; Koordinator's SetContainerResctrlResources), and by moving their tasks (the pod plan of
-the reconciler and the hook server). The group itself is made at pod level, before any container."""
+the reconciler and the hook server). The group itself is made at pod level; NRI names it as a container's class only
+once it exists (koordlet/runtimehooks/podgroups.py makes it before the answer, or leaves the class out when the
+kernel refuses it), and it is removed with the pod from koordlet's record of the groups it made."""
 
 from __future__ import annotations
 

@@ -1,15 +1,27 @@
-"""The one runner of :class:`~koordlet.plan.Plan` s: cgroup writes and resctrl through the executor,
-evictions through the evictor, gauges on the QoS manager's metrics; and a record of what it did.
+""":class:`PlanRunner` carries :class:`~koordlet.plan.Plan` s out: cgroup writes, resctrl, sysctls and blkio lines
+through the executor, evictions through the evictor, gauges on the QoS manager's metrics; and a record of what it
+did.
 
-Every part that changes the node (QoS strategies, the runtime hooks' reconciler, the hook server's pod-level
-writes) hands its Plan to a :class:`PlanRunner`; none of them calls the executor or the evictor itself.
+What it makes on the node it records in the executor's :class:`~koordlet.executor.records.NodeRecords` (resctrl
+groups; the blkio lines, through :class:`~koordlet.executor.lines.DeviceLines`), so the collector
+(:mod:`koordlet.collector`) and a restarted agent know what is koordlet's to take away or put back.
+
+Every part that changes the node hands its Plan to a :class:`PlanRunner` and never calls the executor's writes or
+the evictor itself. Each holds a runner of its own, on its own thread: the QoS manager (its strategies), the hook
+server (pod-level writes), the NRI handlers (pod-level writes, resctrl groups), the runtime hooks' reconciler and
+the node-state collector (:mod:`koordlet.collector`); the cold page collector runs one for kidled's two settings. A
+runner keeps nothing between plans but its last records (under a lock); what runners share, the executor, its
+records, the audit log and ``/debug``'s recent actions, is thread-safe. The one write to kernel files that is no
+plan is the page-idle bitmap's marks (``ResourceExecutor.mark_page_idle``, koordlet/executor/pageidle.py):
+nothing to record or put back.
 A failed write never stops the rest of the plan: it is counted in the record (and logged at debug level;
 the executor counts every outcome in Prometheus itself).
 
 With auditing on (gate ``AuditEvents``, :mod:`koordlet.audit`) the runner writes one audit event for every
-file it wrote (not for writes the executor skipped as already there), every resctrl action and every
-eviction it asked for, from the plan's ``reason`` and ``why`` (a step's own, a victim's message): any part
-that changes the node through a Plan is audited without doing anything for it.
+file it wrote (not for writes the executor skipped as already there; blkio lines and sysctls put back included),
+every resctrl action, every host dir removed and every eviction it asked for, from the plan's ``reason`` and
+``why`` (a step's own, a victim's message): any part that changes the node through a Plan is audited without
+doing anything for it.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -34,9 +47,16 @@ from koordlet.executor import (
     ResourceUpdate,
     UpdateFailure,
 )
+from koordlet.executor.lines import DeviceLines
+from koordlet.history.actions import RECENT, RecentActions
+from koordlet.hostdirs import remove_host_dir
 from koordlet.plan import (
     Evictions,
     GaugeSet,
+    HostDirRemove,
+    LineAction,
+    LineKey,
+    LineWrite,
     Plan,
     ProcessWrite,
     ResctrlAction,
@@ -96,6 +116,10 @@ class PlanRecord:
     process_results: tuple[ProcessResult, ...] = ()  # one per ProcessWrite of the plan
     evicted: tuple[str, ...] = ()  # pod keys whose eviction was accepted
     blocked: tuple[str, ...] = ()  # pod keys whose eviction was refused
+    lines_written: int = 0  # per-device blkio lines written or put back
+    line_errors: tuple[str, ...] = ()
+    removed_dirs: tuple[str, ...] = ()  # host dirs removed
+    dir_errors: tuple[str, ...] = ()
 
     @property
     def partial(self) -> tuple[str, ...]:
@@ -105,7 +129,7 @@ class PlanRecord:
     @property
     def failed(self) -> int:
         return (len(self.failures) - len(self.partial) + len(self.unknown_resources) + len(self.resctrl_errors)
-                + len(self.system_errors) + len(self.process_errors))
+                + len(self.system_errors) + len(self.process_errors) + len(self.line_errors) + len(self.dir_errors))
 
 
 @dataclass(slots=True)
@@ -124,6 +148,10 @@ class _Counts:
     processes_written: int = 0
     process_errors: list[str] = field(default_factory=list)
     process_results: list[ProcessResult] = field(default_factory=list)
+    lines_written: int = 0
+    line_errors: list[str] = field(default_factory=list)
+    removed_dirs: list[str] = field(default_factory=list)
+    dir_errors: list[str] = field(default_factory=list)
 
 
 _AGENTS_AUDITOR = object()  # PlanRunner(auditor=...) default: the agent's auditor (audit.current()), at each run
@@ -150,8 +178,29 @@ class _AuditContext:
         self.auditor.log(audit.LEVEL_UPDATE, owner, reason or self.reason, message)
 
     def resctrl(self, level: int, what: str) -> None:
+        self._log(level, audit.Owner(audit.TYPE_GROUP, name="resctrl"), what)
+
+    def node(self, what: str) -> None:
+        """Something of the node's that is not a file written (a host dir removed)."""
+        self._log(audit.LEVEL_UPDATE, audit.NODE, what)
+
+    def _log(self, level: int, owner: audit.Owner, what: str) -> None:
         message = f"{what} by {self.source}" + (f": {self.why}" if self.why else "")
-        self.auditor.log(level, audit.Owner(audit.TYPE_GROUP, name="resctrl"), self.reason, message)
+        self.auditor.log(level, owner, self.reason, message)
+
+
+@dataclass(frozen=True, slots=True)
+class _Noted:
+    """Where one run's writes and evictions are remembered for ``/debug/pods`` (koordlet.history.actions)."""
+
+    actions: RecentActions
+    source: str
+    reason: str
+    why: str
+
+    def write(self, step: WriteStep, update: ResourceUpdate, why: str = "", error: str = "") -> None:
+        self.actions.wrote(update.cgroup_dir, update.resource.name, update.value, self.source,
+                           step.reason or self.reason, why or step.why or self.why, error)
 
 
 class PlanRunner:
@@ -159,14 +208,18 @@ class PlanRunner:
     which must restore a value someone changed by hand at once)."""
 
     def __init__(self, executor: ResourceExecutor, evictor: Evictor | None = None,
-                 gauges: Mapping[str, Gauge] | None = None, auditor: object = _AGENTS_AUDITOR) -> None:
+                 gauges: Mapping[str, Gauge] | None = None, auditor: object = _AGENTS_AUDITOR,
+                 actions: RecentActions | None = RECENT) -> None:
         """``gauges``: the gauges plans may set, by name (the QoS manager's metrics); ``auditor``: where the
         audit events go (an :class:`~koordlet.audit.Auditor`, None for none; default: the agent's, looked up
-        at every run so that one installed after this runner was built is used)."""
+        at every run so that one installed after this runner was built is used); ``actions``: where the last
+        writes and evictions are remembered for ``/debug/pods`` (None: nowhere)."""
         self._executor = executor
+        self._lines = DeviceLines(executor)
         self._evictor = evictor
         self._gauges = dict(gauges or {})
         self._auditor = auditor
+        self._actions = actions
         self._lock = threading.Lock()
         self._last: dict[str, PlanRecord] = {}
 
@@ -184,17 +237,23 @@ class PlanRunner:
     def run(self, plan: Plan, source: str, now: float = 0.0, *, verify: bool = False) -> PlanRecord:
         counts = _Counts()
         audited = self._audit(plan, source) if not plan.empty else None
+        noted = _Noted(self._actions, source, plan.reason, plan.why) if self._actions is not None and not plan.empty \
+            else None
         for step in plan.steps:
-            self._write(step, counts, verify, audited)
+            self._write(step, counts, verify, audited, noted)
         for action in plan.resctrl:
             self._resctrl(action, counts, audited)
-        released, evicted, blocked = self._evict(plan.evictions, audited) if plan.evictions else ((), (), ())
+        released, evicted, blocked = self._evict(plan.evictions, audited, noted) if plan.evictions else ((), (), ())
         for gauge in plan.gauges:
             self._set_gauge(gauge)
         for action in plan.system:
             self._system(action, counts, audited)
         for write in plan.processes:
             self._processes(write, counts, audited)
+        for line in plan.lines:
+            self._line(line, counts, audited)
+        for host_dir in plan.host_dirs:
+            self._host_dir(host_dir, counts, audited)
         record = PlanRecord(
             source=source,
             at=now,
@@ -215,6 +274,10 @@ class PlanRunner:
             processes_written=counts.processes_written,
             process_errors=tuple(counts.process_errors),
             process_results=tuple(counts.process_results),
+            lines_written=counts.lines_written,
+            line_errors=tuple(counts.line_errors),
+            removed_dirs=tuple(counts.removed_dirs),
+            dir_errors=tuple(counts.dir_errors),
         )
         for failure in record.failures:
             logger.debug("%s: %s of %r not written: %s", source, failure.update.resource.name,
@@ -259,6 +322,41 @@ class PlanRunner:
                     audited.file(audit.NODE, action.key, "the value found before koordlet's first write",
                                  why=action.reason)
 
+    def _line(self, action: LineAction, counts: _Counts, audited: _AuditContext | None) -> None:
+        """One device's blkio line written (its line before recorded) or put back from the record."""
+        try:
+            if isinstance(action, LineWrite):
+                done = self._lines.write(action.resource, action.cgroup_dir, action.value)
+            else:
+                done = self._lines.restore(LineKey.of(action.resource, action.cgroup_dir, action.device))
+        except (ExecutorError, UnknownCgroupResourceError) as exc:
+            counts.line_errors.append(f"{action}: {exc}")
+            logger.debug("%s not carried out: %s", action, exc)
+            return
+        if not done:
+            return
+        counts.lines_written += 1
+        if audited is not None:
+            where = action.cgroup_dir.strip("/") or "/"
+            value = action.value if isinstance(action, LineWrite) else \
+                f"the line of {action.device} found before koordlet's first write"
+            audited.file(audited.auditor.owner_of(action.cgroup_dir), f"{action.resource} of {where}", value,
+                         why=action.reason)
+
+    def _host_dir(self, action: HostDirRemove, counts: _Counts, audited: _AuditContext | None) -> None:
+        """A host dir koordlet made, removed and forgotten (forgotten too when it is gone already)."""
+        try:
+            removed = remove_host_dir(action.path, action.root)
+        except (OSError, ValueError) as exc:
+            counts.dir_errors.append(f"{action.path}: {exc}")
+            logger.warning("host dir %s not removed: %s", action.path, exc)
+            return
+        self._executor.records.host_dirs.forget(action.path)
+        if removed:
+            counts.removed_dirs.append(action.path)
+            if audited is not None:
+                audited.node(f"removed host dir {action.path}")
+
     def _processes(self, write: ProcessWrite, counts: _Counts, audited: _AuditContext | None) -> None:
         """``write.value`` to each process of the cgroup whose file differs; a process that exited meanwhile is
         skipped; a refusal (EACCES: lowering oom_score_adj without CAP_SYS_RESOURCE) is counted, not raised."""
@@ -288,7 +386,8 @@ class PlanRunner:
             audited.file(audited.auditor.owner_of(write.cgroup_dir), f"{write.name} of {written} processes of {where}",
                          write.value, why=write.reason)
 
-    def _write(self, step: WriteStep, counts: _Counts, verify: bool, audited: _AuditContext | None) -> None:
+    def _write(self, step: WriteStep, counts: _Counts, verify: bool, audited: _AuditContext | None,
+               noted: _Noted | None = None) -> None:
         updates: list[ResourceUpdate] = []
         for write in step.writes:
             try:
@@ -305,16 +404,29 @@ class PlanRunner:
         counts.written += result.written
         counts.skipped += result.skipped
         counts.failures.extend(result.failures)
-        if audited is not None:
-            reasons = {(w.resource, w.cgroup_dir): w.reason for w in step.writes if w.reason}
-            for update in result.done:
-                audited.write(step, update, reasons.get((update.resource.name, update.cgroup_dir), ""))
+        if (audited is None and noted is None) or not (result.done or result.failures):
+            return  # nothing written or refused: nothing to tell (the reconciler's usual pass)
+        reasons = {(w.resource, w.cgroup_dir): w.reason for w in step.writes if w.reason}
+        for update in result.done:
+            why = reasons.get((update.resource.name, update.cgroup_dir), "")
+            if audited is not None:
+                audited.write(step, update, why)
+            if noted is not None:
+                noted.write(step, update, why)
+        for failure in result.failures if noted is not None else ():
+            if isinstance(failure.error, CgroupNotFoundError):
+                continue  # not made yet (a pod's first hook) or gone: nothing was refused
+            noted.write(step, failure.update, reasons.get((failure.update.resource.name, failure.update.cgroup_dir),
+                                                          ""), str(failure.error))
 
     def _resctrl(self, action: ResctrlAction, counts: _Counts, audited: _AuditContext | None) -> None:
         moved_before = sum(len(pids) for pids in counts.moved.values())
         try:
             if isinstance(action, ResctrlGroup):
-                if self._executor.ensure_resctrl_group(action.group):
+                created = self._executor.ensure_resctrl_group(action.group)
+                if created or action.pod_uid:  # what koordlet made (or took for a pod it serves) it collects
+                    self._executor.records.resctrl_groups.record(action.group, f"{time.time():.0f}")
+                if created:
                     counts.created.append(action.group)
                     if audited is not None:
                         audited.resctrl(audit.LEVEL_UPDATE, f"created resctrl group {action.group}")
@@ -341,7 +453,9 @@ class PlanRunner:
         """The group's tasks to the root group's ``tasks`` (recorded as moved to ""), then the group away."""
         pids = {p for p in self._executor.read_resctrl(action.group, "tasks").split() if p.isdigit()}
         self._write_tasks("", pids, counts)
-        if self._executor.remove_resctrl_group(action.group):
+        removed = self._executor.remove_resctrl_group(action.group)
+        self._executor.records.resctrl_groups.forget(action.group)  # removed now, or gone already
+        if removed:
             counts.resctrl_written += 1
             counts.removed.append(action.group)
 
@@ -354,6 +468,7 @@ class PlanRunner:
             except ExecutorError:
                 continue  # gone meanwhile
             wanted.update(pid for pid in text.split() if pid.isdigit() and pid not in present)
+        wanted.update(tid for tid in map(str, action.task_ids) if tid not in present)
         self._write_tasks(action.group, wanted, counts)
 
     def _write_tasks(self, group: str, pids: set[str], counts: _Counts) -> None:
@@ -367,7 +482,7 @@ class PlanRunner:
             except ExecutorError as exc:
                 logger.debug("cannot move task %s to resctrl group %r: %s", pid, group, exc)
 
-    def _evict(self, tasks: tuple[Evictions, ...], audited: _AuditContext | None,
+    def _evict(self, tasks: tuple[Evictions, ...], audited: _AuditContext | None, noted: _Noted | None = None,
                ) -> tuple[tuple[tuple[str, float], ...], tuple[str, ...], tuple[str, ...]]:
         evictor = self._evictor
         if evictor is None:
@@ -382,6 +497,10 @@ class PlanRunner:
                       VictimOutcome.EVICTED if result.outcome is EvictionOutcome.EVICTED else VictimOutcome.RELEASED)
             if audited is not None:
                 self._audit_eviction(audited, task, victim, answer, result.outcome.value)
+            if noted is not None:
+                noted.actions.evicted(victim.pod.uid, f"{answer.value} ({result.outcome.value}): releases "
+                                      f"{victim.releases:.0f} of {task.target:.0f}", noted.source,
+                                      task.feature, victim.message or task.reason or noted.why)
             return answer
 
         done = walk_evictions(tasks, outcome)

@@ -23,7 +23,7 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -33,7 +33,7 @@ from prometheus_client import REGISTRY, Counter
 
 from koordlet.api.eviction import EvictionRule, be_rule
 from koordlet.api.pod import PodMeta
-from koordlet.api.qos import QoSClass, parse_kube_qos
+from koordlet.api.qos import parse_kube_qos
 from koordlet.events import UNREACHABLE, PodEvents
 from koordlet.kubeapi import CoreV1
 from wire import cri_pb2 as cri
@@ -65,6 +65,12 @@ POD_EVICTION_DETAIL = Counter(
 )
 
 
+def zero_eviction_counts(node_name: str, features: Iterable[str]) -> None:
+    """Export 0 evictions for each feature before its first one, so that increase() (the alert rules) counts it."""
+    for feature in features:
+        POD_EVICTION.labels(node=node_name, reason=reason_for(feature))
+
+
 def reason_for(feature: str) -> str:
     """The metric reason Koordinator records for an eviction by a feature (docs/koordinator.md §4.5)."""
     return f"trigger by koordlet feature {feature}"
@@ -88,10 +94,6 @@ class EvictionResult:
     def releases(self) -> bool:
         """True when the pod's resources will be freed (count it as released)."""
         return self.outcome in (EvictionOutcome.EVICTED, EvictionOutcome.ALREADY_EVICTING, EvictionOutcome.GONE)
-
-
-def is_be_pod(pod: PodMeta) -> bool:
-    return pod.qos_class is QoSClass.BE
 
 
 def _live_pod(current: dict, known: PodMeta) -> PodMeta:

@@ -90,7 +90,8 @@ GATES: tuple[Gate, ...] = (
     Gate("CgroupReconcile", ALPHA, YES, (_QOS,),
          verified="v1 host and v2 guest: memory.min/low/high on real cgroups"),
     Gate("Accelerators", ALPHA, YES, ("koordlet/main.py",),
-         verified="fake NVML built from a real GPU machine's facts (make gpu-check: real NVML)"),
+         verified="fake NVML built from a real GPU machine's facts (make gpu-check: real NVML); XPU device-info "
+                  "files laid out as koord-device-daemon writes them"),
     Gate("RDMADevices", ALPHA, YES, (_MAIN,), verified="fixture: sysfs of an mlx5 NIC with SR-IOV"),
     Gate("CPICollector", ALPHA, YES, (_MAIN,), note="off without a hardware PMU (said once)",
          verified="v1 host and v2 guest: software counters on real cgroups; no-PMU path"),
@@ -107,14 +108,17 @@ GATES: tuple[Gate, ...] = (
          verified="real containerd through the proxy; HAMi-core's cache dir layout"),
     Gate("PerCPUMetric", ALPHA, YES, (_MAIN,), verified="v1 host /proc/stat; fixture of 300 CPUs"),
     Gate("NodeMetricPromMetrics", ALPHA, YES, ("koordlet/main.py",),
-         verified="v1 host: the agent's /metrics"),
+         verified="v1 host: the agent's /metrics; NUMA series: two-NUMA fixture machine, v2 guest with two NUMA "
+                  "nodes"),
     Gate("GPUEnvInject", ALPHA, YES, ("hooks/gpu.py",),
          verified="real containerd through the proxy (fake NVML)"),
     Gate("RDMADeviceInject", ALPHA, YES, ("hooks/rdma.py",),
          verified="fixture sysfs; devices into real containerd through the proxy"),
     Gate("CPUNormalization", ALPHA, YES, ("hooks/cpunormalization.py",),
          verified="real containerd through NRI; v1 host and v2 guest: with CPUBurst, neither undoes the other"),
-    Gate("CoreSched", ALPHA, YES, ("hooks/coresched.py",), note="cpu.idle per pod; no core-scheduling cookies",
+    Gate("CoreSched", ALPHA, PARTIAL, ("hooks/coresched.py",),
+         note="cpu.idle per pod only: no core scheduling cookies (prctl PR_SCHED_CORE; no kernel here has "
+              "CONFIG_SCHED_CORE)",
          verified="v1 host and v2 guest: cpu.idle on real pod dirs, kubelet's QoS-dir writes accepted; "
                   "real containerd through the proxy and NRI"),
     Gate("TerwayQoS", ALPHA, YES, (_MAIN,), note=_VENDOR + " (Terway)",

@@ -247,3 +247,25 @@ class CustomObjects(_Client):
                  ("timeoutSeconds", timeout_seconds), ("watch", watch)]
         return self._request("GET", self._COLLECTION, {"group": group, "version": version, "plural": plural},
                              query, preload_content=_preload_content, request_timeout=_request_timeout)
+
+
+class AuthV1(_Client):
+    """The authentication.k8s.io/v1 and authorization.k8s.io/v1 reviews koordlet asks for its debug endpoints
+    (``kubernetes.client.AuthenticationV1Api.create_token_review`` and
+    ``AuthorizationV1Api.create_subject_access_review``: their names and argument order)."""
+
+    def create_token_review(self, body: Any, dry_run: str | None = None, field_manager: str | None = None,
+                            field_validation: str | None = None, pretty: str | None = None, *,
+                            _preload_content: bool = True, _request_timeout: Timeout = None) -> Any:
+        query = [("dryRun", dry_run), ("fieldManager", field_manager), ("fieldValidation", field_validation),
+                 ("pretty", pretty)]
+        return self._request("POST", "/apis/authentication.k8s.io/v1/tokenreviews", {}, query, body,
+                             preload_content=_preload_content, request_timeout=_request_timeout)
+
+    def create_subject_access_review(self, body: Any, dry_run: str | None = None, field_manager: str | None = None,
+                                     field_validation: str | None = None, pretty: str | None = None, *,
+                                     _preload_content: bool = True, _request_timeout: Timeout = None) -> Any:
+        query = [("dryRun", dry_run), ("fieldManager", field_manager), ("fieldValidation", field_validation),
+                 ("pretty", pretty)]
+        return self._request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", {}, query, body,
+                             preload_content=_preload_content, request_timeout=_request_timeout)

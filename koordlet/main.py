@@ -2,7 +2,8 @@
 
 The order is docs/koordinator.md §1.2.
 
-Start: metrics HTTP server (``/healthz`` is 503 until the start is complete) → executor → metric cache →
+Start: metrics HTTP server (``/healthz`` is 503 until the start is complete, then checks the parts' loops,
+koordlet.health; ``/readyz`` is 200 once started and synced) → executor → metric cache →
 states informer (its node and NodeSLO sources first; waits until synced, bounded; PLEG) → GPU service →
 GPU device plugin (with the GPU service) → metrics advisor → predict server → qos manager → runtime hooks →
 network QoS → reporters. SIGTERM/SIGINT stop everything in reverse order, each part with its share of what is left of
@@ -31,9 +32,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 import kubernetes.client
@@ -44,12 +46,18 @@ from koordlet import audit, features
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
+from koordlet.debug import serve_debug
+from koordlet.debug.endpoints import DebugSources
 from koordlet.events import PodEvents
 from koordlet.executor import ResourceExecutor
+from koordlet.executor.records import NodeRecords
 from koordlet.gpu.metrics import gpu_devices
 from koordlet.gpu.nvml import NvmlModule
 from koordlet.gpu.reporter import DeviceReporter
 from koordlet.gpu.service import GPUService
+from koordlet.gpu.xpu import XPUInventory
+from koordlet.health import DEFAULT_GRACE_S, Health
+from koordlet.history.actions import RECENT
 from koordlet.kubeapi import CoreV1, CustomObjects
 from koordlet.metriccache import GPU_DEVICES_KV, MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer
@@ -61,14 +69,15 @@ from koordlet.metricsadvisor import (
     PodPsiCollector,
     PodResourceCollector,
 )
+from koordlet.metricsadvisor.nodeinfo import CPUNodeMap, NodeInfoCollector
 from koordlet.prediction.predictor import ProdPrediction, predict_prod
 from koordlet.prediction.server import PredictionConfig, PredictServer
 from koordlet.reporters.device import DeviceReportLoop, GPUCollector
 from koordlet.reporters.nodemetric import NodeMetricReporter, ProdPredict
 from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
 from koordlet.reporters.rdma import RDMAInventory
-from koordlet.statesinformer.api import NodeInfo
-from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
+from koordlet.statesinformer.api import CallbackKind, NodeInfo
+from koordlet.statesinformer.cgroups import container_task_reader, host_app_cgroup_source, pod_cgroup_source
 from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
 from koordlet.statesinformer.cri import CriPodSource
 from koordlet.statesinformer.informer import PodSource, StatesInformer
@@ -79,9 +88,12 @@ from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.roots import HostDirs
-from koordlet.system.sysfs import read_node_hugepages, read_node_topology, read_online_cpus
+from koordlet.system.sysfs import NUMAMemInfoFiles, read_node_hugepages, read_node_topology, read_online_cpus
 
 if TYPE_CHECKING:
+    from koordlet.extensions import Extensions
+    from koordlet.qosmanager import QoSManager
+    from koordlet.runtimehooks import RuntimeHooks
     from koordlet.runtimehooks.nri import NriConfig
 
 logger = logging.getLogger(__name__)
@@ -109,6 +121,7 @@ class AgentContext:
     nvml: NvmlModule | None = None
     states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S
     abort: threading.Event = field(default_factory=threading.Event)  # a stop was asked for during the start
+    health: Health = field(default_factory=lambda: Health(lambda: True))  # parts add their checks (/healthz)
     # ---- built by the parts
     cgroup_fs: CgroupFS = field(init=False)
     executor: ResourceExecutor = field(init=False)
@@ -119,7 +132,10 @@ class AgentContext:
     kube: KubeStates | None = field(default=None, init=False)  # the node and NodeSLO watchers (API server)
     gpu: GPUService | None = field(default=None, init=False)  # gate Accelerators, with a GPU
     reporter: NodeMetricReporter | None = field(default=None, init=False)
+    runtime_hooks: RuntimeHooks | None = field(default=None, init=False)
+    qos_manager: QoSManager | None = field(default=None, init=False)
     predictor: PredictServer | None = field(default=None, init=False)
+    extensions: Extensions | None = field(default=None, init=False)  # out-of-tree strategies and hook plugins
     _cpu_manager: Callable[[], CPUManagerState | None] | None = field(default=None, init=False)
     _dirs: HostDirs | None = field(default=None, init=False)
 
@@ -210,7 +226,8 @@ def _executor(ctx: AgentContext) -> Component | None:
     ctx.executor = ResourceExecutor(cgroup_fs, resctrl_root=ctx.dirs.resctrl_dir,
                                     force_update_seconds=float(config.resource_force_update_seconds),
                                     proc_dir=ctx.dirs.proc_dir, sys_dir=ctx.dirs.sys_dir,
-                                    originals_file=config.system_config_record_file or None)
+                                    originals_file=config.system_config_record_file or None,
+                                    records=NodeRecords.beside(config.system_config_record_file))
     driver = detect_cgroup_driver(cgroup_fs, config.kubelet_cgroup_root)
     layout = ctx.layout = KubeCgroupLayout(driver, config.kubelet_cgroup_root)
     logger.info("cgroup %s, driver %s, kubelet cgroup root %s", cgroup_fs.version.name, driver.value,
@@ -221,6 +238,22 @@ def _executor(ctx: AgentContext) -> Component | None:
 def _metric_cache(ctx: AgentContext) -> Component | None:
     ctx.cache = MetricCache()
     return None
+
+
+def _extensions(ctx: AgentContext) -> Component | None:
+    """Out-of-tree QoS strategies and hook plugins (entry points), named at start, switched by
+    ``-qos-extension-plugins`` (koordlet/extensions.py)."""
+    from koordlet.extensions import load_extensions, report
+
+    ctx.extensions = load_extensions(ctx.config.qos_extension_plugins)
+    report(ctx.extensions, ctx.metrics.registry, ctx.config.node_name, ctx.config.qos_extension_plugins)
+    return None
+
+
+def _gates_with_extensions(ctx: AgentContext) -> Mapping[str, bool]:
+    """The feature gates with each loaded extension's switch laid over them."""
+    extra = ctx.extensions.gates if ctx.extensions is not None else {}
+    return MappingProxyType({**ctx.config.feature_gates, **extra})
 
 
 def _states_informer_built(ctx: AgentContext) -> Component | None:
@@ -244,8 +277,12 @@ def _states_informer_built(ctx: AgentContext) -> Component | None:
                                   default_runtime=config.default_runtime_type,
                                   observe=ctx.metrics.observe_kubelet_request)
     ctx.pod_source = source
+    ctx.metrics.zero_states_errors((source.name, "nodeslo") if ctx.api_client is None else (source.name, "node",
+                                                                                             "nodeslo"))
     ctx.states = StatesInformer(source, config.kubelet_sync_interval_s, ctx.cache,
-                                count_error=ctx.metrics.observe_states_error)
+                                count_error=ctx.metrics.observe_states_error,
+                                task_reader=container_task_reader(ctx.layout, ctx.cgroup_fs)
+                                if config.enable_pod_taskids else None)
     return None
 
 
@@ -269,7 +306,12 @@ def _cri_pod_source(ctx: AgentContext) -> Component | None:
 
 
 def _states_informer(ctx: AgentContext) -> Component | None:
-    return ctx.states
+    states = ctx.states
+    ctx.health.watch_states(states)
+    # the last actions of pods that are gone are forgotten with them (/debug/pods)
+    states.register_callback(CallbackKind.ALL_PODS, "debug-actions",
+                             lambda: RECENT.retain(pod.uid for pod in states.pods()))
+    return states
 
 
 def _audit_owners(ctx: AgentContext) -> Component | None:
@@ -346,13 +388,17 @@ def _device_plugin(ctx: AgentContext) -> Component | None:
 def _collectors(ctx: AgentContext) -> list[Collector]:
     config, states, layout, cgroup_fs = ctx.config, ctx.states, ctx.layout, ctx.cgroup_fs
     node_collector = NodeResourceCollector(ctx.dirs.proc_dir, config.collect_res_used_interval_s,
-                                           per_cpu=config.gate("PerCPUMetric"))
+                                           per_cpu=config.gate("PerCPUMetric"),
+                                           numa_files=NUMAMemInfoFiles(ctx.dirs.sys_dir),
+                                           cpu_nodes=CPUNodeMap(ctx.cache))
     collectors: list[Collector] = [
+        NodeInfoCollector(ctx.cache, ctx.dirs.sys_dir, observe=ctx.metrics.observe_node_info),
         node_collector,
         PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
                              config.collect_res_used_interval_s, be_cgroup_dir=layout.qos_dir(KubeQoS.BESTEFFORT),
                              node=node_collector, collect_page_cache=config.enable_pagecache_collector,
-                             host_apps=host_app_cgroup_source(states.node_slo, layout)),
+                             host_apps=host_app_cgroup_source(states.node_slo, layout),
+                             kubepods_dir=layout.kubepods_dir()),
     ]
     if config.gate("PSICollector"):
         collectors.append(NodePsiCollector(ctx.dirs.proc_dir, config.psi_collector_interval_s))
@@ -378,13 +424,15 @@ def _alpha_collectors(ctx: AgentContext) -> list[Collector]:
         else:
             logger.info("resctrl collector off: gate ResctrlCollector needs -enable-resctrl-collector too "
                         "(as in Koordinator)")
-    if config.gate("ColdPageCollector"):
-        from koordlet.metricsadvisor.coldpage import ColdPageCollector
+    from koordlet.metricsadvisor.coldpage import ColdPageCollector, restore_kidled
 
+    if config.gate("ColdPageCollector"):
         collectors.append(ColdPageCollector(
             pod_cgroup_source(ctx.states.pods, ctx.layout), ctx.cgroup_fs, config.coldpage_collector_interval_s,
-            host_apps=host_app_cgroup_source(ctx.states.node_slo, ctx.layout), proc_dir=dirs.proc_dir,
-            sys_dir=dirs.sys_dir))
+            executor=ctx.executor, host_apps=host_app_cgroup_source(ctx.states.node_slo, ctx.layout),
+            proc_dir=dirs.proc_dir, sys_dir=dirs.sys_dir))
+    else:  # what an earlier koordlet with the gate on changed goes back
+        restore_kidled(ctx.executor, "feature gate ColdPageCollector is off")
     if config.gate("CPICollector"):
         from koordlet.metricsadvisor.cpi import CPICollector
 
@@ -401,15 +449,21 @@ def _metrics_advisor(ctx: AgentContext) -> Component | None:
                      psi_stale_after_s=3 * config.psi_collector_interval_s,
                      slow_stale_after_s=3 * max(config.cpi_collector_interval_s, config.resctrl_collector_interval_s,
                                                 config.coldpage_collector_interval_s))
-    return CollectorRunner(ctx.cache, _collectors(ctx), registry=ctx.metrics.registry)
+    runner = CollectorRunner(ctx.cache, _collectors(ctx), registry=ctx.metrics.registry)
+    ctx.health.watch_loop("collectors", runner)
+    return runner
+
+
+def _qos_manager_on(config: KoordletConfig) -> bool:
+    return config.collect_res_used_interval_s >= 1.0
 
 
 def _qos_manager(ctx: AgentContext) -> Component | None:
-    from koordlet.eviction import Evictor
-    from koordlet.qosmanager import QoSManagerConfig, new_qos_manager
+    from koordlet.eviction import Evictor, zero_eviction_counts
+    from koordlet.qosmanager import QoSManagerConfig, cpuevict, memoryevict, new_qos_manager
 
     config = ctx.config
-    if config.collect_res_used_interval_s < 1.0:
+    if not _qos_manager_on(config):
         logger.info("qos manager off: -collect-res-used-interval below 1 s (docs/koordinator.md §4.1)")
         return None
     evictor = Evictor(config.node_name, api_client=ctx.api_client,
@@ -424,10 +478,17 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
         memory_evict_interval_s=float(config.memory_evict_interval_seconds),
         memory_evict_cool_time_s=float(config.memory_evict_cool_time_seconds),
         cpu_evict_cool_time_s=float(config.cpu_evict_cool_time_seconds),
-        feature_gates=config.feature_gates,
+        feature_gates=_gates_with_extensions(ctx),
     )
-    return new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
-                           sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager)
+    manager = new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
+                              sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager,
+                              observe_storage=ctx.metrics.observe_local_storage_info,
+                              extensions=ctx.extensions.strategies if ctx.extensions is not None else ())
+    ctx.health.watch_loop("qosmanager", manager)
+    ctx.qos_manager = manager
+    zero_eviction_counts(config.node_name, [feature for feature in (*memoryevict.FEATURES, *cpuevict.FEATURES)
+                                            if config.gate(feature)])
+    return manager
 
 
 def _nri_config(config: KoordletConfig) -> NriConfig | None:
@@ -458,17 +519,27 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         failure_policy=config.runtime_hooks_failure_policy,
         disabled_stages=frozenset(config.runtime_hooks_disable_stages),
         reconcile_interval_s=config.runtime_hooks_reconcile_interval_s,
-        feature_gates=config.feature_gates,
+        feature_gates=_gates_with_extensions(ctx),
         resctrl_dir=ctx.dirs.resctrl_dir,
         serve_hooks=config.runtime_hooks_network == "unix",
         sys_dir=ctx.dirs.sys_dir,
         proc_dir=ctx.dirs.proc_dir,
         dev_dir=ctx.dirs.dev_dir,
         hami_core_library=config.hami_core_library_directory_path,
+        disable_unset_cpu_quota=config.disable_unset_cpu_quota,
+        node_name=config.node_name,
         nri=_nri_config(config),
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
-    return RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
+    task_ids = ctx.states.container_task_ids if config.enable_pod_taskids else None
+    hooks = ctx.runtime_hooks = RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager,
+                                             task_ids)
+    ctx.health.watch_loop("reconciler", hooks.reconciler.loop)
+    if hooks.nri is not None:
+        from koordlet.runtimehooks.nri.plugin import socket_identity
+
+        ctx.health.watch_nri(hooks.nri, lambda path: socket_identity(path) is not None)
+    return hooks
 
 
 def _netqos(ctx: AgentContext) -> Component | None:
@@ -492,6 +563,23 @@ def _terway_qos(ctx: AgentContext) -> Component | None:
     return TerwayQoSWriter(ctx.states, ctx.layout, ctx.config.terway_qos_dir)
 
 
+def _node_state_collector(ctx: AgentContext) -> Component | None:
+    """The collector pass over what koordlet made on the node (koordlet.collector): at start, then every few
+    minutes."""
+    from hooks.gpu import hami_cache_root
+    from koordlet.collector import CollectorConfig, NodeStateCollector
+
+    config = ctx.config
+    qos_manager = _qos_manager_on(config)
+    collector_config = CollectorConfig(pod_groups=config.gate("Resctrl"),
+                                       class_groups=qos_manager and config.gate("RdtResctrl"),
+                                       blkio=qos_manager and config.gate("BlkIOReconcile"),
+                                       system_config=qos_manager and config.gate("SystemConfig"),
+                                       resctrl_dir=ctx.dirs.resctrl_dir,
+                                       host_dir_root=hami_cache_root(config.hami_core_library_directory_path))
+    return NodeStateCollector(collector_config, ctx.states, ctx.executor)
+
+
 def default_components() -> list[ComponentFactory]:
     """Started after the states informer and metrics advisor, before the reporters, in this order
     (docs/koordinator.md §1.2: qos manager, then runtime hooks; then tc network QoS and Terway's QoS files
@@ -511,15 +599,20 @@ def _rdma_inventory(config: KoordletConfig) -> RDMAInventory | None:
 
 
 def _device_reporter(ctx: AgentContext) -> Component | None:
-    """The Device object, with a GPU service or RDMA devices."""
-    rdma = _rdma_inventory(ctx.config)
-    if ctx.gpu is None and rdma is None:
+    """The Device object, with a GPU service, the XPU device-info files (gate ``Accelerators``, as Koordinator's XPU
+    collector) or RDMA devices."""
+    config = ctx.config
+    rdma = _rdma_inventory(config)
+    xpu = (XPUInventory(config.xpu_device_infos_dir, on_problem=ctx.metrics.observe_xpu_problem)
+           if config.gate("Accelerators") else None)
+    if ctx.gpu is None and rdma is None and xpu is None:
         return None
-    config, api_client, kube = ctx.config, ctx.api_client, ctx.kube
+    api_client, kube = ctx.api_client, ctx.kube
     custom_api = CustomObjects(api_client) if api_client is not None else None
     file_path = None if custom_api is not None else Path(config.report_dir) / f"device-{config.node_name}.yaml"
     reporter = DeviceReporter(config.node_name, custom_api=custom_api, file_path=file_path)
-    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, _node_uid(kube), rdma=rdma)
+    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, _node_uid(kube), rdma=rdma,
+                            xpu=xpu, xpu_only=config.xpu_enforce_collect_from_device_infos)
 
 
 def _node_uid(kube: KubeStates | None) -> Callable[[], str]:
@@ -588,14 +681,17 @@ def _predict_server(ctx: AgentContext) -> Component | None:
 
 
 def _prod_prediction(ctx: AgentContext) -> ProdPredict | None:
-    server, states = ctx.predictor, ctx.states
+    """The prod prediction of each NodeMetric build, recorded in the prediction metrics as it is made."""
+    server, states, metrics = ctx.predictor, ctx.states, ctx.metrics
     if server is None:
         return None
     config = server.config
 
     def predict(pods: Sequence[PodMeta], now: float) -> ProdPrediction:
-        return predict_prod(pods, states.node(), server.prediction, now, config.cold_start_s,
-                            config.safety_margin_percent)
+        prediction = predict_prod(pods, states.node(), server.prediction, now, config.cold_start_s,
+                                  config.safety_margin_percent)
+        metrics.observe_prediction(prediction.by_predictor, prediction.reclaimable)
+        return prediction
 
     return predict
 
@@ -628,6 +724,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
     return [
         Part("executor", _executor),
         Part("metric cache", _metric_cache),
+        Part("extensions", _extensions),
         Part("pod source", _states_informer_built),
         Part("node and NodeSLO sources", _node_sources),
         Part("CRI pod source", _cri_pod_source),
@@ -641,6 +738,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
         Part("metrics advisor", _metrics_advisor),
         Part("predict server", _predict_server),
         *(_component_part(factory) for factory in components),
+        Part("node state collector", _node_state_collector),
         Part("Device reporter", _device_reporter),
         Part("NodeResourceTopology reporter", _nrt_reporter),
         Part("NodeMetric reporter", _nodemetric_reporter),
@@ -652,8 +750,10 @@ class Koordlet:
 
     def __init__(self, config: KoordletConfig, api_client: kubernetes.client.ApiClient | None = None,
                  extra_components: Sequence[ComponentFactory] | None = None,
-                 states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S, nvml: NvmlModule | None = None) -> None:
-        """``nvml``: the NVML module for the ``Accelerators`` gate (default: pynvml from nvidia-ml-py)."""
+                 states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S, nvml: NvmlModule | None = None,
+                 health_grace_s: float = DEFAULT_GRACE_S) -> None:
+        """``nvml``: the NVML module for the ``Accelerators`` gate (default: pynvml from nvidia-ml-py);
+        ``health_grace_s``: what the health checks allow beyond a part's own interval (koordlet.health)."""
         self.config = config
         self._nvml = nvml
         self._api_client = api_client
@@ -663,6 +763,7 @@ class Koordlet:
         self.started = threading.Event()
         self._abort = threading.Event()
         self.metrics = KoordletMetrics(config.node_name)
+        self.health = Health(self.started.is_set, health_grace_s)
         self.ctx: AgentContext | None = None
         self.metrics_server: MetricsServer | None = None
 
@@ -677,6 +778,15 @@ class Koordlet:
     @property
     def reporter(self) -> NodeMetricReporter | None:
         return self.ctx.reporter if self.ctx is not None else None
+
+    def _debug_sources(self) -> DebugSources | None:
+        """What ``/debug/*`` reads, once the states informer and the executor are built (None before)."""
+        ctx = self.ctx
+        states, executor = getattr(ctx, "states", None), getattr(ctx, "executor", None)
+        if ctx is None or states is None or executor is None:
+            return None
+        return DebugSources(self.config.node_name, states, executor, ctx.layout, RECENT, ctx.runtime_hooks,
+                            ctx.qos_manager)
 
     def request_stop(self) -> None:
         """Cut a start in progress short (a signal during the states sync wait); call :meth:`stop` after."""
@@ -715,8 +825,10 @@ class Koordlet:
 
         features.report(config.feature_gates, self.metrics.registry, config.node_name)  # inert gates: log, gauge
         self._start_auditor()
-        server = MetricsServer(self.metrics.registry, config.metrics_host, config.metrics_port,
-                               healthy=self.started.is_set)
+        server = MetricsServer(self.metrics.registry, config.metrics_host, config.metrics_port)
+        server.route("/healthz", lambda request: self.health.healthz(request.query))
+        server.route("/readyz", lambda request: self.health.readyz(request.query))
+        serve_debug(server, self._debug_sources, api_client, config.node_name)
         if config.gate("AuditEventsHTTPHandler"):
             server.handle("/events", audit.events_handler())
         server.start()
@@ -724,7 +836,7 @@ class Koordlet:
         self._started("metrics server", server.stop)
 
         ctx = self.ctx = AgentContext(config, self.metrics, api_client, self._nvml, self._sync_timeout_s,
-                                      self._abort)
+                                      self._abort, self.health)
         for part in self._parts:
             component = part.build(ctx)
             if component is not None:
@@ -755,11 +867,17 @@ class Koordlet:
 
 
 def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> int:
-    """The daemon; ``nvml``: the NVML module (default pynvml; the demo passes the tests' fake NVML)."""
+    """The daemon; ``nvml``: the NVML module (default pynvml; the demo passes the tests' fake NVML). ``koordlet
+    explain <namespace>/<name>`` asks a running koordlet why a pod has what it has (koordlet.debug.explain)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["explain"]:
+        from koordlet.debug.explain import main as explain
+
+        return explain(args[1:])
     logging.basicConfig(level=os.environ.get("KOORDLET_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = parse_config(sys.argv[1:] if argv is None else argv, os.environ)
+        config = parse_config(args, os.environ)
     except ConfigError as err:
         print(f"koordlet: {err}", file=sys.stderr)
         return 2

@@ -13,7 +13,10 @@ A Plan holds, carried out in this order:
 4. ``gauges``: Prometheus gauge values to set or remove (so a decision's figures are exported by the runner,
    not by the strategy);
 5. ``system``: node-wide kernel files (sysctls) to write, or to put back as they were before koordlet;
-6. ``processes``: per-process files (``oom_score_adj``) of every process of a cgroup.
+6. ``processes``: per-process files (``oom_score_adj``) of every process of a cgroup;
+7. ``lines``: one device's line of a per-device blkio file, written with a record of what it held before, or put
+   back from that record (:mod:`koordlet.executor.lines`);
+8. ``host_dirs``: host directories koordlet made for containers' mounts, removed (:mod:`koordlet.hostdirs`).
 
 ``memo`` is the strategy's own state for its next tick (token buckets, the last policy, a cool-down): the
 manager hands it back in the next snapshot, so ``decide`` stays a pure function. ``report`` is the decision's
@@ -60,9 +63,13 @@ class WriteStep:
 
 @dataclass(frozen=True, slots=True)
 class ResctrlGroup:
-    """Make the resctrl group ``group`` (a mkdir under the resctrl root) when it is missing."""
+    """Make the resctrl group ``group`` (a mkdir under the resctrl root) when it is missing. The runner records
+    a group its mkdir made; ``pod_uid`` names the pod a pod-level group is for, and such a group is recorded even
+    when it was there already (by Koordinator's contract ``koordlet-<pod uid>`` is that pod's group, whichever
+    agent made it), so it goes when the pod goes."""
 
     group: str
+    pod_uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +84,13 @@ class ResctrlWrite:
 @dataclass(frozen=True, slots=True)
 class ResctrlMoveTasks:
     """Move the tasks of ``cgroup_dirs`` (the IDs in their ``source`` file: ``tasks`` for every thread,
-    ``cgroup.procs`` for the processes) into ``group``; tasks already in the group are not written again."""
+    ``cgroup.procs`` for the processes) and ``task_ids`` (threads the states informer read, ``-enable-pod-taskids``)
+    into ``group``; tasks already in the group are not written again."""
 
     group: str
     cgroup_dirs: tuple[str, ...]
     source: str = "tasks"
+    task_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +123,67 @@ class SystemRestore:
 
 
 SystemAction = SystemWrite | SystemRestore
+
+
+_LINE_KEY_SEPARATOR = "@"
+
+
+@dataclass(frozen=True, slots=True)
+class LineKey:
+    """One device's line of a per-device blkio file of one cgroup dir ("" = the root)."""
+
+    resource: str
+    cgroup_dir: str
+    device: str
+
+    @classmethod
+    def of(cls, resource: str, cgroup_dir: str, device: str) -> LineKey:
+        """The key with the cgroup dir as the record keeps it (no leading or trailing ``/``)."""
+        return cls(resource, cgroup_dir.strip("/"), device)
+
+    def text(self) -> str:
+        return _LINE_KEY_SEPARATOR.join((self.resource, self.device, self.cgroup_dir))
+
+    @classmethod
+    def parse(cls, text: str) -> LineKey | None:
+        """The key of a record entry; None for one that is not a line key (a record edited by hand)."""
+        parts = text.split(_LINE_KEY_SEPARATOR, 2)
+        if len(parts) != 3 or not parts[0] or not parts[1]:
+            return None
+        return cls(parts[0], parts[2], parts[1])
+
+
+@dataclass(frozen=True, slots=True)
+class LineWrite:
+    """Write ``value`` (``"MAJ:MIN ..."``, v1 form) as its device's line of the per-device blkio file ``resource`` of
+    ``cgroup_dir``, recording the line as it was before koordlet's first write to it. ``reason``: the audit's line."""
+
+    resource: str
+    cgroup_dir: str
+    value: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LineRestore:
+    """Put ``device``'s line of ``resource`` in ``cgroup_dir`` back as it was before koordlet's first write to it
+    (nothing when koordlet never wrote it), and forget the record."""
+
+    resource: str
+    cgroup_dir: str
+    device: str
+    reason: str = ""
+
+
+LineAction = LineWrite | LineRestore
+
+
+@dataclass(frozen=True, slots=True)
+class HostDirRemove:
+    """Remove the host directory ``path`` koordlet made (and what is in it), if it is a directory below ``root``."""
+
+    path: str
+    root: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,10 +262,13 @@ class Plan:
     processes: tuple[ProcessWrite, ...] = ()
     reason: str = ""
     why: str = ""
+    lines: tuple[LineAction, ...] = ()
+    host_dirs: tuple[HostDirRemove, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.steps or self.resctrl or self.evictions or self.gauges or self.system or self.processes)
+        return not (self.steps or self.resctrl or self.evictions or self.gauges or self.system or self.processes
+                    or self.lines or self.host_dirs)
 
 
 class VictimOutcome(enum.Enum):

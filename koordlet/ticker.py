@@ -9,6 +9,9 @@ device plugin's kubelet watch).
 Stopping is bounded: ``stop(timeout_s)`` sets the stop event, waits at most ``timeout_s`` for the thread,
 logs when it did not end in time and says whether it did; a tick still running then is left behind (the
 thread is a daemon). :func:`join_thread` is that bounded join, for the threads that are not loops.
+
+Every thread koordlet starts has a name (ARCHITECTURE.md, "Threads, loops and pools", lists them; a test holds a
+started koordlet to that list); :func:`start_observer` names a file watch's threads.
 """
 
 from __future__ import annotations
@@ -19,8 +22,27 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from watchdog.observers.api import BaseObserver
 
 logger = logging.getLogger(__name__)
+
+
+def start_observer(observer: BaseObserver, name: str) -> None:
+    """Start a watchdog observer (a daemon) with its threads named: ``name`` (it hands the events to the handlers),
+    ``<name>-emitter`` (one per watched dir) and ``<name>-inotify`` (the inotify reader, where watchdog has one per
+    observer)."""
+    observer.name = name
+    observer.daemon = True
+    observer.start()
+    for emitter in observer.emitters:
+        emitter.name = f"{name}-emitter"
+    reader = getattr(observer, "_inotify_fd", None)  # watchdog >= 6 on Linux: the observer's own reader thread
+    if isinstance(reader, threading.Thread):
+        reader.name = f"{name}-inotify"
 
 
 def join_thread(thread: threading.Thread | None, name: str, timeout_s: float) -> bool:
@@ -34,6 +56,18 @@ def join_thread(thread: threading.Thread | None, name: str, timeout_s: float) ->
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """How a loop is doing, for the health checks (koordlet.health): whether its thread runs, how long ago it
+    last finished a tick (or started), and what the tick running now runs and for how long."""
+
+    running: bool  # started and not stopped
+    alive: bool  # its thread is alive
+    since_progress_s: float  # since the last tick ended (or the loop started)
+    busy_s: float  # how long the tick running now has run; 0 while the loop sleeps
+    doing: str  # what the running tick runs now ("" when the loop does not say, or sleeps)
+
+
 class TickerThread(abc.ABC):
     def __init__(self, name: str, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._name = name
@@ -42,6 +76,9 @@ class TickerThread(abc.ABC):
         self._wake = threading.Event()
         self._woken = False  # the last sleep ended by wake(); read by tick() on the thread
         self._thread: threading.Thread | None = None
+        self._progress_at = 0.0  # monotonic: the last tick ended (or the loop started)
+        self._tick_started: float | None = None  # monotonic start of the tick running now
+        self.doing = ""  # what the running tick runs now: a subclass names its item (a strategy, a collector)
 
     @abc.abstractmethod
     def tick(self, monotonic_now: float) -> float:
@@ -55,10 +92,26 @@ class TickerThread(abc.ABC):
         """Monotonic time of the first tick; runs on the thread and may wait on ``self._stop``."""
         return self._monotonic()
 
+    @property
+    def period_s(self) -> float:
+        """The longest a healthy loop sleeps between two ticks (the health checks' bound follows it)."""
+        return 1.0
+
+    def heartbeat(self) -> Heartbeat:
+        now = self._monotonic()
+        thread, started = self._thread, self._tick_started
+        return Heartbeat(running=thread is not None, alive=thread is not None and thread.is_alive(),
+                         since_progress_s=now - self._progress_at,
+                         busy_s=now - started if started is not None else 0.0,
+                         doing=self.doing if started is not None else "")
+
     def _loop(self) -> None:
         self._schedule_from(self._first_due())
         while not self._stop.is_set():
-            next_due = self.tick(self._monotonic())
+            self._tick_started = self._monotonic()
+            next_due = self.tick(self._tick_started)
+            self._progress_at = self._monotonic()
+            self._tick_started = None
             self._woken = self._wake.wait(max(next_due - self._monotonic(), 0.0))
             if self._woken:
                 self._wake.clear()
@@ -78,6 +131,7 @@ class TickerThread(abc.ABC):
         self._stop.clear()
         self._wake.clear()
         self._woken = False
+        self._progress_at = self._monotonic()
         self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
         self._thread.start()
 
@@ -125,6 +179,10 @@ class PeriodicThread(TickerThread):
 
     def _first_due(self) -> float:
         return self._monotonic() + self._first_delay_s
+
+    @property
+    def period_s(self) -> float:
+        return self._interval()
 
     def _schedule_from(self, start: float) -> None:
         self._next_due = start

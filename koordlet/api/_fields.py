@@ -10,6 +10,7 @@ not know are ignored, so objects written by newer Koordinator versions still par
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -79,6 +80,26 @@ def apply(base: T, overrides: Mapping[str, object]) -> T:
         else:
             changes[name] = value
     return dataclasses.replace(base, **changes)  # type: ignore[type-var]
+
+
+def dump(value: object) -> object:
+    """The JSON (camelCase) form of a json-mapped dataclass: every field that has a JSON key, unset (None) ones
+    left out; reading it back with :func:`collect` and :func:`apply` gives the same value."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, object] = {}
+        for field in dataclasses.fields(value):
+            key = field.metadata.get("json")
+            item = getattr(value, field.name)
+            if key is not None and item is not None:
+                out[str(key)] = dump(item)
+        return out
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(key): dump(item) for key, item in value.items()}
+    if isinstance(value, tuple | list | frozenset | set):
+        return [dump(item) for item in value]
+    return value
 
 
 # ---------------------------------------------------------------------------------------------- checks

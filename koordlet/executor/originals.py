@@ -1,4 +1,5 @@
-"""What a node-wide kernel file held before koordlet's first write to it, so that it can be put back.
+"""What a node-wide kernel file held before koordlet's first write to it, so that it can be put back; the same
+small persisted record keeps the other things koordlet makes on the node (:mod:`koordlet.executor.records`).
 
 NodeSLO ``systemStrategy`` changes sysctls the node's operator owns (``vm.min_free_kbytes`` …). Koordinator
 leaves its last value behind when the strategy or its gate is switched off; koordlet-py records each file's
@@ -30,63 +31,81 @@ _VERSION = 1
 
 
 class Originals:
-    """key → the value found before the first write (thread-safe); persisted to ``path`` when given."""
+    """key → the value found before the first write (thread-safe); persisted to ``path`` when given.
 
-    def __init__(self, path: str | None = None) -> None:
+    ``kind`` tells one record file from another (a file of another kind is set aside, never read as this one),
+    ``label`` names the record in logs, ``max_entries`` bounds it."""
+
+    def __init__(self, path: str | None = None, *, kind: str = _KIND, label: str = "system config record",
+                 max_entries: int = MAX_ENTRIES) -> None:
         self._path = path
+        self._kind = kind
+        self._label = label
+        self._max_entries = max_entries
         self._lock = threading.Lock()
         self._values: dict[str, str] = self._load() if path else {}
+
+    @property
+    def path(self) -> str | None:
+        return self._path
 
     def _load(self) -> dict[str, str]:
         assert self._path is not None
         try:
             with open(self._path, encoding="utf-8") as file:
-                text = file.read(MAX_ENTRIES * (MAX_VALUE_CHARS + 256) + 1024)
+                text = file.read(self._max_entries * (MAX_VALUE_CHARS + 256) + 1024)
         except FileNotFoundError:
             return {}
         except OSError as err:
-            logger.warning("cannot read the system config record %s: %s; starting without it", self._path, err)
+            logger.warning("cannot read the %s %s: %s; starting without it", self._label, self._path, err)
             return {}
         try:
             data = json.loads(text)
-            if not isinstance(data, dict) or data.get("kind") != _KIND or data.get("version") != _VERSION:
-                raise ValueError("not a koordlet system config record")
+            if not isinstance(data, dict) or data.get("kind") != self._kind or data.get("version") != _VERSION:
+                raise ValueError(f"not a koordlet {self._label}")
             values = data.get("originals")
-            if not isinstance(values, dict) or len(values) > MAX_ENTRIES or not all(
+            if not isinstance(values, dict) or len(values) > self._max_entries or not all(
                     isinstance(k, str) and isinstance(v, str) and len(v) <= MAX_VALUE_CHARS for k, v in values.items()):
                 raise ValueError("malformed originals")
         except ValueError as err:
             aside = f"{self._path}.corrupt-{int(time.time())}"
-            logger.error("system config record %s is unreadable (%s): set aside as %s", self._path, err, aside)
+            logger.error("%s %s is unreadable (%s): set aside as %s", self._label, self._path, err, aside)
             try:
                 os.replace(self._path, aside)
             except OSError as move_err:
                 logger.error("cannot set %s aside: %s", self._path, move_err)
             return {}
         if values:
-            logger.info("system config record: koordlet changed %s before this start", ", ".join(sorted(values)))
+            logger.info("%s: koordlet changed %s before this start", self._label, ", ".join(sorted(values)))
         return dict(values)
 
-    def _save(self) -> None:
+    def _save(self) -> bool:
         if self._path is None:
-            return
-        text = json.dumps({"kind": _KIND, "version": _VERSION, "originals": self._values}, sort_keys=True)
+            return True
+        text = json.dumps({"kind": self._kind, "version": _VERSION, "originals": self._values}, sort_keys=True)
         try:
             os.makedirs(os.path.dirname(self._path) or ".", exist_ok=True)
             write_atomic(self._path, text, mode=0o600)
         except OSError as err:
-            logger.error("cannot write the system config record %s: %s", self._path, err)
+            logger.error("cannot write the %s %s: %s", self._label, self._path, err)
+            return False
+        return True
 
-    def record(self, key: str, value: str) -> None:
-        """Keep ``value`` as ``key``'s original unless one is kept already (only the first write counts)."""
+    def record(self, key: str, value: str) -> bool:
+        """Keep ``value`` as ``key``'s original unless one is kept already (only the first write counts). False
+        when it could not be kept (the record full, the value too long, the file not written): the caller must
+        not change the file then, or what was there could never be put back."""
         with self._lock:
             if key in self._values:
-                return
-            if len(self._values) >= MAX_ENTRIES or len(value) > MAX_VALUE_CHARS:
-                logger.error("system config record full or value too long: %s not recorded", key)
-                return
+                return True
+            if len(self._values) >= self._max_entries or len(value) > MAX_VALUE_CHARS:
+                logger.error("%s full or value too long: %s not recorded", self._label, key)
+                return False
             self._values[key] = value
-            self._save()
+            if not self._save():
+                del self._values[key]  # not kept: the next write tries again
+                return False
+            return True
 
     def get(self, key: str) -> str | None:
         with self._lock:
@@ -100,3 +119,7 @@ class Originals:
     def keys(self) -> frozenset[str]:
         with self._lock:
             return frozenset(self._values)
+
+    def items(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._values)

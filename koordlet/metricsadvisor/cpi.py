@@ -12,11 +12,21 @@ The counters need the CPU's performance monitoring unit. At start the collector 
 itself (:func:`koordlet.system.perf.probe`); where the kernel lacks them (ENOENT: no PMU, as on a virtual
 machine without PMU passthrough) it says so once and stays off. It also needs the ``perf_event`` cgroup
 hierarchy on cgroup v1 (cgroup v2 always has it). A container whose counters cannot be opened (gone
-meanwhile, out of descriptors) is skipped for that window and named once.
+meanwhile) is skipped for that window and named once.
+
+Descriptors: each container counted holds one per online CPU and event for the window (200 containers on 96
+CPUs would be 38,400). The collector holds at most an eighth of the soft RLIMIT_NOFILE (``max_descriptors``;
+``koordlet.system.procfs.SHARE_PERF_COUNTERS``, the executor's kept reads take another eighth): when the
+containers need more, each window counts as many as fit, the next ones in container id order after the last
+window's, so every container is counted every few windows (said once). Running out of descriptors anyway
+(EMFILE, ENFILE) ends that window's opening. Its memos (series keys, the containers named) hold live containers
+only.
 """
 
 from __future__ import annotations
 
+import bisect
+import errno
 import logging
 import os
 import time
@@ -26,10 +36,22 @@ from koordlet.metriccache import CPI_RESOURCE_CYCLE, CPI_RESOURCE_INSTRUCTION, L
 from koordlet.metricsadvisor.pods import PodSource
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.perf import CYCLES, INSTRUCTIONS, CgroupCounters, PerfError, PerfEvent, encode_with_libpfm, probe
+from koordlet.system.procfs import SHARE_PERF_COUNTERS, descriptor_budget
 
 logger = logging.getLogger(__name__)
 
 PERF_SUBSYSTEM = "perf_event"
+UNLIMITED_DESCRIPTORS = 1 << 16  # the budget without an RLIMIT_NOFILE
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+
+
+def _started(counters: CgroupCounters) -> CgroupCounters:
+    try:
+        counters.start()
+    except BaseException:
+        counters.close()
+        raise
+    return counters
 
 
 class CPICollector:
@@ -40,9 +62,11 @@ class CPICollector:
 
     def __init__(self, pods: PodSource, cgroup_fs: CgroupFS, cpus: Sequence[int], cpi_interval_s: float = 60.0,
                  window_s: float = 10.0, events: tuple[PerfEvent, PerfEvent] = (CYCLES, INSTRUCTIONS),
-                 group: bool = False, libpfm: bool = False, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 group: bool = False, libpfm: bool = False, monotonic: Callable[[], float] = time.monotonic,
+                 max_descriptors: int | None = None) -> None:
         """``libpfm``: encode the events' names with libpfm4 (gate ``Libpfm4``); without the library the
-        built-in encoding of the generic events is used and that is said once."""
+        built-in encoding of the generic events is used and that is said once. ``max_descriptors``: the most
+        perf descriptors held at once (default: an eighth of the soft RLIMIT_NOFILE when a window starts)."""
         if window_s >= cpi_interval_s:
             raise ValueError("the CPI window must be shorter than the CPI interval")
         self.interval_s = window_s
@@ -57,9 +81,12 @@ class CPICollector:
         self._monotonic = monotonic
         self._next_start = float("-inf")
         self._window_end: float | None = None
+        self._max_descriptors = max_descriptors
         self._counting: list[tuple[str, str, CgroupCounters]] = []  # (pod uid, container id, counters)
-        self._named: set[str] = set()  # containers whose counters failed, named once
+        self._named: set[str] = set()  # live containers whose counters failed, named once
         self._keys: dict[tuple[str, str, str], SeriesKey] = {}
+        self._last_counted = ""  # the highest container id of the last window, when they did not all fit
+        self._said_budget: tuple[int, int] | None = None  # (containers, per window) last said
 
     def enabled(self) -> bool:
         for event in self._events:  # the built-in encoding first: libpfm4 is loaded only where it can count
@@ -99,19 +126,51 @@ class CPICollector:
         self._window_end = moment + self._window_s
         return []
 
+    def per_window(self, containers: int) -> int:
+        """How many containers one window counts within the descriptor budget (one descriptor stays free for
+        the cgroup dir opened while a container's counters are)."""
+        budget = (self._max_descriptors if self._max_descriptors is not None
+                  else descriptor_budget(SHARE_PERF_COUNTERS, UNLIMITED_DESCRIPTORS))
+        return min(containers, max(budget - 1, 0) // max(len(self._cpus) * len(self._events), 1))
+
+    def _this_window(self, containers: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+        """The (container id, pod uid, cgroup dir) to count now: all of them, or the next that fit after the last
+        window's, in container id order."""
+        fit = self.per_window(len(containers))
+        if (len(containers), fit) != self._said_budget and fit < len(containers):
+            logger.info("CPI: %d containers need %d perf descriptors each, %d fit in the budget: each window "
+                        "counts %d, the next ones in turn", len(containers), len(self._cpus) * len(self._events),
+                        fit, fit)
+        self._said_budget = (len(containers), fit)
+        if fit >= len(containers):
+            self._last_counted = ""
+            return containers
+        start = bisect.bisect_right([ident for ident, _, _ in containers], self._last_counted)
+        chosen = (containers[start:] + containers[:start])[:fit]
+        if chosen:
+            self._last_counted = chosen[-1][0]
+        return chosen
+
     def _start(self) -> None:
-        for pod in self._pods():
-            for container in pod.containers:
-                path = self._cgroup_fs.cgroup_dir(PERF_SUBSYSTEM, container.cgroup_dir)
-                try:
-                    counters = CgroupCounters(path, self._cpus, self._events, self._group)
-                    counters.start()
-                except OSError as err:
-                    if container.container_id not in self._named:
-                        self._named.add(container.container_id)
-                        logger.info("CPI of container %s not counted: %s", container.container_id, err)
-                    continue
-                self._counting.append((pod.pod_uid, container.container_id, counters))
+        containers = sorted((container.container_id, pod.pod_uid, container.cgroup_dir)
+                            for pod in self._pods() for container in pod.containers)
+        live = {ident for ident, _, _ in containers}
+        self._named &= live
+        self._keys = {key: value for key, value in self._keys.items() if key[1] in live}
+        for container_id, pod_uid, cgroup_dir in self._this_window(containers):
+            path = self._cgroup_fs.cgroup_dir(PERF_SUBSYSTEM, cgroup_dir)
+            try:
+                counters = _started(CgroupCounters(path, self._cpus, self._events, self._group))
+            except OSError as err:
+                if err.errno in _OUT_OF_DESCRIPTORS:
+                    logger.warning("CPI: out of descriptors after %d containers this window: %s", len(self._counting),
+                                   err)
+                    return
+                if container_id not in self._named:
+                    self._named.add(container_id)
+                    logger.info("CPI of container %s not counted: %s", container_id, err)
+                continue
+            self._counting.append((pod_uid, container_id, counters))
 
     def _finish(self, now: float) -> list[Sample]:
         samples: list[Sample] = []
@@ -131,9 +190,7 @@ class CPICollector:
     def _key(self, pod_uid: str, container_id: str, resource: str) -> SeriesKey:
         ident = (pod_uid, container_id, resource)
         key = self._keys.get(ident)
-        if key is None:
-            if len(self._keys) > 8192:  # containers come and go: keep the memo bounded
-                self._keys.clear()
+        if key is None:  # pruned to the live containers at every window's start
             key = self._keys[ident] = SeriesKey.of(MetricKind.CONTAINER_CPI, **{
                 Label.POD_UID: pod_uid, Label.CONTAINER_ID: container_id, Label.CPI_RESOURCE: resource})
         return key

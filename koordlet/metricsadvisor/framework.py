@@ -1,5 +1,7 @@
 """Collector framework: each collector has a name, an interval and ``collect(now) -> samples``; one runner
-thread ticks them all on their intervals and writes the samples into the metric cache.
+thread ticks them all on their intervals and writes the samples into the metric cache. (The cold page collector's
+page-idle pass is too long for a tick: its own thread, ``coldpage-scan``, scans, and the tick takes its last
+count.)
 
 One thread for all collectors keeps the agent's cost flat (Koordinator runs a goroutine per collector);
 collectors are cheap file readers, so serialising them costs nothing that matters. The runner measures
@@ -88,6 +90,7 @@ class CollectorRunner(TickerThread):
         for collector in collectors:
             if collector.enabled():
                 self._active.append(_Scheduled(collector, 0.0))
+                self.errors.labels(collector.name)  # 0 before the first error: rate() and the alerts count it
             else:
                 logger.info("collector %s disabled on this node", collector.name)
         super().__init__("metricsadvisor")
@@ -107,8 +110,14 @@ class CollectorRunner(TickerThread):
                 return self._run(entry, self._wall_clock() if now is None else now)
         raise KeyError(entry_name)
 
+    @property
+    def period_s(self) -> float:
+        """The shortest collector interval: a healthy runner ticks at least that often."""
+        return min((entry.collector.interval_s for entry in self._active), default=1.0)
+
     def _run(self, entry: _Scheduled, now: float) -> int:
         name = entry.collector.name
+        self.doing = f"collector {name}"
         started = time.perf_counter()
         try:
             samples = entry.collector.collect(now)

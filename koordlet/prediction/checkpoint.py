@@ -6,7 +6,7 @@ A file is named by the model's UID and holds ``{"UID", "CPU", "Memory", "LastUpd
 file renamed over the old one). Bounded: a file is at most :data:`MAX_FILE_BYTES`, and there is one per live
 model. On restore, a file that cannot be read back (corrupt, too large, not a checkpoint, a foreign name) is
 logged and set aside as ``.set-aside/<name>.<time>`` (the newest :data:`MAX_SET_ASIDE` kept), never fatal;
-half-written temp files are removed.
+half-written temp files are removed (one that cannot be removed is logged and skipped).
 """
 
 from __future__ import annotations
@@ -161,12 +161,23 @@ class FileCheckpointer:
             if entry.name == SET_ASIDE_DIR or entry.is_dir(follow_symlinks=False):
                 continue
             if entry.name.startswith(_TEMP_PREFIX) or entry.name.endswith(_KOORDINATOR_TEMP_SUFFIX):
-                os.unlink(entry.path)  # a save that never finished
+                self._remove_leftover(entry.path)
                 continue
             checkpoint = self._read(entry)
             if checkpoint is not None:
                 restored.append(checkpoint)
         return restored
+
+    @staticmethod
+    def _remove_leftover(path: str) -> None:
+        """A save that never finished; one that cannot be removed (an immutable file, a read-only dir) is logged and
+        left: it is no checkpoint, and the others still restore."""
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            logger.warning("cannot remove the unfinished checkpoint %s: %s; left in place", path, err)
 
     def _read(self, entry: os.DirEntry[str]) -> ModelCheckpoint | None:
         if not _NAME.match(entry.name) or not entry.is_file(follow_symlinks=False):

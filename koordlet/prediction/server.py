@@ -8,10 +8,13 @@ pods without one; a class with no pod gets a 0 sample) and adds ``sys`` = max(no
 samples in the interval is left out of that round (as in Koordinator). CPU histograms: 0.025 cores first
 bucket, ×1.05, up to 1024 cores, half-life 12 h; memory: 5 MiB first bucket, ×1.05, up to 2 TiB, half-life 24 h.
 
-Beyond Koordinator: a pod's histograms go when the pod goes (at the next training; Koordinator keeps them 30 min),
-so memory follows the pods on the node, and the node items expire after 30 min without an update as in
-Koordinator. Checkpoints (koordlet.prediction.checkpoint): every minute, up to 12 models not saved for 10 min;
-restored at start (after the states synced), so a restart keeps what was learnt.
+A model goes only once it has not been updated for the model expiration time (30 min; Koordinator's gcModels,
+every minute: ``now − last update > expiration``), the pods' and the node items' alike: a pod left out of one
+round's list (an informer resync, a kubelet answer that missed it) keeps what was learnt and goes on from there.
+Memory stays bounded by the pods of the last expiration time. Checkpoints (koordlet.prediction.checkpoint): every
+minute, up to 12 models not saved for 10 min; restored at start (after the states synced; as in Koordinator, the
+checkpoints of pods not on the node then are removed), so a restart keeps what was learnt. A restore that fails is
+logged and not tried again: training goes on without it.
 """
 
 from __future__ import annotations
@@ -148,7 +151,8 @@ class PredictServer:
         model.memory.add_sample(memory, 1.0, now)
 
     def train(self, now: float | None = None) -> None:
-        """One training round (Koordinator's ``training``); drops the models of pods that are gone."""
+        """One training round (Koordinator's ``training``). Models of pods not in the list are left alone: they go
+        only when stale (:meth:`gc`)."""
         now = self._clock() if now is None else now
         pods = self._pods()
         sums: dict[str, list[float]] = {}
@@ -165,7 +169,6 @@ class PredictServer:
                 total[1] += memory
         node_cpu = self._p90(SeriesKey.of(MetricKind.NODE_CPU_USAGE), now)
         node_memory = self._p90(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE), now)
-        live = {pod.uid for pod in pods}
         with self._lock:
             for uid, cpu, memory in samples:
                 self._update(uid, cpu, memory, now)
@@ -181,11 +184,6 @@ class PredictServer:
             # Koordinator: a missing node sample counts as 0 here (so sys gets a 0 sample that round)
             self._update(node_item_uid(SYSTEM_ITEM), max((node_cpu or 0.0) - all_cpu, 0.0),
                          max((node_memory or 0.0) - all_memory, 0.0), now)
-            gone = [uid for uid in self._models if uid not in live and uid != NODE_UID and uid not in NODE_ITEM_UIDS]
-            for uid in gone:
-                del self._models[uid]
-        for uid in gone:
-            self._remove_checkpoint(uid)
         self._trained = True
 
     def gc(self, now: float | None = None) -> list[str]:
@@ -260,11 +258,22 @@ class PredictServer:
 
     # -------------------------------------------------------------------------------------------- loop
 
+    def _restore_once(self) -> None:
+        """Restore at the first chance; a failure is logged, never tried again, never stops the training."""
+        if self._restored:
+            return
+        try:
+            self.restore()
+        except Exception:  # noqa: BLE001 - a restore that fails must not stop every later training
+            logger.exception("prediction: restoring the checkpoints from %s failed; training without them",
+                             self.config.checkpoint_dir)
+        finally:
+            self._restored = True
+
     def _tick(self) -> None:
         if not self._states_synced():
             return
-        if not self._restored:
-            self.restore()
+        self._restore_once()
         self.train()
         now = self._clock()
         if now >= self._next_housekeeping:
@@ -276,7 +285,7 @@ class PredictServer:
         """Restore the checkpoints (once the states have synced), then train every training interval, collect and
         checkpoint every minute."""
         if self._states_synced():
-            self.restore()
+            self._restore_once()
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> bool:

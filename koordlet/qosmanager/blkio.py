@@ -19,9 +19,16 @@ the rate), while the BE class limit on the besteffort dir, as Koordinator writes
 pods below it (a class-wide shared limit cannot be expressed on v1; it can on v2, where the limits are
 hierarchical and the besteffort dir's ``io.max`` holds every BE pod).
 
-A device that a target's files name but its blocks no longer do gets the defaults back (throttles 0, weight
-100; ``enable=0`` for the root's qos): so ``enable: false`` removes what koordlet set, and so does an emptied
-annotation. LSR/LS blocks are not supported (Koordinator logs and ignores them too).
+Every line goes through the plan runner's recorded writes (``Plan.lines``, :mod:`koordlet.executor.lines`): before
+koordlet's first write of a device's line, the line as it was is recorded (persisted, so a restarted agent knows
+it too). A line koordlet wrote that no block configures any more (a device dropped, the class or the root switched
+off, an annotation emptied or removed, the pod gone) is put back as it was before, and a line koordlet never wrote
+is never touched: an operator's own ``io.cost.qos`` line for a disk stays as it is, however the gate, the root's
+``blkioQOS`` and the blocks are set (Koordinator writes ``enable=0`` over every device the file lists). A line that
+already holds the value (the keys written, numbers as numbers: the kernel prints ``rpct=95.00`` for ``rpct=95``)
+is not written again, so the root's ``io.cost.qos`` is not rewritten every ``-resource-force-update-seconds``.
+With the gate off, the collector puts every recorded line back (:mod:`koordlet.collector`). LSR/LS blocks are not
+supported (Koordinator logs and ignores them too).
 
 Blocks resolve through the node's block devices (``koordlet.system.blockdev``): ``device`` by name (a partition
 to its disk), ``volumegroup`` to the one disk under its logical volumes. A block that does not resolve leaves
@@ -46,7 +53,7 @@ from koordlet.api.nodeslo import (
 )
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
-from koordlet.plan import CgroupWrite, Plan, WriteStep
+from koordlet.plan import LineKey, LineRestore, LineWrite, Plan
 from koordlet.qosmanager.framework import GATE_BLKIO_RECONCILE, QoSManagerConfig, Strategy
 from koordlet.qosmanager.snapshot import (
     CgroupRead,
@@ -56,8 +63,9 @@ from koordlet.qosmanager.snapshot import (
     container_cgroup_dir,
     pod_cgroup_dir,
 )
+from koordlet.system.blkiolines import holds
 from koordlet.system.blockdev import BlockResolveError, StorageInfo
-from koordlet.system.resources import devices_in
+from koordlet.system.resources import device_of
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +84,7 @@ def _annotated(pod: PodMeta) -> bool:
 
 _READS = tuple(CgroupRead(name, scope, None if scope is Scope.BESTEFFORT else _annotated)
                for name in THROTTLE_FILES for scope in (Scope.BESTEFFORT, Scope.PODS, Scope.APP_CONTAINERS)
-               ) + (CgroupRead(IO_COST_QOS, Scope.ROOT),)
+               ) + (CgroupRead(IO_COST_QOS, Scope.ROOT), CgroupRead(IO_COST_MODEL, Scope.ROOT))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +105,7 @@ class BlkIOConfig:
         return _NEEDS
 
 
-_NEEDS = Needs(cgroup_reads=_READS, storage=True, kernel_files=(IO_WEIGHT,))
+_NEEDS = Needs(cgroup_reads=_READS, storage=True, kernel_files=(IO_WEIGHT,), device_lines=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +114,14 @@ class BlkIODecision:
 
     configured: tuple[tuple[str, tuple[str, ...]], ...]  # (dir, MAJ:MIN...)
     problems: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    cgroup_dir: str
+    blocks: tuple[BlockCfg, ...]
+    where: str
+    root: bool = False
 
 
 def resolve(storage: StorageInfo | None, block: BlockCfg) -> str:
@@ -121,19 +137,19 @@ def resolve(storage: StorageInfo | None, block: BlockCfg) -> str:
 
 
 def throttle_writes(block: BlockCfg, number: str, cgroup_dir: str, where: str,
-                    files: Sequence[str] = THROTTLE_FILES) -> list[CgroupWrite]:
+                    files: Sequence[str] = THROTTLE_FILES) -> list[LineWrite]:
     """The per-device values of one block in ``files`` (Koordinator getBlkIOUpdaterFromBlockCfg: the four
     throttles, unset → 0, and the weight, unset → 100)."""
     io = block.io_cfg
     values = {READ_IOPS: io.read_iops or 0, READ_BPS: io.read_bps or 0, WRITE_IOPS: io.write_iops or 0,
               WRITE_BPS: io.write_bps or 0,
               IO_WEIGHT: io.io_weight_percent if io.io_weight_percent is not None else DEFAULT_IO_WEIGHT_PERCENT}
-    return [CgroupWrite(name, cgroup_dir, f"{number} {values[name]}",
-                        f"{where}: block {block.name} ({number}) {name.rpartition('.')[2]} = {values[name]}")
+    return [LineWrite(name, cgroup_dir, f"{number} {values[name]}",
+                      f"{where}: block {block.name} ({number}) {name.rpartition('.')[2]} = {values[name]}")
             for name in files]
 
 
-def cost_writes(block: BlockCfg, number: str, where: str) -> list[CgroupWrite]:
+def cost_writes(block: BlockCfg, number: str, where: str) -> list[LineWrite]:
     """blk-iocost QoS and model of one block on the root cgroup (Koordinator getDiskConfigUpdaterFromBlockCfg)."""
     io = block.io_cfg
 
@@ -151,7 +167,7 @@ def cost_writes(block: BlockCfg, number: str, where: str) -> list[CgroupWrite]:
     else:
         model = f"{number} ctrl=auto"
     reason = f"{where}: block {block.name} ({number}) blk-iocost"
-    return [CgroupWrite(IO_COST_QOS, "", qos, reason), CgroupWrite(IO_COST_MODEL, "", model, reason)]
+    return [LineWrite(IO_COST_QOS, "", qos, reason), LineWrite(IO_COST_MODEL, "", model, reason)]
 
 
 def _files(snapshot: Snapshot) -> tuple[str, ...]:
@@ -159,92 +175,85 @@ def _files(snapshot: Snapshot) -> tuple[str, ...]:
     return THROTTLE_FILES if IO_WEIGHT in snapshot.kernel_files else THROTTLE_FILES[:4]
 
 
-def _removals(snapshot: Snapshot, cgroup_dir: str, files: Sequence[str], keep: set[str], root: bool,
-              where: str) -> list[CgroupWrite]:
-    """Defaults for the devices the files name that no block of the target configures any more."""
-    stale: set[str] = set()
-    for name in files:
-        content = snapshot.cgroup_value(name, cgroup_dir)
-        if content is not None:
-            stale |= devices_in(content)
-    writes: list[CgroupWrite] = []
-    for number in sorted(stale - keep):
-        reason = f"{where}: no block configures {number} any more"
-        if root:
-            writes.append(CgroupWrite(IO_COST_QOS, "", f"{number} enable=0", reason))
-            continue
-        writes += [CgroupWrite(name, cgroup_dir, f"{number} {DEFAULT_IO_WEIGHT_PERCENT if name == IO_WEIGHT else 0}",
-                               reason) for name in files]
-    return writes
-
-
-def _target(snapshot: Snapshot, cgroup_dir: str, blocks: Sequence[BlockCfg], root: bool, where: str,
-            problems: list[str]) -> tuple[list[CgroupWrite], tuple[str, ...]] | None:
-    if root and snapshot.cgroup_value(IO_COST_QOS, "") is None:
-        if blocks:
-            problems.append(f"{where}: this kernel has no blk-iocost ({IO_COST_QOS}); left unchanged")
+def _target_writes(snapshot: Snapshot, target: _Target,
+                   problems: list[str]) -> tuple[list[LineWrite], tuple[str, ...]] | None:
+    """Every line the target's blocks ask for, and their devices; None when the target is to stay as it is."""
+    if target.root and snapshot.cgroup_value(IO_COST_QOS, "") is None:
+        if target.blocks:
+            problems.append(f"{target.where}: this kernel has no blk-iocost ({IO_COST_QOS}); left unchanged")
         return None
     numbers: list[str] = []
-    for block in blocks:
+    for block in target.blocks:
         try:
             numbers.append(resolve(snapshot.storage, block))
         except BlockResolveError as exc:
-            problems.append(f"{where}: block {block.name!r} ({block.block_type}): {exc}; left unchanged")
+            problems.append(f"{target.where}: block {block.name!r} ({block.block_type}): {exc}; left unchanged")
             return None
-    files = (IO_COST_QOS,) if root else _files(snapshot)
-    writes: list[CgroupWrite] = []
-    for block, number in zip(blocks, numbers, strict=True):
-        writes += (cost_writes(block, number, where) if root
-                   else throttle_writes(block, number, cgroup_dir, where, files))
-    writes += _removals(snapshot, cgroup_dir, files, set(numbers), root, where)
+    writes: list[LineWrite] = []
+    for block, number in zip(target.blocks, numbers, strict=True):
+        writes += (cost_writes(block, number, target.where) if target.root
+                   else throttle_writes(block, number, target.cgroup_dir, target.where, _files(snapshot)))
     return writes, tuple(numbers)
 
 
-def _pod_targets(snapshot: Snapshot, problems: list[str]) -> list[tuple[str, tuple[BlockCfg, ...], str]]:
-    """(dir, blocks, where) of the annotated pods: the pod dir, and on v1 (flat blk-throttle) its containers'."""
-    targets = []
+def _pod_targets(snapshot: Snapshot, problems: list[str]) -> tuple[list[_Target], set[str]]:
+    """The annotated pods' targets (the pod dir, and on v1 (flat blk-throttle) its containers'), and the dirs of
+    annotated pods whose annotation cannot be read (left as they are)."""
+    targets: list[_Target] = []
+    kept: set[str] = set()
     for pod in snapshot.pods:
         if not _annotated(pod) or pod.qos_label is QoSClass.NONE or pod.phase not in ("Running", ""):
             continue  # Koordinator: annotated, with a QoS class, running ("" = the CRI source: running)
         pod_dir = pod_cgroup_dir(snapshot.layout, pod)
         if pod_dir is None:
             continue
+        dirs = [(pod_dir, "")]
+        if not snapshot.cgroup_v2:
+            dirs += [(container_dir, f", container {container.name} (v1: flat)") for container in pod.containers
+                     if not container.is_init
+                     and (container_dir := container_cgroup_dir(snapshot.layout, pod_dir, container)) is not None]
         raw = pod.annotations[ANNOTATION_BLKIO_QOS]
         try:
             qos = parse_blkio_qos(raw) if raw else BlkIOQOS()  # "": no blocks (Koordinator: every limit goes)
         except AnnotationError as exc:
             problems.append(f"pod {pod.key}: {exc}; left unchanged")
+            kept.update(d.strip("/") for d, _ in dirs)
             continue
         where = f"pod {pod.key} {ANNOTATION_BLKIO_QOS}"
-        targets.append((pod_dir, qos.blocks, where))
-        if not snapshot.cgroup_v2:
-            for container in pod.containers:
-                container_dir = container_cgroup_dir(snapshot.layout, pod_dir, container)
-                if container_dir is not None and not container.is_init:
-                    targets.append((container_dir, qos.blocks, f"{where}, container {container.name} (v1: flat)"))
-    return targets
+        targets += [_Target(d, qos.blocks, where + suffix) for d, suffix in dirs]
+    return targets, kept
 
 
 def decide(snapshot: Snapshot, config: BlkIOConfig) -> Plan:
-    """Limits of the BE class, of annotated pods and of the root, one write step per target."""
+    """The lines the BE class, the annotated pods and the root ask for that do not hold yet; the lines koordlet
+    wrote that nothing asks for any more, put back as they were."""
     problems: list[str] = []
     if config.ls_blocks_ignored:
         problems.append("lsrClass/lsClass blkioQOS blocks are not supported (as in Koordinator); ignored")
-    be_dir = snapshot.layout.qos_dir(KubeQoS.BESTEFFORT)
-    targets = [(be_dir, config.be.blocks if config.be.enable else (), "beClass blkioQOS", False),
-               ("", config.root.blocks if config.root.enable else (), "cgroupRoot blkioQOS", True)]
-    targets += [(d, blocks, where, False) for d, blocks, where in _pod_targets(snapshot, problems)]
-    steps: list[WriteStep] = []
+    targets = [_Target(snapshot.layout.qos_dir(KubeQoS.BESTEFFORT), config.be.blocks if config.be.enable else (),
+                       "beClass blkioQOS"),
+               _Target("", config.root.blocks if config.root.enable else (), "cgroupRoot blkioQOS", root=True)]
+    pod_targets, kept = _pod_targets(snapshot, problems)
+    wanted: set[LineKey] = set()
+    writes: list[LineWrite] = []
     configured: list[tuple[str, tuple[str, ...]]] = []
-    for cgroup_dir, blocks, where, root in targets:
-        done = _target(snapshot, cgroup_dir, blocks, root, where, problems)
+    for target in targets + pod_targets:
+        done = _target_writes(snapshot, target, problems)
         if done is None:
+            kept.add(target.cgroup_dir.strip("/"))
             continue
-        writes, numbers = done
-        configured.append((cgroup_dir, numbers))
-        if writes:
-            steps.append(WriteStep(tuple(writes)))
-    return Plan(tuple(steps), report=BlkIODecision(tuple(configured), tuple(problems)))
+        lines, numbers = done
+        configured.append((target.cgroup_dir, numbers))
+        for line in lines:
+            wanted.add(LineKey.of(line.resource, line.cgroup_dir, device_of(line.value)))
+            content = snapshot.cgroup_value(line.resource, line.cgroup_dir)
+            if content is None or not holds(line.resource, line.value, content):
+                writes.append(line)
+    restores = tuple(LineRestore(key.resource, key.cgroup_dir, key.device,
+                                 f"no block configures {key.device} for {key.cgroup_dir or 'the root'} any more")
+                     for key in sorted(snapshot.lines_recorded - wanted, key=LineKey.text)
+                     if key.cgroup_dir not in kept)
+    return Plan(lines=tuple(writes) + restores, report=BlkIODecision(tuple(configured), tuple(problems)))
 
 
 STRATEGY = Strategy("blkio", GATE_BLKIO_RECONCILE, BlkIOConfig, decide)

@@ -44,6 +44,12 @@ _FILES = (MIN_FREE_KBYTES, WATERMARK_SCALE_FACTOR, MEMCG_REAP_BACKGROUND, SCHED_
 _NEEDS = Needs(system_files=_FILES)
 
 
+def owns(key: str) -> bool:
+    """A recorded key (``name`` or ``sched_features:<NAME>``) of this strategy's files, not another owner's
+    (the cold page collector records kidled's settings in the same record)."""
+    return key.partition(":")[0] in _FILES
+
+
 @dataclass(frozen=True, slots=True)
 class SystemConfig:
     """``systemStrategy``'s sysctl fields; None = not set (leave the kernel's value, or put it back)."""
@@ -151,7 +157,7 @@ def decide(snapshot: Snapshot, config: SystemConfig) -> Plan:
         if _current(snapshot, key) != value:
             name = key.partition(":")[0]
             actions.append(SystemWrite(name, value, f"{reason}: {key} {_current(snapshot, key)} -> {value}"))
-    for key in sorted(snapshot.system_recorded - wanted_keys):
+    for key in sorted(key for key in snapshot.system_recorded - wanted_keys if owns(key)):
         actions.append(SystemRestore(key, f"{key} is no longer set by NodeSLO systemStrategy"))
     for problem in decision.skipped:
         logger.debug("system config: %s", problem)

@@ -17,10 +17,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from hooks import registry
+from hooks import resctrl as resctrl_hook
 from hooks.protocol import LinuxDevice, NodeContext, RDMANode, ResctrlNode
 from koordlet.api.cpupools import CPUPools, compute_cpu_pools
 from koordlet.api.pod import PodMeta
 from koordlet.executor import ResourceExecutor
+from koordlet.history.answers import HookAnswers
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.statesinformer.cpumanager import CPUManagerState
 from koordlet.system.kubepods import KubeCgroupLayout
@@ -31,8 +33,10 @@ from koordlet.system.roots import DEV_DIR, PROC_DIR, SYS_DIR
 from koordlet.system.sysfs import SysfsError, read_cpu_topology, read_online_cpus
 from wire.sockets import remove_socket
 
+from . import metrics
 from .apply import RejectedValues
 from .decisions import Decisions
+from .metrics import zero_counts
 from .nri import NriConfig, NriHandlers, NriPlugin
 from .reconciler import Reconciler
 from .registration import remove_registration, write_registration
@@ -57,6 +61,8 @@ class RuntimeHooksConfig:
     nri: NriConfig | None = None  # NRI mode: register as a plugin at nri.socket_path (None: off)
     dev_dir: str = DEV_DIR  # RDMA device nodes (gate RDMADeviceInject)
     hami_core_library: str = "/usr/local/vgpu/libvgpu.so"  # -hami-core-library-directory-path
+    disable_unset_cpu_quota: bool = False  # -disable-unset-cpu-quota: the cpuset hook keeps bound pods' quota
+    node_name: str = ""  # the ``node`` label of the runtime hook metrics
 
 
 def node_capacity(sys_dir: str, proc_dir: str) -> tuple[frozenset[int], int]:
@@ -86,6 +92,7 @@ def read_resctrl_node(resctrl_dir: str | None) -> ResctrlNode | None:
     return None if info is None else ResctrlNode(info.cbm_mask, info.cache_ids, info.has_mb, info.vendor)
 
 
+POST_STOP_POD_SANDBOX = "PostStopPodSandbox"  # runtime.v1alpha1's stage name
 RDMA_REFRESH_S = 60.0  # how often the RDMA device nodes are read again (they change with hotplug only)
 
 
@@ -127,17 +134,23 @@ def group_identity_supported(executor: ResourceExecutor, layout: KubeCgroupLayou
 class RuntimeHooks:
     def __init__(self, config: RuntimeHooksConfig, states: StatesProvider, executor: ResourceExecutor,
                  layout: KubeCgroupLayout, warn: Callable[[PodMeta, str, str], None] | None = None,
-                 cpu_manager: Callable[[], CPUManagerState | None] | None = None) -> None:
+                 cpu_manager: Callable[[], CPUManagerState | None] | None = None,
+                 task_ids: Callable[[str], Mapping[str, tuple[int, ...]]] | None = None) -> None:
         """``warn``: writes a Warning Event on a pod (an API server is present), for hook values dropped;
-        ``cpu_manager``: kubelet's CPU manager state, for the cpuset hook's shared pools (None: unknown)."""
+        ``cpu_manager``: kubelet's CPU manager state, for the cpuset hook's shared pools (None: unknown);
+        ``task_ids``: the threads of each pod's containers as the states informer read them (``-enable-pod-taskids``),
+        for the reconciler's resctrl moves."""
         self.config = config
         self.states = states
+        if config.node_name:
+            metrics.set_node(config.node_name)
         self.plugins = registry.enabled(config.feature_gates)
         gates = config.feature_gates
         if gates.get("HamiCoreVGPUMonitor") and not gates.get("GPUEnvInject"):
             # Koordinator's monitor is a part of its GPU env hook: without that hook it does nothing.
             log.info("HamiCoreVGPUMonitor needs GPUEnvInject on (as in Koordinator); off")
             self.plugins = [p for p in self.plugins if p.gate != "HamiCoreVGPUMonitor"]
+        zero_counts(self.plugins)
         self._resctrl = read_resctrl_node(config.resctrl_dir) if config.feature_gates.get("Resctrl") else None
         self._bvt = group_identity_supported(executor, layout)
         self._online_cpus, self._memory_bytes = node_capacity(config.sys_dir, config.proc_dir)
@@ -147,21 +160,23 @@ class RuntimeHooks:
         except SysfsError as err:
             log.warning("CPU topology unknown (%s): the cpuset hook leaves shared-pool cpusets alone", err)
             self._topology = ()
-        self._pools_key: tuple | None = None
-        self._pools: CPUPools | None = None
+        # (the pod list, kubelet's state, the annotations) -> their pools, replaced in one assignment: the hook
+        # server, the NRI plugin's workers and the reconciler ask from their own threads
+        self._pools: tuple[tuple, CPUPools] | None = None
         self._rdma = _RDMANodes(config.sys_dir, config.dev_dir) if gates.get("RDMADeviceInject") else None
         rejects = RejectedValues(warn)
+        self.answers = HookAnswers()  # what the plugins answered at each pod's creation (/debug/pods)
         self.reconciler = Reconciler(states.pods, self.node_context, lambda: self.plugins, executor, layout,
-                                     config.reconcile_interval_s, rejects)
+                                     config.reconcile_interval_s, rejects, self.answers, task_ids)
         # both front doors: the hook server's decisions, remembered for the NRI plugin to take
         self.decisions = Decisions() if config.nri is not None and config.serve_hooks else None
         self.service = HookService(lambda: self.plugins, self.node_context, self._known_pod, executor, layout,
-                                   config.disabled_stages, rejects, self.decisions)
+                                   config.disabled_stages, rejects, self.decisions, self.answers)
         self.nri: NriPlugin | None = None
         self.nri_handlers: NriHandlers | None = None
         if config.nri is not None:
             self.nri_handlers = NriHandlers(lambda: self.plugins, self.node_context, states.pods, executor, layout,
-                                            config.disabled_stages, rejects, self.decisions)
+                                            config.disabled_stages, rejects, self.decisions, self.answers)
             self.nri = NriPlugin(config.nri, self.nri_handlers)
         self._server = None
 
@@ -178,7 +193,8 @@ class RuntimeHooks:
                            cpu_burst=self.config.feature_gates.get("CPUBurst", False),
                            be_cpu_suppress=self.config.feature_gates.get("BECPUSuppress", False),
                            rdma=self._rdma.get() if self._rdma is not None else None,
-                           hami_core_library=self.config.hami_core_library)
+                           hami_core_library=self.config.hami_core_library,
+                           keep_cpuset_pod_quota=self.config.disable_unset_cpu_quota)
 
     def _cpu_pools(self, annotations: dict[str, str], kubelet: CPUManagerState | None) -> CPUPools | None:
         """The node's CPU pools, computed again only when the pods, kubelet's state or the annotations change
@@ -187,18 +203,26 @@ class RuntimeHooks:
             return None  # kubelet's exclusive CPUs unknown: no pool could be trusted to leave them out
         pods = self.states.pods()
         items = tuple(sorted(annotations.items()))
-        cached = self._pools_key
-        if cached is None or cached[0] is not pods or cached[1] is not kubelet or cached[2] != items:
-            self._pools = compute_cpu_pools(self._topology, pods, kubelet, annotations)
-            self._pools_key = (pods, kubelet, items)  # held, so an unchanged list is recognised by identity
-        return self._pools
+        cached = self._pools
+        if cached is not None and cached[0][0] is pods and cached[0][1] is kubelet and cached[0][2] == items:
+            return cached[1]
+        pools = compute_cpu_pools(self._topology, pods, kubelet, annotations)
+        self._pools = ((pods, kubelet, items), pools)  # the key held, so an unchanged list is recognised by identity
+        return pools
+
+    def _forget_gone_pods(self) -> None:
+        self.answers.retain(pod.uid for pod in self.states.pods())
 
     def _known_pod(self, uid: str) -> PodMeta | None:
         return next((p for p in self.states.pods() if p.uid == uid), None)
 
     def stages(self) -> list[str]:
-        disabled = self.config.disabled_stages
-        return [s.value for s in registry.stages(self.config.feature_gates) if s.value not in disabled]
+        """The plugins' stages, and PostStopPodSandbox while pods may have resctrl groups (gate ``Resctrl``), in
+        which the hook server removes them; less ``-runtime-hooks-disable-stages``."""
+        stages = [s.value for s in registry.stages(self.config.feature_gates)]
+        if self.config.feature_gates.get(resctrl_hook.PLUGIN.gate):
+            stages.append(POST_STOP_POD_SANDBOX)
+        return [stage for stage in stages if stage not in self.config.disabled_stages]
 
     def start(self) -> None:
         if self.config.serve_hooks:
@@ -209,6 +233,7 @@ class RuntimeHooks:
             self.nri.start()
         for kind in (CallbackKind.ALL_PODS, CallbackKind.NODE_SLO_SPEC, CallbackKind.NODE_METADATA):
             self.states.register_callback(kind, "runtimehooks-reconciler", self.reconciler.trigger)
+        self.states.register_callback(CallbackKind.ALL_PODS, "runtimehooks-answers", self._forget_gone_pods)
         self.reconciler.start()
         log.info("runtime hooks: plugins %s, stages %s", [p.name for p in self.plugins], self.stages())
 

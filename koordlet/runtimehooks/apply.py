@@ -4,7 +4,6 @@ see, built from what koordlet knows."""
 from __future__ import annotations
 
 import logging
-import os
 import posixpath
 import threading
 from collections import OrderedDict
@@ -32,7 +31,7 @@ from koordlet.plan import (
     WriteStep,
 )
 from koordlet.system.cgroup_stats import parse_quota_us
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.system.kubepods import KubeCgroupLayout
 from wire import hookapi_pb2 as hookapi
 
 from . import metrics
@@ -204,36 +203,27 @@ def steps_of(leveled: list[CgroupWrite], plain: list[CgroupWrite]) -> tuple[Writ
     return tuple(steps)
 
 
-def resctrl_actions(changes: Changes, task_dirs: tuple[str, ...] = ()) -> tuple[ResctrlAction, ...]:
-    """The pod's resctrl group with its schemata, and the processes of ``task_dirs`` moved in."""
+def resctrl_actions(changes: Changes, pod_uid: str, task_dirs: tuple[str, ...] = (),
+                    task_ids: tuple[int, ...] = ()) -> tuple[ResctrlAction, ...]:
+    """The pod's resctrl group (recorded as the pod's, so it goes with the pod) with its schemata, and the processes
+    of ``task_dirs`` and the threads ``task_ids`` moved in."""
     group, schemata = changes.resctrl_group, changes.resctrl_schemata
     if not (group and schemata):
         return ()
-    actions: list[ResctrlAction] = [ResctrlGroup(group), ResctrlWrite(group, "schemata", schemata)]
-    if task_dirs:
-        actions.append(ResctrlMoveTasks(group, task_dirs, source="cgroup.procs"))
+    actions: list[ResctrlAction] = [ResctrlGroup(group, pod_uid), ResctrlWrite(group, "schemata", schemata)]
+    if task_dirs or task_ids:
+        actions.append(ResctrlMoveTasks(group, task_dirs, source="cgroup.procs", task_ids=task_ids))
     return tuple(actions)
 
 
-def pod_level_plan(changes: Changes, pod_dir: str) -> Plan:
+def pod_level_plan(changes: Changes, pod_dir: str, pod_uid: str) -> Plan:
     """What the hook server writes itself for a pod-level answer: the pod dir's values and its resctrl group."""
-    return Plan(steps_of(*cgroup_writes(changes, pod_dir)), resctrl=resctrl_actions(changes))
-
-
-def pod_dir_of(layout: KubeCgroupLayout, cgroup_parent: str, what: str) -> str | None:
-    """The pod dir for a pod's cgroup parent; None (logged) when there is none or it is malformed."""
-    if not cgroup_parent:
-        return None
-    try:
-        return layout.dir_from_cgroup_parent(cgroup_parent)
-    except CgroupPathError as err:
-        log.warning("%s: bad cgroup parent: %s", what, err)
-        return None
+    return Plan(steps_of(*cgroup_writes(changes, pod_dir)), resctrl=resctrl_actions(changes, pod_uid))
 
 
 def run_pod_level(runner: PlanRunner, pod: PodMeta, pod_dir: str, changes: Changes, source: str) -> None:
     """Carry out a pod-level answer (pod_level_plan) at once; a pod dir not there yet is the reconciler's."""
-    record = runner.run(pod_level_plan(changes, pod_dir), source)
+    record = runner.run(pod_level_plan(changes, pod_dir, pod.uid), source)
     for failure in record.failures:
         if isinstance(failure.error, CgroupNotFoundError):
             log.debug("pod %s: %s not there yet; the reconciler will apply it", pod.key, pod_dir)
@@ -310,23 +300,3 @@ def apply_to_container_response(changes: Changes, resp: hookapi.ContainerResourc
                                    file_mode=device.file_mode)
     for mount in changes.mounts:
         resp.container_mounts.add(container_path=mount.destination, host_path=mount.source, readonly=mount.readonly)
-
-
-def make_host_dirs(changes: Changes, allowed_root: str) -> list[str]:
-    """Make the host dirs a plugin's mounts need (mode 0777, as HAMi-core's per-container cache dir must be
-    writable by any container user), only below ``allowed_root``; returns the dirs refused or not made."""
-    failed: list[str] = []
-    root = os.path.realpath(allowed_root)
-    for path in changes.host_dirs:
-        parent = os.path.realpath(os.path.dirname(path))
-        if os.path.commonpath([root, parent]) != root or os.path.islink(path):
-            log.warning("not making %s: outside %s", path, allowed_root)
-            failed.append(path)
-            continue
-        try:
-            os.makedirs(path, exist_ok=True)
-            os.chmod(path, 0o777)
-        except OSError as err:
-            log.warning("cannot make %s: %s", path, err)
-            failed.append(path)
-    return failed

@@ -3,7 +3,8 @@
 Every answer starts as an echo of the request and is then changed by the plugins, so it always carries
 the full desired state (docs/koordinator.md §2.3). Pod-level settings cannot travel in a CRI request:
 the server writes them to the pod cgroup itself through the executor (docs/koordinator.md §3.2, "Proxy"
-row) where the dir exists already, and the reconciler does where it did not yet.
+row) where the dir exists already, and the reconciler does where it did not yet. PostStopPodSandbox removes the
+pod's resctrl group if koordlet made it (podgroups.py); the proxy calls it while the ``Resctrl`` gate is on.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import grpc
 
 from hooks import registry
 from hooks.gpu import hami_cache_root
-from hooks.protocol import NodeContext, PodContext
+from hooks.protocol import Changes, NodeContext, PodContext
+from hooks.registry import Trace
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
 from koordlet.executor import ResourceExecutor
-from koordlet.system.kubepods import KubeCgroupLayout
+from koordlet.history.answers import POD_LEVEL, HookAnswers
+from koordlet.hostdirs import make_host_dirs
+from koordlet.system.kubepods import KubeCgroupLayout, pod_cgroup_dir
 from wire import hookapi_pb2 as hookapi
 from wire import hookapi_pb2_grpc as hookapi_grpc
 from wire.sockets import chmod_socket, prepare_socket
@@ -34,14 +38,13 @@ from .apply import (
     apply_to_resources,
     container_context_from_request,
     effective_quota_reader,
-    make_host_dirs,
-    pod_dir_of,
     pod_from_container_request,
     pod_from_sandbox_request,
     report_plugin_error,
     run_pod_level,
 )
 from .decisions import Decisions, create_key, pod_key, update_key
+from .podgroups import PodGroups
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +53,20 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
     def __init__(self, plugins: Callable[[], list[registry.Plugin]], node: Callable[[], NodeContext],
                  known_pod: Callable[[str], PodMeta | None], executor: ResourceExecutor,
                  layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset(),
-                 rejects: RejectedValues | None = None, decisions: Decisions | None = None) -> None:
-        """``decisions``: where answers are remembered for the NRI plugin (both front doors on)."""
+                 rejects: RejectedValues | None = None, decisions: Decisions | None = None,
+                 answers: HookAnswers | None = None) -> None:
+        """``decisions``: where answers are remembered for the NRI plugin (both front doors on); ``answers``: where
+        each plugin's answer at creation is kept for ``/debug/pods``."""
         self._plugins = plugins
+        self._answers = answers
         self._decisions = decisions
         self._executor = executor
         self._rejects = rejects or RejectedValues()
         self._node = node
         self._known_pod = known_pod
         self._runner = PlanRunner(executor)
+        self._groups = PodGroups(executor, self._runner, "hookserver", self._rejects)
+        self._host_dirs = executor.records.host_dirs
         self._layout = layout
         self._disabled = disabled_stages
 
@@ -74,20 +82,25 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             log.exception("%s failed; answering with the request unchanged", hook)
             return echo(request)
         finally:
-            metrics.HOOK_DURATION_MS.labels(hook, stage, status).observe((time.perf_counter() - started) * 1000)
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            metrics.HOOK_DURATION_MS.labels(metrics.node(), hook, stage, status).observe(elapsed_ms)
 
     # -- pod -------------------------------------------------------------------------------------
     def _pre_run_pod_sandbox(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
         resp = hookapi.PodSandboxHookResponse(labels=req.labels, annotations=req.annotations,
                                               cgroup_parent=req.cgroup_parent, resources=req.resources)
-        if registry.Stage.PRE_RUN_POD_SANDBOX.value in self._disabled:
+        stage = registry.Stage.PRE_RUN_POD_SANDBOX
+        if stage.value in self._disabled:
+            self._note(req.pod_meta.uid, POD_LEVEL, stage, None, None)
             return resp
         pod = pod_from_sandbox_request(req, self._known_pod(req.pod_meta.uid))
-        plugins = [p for p in self._plugins() if registry.Stage.PRE_RUN_POD_SANDBOX in p.stages]
-        pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, f"pod {pod.key}")
+        plugins = [p for p in self._plugins() if stage in p.stages]
+        pod_dir = pod_cgroup_dir(self._layout, pod)
         parent = effective_quota_reader(self._executor, posixpath.dirname(pod_dir)) if pod_dir else None
+        trace = Trace() if self._answers is not None else None
         changes = registry.run_pod(plugins, self._node(), PodContext(pod), self._report,
-                                   self._rejects.reporter(pod), parent)
+                                   self._rejects.reporter(pod), parent, trace)
+        self._note(pod.uid, POD_LEVEL, stage, trace, changes)
         if self._decisions is not None:
             self._decisions.remember(pod_key(pod.uid), changes)
         if not changes:
@@ -97,6 +110,12 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             run_pod_level(self._runner, pod, pod_dir, changes, "hookserver")
         return resp
 
+    def _note(self, pod_uid: str, container: str, stage: registry.Stage, trace: Trace | None,
+              changes: Changes | None) -> None:
+        if self._answers is not None and stage is not registry.Stage.PRE_UPDATE_CONTAINER_RESOURCES:
+            note = "" if changes is not None else f"stage {stage.value} off (-runtime-hooks-disable-stages)"
+            self._answers.record(pod_uid, container, stage.value, "hookserver", trace, changes, note)
+
     @staticmethod
     def _pod_echo(request: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
         return hookapi.PodSandboxHookResponse(labels=request.labels, annotations=request.annotations,
@@ -105,8 +124,13 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
     def PreRunPodSandboxHook(self, request, context):  # noqa: N802 - gRPC method name
         return self._timed("PreRunPodSandbox", "pre", self._pre_run_pod_sandbox, request, self._pod_echo)
 
+    def _post_stop_pod_sandbox(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
+        meta = req.pod_meta
+        self._groups.remove(meta.uid, f"pod {meta.namespace}/{meta.name} stopped (PostStopPodSandbox)")
+        return self._pod_echo(req)
+
     def PostStopPodSandboxHook(self, request, context):  # noqa: N802
-        return self._pod_echo(request)
+        return self._timed("PostStopPodSandbox", "post", self._post_stop_pod_sandbox, request, self._pod_echo)
 
     # -- containers --------------------------------------------------------------------------------
     @staticmethod
@@ -118,17 +142,20 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
     def _container(self, stage: registry.Stage, req: hookapi.ContainerResourceHookRequest):
         resp = self._container_echo(req)
         if stage.value in self._disabled:
+            self._note(req.pod_meta.uid, req.container_meta.name, stage, None, None)
             return resp
         pod = pod_from_container_request(req, self._known_pod(req.pod_meta.uid))
         plugins = [p for p in self._plugins() if stage in p.stages]
         context = container_context_from_request(pod, req)
-        pod_dir = pod_dir_of(self._layout, req.pod_cgroup_parent or pod.cgroup_parent, pod.key)
+        pod_dir = pod_cgroup_dir(self._layout, pod, req.pod_cgroup_parent)
         node = self._node()
+        trace = Trace() if self._answers is not None else None
         changes = registry.run_container(plugins, node, context, self._report,
                                          self._rejects.reporter(pod, context.name),
-                                         effective_quota_reader(self._executor, pod_dir) if pod_dir else None)
+                                         effective_quota_reader(self._executor, pod_dir) if pod_dir else None, trace)
+        self._note(pod.uid, context.name, stage, trace, changes)
         if changes.host_dirs:
-            make_host_dirs(changes, hami_cache_root(node.hami_core_library))
+            make_host_dirs(changes, hami_cache_root(node.hami_core_library), self._host_dirs, pod.uid)
         if self._decisions is not None:
             key = create_key(pod.uid, context.name) if stage is registry.Stage.PRE_CREATE_CONTAINER else \
                 update_key(req.container_meta.id)

@@ -39,6 +39,25 @@ class NodeInfo:
     allocatable: Mapping[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class NodeSLOOrigin:
+    """Where the NodeSLO in effect came from (``/debug/nodeslo``): ``source`` is ``apiserver`` (the object
+    ``name`` at ``resource_version``), ``file`` (``path``, the first hex digits of its content's sha256 in
+    ``detail``) or ``defaults`` (``detail`` says why: no object, no file, nothing received yet); ``at`` is the
+    wall-clock time it was taken."""
+
+    source: str
+    detail: str = ""
+    name: str = ""
+    resource_version: str = ""
+    path: str = ""
+    at: float = 0.0
+
+
+SOURCE_APISERVER, SOURCE_FILE, SOURCE_DEFAULTS = "apiserver", "file", "defaults"
+NOT_RECEIVED = NodeSLOOrigin(SOURCE_DEFAULTS, "no NodeSLO received yet")
+
+
 class StatesProvider(Protocol):
     def node(self) -> NodeInfo | None: ...
 
@@ -103,7 +122,7 @@ class StaticStates:
         self._synced = True
         self._callbacks.fire(CallbackKind.NODE_METADATA)
 
-    def set_node_slo(self, spec: NodeSLOSpec) -> None:
+    def set_node_slo(self, spec: NodeSLOSpec, origin: NodeSLOOrigin | None = None) -> None:
         self._node_slo = spec
         self._callbacks.fire(CallbackKind.NODE_SLO_SPEC)
 

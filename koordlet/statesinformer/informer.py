@@ -7,6 +7,11 @@ and containers that are gone (:meth:`MetricCache.gc`) and ``AllPods`` callbacks 
 watchers push through :meth:`set_node`, :meth:`set_node_slo` and :meth:`reject_node_slo`; a rejected NodeSLO
 leaves the last good one in place.
 
+With a ``task_reader`` (``-enable-pod-taskids``, Koordinator statesinformer states_pods.go getTaskIds) each sync
+also reads the thread ids of every container and sandbox of the pods not terminated; :meth:`container_task_ids`
+gives them (the resctrl reconciler moves them into a pod's group). They are kept apart from the pods, so threads
+coming and going never count as a pod change.
+
 Callbacks run on the thread that changed the state, after the change and outside the lock.
 """
 
@@ -14,13 +19,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Protocol
 
 from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
 from koordlet.api.pod import PodMeta
 from koordlet.metriccache import Label, MetricCache
-from koordlet.statesinformer.api import CallbackKind, Callbacks, NodeInfo
+from koordlet.statesinformer.api import NOT_RECEIVED, CallbackKind, Callbacks, NodeInfo, NodeSLOOrigin
 from koordlet.ticker import PeriodicThread
 
 logger = logging.getLogger(__name__)
@@ -40,7 +47,11 @@ class PodSource(Protocol):
 
 
 ErrorCounter = Callable[[str], None]
+# A pod → its containers' and sandbox's thread ids, by container id (koordlet.statesinformer.cgroups).
+TaskReader = Callable[[PodMeta], Mapping[str, tuple[int, ...]]]
 MIN_RESYNC_GAP_S = 0.2
+_TERMINATED = ("Succeeded", "Failed")
+_NO_TASKS: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 
 
 class StatesInformer:
@@ -54,6 +65,7 @@ class StatesInformer:
         count_error: ErrorCounter | None = None,
         needs_node: bool = True,
         needs_node_slo: bool = True,
+        task_reader: TaskReader | None = None,
     ) -> None:
         if sync_interval_s <= 0:
             raise ValueError("sync interval must be positive")
@@ -64,7 +76,11 @@ class StatesInformer:
         self._lock = threading.Lock()
         self._node: NodeInfo | None = None
         self._node_slo = default_node_slo_spec()
+        self._node_slo_origin = NOT_RECEIVED
+        self._node_slo_rejected: tuple[float, str] | None = None  # (wall time, why) of the last rejected spec
         self._pods: tuple[PodMeta, ...] = ()
+        self._task_reader = task_reader
+        self._task_ids: Mapping[str, Mapping[str, tuple[int, ...]]] = {}
         self._pods_synced = False
         self._node_slo_synced = not needs_node_slo
         self._needs_node = needs_node
@@ -76,6 +92,8 @@ class StatesInformer:
                                       min_gap_s=MIN_RESYNC_GAP_S)
         self.pod_syncs = 0
         self.pod_sync_failures = 0
+        self.last_pod_sync: float | None = None  # monotonic time of the last pod list taken (health checks)
+        self.last_pod_sync_error = ""
 
     # ----------------------------------------------------------------------------- StatesProvider
 
@@ -85,14 +103,31 @@ class StatesInformer:
     def node_slo(self) -> NodeSLOSpec:
         return self._node_slo
 
+    def node_slo_origin(self) -> NodeSLOOrigin:
+        """Where the spec :meth:`node_slo` returns came from."""
+        return self._node_slo_origin
+
+    def node_slo_rejected(self) -> tuple[float, str] | None:
+        """The last spec refused (wall time, why), None when none was; the spec in effect is the one before it."""
+        return self._node_slo_rejected
+
     def pods(self) -> tuple[PodMeta, ...]:
         return self._pods
+
+    def container_task_ids(self, pod_uid: str) -> Mapping[str, tuple[int, ...]]:
+        """The thread ids of the pod's containers and sandbox at the last sync (empty without a task reader)."""
+        with self._lock:
+            return self._task_ids.get(pod_uid, _NO_TASKS)
 
     def register_callback(self, kind: CallbackKind, name: str, fn: Callable[[], None]) -> None:
         self._callbacks.register(kind, name, fn)
 
     def has_synced(self) -> bool:
         return self._synced.is_set()
+
+    @property
+    def sync_interval_s(self) -> float:
+        return self._sync_interval_s
 
     def wait_synced(self, timeout_s: float) -> bool:
         return self._synced.wait(timeout_s)
@@ -110,10 +145,11 @@ class StatesInformer:
         if changed:
             self._callbacks.fire(CallbackKind.NODE_METADATA)
 
-    def set_node_slo(self, spec: NodeSLOSpec) -> None:
+    def set_node_slo(self, spec: NodeSLOSpec, origin: NodeSLOOrigin | None = None) -> None:
         with self._lock:
             changed = spec != self._node_slo
             self._node_slo = spec
+            self._node_slo_origin = origin or NodeSLOOrigin("unknown", at=time.time())
             self._node_slo_synced = True
         self._update_synced()
         if changed:
@@ -127,6 +163,7 @@ class StatesInformer:
         self._count_error("nodeslo")
         with self._lock:
             self._node_slo_synced = True
+            self._node_slo_rejected = (time.time(), reason)
         self._update_synced()
 
     def _update_synced(self) -> None:
@@ -144,6 +181,7 @@ class StatesInformer:
             pods = self._pod_source.list_pods()
         except PodSourceError as err:
             self.pod_sync_failures += 1
+            self.last_pod_sync_error = str(err)
             self._count_error(self._pod_source.name)
             if not self._pods_failing:
                 logger.warning("pod sync from %s failed (keeping %d known pods): %s",
@@ -154,15 +192,22 @@ class StatesInformer:
             logger.info("pod sync from %s recovered", self._pod_source.name)
             self._pods_failing = False
         self.pod_syncs += 1
+        self.last_pod_sync = time.monotonic()
+        task_ids = self._read_task_ids(pods) if self._task_reader is not None else {}
         with self._lock:
             changed = not self._pods_synced or pods != self._pods
             self._pods = pods
+            self._task_ids = task_ids
             self._pods_synced = True
         self._update_synced()
         if changed:
             self._gc(pods)
             self._callbacks.fire(CallbackKind.ALL_PODS)
         return True
+
+    def _read_task_ids(self, pods: tuple[PodMeta, ...]) -> dict[str, Mapping[str, tuple[int, ...]]]:
+        assert self._task_reader is not None
+        return {pod.uid: MappingProxyType(dict(self._task_reader(pod))) for pod in pods if pod.phase not in _TERMINATED}
 
     def _gc(self, pods: tuple[PodMeta, ...]) -> None:
         if self._cache is None:

@@ -33,7 +33,7 @@ from koordlet.api.nodeslo import NodeSLOError, default_node_slo_spec, parse_node
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
 from koordlet.api.safeload import load_json
 from koordlet.kubeapi import MAX_API_BYTES, CoreV1, CustomObjects
-from koordlet.statesinformer.api import NodeInfo
+from koordlet.statesinformer.api import SOURCE_APISERVER, SOURCE_DEFAULTS, NodeInfo, NodeSLOOrigin
 from koordlet.statesinformer.nodeslo_file import NodeSLOSink
 from koordlet.ticker import join_thread
 
@@ -197,7 +197,8 @@ class NodeSLOHandler:
     def __call__(self, obj: Object | None) -> None:
         if obj is None:
             self._last_error = ""
-            self._sink.set_node_slo(default_node_slo_spec())
+            self._sink.set_node_slo(default_node_slo_spec(), NodeSLOOrigin(
+                SOURCE_DEFAULTS, f"no NodeSLO object named {self._node_name}", at=time.time()))
             return
         try:
             spec = parse_node_slo_spec(obj.get("spec") or {})
@@ -208,7 +209,11 @@ class NodeSLOHandler:
                 self._record_event(str(err))
             return
         self._last_error = ""
-        self._sink.set_node_slo(spec)
+        metadata = obj.get("metadata") or {}
+        self._sink.set_node_slo(spec, NodeSLOOrigin(
+            SOURCE_APISERVER, f"{NODE_SLO_PLURAL}.{SLO_GROUP}/{metadata.get('name', '')}",
+            name=str(metadata.get("name", "")), resource_version=str(metadata.get("resourceVersion", "")),
+            at=time.time()))
 
     def _record_event(self, message: str) -> None:
         if self._core is None:

@@ -16,9 +16,11 @@ and by the informer's ``reject_node_slo``; the last good spec stays.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
+import time
 from typing import Protocol
 
 from prometheus_client import Counter
@@ -27,6 +29,8 @@ from watchdog.observers import Observer
 
 from koordlet.api.nodeslo import NodeSLOError, NodeSLOSpec, default_node_slo_spec, parse_node_slo_spec
 from koordlet.api.safeload import SafeLoadError, load_yaml
+from koordlet.statesinformer.api import SOURCE_DEFAULTS, SOURCE_FILE, NodeSLOOrigin
+from koordlet.ticker import start_observer
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ FILE_REJECTED = Counter("koordlet_node_slo_file_rejected", "NodeSLO files reject
 
 
 class NodeSLOSink(Protocol):
-    def set_node_slo(self, spec: NodeSLOSpec) -> None: ...
+    def set_node_slo(self, spec: NodeSLOSpec, origin: NodeSLOOrigin | None = None) -> None: ...
 
     def reject_node_slo(self, reason: str) -> None: ...
 
@@ -142,13 +146,20 @@ class NodeSLOFileWatcher:
                 return self._reject(NodeSLOFileError(f"{self.path}: {type(err).__name__}: {str(err)[:120]}",
                                                      "invalid"))
             self._last = (raw, True)
-            self._sink.set_node_slo(spec)
+            self._sink.set_node_slo(spec, self._origin(raw))
             return True
 
+    def _origin(self, raw: bytes | None) -> NodeSLOOrigin:
+        if raw is None:
+            return NodeSLOOrigin(SOURCE_DEFAULTS, f"no file at {self.path}", path=self.path, at=time.time())
+        return NodeSLOOrigin(SOURCE_FILE, f"sha256 {hashlib.sha256(raw).hexdigest()[:12]}", path=self.path,
+                             at=time.time())
+
     def _reject(self, err: NodeSLOFileError) -> bool:
-        self.rejections += 1
         FILE_REJECTED.labels(err.reason).inc()
         self._sink.reject_node_slo(str(err))
+        # Counted last: whoever waits on ``rejections`` then also sees the sink's error count and log.
+        self.rejections += 1
         return False
 
     def changed(self) -> None:
@@ -157,6 +168,7 @@ class NodeSLOFileWatcher:
             if self._timer is not None:
                 self._timer.cancel()
             self._timer = threading.Timer(self._settle_s, self.reload)
+            self._timer.name = "nodeslo-file-reload"
             self._timer.daemon = True
             self._timer.start()
 
@@ -165,8 +177,7 @@ class NodeSLOFileWatcher:
         os.makedirs(directory, exist_ok=True)
         observer = Observer()
         observer.schedule(_Handler(self), directory, recursive=False)
-        observer.daemon = True
-        observer.start()
+        start_observer(observer, "nodeslo-file-watch")
         self._observer = observer
         self.reload()
 

@@ -10,12 +10,14 @@ first container: ``nvidia.com/gpu`` (the GPUs' ids: UUIDs, or the VFs' bus ids) 
 (the PFs' bus ids, or their VFs'), the container's devices sorted by resource name, as Koordinator does; a
 resource kubelet already reports for that container (a GPU a kubelet device plugin gave) is not added twice,
 and a device type without a Kubernetes resource name (fpga) is left out rather than added nameless. A pod
-whose annotation is malformed gets kubelet's answer unchanged (logged once).
+whose annotation is malformed gets kubelet's answer unchanged (logged once while the pod is there: the pods
+warned about are kept under a lock, as gRPC's worker threads answer at once, and forgotten when they are gone).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
 
@@ -38,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 SOCKET_NAME = "kubelet.sock"
 KUBELET_TIMEOUT_S = 10.0
+WARNED_MAX = 4096  # pods warned about at most kept; beyond it the set starts again (a pod may be warned twice)
 
 
 def allocated_devices(pod: PodMeta) -> list[pb.ContainerDevices]:
@@ -65,6 +68,26 @@ class PodResourcesProxy(pb_grpc.PodResourcesListerServicer):
         self._channel = grpc.insecure_channel(f"unix://{kubelet_socket}")
         self._kubelet = pb_grpc.PodResourcesListerStub(self._channel)
         self._warned: set[str] = set()
+        self._warned_lock = threading.Lock()
+
+    @property
+    def warned(self) -> frozenset[str]:
+        """The pods (namespace/name) whose device annotation was found malformed and named in the log."""
+        with self._warned_lock:
+            return frozenset(self._warned)
+
+    def _warn_once(self, pod: PodMeta, err: DeviceAnnotationError) -> None:
+        with self._warned_lock:
+            if pod.key in self._warned:
+                return
+            if len(self._warned) >= WARNED_MAX:
+                self._warned.clear()
+            self._warned.add(pod.key)
+        logger.warning("pod resources of %s: its device annotation is ignored: %s", pod.key, err)
+
+    def _forget_gone(self, by_key: dict[str, PodMeta]) -> None:
+        with self._warned_lock:
+            self._warned.intersection_update(by_key)
 
     def close(self) -> None:
         self._channel.close()
@@ -86,9 +109,7 @@ class PodResourcesProxy(pb_grpc.PodResourcesListerServicer):
         try:
             devices = allocated_devices(pod)
         except DeviceAnnotationError as err:
-            if pod.key not in self._warned:
-                self._warned.add(pod.key)
-                logger.warning("pod resources of %s: its device annotation is ignored: %s", pod.key, err)
+            self._warn_once(pod, err)
             return
         first = resources.containers[0]
         known = {device.resource_name for device in first.devices}
@@ -102,13 +123,16 @@ class PodResourcesProxy(pb_grpc.PodResourcesListerServicer):
     def List(self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext) -> pb.ListPodResourcesResponse:  # noqa: N802
         response = self._call(self._kubelet.List, request, context)
         by_key = {pod.key: pod for pod in self._pods()}
+        self._forget_gone(by_key)
         for resources in response.pod_resources:
             self._fill(resources, by_key)
         return response
 
     def Get(self, request: pb.GetPodResourcesRequest, context: grpc.ServicerContext) -> pb.GetPodResourcesResponse:  # noqa: N802
         response = self._call(self._kubelet.Get, request, context)
-        self._fill(response.pod_resources, {pod.key: pod for pod in self._pods()})
+        by_key = {pod.key: pod for pod in self._pods()}
+        self._forget_gone(by_key)
+        self._fill(response.pod_resources, by_key)
         return response
 
     def GetAllocatableResources(self, request: pb.AllocatableResourcesRequest,  # noqa: N802

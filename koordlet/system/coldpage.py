@@ -5,18 +5,20 @@
   ``memory.idle_page_stats`` gives, per page kind (``c``/``d`` clean/dirty, ``s``/``f`` swap/file, ``e``/``u``
   evictable/unevictable, ``i``/``a`` inactive/active), the bytes idle for each age bucket. Cold = the file
   pages (``cfei``, ``dfei``, ``cfui``, ``dfui``) in the buckets from :data:`KIDLED_COLD_BOUNDARY` on
-  (Koordinator util/system/kidled_util.go). :func:`start_kidled` sets the scan period and
-  ``use_hierarchy`` as Koordinator does before reading.
+  (Koordinator util/system/kidled_util.go). Its two settings (the scan period and ``use_hierarchy``) are
+  node-wide files the executor writes (``koordlet.system.sysctl``: ``kidled_*``), recorded and put back.
 - **the page-idle bitmap** (mainline, ``CONFIG_IDLE_PAGE_TRACKING``; Documentation/admin-guide/mm/
-  idle_page_tracking.rst): :func:`mark_idle` sets the idle bit of every page in
-  ``/sys/kernel/mm/page_idle/bitmap``; a bit still set when :func:`idle_file_pages` reads it later means no
-  one touched the page since. Each idle page on the file LRU (``/proc/kpageflags``: LRU, not swap-backed)
-  is counted for the memory cgroup that owns it (``/proc/kpagecgroup``: that cgroup's inode number).
+  idle_page_tracking.rst): :func:`mark_idle_range` sets the idle bit of a range of pages in
+  ``/sys/kernel/mm/page_idle/bitmap`` (called by the executor, a chunk at a time); a bit still set when
+  :class:`IdleScan` reads it later means no one touched the page since. Each idle page on the file LRU
+  (``/proc/kpageflags``: LRU, not swap-backed) is counted for the memory cgroup that owns it
+  (``/proc/kpagecgroup``: that cgroup's inode number).
 
-The bitmap scan is done in chunks of pages with C-speed byte operations (a 256-entry table expands the bitmap
-to one byte per page, ``bytes.translate`` picks the flag bits, big-integer AND combines them,
-``itertools.compress`` and ``Counter`` count the owners): its cost is the kernel's rmap walk per page, not
-Python's.
+The bitmap is read in chunks of :data:`CHUNK_PAGES` pages (8 KiB of bitmap, 512 KiB each of flags and owners),
+one :meth:`IdleScan.step` per chunk, so a caller can pause between chunks; each chunk is counted with C-speed
+byte operations (a 256-entry table expands the bitmap to one byte per page, ``bytes.translate`` picks the flag
+bits, big-integer AND combines them, ``itertools.compress`` and ``Counter`` count the owners): its cost is the
+kernel's per-page work, not Python's.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import stat
 from array import array
 from collections import Counter
 from dataclasses import dataclass
+from types import TracebackType
 
 from koordlet.system.procfs import ProcParseError
 from koordlet.system.roots import PROC_DIR, SYS_DIR
@@ -47,7 +51,7 @@ KPAGEFLAGS = "kpageflags"
 KPAGECGROUP = "kpagecgroup"
 _KPF_LRU = 1 << 5  # in the flags' first byte
 _KPF_SWAPBACKED_BYTE1 = 1 << (14 - 8)  # bit 14 (anon and shmem pages), in the flags' second byte
-_CHUNK_PAGES = 1 << 16  # 8 KiB of bitmap, 512 KiB of flags and of owners per chunk
+CHUNK_PAGES = 1 << 16  # 8 KiB of bitmap, 512 KiB of flags and of owners per chunk
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 # One byte per page from one bitmap byte (bit j of byte k is page 8k + j).
@@ -66,21 +70,6 @@ class ColdPageError(ProcParseError):
 def kidled_present(sys_dir: str = SYS_DIR) -> bool:
     base = os.path.join(sys_dir, *KIDLED_DIR)
     return all(os.path.isfile(os.path.join(base, name)) for name in (KIDLED_SCAN_PERIOD, KIDLED_USE_HIERARCHY))
-
-
-def start_kidled(sys_dir: str = SYS_DIR, scan_period_s: int = KIDLED_DEFAULT_SCAN_PERIOD_S,
-                 use_hierarchy: int = KIDLED_DEFAULT_USE_HIERARCHY) -> None:
-    """Make kidled scan every ``scan_period_s`` with hierarchical stats (what Koordinator's collector sets when it
-    is enabled); raises OSError. Both values are checked (kidled's ranges) and written with O_NOFOLLOW."""
-    if not 0 <= scan_period_s <= (1 << 32) - 1 or use_hierarchy not in (0, 1):
-        raise ValueError(f"kidled scan period {scan_period_s} or use_hierarchy {use_hierarchy} out of range")
-    base = os.path.join(sys_dir, *KIDLED_DIR)
-    for name, value in ((KIDLED_SCAN_PERIOD, scan_period_s), (KIDLED_USE_HIERARCHY, use_hierarchy)):
-        fd = os.open(os.path.join(base, name), os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.write(fd, str(value).encode())
-        finally:
-            os.close(fd)
 
 
 def parse_idle_page_stats(text: str, boundary: int = KIDLED_COLD_BOUNDARY) -> int:
@@ -121,25 +110,35 @@ def page_idle_present(sys_dir: str = SYS_DIR, proc_dir: str = PROC_DIR) -> bool:
             and all(os.path.exists(os.path.join(proc_dir, name)) for name in (KPAGEFLAGS, KPAGECGROUP)))
 
 
-def mark_idle(sys_dir: str = SYS_DIR) -> int:
-    """Set the idle bit of every page (the kernel takes it for user pages on an LRU and ignores the rest);
-    returns how many page frames the bitmap covers. Raises OSError."""
-    ones = b"\xff" * (_CHUNK_PAGES // 8)
-    fd = os.open(os.path.join(sys_dir, *PAGE_IDLE_BITMAP), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    covered = 0
+def page_idle_bitmap_path(sys_dir: str = SYS_DIR) -> str:
+    return os.path.join(sys_dir, *PAGE_IDLE_BITMAP)
+
+
+_ONES = b"\xff" * (CHUNK_PAGES // 8)
+
+
+def mark_idle_range(path: str, first_page: int, pages: int = CHUNK_PAGES) -> int:
+    """Set the idle bit of ``pages`` pages from ``first_page`` (both multiples of 64: the bitmap is read and
+    written in u64 words) in the bitmap at ``path`` (the kernel takes it for user pages on an LRU and ignores the
+    rest); returns how many it covered, 0 past the last page frame. Raises OSError (O_NOFOLLOW: ELOOP)."""
+    if first_page % 64 or pages % 64 or not 0 < pages <= CHUNK_PAGES:
+        raise ValueError(f"page-idle range {first_page}+{pages}: not whole u64 words within one chunk")
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        while True:
-            try:
-                written = os.pwrite(fd, ones, covered // 8)
-            except OSError as exc:
-                if exc.errno in (errno.ENXIO, errno.EINVAL) and covered:
-                    return covered  # past the last page frame
-                raise
-            if written <= 0:
-                return covered
-            covered += written * 8
+        status = os.fstat(fd)
+        if stat.S_ISREG(status.st_mode):  # a file standing in for the bitmap (a test tree): its size is the end
+            pages = min(pages, max(status.st_size - first_page // 8, 0) * 8)
+            if not pages:
+                return 0
+        try:
+            written = os.pwrite(fd, _ONES[:pages // 8], first_page // 8)
+        except OSError as exc:
+            if exc.errno in (errno.ENXIO, errno.EINVAL) and first_page:
+                return 0  # past the last page frame
+            raise
     finally:
         os.close(fd)
+    return max(written, 0) * 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,33 +157,75 @@ def _and(*selectors: bytes) -> bytes:
     return value.to_bytes(size, "little")
 
 
-def idle_file_pages(sys_dir: str = SYS_DIR, proc_dir: str = PROC_DIR) -> IdlePages:
-    """The file pages whose idle bit is still set (untouched since :func:`mark_idle`), by owner. OSError."""
-    counts: Counter[int] = Counter()
-    fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in (
-        os.path.join(sys_dir, *PAGE_IDLE_BITMAP), os.path.join(proc_dir, KPAGEFLAGS),
-        os.path.join(proc_dir, KPAGECGROUP))]
-    bitmap_fd, flags_fd, owners_fd = fds
+def _open_all(paths: tuple[str, ...]) -> list[int]:
+    """Read-only descriptors of ``paths``; when one cannot be opened, those already open are closed."""
+    fds: list[int] = []
     try:
-        first = 0
-        while True:
-            bitmap = os.pread(bitmap_fd, _CHUNK_PAGES // 8, first // 8)
-            if not bitmap:
-                break
-            pages = len(bitmap) * 8
-            if bitmap.count(0) != len(bitmap):
-                idle = b"".join(map(_EXPAND.__getitem__, bitmap))
-                flags = memoryview(os.pread(flags_fd, pages * 8, first * 8))
-                owners = array("Q", os.pread(owners_fd, pages * 8, first * 8))
-                count = min(len(flags) // 8, len(owners))
-                selected = _and(idle[:count], flags[0:count * 8:8].tobytes().translate(_LRU),
-                                flags[1:count * 8:8].tobytes().translate(_NOT_SWAPBACKED))
-                counts.update(itertools.compress(owners, selected))
-            first += pages
-    finally:
+        for path in paths:
+            fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+    except BaseException:
         for fd in fds:
             os.close(fd)
-    return IdlePages(dict(counts), sum(counts.values()))
+        raise
+    return fds
+
+
+class IdleScan:
+    """One pass over the bitmap, a chunk of :data:`CHUNK_PAGES` pages per :meth:`step`: the file pages whose idle
+    bit is still set (untouched since they were marked), by owner. Holds three descriptors until :meth:`close`
+    (a ``with`` block); raises OSError."""
+
+    def __init__(self, sys_dir: str = SYS_DIR, proc_dir: str = PROC_DIR) -> None:
+        self._fds = _open_all((page_idle_bitmap_path(sys_dir), os.path.join(proc_dir, KPAGEFLAGS),
+                               os.path.join(proc_dir, KPAGECGROUP)))
+        self._counts: Counter[int] = Counter()
+        self.next_page = 0
+        self.done = False
+
+    def step(self) -> bool:
+        """Count the next chunk; False once the bitmap has ended (nothing read)."""
+        if self.done:
+            return False
+        bitmap_fd, flags_fd, owners_fd = self._fds
+        first = self.next_page
+        bitmap = os.pread(bitmap_fd, CHUNK_PAGES // 8, first // 8)
+        if not bitmap:
+            self.done = True
+            return False
+        pages = len(bitmap) * 8
+        if bitmap.count(0) != len(bitmap):
+            idle = b"".join(map(_EXPAND.__getitem__, bitmap))
+            flags = memoryview(os.pread(flags_fd, pages * 8, first * 8))
+            owners = array("Q", os.pread(owners_fd, pages * 8, first * 8))
+            count = min(len(flags) // 8, len(owners))
+            selected = _and(idle[:count], flags[0:count * 8:8].tobytes().translate(_LRU),
+                            flags[1:count * 8:8].tobytes().translate(_NOT_SWAPBACKED))
+            self._counts.update(itertools.compress(owners, selected))
+        self.next_page = first + pages
+        return True
+
+    def result(self) -> IdlePages:
+        return IdlePages(dict(self._counts), sum(self._counts.values()))
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
+
+    def __enter__(self) -> IdleScan:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+def idle_file_pages(sys_dir: str = SYS_DIR, proc_dir: str = PROC_DIR) -> IdlePages:
+    """A whole :class:`IdleScan` at once (tools and tests). OSError."""
+    with IdleScan(sys_dir, proc_dir) as scan:
+        while scan.step():
+            pass
+        return scan.result()
 
 
 def cgroup_inode(path: str) -> int | None:

@@ -9,12 +9,11 @@ cgroup file (15–18 µs against 7–9 µs here), and the QoS manager reads hund
 from __future__ import annotations
 
 import os
-import resource
 import threading
 import time
 from collections.abc import Callable
 
-from koordlet.system.procfs import KeptFiles, read_file_bytes
+from koordlet.system.procfs import SHARE_KEPT_READS, KeptFiles, descriptor_budget, read_file_bytes
 
 
 def read_text(path: str) -> str:
@@ -36,8 +35,7 @@ class KeptReads:
     def __init__(self, idle_s: float = 5.0, max_open: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if max_open is None:
-            soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            max_open = 128 if soft == resource.RLIM_INFINITY else max(soft // 8, 0)
+            max_open = descriptor_budget(SHARE_KEPT_READS, 128)
         self._files = KeptFiles(max_open, check_replaced=True)
         self._idle_s = idle_s
         self._clock = clock

@@ -102,6 +102,22 @@ def _replaced(fd: int) -> bool:
         return True
 
 
+# The share of the soft RLIMIT_NOFILE each part that holds descriptors open may take at once (a divisor), so that
+# together they leave a quarter for sockets, the API client, logs and one-off reads: the pod and the PSI collectors'
+# kept cgroup files a quarter each (KeptFiles), the executor's kept reads an eighth (kernfs.KeptReads), the CPI
+# collector's perf counters an eighth (metricsadvisor/cpi.py).
+SHARE_KEPT_FILES = 4
+SHARE_KEPT_READS = 8
+SHARE_PERF_COUNTERS = 8
+
+
+def descriptor_budget(share: int, unlimited: int) -> int:
+    """How many descriptors a part may hold: 1/``share`` of the soft RLIMIT_NOFILE now (``unlimited`` when there is
+    no limit)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return unlimited if soft == resource.RLIM_INFINITY else max(soft // share, 0)
+
+
 class KeptFiles:
     """Many kernel files read every tick (per-cgroup stats), each through a kept descriptor and ``pread``.
 
@@ -115,10 +131,7 @@ class KeptFiles:
     """
 
     def __init__(self, max_open: int | None = None, *, check_replaced: bool = False) -> None:
-        if max_open is None:
-            soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-            max_open = 256 if soft == resource.RLIM_INFINITY else max(soft // 4, 0)
-        self._max_open = max_open
+        self._max_open = descriptor_budget(SHARE_KEPT_FILES, 256) if max_open is None else max_open
         self._check_replaced = check_replaced
         self._fds: dict[str, int] = {}
 

@@ -1,13 +1,14 @@
 """The node-wide kernel files koordlet writes beside cgroups: the sysctls of NodeSLO ``systemStrategy``
-(docs/koordinator.md §4.9, §10; Koordinator pkg/koordlet/util/system system_resource.go) and the
-per-process ``oom_score_adj`` (docs/koordinator.md §3.3 OOMScoreAdj).
+(docs/koordinator.md §4.9, §10; Koordinator pkg/koordlet/util/system system_resource.go), kidled's two settings
+(Anolis; the cold page collector's, Koordinator util/system/kidled_util.go) and the per-process
+``oom_score_adj`` (docs/koordinator.md §3.3 OOMScoreAdj).
 
 Each :class:`SystemResource` names the filesystem it lives in (``proc`` → ``proc_dir``, ``sys`` → ``sys_dir``),
 its path there, and its valid range; :meth:`SystemResource.path` resolves it under the mount dir the caller
 gives. The executor is the one writer (it validates, checks the resolved path stays in that mount dir, and
 keeps what was there before its first write so that it can be put back).
 
-Some files exist only on Anolis/Alinux kernels (``memcg_reaper``, ``pagecache_limit``, the group-identity
+Some files exist only on Anolis/Alinux kernels (``memcg_reaper``, ``pagecache_limit``, kidled, the group-identity
 sysctls): they are written where present and skipped (``optional``) where not, as Koordinator does.
 ``sched_features`` is a list of flags, each switched by writing ``NAME`` or ``NO_NAME``
 (:func:`parse_sched_features`).
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from koordlet.system.procfs import read_file_bytes
+from wire.kernel_ranges import OOM_SCORE_ADJ_MAX, OOM_SCORE_ADJ_MIN
 
 INT64_MAX = 2**63 - 1
-OOM_SCORE_ADJ_MIN, OOM_SCORE_ADJ_MAX = -1000, 1000
 MIN_FREE_KBYTES_MIN, MIN_FREE_KBYTES_MAX = 10 * 1024, 10 * 1024 * 1024  # 10 MiB .. 10 GiB, in KiB
 WATERMARK_SCALE_FACTOR_MIN, WATERMARK_SCALE_FACTOR_MAX = 10, 400
 
@@ -78,6 +79,9 @@ SCHED_IDLE_SAVER_WMARK = "sched_idle_saver_wmark"
 PAGECACHE_LIMIT_ENABLED = "pagecache_limit_enabled"
 SCHED_FEATURES = "sched_features"
 OOM_SCORE_ADJ = "oom_score_adj"
+KIDLED_SCAN_PERIOD = "kidled_scan_period_in_seconds"
+KIDLED_USE_HIERARCHY = "kidled_use_hierarchy"
+UINT32_MAX = 2**32 - 1
 
 _RESOURCES = (
     SystemResource(MIN_FREE_KBYTES, "proc", "sys/vm/min_free_kbytes", MIN_FREE_KBYTES_MIN, MIN_FREE_KBYTES_MAX),
@@ -90,6 +94,9 @@ _RESOURCES = (
                    optional=True),
     SystemResource(PAGECACHE_LIMIT_ENABLED, "sys", "kernel/mm/pagecache_limit/enabled", 0, 1, optional=True),
     SystemResource(SCHED_FEATURES, "sys", "kernel/debug/sched_features", optional=True, flags=True),
+    SystemResource(KIDLED_SCAN_PERIOD, "sys", "kernel/mm/kidled/scan_period_in_seconds", 0, UINT32_MAX,
+                   optional=True),
+    SystemResource(KIDLED_USE_HIERARCHY, "sys", "kernel/mm/kidled/use_hierarchy", 0, 1, optional=True),
     SystemResource(OOM_SCORE_ADJ, "proc", "{pid}/oom_score_adj", OOM_SCORE_ADJ_MIN, OOM_SCORE_ADJ_MAX),
 )
 SYSTEM_RESOURCES: Mapping[str, SystemResource] = MappingProxyType({r.name: r for r in _RESOURCES})

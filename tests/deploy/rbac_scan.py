@@ -1,8 +1,9 @@
 """Find the Kubernetes API permissions a Python package's code needs, from its kubernetes-client calls.
 
 Each call of a ``CoreV1Api`` / ``PolicyV1Api`` / ``EventsV1Api`` / ``CoordinationV1Api`` /
-``CustomObjectsApi`` method is mapped to (apiGroup, resource[/subresource], verb) from the method name
-(``create_namespaced_pod_eviction`` -> ("", "pods/eviction", "create")); a method passed to
+``AuthenticationV1Api`` / ``AuthorizationV1Api`` / ``CustomObjectsApi`` method is mapped to (apiGroup,
+resource[/subresource], verb) from the method name (``create_namespaced_pod_eviction`` -> ("", "pods/eviction",
+"create")); a method passed to
 ``Watch().stream``, handed to a helper uncalled, or called with ``watch=True`` / a variable ``watch`` /
 ``**kwargs`` needs ``watch`` too. For custom objects the group and
 plural are the call's arguments, evaluated in the calling module (constants such as ``api.DEVICE_PLURAL``).
@@ -26,6 +27,8 @@ _API_GROUPS = {
     "PolicyV1Api": "policy",
     "EventsV1Api": "events.k8s.io",
     "CoordinationV1Api": "coordination.k8s.io",
+    "AuthenticationV1Api": "authentication.k8s.io",
+    "AuthorizationV1Api": "authorization.k8s.io",
 }
 _VERBS = (
     ("delete_collection_", "deletecollection"),
@@ -50,6 +53,8 @@ _RESOURCES = {
     "persistent_volume": "persistentvolumes",
     "pod_disruption_budget": "poddisruptionbudgets",
     "lease": "leases",
+    "token_review": "tokenreviews",
+    "subject_access_review": "subjectaccessreviews",
 }
 _IGNORED = {"close", "get_api_resources", "api_client"}
 # Positions of (group, plural) in CustomObjectsApi calls.

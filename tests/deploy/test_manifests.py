@@ -1,5 +1,6 @@
-"""The plain manifests (deploy/base, `kubectl apply -k deploy/`) parse, validate strictly against the Kubernetes
-models, and carry what koordlet needs. The Helm chart renders the same objects: tests/deploy/test_chart.py."""
+"""The plain manifests (deploy/base, `kubectl apply -k deploy/`; deploy/slo-controller-config) parse, validate strictly
+against the Kubernetes models, and carry what koordlet needs. The Helm chart renders the same objects:
+tests/deploy/test_chart.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from koordlet.api.nodeslo import NodeSLOSpec, parse_node_slo_spec
 from koordlet.api.quantity import parse_quantity
 from tests.deploy.kube_schema import SchemaError, validate
-from tests.deploy.tools import base_documents
+from tests.deploy.tools import DEPLOY, base_documents, kustomization_documents
 
 
 def _by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -27,12 +28,10 @@ def _koordlet(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def test_every_manifest_parses_and_validates_strictly() -> None:
     docs = base_documents()
     kinds = sorted(doc["kind"] for doc in docs if doc["kind"] != "CustomResourceDefinition")
-    assert kinds == sorted(
-        ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"]
-    )
-    for doc in docs:
-        if doc["kind"] != "CustomResourceDefinition":  # the CRDs are checked with the API server tests
-            validate(doc)
+    assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"])
+    assert len(docs) == len(kinds), "deploy/ holds no CRD: they are deploy/crds/, applied on their own"
+    for doc in docs + kustomization_documents(DEPLOY / "slo-controller-config"):
+        validate(doc)
 
 
 def test_strict_validation_rejects_a_misspelt_field_and_a_wrong_type() -> None:
@@ -57,7 +56,7 @@ def test_daemonset_runs_on_the_host_with_the_paths_koordlet_needs() -> None:
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     mounted = {host_paths[m["name"]]: m["mountPath"] for m in container["volumeMounts"]}
     for path in (
-        "/sys/fs/cgroup",
+        "/sys",
         "/var/run/koordlet",
         "/etc/runtime/hookserver.d",
         "/var/lib/kubelet/device-plugins",
@@ -66,8 +65,10 @@ def test_daemonset_runs_on_the_host_with_the_paths_koordlet_needs() -> None:
         assert mounted.get(path) == path, f"{path} must be mounted at the same path"
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    for probe in ("livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": 9316}
+    # ready = started and the states informer synced; /healthz also fails on a stalled loop (docs/operations.md)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9316}
 
 
 def test_resources_are_sized_from_the_measured_cost() -> None:
@@ -97,7 +98,8 @@ def _dump(obj: object) -> object:
 
 
 def test_slo_controller_config_carries_exactly_koordlets_nodeslo_defaults() -> None:
-    data = _by_kind(base_documents())["ConfigMap"]["data"]
+    [config_map] = kustomization_documents(DEPLOY / "slo-controller-config")
+    data = config_map["data"]
     strategy = {
         "resourceUsedThresholdWithBE": json.loads(data["resource-threshold-config"])["clusterStrategy"],
         "resourceQOSStrategy": json.loads(data["resource-qos-config"])["clusterStrategy"],

@@ -104,10 +104,12 @@ def test_role_is_bound_to_the_service_account_the_daemonset_runs_as(role_source:
     daemonset = docs.get("DaemonSet") or yaml.safe_load((ROOT / "deploy" / "base" / "koordlet.yaml").read_text())
     account = docs["ServiceAccount"]["metadata"]
     binding = docs["ClusterRoleBinding"]
-    assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == account["name"] == "koordlet"
+    # The release's name (koordlet-py), never Koordinator's "koordlet": the two charts install side by side.
+    assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == account["name"] == "koordlet-py"
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
         "name": docs["ClusterRole"]["metadata"]["name"],
     }
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "koordlet", "namespace": account["namespace"]}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "koordlet-py",
+                                    "namespace": account["namespace"]}]

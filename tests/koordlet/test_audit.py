@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -83,6 +85,68 @@ def test_the_log_rotates_and_stays_within_its_disk_space(tmp_path: Path) -> None
     numbers = [int(e.message.split()[0]) for e in events]
     assert numbers[0] == 2999 and numbers == sorted(numbers, reverse=True)  # newest first, none lost inside
     assert numbers == list(range(2999, 2999 - len(numbers), -1))
+
+
+def test_rotated_files_keep_their_order_across_a_dst_fall_back_and_a_clock_set_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """America/New_York, 2025-11-02: 01:00-01:59 comes twice (EDT, then EST). With names in local time the file
+    rotated at 01:10 EST (the newest) would sort before the one of 01:50 EDT and be the next one removed."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        moments = iter([datetime(2025, 11, 2, 5, 50, tzinfo=UTC) + timedelta(minutes=10 * i) for i in range(6)]
+                       + [datetime(2025, 11, 2, 5, 0, tzinfo=UTC)] * 2)  # then the clock is set back an hour
+        config = audit.AuditConfig(log_dir=str(tmp_path / "log"), max_disk_space_mb=1, max_file_size_bytes=100 << 10)
+        log = audit.EventLog(config, clock=lambda: next(moments).astimezone())  # local time, as by default
+        line = "x" * 1000
+        for i in range(8 * 100):  # 8 rotations of 100 events; config.max_files is 10
+            log.log(audit.LEVEL_UPDATE, audit.Event(T0, message=f"{i} {line}"))
+        log.close()
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    names = [os.path.basename(path) for path in audit.rotated_files(str(tmp_path / "log"))]
+    assert names == ["audit-2025-11-02-05-50-00-0.log", "audit-2025-11-02-06-00-00-0.log",
+                     "audit-2025-11-02-06-10-00-0.log", "audit-2025-11-02-06-20-00-0.log",
+                     "audit-2025-11-02-06-30-00-0.log", "audit-2025-11-02-06-40-00-0.log",
+                     "audit-2025-11-02-06-40-00-1.log", "audit-2025-11-02-06-40-00-2.log"]
+    numbers = [int(e.message.split()[0]) for e in audit.read_events(str(tmp_path / "log"))]
+    assert numbers == list(range(799, -1, -1))  # newest first, none lost
+    # two more rotations: the two oldest files go, never a newer one
+    log = audit.EventLog(config, clock=lambda: datetime(2025, 11, 2, 7, tzinfo=UTC))
+    for i in range(800, 1000):
+        log.log(audit.LEVEL_UPDATE, audit.Event(T0, message=f"{i} {line}"))
+    log.close()
+    numbers = [int(e.message.split()[0]) for e in audit.read_events(str(tmp_path / "log"))]
+    assert numbers == list(range(999, 999 - len(numbers), -1)) and len(numbers) >= 800
+
+
+def test_the_owner_index_is_rebuilt_whole_while_other_threads_resolve() -> None:
+    """Two lists of pods take turns; every resolving thread always finds its pod (a shared index cleared and
+    refilled by another thread would answer \"pod<uid>\" with no name meanwhile)."""
+    lists = [tuple(PodMeta(f"p{i}", "ns", f"{i:04d}") for i in range(200)) + (PodMeta("web", "ns", "1234"),)
+             for _ in range(2)]
+    turn = [0]
+
+    def pods() -> tuple[PodMeta, ...]:
+        turn[0] += 1
+        return lists[turn[0] % 2]
+
+    resolve = audit.pod_owner_resolver(pods)
+    wrong: list[audit.Owner] = []
+
+    def work() -> None:
+        for _ in range(2000):
+            owner = resolve("kubepods/besteffort/pod1234")
+            if owner.name != "web":
+                wrong.append(owner)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not wrong, wrong[:3]
 
 
 def test_a_line_that_is_not_an_event_is_skipped(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from koordlet.eviction import Evictor
 from koordlet.metrics import MetricsServer
 from koordlet.qosmanager import QoSManagerConfig
 from tests.koordlet.qosmanager.factory import spec
-from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used
+from tests.koordlet.qosmanager.realnode import RealNode
 from tests.support.apiserver import ApiServer, kube_api_client
 from tests.support.waiting import wait_for
 
@@ -49,14 +49,20 @@ def _events(port: int, query: str = "") -> list[dict]:
 
 
 def test_a_suppression_and_an_eviction_show_up_in_events_with_their_figures(events_port: int) -> None:
+    """The eviction threshold comes from the BE pod's own cgroup, never from the rest of the node: the pod holds
+    its memory before the QoS manager starts, and the node's usage as koordlet reads it (MemTotal - MemAvailable)
+    always counts that anonymous memory, so the node is at or above the threshold whatever else runs on it. The
+    pod allocates before suppression starts: at the floor quota (2 % of a CPU) its allocation would take ~20 s."""
     RealNode.skip_unless_possible()
     node = RealNode("audit", (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT)))
     try:
         audit.current().set_owner_resolver(audit.pod_owner_resolver(node.states.pods))
-        total, used = memory_total_and_used()
-        threshold = int(used * 100 // total) + 2
+        allocate = node.node.capacity["memory"] * 3 // 100
         with ApiServer() as server, kube_api_client(server) as api_client:
             node.put_pod_in_api("be", api_client)
+            node.spawn("be", f"data = b'x' * {allocate}\nimport time\ntime.sleep(120)\n")
+            assert wait_for(lambda: node.anon_bytes("be") >= allocate, 30.0)
+            threshold = node.evict_threshold_held_by("be")
             node.spawn("ls")
             config = QoSManagerConfig(node_name="node-1", feature_gates={
                 "BEMemoryEvict": True, "BECPUSuppress": True, "CPUBurst": False, "RdtResctrl": False})
@@ -64,7 +70,6 @@ def test_a_suppression_and_an_eviction_show_up_in_events_with_their_figures(even
                             memoryEvictThresholdPercent=threshold),
                        evictor=Evictor("node-1", api_client=api_client), config=config)
             assert wait_for(lambda: node.read("cpu", node.be_dir, "cpu.cfs_quota_us") != "-1", 10.0)
-            node.spawn("be", f"data = b'x' * {total * 3 // 100}\nimport time\ntime.sleep(60)\n")
             assert wait_for(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 15.0)
             time.sleep(0.2)
         quota = node.read("cpu", node.be_dir, "cpu.cfs_quota_us")

@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import (
 )
 from kubernetes.watch.watch import iter_resp_lines
 
-from koordlet.kubeapi import CoreV1, CustomObjects, section
+from koordlet.kubeapi import AuthV1, CoreV1, CustomObjects, section
 from tests.support.apiserver import ApiServer, RecordedRequest, kube_client_config, kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,6 +141,13 @@ def _calls(seeded: dict[str, dict]) -> list[tuple[str, str, tuple, dict]]:
         ("custom", "list_cluster_custom_object", SLO, {"field_selector": f"metadata.name={NODE}", "watch": True,
                                                        "allow_watch_bookmarks": True, "timeout_seconds": 1,
                                                        "_preload_content": False}),
+        ("authn", "create_token_review", ({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                                           "spec": {"token": "some-token"}},), {"_request_timeout": 5}),
+        ("authz", "create_subject_access_review", ({
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": "alice", "groups": ["ops"], "uid": "u-1", "extra": {},
+                     "resourceAttributes": {"verb": "get", "group": "", "version": "v1", "resource": "nodes",
+                                            "subresource": "proxy", "name": NODE}}},), {"_request_timeout": 5}),
     ]
 
 
@@ -152,8 +159,11 @@ def test_every_call_sends_what_the_generated_client_sends(token_server: ApiServe
     seeded = {"node": token_server.seed(node_object()), "metric": token_server.seed(node_metric())}
     token_server.seed(pod_object("web"))
     reference = {"core": kubernetes.client.CoreV1Api(token_client),
-                 "custom": kubernetes.client.CustomObjectsApi(token_client)}
-    ours = {"core": CoreV1(token_client), "custom": CustomObjects(token_client)}
+                 "custom": kubernetes.client.CustomObjectsApi(token_client),
+                 "authn": kubernetes.client.AuthenticationV1Api(token_client),
+                 "authz": kubernetes.client.AuthorizationV1Api(token_client)}
+    auth = AuthV1(token_client)
+    ours = {"core": CoreV1(token_client), "custom": CustomObjects(token_client), "authn": auth, "authz": auth}
     for kind, method, args, kwargs in _calls(seeded):
         sent = []
         for clients in (reference, ours):
@@ -455,6 +465,9 @@ _AGENT_CALLS = textwrap.dedent(
     out["labelled"] = sync_node_labels(core, node, {"kubernetes.io/gpu-model": "H100"})
     out["nodemetric"] = NodeMetricReporter(node, MetricCache(), lambda: (), custom_api=custom,
                                            create_missing=True).report_once().value
+    from koordlet.debug.authz import ApiAuthorizer
+    from koordlet.kubeapi import AuthV1
+    out["debug_authz"] = ApiAuthorizer(AuthV1(client), node).decide("reader").status  # reviewed, not granted
 
     # Every method once more, directly, with its errors and raw answers.
     core.read_node(node)
@@ -514,6 +527,7 @@ def test_the_agent_never_loads_the_generated_api_classes_or_models(tmp_path: Pat
         web = server.seed({**pod_object("web"), "metadata": {"name": "web", "namespace": "default",
                                                              "labels": {"koordinator.sh/qosClass": "BE"}}})
         server.seed(pod_object("other"))
+        server.add_token("reader", "alice")
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         env.pop("KUBECONFIG", None)
         done = subprocess.run([sys.executable, "-c", _AGENT_CALLS, str(path), NODE, web["metadata"]["uid"]],
@@ -526,7 +540,7 @@ def test_the_agent_never_loads_the_generated_api_classes_or_models(tmp_path: Pat
     assert out["node_seen"] and out["slo_events"] == 1 and out["watchers_stopped"]
     assert out["evicted"] == "evicted"
     assert out["lock"] == "default/web" and out["released"] is True and out["labelled"] is True
-    assert out["nodemetric"] == "updated"
+    assert out["nodemetric"] == "updated" and out["debug_authz"] == 403
     assert out["watch_lines"] >= 1 and out["pods"] == 1
     assert out["errors"] == [404, 404, 404, 409]
     assert {("PATCH", "/api/v1/namespaces/default/pods/other"), ("POST", "/api/v1/namespaces/default/events"),

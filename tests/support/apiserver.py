@@ -6,9 +6,13 @@ other HTTP client) can talk to it; no API server binary can be installed here (d
 Served (everything in memory, one lock, thread-safe):
 - core/v1 nodes, pods, events, namespaces (implicit: any namespace exists, and is listed once
   used), policy/v1 poddisruptionbudgets, events.k8s.io/v1 events;
-- the CRDs of deploy/chart/koordlet-py/crds (NodeSLO, NodeMetric, Device): objects are defaulted, pruned of unknown
-  fields (reported in a `Warning` header; `?fieldValidation=Strict` rejects them with 400
-  instead) and validated against the CRD's openAPIV3Schema (422 Invalid with field causes);
+- the CRDs of deploy/chart/koordlet-py/files/crds (NodeSLO, NodeMetric, Device, NodeResourceTopology): objects are
+  defaulted, pruned of unknown fields (reported in a `Warning` header; `?fieldValidation=Strict` rejects them with
+  400 instead) and validated against the CRD's openAPIV3Schema (422 Invalid with field causes);
+- CRDs with several versions as the real server serves them with conversion strategy None: every served version
+  answers, an object is stored at the storage version and read at the version asked for, only apiVersion changing,
+  each conversion defaulting and pruning by the target version's schema; a created CRD gets its status
+  (acceptedNames, Established, storedVersions); a CRD asking for Webhook conversion is refused (no webhooks here);
 - verbs get, list (label and field selectors, all namespaces), watch (chunked JSON lines,
   resourceVersion and timeoutSeconds honoured, 410 ERROR event when the version is too old),
   create, update (PUT), patch (json-patch, merge-patch, strategic-merge-patch for built-ins;
@@ -16,7 +20,9 @@ Served (everything in memory, one lock, thread-safe):
   honoured), `/status` subresources, and pods/eviction that honours PodDisruptionBudgets;
 - resourceVersion on every object from one increasing counter; a PUT or a patch whose body
   carries a stale metadata.resourceVersion fails 409 Conflict;
-- discovery (/api, /apis, /apis/<group>, /apis/<group>/<version>), /version, /healthz.
+- discovery (/api, /apis, /apis/<group>, /apis/<group>/<version>), /version, /healthz;
+- TokenReview (the tokens a test registers with ``add_token``) and SubjectAccessReview (RBAC over the stored
+  ClusterRoles and ClusterRoleBindings), tests/support/authreview.py.
 
 Deliberate simplifications: no authentication (unless a bearer token is given: then a request
 without `Authorization: Bearer <token>` is 401 Unauthorized); deletes are immediate (no kubelet, no grace
@@ -58,6 +64,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import kubernetes.client
 
+from tests.support import authreview
 from tests.support.kube import (
     FieldError,
     PatchError,
@@ -78,7 +85,7 @@ from tests.support.kube import (
 log = logging.getLogger(__name__)
 
 JSON = Any
-DEFAULT_CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "chart" / "koordlet-py" / "crds"
+DEFAULT_CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "chart" / "koordlet-py" / "files" / "crds"
 WATCH_LOG_SIZE = 4096
 WATCH_POLL_SECONDS = 0.5
 MAX_WATCH_SECONDS = 1800
@@ -102,6 +109,8 @@ class ResourceType:
     singular: str = ""
     schema: dict | None = None  # openAPIV3Schema for custom resources
     returns_deleted_object: bool = False
+    storage: bool = True  # the version objects of this resource are stored at (a CRD's storage version)
+    short_names: tuple[str, ...] = ()
 
     @property
     def api_version(self) -> str:
@@ -127,23 +136,40 @@ BUILTIN_RESOURCES = (
     # What an installation (kubectl apply -k deploy/, the Helm chart) creates besides custom resources.
     ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, False, "serviceaccount"),
     ResourceType("", "v1", "configmaps", "ConfigMap", True, False, "configmap"),
+    ResourceType("", "v1", "services", "Service", True, True, "service", short_names=("svc",)),
     ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, True, "daemonset"),
     ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False, False, "clusterrole"),
     ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False, False,
                  "clusterrolebinding"),
     # A created CRD is checked (structural schema, names) and its versions are served from then on.
     ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
-                 True, "customresourcedefinition"),
+                 True, "customresourcedefinition", short_names=("crd", "crds")),
 )
 
 
 def resource_types_of_crd(crd: dict) -> list[ResourceType]:
-    """The resources one CRD declares (served versions only)."""
+    """The resources one CRD declares (served versions only), in the order the real server prefers them."""
     spec = crd["spec"]
+    versions = sorted(spec["versions"], key=lambda v: kube_version_priority(v["name"]))
     return [ResourceType(spec["group"], version["name"], spec["names"]["plural"], spec["names"]["kind"],
                          spec["scope"] == "Namespaced", "status" in (version.get("subresources") or {}),
-                         spec["names"].get("singular", ""), version["schema"]["openAPIV3Schema"])
-            for version in spec["versions"] if version.get("served", True)]
+                         spec["names"].get("singular", ""), version["schema"]["openAPIV3Schema"],
+                         storage=bool(version.get("storage")),
+                         short_names=tuple(spec["names"].get("shortNames") or ()))
+            for version in versions if version.get("served", True)]
+
+
+_KUBE_VERSION = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?$")
+
+
+def kube_version_priority(name: str) -> tuple[int, int, int, str]:
+    """Sort key of Kubernetes' version priority (apimachinery's CompareKubeAwareVersionStrings): GA before beta before
+    alpha, higher numbers first, then names that are no Kubernetes version, alphabetically."""
+    match = _KUBE_VERSION.match(name)
+    if match is None:
+        return (3, 0, 0, name)
+    major, stage, minor = match.groups()
+    return ({None: 0, "beta": 1, "alpha": 2}[stage], -int(major), -int(minor or 0), "")
 
 
 def resource_types_from_crds(crd_dir: Path | None) -> list[ResourceType]:
@@ -288,6 +314,7 @@ class ApiServer:
         self._resource_version = 0
         self._events: deque[_WatchEvent] = deque(maxlen=watch_log_size)  # for watches that resume
         self._failures: list[InjectedFailure] = []
+        self._users: dict[str, dict] = {}  # bearer token -> the user a TokenReview names (add_token)
         self._requests: list[RecordedRequest] = []
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()
@@ -352,6 +379,12 @@ class ApiServer:
             self._failures.append(failure)
         return failure
 
+    def add_token(self, token: str, username: str, groups: tuple[str, ...] = ("system:authenticated",),
+                  uid: str = "") -> None:
+        """Make TokenReviews of ``token`` authenticate as ``username`` in ``groups``."""
+        with self._cond:
+            self._users[token] = {"username": username, "uid": uid or str(uuid.uuid4()), "groups": list(groups)}
+
     def clear_failures(self) -> None:
         with self._cond:
             self._failures.clear()
@@ -376,7 +409,7 @@ class ApiServer:
         return self._create(rtype, namespace, copy.deepcopy(obj), keep_status=True)
 
     def get_object(self, plural: str, name: str, namespace: str | None = None) -> dict | None:
-        """A copy of a stored object; `plural` may be qualified ("events.events.k8s.io")."""
+        """A copy of a stored object (at its storage version); `plural` may be qualified ("events.events.k8s.io")."""
         rtype = self._type_by_name(plural)
         with self._cond:
             stored = self._objects.get((rtype.qualified, namespace or "", name))
@@ -443,6 +476,8 @@ class ApiServer:
         fixed = self._fixed_response(path)
         if fixed is not None:
             return fixed
+        if path in (authreview.TOKEN_REVIEWS, authreview.ACCESS_REVIEWS):
+            return self._review(verb, path, body)
         route = self._parse_route(path)
         if route.subresource == "eviction" and verb != "POST":
             raise ApiStatusError(405, f"{verb} is not supported on {path}")
@@ -456,6 +491,21 @@ class ApiServer:
         if response is None:
             raise ApiStatusError(405, f"{verb} is not supported on {path}")
         return response
+
+    def _review(self, verb: str, path: str, body: JSON) -> _Response:
+        if verb != "POST":
+            raise ApiStatusError(405, f"{verb} is not supported on {path}")
+        with self._cond:
+            try:
+                if path == authreview.TOKEN_REVIEWS:
+                    return _Response(201, authreview.token_review(body, self._users))
+                roles = {obj["metadata"]["name"]: obj for (plural, _, _), obj in self._objects.items()
+                         if plural == "clusterroles.rbac.authorization.k8s.io"}
+                bindings = [obj for (plural, _, _), obj in self._objects.items()
+                            if plural == "clusterrolebindings.rbac.authorization.k8s.io"]
+                return _Response(201, authreview.access_review(body, roles, bindings))
+            except authreview.ReviewError as err:
+                raise ApiStatusError(err.code, str(err)) from err
 
     def _fixed_response(self, path: str) -> _Response | None:
         """Health, version and discovery: answers that name no resource."""
@@ -527,7 +577,9 @@ class ApiServer:
                 groups[rtype.group].append(rtype.version)
 
         def group_doc(name: str) -> dict:
-            versions = [{"groupVersion": f"{name}/{v}", "version": v} for v in groups[name]]
+            # The real server lists a group's versions by Kubernetes version priority, the preferred first.
+            versions = [{"groupVersion": f"{name}/{v}", "version": v}
+                        for v in sorted(groups[name], key=kube_version_priority)]
             return {"name": name, "versions": versions, "preferredVersion": versions[0]}
 
         if path == "/api":
@@ -548,7 +600,8 @@ class ApiServer:
             for rtype in served:
                 verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
                 resources.append({"name": rtype.plural, "singularName": rtype.singular,
-                                  "namespaced": rtype.namespaced, "kind": rtype.kind, "verbs": verbs})
+                                  "namespaced": rtype.namespaced, "kind": rtype.kind, "verbs": verbs,
+                                  **({"shortNames": list(rtype.short_names)} if rtype.short_names else {})})
                 if rtype.status_subresource:
                     resources.append({"name": f"{rtype.plural}/status", "singularName": "",
                                       "namespaced": rtype.namespaced, "kind": rtype.kind,
@@ -621,11 +674,31 @@ class ApiServer:
                 details={"name": meta.get("name"), "group": rtype.group, "kind": rtype.kind})
         return [f'unknown field "{path}"' for path in pruned]
 
+    # ------------------------------------------------------------ versions (conversion strategy None)
+
+    def _storage_type(self, rtype: ResourceType) -> ResourceType:
+        """The served type objects of ``rtype``'s resource are stored as (itself for built-ins)."""
+        if not rtype.custom:
+            return rtype
+        return next((t for t in self._types if t.qualified == rtype.qualified and t.storage), rtype)
+
+    @staticmethod
+    def _converted(obj: dict, rtype: ResourceType) -> dict:
+        """A copy of ``obj`` at ``rtype``'s version: with conversion None only apiVersion changes, then the target
+        version's schema defaults and prunes it, as the real server does after every conversion."""
+        out = copy.deepcopy(obj)
+        if not rtype.custom or out.get("apiVersion") == rtype.api_version:
+            return out
+        out["apiVersion"] = rtype.api_version
+        apply_defaults(out, rtype.schema)
+        prune_unknown_fields(out, rtype.schema)
+        return out
+
     # ------------------------------------------------------------ verbs
 
     def _get(self, route: _Route) -> dict:
         with self._cond:
-            return copy.deepcopy(self._existing(route))
+            return self._converted(self._existing(route), route.rtype)
 
     def _matching(self, route: _Route, query: dict[str, str]) -> list[dict]:
         try:
@@ -638,7 +711,7 @@ class ApiServer:
 
     def _list(self, route: _Route, query: dict[str, str]) -> dict:
         with self._cond:
-            items = copy.deepcopy(self._matching(route, query))
+            items = [self._converted(obj, route.rtype) for obj in self._matching(route, query)]
             version = str(self._resource_version)
         return {"kind": f"{route.rtype.kind}List", "apiVersion": route.rtype.api_version,
                 "metadata": {"resourceVersion": version}, "items": items}
@@ -674,14 +747,15 @@ class ApiServer:
                                      details={"name": name, "group": rtype.group, "kind": rtype.plural})
             if query.get("dryRun"):
                 return copy.deepcopy(obj)
-            _meta(obj)["resourceVersion"] = self._next_resource_version()
-            self._objects[key] = obj
-            self._record("ADDED", rtype, None, obj)
+            stored = self._converted(obj, self._storage_type(rtype))
+            _meta(stored)["resourceVersion"] = self._next_resource_version()
+            self._objects[key] = stored
+            self._record("ADDED", rtype, None, stored)
             if rtype.plural == "customresourcedefinitions":
                 served = {(t.group, t.version, t.plural) for t in self._types}
-                self._types.extend(t for t in resource_types_of_crd(obj)
+                self._types.extend(t for t in resource_types_of_crd(stored)
                                    if (t.group, t.version, t.plural) not in served)
-            return copy.deepcopy(obj)
+            return self._converted(stored, rtype)
 
     def _new_object(self, rtype: ResourceType, namespace: str | None, obj: dict, keep_status: bool) -> str:
         """``obj`` made a new object of ``rtype`` as the API server stores it (type checked, name generated,
@@ -716,12 +790,26 @@ class ApiServer:
 
     @staticmethod
     def _admit_crd(crd: dict) -> None:
-        """A CRD the real API server would refuse (not structural, wrong names) is refused here too."""
+        """A CRD the real API server would refuse (not structural, wrong names) is refused here too; an accepted
+        one is defaulted (conversion None) and given the status the real server gives it once established."""
         problems = crd_problems(crd)
+        name = _meta(crd).get("name")
         if problems:
-            name = _meta(crd).get("name")
             raise ApiStatusError(422, f'CustomResourceDefinition.apiextensions.k8s.io "{name}" is invalid: '
                                       + "; ".join(problems))
+        conversion = crd["spec"].setdefault("conversion", {"strategy": "None"})
+        if conversion.get("strategy") != "None":
+            raise ApiStatusError(422, f'CustomResourceDefinition.apiextensions.k8s.io "{name}": conversion strategy '
+                                      f'{conversion.get("strategy")!r} needs a webhook, which this test server '
+                                      "cannot call; only None is served")
+        now = _now()
+        crd["status"] = {
+            "acceptedNames": copy.deepcopy(crd["spec"]["names"]),
+            "conditions": [{"type": kind, "status": "True", "reason": reason, "lastTransitionTime": now,
+                            "message": message} for kind, reason, message in (
+                ("NamesAccepted", "NoConflicts", "no conflicts found"),
+                ("Established", "InitialNamesAccepted", "the initial names have been accepted"))],
+            "storedVersions": [v["name"] for v in crd["spec"]["versions"] if v.get("storage")]}
 
     def _conflict(self, route: _Route) -> ApiStatusError:
         return ApiStatusError(409, f'Operation cannot be fulfilled on {route.rtype.qualified} "{route.name}": '
@@ -737,7 +825,7 @@ class ApiServer:
             raise ApiStatusError(400, f"the name of the object ({_meta(body).get('name')}) does not match the "
                                       f"name on the URL ({route.name})")
         with self._cond:
-            old = self._existing(route)
+            old = self._converted(self._existing(route), route.rtype)
             sent_version = _meta(body).get("resourceVersion")
             if sent_version and sent_version != _meta(old)["resourceVersion"]:
                 raise self._conflict(route)
@@ -746,7 +834,7 @@ class ApiServer:
     def _patch(self, route: _Route, body: JSON, content_type: str,
                query: dict[str, str]) -> tuple[dict, list[str]]:
         with self._cond:
-            old = self._existing(route)
+            old = self._converted(self._existing(route), route.rtype)
             try:
                 if content_type == "application/json-patch+json":
                     patched = json_patch(old, body)
@@ -802,13 +890,14 @@ class ApiServer:
             meta["generation"] = old_meta.get("generation", 1) + 1
         meta["resourceVersion"] = self._next_resource_version()
         key = self._key(rtype, route.namespace, route.name or "")
+        stored_old, stored = self._objects[key], self._converted(result, self._storage_type(rtype))
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             del self._objects[key]
-            self._record("DELETED", rtype, old, result)
+            self._record("DELETED", rtype, stored_old, stored)
         else:
-            self._objects[key] = result
-            self._record("MODIFIED", rtype, old, result)
-        return copy.deepcopy(result), warnings
+            self._objects[key] = stored
+            self._record("MODIFIED", rtype, stored_old, stored)
+        return self._converted(stored, rtype), warnings
 
     def _updated_response(self, outcome: tuple[dict, list[str]]) -> _Response:
         obj, warnings = outcome
@@ -935,7 +1024,7 @@ class ApiServer:
         requested = query.get("resourceVersion", "")
         with self._cond:
             if requested in ("", "0"):
-                initial = [("ADDED", obj) for obj in copy.deepcopy(self._matching(route, query))]
+                initial = [("ADDED", self._converted(obj, route.rtype)) for obj in self._matching(route, query)]
                 since = self._resource_version
             else:
                 try:
@@ -967,8 +1056,9 @@ class ApiServer:
             yield from lines
 
     def _filtered(self, route: _Route, query: dict[str, str], event: _WatchEvent) -> bytes | None:
-        """The event as the watcher of `route` sees it: selectors turn leaving objects into DELETED."""
-        if event.rtype != route.rtype or (
+        """The event as the watcher of `route` sees it, at the watched version: selectors turn leaving objects into
+        DELETED."""
+        if event.rtype.qualified != route.rtype.qualified or (
                 route.namespace is not None and _meta(event.new).get("namespace") != route.namespace):
             return None
 
@@ -978,11 +1068,12 @@ class ApiServer:
                 query.get("fieldSelector", ""), obj)
 
         now_selected, was_selected = selected(event.new), selected(event.old)
+        new = self._converted(event.new, route.rtype)
         if event.event_type == "DELETED":
-            return self._event_line("DELETED", event.new) if was_selected else None
+            return self._event_line("DELETED", new) if was_selected else None
         if now_selected:
-            return self._event_line("MODIFIED" if was_selected else "ADDED", event.new)
-        return self._event_line("DELETED", event.new) if was_selected else None
+            return self._event_line("MODIFIED" if was_selected else "ADDED", new)
+        return self._event_line("DELETED", new) if was_selected else None
 
     @staticmethod
     def _event_line(event_type: str, obj: dict) -> bytes:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.nriruntime import FakeRuntime, RuntimeConn
 from wire import nri_pb2 as api
-from wire.nri import Event, PluginConnection, event_mask, fit_updates
+from wire.nri import Event, Late, PluginConnection, changing, event_mask, fit_updates
 from wire.ttrpc import Code
 
 
@@ -30,6 +30,7 @@ class Handlers:
         self.fail = False
         self.events_seen: list[int] = []
         self.threads: list[str] = []
+        self.create: Callable[[], None] | None = None  # what create_container does first (a test's own steps)
 
     def configure(self, request: api.ConfigureRequest) -> None:
         pass
@@ -40,6 +41,8 @@ class Handlers:
 
     def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
         self.threads.append(threading.current_thread().name)
+        if self.create is not None:
+            self.create()
         time.sleep(self.delay_s)
         if self.fail:
             raise RuntimeError("a bug")
@@ -113,6 +116,71 @@ def test_a_slow_handler_gets_the_empty_answer_within_the_request_timeout(plugged
     took = time.monotonic() - started
     assert answer.ByteSize() == 0 and 1.5 < took < 2.0
     assert ("CreateContainer", "timeout") in [o[:2] for o in state["observed"]]
+
+
+def test_a_handler_past_its_deadline_is_answered_empty_in_time_while_the_connection_answers_others(plugged) -> None:
+    """The handler runs in a worker thread: its connection reads and answers the requests that come meanwhile."""
+    conn, handlers, state = plugged
+    conn.handshake()
+    handlers.delay_s = 5.0  # far past the 2 s the runtime waits
+    started = time.monotonic()
+    slow = conn.request("CreateContainer", api.CreateContainerRequest().SerializeToString(), timeout_s=2.0)
+    others = []
+    for _ in range(5):
+        time.sleep(0.2)
+        asked = time.monotonic()
+        event = api.StateChangeEvent(event=api.REMOVE_POD_SANDBOX, pod=api.PodSandbox(id="p"))
+        assert conn.call("UpdateContainer", api.UpdateContainerRequest(), api.UpdateContainerResponse).ByteSize() == 0
+        assert conn.call("StateChange", event, api.Empty).ByteSize() == 0
+        others.append(time.monotonic() - asked)
+    response = conn.response(slow, timeout_s=5.0)
+    took = time.monotonic() - started
+    assert response.status.code == 0 and api.CreateContainerResponse.FromString(response.payload).ByteSize() == 0
+    assert 1.5 < took < 2.0, took  # the empty answer, ahead of the 2 s deadline
+    assert max(others) < 0.5, others  # two round trips each, answered while the slow one was pending
+    assert handlers.events_seen == [api.REMOVE_POD_SANDBOX] * 5
+
+
+def test_a_late_handler_changes_nothing_after_its_empty_answer(plugged) -> None:
+    """A change begun before the time-out is waited for, so it lands before the answer; one after it never
+    starts (Late), even though the handler's thread runs on."""
+    conn, handlers, _ = plugged
+    conn.handshake()
+    changes: list[tuple[str, float]] = []
+    late: list[Late] = []
+
+    def change_across_the_time_out() -> None:
+        time.sleep(1.6)  # the budget ends at 1.8 s of the 2 s
+        with changing():
+            time.sleep(0.3)
+            changes.append(("slow change", time.monotonic()))
+        time.sleep(0.5)
+        try:
+            with changing():
+                changes.append(("late change", time.monotonic()))
+        except Late as err:
+            late.append(err)
+
+    handlers.create = change_across_the_time_out
+    started = time.monotonic()
+    response = conn.response(conn.request("CreateContainer", api.CreateContainerRequest().SerializeToString()))
+    answered = time.monotonic()
+    assert api.CreateContainerResponse.FromString(response.payload).ByteSize() == 0
+    assert answered - started < 2.0
+    time.sleep(1.0)  # the handler's thread has finished by now
+    assert [name for name, _ in changes] == ["slow change"] and len(late) == 1
+    assert changes[0][1] <= answered  # the change under way landed before the answer went
+
+
+def test_work_queued_behind_busy_workers_past_its_deadline_never_starts(plugged) -> None:
+    conn, handlers, _ = plugged
+    conn.handshake()
+    handlers.delay_s = 2.5  # both workers of the fixture's pool busy past the deadline
+    calls = [conn.request("CreateContainer", api.CreateContainerRequest().SerializeToString()) for _ in range(3)]
+    answers = [api.CreateContainerResponse.FromString(conn.response(c, 5.0).payload) for c in calls]
+    assert [a.ByteSize() for a in answers] == [0, 0, 0]
+    time.sleep(3.0)
+    assert len(handlers.threads) == 2  # the third never ran
 
 
 def test_a_failing_handler_answers_no_change_and_the_plugin_keeps_serving(plugged) -> None:

@@ -6,16 +6,21 @@
 |------------------|----------------------------------------------------------------------------------------|
 | RunPodSandbox    | the pod-level plan (pod cgroup values, its resctrl group), carried out by the runner    |
 |                  | right after the answer, so containerd does not wait for the writes                     |
-| CreateContainer  | a ContainerAdjustment with what the plugins want changed (convert.py)                  |
+| CreateContainer  | a ContainerAdjustment with what the plugins want changed (convert.py); an RDT class    |
+|                  | only once its group exists (podgroups.py)                                              |
 | UpdateContainer  | a ContainerUpdate that carries the container id, from the resources the call asks for  |
-| RemovePodSandbox | clean-up: the pod's resctrl group; what is remembered about the pod                    |
+| RemovePodSandbox | clean-up: the pod's resctrl group (if koordlet's record has it); what is remembered     |
+|                  | about the pod                                                                          |
 | Synchronize      | updates for every existing container and the pod-level plan of every pod, at once      |
 
 Pods labelled ``runtimeproxy.koordinator.sh/skip-hookserver=true`` and stages turned off with
-``-runtime-hooks-disable-stages`` get no answer, as behind the proxy. CreateContainer and UpdateContainer are
-decisions (pure plugins, at most a few cgroup file reads) and are answered on the connection's loop; the
-events that write cgroup files run in the NRI plugin's worker threads under the runtime's request timeout
-(wire/nri.py); Synchronize stops deciding at its deadline and leaves the rest to the reconciler.
+``-runtime-hooks-disable-stages`` get no answer, as behind the proxy. CreateContainer, UpdateContainer and
+Synchronize run in the NRI plugin's worker threads under the runtime's request timeout (wire/nri.py): their
+decisions read cgroup files, the node's CPU pools and kubelet's checkpoint, and may post a Warning Event, none
+of which may hold up the connection. What they change before answering (a HAMi host dir, Synchronize's
+pod-level writes) is wrapped in ``wire.nri.changing``, so a handler that missed its deadline changes nothing
+after its empty answer. Synchronize stops deciding at its deadline and leaves the rest to the reconciler. The
+pod events only queue their work, so they are answered on the loop.
 """
 
 from __future__ import annotations
@@ -29,27 +34,28 @@ from concurrent.futures import ThreadPoolExecutor
 from hooks import registry
 from hooks.gpu import hami_cache_root
 from hooks.protocol import Changes, ContainerContext, NodeContext, PodContext
+from hooks.registry import Trace
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
 from koordlet.executor import ResourceExecutor
-from koordlet.plan import Plan, ResctrlRemoveGroup
+from koordlet.history.answers import POD_LEVEL, HookAnswers
+from koordlet.hostdirs import make_host_dirs
 from koordlet.system.cgroup import CgroupVersion
-from koordlet.system.kubepods import KubeCgroupLayout
+from koordlet.system.kubepods import KubeCgroupLayout, pod_cgroup_dir
 from wire import nri_pb2 as api
-from wire.nri import Event, event_mask
+from wire.nri import Event, changing, event_mask
 
 from ..apply import (
     RejectedValues,
     container_context_from_meta,
     effective_quota_reader,
-    make_host_dirs,
-    pod_dir_of,
     report_plugin_error,
     run_pod_level,
     with_spec,
 )
 from ..decisions import Decisions, create_key, pod_key, update_key
+from ..podgroups import PodGroups
 from . import convert
 
 log = logging.getLogger(__name__)
@@ -64,17 +70,19 @@ class NriHandlers:
     """The :class:`wire.nri.PluginHandlers` of koordlet."""
 
     events = event_mask(EVENTS)
-    # Answered on the connection's loop: the decisions (the plugins, a cgroup quota read or two), and the pod
-    # events, whose work (cgroup and resctrl writes: 5-25 ms measured, that containerd would wait for before
-    # RunPodSandbox returns) goes to one background thread, in order, after the answer. Synchronize runs in a
-    # worker thread under the deadline.
-    quick = frozenset({"CreateContainer", "UpdateContainer", "RunPodSandbox", "RemovePodSandbox"})
+    # Answered on the connection's loop: the pod events, whose work (cgroup and resctrl writes: 5-25 ms measured,
+    # that containerd would wait for before RunPodSandbox returns) goes to one background thread, in order, after
+    # the answer. The others run in the plugin's worker threads under the deadline.
+    quick = frozenset({"RunPodSandbox", "RemovePodSandbox"})
 
     def __init__(self, plugins: Callable[[], list[registry.Plugin]], node: Callable[[], NodeContext],
                  known_pods: Callable[[], Sequence[PodMeta]], executor: ResourceExecutor,
                  layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset(),
-                 rejects: RejectedValues | None = None, decisions: Decisions | None = None) -> None:
+                 rejects: RejectedValues | None = None, decisions: Decisions | None = None,
+                 answers: HookAnswers | None = None) -> None:
+        """``answers``: where each plugin's answer at creation is kept for ``/debug/pods`` (when NRI decides)."""
         self._plugins = plugins
+        self._answers = answers
         self._node = node
         self._known_pods = known_pods
         self._executor = executor
@@ -83,6 +91,8 @@ class NriHandlers:
         self._disabled = disabled_stages
         self._rejects = rejects or RejectedValues()
         self._decisions = decisions
+        self._groups = PodGroups(executor, self._runner, "nri", self._rejects)
+        self._host_dirs = executor.records.host_dirs
         self._cgroup_v2 = executor.cgroup_fs.version is CgroupVersion.V2
         self._pod_work = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nri-pod")  # one: pods in order
         self.runtime = ""  # "containerd 2.1.9", from Configure
@@ -103,15 +113,26 @@ class NriHandlers:
         return [p for p in self._plugins() if stage in p.stages]
 
     def _pod_changes(self, pod: PodMeta, plugins: list[registry.Plugin], node: NodeContext,
-                     pod_dir: str | None) -> Changes:
+                     pod_dir: str | None, record: bool = False) -> Changes:
+        """``record``: keep each plugin's answer for ``/debug/pods`` (the pod's creation)."""
         parent = effective_quota_reader(self._executor, posixpath.dirname(pod_dir)) if pod_dir else None
-        return registry.run_pod(plugins, node, PodContext(pod), self._report, self._rejects.reporter(pod), parent)
+        trace = Trace() if record and self._answers is not None else None
+        changes = registry.run_pod(plugins, node, PodContext(pod), self._report, self._rejects.reporter(pod), parent,
+                                   trace)
+        if trace is not None and self._answers is not None:
+            self._answers.record(pod.uid, POD_LEVEL, Stage.PRE_RUN_POD_SANDBOX.value, "nri", trace, changes)
+        return changes
 
     def _container_changes(self, plugins: list[registry.Plugin], node: NodeContext, context: ContainerContext,
-                           pod_dir: str | None) -> Changes:
+                           pod_dir: str | None, record: bool = False) -> Changes:
         parent = effective_quota_reader(self._executor, pod_dir) if pod_dir else None
-        return registry.run_container(plugins, node, context, self._report,
-                                      self._rejects.reporter(context.pod, context.name), parent)
+        trace = Trace() if record and self._answers is not None else None
+        changes = registry.run_container(plugins, node, context, self._report,
+                                         self._rejects.reporter(context.pod, context.name), parent, trace)
+        if trace is not None and self._answers is not None:
+            self._answers.record(context.pod.uid, context.name, Stage.PRE_CREATE_CONTAINER.value, "nri", trace,
+                                 changes)
+        return changes
 
     # -- the events ----------------------------------------------------------------------------------------
     def configure(self, request: api.ConfigureRequest) -> None:
@@ -133,15 +154,6 @@ class NriHandlers:
         except Exception:  # noqa: BLE001 - one pod's failure must not stop the pods after it
             log.exception("NRI: pod %s/%s: %s failed", pod.namespace, pod.name, handle.__name__)
 
-    def drain(self, timeout_s: float = 5.0) -> bool:
-        """Wait until the pod events received so far are carried out (tests, and a stop)."""
-        done = self._pod_work.submit(lambda: None)
-        try:
-            done.result(timeout_s)
-        except TimeoutError:
-            return False
-        return True
-
     def close(self) -> None:
         self._pod_work.shutdown(wait=False, cancel_futures=True)
 
@@ -149,26 +161,20 @@ class NriHandlers:
         pod = self._pod(sandbox)
         if not self._on(Stage.PRE_RUN_POD_SANDBOX, pod):
             return
-        pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
+        pod_dir = pod_cgroup_dir(self._layout, pod)
         changes = self._decisions.take(pod_key(pod.uid)) if self._decisions is not None else None
         if changes is None:
-            changes = self._pod_changes(pod, self._staged(Stage.PRE_RUN_POD_SANDBOX), self._node(), pod_dir)
+            changes = self._pod_changes(pod, self._staged(Stage.PRE_RUN_POD_SANDBOX), self._node(), pod_dir,
+                                        record=True)
         if changes and pod_dir is not None:
             run_pod_level(self._runner, pod, pod_dir, changes, "nri")
 
     def remove_pod_sandbox(self, sandbox: api.PodSandbox) -> None:
-        """The pod's resctrl group goes with the pod (Koordinator's PreRemoveRunPodSandbox)."""
+        """The pod's resctrl group goes with the pod (Koordinator's PreRemoveRunPodSandbox), if koordlet made it:
+        by the record, not by asking the plugins again (their gates and the node's RDT may have changed)."""
         if self._decisions is not None:
             self._decisions.forget_pod(sandbox.uid)
-        pod = self._pod(sandbox)
-        if skips_hooks(pod.labels):
-            return
-        changes = registry.run_pod(self._staged(Stage.PRE_RUN_POD_SANDBOX), self._node(), PodContext(pod),
-                                   self._report)
-        if changes.resctrl_group:
-            record = self._runner.run(Plan(resctrl=(ResctrlRemoveGroup(changes.resctrl_group),)), "nri")
-            for error in record.resctrl_errors:
-                log.warning("pod %s: removing resctrl group %s", pod.key, error)
+        self._groups.remove(sandbox.uid, f"pod {sandbox.namespace}/{sandbox.name} removed (NRI RemovePodSandbox)")
 
     def create_container(self, request: api.CreateContainerRequest) -> api.CreateContainerResponse:
         pod = self._pod(request.pod)
@@ -177,11 +183,15 @@ class NriHandlers:
         container = request.container
         changes = self._decisions.take(create_key(pod.uid, container.name)) if self._decisions is not None else None
         if changes is None:
-            pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
+            pod_dir = pod_cgroup_dir(self._layout, pod)
             changes = self._container_changes(self._staged(Stage.PRE_CREATE_CONTAINER), self._node(),
-                                              convert.container_context(pod, container), pod_dir)
+                                              convert.container_context(pod, container), pod_dir, record=True)
         if changes.host_dirs:  # HAMi-core's per-container cache dir, before the container mounts it
-            make_host_dirs(changes, hami_cache_root(self._node().hami_core_library))
+            root = hami_cache_root(self._node().hami_core_library)
+            with changing():
+                make_host_dirs(changes, root, self._host_dirs, pod.uid)
+        with changing():  # runc refuses a class whose group is missing: the group is made before the answer
+            changes = self._groups.checked(pod, self._node, changes)
         adjust = convert.adjustment(changes, container, self._cgroup_v2)
         return api.CreateContainerResponse(adjust=adjust) if adjust.ByteSize() else api.CreateContainerResponse()
 
@@ -192,7 +202,7 @@ class NriHandlers:
         container = request.container
         changes = self._decisions.take(update_key(container.id)) if self._decisions is not None else None
         if changes is None:
-            pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
+            pod_dir = pod_cgroup_dir(self._layout, pod)
             context = convert.container_context(pod, container, request.linux_resources)
             changes = self._container_changes(self._staged(Stage.PRE_UPDATE_CONTAINER_RESOURCES), self._node(),
                                               context, pod_dir)
@@ -227,7 +237,7 @@ class NriHandlers:
         spec = pod.container(container.name)
         context = (container_context_from_meta(pod, spec) if spec is not None
                    else ContainerContext(pod=pod, name=container.name, container_id=container.id, running=True))
-        pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
+        pod_dir = pod_cgroup_dir(self._layout, pod)
         changes = self._container_changes(plugins, node, context, pod_dir)
         # ignore_failure: a value the kernel refuses now (a parent's quota lowered meanwhile) is the
         # reconciler's to retry, not a reason to fail the others
@@ -241,9 +251,10 @@ class NriHandlers:
                 return
             if skips_hooks(pod.labels):
                 continue
-            pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
+            pod_dir = pod_cgroup_dir(self._layout, pod)
             if pod_dir is None:
                 continue
             changes = self._pod_changes(pod, plugins, node, pod_dir)
             if changes:
-                run_pod_level(self._runner, pod, pod_dir, changes, "nri")
+                with changing():  # never after the answer went without this (wire/nri.py)
+                    run_pod_level(self._runner, pod, pod_dir, changes, "nri")

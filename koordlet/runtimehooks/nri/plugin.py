@@ -25,6 +25,7 @@ import os
 import random
 import stat
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -112,13 +113,22 @@ class NriPlugin:
         self.registered = threading.Event()  # set while registered and synchronized
         self.registrations = 0
         self.connection: PluginConnection | None = None
+        self.down_since: float | None = None  # monotonic: not registered since (health checks); None while registered
+
+    @property
+    def loop_alive(self) -> bool:
+        """The connection loop's thread runs (it ends only on stop, or on a bug in the loop itself)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
+        self.down_since = time.monotonic()
+        metrics.NRI_ENABLED.set(1)
         self._thread = threading.Thread(target=self._thread_main, name="nri-plugin", daemon=True)
         self._thread.start()
         self._started.wait(5.0)
 
     def stop(self, timeout_s: float = 5.0) -> bool:
+        metrics.NRI_ENABLED.set(0)
         loop, stopping = self._loop, self._stopping
         if self._thread is None or loop is None or stopping is None:
             return True
@@ -216,6 +226,7 @@ class NriPlugin:
                             ("bytes", sync.request_bytes), ("updates", sync.updates)):
             metrics.NRI_SYNC_SIZE.labels(item).set(value)
         metrics.NRI_REGISTERED.set(1)
+        self.down_since = None
         self.registered.set()
         log.info("NRI: registered as %s-%s at %s (synchronized %d pods, %d containers in %d message(s); %d "
                  "updates)", self.config.plugin_index, self.config.plugin_name, self.config.socket_path,
@@ -227,6 +238,7 @@ class NriPlugin:
         finally:
             stop.cancel()
             self.registered.clear()
+            self.down_since = time.monotonic()
             metrics.NRI_REGISTERED.set(0)
             connection.close()
             await connection.wait_closed()

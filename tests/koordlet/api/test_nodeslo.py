@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from koordlet.api._fields import dump
 from koordlet.api.nodeslo import (
     NONE_MEMORY_QOS,
     NONE_RESOURCE_QOS,
@@ -211,3 +212,30 @@ def test_random_specs_never_crash_the_parser(spec: object) -> None:
         assert exc.errors and all(isinstance(e, str) and ": " in e for e in exc.errors)
     else:
         assert isinstance(result, NodeSLOSpec)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_specs)
+def test_the_json_form_of_a_parsed_spec_parses_back_to_the_same_spec(spec: object) -> None:
+    """/debug/nodeslo shows the spec in effect as JSON (``dump``); read back, it is that spec."""
+    try:
+        result = parse_node_slo_spec(spec)
+    except NodeSLOError:
+        return
+    assert parse_node_slo_spec(dump(result)) == result
+
+
+def test_the_json_form_of_a_full_spec_parses_back_to_the_same_spec() -> None:
+    spec = parse_node_slo_spec({
+        "resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 45},
+        "resourceQOSStrategy": {"beClass": {"cpuQOS": {"enable": True}, "memoryQOS": {"enable": True},
+                                            "resctrlQOS": {"enable": True}, "networkQOS": {"enable": True}}},
+        "hostApplications": [{"name": "nginx", "qos": "LS", "cgroupPath": {"relativePath": "host/nginx/"}}],
+        "systemStrategy": {"totalNetworkBandwidth": "10G", "schedFeatures": {"A": True}},
+        "extensions": {"vendor": {"x": 1}},
+    })
+    shown = dump(spec)
+    assert shown["resourceUsedThresholdWithBE"]["cpuSuppressThresholdPercent"] == 45
+    assert shown["hostApplications"][0]["qos"] == "LS"
+    assert parse_node_slo_spec(shown) == spec
+    assert parse_node_slo_spec(dump(default_node_slo_spec())) == default_node_slo_spec()

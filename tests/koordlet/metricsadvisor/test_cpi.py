@@ -11,6 +11,7 @@ cycles or instructions answers ENOENT), so:
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import subprocess
@@ -56,10 +57,20 @@ class PerfCgroups:
         self.rel = rel
         self._dirs: list[str] = []
         self._children: list[subprocess.Popen[bytes]] = []
-        for path in (os.path.dirname(base), base, os.path.join(base, BUSY_ID), os.path.join(base, IDLE_ID)):
-            if not os.path.isdir(path):
-                os.mkdir(path)
-                self._dirs.append(path)
+        self.container_ids: list[str] = []
+        for path in (os.path.dirname(base), base):
+            self._make(path)
+        self.add(BUSY_ID, IDLE_ID)
+
+    def _make(self, path: str) -> None:
+        if not os.path.isdir(path):
+            os.mkdir(path)
+            self._dirs.append(path)
+
+    def add(self, *container_ids: str) -> None:
+        for container_id in container_ids:
+            self._make(os.path.join(self._base, container_id))
+            self.container_ids.append(container_id)
 
     def spawn(self, container_id: str, argv: list[str]) -> None:
         child = subprocess.Popen(argv)
@@ -68,8 +79,8 @@ class PerfCgroups:
             f.write(str(child.pid))
 
     def pods(self) -> tuple[PodCgroup, ...]:
-        return (PodCgroup(POD_UID, self.rel, (ContainerCgroup(BUSY_ID, f"{self.rel}/{BUSY_ID}"),
-                                              ContainerCgroup(IDLE_ID, f"{self.rel}/{IDLE_ID}")), "LS"),)
+        return (PodCgroup(POD_UID, self.rel, tuple(ContainerCgroup(cid, f"{self.rel}/{cid}")
+                                                   for cid in self.container_ids), "LS"),)
 
     def cleanup(self) -> None:
         for child in self._children:
@@ -272,3 +283,65 @@ def test_libpfm4_encodes_the_generic_events_as_the_kernel_numbers_them() -> None
     assert (task_clock.type, task_clock.config) == (TASK_CLOCK.type, TASK_CLOCK.config)
     with pytest.raises(PerfError, match="cannot encode 'no-such-event'"):
         encode_with_libpfm(["no-such-event"])
+
+
+# Run in a process of its own whose soft RLIMIT_NOFILE is argv[1]: three CPI windows over the containers of argv[2]
+# (the perf hierarchy's mount dir, the pod's dir, the container ids); prints each window's counted containers and
+# the perf descriptors open while it counted.
+_LOW_LIMIT = """
+import json, os, resource, sys, time
+limit, spec = int(sys.argv[1]), json.loads(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from koordlet.metricsadvisor.cpi import CPICollector
+from koordlet.metricsadvisor.pods import ContainerCgroup, PodCgroup
+from koordlet.system.cgroup import CgroupFS, CgroupVersion
+from koordlet.system.perf import CPU_CLOCK, TASK_CLOCK
+from koordlet.system.sysfs import read_online_cpus
+rel = spec["rel"]
+pods = (PodCgroup("p", rel, tuple(ContainerCgroup(c, rel + "/" + c) for c in spec["containers"]), "LS"),)
+now = [1000.0]
+cpi = CPICollector(lambda: pods, CgroupFS(spec["mount"], CgroupVersion.V1), read_online_cpus(), 60.0, 10.0,
+                   events=(TASK_CLOCK, CPU_CLOCK), monotonic=lambda: now[0])
+assert cpi.enabled()
+def perf_fds():
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:  # the listing's own descriptor
+            pass
+    return links.count("anon_inode:[perf_event]")
+windows = []
+for _ in range(3):
+    cpi.collect(time.time())
+    open_now = perf_fds()
+    now[0] += 10.0
+    counted = sorted({s.key.label("container_id") for s in cpi.collect(time.time())})
+    windows.append({"counted": counted, "perf_fds": open_now, "after": perf_fds()})
+    now[0] += 50.0
+print(json.dumps({"windows": windows, "per_window": cpi.per_window(len(spec["containers"])),
+                  "cpus": len(read_online_cpus())}))
+"""
+
+
+@pytest.mark.cgroupv1
+def test_under_a_low_descriptor_limit_cpi_counts_in_turn_within_an_eighth_of_it(v1_perf: PerfCgroups) -> None:
+    """Soft RLIMIT_NOFILE 104: the budget is 13 descriptors, so with 2 events on this machine's CPUs only a few
+    containers fit a window; the windows take them in turn, every one within three windows, and never hold more
+    perf descriptors than the budget."""
+    v1_perf.add(*(f"{i:064x}" for i in range(3, 6)))
+    mount = str(Path(v1_perf.cgroup_fs.hierarchy_dir("perf_event")).parent)
+    spec = {"mount": mount, "rel": v1_perf.rel, "containers": v1_perf.container_ids}
+    done = subprocess.run([sys.executable, "-c", _LOW_LIMIT, "104", json.dumps(spec)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    fit = 12 // (2 * result["cpus"])
+    assert result["per_window"] == fit and 0 < fit < 5
+    counted = [window["counted"] for window in result["windows"]]
+    assert all(len(ids) == fit for ids in counted), counted
+    assert all(window["perf_fds"] == fit * 2 * result["cpus"] <= 13 and window["after"] == 0
+               for window in result["windows"])
+    ordered = sorted(v1_perf.container_ids)
+    assert counted[0] == ordered[:fit] and counted[1] == sorted((ordered[fit:] + ordered)[:fit])  # in turn
+    assert set().union(*counted) == set(ordered)  # everyone counted within three windows

@@ -196,17 +196,83 @@ def test_corrupt_foreign_and_stale_checkpoints_are_set_aside_or_removed(trained:
     assert restarted.prediction(STEADY.uid) == trained.prediction(STEADY.uid)
 
 
-def test_the_histograms_of_a_gone_pod_go_with_it(tmp_path: Path) -> None:
+def test_a_pod_list_of_a_then_none_then_a_keeps_the_model_of_a(tmp_path: Path) -> None:
+    """One round without the pod (an informer resync that missed it) costs nothing: the model, its checkpoint and
+    what it learnt stay, and the next round adds to it."""
+    cache = MetricCache()
+    lists = [(STEADY,), (), (STEADY,)]
+    server = PredictServer(PredictionConfig(checkpoint_dir=str(tmp_path / "ckpt")), lambda: lists[0], cache)
+    server.train(_feed(cache, 0))
+    server.checkpoint(T0)
+    learnt = server.prediction(STEADY.uid)
+    lists.pop(0)
+    server.train(_feed(cache, 1))
+    assert server.prediction(STEADY.uid) == learnt and (tmp_path / "ckpt" / STEADY.uid).exists()
+    server.gc(T0 + 60)
+    assert STEADY.uid in server.uids()
+    lists.pop(0)
+    server.train(_feed(cache, 2))
+    same = PredictServer(PredictionConfig(), lambda: (STEADY,), cache)  # the same two rounds, never missing
+    same.train(T0)
+    same.train(T0 + 120)
+    assert server.prediction(STEADY.uid) == same.prediction(STEADY.uid)
+
+
+def test_a_gone_pods_model_and_checkpoint_go_once_stale_for_the_expiration_time(tmp_path: Path) -> None:
+    """Koordinator v1.8.0 gcModels: a model goes when now − its last update > the expiration (30 min)."""
     cache = MetricCache()
     pods = [STEADY, BATCH]
     server = PredictServer(PredictionConfig(checkpoint_dir=str(tmp_path / "ckpt")), lambda: tuple(pods), cache)
     _train(server, cache, range(3))
     server.checkpoint(T0 + 120)
-    assert STEADY.uid in server.uids() and (tmp_path / "ckpt" / STEADY.uid).exists()
     pods.remove(STEADY)
-    server.train(_feed(cache, 3))
-    assert STEADY.uid not in server.uids() and not (tmp_path / "ckpt" / STEADY.uid).exists()
+    _train(server, cache, range(3, 33))  # 30 more rounds: steady last updated at T0 + 120
+    assert server.gc(T0 + 120 + 30 * 60) == [] and STEADY.uid in server.uids()
+    assert server.gc(T0 + 121 + 30 * 60) == [STEADY.uid]
+    assert not (tmp_path / "ckpt" / STEADY.uid).exists()
     assert len(server.uids()) == 1 + 7  # batch, the node and six node items: bounded by the pods
+
+
+@pytest.fixture
+def immutable(tmp_path: Path):
+    """Files made immutable (chattr +i: even root cannot unlink them), made mutable again after the test."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr")
+    made: list[Path] = []
+
+    def make(path: Path) -> Path:
+        done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"this filesystem has no immutable attribute: {done.stderr.strip()}")
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_leftover_temp_file_that_cannot_be_removed_does_not_stop_the_restore_nor_the_training(
+        tmp_path: Path, trained: PredictServer, immutable) -> None:
+    trained.checkpoint(END)
+    directory = tmp_path / "ckpt"
+    for name in (".tmp-half-written", f"{SPIKY.uid}.tmp"):  # ours, and Koordinator's temp name
+        (directory / name).write_text("{")
+        immutable(directory / name)
+    cache = MetricCache()
+    restarted = _server(tmp_path, cache=cache)
+    assert restarted.restore() == 11
+    assert restarted.prediction(STEADY.uid) == trained.prediction(STEADY.uid)
+    assert (directory / ".tmp-half-written").exists()  # left, logged
+    # the daemon's tick: restore, then training, every tick
+    ticking = PredictServer(PredictionConfig(checkpoint_dir=str(directory)), lambda: PODS, cache,
+                            clock=lambda: _feed(cache, 60))
+    ticking._tick()
+    ticking._tick()
+    assert ticking.synced and len(ticking.uids()) == 11
 
 
 def test_raw_allocatable_and_unknown_node(trained: PredictServer) -> None:

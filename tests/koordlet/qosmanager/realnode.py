@@ -44,10 +44,11 @@ CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
 BURN = "while True:\n    pass\n"
 
 
-def memory_total_and_used() -> tuple[int, int]:
+def memory_total() -> int:
+    """The node's memory (MemTotal): what the QoS tests' nodes have as capacity. Never its use: other programs on
+    the machine move that, so no threshold is set from it."""
     with open("/proc/meminfo", "rb") as f:
-        info = parse_meminfo(f.read())
-    return info.mem_total_bytes, info.used_bytes
+        return parse_meminfo(f.read()).mem_total_bytes
 
 
 V2_ROOT = "/sys/fs/cgroup"
@@ -113,7 +114,7 @@ class RealNode:
         except OSError:
             self.groups.cleanup()
             raise
-        total, _ = memory_total_and_used()
+        total = memory_total()
         self.node = NodeInfo(node_name, capacity={"cpu": os.cpu_count() * 1000, "memory": total},
                              allocatable={"cpu": os.cpu_count() * 1000, "memory": total})
         self.states = StaticStates(node=self.node, pods=tuple(self.pods))
@@ -168,6 +169,18 @@ class RealNode:
 
     def spawn(self, pod_name: str, code: str = BURN) -> subprocess.Popen[bytes]:
         return self.groups.spawn(self._rel(self.pod_dir(self.pod(pod_name))), code)
+
+    def anon_bytes(self, pod_name: str) -> int:
+        """The anonymous memory charged to a pod's own cgroup (v1 ``total_rss``, v2 ``anon`` of memory.stat): the
+        node's use as koordlet reads it (MemTotal - MemAvailable) always counts it, whatever else runs."""
+        field = "anon" if self.fs.version is CgroupVersion.V2 else "total_rss"
+        stat = self.read("memory", self.pod_dir(self.pod(pod_name)), "memory.stat")
+        return int(next(line.split()[1] for line in stat.splitlines() if line.split()[0] == field))
+
+    def evict_threshold_held_by(self, pod_name: str) -> int:
+        """A memory eviction threshold (percent of the node's capacity) the node is at or above as long as
+        ``pod_name`` holds its memory, whatever the rest of the machine does."""
+        return self.anon_bytes(pod_name) * 100 // self.node.capacity["memory"]
 
     def read(self, controller: str, cgroup_dir: str, filename: str) -> str:
         with open(os.path.join(self.fs.cgroup_dir(controller, cgroup_dir), filename)) as f:

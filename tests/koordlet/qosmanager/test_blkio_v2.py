@@ -12,10 +12,20 @@ from pathlib import Path
 import pytest
 
 from koordlet.executor import ResourceExecutor
+from koordlet.executor.records import NodeRecords
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.kubepods import KubeCgroupLayout
 from tests.koordlet.qosmanager.realnode import V2_ROOT, V2TestCgroups, skip_unless_v2_writable
-from tests.koordlet.qosmanager.test_blkio import CID, UID, _block, _pod, _spec, _tick, read_rate
+from tests.koordlet.qosmanager.test_blkio import (
+    CID,
+    UID,
+    _block,
+    _pod,
+    _spec,
+    _tick,
+    check_an_operators_cost_qos_line_survives,
+    read_rate,
+)
 from tests.support.v2guest import attached_disk
 
 pytestmark = pytest.mark.cgroupv2
@@ -93,3 +103,21 @@ def test_v2_guest_root_gets_blk_iocost_on_the_attached_disk(guest_disk: str) -> 
         _tick(executor, layout, _spec(root={"enable": False}), ())
     lines = [line for line in Path(V2_ROOT, "io.cost.qos").read_text().splitlines() if line.startswith(number)]
     assert lines == [] or "enable=0" in lines[0]
+
+
+def test_v2_guest_an_operators_io_cost_qos_line_survives_koordlet_gate_on_and_off(guest_disk: str,
+                                                                                  tmp_path: Path) -> None:
+    if not Path(V2_ROOT, "io.cost.qos").exists():
+        pytest.skip("kernel lacks blk-iocost (no io.cost.qos at the cgroup v2 root)")
+    number = (Path("/sys/class/block") / Path(guest_disk).name / "dev").read_text().strip()
+    record = str(tmp_path / "run" / "system-config-originals.json")
+
+    def new_executor() -> ResourceExecutor:
+        return ResourceExecutor(CgroupFS.detect(V2_ROOT), records=NodeRecords.beside(record))
+
+    try:
+        check_an_operators_cost_qos_line_survives(Path(V2_ROOT), new_executor,
+                                                  KubeCgroupLayout(cgroup_root="/koordlet-py-test-none"), guest_disk,
+                                                  number)
+    finally:
+        Path(V2_ROOT, "io.cost.qos").write_text(f"{number} enable=0")

@@ -10,14 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from koordlet.api.nodeslo import parse_node_slo_spec
+from koordlet.api.nodeslo import NodeSLOSpec, parse_node_slo_spec
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.eviction import Evictor
 from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
 from koordlet.qosmanager.memoryreclaim import ReclaimMemo
 from koordlet.system.cgroup_stats import parse_memory_stat
 from koordlet.system.procfs import parse_meminfo
-from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used, skip_unless_v2_writable
+from tests.koordlet.qosmanager.realnode import RealNode, skip_unless_v2_writable
 from tests.support.apiserver import ApiServer, kube_api_client
 from tests.support.v2guest import attached_disk
 from tests.support.waiting import wait_for
@@ -67,22 +67,27 @@ def test_on_cgroup_v1_it_says_once_that_the_kernel_has_no_memory_reclaim_stays_o
         v1_node: RealNode, caplog: pytest.LogCaptureFixture) -> None:
     """The whole QoS manager on its own loop, reclaim switched on with the node far above its threshold, and
     BEMemoryEvict: the strategy says once that this kernel has no memory.reclaim and asks nothing at any tick, and a
-    BE pod that takes the node over the eviction threshold is evicted as without it."""
+    BE pod whose own memory is the eviction threshold is evicted as without it."""
     caplog.set_level(logging.WARNING, logger="koordlet.qosmanager.memoryreclaim")
-    total, used = memory_total_and_used()
-    threshold = int(used * 100 // total) + 2  # crossed by allocating ~3 % of the node's memory
+    allocate = v1_node.node.capacity["memory"] * 3 // 100
+
+    def spec(evict_percent: int) -> NodeSLOSpec:
+        return parse_node_slo_spec({
+            "resourceUsedThresholdWithBE": {"enable": True, "memoryEvictThresholdPercent": evict_percent},
+            "extensions": {"beMemoryReclaimStrategy": {"enable": True, "reclaimThresholdPercent": 1,
+                                                       "reclaimLowerPercent": 0}}})
+
     with ApiServer() as server, kube_api_client(server) as api_client:
         v1_node.put_pod_in_api("be", api_client)
         manager = v1_node.start(
-            parse_node_slo_spec({
-                "resourceUsedThresholdWithBE": {"enable": True, "memoryEvictThresholdPercent": threshold},
-                "extensions": {"beMemoryReclaimStrategy": {"enable": True, "reclaimThresholdPercent": 1,
-                                                           "reclaimLowerPercent": 0}}}),
-            evictor=Evictor("node-1", api_client=api_client),
+            spec(99), evictor=Evictor("node-1", api_client=api_client),
             config=QoSManagerConfig(node_name="node-1", feature_gates={**GATES, "BEMemoryEvict": True}))
+        v1_node.spawn("be", f"data = b'x' * {allocate}\nimport time\ntime.sleep(60)\n")
+        assert wait_for(lambda: v1_node.anon_bytes("be") >= allocate, 30.0)
         time.sleep(1.5)
-        assert not server.requests("POST", r"/eviction$"), "the node was above the threshold before allocating"
-        v1_node.spawn("be", f"data = b'x' * {total * 3 // 100}\nimport time\ntime.sleep(60)\n")
+        assert not server.requests("POST", r"/eviction$"), "evicted below the threshold"
+        # the threshold from what the BE pod alone holds, never from the machine's use (other programs move it)
+        v1_node.states.set_node_slo(spec(v1_node.evict_threshold_held_by("be")))
         assert wait_for(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 10.0)
         plan = manager.last_plan("memoryreclaim")
         assert plan is not None and plan.empty and "no memory.reclaim" in plan.memo.off_because

@@ -35,8 +35,9 @@ from koordlet.metriccache import MetricKind, SeriesKey
 from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
 from koordlet.runtimehooks.reconciler import Reconciler
 from koordlet.system.cgroup import CgroupVersion
-from koordlet.system.cgroup_stats import read_cfs_quota
+from koordlet.system.cgroup_stats import cpu_stat_counters, read_cfs_quota
 from tests.koordlet.qosmanager.realnode import BURN, RealNode, skip_unless_v2_writable
+from tests.support.waiting import wait_for
 
 CONTAINER = ContainerMeta("app", container_id="0123456789ab", requests={"cpu": 100}, limits={"cpu": 200})
 GATES = {"CPUBurst": True, "CPUNormalization": True, "BECPUSuppress": False, "RdtResctrl": False}
@@ -97,11 +98,22 @@ class Actors:
     def quota(self, cgroup_dir: str) -> int:
         return _quota(self.node, cgroup_dir)
 
-    def burst_tick(self) -> int:
-        """Collect (the container's real throttling over the last 0.3 s), one burst tick, then a reconciler pass;
-        returns the container's quota after the tick, checking the pass left it there."""
+    def throttling(self) -> tuple[int, int]:
+        """The container's (nr_periods, nr_throttled), as the kernel counts them."""
+        stat = self.node.read("cpu", self.container_dir, "cpu.stat").encode()
+        return cpu_stat_counters(stat, self.node.fs.version)[1:]
+
+    def burst_tick(self, burning: bool = False) -> int:
+        """Collect (the container's real throttling since the last collection), one burst tick, then a reconciler
+        pass; returns the container's quota after the tick, checking the pass left it there. ``burning``: the
+        collection spans CFS periods the container ran and was throttled in (on a busy shared machine the burners
+        may get no CPU for 0.3 s, and a period the container did not run in is not counted by the kernel)."""
         self.node.runner.run_collector("pod_resource")
+        periods, throttled = self.throttling()
         time.sleep(0.3)
+        if burning:
+            ran_throttled = lambda: (c := self.throttling())[0] >= periods + 3 and c[1] > throttled  # noqa: E731
+            assert wait_for(ran_throttled, 10.0), (periods, throttled, self.throttling())
         self.node.runner.run_collector("pod_resource")
         self.node.cache.append(SeriesKey.of(MetricKind.NODE_CPU_USAGE), time.time(), 0.2)  # an idle share pool
         assert self.manager.run_strategy("cpuburst")
@@ -121,7 +133,7 @@ def test_burst_and_normalization_both_on_neither_undoes_the_other_across_a_burst
     # kubelet's 20000, and the reconciler's normalization (which would write 16000) leaves every step alone.
     node.states.set_node_slo(_slo("cfsQuotaBurstOnly"))
     burners = [node.groups.spawn(node._rel(actors.container_dir), BURN) for _ in range(max(2, os.cpu_count() or 2))]
-    seen = [actors.burst_tick() for _ in range(3)]
+    seen = [actors.burst_tick(burning=True) for _ in range(3)]
     assert seen == [19_200, 23_040, 27_648], seen  # × 1.2 per tick from the normalized base
     for burner in burners:
         burner.kill()

@@ -22,7 +22,7 @@ from koordlet.qosmanager.metrics import BE_SUPPRESS_CPU_CORES, BE_SUPPRESS_LS_US
 from koordlet.statesinformer.api import NodeInfo
 from koordlet.statesinformer.cpumanager import CPUAssignment, CPUManagerState
 from tests.koordlet.qosmanager.factory import spec
-from tests.koordlet.qosmanager.realnode import RealNode, memory_total_and_used
+from tests.koordlet.qosmanager.realnode import RealNode
 from tests.support.apiserver import ApiServer, kube_api_client
 from tests.support.waiting import wait_for
 
@@ -78,18 +78,22 @@ def test_suppress_cpuset_shrinks_the_be_cpuset_on_disk_and_the_process_affinity(
 
 
 def test_memory_over_threshold_produces_an_eviction_request(real_node: RealNode) -> None:
-    total, used = memory_total_and_used()
-    threshold = int(used * 100 // total) + 2  # crossed by allocating ~3 % of the node's memory
-    allocate = total * 3 // 100
+    """The threshold comes from the BE pod's own cgroup, never from the machine's use (other programs move it):
+    at 99 % nothing is evicted; once the threshold is what the BE pod alone holds, the node is over it whatever
+    else runs, and the BE pod (not the LS one) is evicted."""
+    allocate = real_node.node.capacity["memory"] * 3 // 100
     with ApiServer() as server, kube_api_client(server) as api_client:
         real_node.put_pod_in_api("be", api_client)
         config = QoSManagerConfig(node_name="node-1", feature_gates={"BEMemoryEvict": True, "BECPUSuppress": False,
                                                                      "CPUBurst": False, "RdtResctrl": False})
-        real_node.start(spec(memoryEvictThresholdPercent=threshold), evictor=Evictor("node-1", api_client=api_client),
+        real_node.start(spec(memoryEvictThresholdPercent=99), evictor=Evictor("node-1", api_client=api_client),
                         config=config)
-        time.sleep(1.5)
-        assert not server.requests("POST", r"/eviction$"), "the node was above the threshold before allocating"
         real_node.spawn("be", f"data = b'x' * {allocate}\nimport time\ntime.sleep(60)\n")
+        assert wait_for(lambda: real_node.anon_bytes("be") >= allocate, 30.0)
+        time.sleep(1.5)
+        assert not server.requests("POST", r"/eviction$"), "evicted below the threshold"
+        threshold = real_node.evict_threshold_held_by("be")
+        real_node.states.set_node_slo(spec(memoryEvictThresholdPercent=threshold))
         assert wait_for(lambda: bool(server.requests("POST", r"/pods/be/eviction$")), 10.0)
         assert not server.requests("POST", r"/pods/ls/eviction$")
         # The Event follows the accepted eviction (its own POST, just after the eviction's).

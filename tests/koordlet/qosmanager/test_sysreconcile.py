@@ -11,8 +11,7 @@ import pytest
 
 from koordlet.actuator import PlanRunner
 from koordlet.api.nodeslo import parse_node_slo_spec
-from koordlet.executor import ResourceExecutor
-from koordlet.executor.executor import InvalidUpdateError, UnsafePathError
+from koordlet.executor import InvalidUpdateError, ResourceExecutor, UnsafePathError, WriteFailedError
 from koordlet.metriccache import MetricCache
 from koordlet.qosmanager import QoSManagerConfig, new_qos_manager, sysreconcile
 from koordlet.qosmanager.snapshot import SnapshotBuilder
@@ -117,6 +116,24 @@ def test_the_record_survives_a_restart_and_the_gate_off_restores_at_start(tmp_pa
     new_qos_manager(states, MetricCache(), restarted, KubeCgroupLayout(), config=QoSManagerConfig(), cpus=())
     assert _read(dirs, "proc", "sys/vm/min_free_kbytes") == "67584"  # SystemConfig is off by default
     assert json.loads(record.read_text())["originals"] == {}
+
+
+def test_a_sysctl_is_not_written_when_its_value_before_cannot_be_recorded(tmp_path: Path) -> None:
+    dirs = _tree(tmp_path)
+    (tmp_path / "run").write_text("a file where the record's dir should be\n")
+    record = tmp_path / "run/record.json"
+    executor = _executor(dirs, record)
+    with pytest.raises(WriteFailedError, match="cannot be recorded"):
+        executor.write_system("min_free_kbytes", 167772)
+    _, done = _run(executor, {"watermarkScaleFactor": 150})
+    assert done.system_written == 0 and len(done.system_errors) == 1
+    assert _read(dirs, "proc", "sys/vm/min_free_kbytes") == "67584"
+    assert _read(dirs, "proc", "sys/vm/watermark_scale_factor") == "10"
+    assert executor.originals.keys() == frozenset()
+    (tmp_path / "run").unlink()  # the record can be kept again: the next write records, then writes
+    _, done = _run(executor, {"watermarkScaleFactor": 150})
+    assert done.system_written == 1 and _read(dirs, "proc", "sys/vm/watermark_scale_factor") == "150"
+    assert json.loads(record.read_text())["originals"] == {"watermark_scale_factor": "10"}
 
 
 def test_a_corrupt_or_foreign_record_is_set_aside_not_fatal(tmp_path: Path) -> None:

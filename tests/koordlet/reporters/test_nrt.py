@@ -1,4 +1,4 @@
-"""NodeResourceTopology reporting against the project's API server (the CRD of deploy/chart/koordlet-py/crds validates
+"""NodeResourceTopology reporting against the project's API server (the chart's CRD, files/crds, validates
 every write), on fixture machines and on this host. Each object is decoded the way Koordinator's scheduler decodes
 it: only the JSON field names of its structs (apis/extension/numa_aware.go) are accepted."""
 
@@ -204,7 +204,7 @@ def test_loop_writes_only_changes_and_not_more_often_than_the_bound(tmp_path: Pa
     assert loop.report_once() == "unchanged"
     assert server.requests() == []  # an unchanged node costs no API call
     # someone else annotates the object; a pod gets bound: the change waits for the bound, then is written
-    stored = server.get_object(PLURAL, NODE)
+    stored = custom.get_cluster_custom_object("topology.node.k8s.io", "v1alpha1", PLURAL, NODE)
     stored["metadata"]["annotations"]["example.com/note"] = "kept"
     custom.replace_cluster_custom_object("topology.node.k8s.io", "v1alpha1", PLURAL, NODE, stored)
     server.clear_requests()

@@ -45,10 +45,10 @@ def _hooks(tmp_path: Path, states: StaticStates, cgroup_root: str = "/", interva
 
 
 @contextlib.contextmanager
-def _through_the_proxy(tmp_path: Path, containerd_socket: str, hooks: RuntimeHooks
-                       ) -> Iterator[tuple[CriClient, PodFactory]]:
-    """``hooks`` started behind koord-runtime-proxy in front of the test's containerd: the client through the proxy
-    and a pod factory on it; everything stopped and the pods removed (straight on containerd) after."""
+def _through_proxy(hooks: RuntimeHooks, containerd_socket: str,
+                   tmp_path: Path) -> Iterator[tuple[CriClient, PodFactory]]:
+    """``hooks`` started behind a real proxy in front of ``containerd_socket``: a CRI client of the proxy and a pod
+    factory on it; everything stopped and cleaned up after (the pods straight on containerd)."""
     hooks.start()
     proxy = ProxyProcess(str(tmp_path / "proxy.sock"), containerd_socket, state_dir=str(tmp_path)).start()
     client = CriClient(proxy.listen)
@@ -162,7 +162,7 @@ def test_be_pod_through_the_proxy_gets_its_batch_resources_on_disk_and_skip_labe
         containerd_socket: str, tmp_path: Path) -> None:
     states = StaticStates(node=NodeInfo("n1"), node_slo=default_node_slo_spec())
     hooks = _hooks(tmp_path, states, interval_s=0.5)
-    with _through_the_proxy(tmp_path, containerd_socket, hooks) as (client, pods):
+    with _through_proxy(hooks, containerd_socket, tmp_path) as (client, pods):
         sandbox = sandbox_config("job", labels=BE_LABELS, annotations=BE_ANNOTATIONS)
         sid = pods.run_pod(sandbox)
         cid = pods.create_container(sid, sandbox, container_config("job"))
@@ -215,7 +215,7 @@ def test_be_pod_through_the_proxy_gets_cpu_idle_at_run_pod_sandbox(containerd_so
     hooks = _hooks(tmp_path, states, interval_s=3600, gates={**GATES, "CoreSched": True})
     made: list[Path] = []
     try:
-        with _through_the_proxy(tmp_path, containerd_socket, hooks) as (_, pods):
+        with _through_proxy(hooks, containerd_socket, tmp_path) as (_, pods):
             be = sandbox_config("job", labels=BE_LABELS, annotations=BE_ANNOTATIONS)
             ls = sandbox_config("web", kube_qos="burstable", labels={"koordinator.sh/qosClass": "LS"})
             for sandbox in (be, ls):
@@ -233,3 +233,32 @@ def test_be_pod_through_the_proxy_gets_cpu_idle_at_run_pod_sandbox(containerd_so
         for directory in reversed(made):
             with contextlib.suppress(OSError):  # runc may have pruned it already
                 directory.rmdir()
+
+
+@pytest.mark.containerd
+def test_a_pods_resctrl_group_goes_after_post_stop_pod_sandbox_through_the_proxy(
+        containerd_socket: str, tmp_path: Path) -> None:
+    """Real proxy, real containerd, koordlet's hook server with the Resctrl gate on a fixture resctrl tree: the
+    group made at PreRunPodSandbox is removed at PostStopPodSandbox, which koordlet registers for."""
+    from tests.support.resctrl import resctrl_tree
+    from tests.support.waiting import wait_for
+
+    root = resctrl_tree(tmp_path / "resctrl")
+    config = RuntimeHooksConfig(socket_path=str(tmp_path / "koordlet.sock"),
+                                host_endpoint=str(tmp_path / "koordlet.sock"),
+                                config_dir=str(tmp_path / "hookserver.d"), reconcile_interval_s=3600,
+                                feature_gates={"Resctrl": True}, resctrl_dir=str(root))
+    executor = ResourceExecutor(CgroupFS(), resctrl_root=str(root))
+    hooks = RuntimeHooks(config, StaticStates(node=NodeInfo("n1")), executor, KubeCgroupLayout(cgroup_root=CGROUP_ROOT))
+    with _through_proxy(hooks, containerd_socket, tmp_path) as (client, pods):
+        registered = json.loads((tmp_path / "hookserver.d" / "koordlet.json").read_text())["runtime-hooks"]
+        assert registered == ["PreRunPodSandbox", "PreCreateContainer", "PostStopPodSandbox"]
+        annotations = {"node.koordinator.sh/resctrl": json.dumps({"llc": {"schemata": {"range": [0, 50]}}})}
+        sandbox = sandbox_config("rdt", annotations=annotations)
+        sid = pods.run_pod(sandbox)
+        group = root / f"koordlet-{sandbox.metadata.uid}"
+        assert group.is_dir()  # PreRunPodSandbox made it before the proxy went on to containerd
+        assert executor.records.resctrl_groups.get(group.name) is not None
+        client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=30)
+        assert wait_for(lambda: not group.exists(), 5), "PostStopPodSandbox removes the group"
+        assert executor.records.resctrl_groups.keys() == frozenset()

@@ -160,9 +160,9 @@ def test_watcher_reads_an_unchanged_file_once_and_reloads_only_on_new_content(tm
     applied: list[int] = []
     set_node_slo = informer.set_node_slo
 
-    def counting(spec):  # type: ignore[no-untyped-def]
+    def counting(spec, origin=None):  # type: ignore[no-untyped-def]
         applied.append(spec.resource_used_threshold_with_be.cpu_suppress_threshold_percent)
-        set_node_slo(spec)
+        set_node_slo(spec, origin)
 
     informer.set_node_slo = counting  # type: ignore[method-assign]
     watcher = NodeSLOFileWatcher(str(path), informer, settle_s=0.05)

@@ -117,3 +117,38 @@ def test_kubelet_down_is_unavailable_and_the_socket_is_koordlets(lister, tmp_pat
     with pytest.raises(grpc.RpcError) as raised:
         stub.List(pb.ListPodResourcesRequest(), timeout=5)
     assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_malformed_annotation_is_named_once_while_its_pod_is_there_and_forgotten_after(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "device-plugins").mkdir()
+    kubelet = TestKubelet(str(tmp_path / "device-plugins"), pod_resources_dir=str(tmp_path / "pod-resources"))
+    broken = [PodMeta(f"broken-{i}", "ml", f"u-{i}", annotations={ANNOTATION_DEVICE_ALLOCATED: "{not json"})
+              for i in range(50)]
+    kubelet.pod_resources = [pb.PodResources(name=p.name, namespace="ml", containers=[pb.ContainerResources(
+        name="main")]) for p in broken]
+    listed = [broken[:10]]
+    proxy = PodResourcesProxy(lambda: listed[0], kubelet.pod_resources_socket)
+    server = PodResourcesServer(proxy, str(tmp_path / "koordlet" / "kubelet.sock"))
+    server.start()
+    channel = grpc.insecure_channel(f"unix://{server.socket_path}")
+    stub = pb_grpc.PodResourcesListerStub(channel)
+    try:
+        with caplog.at_level("WARNING", logger="koordlet.statesinformer.podresources"):
+            for _ in range(3):
+                stub.List(pb.ListPodResourcesRequest(), timeout=5)
+            assert len(caplog.records) == 10 and proxy.warned == {p.key for p in broken[:10]}
+            for start in range(10, 50, 10):  # pods come and go: the set holds only the ones still there
+                listed[0] = broken[start:start + 10]
+                stub.List(pb.ListPodResourcesRequest(), timeout=5)
+                assert proxy.warned == {p.key for p in broken[start:start + 10]}
+            listed[0] = broken[:1]  # a pod that is back is named again
+            stub.List(pb.ListPodResourcesRequest(), timeout=5)
+            assert len(caplog.records) == 51 and proxy.warned == {broken[0].key}
+            listed[0] = []
+            stub.Get(pb.GetPodResourcesRequest(pod_name="broken-0", pod_namespace="ml"), timeout=5)
+            assert proxy.warned == frozenset()
+    finally:
+        channel.close()
+        server.stop()
+        kubelet.stop()

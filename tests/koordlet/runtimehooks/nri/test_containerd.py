@@ -90,20 +90,22 @@ class Koordlet:
 
     def __init__(self, runtime: NriContainerd, tmp_path: Path, node_annotations: dict[str, str] | None = None,
                  serve_hooks: bool = False, hook_dir: str | None = None, register_within_s: float | None = 10.0,
-                 gates: dict[str, bool] | None = None, node_slo: NodeSLOSpec | None = None, **nri: object) -> None:
+                 gates: dict[str, bool] | None = None, resctrl_dir: str | None = None,
+                 node_slo: NodeSLOSpec | None = None, **nri: object) -> None:
         """``register_within_s``: entering waits that long for the registration (None: does not wait);
-        ``gates``: instead of GATES; ``node_slo``: instead of the default one."""
+        ``gates``: instead of GATES; ``resctrl_dir``: a fixture resctrl tree (gate ``Resctrl``); ``node_slo``:
+        instead of the default one."""
         self._register_within_s = register_within_s
         config = RuntimeHooksConfig(
             socket_path=str(tmp_path / "koordlet.sock"), host_endpoint=str(tmp_path / "koordlet.sock"),
             config_dir=hook_dir or str(tmp_path / "hookserver.d"), reconcile_interval_s=3600,
-            feature_gates=gates or GATES, serve_hooks=serve_hooks,
+            feature_gates=gates or GATES, serve_hooks=serve_hooks, resctrl_dir=resctrl_dir,
             nri=NriConfig(socket_path=runtime.nri_socket, **{"socket_poll_s": 0.2, **nri}))  # type: ignore[arg-type]
         states = StaticStates(node=NodeInfo("n1", annotations=node_annotations or {}))
         if node_slo is not None:
             states.set_node_slo(node_slo)
-        self.hooks = RuntimeHooks(config, states,
-                                  ResourceExecutor(CgroupFS()), KubeCgroupLayout(cgroup_root=CGROUP_ROOT))
+        self.executor = ResourceExecutor(CgroupFS(), resctrl_root=resctrl_dir)
+        self.hooks = RuntimeHooks(config, states, self.executor, KubeCgroupLayout(cgroup_root=CGROUP_ROOT))
         assert self.hooks.nri is not None
         self.nri = self.hooks.nri
 
@@ -164,6 +166,27 @@ def test_be_pod_gets_cpu_idle_through_nri_where_the_option_asks_for_it(runtime, 
         assert wait_for(lambda: cgroup(ls, "cpu", "cpu.idle") == "0", 5)
     assert cgroup(be, "cpu", "cpu.shares") == "3"  # the kernel's weight of an idle group, not batchresource's 512
     assert cgroup(be, "cpu", "cpu.shares", be_id) == "512"  # the container's own weight inside the idle pod
+
+
+def test_a_pods_resctrl_group_is_made_at_run_pod_sandbox_and_removed_after_remove_pod_sandbox(
+        runtime, client, pods, tmp_path) -> None:
+    """Through NRI, on a fixture resctrl tree (no resctrl here, so no container of this pod could start with an RDT
+    class: runc checks the kernel's): the group follows the sandbox, by the record of what koordlet made."""
+    from tests.support.resctrl import resctrl_tree
+
+    root = resctrl_tree(tmp_path / "resctrl")
+    annotations = {"node.koordinator.sh/resctrl": json.dumps({"llc": {"schemata": {"range": [0, 50]}}})}
+    with Koordlet(runtime, tmp_path, gates={**GATES, "Resctrl": True}, resctrl_dir=str(root)) as koordlet:
+        sandbox = sandbox_config("rdt", annotations=annotations, cgroup_root=pods.cgroup_root)
+        sid = pods.run_pod(sandbox)
+        group = root / f"koordlet-{sandbox.metadata.uid}"
+        assert wait_for(group.is_dir, 5), "the group is made after RunPodSandbox is answered"
+        assert koordlet.executor.records.resctrl_groups.get(group.name) is not None
+        client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=30)
+        assert group.is_dir()  # NRI has no stop event koordlet subscribes to: the group goes with the sandbox
+        client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=30)
+        pods.sandboxes.remove(sid)
+        assert wait_for(lambda: not group.exists(), 5), "RemovePodSandbox removes the group"
 
 
 def test_update_container_resources_goes_through_nri_and_lands(runtime, client, pods, tmp_path) -> None:

@@ -193,19 +193,97 @@ def test_unlimited_is_only_set_over_a_limit_and_a_quota_brings_its_period() -> N
     assert (out.cpu.quota.value, out.cpu.period.value, out.rdt_class.value) == (20000, 100000, "koordlet-u1")
 
 
-def test_a_pod_with_its_own_resctrl_group_gets_it_as_its_containers_rdt_class(tmp_path: Path) -> None:
-    from hooks.protocol import ResctrlNode
+RDT_ANNOTATIONS = {"node.koordinator.sh/resctrl": json.dumps({"llc": {"schemata": {"range": [0, 50]}}})}
+RDT_GATES = {**GATES, "Resctrl": True}
 
-    node = NodeContext(resctrl=ResctrlNode(cbm_mask=0xFF, cache_ids=(0,)))
-    pod = sandbox(annotations={"node.koordinator.sh/resctrl": json.dumps({"llc": {"schemata": {"range": [0, 50]}}})})
-    gates = {**GATES, "Resctrl": True}
-    executor = ResourceExecutor(CgroupFS(mount_dir=str(tmp_path / "cg")))
-    nri = NriHandlers(lambda: registry.enabled(gates), lambda: node, lambda: (), executor, KubeCgroupLayout())
-    adjust = nri.create_container(api.CreateContainerRequest(pod=pod, container=container())).adjust
-    assert adjust.linux.resources.rdt_class.value == "koordlet-u1"
-    without_rdt = NriHandlers(lambda: registry.enabled(gates), NodeContext, lambda: (), executor, KubeCgroupLayout())
-    assert not without_rdt.create_container(api.CreateContainerRequest(pod=pod, container=container())) \
-        .adjust.linux.resources.HasField("rdt_class")  # runc refuses a closID on a node without RDT
+
+def rdt_handlers(tmp_path: Path, resctrl_root: Path | None, gates=RDT_GATES, rejects=None) -> NriHandlers:
+    from koordlet.runtimehooks import read_resctrl_node
+
+    node = NodeContext(resctrl=read_resctrl_node(str(resctrl_root)) if resctrl_root else None)
+    executor = ResourceExecutor(CgroupFS(mount_dir=str(tmp_path / "cg")),
+                                resctrl_root=str(resctrl_root) if resctrl_root else None)
+    return NriHandlers(lambda: registry.enabled(gates), lambda: node, lambda: (), executor, KubeCgroupLayout(),
+                       rejects=rejects)
+
+
+def rdt_class(nri: NriHandlers, pod: api.PodSandbox) -> str | None:
+    resources = nri.create_container(api.CreateContainerRequest(pod=pod, container=container())).adjust.linux.resources
+    return resources.rdt_class.value if resources.HasField("rdt_class") else None
+
+
+def test_a_pod_with_its_own_resctrl_group_gets_it_as_its_containers_rdt_class(tmp_path: Path) -> None:
+    from tests.support.resctrl import group_as_the_kernel_makes_it, resctrl_tree
+
+    root = resctrl_tree(tmp_path / "resctrl")
+    group_as_the_kernel_makes_it(root, "koordlet-u1")
+    nri = rdt_handlers(tmp_path, root)
+    assert rdt_class(nri, sandbox(annotations=RDT_ANNOTATIONS)) == "koordlet-u1"
+    assert rdt_class(rdt_handlers(tmp_path, None), sandbox(annotations=RDT_ANNOTATIONS)) is None  # no RDT: runc
+    # would refuse a closID
+
+
+def test_the_group_is_made_before_create_container_is_answered_while_the_pod_queue_is_blocked(
+        tmp_path: Path) -> None:
+    """RunPodSandbox's writes wait behind a busy pod queue: CreateContainer makes the group itself, so runc finds
+    the class's directory."""
+    import threading
+
+    from tests.support.resctrl import resctrl_tree
+
+    root = resctrl_tree(tmp_path / "resctrl")
+    nri = rdt_handlers(tmp_path, root)
+    gate = threading.Event()
+    nri._pod_work.submit(gate.wait, 5)  # the background thread is busy
+    try:
+        pod = sandbox(annotations=RDT_ANNOTATIONS)
+        nri.state_change(api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=pod))
+        assert not (root / "koordlet-u1").exists()  # RunPodSandbox's work is queued
+        assert rdt_class(nri, pod) == "koordlet-u1"
+        assert (root / "koordlet-u1").is_dir()
+        assert nri._groups.remove("u1", "test") and not (root / "koordlet-u1").exists()
+    finally:
+        gate.set()
+        nri.close()
+
+
+def test_a_group_the_kernel_refuses_leaves_the_rdt_class_out_and_is_reported(tmp_path: Path) -> None:
+    """ENOSPC, as once the CPU's CLOSIDs are used up: the container is created without the class (runc would fail
+    it), and the drop is counted, logged and written as an Event."""
+    from prometheus_client import REGISTRY
+
+    from tests.support.resctrl import resctrl_tree_without_closids
+
+    events: list[tuple[str, str]] = []
+    with resctrl_tree_without_closids(tmp_path / "resctrl") as root:
+        nri = rdt_handlers(tmp_path, root,
+                           rejects=RejectedValues(lambda pod, reason, message: events.append((reason, message))))
+        before = REGISTRY.get_sample_value("koordlet_runtime_hook_value_rejected_total", {"key": "resctrl_group"}) or 0
+        assert rdt_class(nri, sandbox(annotations=RDT_ANNOTATIONS)) is None
+        assert not (root / "koordlet-u1").exists()
+        assert REGISTRY.get_sample_value("koordlet_runtime_hook_value_rejected_total",
+                                         {"key": "resctrl_group"}) == before + 1
+        assert [reason for reason, _ in events] == ["KoordletHookValueRejected"]
+        assert "No space left on device" in events[0][1] and "without their RDT class" in events[0][1]
+        nri.close()
+
+
+def test_remove_pod_sandbox_removes_the_group_koordlet_made_whatever_the_gates_say_now(tmp_path: Path) -> None:
+    """The record says what koordlet made: a group is removed with its pod even when the gate and the node's RDT
+    no longer ask for it, and a group koordlet did not make is never removed, even one named koordlet-*."""
+    from tests.support.resctrl import group_as_the_kernel_makes_it, resctrl_tree
+
+    root = resctrl_tree(tmp_path / "resctrl")
+    made = rdt_handlers(tmp_path, root)
+    made.run_pod_sandbox(sandbox(annotations=RDT_ANNOTATIONS))  # no pod dir: the group is made all the same
+    assert (root / "koordlet-u1").is_dir()
+    group_as_the_kernel_makes_it(root, "koordlet-u2")  # another agent's
+    # the same node and record, the gate off now and no RDT seen
+    later = NriHandlers(lambda: registry.enabled(GATES), NodeContext, lambda: (), made._executor, KubeCgroupLayout())
+    later.remove_pod_sandbox(sandbox(annotations=RDT_ANNOTATIONS))
+    later.remove_pod_sandbox(sandbox(uid="u2", annotations=RDT_ANNOTATIONS))
+    assert not (root / "koordlet-u1").exists() and (root / "koordlet-u2").is_dir()
+    assert made._executor.records.resctrl_groups.keys() == frozenset()
 
 
 def test_hostile_input_never_breaks_the_answer_nor_reaches_a_path_outside_the_cgroups(tmp_path: Path) -> None:
@@ -243,7 +321,7 @@ def test_pod_events_are_answered_at_once_and_their_writes_follow_in_order(tmp_pa
     nri.state_change(event)
     assert time.monotonic() - started < 0.1 and (pod_dir / "cpu.shares").read_text().strip() == "1024"
     gate.set()
-    assert nri.drain(5)
+    nri._pod_work.submit(lambda: None).result(5)  # the pod events received so far are carried out
     assert (pod_dir / "cpu.shares").read_text().strip() == "512"
     assert (pod_dir / "cpu.cfs_quota_us").read_text().strip() == "150000"
     nri.close()
