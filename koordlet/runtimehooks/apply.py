@@ -17,7 +17,7 @@ from koordlet import audit
 from koordlet.actuator import PlanRunner
 from koordlet.api.cfsquota import be_quota_suppressed
 from koordlet.api.pod import ContainerMeta, PodMeta
-from koordlet.api.qos import KubeQoS
+from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor
 from koordlet.plan import (
@@ -162,14 +162,25 @@ def unlimited_parent_write(executor: ResourceExecutor, qos_dir: str, changes: Ch
                        "BECPUSuppress: the besteffort quota is unlimited under this NodeSLO, ahead of a BE pod's own")
 
 
-def cgroup_writes(changes: Changes, cgroup_dir: str) -> tuple[list[CgroupWrite], list[CgroupWrite]]:
+def suppressed_quota_why(pod: PodMeta, node: NodeContext, changes: Changes) -> str:
+    """Why ``changes`` leave a BE pod (or its container) without a quota of its own, for the audit log and
+    ``koordlet explain``: CPU suppress's cfsQuota policy limits the BE pods by the besteffort dir's quota
+    (koordlet/api/cfsquota.py); "" for any other quota."""
+    if changes.cfs_quota_us != UNLIMITED or pod.qos_label is not QoSClass.BE or not be_quota_suppressed(node.node_slo):
+        return ""
+    return ("BatchResource: no quota of its own under CPU suppress's cfsQuota policy: the besteffort dir's quota "
+            "limits the BE pods")
+
+
+def cgroup_writes(changes: Changes, cgroup_dir: str,
+                  quota_why: str = "") -> tuple[list[CgroupWrite], list[CgroupWrite]]:
     """(leveled, plain) writes that put ``changes`` on ``cgroup_dir``: quota, memory limit and cpuset must
     respect the parent/child order on cgroup v1 (leveled); an empty cpuset is not written (it means "follow
-    the parent", which a container dir already does)."""
+    the parent", which a container dir already does). ``quota_why``: the quota write's reason."""
     leveled: list[CgroupWrite] = []
     plain: list[CgroupWrite] = []
     if changes.cfs_quota_us is not None:
-        leveled.append(CgroupWrite("cpu.cfs_quota_us", cgroup_dir, changes.cfs_quota_us))
+        leveled.append(CgroupWrite("cpu.cfs_quota_us", cgroup_dir, changes.cfs_quota_us, quota_why))
     if changes.memory_limit_bytes is not None:
         leveled.append(CgroupWrite("memory.limit_in_bytes", cgroup_dir, changes.memory_limit_bytes))
     if changes.cpuset_cpus:

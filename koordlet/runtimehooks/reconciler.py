@@ -38,6 +38,7 @@ from .apply import (
     report_plugin_error,
     resctrl_actions,
     steps_of,
+    suppressed_quota_why,
     unlimited_parent_write,
 )
 
@@ -88,7 +89,7 @@ class Reconciler:
         # a container's quota is bound by its pod's as this plan leaves it (the pod's write comes first when
         # it loosens, last when it tightens: leveled)
         container_parent = effective_quota_reader(self._executor, pod_dir, pod_changes.cfs_quota_us, unlimited)
-        leveled, plain = cgroup_writes(pod_changes, pod_dir)
+        leveled, plain = cgroup_writes(pod_changes, pod_dir, suppressed_quota_why(pod, node, pod_changes))
         if (parent_write := unlimited_parent_write(self._executor, unlimited, pod_changes)) is not None:
             leveled.insert(0, parent_write)
         container_dirs: list[str] = []
@@ -103,7 +104,8 @@ class Reconciler:
             self._note(pod.uid, container.name, trace, changes)
             container_dir = self._layout.container_dir(pod_dir, container.container_id, container.runtime)
             container_dirs.append(container_dir)
-            more_leveled, more_plain = cgroup_writes(changes, container_dir)
+            more_leveled, more_plain = cgroup_writes(changes, container_dir,
+                                                     suppressed_quota_why(pod, node, changes))
             leveled += more_leveled
             plain += more_plain
             processes += process_writes(changes, container_dir, f"{pod.key}/{container.name}")
