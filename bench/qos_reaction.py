@@ -24,7 +24,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 
@@ -40,6 +39,7 @@ from koordlet.qosmanager import QoSManagerConfig  # noqa: E402
 from koordlet.system.procfs import read_meminfo  # noqa: E402
 from tests.koordlet.qosmanager.realnode import RealNode, skip_unless_v2_writable  # noqa: E402
 from tests.support.apiserver import ApiServer, kube_api_client  # noqa: E402
+from tests.support.v2guest import run_bench_in_v2_guest  # noqa: E402
 
 PODS = (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT))
 GOAL_S = 2.0
@@ -55,7 +55,6 @@ def _wait(predicate, timeout_s: float, step_s: float = 0.005) -> float | None:
     return None
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cpu_round(index: int, v2: bool = False) -> float | None:
@@ -144,16 +143,9 @@ def _print(results: list[dict[str, object]], label: str = "") -> None:
 
 def in_the_v2_vm(rounds: int) -> list[dict[str, object]] | None:
     """Run ``--v2-guest`` in the cgroup v2 VM and return its results (None when the guest failed)."""
-    out = os.path.join(REPO, "out", "v2-bench")
-    env = {**os.environ, "V2_MODE": "bench", "V2_OUT": out, "V2_TIMEOUT": str(300 + rounds * 120)}
-    done = subprocess.run(["bash", os.path.join(REPO, "scripts", "v2-stage.sh"), "--rounds", str(rounds)],
-                          env=env, stdout=sys.stderr, check=False)
-    try:
-        with open(os.path.join(out, "bench.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        print(f"the v2 guest gave no results (exit {done.returncode}); see {out}/guest.log", file=sys.stderr)
-        return None
+    results = run_bench_in_v2_guest("bench/qos_reaction.py", "v2-bench", ["--rounds", str(rounds)], 300 + rounds * 120)
+    assert results is None or isinstance(results, list)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:

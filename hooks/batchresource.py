@@ -7,23 +7,17 @@ Amounts come from the pod spec (kubelet source) or, on a hook request that has n
 Pod: shares of the summed requests; quota of the summed limits (−1 if a container has none); memory the
 summed limits (−1 if one has none). Container: its own request/limit. With CPU suppress by cfsQuota on,
 BE quotas are −1 (the besteffort parent limits them); with a node CPU normalization ratio > 1, quotas are
-divided by it.
+divided by it. BE pods' quotas are this plugin's alone (koordlet/api/cfsquota.py).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from koordlet.api.annotations import parse_cpu_normalization_ratio, parse_extended_resource_spec
-from koordlet.api.keys import (
-    ANNOTATION_EXTENDED_RESOURCE_SPEC,
-    ANNOTATION_NODE_CPU_NORMALIZATION_RATIO,
-    RESOURCE_BATCH_CPU,
-    RESOURCE_BATCH_MEMORY,
-)
-from koordlet.api.nodeslo import CPU_SUPPRESS_POLICY_CFS_QUOTA
+from koordlet.api.annotations import parse_extended_resource_spec
+from koordlet.api.cfsquota import be_quota_suppressed, node_normalization_ratio, normalized_quota_us
+from koordlet.api.keys import ANNOTATION_EXTENDED_RESOURCE_SPEC, RESOURCE_BATCH_CPU, RESOURCE_BATCH_MEMORY
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import QoSClass
 
@@ -55,11 +49,8 @@ class BatchAmounts:
 
 
 def rule(node: NodeContext) -> Rule:
-    threshold = node.node_slo.resource_used_threshold_with_be
-    raw_ratio = node.node_annotations.get(ANNOTATION_NODE_CPU_NORMALIZATION_RATIO)
-    ratio = parse_cpu_normalization_ratio(raw_ratio) if raw_ratio else None
-    return Rule(unlimited_quota=threshold.enable and threshold.cpu_suppress_policy == CPU_SUPPRESS_POLICY_CFS_QUOTA,
-                normalization_ratio=ratio if ratio and ratio > 1 else None)
+    return Rule(unlimited_quota=be_quota_suppressed(node.node_slo),
+                normalization_ratio=node_normalization_ratio(node.node_annotations))
 
 
 # The same annotation text arrives on every hook call and reconcile pass: parse it once (results are immutable).
@@ -89,10 +80,7 @@ def batch_amounts(pod: PodMeta) -> dict[str, BatchAmounts]:
 def _quota(milli: int, r: Rule) -> int:
     if r.unlimited_quota:
         return -1
-    quota = quota_from_milli(milli)
-    if quota > 0 and r.normalization_ratio:
-        quota = max(1000, math.ceil(quota / r.normalization_ratio))
-    return quota
+    return normalized_quota_us(quota_from_milli(milli), r.normalization_ratio)
 
 
 def pod(ctx: PodContext, r: Rule) -> Changes:

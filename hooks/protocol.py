@@ -91,6 +91,8 @@ class NodeContext:
     cpu_pools: CPUPools | None = None
     kubelet_cpu_policy: str = ""
     be_cpu_manager: bool = False  # gate BECPUManager: allocated BE pods get their NUMA nodes' BE shared pools
+    cpu_burst: bool = False  # gate CPUBurst: the burst strategy owns running LS containers' quotas (api/cfsquota.py)
+    be_cpu_suppress: bool = False  # gate BECPUSuppress: CPU suppress owns the besteffort dir's quota (api/cfsquota.py)
     rdma: RDMANode | None = None  # gate RDMADeviceInject: the node's RDMA device nodes
     hami_core_library: str = "/usr/local/vgpu/libvgpu.so"  # -hami-core-library-directory-path
     keep_cpuset_pod_quota: bool = False  # -disable-unset-cpu-quota: a pod bound to CPUs keeps its CFS quota
@@ -118,6 +120,9 @@ class ContainerContext:
     container_id: str = ""
     resources: ContainerResources = field(default_factory=ContainerResources)
     envs: Mapping[str, str] = field(default_factory=dict)
+    # The container runs already (the reconciler, NRI's synchronize), rather than kubelet creating or updating it
+    # (the proxy's and NRI's hook calls): a quota someone else owns then (koordlet/api/cfsquota.py) is left alone.
+    running: bool = False
 
 
 @dataclass(frozen=True, slots=True)

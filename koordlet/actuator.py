@@ -42,6 +42,7 @@ from koordlet.executor import (
     BatchResult,
     CgroupNotFoundError,
     ExecutorError,
+    PartialWriteError,
     ResourceExecutor,
     ResourceUpdate,
     UpdateFailure,
@@ -121,9 +122,14 @@ class PlanRecord:
     dir_errors: tuple[str, ...] = ()
 
     @property
+    def partial(self) -> tuple[str, ...]:
+        """The dirs whose action write (``memory.reclaim``) the kernel carried out only in part (not failures)."""
+        return tuple(f.update.cgroup_dir for f in self.failures if isinstance(f.error, PartialWriteError))
+
+    @property
     def failed(self) -> int:
-        return (len(self.failures) + len(self.unknown_resources) + len(self.resctrl_errors) + len(self.system_errors)
-                + len(self.process_errors) + len(self.line_errors) + len(self.dir_errors))
+        return (len(self.failures) - len(self.partial) + len(self.unknown_resources) + len(self.resctrl_errors)
+                + len(self.system_errors) + len(self.process_errors) + len(self.line_errors) + len(self.dir_errors))
 
 
 @dataclass(slots=True)

@@ -115,10 +115,12 @@ GATES: tuple[Gate, ...] = (
     Gate("RDMADeviceInject", ALPHA, YES, ("hooks/rdma.py",),
          verified="fixture sysfs; devices into real containerd through the proxy"),
     Gate("CPUNormalization", ALPHA, YES, ("hooks/cpunormalization.py",),
-         verified="real containerd through NRI; plugin tests"),
+         verified="real containerd through NRI; v1 host and v2 guest: with CPUBurst, neither undoes the other"),
     Gate("CoreSched", ALPHA, PARTIAL, ("hooks/coresched.py",),
-         note="cpu.idle only: no core scheduling cookies (prctl PR_SCHED_CORE; no kernel here has CONFIG_SCHED_CORE)",
-         verified="fixture: Anolis core scheduling cgroup files (the reconciler's trees)"),
+         note="cpu.idle per pod only: no core scheduling cookies (prctl PR_SCHED_CORE; no kernel here has "
+              "CONFIG_SCHED_CORE)",
+         verified="v1 host and v2 guest: cpu.idle on real pod dirs, kubelet's QoS-dir writes accepted; "
+                  "real containerd through the proxy and NRI"),
     Gate("TerwayQoS", ALPHA, YES, (_MAIN,), note=_VENDOR + " (Terway)",
          verified="fixture: Terway's QoS dir (pod.json, global_bps_config)"),
     Gate("TCNetworkQoS", ALPHA, YES, ("koordlet/main.py",),

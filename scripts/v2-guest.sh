@@ -4,7 +4,7 @@
 # on 9p, where the overlayfs snapshotter cannot mount), and runs the tests marked `cgroupv2` as root.
 # Writes its exit code to $KPY_V2_OUT/rc, so the host can tell a finished run from a guest that died.
 #   KPY_V2_OUT   a dir shared read-write with the host (junit.xml, rc)
-#   KPY_V2_MODE  tests (default) | bench (bench/qos_reaction.py)
+#   KPY_V2_MODE  tests (default) | bench (KPY_V2_BENCH's --v2-guest part, default bench/qos_reaction.py)
 set -uo pipefail
 echo   # the serial console can eat the guest's first line
 out=${KPY_V2_OUT:?KPY_V2_OUT not set}
@@ -55,7 +55,7 @@ case "$mode" in
     fi
     finish "$rc" ;;
   bench)
-    .venv/bin/python bench/qos_reaction.py --v2-guest "$@"
+    .venv/bin/python "${KPY_V2_BENCH:-bench/qos_reaction.py}" --v2-guest "$@"
     finish $? ;;
   *) log "unknown mode $mode"; finish 2 ;;
 esac

@@ -17,8 +17,10 @@
 #                        the pod story, which it runs only when it boots alone, and the proxy's restarts
 #                        under systemd, never) and systemd (systemd as PID 1: the pod story and NRI on
 #                        kubelet's systemd layout, the proxy restarted by systemctl)
-#   V2_MODE=tests        or `bench`: run bench/qos_reaction.py in the cgroupfs guest (make bench-v2)
+#   V2_MODE=tests        or `bench`: run a benchmark's --v2-guest part in the cgroupfs guest (make bench-v2)
+#   V2_BENCH=bench/qos_reaction.py   the benchmark V2_MODE=bench runs (its other arguments: this script's)
 #   V2_HUGEPAGES=64      2 MiB huge pages the cgroupfs guest reserves at boot (kernel command line)
+#   V2_DISK_MB=64        size of the sparse disk attached to the cgroupfs guest (blkio tests; BE page cache in benches)
 #   V2_NUMA=2            NUMA nodes of the cgroupfs guest (qemu -numa through vng --numa): V2_CPUS and V2_MEMORY
 #                        split evenly between them (each must divide); 1 boots it without NUMA
 # Installs what it needs: Debian qemu-system-x86 and linux-image-amd64 (apt-get), virtme-ng (pip, into
@@ -122,9 +124,10 @@ boot() {
     # A block device for the blkio tests (test_blkio_v2.py): a sparse 64 MiB image attached as a virtio disk; the
     # guest finds it by its serial (the image path's first 20 characters, all a virtio-blk serial holds).
     local disk=$dir/blkio-disk.img
-    truncate -s 64M "$disk"
+    truncate -s "${V2_DISK_MB:-64}M" "$disk"
     local guest_cmd
     guest_cmd="KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode KPY_V2_DISK=$(printf %q "$disk") KPY_V2_NUMA=$numa"
+    guest_cmd+=" KPY_V2_BENCH=$(printf %q "${V2_BENCH:-bench/qos_reaction.py}")"
     # The pod story and the NRI plugin on containerd 2.1 are the systemd guest's (below) when both guests boot;
     # the proxy's restarts under systemd need systemd as PID 1, so they are never the cgroupfs guest's.
     local skip=("${systemd_only_modules[@]}")

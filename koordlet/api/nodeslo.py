@@ -26,6 +26,7 @@ from types import MappingProxyType
 from koordlet.api._fields import (
     INT32,
     PERCENT,
+    Check,
     FieldError,
     apply,
     check_bool,
@@ -402,21 +403,28 @@ def _check_sched_features(value: object) -> Mapping[str, bool]:
     return MappingProxyType(dict(value))
 
 
-def _check_bandwidth(value: object) -> int:
-    """A bandwidth quantity in bits/s; JSON may carry it as a string ("10G") or a plain integer."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        text = str(value)
-    elif isinstance(value, str):
-        text = value
-    else:
-        raise FieldError(f"expected a quantity, got {show(value)}")
-    try:
-        bandwidth = parse_quantity(text)
-    except QuantityError as exc:
-        raise FieldError(str(exc)) from exc
-    if bandwidth < 0:
-        raise FieldError(f"bandwidth must not be negative, got {show(value)}")
-    return bandwidth
+def _check_quantity(what: str, low: int = 0) -> Check:
+    """A quantity (``what``: bits/s, bytes) at least ``low``; JSON may carry it as a string ("10G") or an integer."""
+
+    def check(value: object) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            text = str(value)
+        elif isinstance(value, str):
+            text = value
+        else:
+            raise FieldError(f"expected a quantity, got {show(value)}")
+        try:
+            amount = parse_quantity(text)
+        except QuantityError as exc:
+            raise FieldError(str(exc)) from exc
+        if amount < low:
+            raise FieldError(f"{what} must be at least {low}, got {show(value)}")
+        return amount
+
+    return check
+
+
+_check_bandwidth = _check_quantity("bandwidth")
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,6 +516,41 @@ def _check_host_applications(value: object) -> tuple[HostApplication, ...]:
     return tuple(apps)
 
 
+BE_MEMORY_RECLAIM_EXTENSION = "beMemoryReclaimStrategy"
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class BEMemoryReclaimStrategy:
+    """``extensions.beMemoryReclaimStrategy``: koordlet-py's extension (Koordinator has none; docs/colocation.md
+    "Memory QoS on stock kernels"). In ``extensions``, which Koordinator's CRD keeps as given, so the object
+    survives in a cluster running Koordinator's CRDs. Thresholds are percent of the node's memory used *with* page
+    cache (MemTotal − MemFree); None: derived from ``memoryEvictThresholdPercent`` (threshold − 10, lower
+    threshold − 5)."""
+
+    enable: bool = field(default=False, metadata=meta("enable", check_bool))
+    reclaim_threshold_percent: int | None = field(default=None,
+                                                  metadata=meta("reclaimThresholdPercent", check_int(1, 100)))
+    reclaim_lower_percent: int | None = field(default=None, metadata=meta("reclaimLowerPercent", check_int(0, 99)))
+    # bytes asked of all BE pods in one tick: where it starts and its floor, and its bound
+    reclaim_step_bytes: int = field(default=64 * _MIB, metadata=meta("reclaimStepBytes", _check_quantity("bytes", 1)))
+    reclaim_max_step_bytes: int = field(default=1024 * _MIB,
+                                        metadata=meta("reclaimMaxStepBytes", _check_quantity("bytes", 1)))
+    # LS pods' memory PSI (``some avg10``, percent) at or above which a rise after a reclaim makes it back off
+    ls_memory_pressure_threshold_percent: int = field(default=10,
+                                                      metadata=meta("lsMemoryPressureThresholdPercent", PERCENT))
+
+
+def _be_memory_reclaim(extensions: Mapping[str, object], errors: list[str]) -> BEMemoryReclaimStrategy:
+    where = f"extensions.{BE_MEMORY_RECLAIM_EXTENSION}"
+    strategy = apply(BEMemoryReclaimStrategy(),
+                     collect(BEMemoryReclaimStrategy, extensions.get(BE_MEMORY_RECLAIM_EXTENSION), where, errors))
+    if strategy.reclaim_max_step_bytes < strategy.reclaim_step_bytes:
+        errors.append(f"{where}.reclaimMaxStepBytes: {strategy.reclaim_max_step_bytes} is below reclaimStepBytes "
+                      f"{strategy.reclaim_step_bytes}")
+    return strategy
+
+
 def _check_extensions(value: object) -> Mapping[str, object]:
     if not isinstance(value, Mapping):
         raise FieldError(f"expected an object, got {show(value)}")
@@ -533,6 +576,8 @@ class NodeSLOSpec:
     extensions: Mapping[str, object] = field(
         default_factory=lambda: MappingProxyType({}), metadata=meta("extensions", _check_extensions)
     )
+    # ``extensions.beMemoryReclaimStrategy``, read from ``extensions`` by parse_node_slo_spec
+    be_memory_reclaim_strategy: BEMemoryReclaimStrategy = BEMemoryReclaimStrategy()
 
 
 def _disable_to_none(resource_qos: ResourceQOS) -> ResourceQOS:
@@ -571,8 +616,10 @@ def parse_node_slo_spec(spec: object) -> NodeSLOSpec:
     overrides = collect(NodeSLOSpec, spec, "", errors)
     merged = apply(_UNRESOLVED_DEFAULTS, overrides)
     _check_cross_fields(merged, errors)
+    reclaim = _be_memory_reclaim(merged.extensions, errors)
     if errors:
         raise NodeSLOError(errors)
+    merged = replace(merged, be_memory_reclaim_strategy=reclaim)
     strategy = merged.resource_qos_strategy
     resolved = replace(
         strategy,

@@ -10,7 +10,9 @@ Every write goes through :meth:`CgroupFiles.update`, which
 3. translates the v1 value for cgroup v2 (``cpu.max``, ``cpu.weight``, ``memory.max``…);
 4. skips the write when the same content was written to that file less than ``force_update_seconds``
    ago (:class:`~koordlet.executor.cache.WriteCache`), without touching the file system (with ``verify``,
-   after reading the file back); a cgroup removed since is reported by the next write;
+   after reading the file back); a cgroup removed since is reported by the next write. Action files
+   (``memory.reclaim``: each write asks the kernel to act) are written every time, outside the lock; the kernel
+   doing less than asked (EAGAIN) is a :class:`PartialWriteError`, not a failure;
 5. logs the write at debug level and counts every outcome in Prometheus.
 
 A missing file in an existing dir is :class:`UnsupportedResourceError` (kernel without that feature; logged
@@ -24,6 +26,7 @@ quota), then children to parents with the exact values (docs/koordinator.md §10
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -36,8 +39,10 @@ from koordlet.executor.errors import (
     CgroupNotFoundError,
     ExecutorError,
     InvalidUpdateError,
+    PartialWriteError,
     UnsafePathError,
     UnsupportedResourceError,
+    WriteFailedError,
 )
 from koordlet.executor.files import RealRoots, read_current, write_file
 from koordlet.executor.updates import BatchResult, ResourceUpdate, UpdateFailure
@@ -101,6 +106,8 @@ class CgroupFiles:
         resource_name = update.resource.name
         try:
             target = self._target(update)
+            if update.resource.action:
+                return self._act(target)
             with self._lock:
                 return self._write_target(target, target.value, verify)
         except ExecutorError as exc:
@@ -135,12 +142,18 @@ class CgroupFiles:
         the intersection/minimum), so only pass 2 runs. Failures are collected, not raised.
         """
         by_depth = sorted(updates, key=lambda u: u.depth)
-        loosened = 0
+        loosened: list[ResourceUpdate] = []
+        reached: list[ResourceUpdate] = []  # pass 1 wrote the exact value (a loosening: -1, a union): done there
         if self.cgroup_fs.version is CgroupVersion.V1:
-            loosened = sum(self._loosen(update, verify) for update in by_depth)
+            for update in by_depth:
+                wrote = self._loosen(update, verify)
+                if wrote is not None:
+                    (reached if wrote else loosened).append(update)
         exact = self.update_batch(list(reversed(by_depth)), verify)
-        return BatchResult(written=exact.written + loosened, skipped=exact.skipped, failures=exact.failures,
-                           done=exact.done)
+        # those the exact pass then skipped (in place): what a caller records as done, like an exact write
+        first = tuple(u for u in reached if u not in exact.done and all(f.update is not u for f in exact.failures))
+        return BatchResult(written=exact.written + len(loosened) + len(reached), skipped=exact.skipped - len(first),
+                           failures=exact.failures, done=first + exact.done)
 
     def read(self, resource: CgroupResource | str, cgroup_dir: str, subsystem: str | None = None, *,
              every_tick: bool = False) -> str:
@@ -161,30 +174,31 @@ class CgroupFiles:
 
     # ------------------------------------------------------------------------------------------ helpers
 
-    def _loosen(self, update: ResourceUpdate, verify: bool = False) -> bool:
-        """Pass 1 of the leveled update: True when a looser value was written.
+    def _loosen(self, update: ResourceUpdate, verify: bool = False) -> bool | None:
+        """Pass 1 of the leveled update: None when nothing was written, else whether the value written is the wanted
+        one (a loosening: the exact pass then finds it in place).
 
         A value the write cache says this file was given recently needs no loosening (the merge of a value with
         itself is that value): the file is not read, as the exact pass will not read it either. With ``verify``
         (drift correction) the file is read."""
         merge = update.resource.merge
         if merge is None:
-            return False
+            return None
         try:
             target = self._target(update)
             if not verify and not update.resource.per_device and self._cache.wrote_recently(
                     target.path, target.value, self._clock()):
-                return False
+                return None
             current = kernfs.read_text(target.path)
             loosened = merge(current, target.value)
             if loosened == current:
-                return False
+                return None
             with self._lock:  # already compared with the file: the write cache must not skip it
-                return self._write_target(target, loosened, verify=True)
+                return loosened == target.value if self._write_target(target, loosened, verify=True) else None
         except (ExecutorError, OSError) as exc:
             # The exact pass that follows reports (and counts) whatever is really wrong with this update.
             logger.debug("leveled pre-write of %s in %r skipped: %s", update.resource.name, update.cgroup_dir, exc)
-            return False
+            return None
 
     def _target(self, update: ResourceUpdate) -> _Target:
         resource = update.resource
@@ -239,6 +253,34 @@ class CgroupFiles:
         self._cache.remember(key, content, now)
         metrics.count_update(target.resource.name, metrics.STATUS_WRITTEN)
         return True
+
+    def _act(self, target: _Target) -> bool:
+        """An action file (``memory.reclaim``): written every time, never cached, and outside the lock (the kernel
+        may take a while, and no other write waits for it); EAGAIN is a :class:`PartialWriteError`."""
+        if not os.path.exists(target.path):
+            raise _missing(target.path)
+        try:
+            write_file(target.resource.name, target.path, target.value)
+        except WriteFailedError as exc:
+            if exc.errno == errno.EAGAIN:
+                raise PartialWriteError(str(exc), exc.errno) from exc
+            raise
+        metrics.count_update(target.resource.name, metrics.STATUS_WRITTEN)
+        return True
+
+    def has(self, resource: CgroupResource | str, cgroup_dir: str) -> bool:
+        """Whether this kernel has ``resource`` in the dir ``cgroup_dir`` (a probe that needs no read, so it works for
+        write-only files). Raises CgroupNotFoundError when the dir is missing, InvalidUpdateError when this cgroup
+        version has no such file."""
+        if isinstance(resource, str):
+            resource = get_resource(resource)
+        path = self._checked_path(resource, cgroup_dir, None)
+        if os.path.exists(path):
+            return True
+        missing = _missing(path)
+        if isinstance(missing, CgroupNotFoundError):
+            raise missing
+        return False
 
     def _log_unsupported(self, update: ResourceUpdate, exc: UnsupportedResourceError) -> None:
         key = (update.resource.name, update.subsystem or update.resource.subsystem)

@@ -42,3 +42,9 @@ class WriteFailedError(ExecutorError):
     def __init__(self, message: str, errno_value: int | None) -> None:
         super().__init__(message)
         self.errno = errno_value
+
+
+class PartialWriteError(WriteFailedError):
+    """An action file did part of what the write asked (``memory.reclaim``: less reclaimed, EAGAIN). Not a fault."""
+
+    status = metrics.STATUS_PARTIAL

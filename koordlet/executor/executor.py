@@ -94,6 +94,11 @@ class ResourceExecutor:
         through a kept descriptor (:meth:`koordlet.executor.cgroups.CgroupFiles.read`)."""
         return self._cgroups.read(resource, cgroup_dir, subsystem, every_tick=every_tick)
 
+    def has(self, resource: CgroupResource | str, cgroup_dir: str) -> bool:
+        """Whether this kernel has ``resource`` in ``cgroup_dir``
+        (:meth:`koordlet.executor.cgroups.CgroupFiles.has`)."""
+        return self._cgroups.has(resource, cgroup_dir)
+
     # ------------------------------------------------------------------------------------------ resctrl
 
     def write_resctrl(self, group: str, filename: str, value: str) -> None:

@@ -19,6 +19,7 @@ STATUS_UNSAFE_PATH = "unsafe_path"
 STATUS_UNSUPPORTED = "unsupported"
 STATUS_NOT_FOUND = "not_found"
 STATUS_FAILED = "failed"
+STATUS_PARTIAL = "partial"  # an action file did part of what was asked (memory.reclaim: EAGAIN)
 
 _DURATION_BUCKETS_MS = tuple(0.01 * 4**k for k in range(8))
 

@@ -42,7 +42,7 @@ class UpdateFailure:
 class BatchResult:
     """``written``: files written (a leveled update may write a file twice); ``skipped``: exact values
     not written because the cache said they are already there; ``done``: the updates whose exact value was
-    written (what the audit log records)."""
+    written, by the exact pass or already by a leveled update's first (what the plan runner records)."""
 
     written: int = 0
     skipped: int = 0

@@ -10,6 +10,7 @@ class MetricKind(StrEnum):
     NODE_CPU_USAGE = "node_cpu_usage"  # cores
     NODE_MEMORY_USAGE = "node_memory_usage"  # bytes, MemTotal − MemAvailable
     NODE_MEMORY_USAGE_WITH_PAGE_CACHE = "node_memory_usage_with_page_cache"  # bytes, MemTotal − MemFree
+    NODE_SWAP_FREE = "node_swap_free"  # bytes, SwapFree (what BE memory reclaim may still swap out)
     NODE_PER_CPU_USAGE = "node_per_cpu_usage"  # cores of one CPU (0..1), label cpu (gate PerCPUMetric)
     # Per NUMA node (Koordinator #3138), label numa_node_id: CPU from the per-CPU ticks of the node's CPUs,
     # memory from nodeN/meminfo; system = the node's − Σ pods' memory on it, CPU apportioned by the nodes' use.

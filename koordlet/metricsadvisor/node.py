@@ -2,7 +2,8 @@
 
 CPU (docs/koordinator.md §7.1): busy ticks = user+nice+system+irq+softirq of the ``cpu`` line;
 cores = Δbusy_ticks / (Δt × CLK_TCK). The first collection only primes. Memory = MemTotal − MemAvailable
-(and MemTotal − MemFree as the with-page-cache variant). Both files are read through kept descriptors.
+(and MemTotal − MemFree as the with-page-cache variant), and SwapFree. Both files are read through kept
+descriptors.
 
 Per CPU (gate ``PerCPUMetric``): the same formula on each ``cpuN`` line of the same read, as
 ``node_per_cpu_usage{cpu}`` (cores of one CPU, 0..1), for the first :data:`MAX_PER_CPU` CPUs by id: the
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 NODE_CPU = SeriesKey.of(MetricKind.NODE_CPU_USAGE)
 NODE_MEMORY = SeriesKey.of(MetricKind.NODE_MEMORY_USAGE)
 NODE_MEMORY_WITH_PAGE_CACHE = SeriesKey.of(MetricKind.NODE_MEMORY_USAGE_WITH_PAGE_CACHE)
+NODE_SWAP_FREE = SeriesKey.of(MetricKind.NODE_SWAP_FREE)
 MAX_PER_CPU = 256
 _PER_CPU_KEYS = tuple(SeriesKey.of(MetricKind.NODE_PER_CPU_USAGE, **{Label.CPU: str(cpu)})
                       for cpu in range(MAX_PER_CPU))
@@ -100,6 +102,7 @@ class NodeResourceCollector:
         samples = [
             Sample(NODE_MEMORY, now, float(memory.used_bytes)),
             Sample(NODE_MEMORY_WITH_PAGE_CACHE, now, float(memory.used_with_page_cache_bytes)),
+            Sample(NODE_SWAP_FREE, now, float(memory.swap_free_bytes)),
         ]
         cores: float | None = None
         period_ticks = 0.0

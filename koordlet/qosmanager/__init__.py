@@ -30,6 +30,7 @@ from koordlet.qosmanager import (
     cpusuppress,
     memoryevict,
     memoryqos,
+    memoryreclaim,
     resctrl,
     sysreconcile,
 )
@@ -57,6 +58,7 @@ STRATEGIES: tuple[Strategy, ...] = (
     cpuburst.STRATEGY,
     memoryqos.STRATEGY,
     resctrl.STRATEGY,
+    memoryreclaim.STRATEGY,  # before eviction: when both are due, reclaim acts first
     memoryevict.STRATEGY,
     cpuevict.STRATEGY,
     sysreconcile.STRATEGY,

@@ -9,8 +9,14 @@ Eligible: running or pending pods whose qosClass label is not LSR/LSE/BE; their 
   the same cgroup; Anolis kernels, for which Koordinator's 1000 % default was chosen, have no such rule.
 - Dynamic quota (policies ``cfsQuotaBurstOnly``, ``auto``): per container with a CPU limit, scale the
   quota up ×1.2 when it was throttled, down ×0.8 when its token bucket is empty or the node's share pool
-  is overloaded, within [limit, limit × cfsQuotaBurstPercent/100]; other policies reset it to the limit.
+  is overloaded, within [base, base × cfsQuotaBurstPercent/100]; other policies reset it to the base (the CPU
+  limit's quota, normalized as below).
   Writes: scaling up pod then container, scaling down container then pod; a pod quota of −1 stays.
+
+The quota's base is kubelet's limit normalized by the node's CPU normalization ratio where CPUNormalization would
+own the container (koordlet/api/cfsquota.py): burst owns the quota of the running containers it takes, and
+normalization's reconciler leaves them to it, so neither undoes the other (Koordinator #2306). A container whose
+quota is another part's (a pod bound to a cpuset) is not scaled.
 """
 
 from __future__ import annotations
@@ -23,6 +29,14 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from koordlet.api.annotations import AnnotationError, parse_cpu_burst
+from koordlet.api.cfsquota import (
+    QuotaGates,
+    QuotaOwner,
+    burst_base_quota_us,
+    burst_eligible,
+    node_normalization_ratio,
+    quota_owner,
+)
 from koordlet.api.keys import ANNOTATION_CPU_BURST, RESOURCE_CPU
 from koordlet.api.nodeslo import (
     CPU_BURST_POLICY_AUTO,
@@ -59,7 +73,6 @@ NODE_STATE_WINDOW_MAX_S = 10.0
 LIMITER_REFILL_BELOW_PERCENT = 60.0
 _QUOTA_BURST_POLICIES = (CPU_BURST_POLICY_CFS_QUOTA_BURST_ONLY, CPU_BURST_POLICY_AUTO)
 _STATIC_BURST_POLICIES = (CPU_BURST_POLICY_CPU_BURST_ONLY, CPU_BURST_POLICY_AUTO)
-_INELIGIBLE_QOS = (QoSClass.LSR, QoSClass.LSE, QoSClass.BE)
 
 
 AUDIT_REASON_QUOTA = "CFSQuotaBurst"  # Koordinator's audit reasons
@@ -113,13 +126,17 @@ def bucket_capacity(config: CPUBurstStrategy) -> float:
 
 @dataclass(frozen=True, slots=True)
 class BurstContainer:
-    """An eligible container with its pod, config and cgroup dirs."""
+    """An eligible container with its pod, config and cgroup dirs; ``base_quota_us`` is the quota burst scales from
+    and resets to (kubelet's limit, normalized where normalization would own it), ``owns_quota`` whether the quota is
+    burst's at all (koordlet/api/cfsquota.py)."""
 
     pod: PodMeta
     container: ContainerMeta
     config: CPUBurstStrategy
     pod_dir: str
     container_dir: str
+    base_quota_us: int
+    owns_quota: bool = True
 
     @property
     def limit_milli(self) -> int:
@@ -155,13 +172,16 @@ def pod_burst_config(pod: PodMeta, node_strategy: CPUBurstStrategy) -> CPUBurstS
         return node_strategy
 
 
-def is_eligible(pod: PodMeta) -> bool:
-    """A running or pending pod whose qosClass label is not LSR/LSE/BE (docs/koordinator.md §4.3)."""
-    return pod.phase in ("Running", "Pending", "") and pod.qos_label not in _INELIGIBLE_QOS
+is_eligible = burst_eligible  # a running or pending pod whose qosClass label is not LSR/LSE/BE
 
 
-def eligible_containers(snapshot: Snapshot, layout: KubeCgroupLayout) -> tuple[BurstContainer, ...]:
-    """Containers of running/pending pods whose qosClass label is not LSR/LSE/BE (docs/koordinator.md §4.3)."""
+_BURST_ALONE = QuotaGates(cpu_burst=True)  # no other quota writer's gate on
+
+
+def eligible_containers(snapshot: Snapshot, layout: KubeCgroupLayout, gates: QuotaGates = _BURST_ALONE,
+                        ratio: float | None = None) -> tuple[BurstContainer, ...]:
+    """Containers of running/pending pods whose qosClass label is not LSR/LSE/BE (docs/koordinator.md §4.3), with
+    the base of their quota given the other quota writers' ``gates`` and the node's normalization ``ratio``."""
     node_strategy = snapshot.node_slo.cpu_burst_strategy
     found: list[BurstContainer] = []
     for pod in snapshot.pods:
@@ -171,12 +191,15 @@ def eligible_containers(snapshot: Snapshot, layout: KubeCgroupLayout) -> tuple[B
         if pod_dir is None:
             continue
         config = pod_burst_config(pod, node_strategy)
+        owns = quota_owner(pod, gates, running=True, ratio=ratio) is QuotaOwner.BURST
         for container in pod.containers:
             if container.is_init:
                 continue
             container_dir = container_cgroup_dir(layout, pod_dir, container)
             if container_dir is not None:
-                found.append(BurstContainer(pod, container, config, pod_dir, container_dir))
+                limit_quota_us = container_resource(container, RESOURCE_CPU, limits=True) * CFS_PERIOD_US // 1000
+                found.append(BurstContainer(pod, container, config, pod_dir, container_dir,
+                                            burst_base_quota_us(pod, limit_quota_us, gates, ratio), owns))
     return tuple(found)
 
 
@@ -309,7 +332,7 @@ def _scale_quota(entry: BurstContainer, snapshot: Snapshot, container_quota: int
 
     None when a reset would find it at its base already."""
     limit_milli = entry.limit_milli
-    base = limit_milli * CFS_PERIOD_US // 1000
+    base = entry.base_quota_us
     ceil = base * entry.config.cfs_quota_burst_percent // 100
     quota_burst = entry.config.policy in _QUOTA_BURST_POLICIES
     allows = True
@@ -353,8 +376,8 @@ def decide_burst(
         bursts[cid] = burst
         burst_writes.append(CgroupWrite("cpu.cfs_burst_us", entry.container_dir, burst))
         state = pods[uid] = state.with_burst(burst)
-        # Dynamic quota: only containers with a CPU limit and a known quota.
-        if entry.limit_milli <= 0 or container_quota == UNLIMITED:
+        # Dynamic quota: only containers with a CPU limit and a known quota that is burst's.
+        if entry.limit_milli <= 0 or container_quota == UNLIMITED or not entry.owns_quota:
             continue
         scaling = _scale_quota(entry, snapshot, container_quota, buckets.get(cid), node_state)
         if scaling is not None and scaling.bucket is not None:
@@ -390,10 +413,15 @@ class BurstConfig:
 
     window_s: float = node_state_window_s(1.0)  # of the share-pool averages
     enabled: bool = True
+    quota_gates: QuotaGates = _BURST_ALONE  # the other quota writers that are on
 
     @classmethod
     def from_node_slo(cls, spec: NodeSLOSpec, flags: QoSManagerConfig | None = None) -> BurstConfig:
-        return cls(window_s=node_state_window_s(flags.reconcile_interval_s if flags else 1.0))
+        if flags is None:
+            return cls()
+        gates = QuotaGates(cpuset=flags.gate("CPUSetAllocator"), cpu_burst=True,
+                           normalization=flags.gate("CPUNormalization"))
+        return cls(window_s=node_state_window_s(flags.reconcile_interval_s), quota_gates=gates)
 
     @property
     def needs(self) -> Needs:
@@ -472,12 +500,20 @@ def _gauges(
     return tuple(gauges), labelled
 
 
+def _normalization_ratio(snapshot: Snapshot) -> float | None:
+    try:
+        return node_normalization_ratio(snapshot.node.annotations)
+    except AnnotationError as exc:  # the normalization hook reports it; burst scales from kubelet's limit then
+        logger.debug("no CPU normalization ratio: %s", exc)
+        return None
+
+
 def decide(snapshot: Snapshot, config: BurstConfig) -> Plan:
     """Burst's plan for the eligible containers of the snapshot, with their quotas as read back."""
     memo = snapshot.memo if isinstance(snapshot.memo, BurstMemo) else BurstMemo()
     if not config.enabled:
         return Plan(memo=BurstMemo(labelled=memo.labelled))
-    containers = eligible_containers(snapshot, snapshot.layout)
+    containers = eligible_containers(snapshot, snapshot.layout, config.quota_gates, _normalization_ratio(snapshot))
     current = BurstCurrent(
         container_quota_us={e.container.container_id: _quota(snapshot, e.container_dir) for e in containers},
         pod_quota_us={e.pod.uid: _quota(snapshot, e.pod_dir) for e in containers},

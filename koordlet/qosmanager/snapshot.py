@@ -39,7 +39,7 @@ from koordlet.api.keys import (
 from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
-from koordlet.executor import ExecutorError, ResourceExecutor, UnsupportedResourceError
+from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor
 from koordlet.executor.records import recorded_lines
 from koordlet.metriccache import (
     Label,
@@ -136,7 +136,9 @@ class Snapshot:
     cpus: tuple[CPUInfo, ...] = ()
     collect_interval_s: float = 1.0
     node_cpu_cores: float | None = None
-    node_memory_bytes: float | None = None
+    node_memory_bytes: float | None = None  # MemTotal − MemAvailable
+    node_memory_with_page_cache_bytes: float | None = None  # MemTotal − MemFree
+    node_swap_free_bytes: float | None = None
     pod_cpu_cores: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     pod_memory_bytes: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     container_cpu_cores: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
@@ -354,6 +356,9 @@ class SnapshotBuilder:
             collect_interval_s=self._interval_s,
             node_cpu_cores=self._latest(SeriesKey.of(MetricKind.NODE_CPU_USAGE), now),
             node_memory_bytes=self._latest(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE), now),
+            node_memory_with_page_cache_bytes=self._latest(
+                SeriesKey.of(MetricKind.NODE_MEMORY_USAGE_WITH_PAGE_CACHE), now),
+            node_swap_free_bytes=self._latest(SeriesKey.of(MetricKind.NODE_SWAP_FREE), now),
             **self._latest_maps(now),
             node_cpu_avg_cores=node_cpu_avg,
             pod_cpu_avg_cores=pod_cpu_avg,
@@ -441,14 +446,13 @@ class SnapshotBuilder:
         for name in files:
             if name not in self._kernel_files:
                 try:
-                    self._reader.read(name, self._layout.kubepods_dir())
-                    self._kernel_files[name] = True
-                except UnsupportedResourceError:
-                    self._kernel_files[name] = False
+                    self._kernel_files[name] = self._reader.has(name, self._layout.kubepods_dir())
+                except CgroupNotFoundError:
+                    continue  # no kubepods dir yet: probed again next time
                 except ExecutorError as exc:
                     logger.debug("cannot probe %s: %s", name, exc)
                     self._kernel_files[name] = False
-        return frozenset(name for name in files if self._kernel_files[name])
+        return frozenset(name for name in files if self._kernel_files.get(name))
 
     def _resctrl_info(self) -> ResctrlInfo | None:
         if not self._resctrl_probed:

@@ -191,6 +191,8 @@ class RuntimeHooks:
                            cpu_pools=self._cpu_pools(annotations, kubelet),
                            kubelet_cpu_policy=kubelet.policy if kubelet is not None else "",
                            be_cpu_manager=self.config.feature_gates.get("BECPUManager", False),
+                           cpu_burst=self.config.feature_gates.get("CPUBurst", False),
+                           be_cpu_suppress=self.config.feature_gates.get("BECPUSuppress", False),
                            rdma=self._rdma.get() if self._rdma is not None else None,
                            hami_core_library=self.config.hami_core_library,
                            keep_cpuset_pod_quota=self.config.disable_unset_cpu_quota)

@@ -10,13 +10,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 
-from hooks.protocol import Changes, ContainerContext, ContainerResources, quota_from_milli
+from hooks.protocol import Changes, ContainerContext, ContainerResources, NodeContext, quota_from_milli
 from hooks.registry import EXPECTED_ERRORS
 from hooks.validate import Rejected
 from koordlet import audit
 from koordlet.actuator import PlanRunner
+from koordlet.api.cfsquota import be_quota_suppressed
 from koordlet.api.pod import ContainerMeta, PodMeta
-from koordlet.api.units import CFS_PERIOD_US
+from koordlet.api.qos import KubeQoS, QoSClass
+from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor
 from koordlet.plan import (
     CgroupWrite,
@@ -29,6 +31,7 @@ from koordlet.plan import (
     WriteStep,
 )
 from koordlet.system.cgroup_stats import parse_quota_us
+from koordlet.system.kubepods import KubeCgroupLayout
 from wire import hookapi_pb2 as hookapi
 
 from . import metrics
@@ -98,14 +101,15 @@ def _quota_of(text: str) -> int | None:
     return value if value > 0 else None
 
 
-def effective_quota_reader(executor: ResourceExecutor, cgroup_dir: str,
-                           planned: int | None = None) -> Callable[[], int | None]:
+def effective_quota_reader(executor: ResourceExecutor, cgroup_dir: str, planned: int | None = None,
+                           unlimited: str = "") -> Callable[[], int | None]:
     """A function giving the CPU quota that binds a child of ``cgroup_dir``: the smallest limited quota of
     ``cgroup_dir`` (``planned`` instead of its file, when a write of it is planned) and its ancestors (cgroup v1
-    refuses a child quota above that with EINVAL). None: nothing above is limited. Reads only when called, and
-    only up to the nearest limited quota read from a file: the kernel keeps that one within every limited
-    ancestor's (v1 checks a quota against its limited ancestors when it is set), so nothing above binds more
-    (a hook call on a pod with a quota reads one file, not one per level)."""
+    refuses a child quota above that with EINVAL); ``unlimited``: an ancestor (or ``cgroup_dir``) the same plan
+    makes unlimited first (:func:`besteffort_unlimited_first`), not read. None: nothing above is limited. Reads
+    only when called, and only up to the nearest limited quota read from a file: the kernel keeps that one within
+    every limited ancestor's (v1 checks a quota against its limited ancestors when it is set), so nothing above
+    binds more (a hook call on a pod with a quota reads one file, not one per level)."""
 
     def read() -> int | None:
         limits: list[int] = []
@@ -115,6 +119,9 @@ def effective_quota_reader(executor: ResourceExecutor, cgroup_dir: str,
                 limits.append(planned)
             directory = posixpath.dirname(directory)
         while directory:
+            if directory == unlimited.strip("/"):
+                directory = posixpath.dirname(directory)
+                continue
             try:
                 value = _quota_of(executor.read("cpu.cfs_quota_us", directory))
             except (ExecutorError, ValueError):
@@ -128,24 +135,65 @@ def effective_quota_reader(executor: ResourceExecutor, cgroup_dir: str,
     return read
 
 
-def cgroup_writes(changes: Changes, cgroup_dir: str) -> tuple[list[CgroupWrite], list[CgroupWrite]]:
+def besteffort_unlimited_first(layout: KubeCgroupLayout, pod_dir: str, node: NodeContext) -> str:
+    """The besteffort QoS dir when it is ``pod_dir``'s parent and CPU suppress, which owns its quota, keeps that
+    unlimited under this NodeSLO (any policy but cfsQuota): a BE pod's own quota is then planned with a −1 on that
+    dir ahead of it (:func:`unlimited_parent_write`), so a switch away from cfsQuota gives the BE pods their quotas
+    back in one reconciler pass, before suppress's next tick (koordlet/api/cfsquota.py). "" otherwise."""
+    qos_dir = posixpath.dirname(pod_dir.rstrip("/"))
+    if node.be_cpu_suppress and not be_quota_suppressed(node.node_slo) and qos_dir == layout.qos_dir(
+            KubeQoS.BESTEFFORT):
+        return qos_dir
+    return ""
+
+
+def unlimited_parent_write(executor: ResourceExecutor, qos_dir: str, changes: Changes) -> CgroupWrite | None:
+    """The −1 for ``qos_dir`` (:func:`besteffort_unlimited_first`) that ``changes``' limited quota needs first: only
+    while that dir's quota is limited (a cfsQuota suppression left behind), so a steady pass writes nothing."""
+    if not qos_dir or changes.cfs_quota_us is None or changes.cfs_quota_us <= 0:
+        return None
+    try:
+        current = _quota_of(executor.read("cpu.cfs_quota_us", qos_dir))
+    except ExecutorError:
+        return None
+    if current is None:
+        return None
+    return CgroupWrite("cpu.cfs_quota_us", qos_dir, UNLIMITED,
+                       "BECPUSuppress: the besteffort quota is unlimited under this NodeSLO, ahead of a BE pod's own")
+
+
+def suppressed_quota_why(pod: PodMeta, node: NodeContext, changes: Changes) -> str:
+    """Why ``changes`` leave a BE pod (or its container) without a quota of its own, for the audit log and
+    ``koordlet explain``: CPU suppress's cfsQuota policy limits the BE pods by the besteffort dir's quota
+    (koordlet/api/cfsquota.py); "" for any other quota."""
+    if changes.cfs_quota_us != UNLIMITED or pod.qos_label is not QoSClass.BE or not be_quota_suppressed(node.node_slo):
+        return ""
+    return ("BatchResource: no quota of its own under CPU suppress's cfsQuota policy: the besteffort dir's quota "
+            "limits the BE pods")
+
+
+def cgroup_writes(changes: Changes, cgroup_dir: str,
+                  quota_why: str = "") -> tuple[list[CgroupWrite], list[CgroupWrite]]:
     """(leveled, plain) writes that put ``changes`` on ``cgroup_dir``: quota, memory limit and cpuset must
     respect the parent/child order on cgroup v1 (leveled); an empty cpuset is not written (it means "follow
-    the parent", which a container dir already does)."""
+    the parent", which a container dir already does). ``quota_why``: the quota write's reason."""
     leveled: list[CgroupWrite] = []
     plain: list[CgroupWrite] = []
     if changes.cfs_quota_us is not None:
-        leveled.append(CgroupWrite("cpu.cfs_quota_us", cgroup_dir, changes.cfs_quota_us))
+        leveled.append(CgroupWrite("cpu.cfs_quota_us", cgroup_dir, changes.cfs_quota_us, quota_why))
     if changes.memory_limit_bytes is not None:
         leveled.append(CgroupWrite("memory.limit_in_bytes", cgroup_dir, changes.memory_limit_bytes))
     if changes.cpuset_cpus:
         leveled.append(CgroupWrite("cpuset.cpus", cgroup_dir, changes.cpuset_cpus))
-    if changes.cpu_shares is not None:
+    # cpu.idle before cpu.shares: the kernel refuses a weight on an idle group (EINVAL) and holds it at the
+    # minimum, and turning idle off resets the weight to 1024, which the shares written after it then correct
+    # (hooks/coresched.py).
+    if changes.cpu_idle is not None:
+        plain.append(CgroupWrite("cpu.idle", cgroup_dir, changes.cpu_idle))
+    if changes.cpu_shares is not None and changes.cpu_idle != 1:
         plain.append(CgroupWrite("cpu.shares", cgroup_dir, changes.cpu_shares))
     if changes.bvt_warp_ns is not None:
         plain.append(CgroupWrite("cpu.bvt_warp_ns", cgroup_dir, changes.bvt_warp_ns))
-    if changes.cpu_idle is not None:
-        plain.append(CgroupWrite("cpu.idle", cgroup_dir, changes.cpu_idle))
     return leveled, plain
 
 
@@ -232,6 +280,7 @@ def container_context_from_meta(pod: PodMeta, container: ContainerMeta) -> Conta
         pod=pod, name=container.name, container_id=container.container_id,
         resources=ContainerResources(cfs_quota_us=quota_from_milli(container.limits.get("cpu", 0)),
                                      memory_limit_bytes=container.limits.get("memory", 0)),
+        running=True,
     )
 
 

@@ -30,6 +30,7 @@ from koordlet.ticker import PeriodicThread
 from . import metrics
 from .apply import (
     RejectedValues,
+    besteffort_unlimited_first,
     cgroup_writes,
     container_context_from_meta,
     effective_quota_reader,
@@ -37,6 +38,8 @@ from .apply import (
     report_plugin_error,
     resctrl_actions,
     steps_of,
+    suppressed_quota_why,
+    unlimited_parent_write,
 )
 
 log = logging.getLogger(__name__)
@@ -77,14 +80,18 @@ class Reconciler:
         pod_dir = pod_cgroup_dir(self._layout, pod)
         if pod_dir is None:
             return Plan()
+        unlimited = besteffort_unlimited_first(self._layout, pod_dir, node)
         trace = self._trace(pod.uid, POD_LEVEL)
         pod_changes = registry.run_pod(plugins, node, PodContext(pod), self._report, self._rejects.reporter(pod),
-                                       effective_quota_reader(self._executor, posixpath.dirname(pod_dir)), trace)
+                                       effective_quota_reader(self._executor, posixpath.dirname(pod_dir),
+                                                              unlimited=unlimited), trace)
         self._note(pod.uid, POD_LEVEL, trace, pod_changes)
         # a container's quota is bound by its pod's as this plan leaves it (the pod's write comes first when
         # it loosens, last when it tightens: leveled)
-        container_parent = effective_quota_reader(self._executor, pod_dir, pod_changes.cfs_quota_us)
-        leveled, plain = cgroup_writes(pod_changes, pod_dir)
+        container_parent = effective_quota_reader(self._executor, pod_dir, pod_changes.cfs_quota_us, unlimited)
+        leveled, plain = cgroup_writes(pod_changes, pod_dir, suppressed_quota_why(pod, node, pod_changes))
+        if (parent_write := unlimited_parent_write(self._executor, unlimited, pod_changes)) is not None:
+            leveled.insert(0, parent_write)
         container_dirs: list[str] = []
         processes: list[ProcessWrite] = []
         for container in pod.containers:
@@ -97,7 +104,8 @@ class Reconciler:
             self._note(pod.uid, container.name, trace, changes)
             container_dir = self._layout.container_dir(pod_dir, container.container_id, container.runtime)
             container_dirs.append(container_dir)
-            more_leveled, more_plain = cgroup_writes(changes, container_dir)
+            more_leveled, more_plain = cgroup_writes(changes, container_dir,
+                                                     suppressed_quota_why(pod, node, changes))
             leveled += more_leveled
             plain += more_plain
             processes += process_writes(changes, container_dir, f"{pod.key}/{container.name}")

@@ -280,6 +280,7 @@ class MemInfo:
     mem_available_bytes: int
     buffers_bytes: int
     cached_bytes: int
+    swap_free_bytes: int = 0  # SwapFree: what the node can still swap out (0 without swap)
 
     @property
     def used_bytes(self) -> int:
@@ -329,6 +330,7 @@ def parse_meminfo(data: bytes) -> MemInfo:
         mem_available_bytes=available,
         buffers_bytes=buffers,
         cached_bytes=cached,
+        swap_free_bytes=fields.get("SwapFree", 0),
     )
 
 

@@ -85,6 +85,9 @@ class CgroupResource:
     description: str = ""
     v2_needs_current: bool = False  # the v2 file holds more than this value (cpu.max: quota and period)
     per_device: bool = False  # one "MAJ:MIN ..." line per block device (the blkio files): cached per device
+    # Write-only: each write asks the kernel to act (memory.reclaim), so it is never cached or read back, and the
+    # kernel may do less than asked (EAGAIN).
+    action: bool = False
 
     @property
     def writable(self) -> bool:
@@ -359,6 +362,8 @@ _RESOURCES = (
     _rw("memory.priority", "memory", _int_range(0, 12), description="Anolis"),
     _rw("memory.use_priority_oom", "memory", _BOOL, description="Anolis"),
     _rw("memory.oom.group", "memory", _BOOL),
+    CgroupResource("memory.reclaim", "memory", None, "memory.reclaim", ValueKind.INT_RANGE, _int_range(1, INT64_MAX),
+                   action=True, description="proactive reclaim of this many bytes (v2, Linux >= 5.19)"),
     # tasks (written in the hierarchy the caller names; cpu by default)
     _rw("cgroup.procs", "cpu", _int_range(1, PID_MAX_LIMIT)),
     _rw("tasks", "cpu", _int_range(1, PID_MAX_LIMIT), v2_file="cgroup.threads"),
@@ -383,6 +388,7 @@ _RESOURCES = (
     _ro("memory.numa_stat", "memory"),
     _ro("memory.usage_in_bytes", "memory", v2_file="memory.current"),
     _ro("memory.events", "memory", v1_file=None),
+    _ro("memory.swap.max", "memory", v1_file=None),  # read only: koordlet never sets a pod's swap
     _ro("cpu.pressure", "cpuacct"),
     _ro("memory.pressure", "memory"),
     _ro("io.pressure", "blkio"),

@@ -122,20 +122,37 @@ def test_group_identity_values_by_class_and_annotation() -> None:
                              disabled).bvt_warp_ns == 0
 
 
-def test_core_sched_idle_only_under_the_core_sched_policy_and_never_for_system_pods() -> None:
+def test_core_sched_idle_is_the_class_sched_idle_under_core_sched_else_zero_and_never_for_system_pods() -> None:
     core = NodeContext(node_slo=parse_node_slo_spec({"resourceQOSStrategy": {
         "policies": {"cpuPolicy": "coreSched"}, "lsClass": {"cpuQOS": {"enable": True, "schedIdle": 0}},
         "beClass": {"cpuQOS": {"enable": True, "schedIdle": 1}}}}))
 
+    def answer(node, labels=None, kube_qos=None, annotations=None):
+        pod = PodMeta(name="p", namespace="n", uid="u", labels=labels or {}, kube_qos=kube_qos,
+                      annotations=annotations or {})
+        return coresched.pod(PodContext(pod), coresched.rule(node))
+
     def idle(node, labels=None, kube_qos=None):
-        pod = PodMeta(name="p", namespace="n", uid="u", labels=labels or {}, kube_qos=kube_qos)
-        return coresched.pod(PodContext(pod), coresched.rule(node)).cpu_idle
+        return answer(node, labels, kube_qos).cpu_idle
 
     assert idle(core, BE) == 1 and idle(core, LS) == 0 and idle(core, kube_qos=KubeQoS.BESTEFFORT) == 1
     assert idle(core, {"koordinator.sh/qosClass": "SYSTEM"}) is None
-    assert idle(NODE, BE) is None  # groupIdentity policy (the default): no opinion
-    assert not coresched.PLUGIN.stages  # reconciler only: koordlet registers no proxy stage for it
-    assert registry.stages({"CoreSched": True}) == []
+    # any other policy (groupIdentity, the default) or the class off: 0, as Koordinator's kubeQoS reconciler writes
+    assert idle(NODE, BE) == 0 and idle(NODE, kube_qos=KubeQoS.BESTEFFORT) == 0
+    off = NodeContext(node_slo=parse_node_slo_spec({"resourceQOSStrategy": {
+        "policies": {"cpuPolicy": "coreSched"}, "beClass": {"cpuQOS": {"enable": False, "schedIdle": 1}}}}))
+    assert idle(off, BE) == 0
+    # idle back to 0 resets the group's weight to 1024 in the kernel: a BestEffort pod gets kubelet's 2 back, unless
+    # batchresource owns its shares
+    assert answer(NODE, kube_qos=KubeQoS.BESTEFFORT) == Changes(cpu_idle=0, cpu_shares=2)
+    batch = {"node.koordinator.sh/extended-resource-spec": json.dumps(
+        {"containers": {"c": {"requests": {"kubernetes.io/batch-cpu": "500"}}}})}
+    assert answer(NODE, BE, KubeQoS.BESTEFFORT, batch) == Changes(cpu_idle=0)
+    assert answer(core, kube_qos=KubeQoS.BESTEFFORT) == Changes(cpu_idle=1)
+    assert answer(NODE, LS, KubeQoS.BURSTABLE) == Changes(cpu_idle=0)
+    # the proxy and NRI apply it at the sandbox (pod-level values koordlet writes itself); Koordinator: reconciler only
+    assert coresched.PLUGIN.stages == {registry.Stage.PRE_RUN_POD_SANDBOX}
+    assert registry.stages({"CoreSched": True}) == [registry.Stage.PRE_RUN_POD_SANDBOX]
 
 
 def test_cpuset_from_the_scheduler_and_cleared_for_besteffort() -> None:
@@ -173,14 +190,22 @@ def test_resctrl_group_and_schemata() -> None:
     assert not resctrl.container(ContainerContext(pod, "c"), resctrl.rule(NodeContext()))
 
 
-def test_cpu_normalization_scales_ls_quotas_only() -> None:
-    ratio = cpunormalization.rule(NodeContext(node_annotations={"node.koordinator.sh/cpu-normalization-ratio": "2"}))
+def test_cpu_normalization_scales_ls_quotas_only_and_leaves_a_running_one_to_cpu_burst() -> None:
+    annotations = {"node.koordinator.sh/cpu-normalization-ratio": "2"}
+    ratio = cpunormalization.rule(NodeContext(node_annotations=annotations))
     ls = PodMeta(name="p", namespace="n", uid="u", labels=LS)
     ctx = ContainerContext(ls, "c", resources=ContainerResources(cfs_quota_us=150000))
     assert cpunormalization.container(ctx, ratio) == Changes(cfs_quota_us=75000)
     assert not cpunormalization.container(ContainerContext(be_pod(), "a", resources=ctx.resources), ratio)
     assert cpunormalization.rule(NodeContext(node_annotations={"node.koordinator.sh/cpu-normalization-ratio": "-1"})) \
-        is None
+        .ratio is None
+    # CPU burst on: a container kubelet creates or updates still gets the normalized quota (burst's base); a running
+    # one is burst's (koordlet/api/cfsquota.py), so the reconciler does not set it back under a burst
+    with_burst = cpunormalization.rule(NodeContext(node_annotations=annotations, cpu_burst=True))
+    assert cpunormalization.container(ctx, with_burst) == Changes(cfs_quota_us=75000)
+    running = ContainerContext(ls, "c", resources=ctx.resources, running=True)
+    assert not cpunormalization.container(running, with_burst)
+    assert cpunormalization.container(running, ratio) == Changes(cfs_quota_us=75000)  # burst off: the reconciler's
 
 
 def test_plugins_run_in_name_order_and_later_ones_win() -> None:

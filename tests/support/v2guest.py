@@ -1,19 +1,55 @@
 """The rule of the cgroup v2 VM stage (scripts/v2-guest.sh sets KPY_V2_GUEST=1): there every test marked
 ``cgroupv2`` must run, so a skip is reported as a failure, unless the kernel truly lacks what the test needs
-and the skip reason says so with :data:`KERNEL_LACKS`. Loaded by tests/conftest.py."""
+and the skip reason says so with :data:`KERNEL_LACKS`. Loaded by tests/conftest.py. Also the benchmarks' way into
+the guest (:func:`run_bench_in_v2_guest`)."""
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 import pytest
 
 KERNEL_LACKS = "kernel lacks"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_bench_in_v2_guest(bench: str, out_name: str, args: Sequence[str], timeout_s: int,
+                          env: Mapping[str, str] | None = None) -> object | None:
+    """Boot the cgroupfs guest (scripts/v2-stage.sh, ``V2_MODE=bench``) to run ``bench``'s ``--v2-guest`` part with
+    ``args``; the guest's output goes to stderr and ``out/<out_name>/``. Returns the JSON the guest wrote to
+    ``bench.json`` there, None (said on stderr) when it wrote none. ``env``: more of the stage's variables."""
+    out = REPO / "out" / out_name
+    stage_env = {**os.environ, "V2_MODE": "bench", "V2_BENCH": bench, "V2_OUT": str(out),
+                 "V2_TIMEOUT": str(timeout_s), **(env or {})}
+    done = subprocess.run(["bash", str(REPO / "scripts" / "v2-stage.sh"), *args], env=stage_env, stdout=sys.stderr,
+                          check=False)
+    try:
+        return json.loads((out / "bench.json").read_text())
+    except (OSError, ValueError):
+        print(f"the v2 guest gave no results (exit {done.returncode}); see {out}/guest.log", file=sys.stderr)
+        return None
 
 
 def in_v2_guest() -> bool:
     return os.environ.get("KPY_V2_GUEST") == "1"
+
+
+def attached_disk() -> str:
+    """The disk v2-stage.sh attaches to the cgroupfs guest, found by its virtio serial (the image path's first 20
+    characters, all a virtio-blk serial holds); skips outside the guest, fails in a guest without it."""
+    if not in_v2_guest():
+        pytest.skip("needs the disk the cgroup v2 VM stage attaches (make v2-check)")
+    image = os.environ.get("KPY_V2_DISK", "")
+    assert image, "v2-stage.sh names the attached disk in KPY_V2_DISK"
+    for serial in sorted(Path("/sys/block").glob("*/serial")):
+        if serial.read_text().strip() and image.startswith(serial.read_text().strip()):
+            return f"/dev/{serial.parent.name}"
+    pytest.fail(f"no disk with the serial of {image} under /sys/block")
 
 
 @pytest.hookimpl(hookwrapper=True)

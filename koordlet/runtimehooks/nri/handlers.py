@@ -236,7 +236,7 @@ class NriHandlers:
                      node: NodeContext) -> api.ContainerUpdate | None:
         spec = pod.container(container.name)
         context = (container_context_from_meta(pod, spec) if spec is not None
-                   else ContainerContext(pod=pod, name=container.name, container_id=container.id))
+                   else ContainerContext(pod=pod, name=container.name, container_id=container.id, running=True))
         pod_dir = pod_cgroup_dir(self._layout, pod)
         changes = self._container_changes(plugins, node, context, pod_dir)
         # ignore_failure: a value the kernel refuses now (a parent's quota lowered meanwhile) is the

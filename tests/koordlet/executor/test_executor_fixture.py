@@ -214,3 +214,27 @@ def test_verify_rewrites_a_value_changed_behind_the_caches_back(tmp_path: Path) 
     assert executor.update(ResourceUpdate.of("cpu.cfs_quota_us", POD, 20000), verify=True) is True
     assert _read(tmp_path, POD, "cpu.max") == "20000 100000"
     assert executor.update(ResourceUpdate.of("cpu.cfs_quota_us", POD, 20000), verify=True) is False  # in place now
+
+
+def test_memory_reclaim_is_an_action_written_every_time_and_probed_without_a_read(tmp_path: Path) -> None:
+    """memory.reclaim (v2, write-only): two identical asks are two writes (never the write cache's "already
+    there"), and ``has`` finds it without reading it (the kernel refuses reads of a write-only file)."""
+    executor = ResourceExecutor(_v2_tree(tmp_path))
+    reclaim = tmp_path / "sys/fs/cgroup" / POD / "memory.reclaim"
+    assert not executor.has("memory.reclaim", POD)  # a kernel before 5.19
+    reclaim.write_text("")
+    reclaim.chmod(0o200)
+    assert executor.has("memory.reclaim", POD)
+    before = update_count("memory.reclaim", "written")
+    for _ in range(2):
+        reclaim.write_text("")
+        assert executor.update(ResourceUpdate.of("memory.reclaim", POD, 1 << 20)) is True
+        assert reclaim.read_text() == str(1 << 20)
+    assert update_count("memory.reclaim", "written") == before + 2
+    with pytest.raises(InvalidUpdateError):  # bytes, at least 1
+        executor.update(ResourceUpdate.of("memory.reclaim", POD, 0))
+    with pytest.raises(CgroupNotFoundError):
+        executor.has("memory.reclaim", "kubepods/besteffort/gone")
+    v1 = ResourceExecutor(CgroupFS(mount_dir=str(tmp_path / "v1"), version=CgroupVersion.V1))
+    with pytest.raises(InvalidUpdateError):  # no v1 file: cgroup v1 has no proactive reclaim
+        v1.has("memory.reclaim", POD)

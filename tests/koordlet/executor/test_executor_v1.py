@@ -132,8 +132,12 @@ def test_leveled_update_three_levels_unlimited_to_limited_and_back(
     cpu_cgroups.make("qos/pod/container")
     dirs = [cpu_cgroups.rel("qos"), cpu_cgroups.rel("qos/pod"), cpu_cgroups.rel("qos/pod/container")]
     assert executor.leveled_update([_quota(d, v) for d, v in zip(dirs, (200000, 100000, 50000), strict=True)]).ok
-    assert executor.leveled_update([_quota(d, -1) for d in reversed(dirs)]).ok
+    result = executor.leveled_update([_quota(d, -1) for d in reversed(dirs)])
     assert [cpu_cgroups.read(d.split("/", 1)[1], "cpu.cfs_quota_us") for d in dirs] == ["-1", "-1", "-1"]
+    # The first pass (parents first, the looser value) wrote every -1 already and the exact pass found them in place:
+    # they are done all the same (the plan runner records and audits ``done``), written once, none skipped.
+    assert result.ok and [u.cgroup_dir for u in result.done] == dirs
+    assert (result.written, result.skipped) == (3, 0)
 
 
 def test_an_unchanged_leveled_update_touches_no_file_until_verify_or_the_cache_window_ends(

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from koordlet.executor import InvalidUpdateError, ResourceExecutor, ResourceUpdate, UnsupportedResourceError
+from koordlet.executor import (
+    InvalidUpdateError,
+    PartialWriteError,
+    ResourceExecutor,
+    ResourceUpdate,
+    UnsupportedResourceError,
+)
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.resources import CGROUP_RESOURCES, ValueKind
 from tests.koordlet.qosmanager.realnode import skip_unless_v2_writable
@@ -44,6 +50,7 @@ ANOLIS_ONLY = {"cpu.bvt_warp_ns", "memory.wmark_ratio", "memory.wmark_scale_fact
                "memory.priority", "memory.use_priority_oom"}
 V1_ONLY = {"net_cls.classid"}
 TASKS = {"cgroup.procs", "tasks"}
+ACTIONS = {"memory.reclaim"}  # write-only: below
 # Per-device files (a device number in every value): written on the guest's attached disk by
 # tests/koordlet/qosmanager/test_blkio_v2.py (the io.max keys, the root's io.cost.qos and io.cost.model; io.weight
 # only by the host's unit tests).
@@ -78,7 +85,17 @@ def test_the_table_covers_every_writable_resource() -> None:
     assert PER_DEVICE == {"blkio.throttle.read_bps_device", "blkio.throttle.write_bps_device",
                           "blkio.throttle.read_iops_device", "blkio.throttle.write_iops_device",
                           "blkio.cost.weight", "blkio.cost.qos", "blkio.cost.model"}
-    assert writable == set(WRITES) | ANOLIS_ONLY | V1_ONLY | TASKS | PER_DEVICE
+    assert writable == set(WRITES) | ANOLIS_ONLY | V1_ONLY | TASKS | PER_DEVICE | ACTIONS
+
+
+def test_memory_reclaim_is_there_and_asking_an_empty_cgroup_is_a_partial_write(leaf: str) -> None:
+    """Debian's 6.1 has memory.reclaim (Linux >= 5.19). Nothing to reclaim: the kernel answers EAGAIN, which the
+    executor reports as a partial write (not a failure), and asking again writes again (no write cache)."""
+    executor = ResourceExecutor(CgroupFS.detect())
+    assert executor.has("memory.reclaim", leaf)
+    for _ in range(2):
+        with pytest.raises(PartialWriteError):
+            executor.update(ResourceUpdate.of("memory.reclaim", leaf, 8 * MiB))
 
 
 def test_every_writable_v2_file_takes_the_executors_value(leaf: str) -> None:

@@ -20,12 +20,18 @@ import pytest
 
 from koordlet.api.keys import LABEL_QOS_CLASS
 from koordlet.api.nodeslo import NodeSLOSpec
-from koordlet.api.pod import PodMeta
+from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.eviction import Evictor
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
-from koordlet.metricsadvisor import CollectorRunner, NodeResourceCollector, PodCgroup, PodResourceCollector
+from koordlet.metricsadvisor import (
+    CollectorRunner,
+    ContainerCgroup,
+    NodeResourceCollector,
+    PodCgroup,
+    PodResourceCollector,
+)
 from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
@@ -134,7 +140,21 @@ class RealNode:
         return pod.cgroup_parent.strip("/")
 
     def _pod_cgroups(self) -> list[PodCgroup]:
-        return [PodCgroup(p.uid, self.pod_dir(p), (), p.qos_class.value) for p in self.states.pods()]
+        return [PodCgroup(p.uid, self.pod_dir(p), tuple(ContainerCgroup(c.container_id, f"{self.pod_dir(p)}/"
+                                                                         f"{c.container_id}")
+                                                        for c in p.containers if c.container_id),
+                          p.qos_class.value) for p in self.states.pods()]
+
+    def add_container(self, pod_name: str, container: ContainerMeta) -> str:
+        """Give pod ``pod_name`` the container ``container`` (a dir under its pod dir, as cgroupfs lays it out)
+        and return the container's dir."""
+        pod_dir = self.pod_dir(self.pod(pod_name))
+        container_dir = f"{pod_dir}/{container.container_id}"
+        self.groups.make(self._rel(container_dir))
+        self.states.set_pods([replace(p, containers=(*p.containers, container)) if p.name == pod_name else p
+                              for p in self.states.pods()])
+        self.pods = list(self.states.pods())
+        return container_dir
 
     def put_pod_in_api(self, pod_name: str, api_client: kubernetes.client.ApiClient) -> None:
         """Create pod ``pod_name`` in the (test) API server and take the uid it gives, so that an eviction
@@ -143,7 +163,9 @@ class RealNode:
         created = kubernetes.client.CoreV1Api(api_client).create_namespaced_pod("default", {
             "metadata": {"name": pod_name, "labels": dict(pod.labels)},
             "spec": {"containers": [{"name": "main", "image": "localhost/busybox"}]}})
-        self.states.set_pods([replace(p, uid=created.metadata.uid) if p.name == pod_name else p for p in self.pods])
+        self.states.set_pods([replace(p, uid=created.metadata.uid) if p.name == pod_name else p
+                              for p in self.states.pods()])
+        self.pods = list(self.states.pods())
 
     def spawn(self, pod_name: str, code: str = BURN) -> subprocess.Popen[bytes]:
         return self.groups.spawn(self._rel(self.pod_dir(self.pod(pod_name))), code)

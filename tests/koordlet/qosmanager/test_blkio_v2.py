@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from tests.koordlet.qosmanager.test_blkio import (
     check_an_operators_cost_qos_line_survives,
     read_rate,
 )
-from tests.support.v2guest import in_v2_guest
+from tests.support.v2guest import attached_disk
 
 pytestmark = pytest.mark.cgroupv2
 
@@ -35,18 +34,11 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def guest_disk() -> Iterator[str]:
-    """The disk v2-stage.sh attached (found by its virtio serial: the image path's first 20 characters)."""
-    if not in_v2_guest():
-        pytest.skip("needs the disk the cgroup v2 VM stage attaches (make v2-check)")
+def guest_disk() -> str:
+    """The disk v2-stage.sh attached."""
+    disk = attached_disk()
     skip_unless_v2_writable(("io", "memory"))
-    image = os.environ.get("KPY_V2_DISK", "")
-    assert image, "v2-stage.sh names the attached disk in KPY_V2_DISK"
-    for serial in sorted(Path("/sys/block").glob("*/serial")):
-        if serial.read_text().strip() and image.startswith(serial.read_text().strip()):
-            yield f"/dev/{serial.parent.name}"
-            return
-    pytest.fail(f"no disk with the serial of {image} under /sys/block")
+    return disk
 
 
 def _io_max(path: str, number: str) -> str:

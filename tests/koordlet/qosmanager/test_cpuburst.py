@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from koordlet.api.cfsquota import QuotaGates
 from koordlet.api.nodeslo import CPUBurstStrategy, parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta
+from koordlet.qosmanager import QoSManagerConfig
 from koordlet.qosmanager.cpuburst import (
+    BurstConfig,
     BurstCurrent,
     BurstOperation,
     SharePoolState,
     TokenBucket,
     bucket_capacity,
     container_operation,
+    decide,
     decide_burst,
     eligible_containers,
     scaled_quota,
@@ -148,6 +154,35 @@ def test_policy_without_quota_burst_resets_to_the_limit() -> None:
                             {})
     assert decision.operations[CID] is BurstOperation.RESET
     assert decision.container_quota_us[CID] == 100000
+
+
+def test_with_cpu_normalization_burst_scales_from_and_resets_to_the_normalized_base() -> None:
+    """Koordinator #2306: burst's base is the normalized quota, so neither undoes the other (api/cfsquota.py)."""
+    flags = QoSManagerConfig(feature_gates={"CPUBurst": True, "CPUNormalization": True})
+    ratio = {"node.koordinator.sh/cpu-normalization-ratio": "1.25"}
+    at_rest = _burst_snapshot(policy="none", node=node(8000, annotations=ratio),
+                              cgroup_values={("cpu.cfs_quota_us", f"kubepods/burstable/poduid-ls/{CID}"): "100000",
+                                             ("cpu.cfs_quota_us", "kubepods/burstable/poduid-ls"): "100000"})
+    config = BurstConfig.from_node_slo(at_rest.node_slo, flags)
+    assert config.quota_gates == QuotaGates(cpuset=False, cpu_burst=True, normalization=True)
+    assert decide(at_rest, config).report.container_quota_us[CID] == 80_000  # kubelet's 100000 / 1.25
+    throttled = replace(at_rest, node_slo=parse_node_slo_spec({"cpuBurstStrategy": {"policy": "cfsQuotaBurstOnly"}}),
+                        cgroup_values={("cpu.cfs_quota_us", f"kubepods/burstable/poduid-ls/{CID}"): "80000",
+                                       ("cpu.cfs_quota_us", "kubepods/burstable/poduid-ls"): "80000"})
+    assert decide(throttled, config).report.container_quota_us[CID] == 96_000
+    # the gate off: kubelet's limit is the base; a bad ratio annotation: the same (the hook reports it)
+    assert decide(at_rest, BurstConfig.from_node_slo(at_rest.node_slo, QoSManagerConfig(
+        feature_gates={"CPUBurst": True}))).report.container_quota_us == {}
+    bad = replace(at_rest, node=node(8000, annotations={"node.koordinator.sh/cpu-normalization-ratio": "x"}))
+    assert decide(bad, config).report.container_quota_us == {}
+
+
+def test_a_pod_bound_to_a_cpuset_keeps_its_quota_for_the_cpuset_hook() -> None:
+    bound = replace(LS_POD, annotations={"scheduling.koordinator.sh/resource-status": '{"cpuset": "2"}'})
+    snap = _burst_snapshot(pods=(bound,))
+    containers = eligible_containers(snap, LAYOUT, QuotaGates(cpuset=True, cpu_burst=True))
+    assert [c.owns_quota for c in containers] == [False]
+    assert not decide_burst(snap, containers, BurstCurrent({CID: 100000}, {"uid-ls": 100000}), {}).operations
 
 
 def test_only_running_non_lsr_lse_be_pods_are_eligible() -> None:

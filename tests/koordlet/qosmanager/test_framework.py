@@ -65,7 +65,7 @@ def test_gates_turn_on_memory_qos_and_evictions() -> None:
     manager = new_qos_manager(StaticStates(node=node()), MetricCache(),
                               ResourceExecutor(CgroupFS("/nonexistent/sys/fs/cgroup")), LAYOUT,
                               evictor=Evictor("node-1", cri_endpoint="/nonexistent.sock"), config=config)
-    assert manager.scheduled == ["cpusuppress", "memoryqos", "resctrl", "memoryevict", "cpuevict"]
+    assert manager.scheduled == ["cpusuppress", "memoryqos", "resctrl", "memoryreclaim", "memoryevict", "cpuevict"]
 
 
 def test_collect_interval_below_one_second_disables_the_manager() -> None:

@@ -52,18 +52,6 @@ def v2_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
     yield from _v2_real_node(request.node.name, PODS)
 
 
-def _with_container(node: RealNode, pod_name: str, container: ContainerMeta) -> str:
-    """Give a pod one container dir (a leaf) and return it."""
-    pod = node.pod(pod_name)
-    pod_dir = node.pod_dir(pod)
-    container_dir = f"{pod_dir}/{container.container_id}"
-    node.groups.make(container_dir.removeprefix(node.groups.prefix).strip("/"))
-    node.states.set_pods([replace(p, containers=(container,)) if p.name == pod_name else p
-                          for p in node.states.pods()])
-    node.pods = list(node.states.pods())
-    return container_dir
-
-
 def _be_quota(node: RealNode) -> int:
     quota = node.be_quota()
     assert quota.period_us == 100000
@@ -132,7 +120,7 @@ def test_v2_memory_over_threshold_under_real_pressure_evicts_the_be_pod(v2_node:
 
 def test_v2_burst_writes_cpu_max_burst(v2_node: RealNode) -> None:
     container = ContainerMeta("app", container_id=CONTAINER_ID, limits={"cpu": 1000})
-    container_dir = _with_container(v2_node, "ls", container)
+    container_dir = v2_node.add_container("ls", container)
     v2_node.groups.write("", container_dir.removeprefix(v2_node.groups.prefix).strip("/"), "cpu.max", "100000 100000")
     v2_node.start(parse_node_slo_spec({"cpuBurstStrategy": {"policy": "cpuBurstOnly", "cpuBurstPercent": 50}}),
                   config=QoSManagerConfig(feature_gates={"BECPUSuppress": False, "RdtResctrl": False}))
@@ -142,7 +130,7 @@ def test_v2_burst_writes_cpu_max_burst(v2_node: RealNode) -> None:
 def test_v2_memory_qos_writes_min_low_high(v2_node: RealNode) -> None:
     container = ContainerMeta("app", container_id=CONTAINER_ID, requests={"memory": 256 * MiB},
                               limits={"memory": 512 * MiB})
-    container_dir = _with_container(v2_node, "ls", container)
+    container_dir = v2_node.add_container("ls", container)
     pod_dir = v2_node.pod_dir(v2_node.pod("ls"))
     slo = parse_node_slo_spec({"resourceQOSStrategy": {"lsClass": {"memoryQOS": {
         "enable": True, "minLimitPercent": 100, "lowLimitPercent": 100, "throttlingPercent": 50}}}})
@@ -164,7 +152,7 @@ def test_v2_memory_qos_leaves_local_mode_pods_alone_and_writes_them_with_specs(v
     so do their QoS dirs; the same pods with their specs get the right values."""
     container = ContainerMeta("app", container_id=CONTAINER_ID, requests={"memory": 256 * MiB},
                               limits={"memory": 512 * MiB})
-    container_dir = _with_container(v2_node, "ls", container)
+    container_dir = v2_node.add_container("ls", container)
     pod_dir = v2_node.pod_dir(v2_node.pod("ls"))
     burstable = v2_node.layout.qos_dir(KubeQoS.BURSTABLE)
     before = {(pod_dir, "memory.min"): str(8 * MiB), (pod_dir, "memory.low"): str(8 * MiB),
@@ -227,7 +215,7 @@ def test_v2_static_policy_keeps_kubelets_cpus_out_and_suppresses_at_container_le
     state = CPUManagerState(policy="static", default_cpuset=frozenset(online[:-1]),
                             assignments=(CPUAssignment(frozenset({exclusive}), pod_uid="guaranteed-uid",
                                                        container_name="main"),))
-    container_dir = _with_container(node, "be", ContainerMeta("job", CONTAINER_ID))  # no process: not a leaf
+    container_dir = node.add_container("be", ContainerMeta("job", CONTAINER_ID))  # no process: not a leaf
     burners = [node.spawn("ls") for _ in range(len(online) // 2)]
     node.start(spec(cpuSuppressThresholdPercent=75), cpu_manager=lambda: state)
     read = lambda d: set(parse_cpu_list(node.read("cpuset", d, "cpuset.cpus")))  # noqa: E731

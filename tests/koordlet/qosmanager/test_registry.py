@@ -34,11 +34,15 @@ SLO = parse_node_slo_spec({
                                             {"name": "/dev/vdb", "type": "device", "ioCfg": {"readBPS": 1 << 20}}]}}},
     "cpuBurstStrategy": {"policy": "auto"},
     "systemStrategy": {"minFreeKbytesFactor": 100, "watermarkScaleFactor": 150},
+    "extensions": {"beMemoryReclaimStrategy": {"enable": True, "reclaimThresholdPercent": 50}},
 })
 LS = pod("web", "LS", containers=(ContainerMeta("app", container_id="a" * 12, requests={"cpu": 1000, "memory": GiB},
                                                 limits={"cpu": 2000, "memory": 2 * GiB}),))
 BE = be_pod("batch", batch_cpu_milli=2000, batch_memory=GiB)
 LS_DIR = "kubepods/burstable/poduid-web"
+BE_DIR = "kubepods/besteffort/poduid-batch"
+BE_MEMORY_STAT = ("anon 1073741824\nfile 2147483648\ninactive_anon 0\nactive_anon 1073741824\n"
+                  "inactive_file 2147483648\nactive_file 0\nunevictable 0\n")
 ALL_ON = dict.fromkeys(DEFAULT_FEATURE_GATES, True)  # every strategy's every feature
 
 
@@ -52,8 +56,10 @@ def _snapshot():
         cgroup_values={("cpu.cfs_quota_us", LS_DIR): "200000",
                        ("cpu.cfs_quota_us", f"{LS_DIR}/{'a' * 12}"): "200000",
                        ("cpuset.cpus", "kubepods/besteffort"): "0-7",
-                       ("cpu.cfs_quota_us", "kubepods/besteffort"): "-1"},
-        kernel_files=frozenset({"memory.min", "memory.low", "memory.high"}),
+                       ("cpu.cfs_quota_us", "kubepods/besteffort"): "-1",
+                       ("memory.stat", BE_DIR): BE_MEMORY_STAT},
+        node_memory_with_page_cache_bytes=15 * GiB,
+        kernel_files=frozenset({"memory.min", "memory.low", "memory.high", "memory.reclaim"}),
         resctrl=ResctrlInfo(0x7FF, (0, 1), True),
         system_values={"min_free_kbytes": "67584", "watermark_scale_factor": "10"},
         storage=StorageInfo(MappingProxyType({"vdb": BlockDevice("vdb", "254:16", "vdb")})),

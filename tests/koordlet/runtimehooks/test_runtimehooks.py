@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
 import pytest
 
-from koordlet.api.nodeslo import default_node_slo_spec
+from koordlet.api.nodeslo import default_node_slo_spec, parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.executor import ResourceExecutor
 from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
@@ -34,16 +34,17 @@ BE_LABELS = {"koordinator.sh/qosClass": "BE"}
 CGROUP_V1 = Path("/sys/fs/cgroup")
 
 
-def _hooks(tmp_path: Path, states: StaticStates, cgroup_root: str = "/", interval_s: float = 60.0) -> RuntimeHooks:
+def _hooks(tmp_path: Path, states: StaticStates, cgroup_root: str = "/", interval_s: float = 60.0,
+           gates: dict[str, bool] = GATES) -> RuntimeHooks:
     config = RuntimeHooksConfig(socket_path=str(tmp_path / "koordlet.sock"),
                                 host_endpoint=str(tmp_path / "koordlet.sock"),
                                 config_dir=str(tmp_path / "hookserver.d"), reconcile_interval_s=interval_s,
-                                feature_gates=GATES)
+                                feature_gates=gates)
     executor = ResourceExecutor(CgroupFS(mount_dir=os.path.join(cgroup_root, "sys/fs/cgroup")))
     return RuntimeHooks(config, states, executor, KubeCgroupLayout(cgroup_root=CGROUP_ROOT))
 
 
-@contextmanager
+@contextlib.contextmanager
 def _through_proxy(hooks: RuntimeHooks, containerd_socket: str,
                    tmp_path: Path) -> Iterator[tuple[CriClient, PodFactory]]:
     """``hooks`` started behind a real proxy in front of ``containerd_socket``: a CRI client of the proxy and a pod
@@ -202,6 +203,36 @@ def test_be_pod_through_the_proxy_gets_its_batch_resources_on_disk_and_skip_labe
             time.sleep(0.1)
         assert (CGROUP_V1 / "memory" / pod_dir / "memory.limit_in_bytes").read_text().strip() == str(96 << 20)
         assert (CGROUP_V1 / "cpu" / cgroup2 / "cpu.shares").read_text().strip() == "1024"  # skip label: left alone
+
+
+@pytest.mark.containerd
+def test_be_pod_through_the_proxy_gets_cpu_idle_at_run_pod_sandbox(containerd_socket: str, tmp_path: Path) -> None:
+    """CoreSched with ``beClass.cpuQOS.schedIdle: 1`` through koord-runtime-proxy: the hook server writes the BE pod
+    dir's ``cpu.idle`` at PreRunPodSandbox (the reconciler does not run here), the LS pod's gets 0."""
+    core_sched = parse_node_slo_spec({"resourceQOSStrategy": {
+        "policies": {"cpuPolicy": "coreSched"}, "beClass": {"cpuQOS": {"enable": True, "schedIdle": 1}}}})
+    states = StaticStates(node=NodeInfo("n1"), node_slo=core_sched)
+    hooks = _hooks(tmp_path, states, interval_s=3600, gates={**GATES, "CoreSched": True})
+    made: list[Path] = []
+    try:
+        with _through_proxy(hooks, containerd_socket, tmp_path) as (_, pods):
+            be = sandbox_config("job", labels=BE_LABELS, annotations=BE_ANNOTATIONS)
+            ls = sandbox_config("web", kube_qos="burstable", labels={"koordinator.sh/qosClass": "LS"})
+            for sandbox in (be, ls):
+                # kubelet makes the pod's cgroup before it asks for the sandbox
+                pod_dir = CGROUP_V1 / "cpu" / sandbox.linux.cgroup_parent.lstrip("/")
+                for directory in reversed((pod_dir, *pod_dir.parents)):
+                    if not directory.exists():
+                        directory.mkdir()
+                        made.append(directory)
+                pods.run_pod(sandbox)
+            idle = lambda sandbox: (CGROUP_V1 / "cpu" / sandbox.linux.cgroup_parent.lstrip("/")  # noqa: E731
+                                    / "cpu.idle").read_text().strip()
+            assert (idle(be), idle(ls)) == ("1", "0")
+    finally:
+        for directory in reversed(made):
+            with contextlib.suppress(OSError):  # runc may have pruned it already
+                directory.rmdir()
 
 
 @pytest.mark.containerd

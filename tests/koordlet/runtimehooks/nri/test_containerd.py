@@ -20,6 +20,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from koordlet.api.nodeslo import NodeSLOSpec, parse_node_slo_spec
 from koordlet.executor import ResourceExecutor
 from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
 from koordlet.runtimehooks.nri import NriConfig
@@ -89,18 +90,22 @@ class Koordlet:
 
     def __init__(self, runtime: NriContainerd, tmp_path: Path, node_annotations: dict[str, str] | None = None,
                  serve_hooks: bool = False, hook_dir: str | None = None, register_within_s: float | None = 10.0,
-                 gates: dict[str, bool] | None = None, resctrl_dir: str | None = None, **nri: object) -> None:
+                 gates: dict[str, bool] | None = None, resctrl_dir: str | None = None,
+                 node_slo: NodeSLOSpec | None = None, **nri: object) -> None:
         """``register_within_s``: entering waits that long for the registration (None: does not wait);
-        ``resctrl_dir``: a fixture resctrl tree (gate ``Resctrl``)."""
+        ``gates``: instead of GATES; ``resctrl_dir``: a fixture resctrl tree (gate ``Resctrl``); ``node_slo``:
+        instead of the default one."""
         self._register_within_s = register_within_s
         config = RuntimeHooksConfig(
             socket_path=str(tmp_path / "koordlet.sock"), host_endpoint=str(tmp_path / "koordlet.sock"),
             config_dir=hook_dir or str(tmp_path / "hookserver.d"), reconcile_interval_s=3600,
             feature_gates=gates or GATES, serve_hooks=serve_hooks, resctrl_dir=resctrl_dir,
             nri=NriConfig(socket_path=runtime.nri_socket, **{"socket_poll_s": 0.2, **nri}))  # type: ignore[arg-type]
+        states = StaticStates(node=NodeInfo("n1", annotations=node_annotations or {}))
+        if node_slo is not None:
+            states.set_node_slo(node_slo)
         self.executor = ResourceExecutor(CgroupFS(), resctrl_root=resctrl_dir)
-        self.hooks = RuntimeHooks(config, StaticStates(node=NodeInfo("n1", annotations=node_annotations or {})),
-                                  self.executor, KubeCgroupLayout(cgroup_root=CGROUP_ROOT))
+        self.hooks = RuntimeHooks(config, states, self.executor, KubeCgroupLayout(cgroup_root=CGROUP_ROOT))
         assert self.hooks.nri is not None
         self.nri = self.hooks.nri
 
@@ -147,6 +152,20 @@ def test_ls_and_be_pods_started_on_containerd_get_the_hook_values(runtime, clien
     # LS bound by the scheduler: its cpuset, and no CFS quota (Koordinator #489)
     assert cgroup(lsr, "cpuset", "cpuset.cpus", lsr_id) == "1"
     assert cgroup(lsr, "cpu", "cpu.cfs_quota_us", lsr_id) == "-1"
+
+
+def test_be_pod_gets_cpu_idle_through_nri_where_the_option_asks_for_it(runtime, client, pods, tmp_path) -> None:
+    """CoreSched with ``beClass.cpuQOS.schedIdle: 1`` (docs/colocation.md): the BE pod dir is a SCHED_IDLE group from
+    RunPodSandbox on, the LS pod's is not; the BE pod's own shares stay off its dir while it is idle."""
+    core_sched = parse_node_slo_spec({"resourceQOSStrategy": {
+        "policies": {"cpuPolicy": "coreSched"}, "beClass": {"cpuQOS": {"enable": True, "schedIdle": 1}}}})
+    with Koordlet(runtime, tmp_path, gates={**GATES, "CoreSched": True}, node_slo=core_sched):
+        _, be_id, be = pods.start_pod("job", **BE)
+        _, _, ls = pods.start_pod("ls-web", resources=KUBELET_LS, kube_qos="burstable", **LS)
+        assert wait_for(lambda: cgroup(be, "cpu", "cpu.idle") == "1", 5)
+        assert wait_for(lambda: cgroup(ls, "cpu", "cpu.idle") == "0", 5)
+    assert cgroup(be, "cpu", "cpu.shares") == "3"  # the kernel's weight of an idle group, not batchresource's 512
+    assert cgroup(be, "cpu", "cpu.shares", be_id) == "512"  # the container's own weight inside the idle pod
 
 
 def test_a_pods_resctrl_group_is_made_at_run_pod_sandbox_and_removed_after_remove_pod_sandbox(
