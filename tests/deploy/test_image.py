@@ -247,6 +247,14 @@ def _container_log(runtime: CriClient, cid: str) -> str:
 
 def _be_pod_gets_its_hook_values(proxy_socket: str) -> None:
     client = CriClient(proxy_socket)
+    try:
+        be_pod_gets_its_batch_values(client)
+    finally:
+        client.close()
+
+
+def be_pod_gets_its_batch_values(client: CriClient) -> None:
+    """A BE pod made through ``client`` (the proxy, or containerd with NRI) gets its batch values from koordlet."""
     pods = PodFactory(client)
     try:
         sandbox = sandbox_config("job", labels={"koordinator.sh/qosClass": "BE"},
@@ -262,4 +270,3 @@ def _be_pod_gets_its_hook_values(proxy_socket: str) -> None:
         assert (memory / "memory.limit_in_bytes").read_text().strip() == str(96 << 20)
     finally:
         pods.cleanup()
-        client.close()

@@ -282,9 +282,6 @@ NODE = "koordinator-node"
 TOKEN = "koordinator-chart-token"
 NRI_SOCKET = "/var/run/nri/nri.sock"
 SA_NAMESPACE = koord.VALUES["installation"]["namespace"]
-BE_SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi"},
-                                  "limits": {"kubernetes.io/batch-cpu": "1500",
-                                             "kubernetes.io/batch-memory": "96Mi"}}}}
 
 
 def _port_free(port: int) -> bool:
@@ -532,24 +529,9 @@ def _serve_koordinators_crds(api: Any) -> None:
 
 
 def _be_pod_gets_its_batch_values_through_nri(client: Any) -> None:
-    from tests.support.cri import PodFactory, container_config, sandbox_config
-    from wire import cri_pb2 as cri
+    from tests.deploy.test_image import be_pod_gets_its_batch_values
 
-    be_pods = PodFactory(client)
-    try:
-        sandbox = sandbox_config("job", labels={"koordinator.sh/qosClass": "BE"},
-                                 annotations={"node.koordinator.sh/extended-resource-spec": json.dumps(BE_SPEC)})
-        sid = be_pods.run_pod(sandbox)
-        cid = be_pods.create_container(sid, sandbox, container_config("job"))
-        client.runtime.StartContainer(cri.StartContainerRequest(container_id=cid), timeout=60)
-        cpu = Path("/sys/fs/cgroup/cpu") / sandbox.linux.cgroup_parent.lstrip("/") / cid
-        memory = Path("/sys/fs/cgroup/memory") / sandbox.linux.cgroup_parent.lstrip("/") / cid
-        # batch-cpu 1500 milli: quota 150000 µs a 100 ms period; batch-memory 96Mi; BE shares from 500 milli
-        assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "150000"
-        assert (cpu / "cpu.shares").read_text().strip() == "512"
-        assert (memory / "memory.limit_in_bytes").read_text().strip() == str(96 << 20)
-    finally:
-        be_pods.cleanup()
+    be_pod_gets_its_batch_values(client)
 
 
 def test_the_device_object_of_a_gpu_node_validates_against_koordinators_crd(tmp_path: Path) -> None:
