@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test deps image proto bench bench-v2 soak lint v2-check gpu-check clean
+.PHONY: demo test deps image proto bench bench-v2 soak lint lock v2-check gpu-check clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -31,6 +31,15 @@ soak: deps
 
 lint: deps
 	$(PY) -m ruff check .
+
+# requirements.lock: the runtime dependencies of pyproject.toml (and the build backend), pinned with the sha256 of
+# every file PyPI publishes for each version, resolved for this Python; scripts/install-baremetal.sh installs from it.
+# pip-tools runs in a throwaway virtualenv; PIP_CONFIG_FILE=/dev/null: PyPI itself, not a machine's local mirror.
+lock: deps
+	rm -rf out/lock-venv && $(PY) -m venv out/lock-venv
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null out/lock-venv/bin/pip install -q pip-tools
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null CUSTOM_COMPILE_COMMAND="make lock" out/lock-venv/bin/pip-compile -q \
+	  --generate-hashes --allow-unsafe --strip-extras --build-deps-for=wheel --output-file=requirements.lock pyproject.toml
 
 # The cgroup v2 stage alone: the tests marked cgroupv2, in a VM booting Debian's kernel (part of `make test`).
 v2-check: deps

@@ -26,9 +26,9 @@ from hooks import registry  # noqa: E402
 from hooks.protocol import ContainerContext, NodeContext  # noqa: E402
 from koordlet.actuator import PlanRunner  # noqa: E402
 from koordlet.api.pod import ContainerMeta, PodMeta  # noqa: E402
-from koordlet.debug.actions import RecentActions  # noqa: E402
-from koordlet.debug.answers import HookAnswers  # noqa: E402
 from koordlet.executor import ResourceExecutor  # noqa: E402
+from koordlet.history.actions import RecentActions  # noqa: E402
+from koordlet.history.answers import HookAnswers  # noqa: E402
 from koordlet.runtimehooks.reconciler import Reconciler  # noqa: E402
 from koordlet.system.cgroup import CgroupFS, CgroupVersion  # noqa: E402
 from koordlet.system.kubepods import KubeCgroupLayout  # noqa: E402

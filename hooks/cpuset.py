@@ -3,7 +3,8 @@
 Container cpuset, in Koordinator's order (docs/koordinator.md §3.3):
 
 1. a cpuset in ``scheduling.koordinator.sh/resource-status`` (LSE, LSR: the scheduler's choice) → that cpuset,
-   and an unlimited CFS quota at pod and container level (bound pods must not be throttled, Koordinator #489);
+   and an unlimited CFS quota at pod and container level (bound pods must not be throttled, Koordinator #489;
+   with ``-disable-unset-cpu-quota`` the quota kubelet set stays, as Koordinator's DisableUnsetCPUQuotaForCPUSetPod);
    NUMA resources there (with CPU, or batch-cpu) → the shared pools of those NUMA nodes: the BE pools for a BE
    pod with ``BECPUManager`` on, the LS pools for any other pod (Koordinator cpuset rule.go; a BE pod without
    the gate falls through to 3);
@@ -40,14 +41,19 @@ def allocated_cpuset(pod: PodMeta) -> str:
     return format_cpu_list(parse_resource_status(raw).cpuset)
 
 
-def pod(ctx: PodContext, _rule: SharePool | None) -> Changes:
-    return Changes(cfs_quota_us=-1) if allocated_cpuset(ctx.pod) else NO_CHANGES
+def _unset_quota(share: SharePool | None) -> int | None:
+    """The quota of a pod bound to CPUs: unlimited, or kubelet's (None) with ``-disable-unset-cpu-quota``."""
+    return None if share is not None and share.keep_quota else -1
+
+
+def pod(ctx: PodContext, share: SharePool | None) -> Changes:
+    return Changes(cfs_quota_us=_unset_quota(share)) if allocated_cpuset(ctx.pod) else NO_CHANGES
 
 
 def rule(node: NodeContext) -> SharePool:
     pools = node.cpu_pools
     shared = format_cpu_list(sorted(pools.shared_cpus)) if pools is not None else ""
-    return SharePool(shared, node.kubelet_cpu_policy, pools, node.be_cpu_manager)
+    return SharePool(shared, node.kubelet_cpu_policy, pools, node.be_cpu_manager, node.keep_cpuset_pod_quota)
 
 
 KUBELET_POLICY_NONE = "none"
@@ -61,6 +67,7 @@ class SharePool:
     kubelet_policy: str
     pools: CPUPools | None = None  # the per-NUMA pools (NUMA-aware allocations)
     be_cpu_manager: bool = False
+    keep_quota: bool = False  # -disable-unset-cpu-quota
 
 
 def _numa_nodes(pod: PodMeta) -> tuple[int, ...]:
@@ -89,7 +96,7 @@ def _numa_cpuset(ctx: ContainerContext, share: SharePool | None) -> str | None:
 def container(ctx: ContainerContext, share: SharePool | None) -> Changes:
     cpuset = allocated_cpuset(ctx.pod)
     if cpuset:
-        return Changes(cpuset_cpus=cpuset, cfs_quota_us=-1)
+        return Changes(cpuset_cpus=cpuset, cfs_quota_us=_unset_quota(share))
     numa = _numa_cpuset(ctx, share)
     if numa:
         return Changes(cpuset_cpus=format_cpu_list(parse_cpu_list(numa)))

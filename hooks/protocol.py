@@ -93,6 +93,7 @@ class NodeContext:
     be_cpu_manager: bool = False  # gate BECPUManager: allocated BE pods get their NUMA nodes' BE shared pools
     rdma: RDMANode | None = None  # gate RDMADeviceInject: the node's RDMA device nodes
     hami_core_library: str = "/usr/local/vgpu/libvgpu.so"  # -hami-core-library-directory-path
+    keep_cpuset_pod_quota: bool = False  # -disable-unset-cpu-quota: a pod bound to CPUs keeps its CFS quota
 
 
 @dataclass(frozen=True, slots=True)

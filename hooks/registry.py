@@ -74,7 +74,7 @@ def register(plugin: Plugin) -> Plugin:
 
 
 def enabled(gates: Mapping[str, bool]) -> list[Plugin]:
-    _load_all()
+    load_builtin()
     return [PLUGINS[name] for name in sorted(PLUGINS) if gates.get(PLUGINS[name].gate, False)]
 
 
@@ -138,8 +138,9 @@ def _checked(changes: Changes, node: NodeContext, parent_quota: validate.ParentQ
     return kept
 
 
-def _load_all() -> None:
-    # Importing a plugin module registers it.
+def load_builtin() -> None:
+    """Register the built-in plugins (importing a plugin module registers it); out-of-tree ones come through
+    koordlet/extensions.py (entry points ``koordlet.hook_plugins``)."""
     from . import (  # noqa: F401
         batchresource,
         coresched,

@@ -16,11 +16,11 @@ too; what only koordlet knows (the node, the parent cgroup) is added here:
   (cgroup v1 refuses a child quota above its parent's with EINVAL);
 - ``cpuset.cpus`` "" (follow the parent) or a valid CPU list that is a subset of the node's online CPUs;
 - ``memory.limit_in_bytes`` -1 (unlimited) or one page .. the node's memory;
-- ``cpu.bvt_warp_ns`` -1..2, ``cpu.idle`` 0 or 1;
+- ``cpu.bvt_warp_ns`` -1..2, ``cpu.idle`` 0 or 1 (``wire.kernel_ranges``);
 - environment variables: POSIX-style names of at most 256 characters, values without NUL of at most 32 KiB;
-- resctrl group names: a plain directory name of at most 64 characters; schemata of at most 4 KiB, one line
-  per resource, printable;
-- ``oom_score_adj`` −1000..1000 (the kernel's OOM_SCORE_ADJ_MIN..MAX).
+- resctrl group names: ``wire.kernel_ranges.resctrl_group_problem``, the rule the executor's resctrl writes
+  check too ("" is no group); schemata of at most 4 KiB, one line per resource, printable;
+- ``oom_score_adj`` −1000..1000 (``wire.kernel_ranges``: the kernel's OOM_SCORE_ADJ_MIN..MAX).
 - devices: a normalised absolute path under ``/dev/``, type ``c`` or ``b``, numbers 0..2^32-1, a file mode
   within 0o777; mounts: normalised absolute source and destination (no ``..``), a ``bind`` mount; host dirs a
   normalised absolute path: a value that is not is dropped on its own, the others kept.
@@ -44,8 +44,6 @@ MAX_ENV_NAME = 256
 MAX_ENV_VALUE = 32 << 10
 MAX_RESCTRL_SCHEMATA = 4096
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RESCTRL_GROUP = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-OOM_SCORE_ADJ_MIN, OOM_SCORE_ADJ_MAX = -1000, 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,29 +113,17 @@ def _schemata_problem(text: str) -> str | None:
     return None
 
 
-def _oom_score_adj_problem(value: object) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int) or not OOM_SCORE_ADJ_MIN <= value <= OOM_SCORE_ADJ_MAX:
-        return f"outside {OOM_SCORE_ADJ_MIN}..{OOM_SCORE_ADJ_MAX}"
-    return None
-
-
-def _resctrl_group_problem(name: str) -> str | None:
-    if name == "" or (_RESCTRL_GROUP.match(name) and name not in (".", "..")):
-        return None
-    return "not a plain directory name of at most 64 characters"
-
-
 # Field of Changes -> (value, node, parent quota) -> why the value is refused, or None; checked in this order.
 _FIELD_RULES: tuple[tuple[str, Callable[[object, NodeContext, ParentQuota], str | None]], ...] = (
     ("cpu_shares", lambda value, node, parent: kernel_ranges.shares_problem(value)),
     ("cfs_quota_us", _quota_problem),
     ("cpuset_cpus", lambda value, node, parent: _cpuset_problem(value, node)),
     ("memory_limit_bytes", lambda value, node, parent: _memory_problem(value, node)),
-    ("bvt_warp_ns", lambda value, node, parent: None if -1 <= value <= 2 else "outside -1..2"),
-    ("cpu_idle", lambda value, node, parent: None if value in (0, 1) else "not 0 or 1"),
-    ("resctrl_group", lambda value, node, parent: _resctrl_group_problem(value)),
+    ("bvt_warp_ns", lambda value, node, parent: kernel_ranges.bvt_warp_ns_problem(value)),
+    ("cpu_idle", lambda value, node, parent: kernel_ranges.cpu_idle_problem(value)),
+    ("resctrl_group", lambda value, node, parent: None if value == "" else kernel_ranges.resctrl_group_problem(value)),
     ("resctrl_schemata", lambda value, node, parent: _schemata_problem(value)),
-    ("oom_score_adj", lambda value, node, parent: _oom_score_adj_problem(value)),
+    ("oom_score_adj", lambda value, node, parent: kernel_ranges.oom_score_adj_problem(value)),
 )
 
 

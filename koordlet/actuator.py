@@ -1,12 +1,19 @@
-"""The one runner of :class:`~koordlet.plan.Plan` s: cgroup writes and resctrl through the executor,
-evictions through the evictor, gauges on the QoS manager's metrics; and a record of what it did.
+""":class:`PlanRunner` carries :class:`~koordlet.plan.Plan` s out: cgroup writes, resctrl, sysctls and blkio lines
+through the executor, evictions through the evictor, gauges on the QoS manager's metrics; and a record of what it
+did.
 
 What it makes on the node it records in the executor's :class:`~koordlet.executor.records.NodeRecords` (resctrl
 groups; the blkio lines, through :class:`~koordlet.executor.lines.DeviceLines`), so the collector
 (:mod:`koordlet.collector`) and a restarted agent know what is koordlet's to take away or put back.
 
-Every part that changes the node (QoS strategies, the runtime hooks' reconciler, the hook server's pod-level
-writes) hands its Plan to a :class:`PlanRunner`; none of them calls the executor or the evictor itself.
+Every part that changes the node hands its Plan to a :class:`PlanRunner` and never calls the executor's writes or
+the evictor itself. Each holds a runner of its own, on its own thread: the QoS manager (its strategies), the hook
+server (pod-level writes), the NRI handlers (pod-level writes, resctrl groups), the runtime hooks' reconciler and
+the node-state collector (:mod:`koordlet.collector`); the cold page collector runs one for kidled's two settings. A
+runner keeps nothing between plans but its last records (under a lock); what runners share, the executor, its
+records, the audit log and ``/debug``'s recent actions, is thread-safe. The one write to kernel files that is no
+plan is the page-idle bitmap's marks (``ResourceExecutor.mark_page_idle``, koordlet/executor/pageidle.py):
+nothing to record or put back.
 A failed write never stops the rest of the plan: it is counted in the record (and logged at debug level;
 the executor counts every outcome in Prometheus itself).
 
@@ -30,7 +37,6 @@ from types import MappingProxyType
 from prometheus_client import Gauge
 
 from koordlet import audit
-from koordlet.debug.actions import RECENT, RecentActions
 from koordlet.eviction import EvictionOutcome, Evictor
 from koordlet.executor import (
     BatchResult,
@@ -41,6 +47,7 @@ from koordlet.executor import (
     UpdateFailure,
 )
 from koordlet.executor.lines import DeviceLines
+from koordlet.history.actions import RECENT, RecentActions
 from koordlet.hostdirs import remove_host_dir
 from koordlet.plan import (
     Evictions,
@@ -178,7 +185,7 @@ class _AuditContext:
 
 @dataclass(frozen=True, slots=True)
 class _Noted:
-    """Where one run's writes and evictions are remembered for ``/debug/pods`` (koordlet.debug.actions)."""
+    """Where one run's writes and evictions are remembered for ``/debug/pods`` (koordlet.history.actions)."""
 
     actions: RecentActions
     source: str
@@ -455,6 +462,7 @@ class PlanRunner:
             except ExecutorError:
                 continue  # gone meanwhile
             wanted.update(pid for pid in text.split() if pid.isdigit() and pid not in present)
+        wanted.update(tid for tid in map(str, action.task_ids) if tid not in present)
         self._write_tasks(action.group, wanted, counts)
 
     def _write_tasks(self, group: str, pids: set[str], counts: _Counts) -> None:

@@ -235,6 +235,12 @@ class KoordletConfig:
     pod_resources_proxy_path: str = "/var/run/koordlet/pod-resources"
     hami_core_library_directory_path: str = "/usr/local/vgpu/libvgpu.so"
     terway_qos_dir: str = "/var/lib/terway/qos"
+    # Koordinator v1.8 parity flags (_parity_flags)
+    xpu_device_infos_dir: str = "/var/run/koordlet/xpu-device-infos/"
+    xpu_enforce_collect_from_device_infos: bool = False
+    disable_unset_cpu_quota: bool = False
+    enable_pod_taskids: bool = False
+    qos_extension_plugins: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
 
     def gate(self, name: str) -> bool:
         return bool(self.feature_gates.get(name, False))
@@ -326,6 +332,7 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
     _prediction_and_system_config_flags(flag)
     _observability_flags(flag, switch, path)
     _report_api_and_mode_flags(flag, switch, kubeconfig)
+    _parity_flags(flag, switch)
     return parser
 
 
@@ -458,6 +465,40 @@ def _observability_flags(flag: _AddFlag, switch: _AddSwitch, path: _ModePath) ->
          "where Terway's QoS reads pod.json and global_bps_config (gate TerwayQoS)")
 
 
+def parse_map_string_bool(text: str) -> dict[str, bool]:
+    """k8s.io/component-base's MapStringBool: ``key=bool`` pairs separated by commas (``-qos-extension-plugins``)."""
+    pairs: dict[str, bool] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"malformed pair {item!r}, expect string=bool")
+        try:
+            pairs[key.strip()] = parse_bool(value)
+        except ConfigError as err:
+            raise ConfigError(f"invalid value of {key.strip()}: {value.strip()!r}") from err
+    return pairs
+
+
+def _parity_flags(flag: _AddFlag, switch: _AddSwitch) -> None:
+    """Koordinator v1.8's flags for XPU devices, the cpuset hook's quota, pod task ids and out-of-tree QoS plugins
+    (issue 35, part 4; facts: Koordinator v1.8.0 util/system/config.go, statesinformer/impl/config.go,
+    runtimehooks/config.go, qosmanager/framework/extension.go)."""
+    flag("xpu-device-infos-dir", str, "/var/run/koordlet/xpu-device-infos/",
+         "dir of the device-info JSON files a device daemon writes for NPUs, MLUs and other accelerators "
+         "(gate Accelerators; koordlet/metricsadvisor/xpu.py)")
+    switch("xpu-enforce-collect-from-device-infos", False,
+           "report accelerators from -xpu-device-infos-dir only, never GPUs from NVML")
+    switch("disable-unset-cpu-quota", False,
+           "the cpuset hook keeps the CFS quota of a pod bound to CPUs (LSE/LSR) instead of unsetting it")
+    switch("enable-pod-taskids", False,
+           "the states informer reads the thread ids of each container and sandbox at every pod sync; the resctrl "
+           "reconciler moves those threads into the pod's group")
+    flag("qos-extension-plugins", parse_map_string_bool, {},
+         "Name=bool,...: turn out-of-tree QoS strategies and hook plugins (Python entry points "
+         "koordlet.qos_strategies, koordlet.hook_plugins) on or off; off by default")
+
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletConfig:
     """The configuration from command line and environment; raises ConfigError with a clear message."""
@@ -491,6 +532,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
         "resctrl_collector_interval": "resctrl_collector_interval_s",
     }
     values = {renamed.get(name, name): value for name, value in args.items()}
+    values["qos_extension_plugins"] = MappingProxyType(dict(values["qos_extension_plugins"]))
     config = KoordletConfig(node_name=node_name, feature_gates=MappingProxyType(gates),
                             runtime_hooks_disable_stages=stages, **values)
     _check(config)

@@ -33,7 +33,7 @@ from prometheus_client import REGISTRY, Counter
 
 from koordlet.api.eviction import EvictionRule, be_rule
 from koordlet.api.pod import PodMeta
-from koordlet.api.qos import QoSClass, parse_kube_qos
+from koordlet.api.qos import parse_kube_qos
 from koordlet.events import UNREACHABLE, PodEvents
 from koordlet.kubeapi import CoreV1
 from wire import cri_pb2 as cri
@@ -94,10 +94,6 @@ class EvictionResult:
     def releases(self) -> bool:
         """True when the pod's resources will be freed (count it as released)."""
         return self.outcome in (EvictionOutcome.EVICTED, EvictionOutcome.ALREADY_EVICTING, EvictionOutcome.GONE)
-
-
-def is_be_pod(pod: PodMeta) -> bool:
-    return pod.qos_class is QoSClass.BE
 
 
 def _live_pod(current: dict, known: PodMeta) -> PodMeta:

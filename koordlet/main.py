@@ -32,9 +32,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 import kubernetes.client
@@ -46,7 +47,6 @@ from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
 from koordlet.debug import serve_debug
-from koordlet.debug.actions import RECENT
 from koordlet.debug.endpoints import DebugSources
 from koordlet.events import PodEvents
 from koordlet.executor import ResourceExecutor
@@ -55,7 +55,9 @@ from koordlet.gpu.metrics import gpu_devices
 from koordlet.gpu.nvml import NvmlModule
 from koordlet.gpu.reporter import DeviceReporter
 from koordlet.gpu.service import GPUService
+from koordlet.gpu.xpu import XPUInventory
 from koordlet.health import DEFAULT_GRACE_S, Health
+from koordlet.history.actions import RECENT
 from koordlet.kubeapi import CoreV1, CustomObjects
 from koordlet.metriccache import GPU_DEVICES_KV, MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer
@@ -67,6 +69,7 @@ from koordlet.metricsadvisor import (
     PodPsiCollector,
     PodResourceCollector,
 )
+from koordlet.metricsadvisor.nodeinfo import CPUNodeMap, NodeInfoCollector
 from koordlet.prediction.predictor import ProdPrediction, predict_prod
 from koordlet.prediction.server import PredictionConfig, PredictServer
 from koordlet.reporters.device import DeviceReportLoop, GPUCollector
@@ -74,7 +77,7 @@ from koordlet.reporters.nodemetric import NodeMetricReporter, ProdPredict
 from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
 from koordlet.reporters.rdma import RDMAInventory
 from koordlet.statesinformer.api import CallbackKind, NodeInfo
-from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
+from koordlet.statesinformer.cgroups import container_task_reader, host_app_cgroup_source, pod_cgroup_source
 from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
 from koordlet.statesinformer.cri import CriPodSource
 from koordlet.statesinformer.informer import PodSource, StatesInformer
@@ -85,9 +88,10 @@ from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.roots import HostDirs
-from koordlet.system.sysfs import read_node_hugepages, read_node_topology, read_online_cpus
+from koordlet.system.sysfs import NUMAMemInfoFiles, read_node_hugepages, read_node_topology, read_online_cpus
 
 if TYPE_CHECKING:
+    from koordlet.extensions import Extensions
     from koordlet.qosmanager import QoSManager
     from koordlet.runtimehooks import RuntimeHooks
     from koordlet.runtimehooks.nri import NriConfig
@@ -131,6 +135,7 @@ class AgentContext:
     runtime_hooks: RuntimeHooks | None = field(default=None, init=False)
     qos_manager: QoSManager | None = field(default=None, init=False)
     predictor: PredictServer | None = field(default=None, init=False)
+    extensions: Extensions | None = field(default=None, init=False)  # out-of-tree strategies and hook plugins
     _cpu_manager: Callable[[], CPUManagerState | None] | None = field(default=None, init=False)
     _dirs: HostDirs | None = field(default=None, init=False)
 
@@ -235,6 +240,22 @@ def _metric_cache(ctx: AgentContext) -> Component | None:
     return None
 
 
+def _extensions(ctx: AgentContext) -> Component | None:
+    """Out-of-tree QoS strategies and hook plugins (entry points), named at start, switched by
+    ``-qos-extension-plugins`` (koordlet/extensions.py)."""
+    from koordlet.extensions import load_extensions, report
+
+    ctx.extensions = load_extensions(ctx.config.qos_extension_plugins)
+    report(ctx.extensions, ctx.metrics.registry, ctx.config.node_name, ctx.config.qos_extension_plugins)
+    return None
+
+
+def _gates_with_extensions(ctx: AgentContext) -> Mapping[str, bool]:
+    """The feature gates with each loaded extension's switch laid over them."""
+    extra = ctx.extensions.gates if ctx.extensions is not None else {}
+    return MappingProxyType({**ctx.config.feature_gates, **extra})
+
+
 def _states_informer_built(ctx: AgentContext) -> Component | None:
     """The pod source (the CRI in local mode, else kubelet ``/pods``) and the informer over it; the informer
     is started after its node and NodeSLO sources."""
@@ -259,7 +280,9 @@ def _states_informer_built(ctx: AgentContext) -> Component | None:
     ctx.metrics.zero_states_errors((source.name, "nodeslo") if ctx.api_client is None else (source.name, "node",
                                                                                              "nodeslo"))
     ctx.states = StatesInformer(source, config.kubelet_sync_interval_s, ctx.cache,
-                                count_error=ctx.metrics.observe_states_error)
+                                count_error=ctx.metrics.observe_states_error,
+                                task_reader=container_task_reader(ctx.layout, ctx.cgroup_fs)
+                                if config.enable_pod_taskids else None)
     return None
 
 
@@ -365,13 +388,17 @@ def _device_plugin(ctx: AgentContext) -> Component | None:
 def _collectors(ctx: AgentContext) -> list[Collector]:
     config, states, layout, cgroup_fs = ctx.config, ctx.states, ctx.layout, ctx.cgroup_fs
     node_collector = NodeResourceCollector(ctx.dirs.proc_dir, config.collect_res_used_interval_s,
-                                           per_cpu=config.gate("PerCPUMetric"))
+                                           per_cpu=config.gate("PerCPUMetric"),
+                                           numa_files=NUMAMemInfoFiles(ctx.dirs.sys_dir),
+                                           cpu_nodes=CPUNodeMap(ctx.cache))
     collectors: list[Collector] = [
+        NodeInfoCollector(ctx.cache, ctx.dirs.sys_dir, observe=ctx.metrics.observe_node_info),
         node_collector,
         PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
                              config.collect_res_used_interval_s, be_cgroup_dir=layout.qos_dir(KubeQoS.BESTEFFORT),
                              node=node_collector, collect_page_cache=config.enable_pagecache_collector,
-                             host_apps=host_app_cgroup_source(states.node_slo, layout)),
+                             host_apps=host_app_cgroup_source(states.node_slo, layout),
+                             kubepods_dir=layout.kubepods_dir()),
     ]
     if config.gate("PSICollector"):
         collectors.append(NodePsiCollector(ctx.dirs.proc_dir, config.psi_collector_interval_s))
@@ -451,10 +478,12 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
         memory_evict_interval_s=float(config.memory_evict_interval_seconds),
         memory_evict_cool_time_s=float(config.memory_evict_cool_time_seconds),
         cpu_evict_cool_time_s=float(config.cpu_evict_cool_time_seconds),
-        feature_gates=config.feature_gates,
+        feature_gates=_gates_with_extensions(ctx),
     )
     manager = new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
-                              sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager)
+                              sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager,
+                              observe_storage=ctx.metrics.observe_local_storage_info,
+                              extensions=ctx.extensions.strategies if ctx.extensions is not None else ())
     ctx.health.watch_loop("qosmanager", manager)
     ctx.qos_manager = manager
     zero_eviction_counts(config.node_name, [feature for feature in (*memoryevict.FEATURES, *cpuevict.FEATURES)
@@ -490,17 +519,21 @@ def _runtime_hooks(ctx: AgentContext) -> Component | None:
         failure_policy=config.runtime_hooks_failure_policy,
         disabled_stages=frozenset(config.runtime_hooks_disable_stages),
         reconcile_interval_s=config.runtime_hooks_reconcile_interval_s,
-        feature_gates=config.feature_gates,
+        feature_gates=_gates_with_extensions(ctx),
         resctrl_dir=ctx.dirs.resctrl_dir,
         serve_hooks=config.runtime_hooks_network == "unix",
         sys_dir=ctx.dirs.sys_dir,
         proc_dir=ctx.dirs.proc_dir,
         dev_dir=ctx.dirs.dev_dir,
         hami_core_library=config.hami_core_library_directory_path,
+        disable_unset_cpu_quota=config.disable_unset_cpu_quota,
+        node_name=config.node_name,
         nri=_nri_config(config),
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
-    hooks = ctx.runtime_hooks = RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager)
+    task_ids = ctx.states.container_task_ids if config.enable_pod_taskids else None
+    hooks = ctx.runtime_hooks = RuntimeHooks(hooks_config, ctx.states, ctx.executor, ctx.layout, warn, ctx.cpu_manager,
+                                             task_ids)
     ctx.health.watch_loop("reconciler", hooks.reconciler.loop)
     if hooks.nri is not None:
         from koordlet.runtimehooks.nri.plugin import socket_identity
@@ -566,15 +599,20 @@ def _rdma_inventory(config: KoordletConfig) -> RDMAInventory | None:
 
 
 def _device_reporter(ctx: AgentContext) -> Component | None:
-    """The Device object, with a GPU service or RDMA devices."""
-    rdma = _rdma_inventory(ctx.config)
-    if ctx.gpu is None and rdma is None:
+    """The Device object, with a GPU service, the XPU device-info files (gate ``Accelerators``, as Koordinator's XPU
+    collector) or RDMA devices."""
+    config = ctx.config
+    rdma = _rdma_inventory(config)
+    xpu = (XPUInventory(config.xpu_device_infos_dir, on_problem=ctx.metrics.observe_xpu_problem)
+           if config.gate("Accelerators") else None)
+    if ctx.gpu is None and rdma is None and xpu is None:
         return None
-    config, api_client, kube = ctx.config, ctx.api_client, ctx.kube
+    api_client, kube = ctx.api_client, ctx.kube
     custom_api = CustomObjects(api_client) if api_client is not None else None
     file_path = None if custom_api is not None else Path(config.report_dir) / f"device-{config.node_name}.yaml"
     reporter = DeviceReporter(config.node_name, custom_api=custom_api, file_path=file_path)
-    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, _node_uid(kube), rdma=rdma)
+    return DeviceReportLoop(ctx.gpu, reporter, config.node_topology_sync_interval_s, _node_uid(kube), rdma=rdma,
+                            xpu=xpu, xpu_only=config.xpu_enforce_collect_from_device_infos)
 
 
 def _node_uid(kube: KubeStates | None) -> Callable[[], str]:
@@ -643,14 +681,17 @@ def _predict_server(ctx: AgentContext) -> Component | None:
 
 
 def _prod_prediction(ctx: AgentContext) -> ProdPredict | None:
-    server, states = ctx.predictor, ctx.states
+    """The prod prediction of each NodeMetric build, recorded in the prediction metrics as it is made."""
+    server, states, metrics = ctx.predictor, ctx.states, ctx.metrics
     if server is None:
         return None
     config = server.config
 
     def predict(pods: Sequence[PodMeta], now: float) -> ProdPrediction:
-        return predict_prod(pods, states.node(), server.prediction, now, config.cold_start_s,
-                            config.safety_margin_percent)
+        prediction = predict_prod(pods, states.node(), server.prediction, now, config.cold_start_s,
+                                  config.safety_margin_percent)
+        metrics.observe_prediction(prediction.by_predictor, prediction.reclaimable)
+        return prediction
 
     return predict
 
@@ -683,6 +724,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
     return [
         Part("executor", _executor),
         Part("metric cache", _metric_cache),
+        Part("extensions", _extensions),
         Part("pod source", _states_informer_built),
         Part("node and NodeSLO sources", _node_sources),
         Part("CRI pod source", _cri_pod_source),

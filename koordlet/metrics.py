@@ -40,6 +40,8 @@ from koordlet.statesinformer.api import StatesProvider
 
 logger = logging.getLogger(__name__)
 
+REQUEST_THREAD = "metrics-http-request"  # the name of the thread that serves one HTTP request
+
 NODE_CPU = SeriesKey.of(MetricKind.NODE_CPU_USAGE)
 NODE_MEMORY = SeriesKey.of(MetricKind.NODE_MEMORY_USAGE)
 
@@ -85,6 +87,11 @@ _GPU_LEVEL_LABELS = {"node": _GPU_NODE_LABELS, "pod": _GPU_POD_LABELS, "containe
 _PSI_RESOURCE_TYPE = {"cpu": "cpu", "memory": "mem", "io": "io"}  # Koordinator's psi_resource_type values
 _CPI_LABELS = ("node", "container_id", "container_name", "pod_uid", "pod_name", "pod_namespace", "cpi_field")
 _CPI_FIELD = {CPI_RESOURCE_CYCLE: "cycles", CPI_RESOURCE_INSTRUCTION: "instructions"}  # metrics/cpi.go
+
+
+_HOST_APP_SERIES = (("cpu", MetricKind.HOST_APP_CPU_USAGE), ("memory", MetricKind.HOST_APP_MEMORY_USAGE))
+_STATUS = {True: "succeeded", False: "failed"}  # Koordinator metrics.StatusSucceed / StatusFailed
+_PRIORITY_PROD = "koord-prod"
 
 
 def _unit(resource: str) -> tuple[str, float]:
@@ -167,6 +174,25 @@ class _LiveGauges:
         yield from self._psi(owners)
         yield from self._resctrl()
         yield from self._cpi(owners)
+        yield from self._host_applications()
+
+    def _host_applications(self) -> Iterator[Metric]:
+        """``koordlet_host_application_resource_usage`` of each NodeSLO ``hostApplications`` entry from its latest
+        samples: cpu in cores, memory in bytes (anon + unevictable), with its priority class and QoS (Koordinator
+        metrics/host_application.go; no unit label there)."""
+        apps = self._states.node_slo().host_applications if self._states is not None else ()
+        if self._cache is None or not apps:
+            return
+        family = GaugeMetricFamily("koordlet_host_application_resource_usage",
+                                   "Latest usage of a NodeSLO host application",
+                                   labels=["node", "host_application_name", "resource", "priority_class", "qos"])
+        now = time.time()
+        for app in apps:
+            for resource, kind in _HOST_APP_SERIES:
+                latest = self._cache.latest(SeriesKey.of(kind, **{Label.HOST_APP_NAME: app.name}))
+                if latest is not None and now - latest[0] <= self._stale_after_s:
+                    family.add_metric([self._node, app.name, resource, app.priority, app.qos.value], latest[1])
+        yield family
 
     def _latest(self, kind: str) -> dict[SeriesKey, float]:
         """The newest sample of every series of ``kind`` within the slow collectors' staleness."""
@@ -321,6 +347,13 @@ class KoordletMetrics:
         self.node_metric_system_usage = Gauge(
             "koordlet_node_metric_system_usage", "System usage as last reported in NodeMetric",
             ["node", "resource", "unit"], registry=self.registry)
+        self.node_metric_numa_node_usage = Gauge(
+            "koordlet_node_metric_numa_node_usage", "Usage of one NUMA node as last reported in NodeMetric numaUsages",
+            ["node", "numa_node_id", "resource", "unit"], registry=self.registry)
+        self.node_metric_numa_system_usage = Gauge(
+            "koordlet_node_metric_numa_system_usage",
+            "System usage on one NUMA node as last reported in NodeMetric numaUsages",
+            ["node", "numa_node_id", "resource", "unit"], registry=self.registry)
         self.node_metric_reports = Counter(
             "koordlet_node_metric_reports", "NodeMetric status reports by outcome", ["node", "status"],
             registry=self.registry)
@@ -348,6 +381,35 @@ class KoordletMetrics:
             "koordlet_cpuset_be_share_pool_info",
             "Indicates whether the CPU ID is currently part of the BE share pool (1 = in pool; gate PerCPUMetric)",
             ["node", "cpu"], registry=self.registry)
+        # Koordinator metrics/common.go: each reading of the node's CPU info, NUMA info and local storage
+        # (status succeeded/failed).
+        self.collect_node_cpu_info_status = Counter(
+            "koordlet_collect_node_cpu_info_status", "Readings of the CPU topology, by outcome", ["node", "status"],
+            registry=self.registry)
+        self.collect_node_numa_info_status = Counter(
+            "koordlet_collect_node_numa_info_status", "Readings of the NUMA nodes, by outcome", ["node", "status"],
+            registry=self.registry)
+        self.collect_node_local_storage_info_status = Counter(
+            "koordlet_collect_node_local_storage_info_status", "Readings of the block devices, by outcome",
+            ["node", "status"], registry=self.registry)
+        # Koordinator metrics/prediction.go and resource_summary.go: set at every NodeMetric build.
+        self.node_predicted_resource_reclaimable = Gauge(
+            "koordlet_node_predicted_resource_reclaimable", "Prod reclaimable as each predictor last said",
+            ["node", "predictor", "resource", "unit"], registry=self.registry)
+        self.node_predicted_resource_peak = Gauge(
+            "koordlet_node_predicted_resource_peak", "Prod peak as each predictor last said",
+            ["node", "predictor", "resource", "unit"], registry=self.registry)
+        self.node_priority_resource_reclaimable = Gauge(
+            "koordlet_node_priority_resource_reclaimable",
+            "Reclaimable resources of a priority as last reported in NodeMetric",
+            ["node", "priority", "resource", "unit"], registry=self.registry)
+        self.node_resource_priority_reclaimable_status = Gauge(
+            "koordlet_node_resource_priority_reclaimable_status",
+            "Whether the reclaimable of a priority could be predicted at the last report (0 yes, 1 no)",
+            ["node", "priority"], registry=self.registry)
+        self.xpu_device_info_problems = Counter(
+            "koordlet_xpu_device_info_problems", "Device-info files or entries of -xpu-device-infos-dir refused "
+            "(each problem counted once until a file changes)", ["node"], registry=self.registry)
         self._pools_shown: tuple[frozenset[int], frozenset[int]] | None = None
         self._bound = False
         if cache is not None or states is not None:
@@ -366,16 +428,32 @@ class KoordletMetrics:
         self._bound = True
 
     def observe_node_metric_status(self, status: Mapping[str, Any]) -> None:
-        """The node and system usage of a NodeMetric status just reported (gate ``NodeMetricPromMetrics``)."""
+        """The node and system usage of a NodeMetric status just reported, and per NUMA node (gate
+        ``NodeMetricPromMetrics``). Every series is cleared first, so a NUMA node (or resource) the report no longer
+        carries goes (Koordinator statesinformer recordNodeMetricPromMetrics)."""
         node_metric = status.get("nodeMetric") or {}
+        gauges = (self.node_metric_node_usage, self.node_metric_system_usage, self.node_metric_numa_node_usage,
+                  self.node_metric_numa_system_usage)
+        for gauge in gauges:
+            gauge.clear()
         for gauge, part in ((self.node_metric_node_usage, "nodeUsage"), (self.node_metric_system_usage, "systemUsage")):
-            for resource, text in ((node_metric.get(part) or {}).get("resources") or {}).items():
-                try:
-                    amount = parse_resource_quantity(resource, str(text))
-                except QuantityError:
-                    continue
-                unit, divisor = _unit(resource)
-                gauge.labels(self.node_name, resource, unit).set(amount / divisor)
+            self._set_usage(gauge, node_metric.get(part))
+        for numa in node_metric.get("numaUsages") or ():
+            node_id = str(numa.get("numaNodeID", ""))
+            self._set_usage(self.node_metric_numa_node_usage, numa.get("nodeUsage"), node_id)
+            self._set_usage(self.node_metric_numa_system_usage, numa.get("systemUsage"), node_id)
+
+    def _set_usage(self, gauge: Gauge, usage: Mapping[str, Any] | None, *labels: str) -> None:
+        """cpu (cores) and memory (bytes) of a ResourceMap; other resources are not Koordinator's series."""
+        for resource, text in ((usage or {}).get("resources") or {}).items():
+            if resource not in ("cpu", "memory"):
+                continue
+            try:
+                amount = parse_resource_quantity(resource, str(text))
+            except QuantityError:
+                continue
+            unit, divisor = _unit(resource)
+            gauge.labels(self.node_name, *labels, resource, unit).set(amount / divisor)
 
     def observe_cpu_pools(self, shared: frozenset[int], be_shared: frozenset[int], per_cpu: bool) -> None:
         """The node's share pools as the NodeResourceTopology reports them: their sizes, and with ``per_cpu``
@@ -389,6 +467,41 @@ class KoordletMetrics:
             gauge.clear()
             for cpu in sorted(cpus):
                 gauge.labels(self.node_name, str(cpu)).set(1)
+
+    def observe_node_info(self, what: str, ok: bool) -> None:
+        """One reading of the CPU topology (``cpu_info``) or the NUMA nodes (``numa_info``) by the node info
+        collector."""
+        counter = self.collect_node_cpu_info_status if what == "cpu_info" else self.collect_node_numa_info_status
+        counter.labels(self.node_name, _STATUS[ok]).inc()
+
+    def observe_local_storage_info(self, ok: bool) -> None:
+        """One reading of the node's block devices (the BlkIOReconcile snapshot's)."""
+        self.collect_node_local_storage_info_status.labels(self.node_name, _STATUS[ok]).inc()
+
+    def observe_prediction(self, predictors: Mapping[str, tuple[Mapping[str, int] | None, Mapping[str, int] | None]],
+                           prod_reclaimable: Mapping[str, int] | None) -> None:
+        """A prod prediction made for NodeMetric: each predictor's reclaimable and peak (None: it could not say),
+        and the prod reclaimable of priority ``koord-prod`` with its status (1 and zeros when it failed;
+        Koordinator statesinformer states_nodemetric.go)."""
+        for predictor, (reclaimable, peak) in predictors.items():
+            for gauge, amounts in ((self.node_predicted_resource_reclaimable, reclaimable),
+                                   (self.node_predicted_resource_peak, peak)):
+                if amounts is not None:
+                    self._set_amounts(gauge, amounts, predictor)
+        failed = prod_reclaimable is None
+        self._set_amounts(self.node_priority_resource_reclaimable,
+                          {"cpu": 0, "memory": 0} if failed else prod_reclaimable, _PRIORITY_PROD)
+        self.node_resource_priority_reclaimable_status.labels(self.node_name, _PRIORITY_PROD).set(int(failed))
+
+    def _set_amounts(self, gauge: Gauge, amounts: Mapping[str, int], label: str) -> None:
+        """cpu (milli-cores, shown in cores) and memory (bytes) under ``label`` (predictor or priority)."""
+        for resource in ("cpu", "memory"):
+            unit, divisor = _unit(resource)
+            gauge.labels(self.node_name, label, resource, unit).set(amounts.get(resource, 0) / divisor)
+
+    def observe_xpu_problem(self, message: str) -> None:
+        """A device-info file or entry refused (the XPU inventory logs the message)."""
+        self.xpu_device_info_problems.labels(self.node_name).inc()
 
     def observe_report(self, status: str) -> None:
         self.node_metric_reports.labels(self.node_name, status).inc()
@@ -540,6 +653,11 @@ class MetricsServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            def setup(self) -> None:
+                # ThreadingHTTPServer starts a thread a request and gives it no name of ours.
+                threading.current_thread().name = REQUEST_THREAD
+                super().setup()
+
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
                 logger.debug("metrics http: " + format, *args)
 

@@ -84,11 +84,13 @@ class ResctrlWrite:
 @dataclass(frozen=True, slots=True)
 class ResctrlMoveTasks:
     """Move the tasks of ``cgroup_dirs`` (the IDs in their ``source`` file: ``tasks`` for every thread,
-    ``cgroup.procs`` for the processes) into ``group``; tasks already in the group are not written again."""
+    ``cgroup.procs`` for the processes) and ``task_ids`` (threads the states informer read, ``-enable-pod-taskids``)
+    into ``group``; tasks already in the group are not written again."""
 
     group: str
     cgroup_dirs: tuple[str, ...]
     source: str = "tasks"
+    task_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,9 @@ device plugin's kubelet watch).
 Stopping is bounded: ``stop(timeout_s)`` sets the stop event, waits at most ``timeout_s`` for the thread,
 logs when it did not end in time and says whether it did; a tick still running then is left behind (the
 thread is a daemon). :func:`join_thread` is that bounded join, for the threads that are not loops.
+
+Every thread koordlet starts has a name (ARCHITECTURE.md, "Threads, loops and pools", lists them; a test holds a
+started koordlet to that list); :func:`start_observer` names a file watch's threads.
 """
 
 from __future__ import annotations
@@ -20,8 +23,26 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from watchdog.observers.api import BaseObserver
 
 logger = logging.getLogger(__name__)
+
+
+def start_observer(observer: BaseObserver, name: str) -> None:
+    """Start a watchdog observer (a daemon) with its threads named: ``name`` (it hands the events to the handlers),
+    ``<name>-emitter`` (one per watched dir) and ``<name>-inotify`` (the inotify reader, where watchdog has one per
+    observer)."""
+    observer.name = name
+    observer.daemon = True
+    observer.start()
+    for emitter in observer.emitters:
+        emitter.name = f"{name}-emitter"
+    reader = getattr(observer, "_inotify_fd", None)  # watchdog >= 6 on Linux: the observer's own reader thread
+    if isinstance(reader, threading.Thread):
+        reader.name = f"{name}-inotify"
 
 
 def join_thread(thread: threading.Thread | None, name: str, timeout_s: float) -> bool:

@@ -64,10 +64,6 @@ def inflate_bounded(data: bytes, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _oom_score_adj_problem(value: int) -> str | None:
-    return None if -1000 <= value <= 1000 else "outside -1000..1000"
-
-
 # The checked fields of a hook answer's container resources (docs/koordinator.md §2.7): (name, whether the answer
 # sets it, the kernel's range for it; wire.kernel_ranges, as hooks/validate.py and koordlet's cgroup registry).
 # Numbers are set when non-zero (positive for most); the cpusets always, as an empty one clears the cpuset (how
@@ -77,7 +73,7 @@ _CHECKED_FIELDS: tuple[tuple[str, Callable[[int | str], bool], Callable[..., str
     ("cpu_quota", lambda value: value != 0, kernel_ranges.quota_problem),
     ("cpu_shares", lambda value: value > 0, kernel_ranges.shares_problem),
     ("memory_limit_in_bytes", lambda value: value > 0, kernel_ranges.memory_limit_problem),
-    ("oom_score_adj", lambda value: True, _oom_score_adj_problem),
+    ("oom_score_adj", lambda value: True, kernel_ranges.oom_score_adj_problem),
     ("cpuset_cpus", lambda value: True, kernel_ranges.cpu_list_problem),
     ("cpuset_mems", lambda value: True, kernel_ranges.cpu_list_problem),
 )

@@ -1,12 +1,18 @@
-"""koord-runtime-proxy: the CRI proxy between kubelet and the container runtime."""
+"""koord-runtime-proxy: the CRI proxy between kubelet and the container runtime.
+
+Under systemd it serves the listening socket of ``koord-runtime-proxy.socket`` (socket activation) and reports
+readiness (``Type=notify``); started by hand it binds --koord-runtimeproxy-endpoint itself."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 import uvloop
+
+from wire.systemd import Notifier, listen_fds, listening_unix_socket
 
 from .backend import probe_version
 from .server import ProxyOptions, ProxyServer, StartupError
@@ -24,7 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="pod label that makes the proxy skip hooks for a pod")
     p.add_argument("--runtime-hook-server-val", default="true", help="value of that label")
     p.add_argument("--metrics-bind-address", default="127.0.0.1:9318",
-                   help="host:port of /metrics, /healthz and /readyz; empty to disable")
+                   help="host:port of /metrics, /healthz and /readyz (0.0.0.0:9318 or [::]:9318 for every "
+                        "address, a node IP for one); empty to disable")
     p.add_argument("--drain-timeout", type=float, default=10.0,
                    help="seconds to let in-flight calls finish on SIGTERM")
     p.add_argument("--backend-probe-timeout", type=float, default=5.0,
@@ -52,7 +59,28 @@ def _split_host_port(value: str) -> tuple[str, int]:
     if not value:
         return "", -1
     host, _, port = value.rpartition(":")
-    return host or "0.0.0.0", int(port)
+    number = int(port)
+    if not 0 <= number <= 65535:
+        raise ValueError(f"port {number} out of range")
+    return host.removeprefix("[").removesuffix("]") or "0.0.0.0", number
+
+
+def _systemd_socket(listen: str) -> int | None:
+    """The listening socket systemd passed (``koord-runtime-proxy.socket``), as an fd; None when not socket
+    activated. Raises ValueError when what systemd passed cannot serve CRI."""
+    fds = listen_fds()
+    if not fds:
+        return None
+    chosen = next((fd for fd in fds if fd.name == "cri"), fds[0] if len(fds) == 1 else None)
+    if chosen is None:
+        raise ValueError(f"systemd passed {len(fds)} sockets ({', '.join(fd.name for fd in fds)}) and none is "
+                         "named 'cri' (FileDescriptorName=cri in the socket unit)")
+    sock = listening_unix_socket(chosen)
+    bound = sock.getsockname()
+    sock.detach()  # the fd stays open: the server takes it
+    if bound != listen and os.path.realpath(bound) != os.path.realpath(listen):
+        log.warning("systemd's socket is %s, not --koord-runtimeproxy-endpoint %s: serving systemd's", bound, listen)
+    return chosen.fd
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     backend = args.remote_runtime_service_endpoint.removeprefix("unix://")
     listen = args.koord_runtimeproxy_endpoint.removeprefix("unix://")
+    notifier = Notifier()  # read before anything can fail, so that a failed start is not left to time out
+    try:
+        listen_fd = _systemd_socket(listen)
+    except (ValueError, OSError) as err:
+        print(f"koord-runtime-proxy: bad socket from systemd: {err}", file=sys.stderr)
+        return 1
     try:
         version = probe_version(backend, args.backend_probe_timeout)
     except ConnectionError as err:
@@ -86,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         max_message_bytes=args.max_recv_message_size,
         handshake_timeout_s=args.handshake_timeout,
         stall_timeout_s=args.stall_timeout,
+        listen_fd=listen_fd,
     )
     try:
-        uvloop.run(ProxyServer(options).run())
+        uvloop.run(ProxyServer(options, notifier=notifier).run())
     except StartupError as err:
         print(f"koord-runtime-proxy: {err}", file=sys.stderr)
         return 1

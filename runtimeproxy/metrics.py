@@ -22,7 +22,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from .relay import RelayObserver
@@ -71,6 +71,12 @@ class CallHistogram:
             child = self._children[values] = _Child(len(_BUCKETS))
         return child
 
+    def total(self, **match: str) -> int:
+        """Observations of every child whose labels have the given values."""
+        index = [(self.labelnames.index(name), value) for name, value in match.items()]
+        return sum(sum(child.counts) for values, child in list(self._children.items())
+                   if all(values[i] == value for i, value in index))
+
     def describe(self) -> list:
         return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
 
@@ -86,6 +92,26 @@ class CallHistogram:
         yield family
 
 
+class _ServedCalls:
+    """koord_runtimeproxy_calls_served_total, summed from the call histogram when scraped: a call costs it
+    nothing. The installer reads it to see that kubelet really talks to the proxy."""
+
+    def __init__(self, calls: CallHistogram, registry: CollectorRegistry) -> None:
+        self._calls = calls
+        registry.register(self)
+
+    @staticmethod
+    def _family(value: float | None = None) -> CounterMetricFamily:
+        return CounterMetricFamily("koord_runtimeproxy_calls_served", "CRI calls the proxy answered (relayed or "
+                                   "hooked, any status), since it started.", value=value)
+
+    def describe(self) -> list:
+        return [self._family()]
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield self._family(self._calls.total(stage="relay"))
+
+
 class ProxyMetrics(RelayObserver):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -97,6 +123,7 @@ class ProxyMetrics(RelayObserver):
             ("method", "stage"),
             self.registry,
         )
+        _ServedCalls(self.call_duration, self.registry)
         self.hook_errors = Counter(
             "koord_runtimeproxy_hook_errors_total",
             "Failed hook server calls by hook server, hook type and failure policy.",
@@ -137,7 +164,8 @@ class ProxyMetrics(RelayObserver):
         )
         self.refusals = Counter(
             "koord_runtimeproxy_refused_total",
-            "Calls refused (too_large, bad_compression) and kubelet connections closed for breaking HTTP/2 "
+            "Calls refused (too_large, bad_compression; goaway: opened after the proxy began to drain, refused "
+            "unprocessed for the client to retry) and kubelet connections closed for breaking HTTP/2 "
             "(protocol, compression) or stalling (idle).",
             ["reason"],
             registry=self.registry,

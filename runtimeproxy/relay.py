@@ -172,6 +172,8 @@ class Relay:
         self.hooked_methods = frozenset(m.encode("ascii") for m in hooked_methods)
         self.observer = observer or RelayObserver()
         self.connections: set[KubeletSide] = set()
+        self.draining = False
+        self.refused_streams = 0  # streams opened above a GOAWAY's last stream id, refused unprocessed
 
     def __call__(self) -> KubeletSide:
         return KubeletSide(self)
@@ -180,7 +182,10 @@ class Relay:
         return sum(len(c.inflight) + len(c.hooked) for c in self.connections)
 
     def start_drain(self) -> None:
-        """Ask every kubelet connection to open no new streams (GOAWAY with the last stream seen)."""
+        """Ask every kubelet connection to open no new streams: GOAWAY with the last stream it will serve (the
+        highest it has seen), and streams above that refused unprocessed, for the client to retry elsewhere. A
+        connection accepted from now on gets GOAWAY(0) at once."""
+        self.draining = True
         for conn in list(self.connections):
             conn.send_goaway()
 
@@ -302,6 +307,8 @@ class KubeletSide(asyncio.Protocol):
         loop = self._loop = asyncio.get_running_loop()
         loop.create_task(self._connect_runtime())
         self._watchdog = loop.call_later(self.relay.limits.handshake_timeout_s, self._check_idle)
+        if self.relay.draining:  # accepted while the server closes: none of its streams will be served
+            self.send_goaway()
 
     def _check_idle(self) -> None:
         """Close a connection that never finished its handshake, or that stopped in the middle of a frame.
@@ -390,9 +397,22 @@ class KubeletSide(asyncio.Protocol):
             self.up.transport.resume_reading()
 
     def send_goaway(self) -> None:
+        """GOAWAY(NO_ERROR) with the highest stream kubelet opened so far: those are served to the end, and
+        any stream above it is refused (``_refuse_stream``). gRPC clients retry refused streams, which the
+        server never processed, on a new connection (RFC 9113 section 6.8)."""
         if not self._goaway_sent and not self._closed:
             self._goaway_sent = True
             self.write_down(h2.goaway(self.max_stream_id))
+
+    def _refuse_stream(self, sid: int) -> int:
+        """A stream kubelet opened above the GOAWAY's last stream id: it goes to the runtime only as its header
+        block (the runtime's HPACK decoder must see every block) cancelled at once, like a withheld stream, and
+        kubelet gets RST_STREAM(REFUSED_STREAM). Returns ``sid`` (the frame's caller adds the cancel)."""
+        self._remember_closed(sid)
+        self.relay.refused_streams += 1
+        self.relay.observer.refused("goaway")
+        self.write_down(h2.rst_stream(sid, h2.ERR_REFUSED_STREAM))
+        return sid
 
     # -- what the runtime side tells the connection ---------------------------------------------
     def stream_ended(self, sid: int) -> None:
@@ -697,6 +717,8 @@ class KubeletSide(asyncio.Protocol):
         if path is None:  # request trailers
             return 0
         if sid > self.max_stream_id:
+            if self._goaway_sent:
+                return self._refuse_stream(sid)
             self.max_stream_id = sid
         if path in self.relay.hooked_methods:
             req = HookedRequest(sid, path.decode("ascii"), headers)

@@ -1,4 +1,11 @@
-"""Listening socket, start-up checks, serving and graceful drain of the proxy."""
+"""Listening socket, start-up checks, serving and graceful drain of the proxy.
+
+The listening socket is systemd's where the proxy runs under ``koord-runtime-proxy.socket`` (``listen_fd``): it
+outlives every proxy process, so a call that arrives while none runs waits in its backlog for the next one, and
+the proxy never unlinks it. Started any other way (the demo, the tests), the proxy binds the path itself and
+removes it on stop. Either way it tells systemd READY=1 only once its store is rebuilt and it serves, and
+STOPPING=1 when it starts to drain (wire/systemd.py; nothing is sent without ``NOTIFY_SOCKET``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from wire.sockets import SocketPathError, chmod_socket, prepare_socket, remove_socket
+from wire.systemd import Notifier
 
 from . import h2
 from .backend import RuntimeClient
@@ -21,6 +29,9 @@ from .relay import Relay, RelayLimits
 from .store import Store
 
 log = logging.getLogger(__name__)
+
+# Connections kubelet may have waiting to be accepted; the socket unit's Backlog= is the same.
+_BACKLOG = 1024
 
 
 class StartupError(Exception):
@@ -43,12 +54,16 @@ class ProxyOptions:
     max_message_bytes: int = 16 << 20
     handshake_timeout_s: float = 10.0
     stall_timeout_s: float = 30.0
+    # A listening unix socket the proxy serves instead of binding listen_path: systemd's (socket activation)
+    listen_fd: int | None = None
 
 
 class ProxyServer:
-    def __init__(self, options: ProxyOptions, metrics: ProxyMetrics | None = None) -> None:
+    def __init__(self, options: ProxyOptions, metrics: ProxyMetrics | None = None,
+                 notifier: Notifier | None = None) -> None:
         self.options = options
         self.metrics = metrics or ProxyMetrics()
+        self.notifier = notifier or Notifier({})
         self.runtime = RuntimeClient(options.backend_path)
         self.store = Store(options.checkpoint_path)
         self.registry = Registry(options.hook_config_dir,
@@ -110,30 +125,46 @@ class ProxyServer:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         opts = self.options
-        try:
-            prepare_socket(opts.listen_path)
-        except SocketPathError as err:
-            raise StartupError(str(err)) from err
+        if opts.listen_fd is None:
+            try:
+                prepare_socket(opts.listen_path)
+            except SocketPathError as err:
+                raise StartupError(str(err)) from err
         self.registry.start()
         try:
             await self.store.rebuild(self._runtime_call)
         except ConnectionError as err:
             log.error("store not rebuilt from the runtime (%s): hooks for existing pods will lack details", err)
-        server = await loop.create_unix_server(self.relay, opts.listen_path, backlog=1024)
-        chmod_socket(opts.listen_path)
+        if opts.listen_fd is None:
+            server = await loop.create_unix_server(self.relay, opts.listen_path, backlog=_BACKLOG)
+            chmod_socket(opts.listen_path)
+            where = opts.listen_path
+        else:
+            server = await loop.create_unix_server(self.relay, sock=socket.socket(fileno=opts.listen_fd),
+                                                   backlog=_BACKLOG)
+            where = f"{opts.listen_path} (systemd's socket, fd {opts.listen_fd})"
         http = None
         if opts.metrics_port >= 0:
-            http = await serve_http(opts.metrics_host, opts.metrics_port, self.metrics, self.ready)
+            try:
+                http = await serve_http(opts.metrics_host, opts.metrics_port, self.metrics, self.ready)
+            except OSError as err:
+                # kubelet's calls matter more than the metrics: an address not (yet) on the node costs the
+                # endpoint, not the CRI socket.
+                log.error("metrics endpoint %s:%d cannot listen (%s): serving CRI without /metrics, /healthz "
+                          "and /readyz", opts.metrics_host, opts.metrics_port, err)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         self._serving = True
-        log.info("serving CRI on %s, runtime %s, hook servers from %s", opts.listen_path, opts.backend_path,
+        log.info("serving CRI on %s, runtime %s, hook servers from %s", where, opts.backend_path,
                  opts.hook_config_dir)
+        self.notifier.send("READY=1", f"STATUS=serving CRI on {opts.listen_path}; store rebuilt: "
+                                      f"{len(self.store.pods)} pods, {len(self.store.containers)} containers")
         housekeeping = loop.create_task(self._housekeeping())
         try:
             await self._stop.wait()
         finally:
             self._serving = False
+            self.notifier.send("STOPPING=1", f"STATUS=draining {self.relay.in_flight()} calls in flight")
             housekeeping.cancel()
             await self._drain(server)
             if http is not None:
@@ -144,9 +175,13 @@ class ProxyServer:
             await self.runtime.close()
 
     async def _drain(self, server: asyncio.AbstractServer) -> None:
+        """Stop accepting (systemd's socket stays open in systemd, its backlog for the next process; our own
+        socket goes), send every connection GOAWAY, finish the calls in flight within the drain timeout."""
         server.close()
-        remove_socket(self.options.listen_path)
+        if self.options.listen_fd is None:
+            remove_socket(self.options.listen_path)
         self.relay.start_drain()
+        draining = self.relay.in_flight()
         deadline = time.monotonic() + self.options.drain_timeout_s
         while self.relay.in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -154,4 +189,5 @@ class ProxyServer:
         if left:
             log.warning("drain timeout: closing with %d call(s) still in flight", left)
         self.relay.close_all()
-        log.info("stopped")
+        log.info("stopped: %d call(s) in flight at the stop finished, %d stream(s) opened after GOAWAY refused "
+                 "for the client to retry", draining - left, self.relay.refused_streams)

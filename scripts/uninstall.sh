@@ -3,8 +3,8 @@
 # never leaves kubelet without a runtime:
 #   1. the kubelet drop-in goes and systemd is reloaded, so kubelet's command line names containerd again;
 #   2. kubelet is restarted on containerd's own socket (running pods keep running; kubelet reconnects);
-#   3. only then the proxy is stopped and disabled, and koordlet.service (full installs) too;
-#   4. the units go; with --purge also the virtualenv, /etc/default/koordlet and the proxy's checkpoint.
+#   3. only then the proxy and its socket are stopped and disabled, and koordlet.service (full installs) too;
+#   4. the units go; with --purge also the installed versions, the environment files and the proxy's checkpoint.
 # It refuses to stop the proxy while something else still points kubelet at it (its config file or
 # /etc/default/kubelet): fix that first, or kubelet would lose its runtime.
 #
@@ -12,13 +12,14 @@
 #
 #   --dry-run   print the steps, change nothing (works without systemd)
 #   --root DIR  remove the files under DIR instead of / (tests, images); no systemctl
-#   --prefix P  the install's prefix (P/venv), as given to install-baremetal.sh
-#   --purge     also remove the virtualenv, /etc/default/koordlet and /var/lib/koord-runtimeproxy
+#   --prefix P  the install's prefix (P/versions, P/current, P/previous), as given to install-baremetal.sh
+#   --purge     also remove P/versions, P/current, P/previous (and P/venv of an older install),
+#               /etc/default/koordlet, /etc/default/koord-runtime-proxy and /var/lib/koord-runtimeproxy
 # SYSTEMCTL=CMD runs CMD instead of systemctl, also with --root (the tests record the order of the steps).
 set -euo pipefail
 
 dry_run=0 root="" prefix=/opt/koordlet-py purge=0
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -88,20 +89,25 @@ if [ "$live" = 1 ]; then
         log "WARNING: kubelet.service is not active after its restart (journalctl -u kubelet); the proxy is stopped anyway"
     fi
   fi
-  # 3. the proxy (and a full install's koordlet), now that nothing dials it
-  for unit in koordlet.service koord-runtime-proxy.service; do
+  # 3. the proxy (and a full install's koordlet), now that nothing dials it; its socket last (stopping it
+  # removes the socket file)
+  for unit in koordlet.service koord-runtime-proxy.service koord-runtime-proxy.socket; do
     if [ -f "$root/etc/systemd/system/$unit" ]; then run "$systemctl" disable --now "$unit"; fi
   done
 fi
 
 # 4. the units and, with --purge, what the install left for a reinstall
-remove /etc/systemd/system/koordlet.service /etc/systemd/system/koord-runtime-proxy.service
+remove /etc/systemd/system/koordlet.service /etc/systemd/system/koord-runtime-proxy.service \
+  /etc/systemd/system/koord-runtime-proxy.socket
 [ "$live" = 1 ] && run "$systemctl" daemon-reload
 if [ "$purge" = 1 ]; then
-  remove "$prefix/venv" /etc/default/koordlet /var/lib/koord-runtimeproxy
+  remove "$prefix/current" "$prefix/previous" "$prefix/versions" "$prefix/venv" /etc/default/koordlet \
+    /etc/default/koord-runtime-proxy /var/lib/koord-runtimeproxy
+  [ -d "$root$prefix" ] && [ -z "$(ls -A "$root$prefix")" ] && remove "$prefix"
   [ -d "$root/etc/runtime/hookserver.d" ] && [ -z "$(ls -A "$root/etc/runtime/hookserver.d")" ] &&
     remove /etc/runtime/hookserver.d
 else
-  log "kept: $prefix/venv, /etc/default/koordlet, /var/lib/koord-runtimeproxy (--purge removes them)"
+  log "kept: $prefix (the installed versions), /etc/default/koordlet, /etc/default/koord-runtime-proxy," \
+    "/var/lib/koord-runtimeproxy (--purge removes them)"
 fi
 log "done: kubelet talks to containerd directly"

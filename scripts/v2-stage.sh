@@ -14,10 +14,13 @@
 #   V2_KERNEL=           a kernel image; default: the newest /boot/vmlinuz-*
 #   V2_OUT=out/v2        results: <driver>/{junit.xml,rc,guest.log,wall_seconds}; the guests write there
 #   V2_DRIVERS="cgroupfs systemd"   the guests to boot: cgroupfs (virtme-ng's init; every cgroupv2 test but
-#                        the pod story, which it runs only when it boots alone)
-#                        and systemd (systemd as PID 1: the pod story and NRI on kubelet's systemd layout)
+#                        the pod story, which it runs only when it boots alone, and the proxy's restarts
+#                        under systemd, never) and systemd (systemd as PID 1: the pod story and NRI on
+#                        kubelet's systemd layout, the proxy restarted by systemctl)
 #   V2_MODE=tests        or `bench`: run bench/qos_reaction.py in the cgroupfs guest (make bench-v2)
 #   V2_HUGEPAGES=64      2 MiB huge pages the cgroupfs guest reserves at boot (kernel command line)
+#   V2_NUMA=2            NUMA nodes of the cgroupfs guest (qemu -numa through vng --numa): V2_CPUS and V2_MEMORY
+#                        split evenly between them (each must divide); 1 boots it without NUMA
 # Installs what it needs: Debian qemu-system-x86 and linux-image-amd64 (apt-get), virtme-ng (pip, into
 # the project's virtualenv). Needs root.
 set -euo pipefail
@@ -27,6 +30,7 @@ cpus=${V2_CPUS:-4}
 memory=${V2_MEMORY:-4G}
 limit=${V2_TIMEOUT:-900}
 mode=${V2_MODE:-tests}
+numa=${V2_NUMA:-2}
 out=${V2_OUT:-$here/out/v2}
 log() { echo "v2-stage: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -55,6 +59,18 @@ fi
 # The guests' containerd (tests/support/containerd.py's default generation) is fetched here: the VM has no network.
 CTRD_VERSION=2.1 CTRD_FETCH_ONLY=1 CTRD_RUN="$out/.fetch" bash "$here/scripts/containerd-up.sh" ||
   die "could not fetch containerd 2.1 for the guests"
+# --numa SIZE,cpus=FIRST-LAST per node: the CPUs and the memory split evenly (tests/koordlet/metricsadvisor/test_numa.py).
+numa_opts=()
+if [ "$numa" -gt 1 ]; then
+  mem_value=${memory%[GMgm]} mem_unit=${memory##*[0-9]}
+  [[ $mem_value =~ ^[0-9]+$ && -n $mem_unit ]] || die "V2_NUMA needs V2_MEMORY as <number>G or <number>M, got $memory"
+  [ $((cpus % numa)) = 0 ] && [ $((mem_value % numa)) = 0 ] ||
+    die "V2_NUMA=$numa must divide V2_CPUS=$cpus and V2_MEMORY=$memory"
+  for ((n = 0; n < numa; n++)); do
+    first=$((n * cpus / numa)) last=$(((n + 1) * cpus / numa - 1))
+    numa_opts+=(--numa "$((mem_value / numa))$mem_unit,cpus=$first-$last")
+  done
+fi
 kernel=${V2_KERNEL:-$(ls -v /boot/vmlinuz-* 2>/dev/null | tail -1)}
 [ -r "$kernel" ] || die "no kernel image to boot (looked for /boot/vmlinuz-*)"
 # virtme-ng loads modules (9p, overlay, virtio) from the kernel's /lib/modules tree.
@@ -108,16 +124,19 @@ boot() {
     local disk=$dir/blkio-disk.img
     truncate -s 64M "$disk"
     local guest_cmd
-    guest_cmd="KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode KPY_V2_DISK=$(printf %q "$disk")"
-    # The pod story and the NRI plugin on containerd 2.1 are the systemd guest's (below) when both guests boot.
-    [[ " ${V2_DRIVERS:-cgroupfs systemd} " != *" systemd "* ]] ||
-      guest_cmd+=" KPY_V2_SKIP=$(printf %q "${systemd_modules[*]}")"
+    guest_cmd="KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode KPY_V2_DISK=$(printf %q "$disk") KPY_V2_NUMA=$numa"
+    # The pod story and the NRI plugin on containerd 2.1 are the systemd guest's (below) when both guests boot;
+    # the proxy's restarts under systemd need systemd as PID 1, so they are never the cgroupfs guest's.
+    local skip=("${systemd_only_modules[@]}")
+    [[ " ${V2_DRIVERS:-cgroupfs systemd} " != *" systemd "* ]] || skip+=("${systemd_modules[@]}")
+    guest_cmd+=" KPY_V2_SKIP=$(printf %q "${skip[*]}")"
     guest_cmd+=" bash $(printf %q "$here/scripts/v2-guest.sh")"
     for a in "$@"; do guest_cmd+=" $(printf %q "$a")"; done
     # 2 MiB huge pages reserved at boot: the HugePageReport test reads them back from the guest's sysfs.
-    how=(--disk "$disk" --append "hugepagesz=2M hugepages=${V2_HUGEPAGES:-64}" --exec "$guest_cmd")
+    how=(--disk "$disk" --append "hugepagesz=2M hugepages=${V2_HUGEPAGES:-64}" "${numa_opts[@]}" --exec "$guest_cmd")
   fi
-  log "booting $kernel under qemu (TCG: this machine's KVM cannot run guests), $cpus vCPUs, $memory, $driver driver"
+  local nodes=1; [ "$driver" = systemd ] || nodes=$numa
+  log "booting $kernel under qemu (TCG: this machine's KVM cannot run guests), $cpus vCPUs, $memory, $nodes NUMA node(s), $driver driver"
   local started; started=$(date +%s)
   # Its own session: every path (timeout, failure, Ctrl-C) ends vng and its qemu together, by that PID. The
   # systemd guest's console is stdio: its stdin is a FIFO held open read-write (never EOF, no extra process).
@@ -165,7 +184,10 @@ boot() {
 
 # What the systemd guest runs: the stack a current node runs (kubelet's systemd layout, containerd 2.1, the
 # proxy and koordlet as an NRI plugin). The cgroupfs guest runs every other cgroupv2 module.
-systemd_modules=(tests/koordlet/test_pod_story_v2.py tests/koordlet/runtimehooks/nri/test_containerd_v2.py)
+# The proxy restarted 10 times by systemd while a client calls it needs systemd itself: it runs in that guest only.
+systemd_only_modules=(tests/runtimeproxy/test_restart_systemd_v2.py)
+systemd_modules=(tests/koordlet/test_pod_story_v2.py tests/koordlet/runtimehooks/nri/test_containerd_v2.py
+                 "${systemd_only_modules[@]}")
 mkdir -p "$out"
 started=$(date +%s)
 rc=0

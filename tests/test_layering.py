@@ -71,6 +71,43 @@ def test_koordlet_leaves_import_no_other_koordlet_part(leaf: str, may_import: tu
     assert _violations(leaf, lambda n: _top(n) != "koordlet" or n == "koordlet" or n.startswith(allowed)) == []
 
 
+def test_the_executor_stands_on_system_api_and_plan_only() -> None:
+    """The executor is below everything that writes through it: it imports the kernel interfaces, the API shapes
+    and the plan's keys (its records), never a part that decides what to write."""
+    allowed = ("koordlet.executor", "koordlet.system", "koordlet.api", "koordlet.plan")
+    assert _violations("koordlet/executor", lambda n: _top(n) != "koordlet" or n.startswith(allowed)) == []
+
+
+# The executor's writers (cgroups, resctrl, nodefiles, pageidle) and their helpers are reached through
+# ResourceExecutor only; what else of the package koordlet imports is its records and their keepers.
+_EXECUTOR_PUBLIC = ("koordlet.executor", "koordlet.executor.records", "koordlet.executor.lines",
+                    "koordlet.executor.originals", "koordlet.executor.metrics")
+
+
+def test_only_the_executors_face_and_records_are_imported_from_outside_it() -> None:
+    found = [(p, name) for p, name in _imports("koordlet") if "executor" not in p.relative_to(REPO).parts
+             and name.startswith("koordlet.executor")]
+    assert [f"{p.relative_to(REPO)} imports {name}" for p, name in found if name not in _EXECUTOR_PUBLIC] == []
+
+
+def test_the_audit_log_stands_on_api_and_system_only() -> None:
+    """Audit events are written by the runner and the hooks; the log itself knows pods (api) and cgroup dir names
+    (system), nothing that acts."""
+    allowed = ("koordlet.audit", "koordlet.api", "koordlet.system")
+    assert _violations("koordlet/audit", lambda n: _top(n) != "koordlet" or n.startswith(allowed)) == []
+
+
+def test_history_stands_on_system_and_hooks_only_and_only_main_imports_debug() -> None:
+    """What koordlet did (koordlet.history) is recorded by the runner and the runtime hooks, so it stands below them;
+    what shows it (koordlet.debug) reads the states, the QoS manager and the runtime hooks, so only the top
+    (koordlet.main) imports it."""
+    allowed = ("koordlet.history", "koordlet.system", "koordlet.api")
+    assert _violations("koordlet/history", lambda n: _top(n) != "koordlet" or n.startswith(allowed)) == []
+    found = [(p, name) for p, name in _imports("koordlet") if name.startswith("koordlet.debug")
+             and "debug" not in p.relative_to(REPO).parts and p.name != "main.py"]
+    assert [f"{p.relative_to(REPO)} imports {name}" for p, name in found] == []
+
+
 _MANAGER_MODULES = ("__init__.py", "framework.py", "snapshot.py")  # the manager, its wiring, the snapshot reads
 
 

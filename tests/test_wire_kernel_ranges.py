@@ -1,7 +1,9 @@
-"""One source for the kernel's value ranges (wire/kernel_ranges.py): the proxy's merge of hook answers, the hook
-value check and koordlet's cgroup registry take and refuse the same values at every boundary. Before they
-shared one module, the proxy passed a memory limit of one byte and a quota of 2^44 µs on to runc, and the
-registry took a memory limit of 0, all of which the hook check refused."""
+"""One source for the kernel's value ranges and names (wire/kernel_ranges.py): the proxy's merge of hook answers,
+the hook value check, koordlet's cgroup and node-file registries, the NodeSLO and the executor's resctrl writes take
+and refuse the same values at every boundary. Before they shared one module, the proxy passed a memory limit of one
+byte and a quota of 2^44 µs on to runc, and the registry took a memory limit of 0, all of which the hook check
+refused; the hook check took a resctrl group named "_x" that the executor refused, and the executor one of 65
+characters that the hook check refused."""
 
 from __future__ import annotations
 
@@ -81,3 +83,103 @@ def test_every_problem_names_the_range() -> None:
     assert "one page" in str(kernel_ranges.memory_limit_problem(1))
     assert kernel_ranges.memory_limit_problem(-1) is None and kernel_ranges.quota_problem(-1) is None
     assert "not a CPU list" in str(kernel_ranges.cpu_list_problem("0-"))
+
+
+# Ranges and names only koordlet's side sets (no CRI field carries bvt, cpu.idle or a resctrl group; the proxy
+# checks oom_score_adj): the hook check, the cgroup registry, the node-file registry and the NodeSLO agree.
+SMALL_RANGES = [
+    ("bvt_warp_ns", "cpu.bvt_warp_ns", -2, False), ("bvt_warp_ns", "cpu.bvt_warp_ns", -1, True),
+    ("bvt_warp_ns", "cpu.bvt_warp_ns", 2, True), ("bvt_warp_ns", "cpu.bvt_warp_ns", 3, False),
+    ("cpu_idle", "cpu.idle", -1, False), ("cpu_idle", "cpu.idle", 0, True), ("cpu_idle", "cpu.idle", 1, True),
+    ("cpu_idle", "cpu.idle", 2, False),
+]
+
+
+@pytest.mark.parametrize("changes_field,resource,value,taken", SMALL_RANGES,
+                         ids=[f"{case[1]}={case[2]}" for case in SMALL_RANGES])
+def test_the_hook_check_and_the_registry_take_the_same_bvt_and_idle_values(
+        changes_field: str, resource: str, value: int, taken: bool) -> None:
+    assert _hooks_take(changes_field, value) is taken
+    assert _registry_takes(resource, value) is taken
+
+
+@pytest.mark.parametrize("value,taken", [(-1001, False), (-1000, True), (0, True), (1000, True), (1001, False)])
+def test_oom_score_adj_is_one_range_for_the_proxy_the_hook_check_and_the_node_file_registry(
+        value: int, taken: bool) -> None:
+    from koordlet.system.sysctl import OOM_SCORE_ADJ, InvalidSystemValueError, get_system_resource
+
+    assert _proxy_takes("oom_score_adj", value) is taken
+    assert _hooks_take("oom_score_adj", value) is taken
+    try:
+        get_system_resource(OOM_SCORE_ADJ).validate(value)
+        registry_takes = True
+    except InvalidSystemValueError:
+        registry_takes = False
+    assert registry_takes is taken
+
+
+def test_the_nodeslo_group_identity_and_sched_idle_take_the_kernels_values() -> None:
+    from koordlet.api.nodeslo import parse_node_slo_spec
+
+    def cpu_qos(**fields: int) -> object:
+        spec = {"resourceQOSStrategy": {"beClass": {"cpuQOS": {"enable": True, **fields}}}}
+        return parse_node_slo_spec(spec).resource_qos_strategy.be_class.cpu_qos
+
+    taken = cpu_qos(groupIdentity=kernel_ranges.BVT_WARP_NS_MIN, schedIdle=kernel_ranges.CPU_IDLE_MAX)
+    assert (taken.group_identity, taken.sched_idle) == (kernel_ranges.BVT_WARP_NS_MIN, kernel_ranges.CPU_IDLE_MAX)
+    for bad in ({"groupIdentity": kernel_ranges.BVT_WARP_NS_MAX + 1}, {"schedIdle": kernel_ranges.CPU_IDLE_MAX + 1}):
+        with pytest.raises(ValueError):
+            cpu_qos(**bad)
+
+
+UUID = "4f6c1d2e-0b7a-4c3e-9f00-1a2b3c4d5e6f"
+# Koordinator's names (LSR, LS, BE, koordlet-<pod uid>) and what the kernel's mkdir would take; then what it
+# would refuse (NAME_MAX, "/", NUL, newline, ".", "..", the root's own entries) and what the rule keeps out on
+# purpose (hidden or option-like names, spaces, non-ASCII).
+GOOD_GROUPS = ["LSR", "LS", "BE", f"koordlet-{UUID}", "_x", "a.b-c_d", "a" * 255]
+BAD_GROUPS = ["", ".", "..", "../x", "a/b", "a\x00b", "a\nb", "a" * 256, "info", "mon_groups", "mon_data", "tasks",
+              "schemata", ".hidden", "-x", "a b", "é"]
+
+
+@pytest.mark.parametrize("name", GOOD_GROUPS + BAD_GROUPS, ids=[repr(n)[:24] for n in GOOD_GROUPS + BAD_GROUPS])
+def test_a_resctrl_group_name_is_taken_or_refused_alike_by_the_hook_check_and_the_executor(
+        name: str, tmp_path) -> None:
+    from koordlet.executor import ResourceExecutor, UnsafePathError
+    from koordlet.system.cgroup import CgroupFS
+
+    good = name in GOOD_GROUPS
+    assert (kernel_ranges.resctrl_group_problem(name) is None) is good
+    if name:  # "" is "no group" to the hook check, the root group to the executor's file writes
+        assert _hooks_take("resctrl_group", name) is good
+    root = tmp_path / "resctrl"
+    root.mkdir()
+    executor = ResourceExecutor(CgroupFS(mount_dir=str(tmp_path / "cgroup")), resctrl_root=str(root))
+    if good:
+        assert executor.ensure_resctrl_group(name) is True
+        (root / name / "tasks").write_text("")
+        executor.write_resctrl(name, "tasks", "1")
+        assert executor.remove_resctrl_group(name) is True
+    else:
+        for action in (lambda: executor.ensure_resctrl_group(name), lambda: executor.remove_resctrl_group(name)):
+            with pytest.raises(UnsafePathError):
+                action()
+        if name:
+            with pytest.raises(UnsafePathError):
+                executor.write_resctrl(name, "tasks", "1")
+    assert list(root.iterdir()) == []
+
+
+@pytest.mark.parametrize("length", [255, 256])
+def test_the_resctrl_name_length_is_the_kernels_name_max(length: int, tmp_path) -> None:
+    """mkdir on this kernel's file system takes exactly the lengths the rule takes (NAME_MAX)."""
+    import errno
+    import os
+
+    name = "g" * length
+    try:
+        os.mkdir(tmp_path / name)
+        kernel_takes = True
+    except OSError as err:
+        assert err.errno == errno.ENAMETOOLONG
+        kernel_takes = False
+    assert (kernel_ranges.resctrl_group_problem(name) is None) is kernel_takes

@@ -165,9 +165,6 @@ class Mux:
             write(frames(conn_id, data))
         return send
 
-    async def drain(self) -> None:
-        await self._writer.drain()
-
     async def run(self) -> None:
         """Read frames until the trunk ends (returns) or fails (raises); hands each payload to its connection."""
         read = self._reader.readexactly

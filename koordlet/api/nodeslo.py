@@ -39,6 +39,7 @@ from koordlet.api._fields import (
 )
 from koordlet.api.qos import QoSClass
 from koordlet.api.quantity import QuantityError, parse_quantity
+from wire.kernel_ranges import BVT_WARP_NS_MAX, BVT_WARP_NS_MIN, CPU_IDLE_MAX, CPU_IDLE_MIN
 
 
 class NodeSLOError(ValueError):
@@ -121,8 +122,8 @@ class ResourceThresholdStrategy:
 @dataclass(frozen=True, slots=True)
 class CPUQOS:
     enable: bool = field(default=False, metadata=meta("enable", check_bool))
-    group_identity: int = field(default=0, metadata=meta("groupIdentity", check_int(-1, 2)))
-    sched_idle: int = field(default=0, metadata=meta("schedIdle", check_int(0, 1)))
+    group_identity: int = field(default=0, metadata=meta("groupIdentity", check_int(BVT_WARP_NS_MIN, BVT_WARP_NS_MAX)))
+    sched_idle: int = field(default=0, metadata=meta("schedIdle", check_int(CPU_IDLE_MIN, CPU_IDLE_MAX)))
     core_expeller: bool = field(default=False, metadata=meta("coreExpeller", check_bool))
 
 

@@ -1,9 +1,7 @@
 """What ``/debug/nodeslo``, ``/debug/pods/<namespace>/<name>`` and ``koordlet explain`` show, and who may see it.
 
-- :mod:`.answers`: what each hook plugin answered when a pod and its containers were created (recorded where the
-  hook server, the NRI plugin and the reconciler run the plugins; bounded, forgotten when the pod goes);
-- :mod:`.actions`: the last writes and evictions of every cgroup dir and pod (recorded by the plan runner);
-- :mod:`.endpoints`: the two endpoints, built from those and from the states, the executor and the QoS manager;
+- :mod:`.endpoints`: the two endpoints, built from what :mod:`koordlet.history` keeps (the plugins' answers, the
+  runners' last writes and evictions) and from the states, the executor and the QoS manager;
 - :mod:`.authz`: the guard of ``/events`` and ``/debug/*`` (TokenReview + SubjectAccessReview, or loopback only
   in local mode);
 - :mod:`.explain`: ``koordlet explain <namespace>/<name>``, the same answer for a person.

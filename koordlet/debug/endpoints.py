@@ -34,13 +34,13 @@ from hooks.protocol import Changes
 from koordlet.api._fields import dump
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
-from koordlet.debug.actions import RecentActions
-from koordlet.debug.answers import POD_LEVEL, HookRecord
 from koordlet.executor import ExecutorError, ResourceExecutor
+from koordlet.history.actions import RecentActions
+from koordlet.history.answers import POD_LEVEL, HookRecord
 from koordlet.metrics import Reply, Request
 from koordlet.plan import Plan
 from koordlet.system.cgroup import CgroupVersion
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout, pod_cgroup_dir
 from koordlet.system.resources import get_resource
 
 if TYPE_CHECKING:
@@ -165,13 +165,10 @@ class DebugEndpoints:
     @staticmethod
     def _dirs(layout: KubeCgroupLayout, pod: PodMeta) -> list[tuple[str, str, str]]:
         """(level, container name, cgroup dir) of the pod and its created containers; empty when unknown."""
+        pod_dir = pod_cgroup_dir(layout, pod)
+        if pod_dir is None:
+            return []
         try:
-            if pod.cgroup_parent:
-                pod_dir = layout.dir_from_cgroup_parent(pod.cgroup_parent)
-            elif pod.effective_kube_qos is not None:
-                pod_dir = layout.pod_dir(pod.uid, pod.effective_kube_qos)
-            else:
-                return []
             return [("pod", "", pod_dir)] + [
                 ("container", c.name, layout.container_dir(pod_dir, c.container_id, c.runtime))
                 for c in pod.containers if c.container_id]

@@ -41,7 +41,7 @@ from koordlet.gpu.service import GPUService
 from koordlet.kubeapi import CoreV1
 from koordlet.nodelock import NodeLocker
 from koordlet.system.roots import DEV_DIR
-from koordlet.ticker import PeriodicThread
+from koordlet.ticker import PeriodicThread, start_observer
 from wire import deviceplugin_pb2 as pb
 from wire import deviceplugin_pb2_grpc as pb_grpc
 from wire.sockets import remove_socket
@@ -146,10 +146,12 @@ class GPUDevicePluginServicer(pb_grpc.DevicePluginServicer):
 
 
 class _DirWatch(FileSystemEventHandler):
-    def __init__(self, kubelet_socket: str, own_socket: str, wake: Callable[[], None]) -> None:
+    def __init__(self, kubelet_socket: str, own_socket: str, wake: Callable[[], None],
+                 registered: Callable[[], bool]) -> None:
         self._kubelet_socket = kubelet_socket
         self._own_socket = own_socket
         self._wake = wake
+        self._registered = registered
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         path = os.fsdecode(event.src_path)
@@ -159,7 +161,10 @@ class _DirWatch(FileSystemEventHandler):
         ):
             _log.info("kubelet socket %s (re)created: kubelet restarted", self._kubelet_socket)
             self._wake()
-        elif event.event_type == "deleted" and path == self._own_socket:
+        elif event.event_type == "deleted" and path == self._own_socket and self._registered():
+            # Only while registered: before that, every retry removes and makes our socket itself, and waking on
+            # that would start the next retry at once, a busy loop past the retry's backoff (the retry timer and
+            # kubelet's socket drive the retries).
             _log.info("device plugin socket %s removed", path)
             self._wake()
 
@@ -311,10 +316,10 @@ class DevicePluginServer:
         os.makedirs(self.plugin_dir, exist_ok=True)
         self._observer = Observer()
         self._observer.schedule(
-            _DirWatch(self.kubelet_socket, self.socket_path, self._wake_watch),
+            _DirWatch(self.kubelet_socket, self.socket_path, self._wake_watch, self.registered.is_set),
             self.plugin_dir,
         )
-        self._observer.start()
+        start_observer(self._observer, "deviceplugin-dir-watch")
         try:
             self._restart()
         except DevicePluginError as exc:

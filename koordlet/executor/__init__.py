@@ -1,17 +1,15 @@
-"""The resource executor, the single writer of kernel files: ``ResourceExecutor``, ``ResourceUpdate``."""
+"""The resource executor, the one writer of kernel files: ``ResourceExecutor``, ``ResourceUpdate``."""
 
-from koordlet.executor.executor import (
-    BatchResult,
+from koordlet.executor.errors import (
     CgroupNotFoundError,
     ExecutorError,
     InvalidUpdateError,
-    ResourceExecutor,
-    ResourceUpdate,
     UnsafePathError,
     UnsupportedResourceError,
-    UpdateFailure,
     WriteFailedError,
 )
+from koordlet.executor.executor import ResourceExecutor
+from koordlet.executor.updates import BatchResult, ResourceUpdate, UpdateFailure
 
 __all__ = [
     "BatchResult",

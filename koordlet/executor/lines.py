@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import logging
 
-from koordlet.executor.executor import (
-    CgroupNotFoundError,
-    ExecutorError,
-    InvalidUpdateError,
-    ResourceExecutor,
-    ResourceUpdate,
-)
+from koordlet.executor.errors import CgroupNotFoundError, ExecutorError, InvalidUpdateError
+from koordlet.executor.executor import ResourceExecutor
+from koordlet.executor.updates import ResourceUpdate
 from koordlet.plan import LineKey
 from koordlet.system.blkiolines import absent_value, line_of
 from koordlet.system.resources import InvalidCgroupValueError, device_of

@@ -17,13 +17,8 @@ import os
 import time
 
 from koordlet.executor import metrics
-from koordlet.executor.executor import (
-    InvalidUpdateError,
-    UnsafePathError,
-    UnsupportedResourceError,
-    WriteFailedError,
-    path_inside,
-)
+from koordlet.executor.errors import InvalidUpdateError, UnsafePathError, UnsupportedResourceError, WriteFailedError
+from koordlet.executor.files import observe, path_inside
 from koordlet.system.coldpage import mark_idle_range, page_idle_bitmap_path
 
 logger = logging.getLogger(__name__)
@@ -56,7 +51,6 @@ def mark_page_idle(sys_dir: str | None, first_page: int, pages: int) -> int:
         metrics.count_update(RESOURCE, exc.status)
         raise
     if covered:
-        elapsed_ms = (time.perf_counter() - started) * 1000.0
-        metrics.RESOURCE_UPDATE_DURATION_MS.labels(type=RESOURCE, status="succeeded").observe(elapsed_ms)
+        observe(RESOURCE, "succeeded", started)
         metrics.count_update(RESOURCE, metrics.STATUS_WRITTEN)
     return covered

@@ -104,24 +104,20 @@ def build_device(
                 ],
             }
         )
-    metadata: dict[str, Any] = {"name": node_name, "labels": labels}
+    return device_skeleton(node_name, node_uid, devices, labels)
+
+
+def device_skeleton(node_name: str, node_uid: str, devices: list[dict[str, Any]], labels: Mapping[str, str],
+                    annotations: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """The node's Device object around these ``spec.devices`` entries, owned by the Node when its UID is known."""
+    metadata: dict[str, Any] = {"name": node_name, "labels": dict(labels)}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
     if node_uid:
-        metadata["ownerReferences"] = [
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": node_name,
-                "uid": node_uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
-    return {
-        "apiVersion": f"{api.DEVICE_GROUP}/{api.DEVICE_VERSION}",
-        "kind": api.DEVICE_KIND,
-        "metadata": metadata,
-        "spec": {"devices": devices},
-    }
+        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid,
+                                        "controller": True, "blockOwnerDeletion": True}]
+    return {"apiVersion": f"{api.DEVICE_GROUP}/{api.DEVICE_VERSION}", "kind": api.DEVICE_KIND, "metadata": metadata,
+            "spec": {"devices": devices}}
 
 
 def _normalise(value: Any, key: str = "") -> Any:

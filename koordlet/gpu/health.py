@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,10 +241,3 @@ class XidHealthWatcher:
                 stop.wait(poll_timeout_ms / 1000)
             if not self.watched:
                 stop.wait(poll_timeout_ms / 1000)
-
-
-def health_map(board: HealthBoard | None, uuids: Iterable[str]) -> Mapping[str, GPUHealth]:
-    """Health per GPU, everything healthy when no board is kept."""
-    if board is None:
-        return {uuid: GPUHealth(uuid, True) for uuid in uuids}
-    return board.snapshot()

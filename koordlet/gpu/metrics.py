@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from koordlet.gpu.nvml import GPUInventory, GPUUsage, ProcessGPUUsage
-from koordlet.metriccache import GPUDevice, Label, MetricCache, MetricKind, Sample, SeriesKey
+from koordlet.metriccache import GPUDevice, Label, MetricKind, Sample, SeriesKey
 
 NODE_GPU_CORE_USAGE = "node_gpu_core_usage"
 NODE_GPU_MEMORY_USAGE = "node_gpu_memory_usage"
@@ -74,7 +74,3 @@ def usage_samples(usage: Iterable[GPUUsage], timestamp: float) -> list[Sample]:
         samples.append(Sample(SeriesKey.of(NODE_GPU_MEMORY_USAGE, **labels), timestamp, float(gpu.memory_used_bytes)))
     return samples
 
-
-def record_usage(cache: MetricCache, usage: Iterable[GPUUsage], timestamp: float) -> int:
-    """Append one collection round to the cache; returns how many samples were accepted."""
-    return cache.append_samples(usage_samples(usage, timestamp))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import time
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Self
@@ -57,12 +56,6 @@ class GPUInventory:
     def model(self) -> str:
         # One model per node is what the node label can carry; the first GPU names it.
         return self.gpus[0].model if self.gpus else ""
-
-    def by_uuid(self, uuid: str) -> GPUInfo | None:
-        for gpu in self.gpus:
-            if gpu.uuid == uuid:
-                return gpu
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,10 +285,3 @@ def read_process_usage(session: NvmlSession, inventory: GPUInventory) -> list[Pr
             out.append(ProcessGPUUsage(pid=pid, uuid=gpu.uuid, minor=gpu.minor,
                                        sm_util_percent=sm_util.get(pid, 0), memory_used_bytes=used))
     return out
-
-
-def timed_discovery(session: NvmlSession, sys_dir: str = SYS_DIR) -> tuple[GPUInventory, float]:
-    """discover() and the seconds it took (reported by the real-GPU check)."""
-    start = time.perf_counter()
-    inventory = discover(session, sys_dir)
-    return inventory, time.perf_counter() - start

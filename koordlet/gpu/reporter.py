@@ -3,7 +3,8 @@
 With an API server: GET the node's Device; 404 -> create; present and semantically equal -> skip;
 otherwise replace with the object's resourceVersion (a 409 means someone else wrote in between:
 read again and retry, a few times). Labels and annotations others put on the object are kept.
-Without one, the same object is written atomically to a YAML file so a user can see it.
+Without one, the same object is written atomically to a YAML file so a user can see it. A label or annotation
+whose desired value is None is one the object must not carry (it is taken off when present).
 The node's GPU model and driver labels (docs/koordinator.md §5.4) are patched when they differ.
 """
 
@@ -92,7 +93,7 @@ class DeviceReporter:
                     raise DeviceReportError(f"get Device {self.node_name}: {exc.status} {exc.reason}") from exc
                 try:
                     custom_api.create_cluster_custom_object(
-                        api.DEVICE_GROUP, api.DEVICE_VERSION, api.DEVICE_PLURAL, dict(desired)
+                        api.DEVICE_GROUP, api.DEVICE_VERSION, api.DEVICE_PLURAL, _without_nones(desired)
                     )
                 except ApiException as create_exc:
                     if create_exc.status == 409:  # created by someone else meanwhile: compare again
@@ -101,7 +102,7 @@ class DeviceReporter:
                         f"create Device {self.node_name}: {create_exc.status} {create_exc.body}"
                     ) from create_exc
                 _log.info("Device %s created with %d GPUs", self.node_name, len(desired["spec"]["devices"]))
-                self.last_written = copy.deepcopy(dict(desired))
+                self.last_written = _without_nones(desired)
                 return ReportResult.CREATED
             if semantically_equal(existing, desired):
                 return ReportResult.UNCHANGED
@@ -111,7 +112,8 @@ class DeviceReporter:
             for key in ("labels", "annotations"):
                 ours = (desired.get("metadata") or {}).get(key) or {}
                 if ours:
-                    meta[key] = {**(meta.get(key) or {}), **ours}
+                    merged = {**(meta.get(key) or {}), **ours}
+                    meta[key] = {k: v for k, v in merged.items() if v is not None}
             if "ownerReferences" in desired["metadata"] and not meta.get("ownerReferences"):
                 meta["ownerReferences"] = desired["metadata"]["ownerReferences"]
             try:
@@ -145,13 +147,24 @@ class DeviceReporter:
         if existing is not None and semantically_equal(existing, desired):
             return ReportResult.UNCHANGED
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = yaml.safe_dump(dict(desired), sort_keys=False)
+        written = _without_nones(desired)
+        text = yaml.safe_dump(written, sort_keys=False)
         try:
             write_atomic(path, text, prefix=".device-")
         except OSError as exc:
             raise DeviceReportError(f"write {path}: {exc}") from exc
-        self.last_written = copy.deepcopy(dict(desired))
+        self.last_written = written
         return ReportResult.WRITTEN
+
+
+def _without_nones(desired: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``desired`` whose labels and annotations leave out the ones set to None (not to be carried)."""
+    out = copy.deepcopy(dict(desired))
+    meta = out.get("metadata") or {}
+    for key in ("labels", "annotations"):
+        if isinstance(meta.get(key), dict):
+            meta[key] = {k: v for k, v in meta[key].items() if v is not None}
+    return out
 
 
 def sync_node_labels(core_api: CoreV1, node_name: str, labels: Mapping[str, str]) -> bool:

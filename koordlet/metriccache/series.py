@@ -11,10 +11,16 @@ class MetricKind(StrEnum):
     NODE_MEMORY_USAGE = "node_memory_usage"  # bytes, MemTotal − MemAvailable
     NODE_MEMORY_USAGE_WITH_PAGE_CACHE = "node_memory_usage_with_page_cache"  # bytes, MemTotal − MemFree
     NODE_PER_CPU_USAGE = "node_per_cpu_usage"  # cores of one CPU (0..1), label cpu (gate PerCPUMetric)
+    # Per NUMA node (Koordinator #3138), label numa_node_id: CPU from the per-CPU ticks of the node's CPUs,
+    # memory from nodeN/meminfo; system = the node's − Σ pods' memory on it, CPU apportioned by the nodes' use.
+    NODE_NUMA_CPU_USAGE = "node_numa_cpu_usage"  # cores
+    NODE_NUMA_MEMORY_USAGE = "node_numa_memory_usage"  # bytes
     NODE_PSI = "node_psi"  # percent (avg10/60/300), labels psi_resource/psi_precision/psi_degree
     NODE_BE = "node_be"  # milli-cores, labels be_resource/be_allocation
     SYS_CPU_USAGE = "sys_cpu_usage"  # cores, node − Σ pods
     SYS_MEMORY_USAGE = "sys_memory_usage"  # bytes, node − Σ pods
+    SYS_NUMA_CPU_USAGE = "sys_numa_cpu_usage"  # cores, label numa_node_id
+    SYS_NUMA_MEMORY_USAGE = "sys_numa_memory_usage"  # bytes, label numa_node_id
     POD_CPU_USAGE = "pod_cpu_usage"  # cores
     POD_MEMORY_USAGE = "pod_memory_usage"  # bytes, anon + unevictable
     POD_MEMORY_USAGE_WITH_PAGE_CACHE = "pod_memory_usage_with_page_cache"  # bytes, + file LRU
@@ -82,6 +88,10 @@ RESCTRL_TYPE_MB = "mb"
 # The GPUs of the node in the cache's KV (Koordinator keeps ``GPUDevices`` there: uuid, minor, memory
 # total); NodeMetric needs the totals for ``koordinator.sh/gpu-memory-ratio``.
 GPU_DEVICES_KV = "gpu_devices"
+# The node's CPU topology and NUMA nodes, read by the node info collector (Koordinator's NodeCPUInfoKey and
+# NodeNUMAInfoKey): a tuple of koordlet.system.sysfs.CPUInfo, a tuple of koordlet.system.sysfs.NUMANode.
+NODE_CPU_INFO_KV = "node_cpu_info"
+NODE_NUMA_INFO_KV = "node_numa_info"
 
 
 @dataclass(frozen=True, slots=True)

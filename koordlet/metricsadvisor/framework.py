@@ -1,5 +1,7 @@
 """Collector framework: each collector has a name, an interval and ``collect(now) -> samples``; one runner
-thread ticks them all on their intervals and writes the samples into the metric cache.
+thread ticks them all on their intervals and writes the samples into the metric cache. (The cold page collector's
+page-idle pass is too long for a tick: its own thread, ``coldpage-scan``, scans, and the tick takes its last
+count.)
 
 One thread for all collectors keeps the agent's cost flat (Koordinator runs a goroutine per collector);
 collectors are cheap file readers, so serialising them costs nothing that matters. The runner measures

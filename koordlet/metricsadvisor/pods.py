@@ -8,7 +8,12 @@ and then
   BE         the besteffort dir's CPU Δ in milli-cores, its real limit = min(cpuset size × 1000,
              quota × 1000 / period when quota ≠ −1), and Σ batch-cpu requests of BE pods
   host apps  CPU and memory of NodeSLO ``hostApplications`` (out-of-band processes in their own cgroups)
-  system     node − Σ pods − Σ host apps, clamped at 0, from the node collector's reading of the same tick.
+  system     node − Σ pods − Σ host apps, clamped at 0, from the node collector's reading of the same tick;
+             per NUMA node (Koordinator #3138): memory = the node's − the pods' memory on it, CPU = the system CPU
+             shared out by the NUMA nodes' CPU use. With one NUMA node the pods' memory is Σ pods (all on it);
+             with more, the ``memory.numa_stat`` of the kubepods dir, which holds every pod's: one read a tick
+             where Koordinator reads each pod's (the same sum; 150 pod reads cost +50 % of the tick, measured
+             by bench/numa_usage.py). Host applications are not taken out, as in Koordinator.
 
 Pods and containers come from a callable (the states informer provides it), as dirs relative to the
 cgroup hierarchy root (``kubepods/besteffort/pod<uid>``); :class:`koordlet.system.cgroup.CgroupFS`
@@ -35,7 +40,7 @@ from koordlet.metriccache import (
     Sample,
     SeriesKey,
 )
-from koordlet.metricsadvisor.node import NodeResourceCollector
+from koordlet.metricsadvisor.node import NodeResourceCollector, NUMAUsage, numa_key
 from koordlet.system import cgroup_stats
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.procfs import KeptFiles, ProcParseError
@@ -150,11 +155,13 @@ class PodResourceCollector:
         collect_page_cache: bool = False,
         monotonic_ns: Callable[[], int] = time.monotonic_ns,
         host_apps: HostAppSource | None = None,
+        kubepods_dir: str | None = None,
     ) -> None:
         """``cgroup_fs``: where the hierarchies are (detected from /proc/self/mountinfo if None);
         ``be_cgroup_dir``: the besteffort QoS dir relative to the hierarchy root (no BE samples if None);
         ``node``: the node collector whose reading of the same tick gives system usage (none if None);
-        ``host_apps``: the host applications to read (none if None)."""
+        ``host_apps``: the host applications to read (none if None); ``kubepods_dir``: the dir holding every pod
+        (relative to the hierarchy root), whose memory.numa_stat gives the pods' memory per NUMA node."""
         self.interval_s = interval_s
         self._pods = pods
         self._host_apps = host_apps
@@ -168,6 +175,8 @@ class PodResourceCollector:
         self._targets: dict[str, _Target] = {}
         self._files = KeptFiles()
         self._prev_be: tuple[int, int] | None = None  # (monotonic ns, usage ns)
+        self._kubepods_numa_stat = (cgroup_stats.numa_stat_path(self._fs.cgroup_dir("memory", kubepods_dir))
+                                    if kubepods_dir is not None else None)
         self.read_errors = 0
 
     def enabled(self) -> bool:
@@ -268,6 +277,8 @@ class PodResourceCollector:
         accounted_cpu_cores = 0.0
         accounted_memory_bytes = 0
         be_request_milli = 0
+        numa = self._node.last_numa if self._node is not None else None
+        pods_memory_bytes = 0
         for pod in self._pods():
             if pod.qos == QOS_BE:
                 be_request_milli += pod.batch_cpu_request_milli
@@ -280,6 +291,7 @@ class PodResourceCollector:
             # A pod seen for the first time has no CPU rate yet and counts 0 towards Σ pods this tick.
             accounted_cpu_cores += observed[0] or 0.0
             accounted_memory_bytes += observed[1]
+            pods_memory_bytes += observed[1]
             for container in pod.containers:
                 self._observe(
                     "ctr/" + container.container_id,
@@ -290,28 +302,73 @@ class PodResourceCollector:
                     seen,
                     samples,
                 )
+        app_cpu_cores, app_memory_bytes = self._collect_host_apps(now, seen, samples)
+        accounted_cpu_cores += app_cpu_cores
+        accounted_memory_bytes += app_memory_bytes
+        self._forget_gone(seen)
+        if self._be_dir is not None:
+            samples.extend(self._collect_be(self._be_dir, now, be_request_milli))
+        system = self._system_usage(now, accounted_cpu_cores, accounted_memory_bytes)
+        samples.extend(system)
+        if numa is not None and abs(numa.timestamp - now) <= self.interval_s:
+            on_nodes = (self._kubepods_numa_memory() if len(numa.memory_bytes) > 1
+                        else dict.fromkeys(numa.memory_bytes, pods_memory_bytes))
+            system_cpu = next((s.value for s in system if s.key == SYS_CPU), None)
+            samples.extend(self._system_numa_usage(now, numa, on_nodes, system_cpu))
+        return samples
+
+    def _collect_host_apps(self, now: float, seen: dict[str, _CgroupReading],
+                           samples: list[Sample]) -> tuple[float, int]:
+        """The host applications' samples; their CPU cores and memory bytes together."""
+        cpu_cores, memory_bytes = 0.0, 0
         for app in self._host_apps() if self._host_apps is not None else ():
             # Counted apart from pods: system usage leaves both out (docs/koordinator.md §7.1).
             observed = self._observe("app/" + app.name, app.cgroup_dir, _HOST_APP_KINDS,
                                      ((Label.HOST_APP_NAME, app.name),), now, seen, samples)
             if observed is not None:
-                accounted_cpu_cores += observed[0] or 0.0
-                accounted_memory_bytes += observed[1]
+                cpu_cores += observed[0] or 0.0
+                memory_bytes += observed[1]
                 self._missing_apps.discard(app.name)
             elif app.name not in self._missing_apps:
                 self._missing_apps.add(app.name)
                 logger.warning("host application %s: cannot read its cgroup %s (NodeSLO hostApplications); "
                                "its usage counts as system usage until it can be read", app.name, app.cgroup_dir)
-        # Forget pods, containers and host apps that are gone: state stays bounded by the live population.
+        return cpu_cores, memory_bytes
+
+    def _forget_gone(self, seen: dict[str, _CgroupReading]) -> None:
+        """Forget pods, containers and host apps that are gone: state stays bounded by the live population."""
         self._prev = seen
         if len(self._targets) > len(seen):
             gone = [ident for ident in self._targets if ident not in seen]
             for ident in gone:
                 target = self._targets.pop(ident)
                 self._files.forget(target.paths)
-        if self._be_dir is not None:
-            samples.extend(self._collect_be(self._be_dir, now, be_request_milli))
-        samples.extend(self._system_usage(now, accounted_cpu_cores, accounted_memory_bytes))
+
+    def _kubepods_numa_memory(self) -> dict[int, int] | None:
+        """The pods' memory per NUMA node: the kubepods dir's memory.numa_stat (None without one, or unreadable:
+        no system memory per NUMA node this tick)."""
+        if self._kubepods_numa_stat is None:
+            return None
+        try:
+            return cgroup_stats.numa_memory_usage(self._files.read(self._kubepods_numa_stat), self._fs.version)
+        except (OSError, ProcParseError) as err:
+            self.read_errors += 1
+            logger.debug("cannot read %s: %s", self._kubepods_numa_stat, err)
+            return None
+
+    def _system_numa_usage(self, now: float, numa: NUMAUsage, pods_memory: dict[int, int] | None,
+                           system_cpu_cores: float | None) -> list[Sample]:
+        """Per NUMA node: memory = the node's − the pods' (≥ 0; none when the pods' is not known); CPU = the system
+        CPU × the node's share of the NUMA nodes' CPU use (Koordinator #3138 sysresource: no per-NUMA CPU
+        accounting exists for cgroups)."""
+        samples = [] if pods_memory is None else [
+            Sample(numa_key(MetricKind.SYS_NUMA_MEMORY_USAGE, node_id), now,
+                   float(max(used - pods_memory.get(node_id, 0), 0))) for node_id, used in numa.memory_bytes.items()]
+        if system_cpu_cores is not None and numa.cpu_cores:
+            total = sum(numa.cpu_cores.values())
+            for node_id, cores in numa.cpu_cores.items():
+                share = system_cpu_cores * cores / total if total > 0 else 0.0
+                samples.append(Sample(numa_key(MetricKind.SYS_NUMA_CPU_USAGE, node_id), now, share))
         return samples
 
     def _collect_be(self, be_dir: str, now: float, request_milli: int) -> list[Sample]:

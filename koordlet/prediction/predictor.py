@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from koordlet.api.pod import PodMeta
@@ -45,13 +45,21 @@ class PredictionUnavailable(ValueError):
     """The prediction cannot be made (no node, no ``sys`` model yet)."""
 
 
+Amounts = Mapping[str, int]
+# Koordinator's predictor names (the ``predictor`` label of koordlet_node_predicted_resource_*).
+POD_PREDICTOR, PRIORITY_PREDICTOR, MIN_PREDICTOR = "podReclaimablePredictor", "priorityReclaimablePredictor", \
+    "minPredictor"
+
+
 @dataclass(frozen=True, slots=True)
 class ProdPrediction:
-    """``cpu`` (milli-cores) and ``memory`` (bytes) of each; None when it cannot be computed (and why)."""
+    """``cpu`` (milli-cores) and ``memory`` (bytes) of each; None when it cannot be computed (and why).
+    ``by_predictor``: each predictor's (reclaimable, peak), None where that one could not say."""
 
-    reclaimable: Mapping[str, int] | None
-    peak: Mapping[str, int] | None
+    reclaimable: Amounts | None
+    peak: Amounts | None
     problem: str = ""
+    by_predictor: Mapping[str, tuple[Amounts | None, Amounts | None]] = field(default_factory=dict)
 
 
 def pod_request(pod: PodMeta, resource: str) -> int:
@@ -141,14 +149,21 @@ def predict_prod(pods: Sequence[PodMeta], node: NodeInfo | None, predictions: Pr
                  cold_start_s: float, margin_percent: int) -> ProdPrediction:
     """Prod reclaimable (the two predictors' minimum) and prod peak (their maximum)."""
     pod_reclaimable, pod_peak, unpredicted = _by_pod(pods, predictions, now, cold_start_s, margin_percent)
+    allocatable = node_allocatable(node) if node is not None else None
+    pod_peak_total = MappingProxyType({k: pod_peak[k] + unpredicted[k] for k in (CPU, MEMORY)})
+    by_pod = (MappingProxyType(_min(_subtract_non_negative(allocatable, pod_peak), pod_reclaimable))
+              if allocatable is not None else None)
     try:
         requested, class_peak = _by_priority(pods, predictions, margin_percent)
     except PredictionUnavailable as err:
-        return ProdPrediction(None, None, str(err))
-    peak = {k: max(pod_peak[k] + unpredicted[k], class_peak[k]) for k in (CPU, MEMORY)}
-    if node is None:
-        return ProdPrediction(None, MappingProxyType(peak), "the node is not known")
-    allocatable = node_allocatable(node)
-    by_pod = _min(_subtract_non_negative(allocatable, pod_peak), pod_reclaimable)
-    by_class = _min(_subtract_non_negative(allocatable, class_peak), _subtract_non_negative(requested, class_peak))
-    return ProdPrediction(MappingProxyType(_min(by_pod, by_class)), MappingProxyType(peak))
+        return ProdPrediction(None, None, str(err), MappingProxyType({POD_PREDICTOR: (by_pod, pod_peak_total),
+                                                                      PRIORITY_PREDICTOR: (None, None)}))
+    peak = MappingProxyType({k: max(pod_peak_total[k], class_peak[k]) for k in (CPU, MEMORY)})
+    by_class = (MappingProxyType(_min(_subtract_non_negative(allocatable, class_peak),
+                                      _subtract_non_negative(requested, class_peak)))
+                if allocatable is not None else None)
+    reclaimable = MappingProxyType(_min(by_pod, by_class)) if by_pod is not None and by_class is not None else None
+    predictors = MappingProxyType({POD_PREDICTOR: (by_pod, pod_peak_total),
+                                   PRIORITY_PREDICTOR: (by_class, MappingProxyType(class_peak)),
+                                   MIN_PREDICTOR: (reclaimable, peak)})
+    return ProdPrediction(reclaimable, peak, "" if node is not None else "the node is not known", predictors)

@@ -86,13 +86,17 @@ def new_qos_manager(
     cpus: tuple[CPUInfo, ...] | None = None,
     started_at: float | None = None,
     cpu_manager: Callable[[], Any] | None = None,
+    observe_storage: Callable[[bool], None] | None = None,
+    extensions: tuple[Strategy, ...] = (),
 ) -> QoSManager:
     """The manager with every strategy; eviction strategies only when an ``evictor`` is given.
 
     ``layout``: kubelet's cgroup driver and ``--cgroup-root``; ``cpus``: the CPU topology for the cpuset
     policy, else read from ``<sys_dir>/devices/system/cpu``; ``started_at``: the agent's wall-clock
     start (BECPUEvict rests 20 s after it; default now); ``cpu_manager``: kubelet's CPU manager state
-    (statesinformer.cpumanager), for CPU suppress's static-policy rules.
+    (statesinformer.cpumanager), for CPU suppress's static-policy rules; ``observe_storage``: told whether each
+    reading of the block devices worked; ``extensions``: out-of-tree strategies (koordlet.extensions), run after
+    the built-in ones behind their own gates.
     """
     config = config or QoSManagerConfig()
     config = replace(config, started_at=time.time() if started_at is None else started_at)
@@ -103,7 +107,7 @@ def new_qos_manager(
             logger.warning("no CPU topology (%s); the cpuset suppress policy will not pick CPUs", exc)
             cpus = ()
     builder = SnapshotBuilder(states, cache, cpus, config.collect_res_used_interval_s, reader=executor,
-                              layout=layout, cpu_manager=cpu_manager, sys_dir=sys_dir)
+                              layout=layout, cpu_manager=cpu_manager, sys_dir=sys_dir, observe_storage=observe_storage)
     strategies: list[Strategy] = []
     if config.gate(GATE_BE_CPU_MANAGER):
         # docs/koordinator.md §4.2: with the BE CPU manager, suppress stands down and keeps the BE cpusets on the
@@ -115,6 +119,7 @@ def new_qos_manager(
         if strategy.name in _EVICTIONS and evictor is None:
             continue
         strategies.append(replace(strategy, interval_s=_interval_s(strategy, config)))
+    strategies += [replace(strategy, interval_s=config.reconcile_interval_s) for strategy in extensions]
     if evictor is None:
         logger.info("no evictor: the eviction strategies are off")
     runner = PlanRunner(executor, evictor, GAUGES)

@@ -36,7 +36,7 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from koordlet.api.eviction import EvictionRule, be_rule, opt_in_order, opt_in_rule
+from koordlet.api.eviction import be_rule, opt_in_rule
 from koordlet.api.keys import RESOURCE_BATCH_CPU, RESOURCE_CPU
 from koordlet.api.nodeslo import CPU_EVICT_POLICY_ALLOCATABLE, CPU_EVICT_POLICY_REAL_LIMIT, NodeSLOSpec
 from koordlet.plan import Evictions, Plan, Victim, planned_victims
@@ -48,7 +48,15 @@ from koordlet.qosmanager.framework import (
     Strategy,
 )
 from koordlet.qosmanager.snapshot import BECPUWindow, Needs, Snapshot, is_be, pod_batch_cpu_request_milli
-from koordlet.qosmanager.victims import allocatable_invalid, allocatable_tasks, eviction_task, rest, tasks_plan
+from koordlet.qosmanager.victims import (
+    allocatable_invalid,
+    allocatable_tasks,
+    eviction_task,
+    rest,
+    tasks_plan,
+    usage_task,
+)
+from koordlet.qosmanager.victims import usage_release as node_usage_release
 
 logger = logging.getLogger(__name__)
 
@@ -229,27 +237,17 @@ class UsageDecision:
     victims: tuple[Victim, ...] = ()
 
 
-def opt_in_cpu_victims(snapshot: Snapshot, rule: EvictionRule) -> tuple[Victim, ...]:
-    """The pods ``rule`` allows that have a usage sample, in the opt-in order, then CPU used descending."""
-    victims = [Victim(pod, float(int(snapshot.pod_cpu_cores[pod.uid] * 1000))) for pod in snapshot.pods
-               if pod.uid in snapshot.pod_cpu_cores and rule.allows(pod)]
-    victims.sort(key=lambda v: (*opt_in_order(v.pod), -v.releases))
-    return tuple(victims)
-
-
 def usage_release(snapshot: Snapshot, config: CPUEvictConfig) -> UsageDecision:
     """``CPUEvict``: release capacity × (usage% − lower%) / 100 when the window's average usage% reaches the
     threshold (integer percents, as Koordinator computes them)."""
     capacity = snapshot.capacity_cpu_milli
     if snapshot.node_cpu_avg_cores is None or capacity <= 0:
         return UsageDecision(None, None, 0)
-    assert config.threshold_percent is not None
+    assert config.threshold_percent is not None and config.effective_lower_percent_usage is not None
     used_milli = int(snapshot.node_cpu_avg_cores * 1000)
-    usage_percent = used_milli * 100 // capacity
-    lower = config.effective_lower_percent_usage
-    if usage_percent < config.threshold_percent or lower is None:
-        return UsageDecision(used_milli, usage_percent, 0)
-    return UsageDecision(used_milli, usage_percent, capacity * (usage_percent - lower) // 100)
+    usage_percent, release = node_usage_release(used_milli, capacity, config.threshold_percent,
+                                                 config.effective_lower_percent_usage)
+    return UsageDecision(used_milli, usage_percent, release)
 
 
 def _usage_task(snapshot: Snapshot, config: CPUEvictConfig) -> tuple[tuple[Evictions, ...], object]:
@@ -258,16 +256,14 @@ def _usage_task(snapshot: Snapshot, config: CPUEvictConfig) -> tuple[tuple[Evict
         return (), decision
     assert config.evict_enabled_priority_threshold is not None
     rule = opt_in_rule(GATE_CPU_EVICT, config.evict_enabled_priority_threshold)
-    candidates = opt_in_cpu_victims(snapshot, rule)
     reason = (f"node CPU usage {decision.usage_percent}% ({decision.used_milli:.0f}m of "
               f"{snapshot.capacity_cpu_milli}m) >= threshold {config.threshold_percent}%, releasing "
               f"{decision.release_milli}m down to {config.effective_lower_percent_usage}%")
-    counts = {uid: float(int(cores * 1000)) for uid, cores in snapshot.pod_cpu_cores.items()}
-    task = eviction_task(GATE_CPU_EVICT, float(decision.release_milli), candidates,
-                         lambda v: f"{reason}; this pod uses {v.releases:.0f}m", reason, rule=rule, counts=counts)
-    victims = planned_victims(candidates, decision.release_milli, rule=rule)
+    used_milli = {uid: float(int(cores * 1000)) for uid, cores in snapshot.pod_cpu_cores.items()}
+    task, candidates, planned = usage_task(snapshot, rule, float(decision.release_milli), used_milli, reason,
+                                           lambda used: f"{used:.0f}m")
     return (task,), UsageDecision(decision.used_milli, decision.usage_percent, decision.release_milli,
-                                  candidates, victims)
+                                  candidates, planned)
 
 
 def _allocatable_tasks(snapshot: Snapshot, config: CPUEvictConfig) -> tuple[tuple[Evictions, ...], object]:

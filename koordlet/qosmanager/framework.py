@@ -4,7 +4,7 @@ Shape (one for every strategy, checked by tests/koordlet/qosmanager/test_registr
 has a frozen config built by ``from_node_slo(spec, flags)`` and a pure ``decide(snapshot, config) -> Plan``,
 and registers them as a :class:`Strategy` (``STRATEGY`` at the bottom of the module; the list is
 :data:`koordlet.qosmanager.STRATEGIES`). The manager builds the snapshot the config ``needs``, calls
-``decide`` and hands the :class:`~koordlet.plan.Plan` to the one :class:`~koordlet.actuator.PlanRunner`;
+``decide`` and hands the :class:`~koordlet.plan.Plan` to its :class:`~koordlet.actuator.PlanRunner`;
 strategies never see the executor or the evictor. The smallest strategy to copy: ``memoryevict.py``.
 
 One thread ticks all strategies (as the collector runner does): strategies are cheap, and one thread keeps
@@ -242,7 +242,7 @@ class QoSManager(TickerThread):
 
     def run_strategy(self, name: str) -> bool:
         """Run one strategy now (tests, benchmarks); True when it ran without error."""
-        return self._run(self._entry(name))
+        return self._run(self._entry(name), self._wall_clock())
 
     def _tick_once(self, entry: _Scheduled, config: Any, now: float) -> None:
         snapshot = self._builder.build(config.needs, now=now, memo=entry.memo, last=entry.record)
@@ -263,7 +263,9 @@ class QoSManager(TickerThread):
         """The shortest strategy interval: a healthy manager ticks at least that often."""
         return min((entry.strategy.interval_s for entry in self._entries), default=1.0)
 
-    def _run(self, entry: _Scheduled) -> bool:
+    def _run(self, entry: _Scheduled, now: float) -> bool:
+        """One tick of ``entry`` at wall-clock ``now`` (the strategies of one tick share it, and so their snapshots
+        share the usage maps read at it)."""
         strategy = entry.strategy
         self.doing = f"strategy {strategy.name}"
         if not self._states.has_synced():
@@ -275,13 +277,13 @@ class QoSManager(TickerThread):
                 if entry.active is not False:
                     logger.info("qos strategy %s inactive by NodeSLO", strategy.name)
                     entry.active = False
-                    self._tick_once(entry, config, self._wall_clock())  # the undo plan
+                    self._tick_once(entry, config, now)  # the undo plan
                 metrics.STRATEGY_RUNS.labels(strategy=strategy.name, status="skipped").inc()
                 return True
             if entry.active is not True:
                 logger.info("qos strategy %s active", strategy.name)
             entry.active = True
-            self._tick_once(entry, config, self._wall_clock())
+            self._tick_once(entry, config, now)
         except Exception:  # a daemon loop: log, count, go on (STYLE.md)
             metrics.STRATEGY_RUNS.labels(strategy=strategy.name, status="error").inc()
             if not entry.failing:
@@ -299,19 +301,20 @@ class QoSManager(TickerThread):
 
         Woken by a NodeSLO change: a strategy switched on or off runs at once, not at its next tick, so that
         what it imposed (a suppressed besteffort quota) is undone before pods are admitted under the new spec."""
+        now = self._wall_clock()
         if self._woken:
             self._woken = False
-            self._run_switched()
+            self._run_switched(now)
         for entry in self._entries:
             if entry.next_due <= monotonic_now:
-                self._run(entry)
+                self._run(entry, now)
                 interval = entry.strategy.interval_s
                 entry.next_due += interval
                 if entry.next_due <= monotonic_now:
                     entry.next_due = monotonic_now + interval  # fell behind: skip, never catch up in a burst
         return min((entry.next_due for entry in self._entries), default=monotonic_now + 1.0)
 
-    def _run_switched(self) -> None:
+    def _run_switched(self, now: float) -> None:
         if not self._states.has_synced():
             return
         spec = self._states.node_slo()
@@ -323,7 +326,7 @@ class QoSManager(TickerThread):
             except Exception:  # noqa: BLE001 - its own tick reports a bad config
                 continue
             if enabled != entry.active:
-                self._run(entry)
+                self._run(entry, now)
 
     def start(self) -> None:
         """Start ticking; a NodeSLO change wakes the loop (see :meth:`tick`)."""

@@ -31,7 +31,7 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from koordlet.api.eviction import EvictionRule, be_rule, opt_in_order, opt_in_rule
+from koordlet.api.eviction import be_rule, opt_in_rule
 from koordlet.api.keys import RESOURCE_MEMORY
 from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.plan import Evictions, Plan, Victim, planned_victims
@@ -50,6 +50,8 @@ from koordlet.qosmanager.victims import (
     eviction_task,
     rest,
     tasks_plan,
+    usage_release,
+    usage_task,
 )
 
 logger = logging.getLogger(__name__)
@@ -118,24 +120,13 @@ def memory_victims(snapshot: Snapshot) -> tuple[Victim, ...]:
     return tuple(victims)
 
 
-def opt_in_memory_victims(snapshot: Snapshot, rule: EvictionRule) -> tuple[Victim, ...]:
-    """The pods ``rule`` allows that have a usage sample, in the opt-in order, then memory used descending."""
-    victims = [Victim(pod, snapshot.pod_memory_bytes[pod.uid]) for pod in snapshot.pods
-               if pod.uid in snapshot.pod_memory_bytes and rule.allows(pod)]
-    victims.sort(key=lambda v: (*opt_in_order(v.pod), -v.releases))
-    return tuple(victims)
-
-
 def _usage_release(snapshot: Snapshot, config: MemoryEvictConfig) -> tuple[int | None, int]:
     """(usage%, bytes to release) of the node-usage trigger; (None, 0) without a sample."""
     capacity = snapshot.capacity_memory_bytes
     used = snapshot.node_memory_bytes
     if used is None or capacity <= 0:
         return None, 0
-    usage_percent = int(used * 100 // capacity)
-    if usage_percent < config.threshold_percent:
-        return usage_percent, 0
-    return usage_percent, capacity * (usage_percent - config.lower_percent) // 100
+    return usage_release(used, capacity, config.threshold_percent, config.lower_percent)
 
 
 def decide_release(
@@ -173,12 +164,9 @@ def _opt_in_task(snapshot: Snapshot, config: MemoryEvictConfig) -> tuple[tuple[E
         return (), MemoryEvictDecision(usage_percent, 0, (), ())
     assert config.evict_enabled_priority_threshold is not None
     rule = opt_in_rule(GATE_MEMORY_EVICT, config.evict_enabled_priority_threshold)
-    candidates = opt_in_memory_victims(snapshot, rule)
     reason = _usage_message(snapshot, config, usage_percent, release)
-    task = eviction_task(GATE_MEMORY_EVICT, release, candidates,
-                         lambda v: f"{reason}; this pod uses {int(v.releases)} bytes", reason,
-                         rule=rule, counts=snapshot.pod_memory_bytes)
-    victims = planned_victims(candidates, release, rule=rule)
+    task, candidates, victims = usage_task(snapshot, rule, release, snapshot.pod_memory_bytes, reason,
+                                           lambda used: f"{int(used)} bytes")
     return (task,), MemoryEvictDecision(usage_percent, release, candidates, victims)
 
 

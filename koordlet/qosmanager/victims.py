@@ -1,7 +1,8 @@
 """What the eviction strategies share (docs/koordinator.md §4.4–4.5 "Eviction mechanics"; Koordinator
 qosmanager/plugins/util evict.go): the cool-down kept in ``Plan.memo``, the :class:`~koordlet.plan.Evictions`
-tasks, what a pod's request is in its priority class's resource, and the allocatable trigger shared by
-``CPUAllocatableEvict`` and ``MemoryAllocatableEvict``.
+tasks, the node-usage trigger and its opt-in victims shared by ``MemoryEvict`` and ``CPUEvict``, what a pod's
+request is in its priority class's resource, and the allocatable trigger shared by ``CPUAllocatableEvict`` and
+``MemoryAllocatableEvict``.
 
 The walk over the tasks (each task's candidates in order until its target is released; pods already being
 evicted count as released; refused pods skipped; only pods the task's rule allows) is
@@ -74,6 +75,38 @@ def tasks_plan(features: Sequence[str], invalid: Callable[[str], str | None], bu
         more, decisions[feature] = builders[feature]()
         tasks.extend(more)
     return Plan(evictions=tuple(tasks), memo=memo, report=MappingProxyType(decisions))
+
+
+# ------------------------------------------------------------------------------------ the node-usage trigger
+
+
+def usage_release(used: float, capacity: int, threshold_percent: int, lower_percent: int) -> tuple[int, int]:
+    """(usage%, what to release) of a node-usage trigger, in integer percents as Koordinator computes them:
+    usage% = used × 100 // capacity; at or above ``threshold_percent`` release capacity × (usage% − lower%) / 100,
+    else 0. ``used`` and ``capacity`` in one unit (bytes, milli-cores), ``capacity`` positive."""
+    usage_percent = int(used * 100 // capacity)
+    if usage_percent < threshold_percent:
+        return usage_percent, 0
+    return usage_percent, capacity * (usage_percent - lower_percent) // 100
+
+
+def opt_in_victims(snapshot: Snapshot, rule: EvictionRule, used: Mapping[str, float]) -> tuple[Victim, ...]:
+    """The pods ``rule`` allows that have a usage sample in ``used`` (pod uid → what the pod uses, which is what
+    its eviction releases), in the opt-in order, then the largest user first."""
+    victims = [Victim(pod, used[pod.uid]) for pod in snapshot.pods if pod.uid in used and rule.allows(pod)]
+    victims.sort(key=lambda v: (*opt_in_order(v.pod), -v.releases))
+    return tuple(victims)
+
+
+def usage_task(snapshot: Snapshot, rule: EvictionRule, release: float, used: Mapping[str, float], reason: str,
+               amount: Callable[[float], str]) -> tuple[Evictions, tuple[Victim, ...], tuple[Victim, ...]]:
+    """A node-usage task (``MemoryEvict``, ``CPUEvict``): the opted-in pods releasing what they use until
+    ``release`` is freed; with its candidates and the victims it plans. ``amount`` words a pod's use for its
+    Event."""
+    candidates = opt_in_victims(snapshot, rule, used)
+    task = eviction_task(rule.feature, release, candidates, lambda v: f"{reason}; this pod uses {amount(v.releases)}",
+                         reason, rule=rule, counts=used)
+    return task, candidates, planned_victims(candidates, release, rule=rule)
 
 
 # ---------------------------------------------------------------------------------- requests by priority class
@@ -169,4 +202,5 @@ def allocatable_tasks(snapshot: Snapshot, base: str, rule: EvictionRule, thresho
 
 
 __all__ = ["AllocatableDecision", "EvictMemo", "allocatable_invalid", "allocatable_release", "allocatable_tasks",
-           "class_request", "eviction_task", "planned_victims", "rest", "tasks_plan"]
+           "class_request", "eviction_task", "opt_in_victims", "planned_victims", "rest", "tasks_plan", "usage_release",
+           "usage_task"]

@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from koordlet.gpu.metrics import PodPIDs, process_samples, usage_samples
 from koordlet.gpu.reporter import DeviceReporter, DeviceReportError, ReportResult
 from koordlet.gpu.service import GPUService
+from koordlet.gpu.xpu import XPUInventory, without_xpu_metadata, xpu_device_object
 from koordlet.metriccache import Sample
 from koordlet.metricsadvisor.pods import PodSource
 from koordlet.reporters.rdma import RDMAInventory, device_object
@@ -74,14 +75,19 @@ class GPUCollector:
 
 
 class DeviceReportLoop:
-    """Reports the Device object on a timer: the GPUs of the GPU service (which stays its owner's to stop) and
-    the RDMA devices of ``rdma`` (gate ``RDMADevices``), either of them None when off."""
+    """Reports the Device object on a timer: the GPUs of the GPU service (which stays its owner's to stop), the
+    XPUs of the device-info files (``xpu``; they take the GPUs' place when there are any, koordlet/gpu/xpu.py) and
+    the RDMA devices of ``rdma`` (gate ``RDMADevices``), each None when off. ``xpu_only``
+    (``-xpu-enforce-collect-from-device-infos``): never the GPU service's GPUs."""
 
     def __init__(self, service: GPUService | None, reporter: DeviceReporter,
                  interval_s: float = DEFAULT_SYNC_INTERVAL_S, node_uid: Callable[[], str] = lambda: "",
-                 observe: Callable[[str], None] | None = None, rdma: RDMAInventory | None = None) -> None:
+                 observe: Callable[[str], None] | None = None, rdma: RDMAInventory | None = None,
+                 xpu: XPUInventory | None = None, xpu_only: bool = False) -> None:
         self._service = service
         self._rdma = rdma
+        self._xpu = xpu
+        self._xpu_only = xpu_only
         self._reporter = reporter
         self._interval_s = interval_s
         self._node_uid = node_uid
@@ -108,12 +114,21 @@ class DeviceReportLoop:
 
     def _report(self) -> ReportResult:
         reporter, node_uid = self._reporter, self._node_uid()
-        if self._rdma is None:
-            assert self._service is not None
-            return self._service.report(reporter, node_uid)
         previous = reporter.previous()
-        gpus = self._service.device_object(reporter.node_name, node_uid, previous) if self._service else None
-        return reporter.report(device_object(reporter.node_name, node_uid, self._rdma.entries(), gpus))
+        xpus = self._xpu.devices() if self._xpu is not None else ()
+        if xpus:
+            assert self._xpu is not None
+            accelerators = xpu_device_object(reporter.node_name, node_uid, xpus, previous,
+                                             on_problem=self._xpu.problem)
+        elif self._service is not None and not self._xpu_only:
+            accelerators = self._service.device_object(reporter.node_name, node_uid, previous)
+        else:
+            accelerators = None
+        rdma = self._rdma.entries() if self._rdma is not None else []
+        desired = device_object(reporter.node_name, node_uid, rdma, accelerators)
+        if self._xpu is not None and not xpus:
+            desired = without_xpu_metadata(desired)
+        return reporter.report(desired)
 
     def start(self) -> None:
         """The first report at once, then every interval."""

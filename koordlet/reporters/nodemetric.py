@@ -2,6 +2,9 @@
 
 What is reported, from the metric cache:
   nodeUsage / systemUsage      avg over ``aggregateDurationSeconds`` (300 s) of node and system usage
+  numaUsages                   the same per NUMA node of the node info collector (Koordinator #3138), sorted by
+                               ``numaNodeID``: a node without CPU and memory samples is left out, its
+                               ``systemUsage`` only when it has both system series
   aggregatedNodeUsages /       avg, p50, p90, p95, p99 over each of ``nodeAggregatePolicy.durations``
   aggregatedSystemUsages       (5m, 10m, 30m); a duration is reported only when its samples span at least
                                half of it, so a young agent does not pass 2 minutes off as "30m"
@@ -48,6 +51,8 @@ from koordlet.config import ConfigError, format_duration, parse_duration
 from koordlet.kubeapi import CustomObjects
 from koordlet.metriccache import GPUDevice, Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
+from koordlet.metricsadvisor.node import numa_key
+from koordlet.metricsadvisor.nodeinfo import NodeInfoKV
 from koordlet.prediction.predictor import ProdPrediction
 from koordlet.ticker import PeriodicThread
 from wire.files import write_atomic
@@ -250,7 +255,27 @@ class StatusBuilder:
         aggregated_system = self._aggregated(self._SYSTEM, policy.durations_s, now)
         if aggregated_system:
             node_metric["aggregatedSystemUsages"] = aggregated_system
+        numa_usages = self._numa_usages(start, now)
+        if numa_usages:
+            node_metric["numaUsages"] = numa_usages
         return node_metric
+
+    def _numa_usages(self, start: float, now: float) -> list[dict[str, Any]]:
+        """``numaUsages[]{numaNodeID, nodeUsage, systemUsage}``: the avg per NUMA node (Koordinator's
+        collectNUMAUsages: a node needs both CPU and memory samples; its system usage is optional)."""
+        usages = []
+        for node_id in sorted(NodeInfoKV.of(self._cache).numa_node_ids):
+            node = self._avg_usage(_Series(numa_key(MetricKind.NODE_NUMA_CPU_USAGE, node_id),
+                                           numa_key(MetricKind.NODE_NUMA_MEMORY_USAGE, node_id)), start, now)
+            if len(node["resources"]) < 2:
+                continue
+            entry: dict[str, Any] = {"numaNodeID": node_id, "nodeUsage": node}
+            system = self._avg_usage(_Series(numa_key(MetricKind.SYS_NUMA_CPU_USAGE, node_id),
+                                             numa_key(MetricKind.SYS_NUMA_MEMORY_USAGE, node_id)), start, now)
+            if len(system["resources"]) == 2:
+                entry["systemUsage"] = system
+            usages.append(entry)
+        return usages
 
     def _pod_metric(self, pod: PodMeta, gpus: Sequence[GPUDevice], policy: CollectPolicy, start: float,
                     now: float) -> dict[str, Any] | None:

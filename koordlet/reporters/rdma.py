@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from koordlet.api import device as api
+from koordlet.gpu.devicecr import device_skeleton
 from koordlet.system.rdma import RDMADevice, ports_active, read_rdma_devices
 from koordlet.system.roots import SYS_DIR
 
@@ -79,9 +80,4 @@ def device_object(node_name: str, node_uid: str, entries: list[dict[str, Any]],
         desired = dict(gpu_object)
         desired["spec"] = {"devices": [*gpu_object["spec"]["devices"], *entries]}
         return desired
-    metadata: dict[str, Any] = {"name": node_name, "labels": {}}
-    if node_uid:
-        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid,
-                                        "controller": True, "blockOwnerDeletion": True}]
-    return {"apiVersion": f"{api.DEVICE_GROUP}/{api.DEVICE_VERSION}", "kind": api.DEVICE_KIND, "metadata": metadata,
-            "spec": {"devices": entries}}
+    return device_skeleton(node_name, node_uid, entries, {})

@@ -21,8 +21,8 @@ from hooks import resctrl as resctrl_hook
 from hooks.protocol import LinuxDevice, NodeContext, RDMANode, ResctrlNode
 from koordlet.api.cpupools import CPUPools, compute_cpu_pools
 from koordlet.api.pod import PodMeta
-from koordlet.debug.answers import HookAnswers
 from koordlet.executor import ResourceExecutor
+from koordlet.history.answers import HookAnswers
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.statesinformer.cpumanager import CPUManagerState
 from koordlet.system.kubepods import KubeCgroupLayout
@@ -33,6 +33,7 @@ from koordlet.system.roots import DEV_DIR, PROC_DIR, SYS_DIR
 from koordlet.system.sysfs import SysfsError, read_cpu_topology, read_online_cpus
 from wire.sockets import remove_socket
 
+from . import metrics
 from .apply import RejectedValues
 from .decisions import Decisions
 from .metrics import zero_counts
@@ -60,6 +61,8 @@ class RuntimeHooksConfig:
     nri: NriConfig | None = None  # NRI mode: register as a plugin at nri.socket_path (None: off)
     dev_dir: str = DEV_DIR  # RDMA device nodes (gate RDMADeviceInject)
     hami_core_library: str = "/usr/local/vgpu/libvgpu.so"  # -hami-core-library-directory-path
+    disable_unset_cpu_quota: bool = False  # -disable-unset-cpu-quota: the cpuset hook keeps bound pods' quota
+    node_name: str = ""  # the ``node`` label of the runtime hook metrics
 
 
 def node_capacity(sys_dir: str, proc_dir: str) -> tuple[frozenset[int], int]:
@@ -131,11 +134,16 @@ def group_identity_supported(executor: ResourceExecutor, layout: KubeCgroupLayou
 class RuntimeHooks:
     def __init__(self, config: RuntimeHooksConfig, states: StatesProvider, executor: ResourceExecutor,
                  layout: KubeCgroupLayout, warn: Callable[[PodMeta, str, str], None] | None = None,
-                 cpu_manager: Callable[[], CPUManagerState | None] | None = None) -> None:
+                 cpu_manager: Callable[[], CPUManagerState | None] | None = None,
+                 task_ids: Callable[[str], Mapping[str, tuple[int, ...]]] | None = None) -> None:
         """``warn``: writes a Warning Event on a pod (an API server is present), for hook values dropped;
-        ``cpu_manager``: kubelet's CPU manager state, for the cpuset hook's shared pools (None: unknown)."""
+        ``cpu_manager``: kubelet's CPU manager state, for the cpuset hook's shared pools (None: unknown);
+        ``task_ids``: the threads of each pod's containers as the states informer read them (``-enable-pod-taskids``),
+        for the reconciler's resctrl moves."""
         self.config = config
         self.states = states
+        if config.node_name:
+            metrics.set_node(config.node_name)
         self.plugins = registry.enabled(config.feature_gates)
         gates = config.feature_gates
         if gates.get("HamiCoreVGPUMonitor") and not gates.get("GPUEnvInject"):
@@ -159,7 +167,7 @@ class RuntimeHooks:
         rejects = RejectedValues(warn)
         self.answers = HookAnswers()  # what the plugins answered at each pod's creation (/debug/pods)
         self.reconciler = Reconciler(states.pods, self.node_context, lambda: self.plugins, executor, layout,
-                                     config.reconcile_interval_s, rejects, self.answers)
+                                     config.reconcile_interval_s, rejects, self.answers, task_ids)
         # both front doors: the hook server's decisions, remembered for the NRI plugin to take
         self.decisions = Decisions() if config.nri is not None and config.serve_hooks else None
         self.service = HookService(lambda: self.plugins, self.node_context, self._known_pod, executor, layout,
@@ -183,7 +191,8 @@ class RuntimeHooks:
                            kubelet_cpu_policy=kubelet.policy if kubelet is not None else "",
                            be_cpu_manager=self.config.feature_gates.get("BECPUManager", False),
                            rdma=self._rdma.get() if self._rdma is not None else None,
-                           hami_core_library=self.config.hami_core_library)
+                           hami_core_library=self.config.hami_core_library,
+                           keep_cpuset_pod_quota=self.config.disable_unset_cpu_quota)
 
     def _cpu_pools(self, annotations: dict[str, str], kubelet: CPUManagerState | None) -> CPUPools | None:
         """The node's CPU pools, computed again only when the pods, kubelet's state or the annotations change

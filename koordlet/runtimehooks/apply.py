@@ -29,7 +29,6 @@ from koordlet.plan import (
     WriteStep,
 )
 from koordlet.system.cgroup_stats import parse_quota_us
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 from wire import hookapi_pb2 as hookapi
 
 from . import metrics
@@ -167,32 +166,22 @@ def steps_of(leveled: list[CgroupWrite], plain: list[CgroupWrite]) -> tuple[Writ
     return tuple(steps)
 
 
-def resctrl_actions(changes: Changes, pod_uid: str, task_dirs: tuple[str, ...] = ()) -> tuple[ResctrlAction, ...]:
+def resctrl_actions(changes: Changes, pod_uid: str, task_dirs: tuple[str, ...] = (),
+                    task_ids: tuple[int, ...] = ()) -> tuple[ResctrlAction, ...]:
     """The pod's resctrl group (recorded as the pod's, so it goes with the pod) with its schemata, and the processes
-    of ``task_dirs`` moved in."""
+    of ``task_dirs`` and the threads ``task_ids`` moved in."""
     group, schemata = changes.resctrl_group, changes.resctrl_schemata
     if not (group and schemata):
         return ()
     actions: list[ResctrlAction] = [ResctrlGroup(group, pod_uid), ResctrlWrite(group, "schemata", schemata)]
-    if task_dirs:
-        actions.append(ResctrlMoveTasks(group, task_dirs, source="cgroup.procs"))
+    if task_dirs or task_ids:
+        actions.append(ResctrlMoveTasks(group, task_dirs, source="cgroup.procs", task_ids=task_ids))
     return tuple(actions)
 
 
 def pod_level_plan(changes: Changes, pod_dir: str, pod_uid: str) -> Plan:
     """What the hook server writes itself for a pod-level answer: the pod dir's values and its resctrl group."""
     return Plan(steps_of(*cgroup_writes(changes, pod_dir)), resctrl=resctrl_actions(changes, pod_uid))
-
-
-def pod_dir_of(layout: KubeCgroupLayout, cgroup_parent: str, what: str) -> str | None:
-    """The pod dir for a pod's cgroup parent; None (logged) when there is none or it is malformed."""
-    if not cgroup_parent:
-        return None
-    try:
-        return layout.dir_from_cgroup_parent(cgroup_parent)
-    except CgroupPathError as err:
-        log.warning("%s: bad cgroup parent: %s", what, err)
-        return None
 
 
 def run_pod_level(runner: PlanRunner, pod: PodMeta, pod_dir: str, changes: Changes, source: str) -> None:

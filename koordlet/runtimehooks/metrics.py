@@ -1,4 +1,7 @@
-"""Runtime hook metrics (docs/koordinator.md §6), on the default registry koordlet serves."""
+"""Runtime hook metrics (docs/koordinator.md §6), on the default registry koordlet serves.
+
+Koordinator's carry the node's name (``node``): :func:`set_node` is called once by the runtime hooks with it.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +13,28 @@ from hooks.protocol import Changes
 from hooks.registry import Plugin
 
 _BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000)
+_node = [""]
+
+
+def set_node(name: str) -> None:
+    """The ``node`` label of the metrics below."""
+    _node[0] = name
+
+
+def node() -> str:
+    return _node[0]
+
 
 HOOK_DURATION_MS = Histogram(
     "koordlet_runtime_hook_invoked_duration_milliseconds",
     "Time of one runtime hook call served by koordlet.",
-    ["hook", "stage", "status"],
+    ["node", "hook", "stage", "status"],
     buckets=_BUCKETS_MS,
 )
 RECONCILER_DURATION_MS = Histogram(
     "koordlet_runtime_hook_reconciler_invoked_duration_milliseconds",
     "Time of one reconciler pass by level.",
-    ["level", "resource_type", "status"],
+    ["node", "level", "resource_type", "status"],
     buckets=_BUCKETS_MS,
 )
 VALUES_REJECTED = Counter(
@@ -77,7 +91,7 @@ NRI_SYNC_SIZE = Gauge(
 CONTAINER_OOM_SCORE_ADJ = Gauge(
     "koordlet_container_oom_score_adj",
     "The oom_score_adj koordlet keeps on the processes of a container (OOMScoreAdj), while some process holds it.",
-    ["pod_namespace", "pod_name", "pod_uid", "container_name"],
+    ["node", "pod_namespace", "pod_name", "pod_uid", "container_name"],
 )
 PROCESS_WRITE_ERRORS = Counter(
     "koordlet_runtime_hook_process_write_errors",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from hooks import registry
 from hooks.protocol import Changes, NodeContext, PodContext
@@ -21,10 +21,10 @@ from hooks.registry import Trace
 from koordlet.actuator import PlanRunner, ProcessResult
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
-from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import CgroupNotFoundError, ResourceExecutor, UnsupportedResourceError
+from koordlet.history.answers import POD_LEVEL, HookAnswers
 from koordlet.plan import Plan, ProcessWrite
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout, pod_cgroup_dir
 from koordlet.ticker import PeriodicThread
 
 from . import metrics
@@ -48,11 +48,15 @@ class Reconciler:
     def __init__(self, pods: Callable[[], tuple[PodMeta, ...]], node: Callable[[], NodeContext],
                  plugins: Callable[[], list[registry.Plugin]], executor: ResourceExecutor,
                  layout: KubeCgroupLayout, interval_s: float = 10.0, rejects: RejectedValues | None = None,
-                 answers: HookAnswers | None = None) -> None:
+                 answers: HookAnswers | None = None,
+                 task_ids: Callable[[str], Mapping[str, tuple[int, ...]]] | None = None) -> None:
         """``answers``: where the plugins' answer for a pod or container that has none yet (created before koordlet
-        started, or with no front door) is kept for ``/debug/pods``."""
+        started, or with no front door) is kept for ``/debug/pods``. ``task_ids``: pod UID → each container's (and
+        the sandbox's) thread ids as the states informer last read them (``-enable-pod-taskids``); they are moved
+        into the pod's resctrl group with its processes."""
         self._pods = pods
         self._answers = answers
+        self._task_ids = task_ids
         self._executor = executor
         self._rejects = rejects or RejectedValues()
         self._node = node
@@ -68,15 +72,9 @@ class Reconciler:
 
     _report = staticmethod(report_plugin_error)
 
-    def _pod_dir(self, pod: PodMeta) -> str | None:
-        if pod.cgroup_parent:
-            return self._layout.dir_from_cgroup_parent(pod.cgroup_parent)
-        kube_qos = pod.effective_kube_qos
-        return self._layout.pod_dir(pod.uid, kube_qos) if kube_qos is not None else None
-
     def pod_plan(self, pod: PodMeta, node: NodeContext, plugins: list[registry.Plugin]) -> Plan:
         """The plugins' results for one pod and its containers, as a plan (empty when the pod has no dir)."""
-        pod_dir = self._pod_dir(pod)
+        pod_dir = pod_cgroup_dir(self._layout, pod)
         if pod_dir is None:
             return Plan()
         trace = self._trace(pod.uid, POD_LEVEL)
@@ -103,7 +101,10 @@ class Reconciler:
             leveled += more_leveled
             plain += more_plain
             processes += process_writes(changes, container_dir, f"{pod.key}/{container.name}")
-        return Plan(steps_of(leveled, plain), resctrl=resctrl_actions(pod_changes, pod.uid, tuple(container_dirs)),
+        threads = self._task_ids(pod.uid) if self._task_ids is not None and pod_changes.resctrl_group else {}
+        task_ids = tuple(sorted({tid for ids in threads.values() for tid in ids}))
+        return Plan(steps_of(leveled, plain),
+                    resctrl=resctrl_actions(pod_changes, pod.uid, tuple(container_dirs), task_ids),
                     processes=tuple(processes))
 
     def _trace(self, pod_uid: str, container: str) -> Trace | None:
@@ -140,7 +141,7 @@ class Reconciler:
             container = posixpath.basename(result.write.cgroup_dir)
             name = next((c.name for c in pod.containers if c.container_id and container.endswith(c.container_id)),
                         container)
-            labels = (pod.namespace, pod.name, pod.uid, name)
+            labels = (metrics.node(), pod.namespace, pod.name, pod.uid, name)
             if result.holds:
                 metrics.CONTAINER_OOM_SCORE_ADJ.labels(*labels).set(result.write.value)
                 self._gauged.add(labels)
@@ -175,7 +176,8 @@ class Reconciler:
             self._refusals_logged.clear()
         self.passes += 1
         status = "failed" if failed else "succeeded"
-        metrics.RECONCILER_DURATION_MS.labels("pod", "all", status).observe((time.perf_counter() - started) * 1000)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        metrics.RECONCILER_DURATION_MS.labels(metrics.node(), "pod", "all", status).observe(elapsed_ms)
 
     @property
     def loop(self) -> PeriodicThread:

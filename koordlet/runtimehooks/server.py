@@ -23,10 +23,10 @@ from hooks.protocol import Changes, NodeContext, PodContext
 from hooks.registry import Trace
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
-from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import ResourceExecutor
+from koordlet.history.answers import POD_LEVEL, HookAnswers
 from koordlet.hostdirs import make_host_dirs
-from koordlet.system.kubepods import KubeCgroupLayout
+from koordlet.system.kubepods import KubeCgroupLayout, pod_cgroup_dir
 from wire import hookapi_pb2 as hookapi
 from wire import hookapi_pb2_grpc as hookapi_grpc
 from wire.sockets import chmod_socket, prepare_socket
@@ -38,7 +38,6 @@ from .apply import (
     apply_to_resources,
     container_context_from_request,
     effective_quota_reader,
-    pod_dir_of,
     pod_from_container_request,
     pod_from_sandbox_request,
     report_plugin_error,
@@ -83,7 +82,8 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             log.exception("%s failed; answering with the request unchanged", hook)
             return echo(request)
         finally:
-            metrics.HOOK_DURATION_MS.labels(hook, stage, status).observe((time.perf_counter() - started) * 1000)
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            metrics.HOOK_DURATION_MS.labels(metrics.node(), hook, stage, status).observe(elapsed_ms)
 
     # -- pod -------------------------------------------------------------------------------------
     def _pre_run_pod_sandbox(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
@@ -95,7 +95,7 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             return resp
         pod = pod_from_sandbox_request(req, self._known_pod(req.pod_meta.uid))
         plugins = [p for p in self._plugins() if stage in p.stages]
-        pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, f"pod {pod.key}")
+        pod_dir = pod_cgroup_dir(self._layout, pod)
         parent = effective_quota_reader(self._executor, posixpath.dirname(pod_dir)) if pod_dir else None
         trace = Trace() if self._answers is not None else None
         changes = registry.run_pod(plugins, self._node(), PodContext(pod), self._report,
@@ -147,7 +147,7 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         pod = pod_from_container_request(req, self._known_pod(req.pod_meta.uid))
         plugins = [p for p in self._plugins() if stage in p.stages]
         context = container_context_from_request(pod, req)
-        pod_dir = pod_dir_of(self._layout, req.pod_cgroup_parent or pod.cgroup_parent, pod.key)
+        pod_dir = pod_cgroup_dir(self._layout, pod, req.pod_cgroup_parent)
         node = self._node()
         trace = Trace() if self._answers is not None else None
         changes = registry.run_container(plugins, node, context, self._report,

@@ -37,7 +37,7 @@ from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.api.quantity import QuantityError, parse_quantity
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.system.cgroup import host_cgroup_dir
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
+from koordlet.system.kubepods import KubeCgroupLayout, pod_cgroup_dir
 from koordlet.ticker import PeriodicThread
 from wire.files import write_atomic
 
@@ -117,10 +117,12 @@ def pod_config(pods: Sequence[PodMeta], layout: KubeCgroupLayout) -> str:
             if raw:
                 limits = parse_network_qos(raw)
                 ingress, egress = (limits.ingress_limit_bps or 0) // 8, (limits.egress_limit_bps or 0) // 8
-            rel = layout.dir_from_cgroup_parent(pod.cgroup_parent) if pod.cgroup_parent else (
-                layout.pod_dir(pod.uid, pod.effective_kube_qos) if pod.effective_kube_qos is not None else "")
-        except (AnnotationError, CgroupPathError) as exc:
+        except AnnotationError as exc:
             _log.warning("terway QoS: pod %s left out: %s", pod.key, exc)
+            continue
+        rel = pod_cgroup_dir(layout, pod)
+        if rel is None:
+            _log.debug("terway QoS: pod %s left out: no cgroup dir", pod.key)
             continue
         entries[pod.uid] = {"podName": pod.name, "podNamespace": pod.namespace, "podUID": pod.uid,
                             "prio": pod_prio(pod), "cgroupDir": host_cgroup_dir("net_cls", rel),

@@ -17,10 +17,12 @@ from koordlet.api.nodeslo import (
     HostApplication,
     NodeSLOSpec,
 )
-from koordlet.api.pod import PodMeta
+from koordlet.api.pod import DEFAULT_RUNTIME, PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.metricsadvisor.pods import ContainerCgroup, HostAppCgroup, PodCgroup
-from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout, join_dirs
+from koordlet.system.cgroup import CgroupFS
+from koordlet.system.cgroup_stats import CgroupStatError, read_cgroup_threads
+from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout, join_dirs, pod_cgroup_dir
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +33,8 @@ def pod_cgroups(pods: Sequence[PodMeta], layout: KubeCgroupLayout) -> list[PodCg
     out = []
     for pod in pods:
         try:
-            if pod.cgroup_parent:
-                pod_dir = layout.dir_from_cgroup_parent(pod.cgroup_parent)
-            elif pod.effective_kube_qos is not None:
-                pod_dir = layout.pod_dir(pod.uid, pod.effective_kube_qos)
-            else:
+            pod_dir = pod_cgroup_dir(layout, pod)
+            if pod_dir is None:
                 continue
             containers = tuple(
                 ContainerCgroup(c.container_id, layout.container_dir(pod_dir, c.container_id, c.runtime))
@@ -66,6 +65,36 @@ def pod_cgroup_source(
         return cgroups  # type: ignore[return-value]
 
     return source
+
+
+def container_task_reader(layout: KubeCgroupLayout,
+                          cgroup_fs: CgroupFS) -> Callable[[PodMeta], dict[str, tuple[int, ...]]]:
+    """Reads each container's and the sandbox's thread ids (v1 ``tasks`` of the cpu hierarchy, v2
+    ``cgroup.threads``) for the states informer (``-enable-pod-taskids``); a container whose dir is gone is left
+    out, one that cannot be read is said at debug level (the next sync reads it again)."""
+    def read(pod: PodMeta) -> dict[str, tuple[int, ...]]:
+        ids: dict[str, tuple[int, ...]] = {}
+        try:
+            pod_dir = pod_cgroup_dir(layout, pod)
+        except CgroupPathError:
+            return ids
+        if pod_dir is None:
+            return ids
+        runtime = next((c.runtime for c in pod.containers), DEFAULT_RUNTIME)
+        targets = [(c.container_id, c.runtime) for c in pod.containers if c.container_id and not c.is_init]
+        if pod.sandbox_id:
+            targets.append((pod.sandbox_id, runtime))
+        for container_id, container_runtime in targets:
+            try:
+                rel = layout.container_dir(pod_dir, container_id, container_runtime)
+                ids[container_id] = read_cgroup_threads(cgroup_fs.cgroup_dir("cpu", rel), cgroup_fs.version)
+            except FileNotFoundError:
+                continue
+            except (OSError, CgroupPathError, CgroupStatError) as err:
+                logger.debug("pod %s container %s: no task ids: %s", pod.key, container_id, err)
+        return ids
+
+    return read
 
 
 _HOST_APP_BASES = {

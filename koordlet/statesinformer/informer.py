@@ -7,6 +7,11 @@ and containers that are gone (:meth:`MetricCache.gc`) and ``AllPods`` callbacks 
 watchers push through :meth:`set_node`, :meth:`set_node_slo` and :meth:`reject_node_slo`; a rejected NodeSLO
 leaves the last good one in place.
 
+With a ``task_reader`` (``-enable-pod-taskids``, Koordinator statesinformer states_pods.go getTaskIds) each sync
+also reads the thread ids of every container and sandbox of the pods not terminated; :meth:`container_task_ids`
+gives them (the resctrl reconciler moves them into a pod's group). They are kept apart from the pods, so threads
+coming and going never count as a pod change.
+
 Callbacks run on the thread that changed the state, after the change and outside the lock.
 """
 
@@ -15,7 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Protocol
 
 from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
@@ -41,7 +47,11 @@ class PodSource(Protocol):
 
 
 ErrorCounter = Callable[[str], None]
+# A pod → its containers' and sandbox's thread ids, by container id (koordlet.statesinformer.cgroups).
+TaskReader = Callable[[PodMeta], Mapping[str, tuple[int, ...]]]
 MIN_RESYNC_GAP_S = 0.2
+_TERMINATED = ("Succeeded", "Failed")
+_NO_TASKS: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 
 
 class StatesInformer:
@@ -55,6 +65,7 @@ class StatesInformer:
         count_error: ErrorCounter | None = None,
         needs_node: bool = True,
         needs_node_slo: bool = True,
+        task_reader: TaskReader | None = None,
     ) -> None:
         if sync_interval_s <= 0:
             raise ValueError("sync interval must be positive")
@@ -68,6 +79,8 @@ class StatesInformer:
         self._node_slo_origin = NOT_RECEIVED
         self._node_slo_rejected: tuple[float, str] | None = None  # (wall time, why) of the last rejected spec
         self._pods: tuple[PodMeta, ...] = ()
+        self._task_reader = task_reader
+        self._task_ids: Mapping[str, Mapping[str, tuple[int, ...]]] = {}
         self._pods_synced = False
         self._node_slo_synced = not needs_node_slo
         self._needs_node = needs_node
@@ -100,6 +113,11 @@ class StatesInformer:
 
     def pods(self) -> tuple[PodMeta, ...]:
         return self._pods
+
+    def container_task_ids(self, pod_uid: str) -> Mapping[str, tuple[int, ...]]:
+        """The thread ids of the pod's containers and sandbox at the last sync (empty without a task reader)."""
+        with self._lock:
+            return self._task_ids.get(pod_uid, _NO_TASKS)
 
     def register_callback(self, kind: CallbackKind, name: str, fn: Callable[[], None]) -> None:
         self._callbacks.register(kind, name, fn)
@@ -175,15 +193,21 @@ class StatesInformer:
             self._pods_failing = False
         self.pod_syncs += 1
         self.last_pod_sync = time.monotonic()
+        task_ids = self._read_task_ids(pods) if self._task_reader is not None else {}
         with self._lock:
             changed = not self._pods_synced or pods != self._pods
             self._pods = pods
+            self._task_ids = task_ids
             self._pods_synced = True
         self._update_synced()
         if changed:
             self._gc(pods)
             self._callbacks.fire(CallbackKind.ALL_PODS)
         return True
+
+    def _read_task_ids(self, pods: tuple[PodMeta, ...]) -> dict[str, Mapping[str, tuple[int, ...]]]:
+        assert self._task_reader is not None
+        return {pod.uid: MappingProxyType(dict(self._task_reader(pod))) for pod in pods if pod.phase not in _TERMINATED}
 
     def _gc(self, pods: tuple[PodMeta, ...]) -> None:
         if self._cache is None:

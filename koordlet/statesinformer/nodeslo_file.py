@@ -30,6 +30,7 @@ from watchdog.observers import Observer
 from koordlet.api.nodeslo import NodeSLOError, NodeSLOSpec, default_node_slo_spec, parse_node_slo_spec
 from koordlet.api.safeload import SafeLoadError, load_yaml
 from koordlet.statesinformer.api import SOURCE_DEFAULTS, SOURCE_FILE, NodeSLOOrigin
+from koordlet.ticker import start_observer
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +168,7 @@ class NodeSLOFileWatcher:
             if self._timer is not None:
                 self._timer.cancel()
             self._timer = threading.Timer(self._settle_s, self.reload)
+            self._timer.name = "nodeslo-file-reload"
             self._timer.daemon = True
             self._timer.start()
 
@@ -175,8 +177,7 @@ class NodeSLOFileWatcher:
         os.makedirs(directory, exist_ok=True)
         observer = Observer()
         observer.schedule(_Handler(self), directory, recursive=False)
-        observer.daemon = True
-        observer.start()
+        start_observer(observer, "nodeslo-file-watch")
         self._observer = observer
         self.reload()
 

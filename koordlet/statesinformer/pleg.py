@@ -19,6 +19,7 @@ from watchdog.observers import Observer
 from koordlet.api.qos import KubeQoS
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.kubepods import KubeCgroupLayout, pod_uid_from_dir_name
+from koordlet.ticker import start_observer
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,7 @@ class PodCgroupWatcher:
                 logger.warning("PLEG: cannot watch %s: %s", directory, err)
                 continue
             self.watched.append(directory)
-        observer.daemon = True
-        observer.start()
+        start_observer(observer, "pleg")
         self._observer = observer
 
     def stop(self, timeout_s: float = 2.0) -> None:

@@ -127,12 +127,15 @@ def _read_device(class_dir: str, name: str) -> BlockDevice | None:
     return BlockDevice(name, number, disk, dm_name, group, slaves)
 
 
-def read_storage_info(sys_dir: str) -> StorageInfo:
-    """The block devices under ``<sys_dir>/class/block`` (an empty StorageInfo when it cannot be listed)."""
+def read_storage_info(sys_dir: str, *, strict: bool = False) -> StorageInfo:
+    """The block devices under ``<sys_dir>/class/block`` (an empty StorageInfo when it cannot be listed, or
+    with ``strict`` an OSError)."""
     class_dir = os.path.join(sys_dir, "class", "block")
     try:
         names = sorted(os.listdir(class_dir))
     except OSError:
+        if strict:
+            raise
         return StorageInfo()
     devices = {}
     for name in names:

@@ -13,6 +13,8 @@ File names per version (docs/koordinator.md §10, docs/node-interfaces.md §9.1)
   CFS quota        v1 ``cpu.cfs_quota_us`` + ``cpu.cfs_period_us``   v2 ``cpu.max``
   cpuset           ``cpuset.cpus`` (v2 reads ``cpuset.cpus.effective``: an empty ``cpuset.cpus`` inherits)
   processes        ``cgroup.procs`` (both versions; on v1 read it in the cpu hierarchy)
+  threads          v1 ``tasks``                         v2 ``cgroup.threads``
+  memory per NUMA  ``memory.numa_stat``: v1 ``hierarchical_*`` lines in pages, v2 per-type lines in bytes
 """
 
 from __future__ import annotations
@@ -286,6 +288,58 @@ def parse_cgroup_procs(data: bytes) -> tuple[int, ...]:
 def read_cgroup_procs(cgroup_dir: str) -> tuple[int, ...]:
     """The PIDs in ``cgroup_dir`` itself (not its children); OSError when the cgroup is gone."""
     return parse_cgroup_procs(read_file_bytes(os.path.join(cgroup_dir, "cgroup.procs")))
+
+
+def threads_file(version: int) -> str:
+    """The file listing every thread of a cgroup: v1 ``tasks``, v2 ``cgroup.threads``."""
+    return "cgroup.threads" if _is_v2(version) else "tasks"
+
+
+def read_cgroup_threads(cgroup_dir: str, version: int) -> tuple[int, ...]:
+    """The thread ids in ``cgroup_dir`` itself (on v1 read it in the cpu hierarchy); OSError when it is gone."""
+    return parse_cgroup_procs(read_file_bytes(os.path.join(cgroup_dir, threads_file(version))))
+
+
+# ------------------------------------------------------------------------------------------- NUMA memory
+
+# The lines of memory.numa_stat summed into a cgroup's memory use per NUMA node: the same parts as the usage of
+# memory.stat (anon LRU + unevictable, no page cache). v1 counts pages and needs the hierarchical lines (a pod
+# dir's own "anon=" holds nothing: its pages are charged to its containers' dirs); v2 counts bytes, descendants
+# included.
+_NUMA_LINES_V1 = (b"hierarchical_anon", b"hierarchical_unevictable")
+_NUMA_LINES_V2 = (b"active_anon", b"inactive_anon", b"unevictable")
+
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def numa_stat_path(memory_dir: str) -> str:
+    """The ``memory.numa_stat`` of a cgroup given its dir in the memory hierarchy."""
+    return os.path.join(memory_dir, "memory.numa_stat")
+
+
+def numa_memory_usage(data: bytes, version: int, page_size: int = PAGE_SIZE) -> dict[int, int]:
+    """NUMA node id → bytes of a ``memory.numa_stat``: the anon LRU and unevictable memory on each node. The wanted
+    lines are looked up (``bytes.find``), not every line split: this runs for every pod each second."""
+    v2 = _is_v2(version)
+    wanted, unit = (_NUMA_LINES_V2, 1) if v2 else (_NUMA_LINES_V1, page_size)
+    usage: dict[int, int] = {}
+    for key in wanted:
+        head = key + (b" " if v2 else b"=")
+        at = 0 if data.startswith(head) else data.find(b"\n" + head) + 1
+        if at == 0 and not data.startswith(head):
+            raise CgroupStatError(f"memory.numa_stat lacks {key.decode()}")
+        line_end = data.find(b"\n", at)
+        for part in data[at:line_end if line_end >= 0 else len(data)].split()[1:]:
+            node, sep, value = part.partition(b"=")
+            if not sep or not node.startswith(b"N"):
+                continue
+            try:
+                node_id, amount = int(node[1:]), int(value)
+            except ValueError as err:
+                raise CgroupStatError(f"memory.numa_stat: bad entry {part[:40]!r}") from err
+            usage[node_id] = usage.get(node_id, 0) + amount * unit
+    return usage
 
 
 # ------------------------------------------------------------------------------------------------- PSI

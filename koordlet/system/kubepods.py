@@ -13,12 +13,16 @@ no input can make a builder produce a path that climbs out of the hierarchy.
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
 from dataclasses import dataclass
 
-from koordlet.api.pod import DEFAULT_RUNTIME, split_container_id
+from koordlet.api.pod import DEFAULT_RUNTIME, PodMeta, split_container_id
 from koordlet.api.qos import KubeQoS
 from koordlet.system.cgroup import CgroupDriver
+
+logger = logging.getLogger(__name__)
 
 KUBEPODS = "kubepods"
 _SYSTEMD_QOS = {KubeQoS.BURSTABLE: "burstable", KubeQoS.BESTEFFORT: "besteffort"}
@@ -129,6 +133,28 @@ class KubeCgroupLayout:
         for part in parts:
             _safe_component("cgroup parent component", part)
         return "/".join(parts)
+
+
+def pod_cgroup_dir(layout: KubeCgroupLayout, pod: PodMeta, cgroup_parent: str = "") -> str | None:
+    """The pod's cgroup dir relative to the hierarchy root: from its CRI cgroup parent (``cgroup_parent`` when given,
+    as a hook request carries it, else the pod's), else built from its uid and kube QoS; None when neither is known
+    or what is known does not make a safe dir (logged once, as a warning).
+
+    Every part that needs a pod's dir asks here: the QoS strategies every tick, the reconciler every pass, the hook
+    server and the NRI handlers for every call, the states informer's cgroup list, the debug endpoints. So the
+    answer is memoised (sized above a node's pods; kubelet's ``--max-pods`` defaults to 110)."""
+    return _pod_dir(layout, cgroup_parent or pod.cgroup_parent, pod.uid, pod.effective_kube_qos)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pod_dir(layout: KubeCgroupLayout, cgroup_parent: str, pod_uid: str, kube_qos: KubeQoS | None) -> str | None:
+    try:
+        if cgroup_parent:
+            return layout.dir_from_cgroup_parent(cgroup_parent)
+        return layout.pod_dir(pod_uid, kube_qos) if kube_qos is not None else None
+    except CgroupPathError as err:
+        logger.warning("pod %s has no cgroup dir: %s", pod_uid, err)
+        return None
 
 
 def pod_uid_from_dir_name(name: str) -> str | None:

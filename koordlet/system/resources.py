@@ -1,7 +1,8 @@
 """The registry of cgroup files koordlet reads and writes, with v1 and v2 names, validators and the v1→v2
 value translation (docs/koordinator.md §10, docs/node-interfaces.md §9.1, ranges of
 docs/node-interfaces.md §14.6). The ranges of the values hooks also set (shares, quota, period, the memory
-limit's floor) are ``wire.kernel_ranges``, which the proxy and the hook value check read too.
+limit's floor, ``cpu.idle``, ``cpu.bvt_warp_ns``) are ``wire.kernel_ranges``, which the proxy and the hook
+value check read too.
 
 Values are given in v1 terms (``cpu.cfs_quota_us = -1``, ``cpu.shares = 1024``) everywhere in koordlet;
 :meth:`CgroupResource.to_file_value` turns them into what the file of the running version takes.
@@ -25,10 +26,14 @@ from koordlet.api.cpuset import CPUListError, format_cpu_list, parse_cpu_list
 from koordlet.api.units import CFS_PERIOD_US
 from koordlet.system.cgroup import CgroupVersion
 from wire.kernel_ranges import (
+    BVT_WARP_NS_MAX,
+    BVT_WARP_NS_MIN,
     CFS_PERIOD_MAX_US,
     CFS_PERIOD_MIN_US,
     CFS_QUOTA_MAX_US,
     CFS_QUOTA_MIN_US,
+    CPU_IDLE_MAX,
+    CPU_IDLE_MIN,
     CPU_SHARES_MAX,
     CPU_SHARES_MIN,
     MEMORY_LIMIT_MIN_BYTES,
@@ -225,17 +230,6 @@ def _same(value: str, current: str | None) -> str:
     return value
 
 
-def devices_in(content: str) -> frozenset[str]:
-    """The ``MAJ:MIN`` that lines of a per-device blkio file name (v1 ``8:16 1048576``, v2 io.max ``8:16 rbps=…``;
-    v2 ``io.weight``'s ``default 100`` names none)."""
-    found = set()
-    for line in content.splitlines():
-        head = line.split(" ", 1)[0]
-        if re.match(r"^\d+:\d+$", head):
-            found.add(head)
-    return frozenset(found)
-
-
 # ---------------------------------------------------------------------------------- leveled-batch merges
 
 
@@ -335,8 +329,9 @@ _RESOURCES = (
         description="CFS period; v2 second field of cpu.max, quota kept",
     ),
     _rw("cpu.cfs_burst_us", "cpu", _int_range(0, 100 * 10 * CFS_PERIOD_US), v2_file="cpu.max.burst"),
-    _rw("cpu.bvt_warp_ns", "cpu", _int_range(-1, 2), description="group identity (Anolis/Alinux)"),
-    _rw("cpu.idle", "cpu", _BOOL, description="SCHED_IDLE group"),
+    _rw("cpu.bvt_warp_ns", "cpu", _int_range(BVT_WARP_NS_MIN, BVT_WARP_NS_MAX),
+        description="group identity (Anolis/Alinux)"),
+    _rw("cpu.idle", "cpu", _int_range(CPU_IDLE_MIN, CPU_IDLE_MAX), description="SCHED_IDLE group"),
     # cpuset
     _rw("cpuset.cpus", "cpuset", _cpu_list, merge=_merge_cpu_list, kind=ValueKind.CPU_LIST),
     _rw("cpuset.mems", "cpuset", _cpu_list, merge=_merge_cpu_list, kind=ValueKind.CPU_LIST),

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from koordlet.system.procfs import read_file_bytes
+from wire.kernel_ranges import OOM_SCORE_ADJ_MAX, OOM_SCORE_ADJ_MIN
 
 INT64_MAX = 2**63 - 1
-OOM_SCORE_ADJ_MIN, OOM_SCORE_ADJ_MAX = -1000, 1000
 MIN_FREE_KBYTES_MIN, MIN_FREE_KBYTES_MAX = 10 * 1024, 10 * 1024 * 1024  # 10 MiB .. 10 GiB, in KiB
 WATERMARK_SCALE_FACTOR_MIN, WATERMARK_SCALE_FACTOR_MAX = 10, 400
 

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from runtimeproxy.main import parse_args
+from tests.support.proxy import ProxyProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEMD = ROOT / "systemd"
@@ -50,11 +54,14 @@ def _unit(name: str) -> dict[str, list[tuple[str, str]]]:
     return parse_unit((SYSTEMD / name).read_text())
 
 
-def test_proxy_unit_starts_before_kubelet_always_restarts_and_is_sandboxed() -> None:
+def test_proxy_unit_is_ready_before_kubelet_always_restarts_and_is_sandboxed() -> None:
     unit = _unit("koord-runtime-proxy.service")
     assert "kubelet.service" in values(unit, "Unit", "Before")[0].split()
+    # kubelet is ordered after readiness (the store rebuilt), not after the process merely exists
+    assert values(unit, "Service", "Type") == ["notify"]
     assert values(unit, "Service", "Restart") == ["always"]
-    assert values(unit, "Service", "RuntimeDirectory") == ["koord-runtimeproxy"]
+    # the socket is systemd's: no runtime dir of the service's own that a stop could remove under it
+    assert values(unit, "Service", "RuntimeDirectory") == []
     for key, expected in {
         "ProtectSystem": "strict",
         "NoNewPrivileges": "yes",
@@ -66,18 +73,45 @@ def test_proxy_unit_starts_before_kubelet_always_restarts_and_is_sandboxed() -> 
         assert values(unit, "Service", key) == [expected], key
 
 
+def _proxy_args() -> argparse.Namespace:
+    """The proxy's command line as systemd runs it: the unit's own Environment= defaults expanded."""
+    unit = _unit("koord-runtime-proxy.service")
+    env = dict(item.split("=", 1) for item in values(unit, "Service", "Environment"))
+    argv = shlex.split(values(unit, "Service", "ExecStart")[0])
+    assert argv[0] == f"{UNIT_PREFIX}/current/bin/koord-runtime-proxy"  # the installed version's venv
+    expanded = [re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], arg) for arg in argv[1:]]
+    return parse_args(expanded)  # the proxy's own parser: unknown flags would exit
+
+
 def test_proxy_command_line_is_accepted_by_the_proxy_and_matches_the_kubelet_drop_in() -> None:
-    exec_start = values(_unit("koord-runtime-proxy.service"), "Service", "ExecStart")[0]
-    argv = shlex.split(exec_start)
-    assert argv[0] == f"{UNIT_PREFIX}/venv/bin/koord-runtime-proxy"
-    args = parse_args(argv[1:])  # the proxy's own parser: unknown flags would exit
+    args = _proxy_args()
     assert args.koord_runtimeproxy_endpoint == PROXY_SOCKET
-    # The socket dir is the unit's RuntimeDirectory (/run = /var/run).
-    assert os.path.dirname(args.koord_runtimeproxy_endpoint) == "/var/run/koord-runtimeproxy"
+    assert args.metrics_bind_address == "127.0.0.1:9318"  # the default; the installer's env file may change it
     drop_in = parse_unit((SYSTEMD / "10-koord-runtime-proxy.conf").read_text())
     env = values(drop_in, "Service", "Environment")
     assert env == [f'"KUBELET_EXTRA_ARGS=--container-runtime-endpoint=unix://{PROXY_SOCKET}"']
-    assert values(drop_in, "Unit", "After") == ["koord-runtime-proxy.service"]
+    # after the socket and the proxy's readiness; never Requires= (a proxy restart must not restart kubelet)
+    assert values(drop_in, "Unit", "After") == ["koord-runtime-proxy.socket koord-runtime-proxy.service"]
+    assert values(drop_in, "Unit", "Wants") == ["koord-runtime-proxy.socket koord-runtime-proxy.service"]
+    assert values(drop_in, "Unit", "Requires") == []
+
+
+def test_the_socket_unit_holds_the_path_kubelet_dials_with_tight_permissions() -> None:
+    socket_unit = _unit("koord-runtime-proxy.socket")
+    service = _unit("koord-runtime-proxy.service")
+    # /var/run is /run: the path kubelet is given and the path systemd listens on are one file
+    listen = values(socket_unit, "Socket", "ListenStream")
+    assert listen == ["/run" + PROXY_SOCKET.removeprefix("/var/run")]
+    assert _proxy_args().koord_runtimeproxy_endpoint == PROXY_SOCKET
+    assert values(socket_unit, "Socket", "SocketMode") == ["0660"]
+    assert values(socket_unit, "Socket", "SocketUser") == ["root"]
+    assert values(socket_unit, "Socket", "SocketGroup") == ["root"]
+    assert values(socket_unit, "Socket", "FileDescriptorName") == ["cri"]  # the name the proxy looks for
+    assert values(socket_unit, "Socket", "Accept") == []  # one service for the socket, not one per connection
+    assert "kubelet.service" in values(socket_unit, "Unit", "Before")[0].split()
+    assert values(socket_unit, "Install", "WantedBy") == ["sockets.target"]
+    assert values(service, "Unit", "Requires") == ["koord-runtime-proxy.socket"]
+    assert "koord-runtime-proxy.socket" in values(service, "Unit", "After")[0].split()
 
 
 def test_koordlet_unit_keeps_cgroup_and_proc_writable_but_hardens_the_rest() -> None:
@@ -100,8 +134,8 @@ def _verify_dir(tmp_path: Path) -> Path:
     for script in ("koord-runtime-proxy", "koordlet"):
         if not (venv / "bin" / script).exists():
             pytest.skip(f"{venv}/bin/{script} is missing (package not installed into the venv)")
-    for name in ("koord-runtime-proxy.service", "koordlet.service"):
-        text = (SYSTEMD / name).read_text().replace(f"{UNIT_PREFIX}/venv", str(venv))
+    for name in ("koord-runtime-proxy.service", "koord-runtime-proxy.socket", "koordlet.service"):
+        text = (SYSTEMD / name).read_text().replace(f"{UNIT_PREFIX}/current", str(venv))
         (tmp_path / name).write_text(text)
     (tmp_path / "kubelet.service").write_text("[Unit]\nDescription=kubelet\n[Service]\nExecStart=/bin/true\n")
     (tmp_path / "kubelet.service.d").mkdir()
@@ -113,7 +147,7 @@ def _systemd_analyze_verify(directory: Path) -> str:
     tool = shutil.which("systemd-analyze")
     if tool is None:
         pytest.skip("systemd-analyze not installed (Debian package 'systemd'; scripts/install-deps.sh installs it)")
-    units = ["./koord-runtime-proxy.service", "./koordlet.service", "./kubelet.service"]
+    units = ["./koord-runtime-proxy.socket", "./koord-runtime-proxy.service", "./koordlet.service", "./kubelet.service"]
     done = subprocess.run([tool, "verify", *units], cwd=directory, capture_output=True, text=True, timeout=60)
     return f"rc={done.returncode}\n{done.stdout}{done.stderr}"
 
@@ -141,22 +175,29 @@ def test_dry_run_lists_every_step_and_changes_nothing(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert list(tmp_path.iterdir()) == []
     for dest in (
+        "/etc/systemd/system/koord-runtime-proxy.socket",
         "/etc/systemd/system/koord-runtime-proxy.service",
         "/etc/systemd/system/koordlet.service",
         "/etc/systemd/system/kubelet.service.d/10-koord-runtime-proxy.conf",
+        "/etc/default/koord-runtime-proxy",
     ):
         assert f"would install: {tmp_path}{dest}" in done.stdout
     assert f"would create: {tmp_path}/etc/runtime/hookserver.d" in done.stdout
 
 
-def test_dry_run_on_the_live_system_shows_venv_and_systemctl_steps() -> None:
+def test_dry_run_on_the_live_system_shows_the_versions_venv_the_lock_and_systemctl_steps() -> None:
     done = _install("--dry-run", "--prefix", "/srv/koordlet-py")
     assert done.returncode == 0, done.stderr
-    assert "would run: python3 -m venv /srv/koordlet-py/venv" in done.stdout or os.path.exists(
-        "/srv/koordlet-py/venv/bin/python"
-    )
-    assert f"pip install -q --disable-pip-version-check --upgrade {ROOT}" in done.stdout
-    assert "would run: systemctl enable koord-runtime-proxy.service koordlet.service" in done.stdout
+    version = re.search(r"installing version (0\.1\.0-[0-9a-f]{12}) into /srv/koordlet-py/versions/\1", done.stdout)
+    assert version, done.stdout
+    venv = f"/srv/koordlet-py/versions/{version.group(1)}"
+    assert f"would run: python3 -m venv {venv}\n" in done.stdout
+    assert f"{venv}/bin/python -m pip install -q --disable-pip-version-check --require-hashes --no-deps " \
+           f"-r {ROOT}/requirements.lock\n" in done.stdout
+    assert f"--no-deps --no-build-isolation {ROOT}\n" in done.stdout
+    assert f"would point /srv/koordlet-py/current at versions/{version.group(1)}" in done.stdout
+    assert "would run: systemctl enable koord-runtime-proxy.socket koord-runtime-proxy.service koordlet.service" \
+        in done.stdout
 
 
 @pytest.mark.skipif(os.path.isdir("/run/systemd/system"), reason="systemd is running here")
@@ -170,14 +211,15 @@ def test_install_into_a_root_is_idempotent_and_follows_the_prefix(tmp_path: Path
     first = _install("--no-venv", "--root", str(tmp_path), "--prefix", "/srv/kp")
     assert first.returncode == 0, first.stderr
     proxy = tmp_path / "etc/systemd/system/koord-runtime-proxy.service"
-    assert "ExecStart=/srv/kp/venv/bin/koord-runtime-proxy" in proxy.read_text()
+    assert "ExecStart=/srv/kp/current/bin/koord-runtime-proxy" in proxy.read_text()
     assert UNIT_PREFIX not in proxy.read_text()
+    assert "ExecStart=/srv/kp/current/bin/koordlet" in (tmp_path / "etc/systemd/system/koordlet.service").read_text()
     assert (tmp_path / "etc/systemd/system/kubelet.service.d/10-koord-runtime-proxy.conf").is_file()
     assert (tmp_path / "etc/runtime/hookserver.d").is_dir()
     second = _install("--no-venv", "--root", str(tmp_path), "--prefix", "/srv/kp")
     assert second.returncode == 0, second.stderr
     assert "installed:" not in second.stdout and "created:" not in second.stdout
-    assert second.stdout.count("unchanged:") == 3
+    assert second.stdout.count("unchanged:") == 5  # socket, service, drop-in, the proxy's env file, koordlet
 
 
 def test_warns_when_etc_default_kubelet_would_override_the_drop_in(tmp_path: Path) -> None:
@@ -186,11 +228,6 @@ def test_warns_when_etc_default_kubelet_would_override_the_drop_in(tmp_path: Pat
     done = _install("--no-venv", "--root", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "WARNING" in done.stdout and "--container-runtime-endpoint=unix://" in done.stdout
-
-
-def test_root_without_no_venv_is_refused(tmp_path: Path) -> None:
-    done = _install("--root", str(tmp_path))
-    assert done.returncode == 2 and "--no-venv" in done.stderr
 
 
 def _defaults(root: Path) -> dict[str, str]:
@@ -213,7 +250,7 @@ def test_proxy_only_installs_the_proxy_and_drop_in_and_no_second_koordlet(tmp_pa
     assert not (units / "koordlet.service").exists() and not (tmp_path / "etc/default/koordlet").exists()
     live = _install("--proxy-only", "--dry-run")
     assert live.returncode == 0, live.stderr
-    assert "would run: systemctl enable koord-runtime-proxy.service\n" in live.stdout
+    assert "would run: systemctl enable koord-runtime-proxy.socket koord-runtime-proxy.service\n" in live.stdout
     assert "koordlet.service" not in live.stdout.replace("koordlet.service from", "")
 
 
@@ -295,10 +332,11 @@ def test_uninstall_takes_the_proxy_off_kubelets_path_before_stopping_it(tmp_path
         "restart kubelet.service (no-drop-in)",          # 2. kubelet back on containerd's socket
         "disable --now koordlet.service (no-drop-in)",   # 3. then the agent and the proxy stop
         "disable --now koord-runtime-proxy.service (no-drop-in)",
+        "disable --now koord-runtime-proxy.socket (no-drop-in)",  # last: nothing is left to serve it
         "daemon-reload (no-drop-in)",
     ]
     units = root / "etc/systemd/system"
-    assert not (units / "koordlet.service").exists() and not (units / "koord-runtime-proxy.service").exists()
+    assert [p.name for p in units.glob("koord*")] == []
     assert (root / "etc/default/koordlet").exists()  # kept without --purge
 
 
@@ -323,3 +361,194 @@ def test_uninstall_purge_leaves_nothing_of_the_install(tmp_path: Path) -> None:
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert [p for p in root.rglob("*") if p.is_file()] == []
+
+
+# ---- versioned installs, the proxy's metrics address, kubelet's check ---------------------------------------
+
+def _recorder(tmp_path: Path, on_kubelet_restart: str = "") -> tuple[Path, Path]:
+    """A systemctl stand-in that records its calls; ``on_kubelet_restart`` runs on `restart kubelet.service`."""
+    record = tmp_path / "systemctl-calls"
+    fake = tmp_path / "systemctl-recorder"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {record}\n'
+                    f'[ "$*" = "restart kubelet.service" ] && {{ {on_kubelet_restart or ":"}; }}\nexit 0\n')
+    fake.chmod(0o755)
+    return fake, record
+
+
+def _calls(record: Path) -> list[str]:
+    calls = record.read_text().splitlines() if record.exists() else []
+    record.unlink(missing_ok=True)
+    return calls
+
+
+def _tree_copy(dest: Path) -> Path:
+    """What the installer reads of a checkout (sources, lock, units, scripts), as another version would be."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "requirements.lock", "README.md"):
+        shutil.copy(ROOT / name, dest / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("wire", "runtimeproxy", "koordlet", "hooks", "systemd", "scripts"):
+        shutil.copytree(ROOT / name, dest / name, ignore=ignore)
+    return dest
+
+
+def _lock_pins() -> dict[str, str]:
+    text = (ROOT / "requirements.lock").read_text()
+    return {m.group(1).lower(): m.group(2) for m in re.finditer(r"^([A-Za-z0-9._-]+)==(\S+)", text, re.M)}
+
+
+def _installed_versions(python: Path) -> dict[str, str]:
+    script = "import importlib.metadata as m\nfor d in m.distributions(): print(d.metadata['Name'], d.version)"
+    out = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=60, check=True).stdout
+    return {name.lower().replace("_", "-"): version for name, version in (line.split() for line in out.splitlines())}
+
+
+def test_each_version_gets_its_own_locked_venv_a_new_one_restarts_the_proxy_and_rollback_goes_back(
+        tmp_path: Path) -> None:
+    """Real venvs from the lock (pip checks every file's sha256; PyPI or pip's cache), in a fake root."""
+    root, prefix = tmp_path / "root", "/opt/kp"
+    fake, record = _recorder(tmp_path)
+    env = {**os.environ, "SYSTEMCTL": str(fake)}
+    base = root / prefix.lstrip("/")
+
+    def install(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(["bash", str(tree / "scripts/install-baremetal.sh"), "--proxy-only", "--root", str(root),
+                               "--prefix", prefix, *args], capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    first = install(ROOT)
+    v1 = os.readlink(base / "current")
+    assert re.fullmatch(r"versions/0\.1\.0-[0-9a-f]{12}", v1)
+    assert "runs from there only" in first.stdout  # a venv under --root is said to be bound to it
+    # a first install makes the socket (the proxy of an older install is stopped first: it bound the path itself)
+    assert _calls(record) == ["daemon-reload", "enable koord-runtime-proxy.socket koord-runtime-proxy.service",
+                              "stop koord-runtime-proxy.service", "restart koord-runtime-proxy.socket",
+                              "start koord-runtime-proxy.service"]
+    # every dependency at the lock's version, nothing resolved beside it, the project itself from this tree
+    installed = _installed_versions(base / "current/bin/python")
+    pins = _lock_pins()
+    assert {name: installed.get(name) for name in pins if name != "setuptools"} == \
+        {name: version for name, version in pins.items() if name != "setuptools"}
+    assert installed.pop("koordlet-py") == "0.1.0"
+    assert set(installed) - set(pins) <= {"pip"}, "a package outside the lock was installed"
+    assert subprocess.run([str(base / "current/bin/koord-runtime-proxy"), "--help"], capture_output=True,
+                          timeout=60).returncode == 0
+
+    again = install(ROOT)  # the same version: nothing built, nothing restarted
+    assert f"unchanged: version {v1.removeprefix('versions/')} is installed" in again.stdout
+    assert _calls(record) == ["enable koord-runtime-proxy.socket koord-runtime-proxy.service",
+                              "start koord-runtime-proxy.socket koord-runtime-proxy.service"]
+
+    # a code-only change is a new version: its own venv, current switched, the proxy restarted (its socket kept)
+    other = _tree_copy(tmp_path / "v2")
+    with (other / "runtimeproxy/__init__.py").open("a") as init:
+        init.write("# the next version\n")
+    second = install(other)
+    v2 = os.readlink(base / "current")
+    assert v2 != v1 and os.readlink(base / "previous") == v1
+    assert f"version: {v1} -> {v2}" in second.stdout
+    assert _calls(record) == ["enable koord-runtime-proxy.socket koord-runtime-proxy.service",
+                              "start koord-runtime-proxy.socket", "restart koord-runtime-proxy.service"]
+    assert (base / v1 / "bin/python").exists(), "the previous version stays for the running process and rollback"
+
+    back = subprocess.run(["bash", str(INSTALL), "--rollback", "--root", str(root), "--prefix", prefix],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert back.returncode == 0, back.stderr
+    assert os.readlink(base / "current") == v1 and os.readlink(base / "previous") == v2
+    assert _calls(record) == ["restart koord-runtime-proxy.service"]
+
+
+def test_a_version_that_fails_to_install_leaves_current_as_it_was(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    tree = _tree_copy(tmp_path / "tree")
+    lock = tree / "requirements.lock"
+    # the hashes of the first package changed: pip must refuse whichever of its files it downloads
+    text = lock.read_text()
+    first = re.search(r"^\S+==\S+ \\\n(?:\s+--hash=sha256:[0-9a-f]{64}.*\n)+", text, re.M)
+    lock.write_text(text.replace(first.group(0), re.sub(r"[0-9a-f]{64}", "0" * 64, first.group(0))))
+    base = root / "opt/kp"
+    base.mkdir(parents=True)
+    (base / "current").symlink_to("versions/older")
+    done = subprocess.run(["bash", str(tree / "scripts/install-baremetal.sh"), "--proxy-only", "--root", str(root),
+                           "--prefix", "/opt/kp"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1
+    assert "failed (above); " in done.stderr and "current is unchanged" in done.stderr
+    assert os.readlink(base / "current") == "versions/older"
+    assert list((base / "versions").iterdir()) == [], "a half-built venv is not left behind"
+
+
+def test_rollback_without_a_previous_version_says_so(tmp_path: Path) -> None:
+    done = _install("--rollback", "--root", str(tmp_path), "--prefix", "/opt/kp")
+    assert done.returncode == 1 and "nothing to roll back to" in done.stderr
+    assert _install("--rollback", "--proxy-only", "--root", str(tmp_path)).returncode == 2
+
+
+def _proxy_env(root: Path) -> str:
+    return (root / "etc/default/koord-runtime-proxy").read_text()
+
+
+def test_the_metrics_bind_address_is_an_install_option_kept_across_installs(tmp_path: Path) -> None:
+    fake, record = _recorder(tmp_path)
+    env = {**os.environ, "SYSTEMCTL": str(fake)}
+
+    def install(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(INSTALL), "--proxy-only", "--no-venv", "--root", str(tmp_path), *args],
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    assert install("--metrics-bind-address", "0.0.0.0:9318").returncode == 0
+    assert "METRICS_BIND_ADDRESS=0.0.0.0:9318\n" in _proxy_env(tmp_path)
+    _calls(record)
+    kept = install()  # no flag: the file's address stays, nothing restarts
+    assert kept.returncode == 0 and "proxy metrics: 0.0.0.0:9318" in kept.stdout
+    assert "restart koord-runtime-proxy.service" not in _calls(record)
+    changed = install("--metrics-bind-address=[::]:9400")
+    assert changed.returncode == 0 and "METRICS_BIND_ADDRESS=[::]:9400\n" in _proxy_env(tmp_path)
+    assert "restart koord-runtime-proxy.service" in _calls(record)  # the proxy must bind the new address
+    # as systemd would run it: the env file's value on the proxy's command line, accepted by the proxy
+    from runtimeproxy.main import _split_host_port
+
+    assert _split_host_port("[::]:9400") == ("::", 9400)
+    bad = install("--metrics-bind-address", "9318")
+    assert bad.returncode == 2 and "expected host:port" in bad.stderr
+
+
+@pytest.fixture()
+def running_proxy(tmp_path: Path) -> Iterator[ProxyProcess]:
+    from tests.support.fakeruntime import FakeRuntime
+
+    runtime = FakeRuntime(str(tmp_path / "runtime.sock")).start()
+    proxy = ProxyProcess(str(tmp_path / "proxy.sock"), runtime.socket_path).start()
+    try:
+        yield proxy
+    finally:
+        proxy.terminate()
+        runtime.stop()
+
+
+def test_restart_kubelet_confirms_kubelet_talks_to_the_proxy_by_its_served_calls(
+        tmp_path: Path, running_proxy: ProxyProcess) -> None:
+    # kubelet's first calls after its restart, as kubelet makes them: Version through the proxy's socket
+    dial = (f"{sys.executable} -c 'import grpc; grpc.insecure_channel(\"unix://{running_proxy.listen}\")"
+            f".unary_unary(\"/runtime.v1.RuntimeService/Version\")(b\"\", timeout=10)'")
+    fake, record = _recorder(tmp_path, on_kubelet_restart=dial)
+    done = subprocess.run(["bash", str(INSTALL), "--proxy-only", "--no-venv", "--root", str(tmp_path / "root"),
+                           "--restart-kubelet", "--metrics-bind-address", f"127.0.0.1:{running_proxy.metrics_port}"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "SYSTEMCTL": str(fake)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"kubelet talks to the proxy: [1-9]\d* CRI call\(s\) served within \d+s", done.stdout)
+    assert _calls(record)[-1] == "restart kubelet.service"
+
+
+def test_restart_kubelet_fails_loudly_when_kubelet_never_reaches_the_proxy(
+        tmp_path: Path, running_proxy: ProxyProcess) -> None:
+    fake, _ = _recorder(tmp_path)  # kubelet restarts and keeps talking to containerd: no call reaches the proxy
+    done = subprocess.run(["bash", str(INSTALL), "--proxy-only", "--no-venv", "--root", str(tmp_path / "root"),
+                           "--restart-kubelet", "--metrics-bind-address", f"127.0.0.1:{running_proxy.metrics_port}"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SYSTEMCTL": str(fake), "KUBELET_CHECK_TIMEOUT": "3"})
+    assert done.returncode == 1
+    assert "kubelet made no CRI call through the proxy within 3s" in done.stderr
+    for hint in ("systemctl cat kubelet.service", "KUBELET_EXTRA_ARGS", "containerRuntimeEndpoint",
+                 "journalctl -u kubelet"):
+        assert hint in done.stderr

@@ -136,8 +136,9 @@ def test_reconciler_keeps_the_value_on_every_process_of_a_real_container(contain
         reconciler.reconcile_once()
         first = values("oom-up", up_cid)
         assert len(first) == 2 and set(first.values()) == {600}  # the shell and its sleep
-        assert metrics.CONTAINER_OOM_SCORE_ADJ.labels("default", "oom-up", pods["oom-up"].uid, "oom-up")._value.get() \
-            == 600
+        gauge = metrics.CONTAINER_OOM_SCORE_ADJ.labels(metrics.node(), "default", "oom-up", pods["oom-up"].uid,
+                                                       "oom-up")
+        assert gauge._value.get() == 600
         # a process that comes later from outside (kubectl exec: runc gives it the container's 100)
         client.runtime.ExecSync(cri.ExecSyncRequest(
             container_id=up_cid, cmd=["sh", "-c", "sleep 3602 </dev/null >/dev/null 2>&1 &"], timeout=10), timeout=30)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from .containerd import REPO
+from .sdactivation import SystemdStandIn
 
 
 def free_port() -> int:
@@ -49,8 +50,11 @@ class ProxyProcess:
     """koord-runtime-proxy in a child process, stopped by PID."""
 
     def __init__(self, listen: str, backend: str, *extra: str, log_path: str | None = None,
-                 state_dir: str | None = None, tree: str | None = None) -> None:
+                 state_dir: str | None = None, tree: str | None = None,
+                 systemd: SystemdStandIn | None = None) -> None:
+        """``systemd``: start it as systemd starts the unit (its socket passed, its notifications read)."""
         self.listen = listen
+        self.systemd = systemd
         self.tree = tree or str(REPO)  # the source tree the proxy runs from (another one: before/after figures)
         self.backend = backend
         self.metrics_port = free_port()
@@ -74,8 +78,11 @@ class ProxyProcess:
         """Start it; with ``wait``, until its socket and metrics port answer (killed again if they do not in
         ``timeout_s``)."""
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.args, cwd=self.tree, env={**os.environ, "PYTHONPATH": self.tree},
-                                     stdout=log, stderr=subprocess.STDOUT)
+        args, env, fds = self.args, {**os.environ, "PYTHONPATH": self.tree}, ()
+        if self.systemd is not None:
+            args, env, fds = self.systemd.exec_args(args), {**env, **self.systemd.environment()}, self.systemd.fds()
+        self.proc = subprocess.Popen(args, cwd=self.tree, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     pass_fds=fds)
         log.close()
         if wait:
             try:

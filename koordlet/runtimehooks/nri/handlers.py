@@ -38,11 +38,11 @@ from hooks.registry import Trace
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
-from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import ResourceExecutor
+from koordlet.history.answers import POD_LEVEL, HookAnswers
 from koordlet.hostdirs import make_host_dirs
 from koordlet.system.cgroup import CgroupVersion
-from koordlet.system.kubepods import KubeCgroupLayout
+from koordlet.system.kubepods import KubeCgroupLayout, pod_cgroup_dir
 from wire import nri_pb2 as api
 from wire.nri import Event, changing, event_mask
 
@@ -50,7 +50,6 @@ from ..apply import (
     RejectedValues,
     container_context_from_meta,
     effective_quota_reader,
-    pod_dir_of,
     report_plugin_error,
     run_pod_level,
     with_spec,
@@ -155,15 +154,6 @@ class NriHandlers:
         except Exception:  # noqa: BLE001 - one pod's failure must not stop the pods after it
             log.exception("NRI: pod %s/%s: %s failed", pod.namespace, pod.name, handle.__name__)
 
-    def drain(self, timeout_s: float = 5.0) -> bool:
-        """Wait until the pod events received so far are carried out (tests, and a stop)."""
-        done = self._pod_work.submit(lambda: None)
-        try:
-            done.result(timeout_s)
-        except TimeoutError:
-            return False
-        return True
-
     def close(self) -> None:
         self._pod_work.shutdown(wait=False, cancel_futures=True)
 
@@ -171,7 +161,7 @@ class NriHandlers:
         pod = self._pod(sandbox)
         if not self._on(Stage.PRE_RUN_POD_SANDBOX, pod):
             return
-        pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
+        pod_dir = pod_cgroup_dir(self._layout, pod)
         changes = self._decisions.take(pod_key(pod.uid)) if self._decisions is not None else None
         if changes is None:
             changes = self._pod_changes(pod, self._staged(Stage.PRE_RUN_POD_SANDBOX), self._node(), pod_dir,
@@ -193,7 +183,7 @@ class NriHandlers:
         container = request.container
         changes = self._decisions.take(create_key(pod.uid, container.name)) if self._decisions is not None else None
         if changes is None:
-            pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
+            pod_dir = pod_cgroup_dir(self._layout, pod)
             changes = self._container_changes(self._staged(Stage.PRE_CREATE_CONTAINER), self._node(),
                                               convert.container_context(pod, container), pod_dir, record=True)
         if changes.host_dirs:  # HAMi-core's per-container cache dir, before the container mounts it
@@ -212,7 +202,7 @@ class NriHandlers:
         container = request.container
         changes = self._decisions.take(update_key(container.id)) if self._decisions is not None else None
         if changes is None:
-            pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
+            pod_dir = pod_cgroup_dir(self._layout, pod)
             context = convert.container_context(pod, container, request.linux_resources)
             changes = self._container_changes(self._staged(Stage.PRE_UPDATE_CONTAINER_RESOURCES), self._node(),
                                               context, pod_dir)
@@ -247,7 +237,7 @@ class NriHandlers:
         spec = pod.container(container.name)
         context = (container_context_from_meta(pod, spec) if spec is not None
                    else ContainerContext(pod=pod, name=container.name, container_id=container.id))
-        pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
+        pod_dir = pod_cgroup_dir(self._layout, pod)
         changes = self._container_changes(plugins, node, context, pod_dir)
         # ignore_failure: a value the kernel refuses now (a parent's quota lowered meanwhile) is the
         # reconciler's to retry, not a reason to fail the others
@@ -261,7 +251,7 @@ class NriHandlers:
                 return
             if skips_hooks(pod.labels):
                 continue
-            pod_dir = pod_dir_of(self._layout, pod.cgroup_parent, pod.key)
+            pod_dir = pod_cgroup_dir(self._layout, pod)
             if pod_dir is None:
                 continue
             changes = self._pod_changes(pod, plugins, node, pod_dir)

@@ -153,6 +153,28 @@ def test_no_kubelet_listening_is_a_clear_error(plugin_dir, gpus) -> None:
         server.stop()
 
 
+def test_without_kubelet_the_retries_keep_their_backoff(plugin_dir, gpus, caplog: pytest.LogCaptureFixture) -> None:
+    """Each retry removes and makes the plugin's own socket; those events must not start the next retry at once
+    (a busy loop that logged hundreds of failures a second): within 1.5 s, the first try and the one after 1 s."""
+    import time
+
+    board = HealthBoard(g.uuid for g in gpus)
+    allocator = SchedulerAllocator(None, "node-a", NodeLocker(None), lambda: gpus, board.snapshot)
+    server = DevicePluginServer(
+        lambda: GPUDevicePluginServicer(lambda: gpus, board, allocator), "nvidia.com/gpu", plugin_dir=plugin_dir,
+        dial_timeout_s=0.1,
+    )
+    with caplog.at_level("WARNING", logger="koordlet.deviceplugin.server"):
+        try:
+            server.start(require_kubelet=False)
+            time.sleep(1.5)
+        finally:
+            server.stop()
+            board.close()
+    failures = [r for r in caplog.records if "registration failed" in r.getMessage()]
+    assert 1 <= len(failures) <= 2, [r.getMessage() for r in caplog.records]
+
+
 def test_a_quick_flap_is_still_streamed_as_unhealthy_then_healthy(running, gpus) -> None:
     kubelet, _server, board = running
     request = kubelet.next_registration()

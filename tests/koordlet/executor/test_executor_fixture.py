@@ -132,7 +132,7 @@ def test_absolute_dir_stays_inside_the_hierarchy(tmp_path: Path) -> None:
 
 def test_missing_file_is_unsupported_and_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     executor = ResourceExecutor(_v2_tree(tmp_path))
-    with caplog.at_level(logging.DEBUG, logger="koordlet.executor.executor"):
+    with caplog.at_level(logging.DEBUG, logger="koordlet.executor.cgroups"):
         for _ in range(3):
             with pytest.raises(UnsupportedResourceError):
                 executor.update(ResourceUpdate.of("cpu.bvt_warp_ns", POD, 2))

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from koordlet.executor import ResourceExecutor, ResourceUpdate
-from koordlet.executor.executor import InvalidUpdateError, UnsupportedResourceError
+from koordlet.executor import InvalidUpdateError, ResourceExecutor, ResourceUpdate, UnsupportedResourceError
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.resources import CGROUP_RESOURCES, ValueKind
 from tests.koordlet.qosmanager.realnode import skip_unless_v2_writable

@@ -2,7 +2,7 @@ import logging
 
 import pytest
 
-from koordlet.gpu.metrics import record_usage
+from koordlet.gpu.metrics import usage_samples
 from koordlet.gpu.nvml import (
     discover,
     normalise_pci_bus_id,
@@ -101,7 +101,7 @@ def test_usage_lands_in_the_metric_cache_under_koordinator_series_names(tmp_path
     cache = MetricCache()
     with open_nvml(FakeNvml(gpus)) as session:
         inventory = discover(session, sys_dir=str(tmp_path / "sys"))
-        assert record_usage(cache, read_usage(session, inventory), timestamp=100.0) == 2
+        assert cache.append_samples(usage_samples(read_usage(session, inventory), timestamp=100.0)) == 2
     labels = {"gpu_minor": "0", "gpu_device_uuid": gpus[0].uuid}
     assert cache.latest(SeriesKey.of("node_gpu_core_usage", **labels)) == (100.0, 42.0)
     assert cache.latest(SeriesKey.of("node_gpu_memory_usage", **labels)) == (100.0, float(gpus[0].memory_used))

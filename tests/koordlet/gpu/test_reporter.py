@@ -7,23 +7,13 @@ from kubernetes.client.exceptions import ApiException
 from koordlet.api import device as api
 from koordlet.gpu.reporter import DeviceReporter, ReportResult, sync_node_labels
 from koordlet.gpu.service import GPUService
-from tests.koordlet.gpu.fake_nvml import FakeNvml, h100_gpus
+from tests.koordlet.gpu.fake_nvml import FakeNvml
 
 NODE = "node-a"
 
 
 def stored(kube) -> dict:
     return kube.custom.get_cluster_custom_object(api.DEVICE_GROUP, api.DEVICE_VERSION, api.DEVICE_PLURAL, NODE)
-
-
-@pytest.fixture
-def service(tmp_path):
-    started = GPUService.start(FakeNvml(h100_gpus(2)), sys_dir=str(tmp_path / "sys"), poll_timeout_ms=20)
-    assert started is not None
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 def test_device_is_created_accepted_by_the_crd_schema_and_then_left_alone(kube, service) -> None:

@@ -124,6 +124,17 @@ def test_thread_runs_strategies_on_their_interval_and_stops() -> None:
     assert len(fast.runs) == count  # stopped
 
 
+def test_the_strategies_of_one_tick_see_one_moment() -> None:
+    """Every strategy due in a tick gets a snapshot of the same time, so they share its usage maps."""
+    first, second = Recorder("first", 1.0), Recorder("second", 1.0)
+    clock = iter(range(1000, 2000))
+    manager = QoSManager(StaticStates(node=node(), node_slo=spec()), [first.strategy, second.strategy],
+                         monotonic=lambda: 0.0, wall_clock=lambda: float(next(clock)))
+    manager.tick(0.0)
+    manager.tick(1.0)
+    assert first.runs == second.runs == [1000.0, 1001.0]
+
+
 def test_a_nodeslo_switch_runs_the_strategy_at_once_not_at_its_next_tick() -> None:
     """Suppress switched off must give the besteffort quota back before pods are admitted under the new spec:
     the NodeSLO change wakes the manager, which runs the switched strategy at once (its interval here: 60 s)."""

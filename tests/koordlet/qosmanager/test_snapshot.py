@@ -1,4 +1,5 @@
-"""SnapshotBuilder: fresh samples only, window averages, BE window, nothing before the node is known."""
+"""SnapshotBuilder: fresh samples only, a copy taken at the build, window averages, BE window, nothing before the node
+is known."""
 
 from __future__ import annotations
 
@@ -43,18 +44,22 @@ class _CountingCache(MetricCache):
         return super().last_values(kind, label, start, end)
 
 
-def test_a_usage_map_is_scanned_from_the_cache_only_when_a_strategy_reads_it() -> None:
+def test_a_snapshot_is_a_copy_and_the_strategies_of_one_tick_share_its_usage_scans() -> None:
     cache = _CountingCache()
     cache.append(_pod_cpu("a"), 99.5, 1.5)
-    cache.append(SeriesKey.of(MetricKind.POD_MEMORY_USAGE, **{Label.POD_UID: "a"}), 99.5, 64.0)
-    snap = SnapshotBuilder(StaticStates(node=node()), cache, collect_interval_s=1.0).build(now=100.0)
-    assert snap is not None and cache.scans == []
-    cache.append(_pod_cpu("a"), 100.5, 9.0)  # after the snapshot's time: not in its window
-    assert snap.pod_cpu_cores.get("a") == 1.5 and "a" in snap.pod_cpu_cores and dict(snap.pod_cpu_cores) == {"a": 1.5}
-    assert cache.scans == [MetricKind.POD_CPU_USAGE]  # once, however often it is read
-    assert snap.pod_memory_bytes["a"] == 64.0 and len(snap.pod_memory_bytes) == 1
-    assert snap.container_cpu_cores.get("x") is None
-    assert cache.scans == [MetricKind.POD_CPU_USAGE, MetricKind.POD_MEMORY_USAGE, MetricKind.CONTAINER_CPU_USAGE]
+    builder = SnapshotBuilder(StaticStates(node=node()), cache, collect_interval_s=1.0)
+    first = builder.build(now=100.0)
+    assert first is not None and len(cache.scans) == 5  # the five usage maps, read at the build
+    cache.append(_pod_cpu("a"), 99.8, 9.0)  # written after the build, inside its window: not in the snapshot
+    cache.append(_pod_cpu("b"), 99.9, 2.0)
+    assert dict(first.pod_cpu_cores) == {"a": 1.5}
+    with pytest.raises(TypeError):
+        first.pod_cpu_cores["a"] = 0.0  # type: ignore[index]
+
+    second = builder.build(now=100.0)  # another strategy of the same manager tick
+    assert second is not None and second.pod_cpu_cores is first.pod_cpu_cores and len(cache.scans) == 5
+    later = builder.build(now=101.0)  # the next tick reads again
+    assert later is not None and dict(later.pod_cpu_cores) == {"a": 9.0, "b": 2.0} and len(cache.scans) == 10
 
 
 def test_window_averages_and_be_window() -> None:

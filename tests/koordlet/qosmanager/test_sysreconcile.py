@@ -11,8 +11,7 @@ import pytest
 
 from koordlet.actuator import PlanRunner
 from koordlet.api.nodeslo import parse_node_slo_spec
-from koordlet.executor import ResourceExecutor
-from koordlet.executor.executor import InvalidUpdateError, UnsafePathError, WriteFailedError
+from koordlet.executor import InvalidUpdateError, ResourceExecutor, UnsafePathError, WriteFailedError
 from koordlet.metriccache import MetricCache
 from koordlet.qosmanager import QoSManagerConfig, new_qos_manager, sysreconcile
 from koordlet.qosmanager.snapshot import SnapshotBuilder

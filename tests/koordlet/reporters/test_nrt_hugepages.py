@@ -83,8 +83,9 @@ def test_this_hosts_hugepages_are_reported(server: ApiServer, custom) -> None:  
 
 
 @pytest.mark.cgroupv2
-def test_the_v2_guests_reserved_hugepages_are_in_its_zone(server: ApiServer, custom) -> None:  # noqa: F811
-    """The v2 guest boots with ``hugepagesz=2M hugepages=N`` (scripts/v2-stage.sh): its one zone must carry them."""
+def test_the_v2_guests_reserved_hugepages_are_in_its_zones(server: ApiServer, custom) -> None:  # noqa: F811
+    """The v2 guest boots with ``hugepagesz=2M hugepages=N`` (scripts/v2-stage.sh), the kernel spreading them over
+    its NUMA nodes (two with ``V2_NUMA=2``): each zone carries its node's pool, and together they hold all N."""
     with open("/proc/cmdline") as f:
         cmdline = f.read()
     match = re.search(r"(?:^|\s)hugepages=(\d+)", cmdline)
@@ -94,15 +95,18 @@ def test_the_v2_guests_reserved_hugepages_are_in_its_zone(server: ApiServer, cus
         pytest.skip("this kernel was booted without hugepages= (the v2 guest is)")
     reserved = int(match.group(1))
     hugepages = read_node_hugepages()
-    pools = {pool.page_size_kb: pool for pool in hugepages.get(0, ())}
-    if 2048 not in pools:
+    pools = {node: {pool.page_size_kb: pool for pool in node_pools} for node, node_pools in hugepages.items()}
+    if not any(2048 in node_pools for node_pools in pools.values()):
         pytest.skip(f"{KERNEL_LACKS} 2 MiB huge pages")
-    assert pools[2048].total_pages == reserved and pools[2048].free_pages <= reserved
+    assert sum(node_pools[2048].total_pages for node_pools in pools.values()) == reserved
     topology = read_node_topology()
     nrt = build_nrt(NODE, topology, compute_cpu_pools(topology.cpus, []), None, {}, hugepages=hugepages)
     assert NRTReporter(NODE, custom).write(nrt)[0] == "created"
-    zone = server.get_object(PLURAL, NODE)["zones"][0]
-    capacity, allocatable, available = _resources(zone)["hugepages-2Mi"]
-    assert capacity == allocatable == f"{reserved * 2}Mi"
-    assert available == f"{pools[2048].free_pages * 2}Mi" or pools[2048].free_pages == 0
+    zones = server.get_object(PLURAL, NODE)["zones"]
+    assert len(zones) == len(topology.numa_nodes)
+    for zone, node in zip(zones, topology.numa_nodes, strict=True):
+        pool = pools[node.node_id][2048]
+        capacity, allocatable, available = _resources(zone)["hugepages-2Mi"]
+        assert capacity == allocatable == (f"{pool.total_pages * 2}Mi" if pool.total_pages else "0")
+        assert available == f"{pool.free_pages * 2}Mi" or pool.free_pages == 0
     assert os.path.isdir("/sys/devices/system/node/node0/hugepages/hugepages-2048kB")

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from koordlet.executor import ResourceExecutor
-from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig, read_resctrl_node
+from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig, metrics, read_resctrl_node
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout
@@ -64,7 +64,7 @@ def test_bad_annotation_is_logged_and_counted_and_the_call_still_succeeds(
     hooks = _hooks(tmp_path, {"BatchResource": True})
     hooks.start()
     errors_before = _sample("koordlet_runtime_hook_plugin_errors_total", {"plugin": "batchresource"})
-    calls_labels = {"hook": "PreCreateContainer", "stage": "pre", "status": "succeeded"}
+    calls_labels = {"node": metrics.node(), "hook": "PreCreateContainer", "stage": "pre", "status": "succeeded"}
     calls_before = _sample("koordlet_runtime_hook_invoked_duration_milliseconds_count", calls_labels)
     try:
         with grpc.insecure_channel(f"unix://{hooks.config.socket_path}") as channel:
@@ -149,5 +149,6 @@ def test_arbitrary_annotation_text_through_real_grpc_always_gets_an_answer(tmp_p
         channel.close()
         hooks.stop()
     failed = REGISTRY.get_sample_value("koordlet_runtime_hook_invoked_duration_milliseconds_count",
-                                       {"hook": "PreCreateContainer", "stage": "pre", "status": "failed"})
+                                       {"node": metrics.node(), "hook": "PreCreateContainer", "stage": "pre",
+                                        "status": "failed"})
     assert not failed  # every call was answered by the plugins, none by the catch-all echo

@@ -11,6 +11,7 @@ from koordlet.system.kubepods import (
     KubeCgroupLayout,
     container_id_from_dir_name,
     expand_systemd_slice,
+    pod_cgroup_dir,
     pod_uid_from_dir_name,
 )
 
@@ -123,3 +124,21 @@ def test_expand_slice_root_and_names_that_are_not_pods() -> None:
     assert expand_systemd_slice("kubepods.slice") == "kubepods.slice"
     assert pod_uid_from_dir_name("burstable") is None
     assert container_id_from_dir_name("cgroup.procs") is None
+
+
+def test_a_pods_dir_comes_from_its_cgroup_parent_else_its_uid_and_qos(caplog: pytest.LogCaptureFixture) -> None:
+    """The one pod-dir helper every part asks: a request's cgroup parent first, then the pod's, then uid and QoS;
+    None for a pod with neither, and for one whose parent is not a safe dir (warned about once, not every tick)."""
+    from koordlet.api.pod import PodMeta
+
+    with_parent = PodMeta("p", "ns", UID, cgroup_parent=f"/kubepods/burstable/pod{UID}")
+    assert pod_cgroup_dir(CGROUPFS, with_parent) == f"kubepods/burstable/pod{UID}"
+    assert pod_cgroup_dir(CGROUPFS, with_parent, f"/kubepods/pod{UID}") == f"kubepods/pod{UID}"
+    assert pod_cgroup_dir(SYSTEMD, PodMeta("p", "ns", UID, kube_qos=KubeQoS.BESTEFFORT)) == (
+        "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1234_abcd_5678.slice")
+    assert pod_cgroup_dir(CGROUPFS, PodMeta("p", "ns", UID)) is None
+    hostile = PodMeta("p", "ns", "uid-x", cgroup_parent="/kubepods/../../etc")
+    with caplog.at_level("WARNING", logger="koordlet.system.kubepods"):
+        assert [pod_cgroup_dir(CGROUPFS, hostile) for _ in range(3)] == [None, None, None]
+    assert [r.getMessage() for r in caplog.records] == [
+        "pod uid-x has no cgroup dir: unsafe cgroup parent component for a cgroup dir name: '..'"]

@@ -5,6 +5,7 @@ which cannot go offline), ``cpuN/topology/{core_id,physical_package_id}`` only f
 removes the topology directory of an offline CPU), the ``cpuN/nodeM`` link, and
 ``node/nodeM/{cpulist,meminfo,distance}`` plus ``node/online``, and per node the huge page pools of both x86
 sizes (``nodeM/hugepages/hugepages-{2048,1048576}kB/{nr,free,surplus}_hugepages``, zero unless reserved).
+``nodeM/meminfo`` has every line a 6.x kernel writes there, in its order and spacing (:func:`node_meminfo`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class Machine:
     distances: dict[int, tuple[int, ...]] = field(default_factory=dict)
     # NUMA node → {page size kB: (nr_hugepages, free_hugepages)}; sizes not named hold 0 pages.
     hugepages: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict)
+    # NUMA node → meminfo fields in kB (MemFree, Active(file), Inactive(file), SReclaimable, ...) that differ from
+    # node_meminfo's defaults.
+    meminfo: dict[int, dict[str, int]] = field(default_factory=dict)
 
     @property
     def online(self) -> tuple[int, ...]:
@@ -78,6 +82,32 @@ def four_numa_with_holes() -> Machine:
 
 MACHINES = (one_socket_no_smt, two_sockets_smt, four_numa_with_holes)
 
+# The lines of /sys/devices/system/node/nodeN/meminfo on Linux 6.x (drivers/base/node.c node_read_meminfo), in order.
+_NODE_MEMINFO_KEYS = ("MemTotal", "MemFree", "MemUsed", "SwapCached", "Active", "Inactive", "Active(anon)",
+                      "Inactive(anon)", "Active(file)", "Inactive(file)", "Unevictable", "Mlocked", "Dirty",
+                      "Writeback", "FilePages", "Mapped", "AnonPages", "Shmem", "KernelStack", "PageTables",
+                      "SecPageTables", "NFS_Unstable", "Bounce", "WritebackTmp", "KReclaimable", "Slab", "SReclaimable",
+                      "SUnreclaim", "AnonHugePages", "ShmemHugePages", "ShmemPmdMapped", "FileHugePages",
+                      "FilePmdMapped")
+
+
+def node_meminfo(node: int, total_kb: int, fields: dict[str, int] | None = None) -> str:
+    """``nodeN/meminfo`` as the kernel writes it: ``Node N Key:`` padded, the value right-aligned in 8, `` kB``, then
+    the three HugePages lines without unit. Defaults: half free, 1/16 each of active and inactive file, 1/32
+    reclaimable slab; ``fields`` (kB) override them, MemUsed and the sums follow."""
+    values = dict.fromkeys(_NODE_MEMINFO_KEYS, 0)
+    values.update({"MemTotal": total_kb, "MemFree": total_kb // 2, "Active(file)": total_kb // 16,
+                   "Inactive(file)": total_kb // 16, "SReclaimable": total_kb // 32})
+    values.update(fields or {})
+    values["MemUsed"] = values["MemTotal"] - values["MemFree"]
+    values["Active"] = values["Active(anon)"] + values["Active(file)"]
+    values["Inactive"] = values["Inactive(anon)"] + values["Inactive(file)"]
+    values["KReclaimable"] = values["SReclaimable"]
+    values["Slab"] = values["SReclaimable"] + values["SUnreclaim"]
+    lines = [f"Node {node} {key + ':':<15} {values[key]:>8} kB" for key in _NODE_MEMINFO_KEYS]
+    lines += [f"Node {node} {key + ':':<15} {0:>5}" for key in ("HugePages_Total", "HugePages_Free", "HugePages_Surp")]
+    return "\n".join(lines) + "\n"
+
 
 def build_tree(root: Path, machine: Machine) -> str:
     """Write ``machine`` under ``root/sys``; returns that sys dir."""
@@ -95,9 +125,7 @@ def build_tree(root: Path, machine: Machine) -> str:
         node_cpus = [cpu for cpu, (_, _, n) in machine.cpus.items() if n == node and cpu not in machine.offline]
         (node_dir / "cpulist").write_text(format_cpu_list(node_cpus) + "\n")
         kb = machine.node_memory_kb.get(node, 0)
-        (node_dir / "meminfo").write_text(
-            f"Node {node} MemTotal:       {kb} kB\nNode {node} MemFree:        {kb // 2} kB\n"
-            f"Node {node} MemUsed:        {kb - kb // 2} kB\n")
+        (node_dir / "meminfo").write_text(node_meminfo(node, kb, machine.meminfo.get(node)))
         if node in machine.distances:
             (node_dir / "distance").write_text(" ".join(map(str, machine.distances[node])) + "\n")
         for size_kb in HUGEPAGE_SIZES_KB:

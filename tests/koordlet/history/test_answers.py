@@ -1,4 +1,4 @@
-"""What each hook plugin answered at creation is kept (koordlet/debug/answers.py) where the plugins run: the hook
+"""What each hook plugin answered at creation is kept (koordlet/history/answers.py) where the plugins run: the hook
 server over gRPC, the NRI handlers, the reconciler for a pod with no record; bounded and forgotten with the pod."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import grpc
 from hooks import registry
 from hooks.protocol import NodeContext
 from koordlet.api.pod import ContainerMeta, PodMeta
-from koordlet.debug.answers import POD_LEVEL, HookAnswers
 from koordlet.executor import ResourceExecutor
+from koordlet.history.answers import POD_LEVEL, HookAnswers
 from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
 from koordlet.runtimehooks.nri import NriHandlers
 from koordlet.runtimehooks.reconciler import Reconciler

@@ -1,4 +1,4 @@
-"""The last writes and evictions per cgroup dir and pod (koordlet/debug/actions.py), recorded by the plan runner
+"""The last writes and evictions per cgroup dir and pod (koordlet/history/actions.py), recorded by the plan runner
 through the real executor on a fixture cgroup v1 tree and the real evictor against the project's API server."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 import kubernetes.client
 
 from koordlet.actuator import PlanRunner
-from koordlet.debug.actions import RecentActions
 from koordlet.eviction import Evictor
 from koordlet.executor import ResourceExecutor
+from koordlet.history.actions import RecentActions
 from koordlet.plan import CgroupWrite, Evictions, Plan, Victim, WriteStep
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from tests.koordlet.qosmanager.factory import seed_pod
