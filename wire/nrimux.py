@@ -123,6 +123,8 @@ class TrunkWriter:
                 self._watching = False
 
     def _close(self) -> None:
+        # Off the loop's thread this runs only from a send with an empty backlog, so never while the loop watches
+        # the socket (watching <=> a backlog, under the lock): the selector is only ever touched by the loop.
         if self._watching:
             self._loop.remove_writer(self._sock.fileno())
             self._watching = False
