@@ -3,8 +3,9 @@
 
 On four private containerd 2.1.9 instances with NRI on (same binary, same config, one per mode, so each
 holds the same pods), BE pods (batch resources: every default plugin has something to say) started four
-ways, one pod of each in turn (the first of the four rotating), so all see the same moment of this shared
-machine's noise:
+ways, one pod of each in turn (the order shuffled each turn, seeded, so that no mode always follows the same
+other: a koordlet's background work after a pod start spills into the next start), so all see the same moment
+of this shared machine's noise:
 
   direct    straight on its containerd's CRI: no NRI plugin registered there, no proxy;
   proxy     through koord-runtime-proxy to a koordlet hook server (its NRI off);
@@ -41,6 +42,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -268,7 +270,7 @@ def _nri_koordlet(state: Path, runtime: NriContainerd, extra: list[str], tree: s
 def pod_starts(runtimes: dict[str, NriContainerd], state: Path, rounds: int, per_round: int,
                base_tree: str | None = None) -> dict:
     """Pod starts in the four modes (five with ``base_tree``; ``runtimes``: one containerd per mode), one pod of
-    each in turn (rotating which goes first). CPU of the koordlets and the proxy over the whole run, their idle
+    each in turn (in a shuffled order). CPU of the koordlets and the proxy over the whole run, their idle
     CPU subtracted, per pod of their mode."""
     modes = MODES + ((BASE_MODE,) if base_tree else ())
     clients = {mode: CriClient(runtimes[mode].socket) for mode in modes}  # straight on each containerd
@@ -305,10 +307,10 @@ def pod_starts(runtimes: dict[str, NriContainerd], state: Path, rounds: int, per
         idle = idle_rate(processes)
         before = {name: cpu_seconds(p) for name, p in processes.items()}
         began = time.monotonic()
-        for round_index in range(rounds):
-            for turn in range(per_round):
-                shift = (round_index * per_round + turn) % len(modes)
-                for mode in modes[shift:] + modes[:shift]:
+        order = random.Random(7)  # each turn's order: no mode always follows the same other
+        for _ in range(rounds):
+            for _ in range(per_round):
+                for mode in order.sample(modes, len(modes)):
                     samples[mode] += start_pods(factories[mode], 1)
             check_hooked(behind_proxy, factories)
             remove_all(factories, behind_proxy)
