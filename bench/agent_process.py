@@ -24,6 +24,7 @@ times each per count, in alternating order, and prints each one's runs and media
 the pod-resources proxy and Terway's QoS files in the run's dir, ``-enable-resctrl-collector``, and a NodeSLO
 asking for Terway's network QoS (so the tc manager leaves the host's uplink alone); ``--gates both`` measures
 the default gates and every gate interleaved on the same pods (with ``--before``: both trees, both ways).
+``--log-v both`` measures klog's ``-v=0`` and ``-v=4`` (what Koordinator's chart passes) the same way.
 """
 
 from __future__ import annotations
@@ -118,9 +119,9 @@ def all_gates_args(run: Path) -> list[str]:
 
 
 def measure(socket_path: str, count: int, seconds: float, workdir: Path, repo: Path = REPO,
-            all_gates: bool = False) -> Result:
+            all_gates: bool = False, verbosity: int = 0) -> Result:
     """The koordlet of ``repo`` (this tree by default) with ``count`` pods, in a fresh dir under ``workdir``;
-    ``all_gates``: with every feature gate on."""
+    ``all_gates``: with every feature gate on; ``verbosity``: klog's -v (Koordinator's chart passes 4)."""
     run = Path(tempfile.mkdtemp(prefix=f"koordlet-{count}-", dir=workdir))
     (run / "hooks").mkdir(parents=True)
     (run / "sysfs").mkdir()
@@ -135,6 +136,7 @@ def measure(socket_path: str, count: int, seconds: float, workdir: Path, repo: P
         f"-runtime-hooks-config-path={run / 'hooks'}", f"-runtime-hooks-addr={run / 'koordlet.sock'}",
         f"-runtime-hooks-host-endpoint={run / 'koordlet.sock'}",
         *(all_gates_args(run) if all_gates else []),
+        *([f"-v={verbosity}"] if verbosity else []),
     ]
     if "prediction-checkpoint-filepath" in (repo / "koordlet/config.py").read_text():
         # a tree with the peak predictor and the system config record: theirs in the run dir
@@ -169,14 +171,16 @@ def measure(socket_path: str, count: int, seconds: float, workdir: Path, repo: P
 
 def _interleaved(socket_path: str, count: int, args: argparse.Namespace, workdir: Path) -> dict[str, list[Result]]:
     gates = {"default": (False,), "all": (True,), "both": (False, True)}[args.gates]
+    levels = {"0": (0,), "4": (4,), "both": (0, 4)}[args.log_v]
     sources = [("before", Path(args.before).resolve()), ("after", REPO)] if args.before else [("", REPO)]
-    # Named by tree (with --before), by gates (with --gates both), or both: "before/all".
-    trees = [("/".join(n for n in (source, ("all" if all_gates else "default") if len(gates) > 1 else "") if n),
-              tree, all_gates) for all_gates in gates for source, tree in sources]
-    runs: dict[str, list[Result]] = {name: [] for name, _, _ in trees}
+    # Named by tree (with --before), by gates (with --gates both), by -v (with --log-v both): "before/all/v4".
+    trees = [("/".join(n for n in (source, ("all" if all_gates else "default") if len(gates) > 1 else "",
+                                   f"v{level}" if len(levels) > 1 else "") if n),
+              tree, all_gates, level) for level in levels for all_gates in gates for source, tree in sources]
+    runs: dict[str, list[Result]] = {name: [] for name, _, _, _ in trees}
     for round_ in range(args.rounds):
-        for name, tree, all_gates in trees if round_ % 2 == 0 else trees[::-1]:
-            result = measure(socket_path, count, args.seconds, workdir, tree, all_gates)
+        for name, tree, all_gates, level in trees if round_ % 2 == 0 else trees[::-1]:
+            result = measure(socket_path, count, args.seconds, workdir, tree, all_gates, level)
             runs[name].append(result)
             if not args.json:
                 print(f"# {count} pods, {name}: {result.rss_mib:.1f} MiB, {result.cpu_pct:.2f} %", file=sys.stderr)
@@ -194,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="every feature gate on")
     parser.add_argument("--gates", choices=("default", "all", "both"), dest="gates",
                         help="default gates, every gate, or both interleaved")
+    parser.add_argument("--log-v", choices=("0", "4", "both"), default="0",
+                        help="klog's -v of the koordlet (Koordinator's chart: 4), or 0 and 4 interleaved")
     args = parser.parse_args(argv)
     counts = sorted(int(c) for c in args.counts.split(","))
     if os.geteuid() != 0:
@@ -218,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"# {count} pods up ({count - made} made in {time.monotonic() - started:.0f} s)",
                           file=sys.stderr)
                 made = count
-                if args.before is None and args.gates != "both":
-                    results[count] = measure(socket_path, count, args.seconds, Path(tmp), all_gates=args.gates == "all")
+                if args.before is None and args.gates != "both" and args.log_v != "both":
+                    results[count] = measure(socket_path, count, args.seconds, Path(tmp), all_gates=args.gates == "all",
+                                             verbosity=int(args.log_v))
                 else:
                     compared[count] = _interleaved(socket_path, count, args, Path(tmp))
         finally:

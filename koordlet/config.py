@@ -23,19 +23,23 @@ must pass ``-addr=0.0.0.0:9316``), ``-kubelet-cgroup-root`` (kubelet's ``--cgrou
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from koordlet import features
+from koordlet import compatflags, features, goflag, logs
 
 ENV_NODE_NAME = "NODE_NAME"
 ENV_AGENT_MODE = "agent_mode"
 ENV_KUBECONFIG = "KUBECONFIG"
 HOST_MODE = "hostMode"
+
+
+# Go's flag types (koordlet/goflag.py): each flag parses as the Go type Koordinator declares it with.
+_STR, _STRINGS, _INT, _UINT, _FLOAT, _DURATION = (goflag.STRING, goflag.STRING_LIST, goflag.INT, goflag.UINT,
+                                                   goflag.FLOAT64, goflag.DURATION)
 
 
 class ConfigError(ValueError):
@@ -197,8 +201,6 @@ class KoordletConfig:
     create_node_metric: bool
     addr: str
     metrics_bind_host: str
-    kube_api_qps: float
-    kube_api_burst: int
     # our own
     kubeconfig: str
     local_mode: bool
@@ -207,6 +209,9 @@ class KoordletConfig:
     report_dir: str
     stop_timeout_s: float
     feature_gates: Mapping[str, bool] = field(default_factory=lambda: DEFAULT_FEATURE_GATES)
+    logging: logs.LogOptions = field(default_factory=logs.LogOptions)  # klog's flags and -logging-format
+    unused_flags: tuple[str, ...] = ()  # flags given that Koordinator's koordlet has and we do not act on
+    ignored_args: tuple[str, ...] = ()  # what followed the first non-flag argument (Go's flag.Args(): unread)
     netqos_uplink: str = ""  # TCNetworkQoS: the shaped interface; "" = the default route's
     system_config_record_file: str = ""  # SystemConfig: the sysctl values found before koordlet's writes
     # the peak predictor (Koordinator's -prediction-* flags)
@@ -227,6 +232,7 @@ class KoordletConfig:
     audit_max_events_limit: int = 2048
     # collectors of the Alpha gates (docs/koordinator.md §7.1)
     cpi_collector_interval_s: float = 60.0
+    collect_node_cpu_info_interval_s: float = 60.0
     collect_cpi_timewindow_s: float = 10.0
     coldpage_collector_interval_s: float = 5.0
     resctrl_collector_interval_s: float = 10.0
@@ -265,28 +271,10 @@ class KoordletConfig:
 
     @property
     def metrics_host(self) -> str:
-        """The host of ``-addr`` when it names one, else ``-metrics-bind-host``."""
+        """The host of ``-addr`` when it names one, else ``-metrics-bind-host``, else every address (``:9316``
+        binds all of them in Go, and Prometheus scrapes Koordinator's koordlet at the node's address)."""
         host, _, _ = self.addr.rpartition(":")
-        return host.strip("[]") or self.metrics_bind_host
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(message)
-
-
-def _typed(convert: Callable[[str], object]) -> Callable[[str], object]:
-    """An argparse ``type``: our ConfigError and ValueError become argparse's error naming the flag."""
-
-    def parse(text: str) -> object:
-        try:
-            return convert(text)
-        except ConfigError as err:
-            raise argparse.ArgumentTypeError(str(err)) from err
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}") from err
-
-    return parse
+        return host.strip("[]") or self.metrics_bind_host or "0.0.0.0"  # noqa: S104 (docs/koordinator.md)
 
 
 def _policy(text: str) -> str:
@@ -311,17 +299,15 @@ def _nri_plugin_index(text: str) -> str:
     return text
 
 
-def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
-    parser = _Parser(prog="koordlet", allow_abbrev=False, add_help=False, description="koordlet-py node agent")
-    parser.add_argument("-h", "-help", "--help", action="help", help="show this help and exit")
+def _build_parser(host_mode: bool, kubeconfig: str = "") -> goflag.FlagSet:
+    flags = goflag.FlagSet("koordlet")
 
-    def flag(name: str, convert: Callable[[str], object], default: object, help_text: str) -> None:
-        parser.add_argument(f"-{name}", f"--{name}", dest=name.replace("-", "_"), type=_typed(convert),
-                            default=default, help=help_text)
+    def flag(name: str, kind: goflag.Kind | Callable[[str], object], default: object, help_text: str) -> None:
+        flags.add(name, kind if isinstance(kind, goflag.Kind) else goflag.value_kind("string", kind), default,
+                  help_text)
 
     def switch(name: str, default: bool, help_text: str) -> None:
-        parser.add_argument(f"-{name}", f"--{name}", dest=name.replace("-", "_"), type=_typed(parse_bool),
-                            nargs="?", const=True, default=default, help=help_text)
+        flags.add(name, goflag.BOOL, default, help_text)
 
     def path(host: str, daemonset: str) -> str:
         return host if host_mode else daemonset
@@ -329,101 +315,110 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> _Parser:
     _host_and_kubelet_flags(flag, switch, path)
     _collection_qos_and_hook_flags(flag, switch, path)
     _nri_flags(flag, switch)
-    _prediction_and_system_config_flags(flag)
+    _prediction_and_system_config_flags(flag, path)
     _observability_flags(flag, switch, path)
     _report_api_and_mode_flags(flag, switch, kubeconfig)
     _parity_flags(flag, switch)
-    return parser
+    logs.add_flags(flags)
+    compatflags.add_flags(flags)
+    return flags
 
 
 # What _build_parser hands its flag groups: flag(name, convert, default, help), switch(name, default, help), and
 # path(host default, DaemonSet default).
-_AddFlag = Callable[[str, Callable[[str], object], object, str], None]
+_AddFlag = Callable[[str, "goflag.Kind | Callable[[str], object]", object, str], None]
 _AddSwitch = Callable[[str, bool, str], None]
 _ModePath = Callable[[str, str], str]
 
 
 def _host_and_kubelet_flags(flag: _AddFlag, switch: _AddSwitch, path: _ModePath) -> None:
-    flag("cgroup-root-dir", str, path("/sys/fs/cgroup/", "/host-cgroup/"), "root of the cgroup hierarchies")
-    flag("proc-root-dir", str, "/proc/", "procfs root")
-    flag("sys-root-dir", str, path("/sys/", "/host-sys/"), "sysfs root")
-    flag("sys-fs-root-dir", str, path("/sys/fs/", "/host-sys-fs/"), "resctrl lives at <this>/resctrl")
-    flag("var-run-root-dir", str, path("/var/run/", "/host-var-run/"), "host /var/run")
-    flag("run-root-dir", str, path("/run/", "/host-run/"), "host /run")
-    flag("var-lib-kubelet-dir", str, "/var/lib/kubelet/",
+    flag("cgroup-root-dir", _STR, path("/sys/fs/cgroup/", "/host-cgroup/"), "root of the cgroup hierarchies")
+    flag("proc-root-dir", _STR, "/proc/", "procfs root")
+    flag("sys-root-dir", _STR, path("/sys/", "/host-sys/"), "sysfs root")
+    flag("sys-fs-root-dir", _STR, path("/sys/fs/", "/host-sys-fs/"), "resctrl lives at <this>/resctrl")
+    flag("var-run-root-dir", _STR, path("/var/run/", "/host-var-run/"), "host /var/run")
+    flag("run-root-dir", _STR, path("/run/", "/host-run/"), "host /run")
+    flag("var-lib-kubelet-dir", _STR, "/var/lib/kubelet/",
          "kubelet state dir (the GPU device plugin serves in <this>/device-plugins/)")
-    flag("kubelet-cgroup-root", str, "/", "kubelet --cgroup-root (pods live under <this>/kubepods)")
-    flag("containerd-endpoint", str, "", "containerd socket (eviction kill path)")
-    flag("default-runtime-type", str, "containerd", "runtime of bare container ids")
-    flag("kubelet-preferred-address-type", str, "InternalIP", "node address type used to reach kubelet")
-    flag("kubelet-sync-interval", parse_duration, 10.0, "kubelet /pods poll period")
-    flag("kubelet-sync-timeout", parse_duration, 3.0, "kubelet /pods request timeout")
+    flag("kubelet-cgroup-root", _STR, "/", "kubelet --cgroup-root (pods live under <this>/kubepods)")
+    flag("containerd-endpoint", _STR, "", "containerd socket (eviction kill path)")
+    flag("default-runtime-type", _STR, "containerd", "runtime of bare container ids")
+    flag("kubelet-preferred-address-type", _STR, "InternalIP", "node address type used to reach kubelet")
+    flag("kubelet-sync-interval", _DURATION, 10.0, "kubelet /pods poll period")
+    flag("kubelet-sync-timeout", _DURATION, 3.0, "kubelet /pods request timeout")
     switch("kubelet-insecure-tls", False, "HTTP on the read-only port instead of HTTPS")
-    flag("kubelet-read-only-port", int, 10255, "kubelet read-only port")
-    flag("kubelet-port", int, 0, "kubelet HTTPS port (0: the node's daemonEndpoints, else 10250)")
-    flag("kubelet-token-file", str, "/var/run/secrets/kubernetes.io/serviceaccount/token", "bearer token file")
-    flag("kubelet-client-cert", str, "", "client certificate for kubelet (instead of a token)")
-    flag("kubelet-client-key", str, "", "client key for kubelet")
+    flag("kubelet-read-only-port", _UINT, 10255, "kubelet read-only port")
+    flag("kubelet-port", _INT, 0, "kubelet HTTPS port (0: the node's daemonEndpoints, else 10250)")
+    flag("kubelet-token-file", _STR, "/var/run/secrets/kubernetes.io/serviceaccount/token", "bearer token file")
+    flag("kubelet-client-cert", _STR, "", "client certificate for kubelet (instead of a token)")
+    flag("kubelet-client-key", _STR, "", "client key for kubelet")
     switch("disable-query-kubelet-config", False, "do not read kubelet /configz")
-    flag("kubelet-config-file", str, "",
+    flag("kubelet-config-file", _STR, "",
          "kubelet's KubeletConfiguration file: CPU manager policy options and reservedSystemCPUs (optional)")
 
 
 def _collection_qos_and_hook_flags(flag: _AddFlag, switch: _AddSwitch, path: _ModePath) -> None:
-    flag("node-topology-sync-interval", parse_duration, 3.0, "Device (and topology) report period")
-    flag("node-topology-min-update-interval", parse_duration, 10.0,
+    flag("node-topology-sync-interval", _DURATION, 3.0, "Device (and topology) report period")
+    flag("node-topology-min-update-interval", _DURATION, 10.0,
          "NodeResourceTopology: least time between two updates of the object")
-    flag("collect-res-used-interval", parse_duration, 1.0, "node/pod usage collection period")
-    flag("psi-collector-interval", parse_duration, 10.0, "PSI collection period")
+    flag("collect-res-used-interval", _DURATION, 1.0, "node/pod usage collection period")
+    flag("psi-collector-interval", _DURATION, 10.0, "PSI collection period")
+    flag("collect-node-cpu-info-interval", _DURATION, 60.0,
+         "period of the node info collector (CPU topology and NUMA nodes into the metric cache)")
     switch("enable-pagecache-collector", False, "also collect usage with page cache")
-    flag("reconcile-interval-seconds", int, 1, "cpu burst / cgroup reconcile period")
-    flag("cpu-suppress-interval-seconds", int, 1, "cpu suppress period")
-    flag("cpu-evict-interval-seconds", int, 1, "cpu evict period")
-    flag("memory-evict-interval-seconds", int, 1, "memory evict period")
-    flag("memory-evict-cool-time-seconds", int, 4, "memory evict cool-down")
-    flag("cpu-evict-cool-time-seconds", int, 20, "cpu evict cool-down")
+    flag("reconcile-interval-seconds", _INT, 1, "cpu burst / cgroup reconcile period")
+    flag("cpu-suppress-interval-seconds", _INT, 1, "cpu suppress period")
+    flag("cpu-evict-interval-seconds", _INT, 1, "cpu evict period")
+    flag("memory-evict-interval-seconds", _INT, 1, "memory evict period")
+    flag("memory-evict-cool-time-seconds", _INT, 4, "memory evict cool-down")
+    flag("cpu-evict-cool-time-seconds", _INT, 20, "cpu evict cool-down")
     switch("only-evict-by-api", False, "never fall back to killing through the CRI")
-    flag("resource-force-update-seconds", int, 60, "rewrite an unchanged cgroup value after this long")
-    flag("runtime-hooks-network", str, "unix", "hook server network")
-    flag("runtime-hooks-addr", str, path("/var/run/koordlet/koordlet.sock", "/host-var-run-koordlet/koordlet.sock"),
+    flag("resource-force-update-seconds", _INT, 60, "rewrite an unchanged cgroup value after this long")
+    flag("runtime-hooks-network", _STR, "unix", "hook server network")
+    flag("runtime-hooks-addr", _STR, path("/var/run/koordlet/koordlet.sock", "/host-var-run-koordlet/koordlet.sock"),
          "hook server socket (as koordlet sees it)")
-    flag("runtime-hooks-host-endpoint", str, "/var/run/koordlet/koordlet.sock", "hook server socket (on the host)")
+    flag("runtime-hooks-host-endpoint", _STR, "/var/run/koordlet/koordlet.sock", "hook server socket (on the host)")
     flag("runtime-hooks-failure-policy", _policy, "Ignore", "failure policy written in the registration")
     flag("runtime-hooks-plugin-failure-policy", _policy, "Ignore", "what a failing plugin does to a hook call")
-    flag("runtime-hooks-config-path", str, path("/etc/runtime/hookserver.d", "/host-etc-hookserver/"),
+    flag("runtime-hooks-config-path", _STR, path("/etc/runtime/hookserver.d", "/host-etc-hookserver/"),
          "hookserver.d dir for the registration file")
-    flag("runtime-hooks-disable-stages", str, "", "comma-separated hook stages to disable")
-    flag("runtime-hooks-reconcile-interval", parse_duration, 10.0, "reconciler period")
+    flag("runtime-hooks-disable-stages", _STRINGS, (),
+         "hook stages to disable (repeat the flag, or separate them with commas)")
+    flag("runtime-hooks-reconcile-interval", _DURATION, 10.0, "reconciler period")
 
 
 def _nri_flags(flag: _AddFlag, switch: _AddSwitch) -> None:
     switch("enable-nri-runtime-hook", True, "register as an NRI plugin of the container runtime (containerd >= 1.7)")
-    flag("runtime-hooks-nri-socket-path", str, "nri/nri.sock", "the runtime's NRI socket, under -var-run-root-dir")
+    flag("runtime-hooks-nri-socket-path", _STR, "nri/nri.sock", "the runtime's NRI socket, under -var-run-root-dir")
     flag("runtime-hooks-nri-plugin-name", _nri_plugin_name, "koordlet_nri", "NRI plugin name")
     flag("runtime-hooks-nri-plugin-index", _nri_plugin_index, "00",
          "NRI plugin index: two digits, plugins are called in index order")
-    flag("runtime-hooks-nri-connect-timeout", parse_duration, 6.0,
+    flag("runtime-hooks-nri-connect-timeout", _DURATION, 6.0,
          "bound on one registration (connect, register, configure, synchronize); above containerd's 5 s")
-    flag("runtime-hooks-nri-backoff-duration", parse_duration, 1.0, "wait after the first failed NRI registration")
-    flag("runtime-hooks-nri-backoff-factor", float, 2.0, "growth of the wait after each further failure")
-    flag("runtime-hooks-nri-backoff-steps", int, 2**31 - 1, "how many times the wait grows")
-    flag("runtime-hooks-nri-backoff-cap", parse_duration, 30.0,
+    flag("runtime-hooks-nri-backoff-duration", _DURATION, 1.0, "wait after the first failed NRI registration")
+    flag("runtime-hooks-nri-backoff-factor", _FLOAT, 2.0, "growth of the wait after each further failure")
+    flag("runtime-hooks-nri-backoff-steps", _INT, 2**31 - 1, "how many times the wait grows")
+    flag("runtime-hooks-nri-backoff-cap", _DURATION, 30.0,
          "longest wait between NRI registration attempts (Koordinator: unbounded)")
 
 
-def _prediction_and_system_config_flags(flag: _AddFlag) -> None:
-    flag("prediction-checkpoint-filepath", str, "/var/run/koordlet/prediction-checkpoints",
+def _prediction_and_system_config_flags(flag: _AddFlag, path: _ModePath) -> None:
+    # DaemonSet mode: Koordinator's chart mounts the host's checkpoint dir at /prediction-checkpoints (its default)
+    # and the host's /var/run/koordlet at /host-var-run-koordlet/: our own state that must outlive the pod goes there.
+    flag("prediction-checkpoint-filepath", _STR,
+         path("/var/run/koordlet/prediction-checkpoints", "/prediction-checkpoints"),
          "directory of the peak predictor's checkpoints (restored at start)")
-    flag("prediction-cold-start-duration", parse_duration, 24 * 3600.0,
+    flag("prediction-cold-start-duration", _DURATION, 24 * 3600.0,
          "a pod this young is not predicted: its request counts into the prod peak")
-    flag("prediction-safety-margin-percent", int, 10, "margin added to the predicted peaks")
-    flag("prediction-memory-histogram-decay-halflife", parse_duration, 24 * 3600.0, "memory histograms' half-life")
-    flag("prediction-cpu-histogram-decay-halflife", parse_duration, 12 * 3600.0, "CPU histograms' half-life")
-    flag("prediction-training-interval", parse_duration, 60.0, "one sample per model this often (the p90 over it)")
-    flag("prediction-model-expiration-duration", parse_duration, 1800.0, "a model not updated this long goes")
-    flag("prediction-model-checkpoint-interval", parse_duration, 600.0, "a model is saved at most this often")
-    flag("prediction-model-checkpoint-max-per-step", int, 12, "models saved per minute at most")
-    flag("system-config-record-file", str, "/var/run/koordlet/system-config-originals.json",
+    flag("prediction-safety-margin-percent", _INT, 10, "margin added to the predicted peaks")
+    flag("prediction-memory-histogram-decay-halflife", _DURATION, 24 * 3600.0, "memory histograms' half-life")
+    flag("prediction-cpu-histogram-decay-halflife", _DURATION, 12 * 3600.0, "CPU histograms' half-life")
+    flag("prediction-training-interval", _DURATION, 60.0, "one sample per model this often (the p90 over it)")
+    flag("prediction-model-expiration-duration", _DURATION, 1800.0, "a model not updated this long goes")
+    flag("prediction-model-checkpoint-interval", _DURATION, 600.0, "a model is saved at most this often")
+    flag("prediction-model-checkpoint-max-per-step", _INT, 12, "models saved per minute at most")
+    flag("system-config-record-file", _STR,
+         path("/var/run/koordlet/system-config-originals.json", "/host-var-run-koordlet/system-config-originals.json"),
          "SystemConfig: where the sysctl values found before koordlet's first writes are kept (put back when "
          "the strategy or its gate goes off); the records of the resctrl groups, blkio lines and host dirs koordlet "
          "made are kept beside it; empty: memory only")
@@ -431,61 +426,67 @@ def _prediction_and_system_config_flags(flag: _AddFlag) -> None:
 
 def _report_api_and_mode_flags(flag: _AddFlag, switch: _AddSwitch, kubeconfig: str) -> None:
     switch("enable-node-metric-report", True, "report NodeMetric status")
-    flag("report-interval", parse_duration, 60.0, "NodeMetric report period when its spec does not set one")
+    flag("report-interval", _DURATION, 60.0, "NodeMetric report period when its spec does not set one")
     switch("create-node-metric", False, "create the NodeMetric object when it is missing")
-    flag("addr", str, ":9316", "metrics address")
-    flag("metrics-bind-host", str, "127.0.0.1", "host to bind when -addr names none")
-    flag("kube-api-qps", float, 20.0, "API client QPS")
-    flag("kube-api-burst", int, 30, "API client burst")
-    flag("kubeconfig", str, kubeconfig, "kubeconfig (default: $KUBECONFIG, else in-cluster)")
+    flag("addr", _STR, ":9316", "metrics address")
+    flag("metrics-bind-host", _STR, "", "host to bind when -addr names none (empty: every address, as Go)")
+    flag("kubeconfig", _STR, kubeconfig, "kubeconfig (default: $KUBECONFIG, else in-cluster)")
     switch("local-mode", False, "no API server: NodeSLO from a file, pods from the CRI, reports as files")
-    flag("node-slo-file", str, "/etc/koordlet/nodeslo.yaml", "NodeSLO spec file (local mode)")
-    flag("cri-endpoint", str, "/var/run/containerd/containerd.sock", "CRI socket for the CRI pod source")
-    flag("report-dir", str, "/var/lib/koordlet/reports", "where local mode writes NodeMetric/Device")
-    flag("stop-timeout", parse_duration, 10.0, "bound on a graceful stop")
-    flag("feature-gates", str, "", "Name=bool,... (docs/koordinator.md §9.2)")
-    flag("netqos-uplink", str, "", "interface that TCNetworkQoS shapes (default: that of the default route)")
+    flag("node-slo-file", _STR, "/etc/koordlet/nodeslo.yaml", "NodeSLO spec file (local mode)")
+    flag("cri-endpoint", _STR, "/var/run/containerd/containerd.sock", "CRI socket for the CRI pod source")
+    flag("report-dir", _STR, "/var/lib/koordlet/reports", "where local mode writes NodeMetric/Device")
+    flag("stop-timeout", _DURATION, 10.0, "bound on a graceful stop")
+    flag("feature-gates", _MAP_STRING_BOOL_TEXT, (), "Name=bool,... (docs/koordinator.md §9.2)")
+    flag("netqos-uplink", _STR, "", "interface that TCNetworkQoS shapes (default: that of the default route)")
 
 
 def _observability_flags(flag: _AddFlag, switch: _AddSwitch, path: _ModePath) -> None:
-    flag("audit-log-dir", str, "/var/log/koordlet", "audit log dir (gate AuditEvents)")
-    flag("audit-verbose", int, 3, "audit events above this level are not written (0: all)")
-    flag("audit-max-disk-space-mb", int, 16, "disk space of all audit files together")
-    flag("audit-max-concurrent-readers", int, 4, "readings of /events kept at once")
-    flag("audit-max-events-limit", int, 2048, "most events one /events page may ask for")
-    flag("cpi-collector-interval", parse_duration, 60.0, "CPI collection period (gate CPICollector)")
-    flag("collect-cpi-timewindow", parse_duration, 10.0, "how long one CPI collection counts")
-    flag("coldpage-collector-interval", parse_duration, 5.0, "cold page collection period (gate ColdPageCollector)")
-    flag("resctrl-collector-interval", parse_duration, 10.0, "resctrl monitoring period (gate ResctrlCollector)")
+    flag("audit-log-dir", _STR, "/var/log/koordlet", "audit log dir (gate AuditEvents)")
+    flag("audit-verbose", _INT, 3, "audit events above this level are not written (0: all)")
+    flag("audit-max-disk-space-mb", _INT, 16, "disk space of all audit files together")
+    flag("audit-max-concurrent-readers", _INT, 4, "readings of /events kept at once")
+    flag("audit-max-events-limit", _INT, 2048, "most events one /events page may ask for")
+    flag("cpi-collector-interval", _DURATION, 60.0, "CPI collection period (gate CPICollector)")
+    flag("collect-cpi-timewindow", _DURATION, 10.0, "how long one CPI collection counts")
+    flag("coldpage-collector-interval", _DURATION, 5.0, "cold page collection period (gate ColdPageCollector)")
+    flag("resctrl-collector-interval", _DURATION, 10.0, "resctrl monitoring period (gate ResctrlCollector)")
     switch("enable-resctrl-collector", False, "collect LLC occupancy and memory bandwidth of the QoS resctrl groups")
-    flag("pod-resources-proxy-path", str, "/var/run/koordlet/pod-resources",
+    flag("pod-resources-proxy-path", _STR, "/var/run/koordlet/pod-resources",
          "dir of the pod-resources proxy socket kubelet.sock (gate PodResourcesProxy)")
-    flag("hami-core-library-directory-path", str, "/usr/local/vgpu/libvgpu.so", "HAMi-core's libvgpu.so on the node")
-    flag("terway-qos-dir", str, path("/var/lib/terway/qos", "/host-var-lib/terway/qos"),
+    flag("hami-core-library-directory-path", _STR, "/usr/local/vgpu/libvgpu.so", "HAMi-core's libvgpu.so on the node")
+    flag("terway-qos-dir", _STR, path("/var/lib/terway/qos", "/host-var-lib/terway/qos"),
          "where Terway's QoS reads pod.json and global_bps_config (gate TerwayQoS)")
 
 
 def parse_map_string_bool(text: str) -> dict[str, bool]:
-    """k8s.io/component-base's MapStringBool: ``key=bool`` pairs separated by commas (``-qos-extension-plugins``)."""
+    """k8s.io/component-base's MapStringBool.Set: ``key=bool`` pairs separated by commas, each value read by
+    strconv.ParseBool (``-qos-extension-plugins``; the flag may be given again, its pairs merge)."""
     pairs: dict[str, bool] = {}
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"malformed pair {item!r}, expect string=bool")
+        if not sep:
+            raise ConfigError("malformed pair, expect string=bool")
         try:
-            pairs[key.strip()] = parse_bool(value)
-        except ConfigError as err:
-            raise ConfigError(f"invalid value of {key.strip()}: {value.strip()!r}") from err
+            pairs[key.strip()] = goflag.parse_go_bool(value.strip())
+        except ValueError as err:  # Go's text
+            raise ConfigError(f"invalid value of {key.strip()}: {value.strip()}, err: strconv.ParseBool: parsing "
+                              f"{goflag.go_quote(value.strip())}: invalid syntax") from err
     return pairs
+
+
+_MAP_STRING_BOOL = goflag.value_kind("mapStringBool", parse_map_string_bool, accumulate=True)
+# The same check, keeping the text as given (-feature-gates: parse_feature_gates reads the joined texts).
+_MAP_STRING_BOOL_TEXT = goflag.value_kind("mapStringBool", lambda text: (parse_map_string_bool(text), text)[1],
+                                          accumulate=True)
 
 
 def _parity_flags(flag: _AddFlag, switch: _AddSwitch) -> None:
     """Koordinator v1.8's flags for XPU devices, the cpuset hook's quota, pod task ids and out-of-tree QoS plugins
     (issue 35, part 4; facts: Koordinator v1.8.0 util/system/config.go, statesinformer/impl/config.go,
     runtimehooks/config.go, qosmanager/framework/extension.go)."""
-    flag("xpu-device-infos-dir", str, "/var/run/koordlet/xpu-device-infos/",
+    flag("xpu-device-infos-dir", _STR, "/var/run/koordlet/xpu-device-infos/",
          "dir of the device-info JSON files a device daemon writes for NPUs, MLUs and other accelerators "
          "(gate Accelerators; koordlet/metricsadvisor/xpu.py)")
     switch("xpu-enforce-collect-from-device-infos", False,
@@ -495,20 +496,30 @@ def _parity_flags(flag: _AddFlag, switch: _AddSwitch) -> None:
     switch("enable-pod-taskids", False,
            "the states informer reads the thread ids of each container and sandbox at every pod sync; the resctrl "
            "reconciler moves those threads into the pod's group")
-    flag("qos-extension-plugins", parse_map_string_bool, {},
+    flag("qos-extension-plugins", _MAP_STRING_BOOL, {},
          "Name=bool,...: turn out-of-tree QoS strategies and hook plugins (Python entry points "
          "koordlet.qos_strategies, koordlet.hook_plugins) on or off; off by default")
 
 
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletConfig:
     """The configuration from command line and environment; raises ConfigError with a clear message."""
-    parser = _build_parser(environ.get(ENV_AGENT_MODE) == HOST_MODE, environ.get(ENV_KUBECONFIG, ""))
-    args = vars(parser.parse_args(list(argv)))  # before the NODE_NAME check, so that -help always answers
+    flags = _build_parser(environ.get(ENV_AGENT_MODE) == HOST_MODE, environ.get(ENV_KUBECONFIG, ""))
+    try:  # before the NODE_NAME check, so that -help always answers
+        parsed = flags.parse(argv)
+    except goflag.HelpRequested:
+        print(flags.usage(), end="")
+        raise SystemExit(0) from None
+    except goflag.GoFlagError as err:
+        raise ConfigError(str(err)) from err
+    args = parsed.values
     node_name = environ.get(ENV_NODE_NAME, "").strip()
     if not node_name:
         raise ConfigError(f"environment variable {ENV_NODE_NAME} must name this node")
-    gates = parse_feature_gates(args.pop("feature_gates"))
-    stages = tuple(s.strip() for s in args.pop("runtime_hooks_disable_stages").split(",") if s.strip())
+    gates = parse_feature_gates(",".join(args.pop("feature_gates")))  # type: ignore[arg-type]
+    stages = tuple(s.strip() for value in args.pop("runtime_hooks_disable_stages")  # type: ignore[attr-defined]
+                   for s in value.split(",") if s.strip())
+    log_options = logs.options_from_flags(args)
+    unused = compatflags.unused_given(args, parsed.given)
     renamed = {
         "kubelet_sync_interval": "kubelet_sync_interval_s",
         "kubelet_sync_timeout": "kubelet_sync_timeout_s",
@@ -516,6 +527,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
         "node_topology_min_update_interval": "node_topology_min_update_interval_s",
         "collect_res_used_interval": "collect_res_used_interval_s",
         "psi_collector_interval": "psi_collector_interval_s",
+        "collect_node_cpu_info_interval": "collect_node_cpu_info_interval_s",
         "runtime_hooks_reconcile_interval": "runtime_hooks_reconcile_interval_s",
         "runtime_hooks_nri_connect_timeout": "runtime_hooks_nri_connect_timeout_s",
         "runtime_hooks_nri_backoff_duration": "runtime_hooks_nri_backoff_duration_s",
@@ -532,9 +544,13 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
         "resctrl_collector_interval": "resctrl_collector_interval_s",
     }
     values = {renamed.get(name, name): value for name, value in args.items()}
-    values["qos_extension_plugins"] = MappingProxyType(dict(values["qos_extension_plugins"]))
+    plugins: dict[str, bool] = {}
+    for pairs in values["qos_extension_plugins"]:  # type: ignore[attr-defined]
+        plugins.update(pairs)
+    values["qos_extension_plugins"] = MappingProxyType(plugins)
     config = KoordletConfig(node_name=node_name, feature_gates=MappingProxyType(gates),
-                            runtime_hooks_disable_stages=stages, **values)
+                            runtime_hooks_disable_stages=stages, logging=log_options, unused_flags=unused,
+                            ignored_args=tuple(parsed.rest), **values)
     _check(config)
     return config
 
@@ -545,6 +561,7 @@ _POSITIVE_DURATIONS = (
     "report_interval_s", "stop_timeout_s", "runtime_hooks_reconcile_interval_s",
     "runtime_hooks_nri_connect_timeout_s", "runtime_hooks_nri_backoff_duration_s", "runtime_hooks_nri_backoff_cap_s",
     "cpi_collector_interval_s", "collect_cpi_timewindow_s", "coldpage_collector_interval_s",
+    "collect_node_cpu_info_interval_s",
     "resctrl_collector_interval_s", "prediction_training_interval_s", "prediction_cpu_histogram_decay_halflife_s",
     "prediction_memory_histogram_decay_halflife_s",
 )

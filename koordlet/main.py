@@ -4,7 +4,8 @@ The order is docs/koordinator.md §1.2.
 
 Start: metrics HTTP server (``/healthz`` is 503 until the start is complete, then checks the parts' loops,
 koordlet.health; ``/readyz`` is 200 once started and synced) → executor → metric cache →
-states informer (its node and NodeSLO sources first; waits until synced, bounded; PLEG) → GPU service →
+states informer (its node and NodeSLO sources first; then the NRI plugin, which needs no pod list; then the
+wait until synced, bounded; PLEG) → GPU service →
 GPU device plugin (with the GPU service) → metrics advisor → predict server → qos manager → runtime hooks →
 network QoS → reporters. SIGTERM/SIGINT stop everything in reverse order, each part with its share of what is left of
 ``-stop-timeout`` (so the whole stop stays within it); the process exits 0 after a clean stop.
@@ -42,7 +43,7 @@ import kubernetes.client
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import load_incluster_config
 
-from koordlet import audit, features
+from koordlet import audit, features, logs
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
@@ -88,7 +89,13 @@ from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupFS, detect_cgroup_driver
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.roots import HostDirs
-from koordlet.system.sysfs import NUMAMemInfoFiles, read_node_hugepages, read_node_topology, read_online_cpus
+from koordlet.system.sysfs import (
+    NUMAMemInfoFiles,
+    SysfsError,
+    read_node_hugepages,
+    read_node_topology,
+    read_online_cpus,
+)
 
 if TYPE_CHECKING:
     from koordlet.extensions import Extensions
@@ -366,6 +373,15 @@ def _gpu_service(ctx: AgentContext) -> Component | None:
     return _Running(gpu.stop)
 
 
+def _can_write_in(directory: str) -> bool:
+    """Whether ``directory`` (or, while it does not exist, the dir it would be made in) takes new files: access(2)
+    says no for a read-only mount (EROFS) as for missing permission."""
+    path = os.path.abspath(directory)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return os.access(path, os.W_OK)
+
+
 def _device_plugin(ctx: AgentContext) -> Component | None:
     """The kubelet device plugin for this node's GPUs (with the GPU service, so gate ``Accelerators``):
     serves in ``<-var-lib-kubelet-dir>/device-plugins/``, registers with kubelet over ``kubelet.sock`` there
@@ -378,6 +394,12 @@ def _device_plugin(ctx: AgentContext) -> Component | None:
     from koordlet.deviceplugin.server import gpu_device_plugin
 
     config = ctx.config
+    if not _can_write_in(config.device_plugin_dir):
+        logger.warning("GPU device plugin off: %s is not writable here (Koordinator's chart mounts /var/lib/kubelet "
+                       "read-only), so no plugin socket can be made there; the GPUs are still reported in the Device "
+                       "object and NodeMetric. Mount it read-write to serve nvidia.com/gpu (docs/koordinator.md)",
+                       config.device_plugin_dir)
+        return None
     core_api = CoreV1(ctx.api_client) if ctx.api_client is not None else None
     server = gpu_device_plugin(core_api, config.node_name, gpu, plugin_dir=config.device_plugin_dir,
                                dev_dir=ctx.dirs.dev_dir)
@@ -392,7 +414,8 @@ def _collectors(ctx: AgentContext) -> list[Collector]:
                                            numa_files=NUMAMemInfoFiles(ctx.dirs.sys_dir),
                                            cpu_nodes=CPUNodeMap(ctx.cache))
     collectors: list[Collector] = [
-        NodeInfoCollector(ctx.cache, ctx.dirs.sys_dir, observe=ctx.metrics.observe_node_info),
+        NodeInfoCollector(ctx.cache, ctx.dirs.sys_dir, ctx.config.collect_node_cpu_info_interval_s,
+                          observe=ctx.metrics.observe_node_info),
         node_collector,
         PodResourceCollector(pod_cgroup_source(states.pods, layout), cgroup_fs,
                              config.collect_res_used_interval_s, be_cgroup_dir=layout.qos_dir(KubeQoS.BESTEFFORT),
@@ -437,9 +460,14 @@ def _alpha_collectors(ctx: AgentContext) -> list[Collector]:
         from koordlet.metricsadvisor.cpi import CPICollector
 
         libpfm = config.gate("Libpfm4")
-        collectors.append(CPICollector(pod_cgroup_source(ctx.states.pods, ctx.layout), ctx.cgroup_fs,
-                                       read_online_cpus(dirs.sys_dir), config.cpi_collector_interval_s,
-                                       config.collect_cpi_timewindow_s, group=libpfm, libpfm=libpfm))
+        try:
+            cpus = read_online_cpus(dirs.sys_dir)
+        except SysfsError as err:  # one collector off, not the agent
+            logger.warning("CPI collector off: %s", err)
+        else:
+            collectors.append(CPICollector(pod_cgroup_source(ctx.states.pods, ctx.layout), ctx.cgroup_fs, cpus,
+                                           config.cpi_collector_interval_s, config.collect_cpi_timewindow_s,
+                                           group=libpfm, libpfm=libpfm))
     return collectors
 
 
@@ -507,10 +535,28 @@ def _nri_config(config: KoordletConfig) -> NriConfig | None:
                      fail_on_error=config.runtime_hooks_plugin_failure_policy == "Fail")
 
 
+def _nri_plugin(ctx: AgentContext) -> Component | None:
+    """The NRI plugin, registered before the states sync wait: an NRI request carries the pod's labels and
+    annotations, so it needs no pod list, and a pod created while the list is not there yet still gets its
+    values. The rest of the runtime hooks start in their place (:func:`_runtime_hooks`)."""
+    if not ctx.config.enable_nri_runtime_hook:
+        return None
+    hooks = _built_runtime_hooks(ctx)
+    hooks.start_nri()
+    return _Running(hooks.stop_nri)
+
+
 def _runtime_hooks(ctx: AgentContext) -> Component | None:
-    """The hook server (for the proxy), the NRI plugin (for containerd >= 1.7) and the reconciler."""
+    """The hook server (for the proxy), the NRI plugin (for containerd >= 1.7; started already by
+    :func:`_nri_plugin`) and the reconciler."""
+    return _built_runtime_hooks(ctx)
+
+
+def _built_runtime_hooks(ctx: AgentContext) -> RuntimeHooks:
     from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
 
+    if ctx.runtime_hooks is not None:
+        return ctx.runtime_hooks
     config = ctx.config
     hooks_config = RuntimeHooksConfig(
         socket_path=config.runtime_hooks_addr,
@@ -730,6 +776,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
         Part("CRI pod source", _cri_pod_source),
         Part("states informer", _states_informer),
         Part("audit owners", _audit_owners),
+        *([Part("NRI plugin", _nri_plugin)] if _runtime_hooks in components else []),
         Part("states sync", _states_synced),
         Part("PLEG", _pleg),
         Part("pod resources proxy", _pod_resources_proxy),
@@ -866,6 +913,17 @@ class Koordlet:
         logger.info("koordlet stopped")
 
 
+def log_command_line_notes(config: KoordletConfig) -> None:
+    """One line naming the flags given that Koordinator's koordlet has and koordlet-py does not act on
+    (koordlet/compatflags.py), and one for arguments Go's flag rules leave unread."""
+    if config.unused_flags:
+        logger.info("accepted but not used by koordlet-py (docs/configuration.md): %s",
+                    ", ".join(f"-{name}" for name in config.unused_flags))
+    if config.ignored_args:
+        logger.warning("%r is not a flag, so it and what follows are ignored, as Go's flag package does: %s",
+                       config.ignored_args[0], " ".join(config.ignored_args))
+
+
 def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> int:
     """The daemon; ``nvml``: the NVML module (default pynvml; the demo passes the tests' fake NVML). ``koordlet
     explain <namespace>/<name>`` asks a running koordlet why a pod has what it has (koordlet.debug.explain)."""
@@ -874,13 +932,13 @@ def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> i
         from koordlet.debug.explain import main as explain
 
         return explain(args[1:])
-    logging.basicConfig(level=os.environ.get("KOORDLET_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = parse_config(args, os.environ)
     except ConfigError as err:
         print(f"koordlet: {err}", file=sys.stderr)
         return 2
+    logs.setup(config.logging)
+    log_command_line_notes(config)
     soft = raise_nofile_limit()
     logger.info("RLIMIT_NOFILE soft limit %d", soft)
     stop_requested = threading.Event()

@@ -130,7 +130,10 @@ class ProxyServer:
                 prepare_socket(opts.listen_path)
             except SocketPathError as err:
                 raise StartupError(str(err)) from err
-        self.registry.start()
+        try:
+            self.registry.start()
+        except OSError as err:  # e.g. a read-only /etc without the dir (the unit's ConfigurationDirectory= makes it)
+            raise StartupError(f"hook server registrations dir {opts.hook_config_dir}: {err}") from err
         try:
             await self.store.rebuild(self._runtime_call)
         except ConnectionError as err:

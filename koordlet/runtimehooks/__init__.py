@@ -179,6 +179,7 @@ class RuntimeHooks:
                                             config.disabled_stages, rejects, self.decisions, self.answers)
             self.nri = NriPlugin(config.nri, self.nri_handlers)
         self._server = None
+        self._nri_started = False
 
     def node_context(self) -> NodeContext:
         node = self.states.node()
@@ -222,13 +223,29 @@ class RuntimeHooks:
             stages.append(POST_STOP_POD_SANDBOX)
         return [stage for stage in stages if stage not in self.config.disabled_stages]
 
+    def start_nri(self) -> None:
+        """Register with the runtime's NRI now (idempotent): an NRI request carries the pod's labels and
+        annotations, so the plugin answers before the states informer has the pod list (koordlet/main.py starts
+        it before the sync wait)."""
+        if self.nri is not None and not self._nri_started:
+            self._nri_started = True
+            self.nri.start()
+
+    def stop_nri(self, timeout_s: float) -> bool:
+        """Stop the NRI plugin (idempotent)."""
+        if self.nri is None or self.nri_handlers is None or not self._nri_started:
+            return True
+        self._nri_started = False
+        stopped = self.nri.stop(timeout_s)
+        self.nri_handlers.close()
+        return stopped
+
     def start(self) -> None:
         if self.config.serve_hooks:
             self._server = serve(self.service, self.config.socket_path)
             write_registration(self.config.config_dir, self.config.host_endpoint, self.config.failure_policy,
                                self.stages())
-        if self.nri is not None:
-            self.nri.start()
+        self.start_nri()
         for kind in (CallbackKind.ALL_PODS, CallbackKind.NODE_SLO_SPEC, CallbackKind.NODE_METADATA):
             self.states.register_callback(kind, "runtimehooks-reconciler", self.reconciler.trigger)
         self.states.register_callback(CallbackKind.ALL_PODS, "runtimehooks-answers", self._forget_gone_pods)
@@ -239,10 +256,7 @@ class RuntimeHooks:
         """Within ``timeout_s`` in all: the NRI plugin a quarter, the hook server half of what is left, the
         reconciler the rest."""
         deadline = time.monotonic() + timeout_s
-        stopped = True
-        if self.nri is not None and self.nri_handlers is not None:
-            stopped = self.nri.stop(timeout_s / 4)
-            self.nri_handlers.close()
+        stopped = self.stop_nri(timeout_s / 4)
         if self._server is not None:
             remove_registration(self.config.config_dir)
             server_s = max(deadline - time.monotonic(), 0.0) / 2

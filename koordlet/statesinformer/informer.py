@@ -26,6 +26,7 @@ from typing import Protocol
 
 from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
 from koordlet.api.pod import PodMeta
+from koordlet.logs import V4
 from koordlet.metriccache import Label, MetricCache
 from koordlet.statesinformer.api import NOT_RECEIVED, CallbackKind, Callbacks, NodeInfo, NodeSLOOrigin
 from koordlet.ticker import PeriodicThread
@@ -84,7 +85,7 @@ class StatesInformer:
         self._pods_synced = False
         self._node_slo_synced = not needs_node_slo
         self._needs_node = needs_node
-        self._pods_failing = False
+        self._pods_failing = ""  # the reason of the failing pod syncs, "" while they succeed
         self._callbacks = Callbacks()
         self._synced = threading.Event()
         # docs/koordinator.md §8.1: event-driven syncs at most 5 per second, however many pods appear at once.
@@ -183,14 +184,16 @@ class StatesInformer:
             self.pod_sync_failures += 1
             self.last_pod_sync_error = str(err)
             self._count_error(self._pod_source.name)
-            if not self._pods_failing:
+            # Logged again when the reason changes: "kubelet address not known yet" followed by a silent
+            # "empty pod list" once hid why a start waited for the sync until its bound.
+            if str(err) != self._pods_failing:
                 logger.warning("pod sync from %s failed (keeping %d known pods): %s",
                                self._pod_source.name, len(self._pods), err)
-            self._pods_failing = True
+            self._pods_failing = str(err)
             return False
         if self._pods_failing:
             logger.info("pod sync from %s recovered", self._pod_source.name)
-            self._pods_failing = False
+            self._pods_failing = ""
         self.pod_syncs += 1
         self.last_pod_sync = time.monotonic()
         task_ids = self._read_task_ids(pods) if self._task_reader is not None else {}
@@ -201,6 +204,7 @@ class StatesInformer:
             self._pods_synced = True
         self._update_synced()
         if changed:
+            logger.log(V4, "pods from %s: %d", self._pod_source.name, len(pods))
             self._gc(pods)
             self._callbacks.fire(CallbackKind.ALL_PODS)
         return True

@@ -3,9 +3,9 @@ own commands, rendered with Helm with their exact arguments and applied to the p
 name with Koordinator v1.8.0's chart, keep Koordinator's koordlet off our nodes and ours off the others, and ship no
 CRD older than Koordinator's.
 
-Koordinator's chart is not part of this repository: what it renders is recorded in koordinator_v180_chart.py, and
-where a copy of that chart is at hand (the search tool's mirror of koordinator-sh/charts) the facts are checked
-against it with real Helm.
+Koordinator's chart is not part of this repository: what it renders is recorded in koordinator_v1_8_0.py, and
+where a checkout of koordinator-sh/charts is named by ``KOORDINATOR_CHARTS_DIR`` the facts are checked against it
+with real Helm.
 """
 
 from __future__ import annotations
@@ -17,15 +17,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from koordlet.reporters.nrt import NRT_VERSION
-from tests.deploy import koordinator_v180_chart as koordinator
+from tests.deploy import koordinator_v1_8_0 as koordinator
 from tests.deploy.tools import CHART, ROOT, create_object, documents, object_key, tool
 from tests.support.apiserver import ApiServer, kube_api_client, write_kubeconfig
 from tests.test_docs_commands import extract
 
-MIRROR = Path("/work/.mirror/koordinator-sh+charts/repo")
 # Flags of `helm upgrade`/`install` that `helm template` has no use for (they act on a release in a cluster).
 _RELEASE_ONLY_FLAGS = {"--reuse-values", "--wait", "--atomic", "--create-namespace"}
 
@@ -208,18 +205,6 @@ def _stand_in(kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return None
     api_version, body = bodies[kind]
     return {"apiVersion": api_version, "kind": kind, "metadata": meta, **body}
-
-
-@pytest.fixture(scope="module")
-def koordinator_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Koordinator v1.8.0's chart from the mirror of koordinator-sh/charts, when this machine has one."""
-    if not (MIRROR / "HEAD").exists():
-        pytest.skip(f"no copy of koordinator-sh/charts at {MIRROR}: the recorded facts stand unchecked here")
-    out = tmp_path_factory.mktemp("koordinator-chart")
-    archive = subprocess.run(["git", "-C", str(MIRROR), "archive", "HEAD", f"versions/v{koordinator.VERSION}"],
-                             capture_output=True, timeout=60, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True, timeout=60)
-    return out / "versions" / f"v{koordinator.VERSION}"
 
 
 def test_the_recorded_facts_are_koordinators_chart(koordinator_chart: Path, tmp_path: Path) -> None:

@@ -47,6 +47,10 @@ SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500", "k
 
 @pytest.fixture(scope="module")
 def image_archive() -> Path:
+    return build_image_archive()
+
+
+def build_image_archive() -> Path:
     """`make image`: the OCI archive of koordlet-py:<version> (KOORDLET_IMAGE_ARCHIVE: one built already)."""
     if os.environ.get("KOORDLET_IMAGE_ARCHIVE"):
         return Path(os.environ["KOORDLET_IMAGE_ARCHIVE"])
@@ -133,6 +137,18 @@ def _http_get(url: str) -> str:
         return response.read().decode()
 
 
+def _own_pod() -> dict[str, Any]:
+    """The koordlet's DaemonSet pod as kubelet's /pods lists it."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "koordlet-py-test", "namespace": "koordinator-system", "uid": str(uuid.uuid4()),
+                         "labels": {"app.kubernetes.io/name": "koordlet-py"}},
+            "spec": {"nodeName": NODE, "hostNetwork": True,
+                     "containers": [{"name": "koordlet", "image": "koordlet-py:test",
+                                     "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                                   "limits": {"cpu": "1", "memory": "1Gi"}}}]},
+            "status": {"phase": "Running", "qosClass": "Burstable"}}
+
+
 def _healthy(port: int) -> bool:
     try:
         return _http_get(f"http://127.0.0.1:{port}/healthz").strip() == "ok"
@@ -181,7 +197,10 @@ def test_the_containerised_koordlet_serves_health_and_hooks_on_the_host_paths(
     metrics_port = free_port()
     docs = chart_documents("--set", f"koordlet.metrics.port={metrics_port}",
                            "--set", f"koordlet.extraArgs={{-kubelet-cgroup-root={CGROUP_ROOT}}}")
-    kubelet = FakeKubelet(payload={"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []})
+    # A real kubelet lists at least the koordlet's own DaemonSet pod; an empty list is what a restarting kubelet
+    # answers, and the states informer (as Koordinator's) does not count it as a sync, so /healthz stays unready.
+    kubelet = FakeKubelet(payload={"kind": "PodList", "apiVersion": "v1", "metadata": {},
+                                   "items": [_own_pod()]})
     serving = serve(kubelet, certs)
     kubelet_port = int(next(serving).rsplit(":", 1)[1])
     runtime = CriClient(containerd_socket)

@@ -9,7 +9,7 @@ import shlex
 import subprocess
 from typing import Any
 
-from tests.deploy import koordinator_v180_chart as koordinator
+from tests.deploy import koordinator_v1_8_0 as koordinator
 from tests.deploy.test_beside_koordinator import _helm_template, _template_args
 from tests.deploy.tools import ROOT, documents, object_key, tool
 from tests.test_docs_commands import extract

@@ -24,7 +24,9 @@ def test_defaults_follow_koordinator_daemonset_paths_and_periods() -> None:
     assert config.kubelet_sync_interval_s == 10.0
     assert config.kubelet_sync_timeout_s == 3.0
     assert config.kubelet_read_only_port == 10255
-    assert config.addr == ":9316" and config.metrics_port == 9316 and config.metrics_host == "127.0.0.1"
+    assert config.addr == ":9316" and config.metrics_port == 9316 and config.metrics_host == "0.0.0.0"
+    assert parse_config(["-addr=127.0.0.1:9316"], ENV).metrics_host == "127.0.0.1"
+    assert parse_config(["-metrics-bind-host=127.0.0.1"], ENV).metrics_host == "127.0.0.1"
     assert config.runtime_hooks_failure_policy == "Ignore"
     assert config.runtime_hooks_host_endpoint == "/var/run/koordlet/koordlet.sock"
     assert config.enable_node_metric_report is True
@@ -77,7 +79,7 @@ def test_missing_node_name_is_a_clear_error() -> None:
 
 
 def test_unknown_flag_is_an_error_not_ignored() -> None:
-    with pytest.raises(ConfigError, match="unrecognized arguments: -no-such-flag"):
+    with pytest.raises(ConfigError, match="^flag provided but not defined: -no-such-flag$"):
         parse_config(["-no-such-flag=1"], ENV)
 
 
@@ -158,3 +160,9 @@ def test_nri_flags_are_parsed_and_the_socket_path_joined_as_go_does() -> None:
 def test_nri_flags_that_containerd_would_refuse_are_refused_at_start(argv: list[str]) -> None:
     with pytest.raises(ConfigError):
         parse_config(argv, ENV)
+
+
+def test_the_node_info_collectors_interval_is_koordinators_flag_and_acts() -> None:
+    config = parse_config(["-collect-node-cpu-info-interval=30s"], ENV)
+    assert config.collect_node_cpu_info_interval_s == 30.0 and config.unused_flags == ()
+    assert parse_config([], ENV).collect_node_cpu_info_interval_s == 60.0  # Koordinator's default

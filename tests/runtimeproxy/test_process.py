@@ -55,6 +55,18 @@ def test_refuses_a_path_that_is_not_a_socket(fake_runtime: FakeRuntime, tmp_path
     assert path.read_text() == "precious"
 
 
+def test_a_registrations_dir_it_cannot_make_is_a_clear_start_error(fake_runtime: FakeRuntime, tmp_path) -> None:
+    """Not a traceback: the one line says which dir and why (a read-only /etc without the dir once did this)."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    hook_dir = blocker / "hookserver.d"
+    proxy = ProxyProcess(str(tmp_path / "p.sock"), fake_runtime.socket_path, "--runtime-hook-config-dir",
+                         str(hook_dir)).start(wait=False)
+    assert proxy.proc.wait(15) == 1
+    log = proxy.log()
+    assert f"koord-runtime-proxy: hook server registrations dir {hook_dir}:" in log and "Traceback" not in log
+
+
 def test_exits_with_a_clear_message_when_the_runtime_is_absent(tmp_path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "runtimeproxy.main", "--koord-runtimeproxy-endpoint", str(tmp_path / "p.sock"),
