@@ -3,8 +3,9 @@
 
 On four private containerd 2.1.9 instances with NRI on (same binary, same config, one per mode, so each
 holds the same pods), BE pods (batch resources: every default plugin has something to say) started four
-ways, one pod of each in turn (the first of the four rotating), so all see the same moment of this shared
-machine's noise:
+ways, one pod of each in turn (the order shuffled each turn, seeded, so that no mode always follows the same
+other: a koordlet's background work after a pod start spills into the next start), so all see the same moment
+of this shared machine's noise:
 
   direct    straight on its containerd's CRI: no NRI plugin registered there, no proxy;
   proxy     through koord-runtime-proxy to a koordlet hook server (its NRI off);
@@ -24,7 +25,12 @@ starts is printed beside it.
 
 Goals (issue 26): NRI pod start <= 1.02x direct; koordlet's NRI answer p99 <= 5 ms.
 
-    .venv/bin/python bench/nri.py [--rounds 4] [--pods 6] [--calls 2000] [--json]
+With ``--base-tree DIR`` (another checkout, say main's, made with ``git archive``), the same run compares this
+tree's koordlet with DIR's: a fifth mode, ``nri-base``, is a koordlet from DIR's source registered with a fifth
+containerd, started in the same turns as the others; and the answer latency is measured on DIR's koordlet and
+this one's alternately (base, this, this, base).
+
+    .venv/bin/python bench/nri.py [--rounds 4] [--pods 6] [--calls 2000] [--base-tree DIR] [--json]
 
 A benchmark, not a test: needs root and cgroup v1; its containerd, sockets and processes are its own
 (stopped by PID); read the ratios, not the absolutes.
@@ -36,6 +42,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -65,6 +72,10 @@ from wire import nri_pb2 as api  # noqa: E402
 from wire.nri import Event, PluginConnection, event_mask  # noqa: E402
 
 MODES = ("direct", "proxy", "nri", "nri-noop")
+BASE_MODE = "nri-base"  # with --base-tree: koordlet from another source tree, as NRI plugin
+# koordlet.main run from another tree's source: that tree first on the path (this one is the process's cwd)
+_FROM_TREE = ("import runpy, sys; sys.path.insert(0, {tree!r}); "
+              "runpy.run_module('koordlet.main', run_name='__main__', alter_sys=True)")
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -75,6 +86,15 @@ def percentile(samples: list[float], q: float) -> float:
 def cpu_seconds(process: psutil.Process) -> float:
     times = process.cpu_times()
     return times.user + times.system
+
+
+def koordlet_from(process: KoordletProcess, tree: str | None) -> KoordletProcess:
+    """``process`` set to run the koordlet of the source tree ``tree`` (None: this tree's)."""
+    if tree is not None:
+        if process.args[1:3] != ["-m", "koordlet.main"]:
+            raise RuntimeError(f"unexpected koordlet command line: {process.args[:3]}")
+        process.args[1:3] = ["-c", _FROM_TREE.format(tree=os.path.abspath(tree))]
+    return process
 
 
 def metrics_of(koordlet: KoordletProcess) -> str:
@@ -159,17 +179,19 @@ def real_request(runtime: NriContainerd, pods: PodFactory) -> api.CreateContaine
     return api.CreateContainerRequest(pod=pod, container=container)
 
 
-def answer_latency(state: Path, cri_socket: str, request: api.CreateContainerRequest, calls: int) -> dict:
+def answer_latency(state: Path, cri_socket: str, request: api.CreateContainerRequest, calls: int,
+                   tree: str | None = None) -> dict:
     """koordlet's NRI answer as the runtime sees it: round trips of ``calls`` CreateContainer requests from a
-    stand-in runtime to a koordlet process, and that process's CPU per call. The pod's RunPodSandbox comes
-    first, as from containerd, so koordlet has set the pod's values (its quota bounds the container's)."""
+    stand-in runtime to a koordlet process (from ``tree``'s source, default this one's), and that process's CPU
+    per call. The pod's RunPodSandbox comes first, as from containerd, so koordlet has set the pod's values (its
+    quota bounds the container's)."""
     fake_dir = state / "fake"
     state.mkdir(parents=True, exist_ok=True)
     runtime = FakeRuntime(str(fake_dir / "nri" / "nri.sock"))
     koordlet = KoordletProcess(state, cri_socket, str(state / "fake-hookserver.d"))
     koordlet.args += ["-enable-nri-runtime-hook=true", f"-var-run-root-dir={fake_dir}",
                       "-runtime-hooks-nri-socket-path=nri/nri.sock", "-runtime-hooks-reconcile-interval=1h"]
-    koordlet.start()
+    koordlet_from(koordlet, tree).start()
     try:
         conn = runtime.accept(30)
         conn.handshake()
@@ -205,7 +227,8 @@ def check_hooked(behind_proxy: CriClient, factories: dict[str, PodFactory]) -> N
     """The last pod of each mode got what its mode gives: BE shares through NRI and the proxy, none direct."""
     shares = {mode: oci_spec(factory.client if mode != "proxy" else behind_proxy, factory.containers[-1])["linux"]
               ["resources"].get("cpu", {}).get("shares") for mode, factory in factories.items()}
-    if shares != {"direct": None, "proxy": 512, "nri": 512, "nri-noop": None}:
+    expected = {"direct": None, "proxy": 512, "nri": 512, "nri-noop": None, BASE_MODE: 512}
+    if shares != {mode: expected[mode] for mode in factories}:
         raise RuntimeError(f"the modes did not hook as expected: cpu shares {shares}")
 
 
@@ -236,37 +259,47 @@ def _no_change(request: api.CreateContainerRequest) -> api.ContainerAdjustment:
     return api.ContainerAdjustment()
 
 
-def pod_starts(runtimes: dict[str, NriContainerd], state: Path, rounds: int, per_round: int) -> dict:
-    """Pod starts in the four modes (``runtimes``: one containerd per mode), one pod of each in turn (rotating
-    which goes first). CPU of the koordlets and the proxy over the whole run, their idle CPU subtracted, per
-    pod of their mode."""
-    plain, proxied, hooked, noop = (runtimes[mode] for mode in MODES)
-    direct, behind_proxy = CriClient(plain.socket), CriClient(proxied.socket)
-    on_hooked, on_noop = CriClient(hooked.socket), CriClient(noop.socket)
-    noop_plugin = NoopPlugin(noop.nri_socket, _no_change, name="noop", index="00").__enter__()
-    proxy = ProxyProcess(str(state / "proxy.sock"), proxied.socket, "--log-level", "warning", state_dir=str(state))
-    for name in ("hooks", "nri"):
-        (state / name).mkdir()
-    # Both koordlets with their periodic loops slowed down (pods polled, usage collected, reconciled once an
+def _nri_koordlet(state: Path, runtime: NriContainerd, extra: list[str], tree: str | None) -> KoordletProcess:
+    """A koordlet (from ``tree``'s source, default this one's) registered as NRI plugin with ``runtime``."""
+    state.mkdir()
+    koordlet = KoordletProcess(state, runtime.socket, str(state / "hookserver.d"))
+    koordlet.args += koordlet_nri_args(runtime, *extra)
+    return koordlet_from(koordlet, tree)
+
+
+def pod_starts(runtimes: dict[str, NriContainerd], state: Path, rounds: int, per_round: int,
+               base_tree: str | None = None) -> dict:
+    """Pod starts in the four modes (five with ``base_tree``; ``runtimes``: one containerd per mode), one pod of
+    each in turn (in a shuffled order). CPU of the koordlets and the proxy over the whole run, their idle
+    CPU subtracted, per pod of their mode."""
+    modes = MODES + ((BASE_MODE,) if base_tree else ())
+    clients = {mode: CriClient(runtimes[mode].socket) for mode in modes}  # straight on each containerd
+    noop_plugin = NoopPlugin(runtimes["nri-noop"].nri_socket, _no_change, name="noop", index="00").__enter__()
+    proxy = ProxyProcess(str(state / "proxy.sock"), runtimes["proxy"].socket, "--log-level", "warning",
+                         state_dir=str(state))
+    (state / "hooks").mkdir()
+    # The koordlets with their periodic loops slowed down (pods polled, usage collected, reconciled once an
     # hour): on two cores shared with other work their CPU would otherwise land on whichever pod starts
     # next, in any mode. What the whole agent costs is bench/agent_process.py's figure.
     quiet = ["-runtime-hooks-reconcile-interval=1h", "-kubelet-sync-interval=1h", "-collect-res-used-interval=1h"]
-    hooks = KoordletProcess(state / "hooks", proxied.socket, proxy.hook_dir)
+    hooks = KoordletProcess(state / "hooks", runtimes["proxy"].socket, proxy.hook_dir)
     hooks.args += ["-enable-nri-runtime-hook=false", *quiet]
-    nri = KoordletProcess(state / "nri", hooked.socket, str(state / "nri" / "hookserver.d"))
-    nri.args += koordlet_nri_args(hooked, *quiet)
-    hooks.start()
-    nri.start()
+    plugins = {"nri": _nri_koordlet(state / "nri", runtimes["nri"], quiet, None)}
+    if base_tree:
+        plugins[BASE_MODE] = _nri_koordlet(state / BASE_MODE, runtimes[BASE_MODE], quiet, base_tree)
+    for koordlet in (hooks, *plugins.values()):
+        koordlet.start()
     proxy.start()
     via_proxy = CriClient(proxy.listen)
-    factories = {"direct": PodFactory(direct), "proxy": PodFactory(via_proxy), "nri": PodFactory(on_hooked),
-                 "nri-noop": PodFactory(on_noop)}
-    samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+    behind_proxy = clients["proxy"]
+    factories = {mode: PodFactory(via_proxy if mode == "proxy" else clients[mode]) for mode in modes}
+    samples: dict[str, list[float]] = {mode: [] for mode in modes}
     try:
-        if not wait_for(lambda: "koordlet_nri_registered 1.0" in metrics_of(nri), 15, 0.1):
-            raise RuntimeError("koordlet did not register with NRI")
+        for koordlet in plugins.values():
+            if not wait_for(lambda k=koordlet: "koordlet_nri_registered 1.0" in metrics_of(k), 15, 0.1):
+                raise RuntimeError("koordlet did not register with NRI")
         processes = {"hooks": psutil.Process(hooks.proc.pid), "proxy": psutil.Process(proxy.proc.pid),
-                     "nri": psutil.Process(nri.proc.pid)}
+                     **{mode: psutil.Process(k.proc.pid) for mode, k in plugins.items()}}
         for factory in factories.values():  # warm-up: shims, the first hook calls
             start_pods(factory, 1)
         check_hooked(behind_proxy, factories)
@@ -274,56 +307,110 @@ def pod_starts(runtimes: dict[str, NriContainerd], state: Path, rounds: int, per
         idle = idle_rate(processes)
         before = {name: cpu_seconds(p) for name, p in processes.items()}
         began = time.monotonic()
-        for round_index in range(rounds):
-            for turn in range(per_round):
-                shift = (round_index * per_round + turn) % len(MODES)
-                for mode in MODES[shift:] + MODES[:shift]:
+        order = random.Random(7)  # each turn's order: no mode always follows the same other
+        for _ in range(rounds):
+            for _ in range(per_round):
+                for mode in order.sample(modes, len(modes)):
                     samples[mode] += start_pods(factories[mode], 1)
             check_hooked(behind_proxy, factories)
             remove_all(factories, behind_proxy)
         elapsed = time.monotonic() - began
         spent = {name: cpu_seconds(p) - before[name] - idle[name] * elapsed for name, p in processes.items()}
-        nri_metrics = metrics_of(nri)
+        nri_metrics = {mode: metrics_of(k) for mode, k in plugins.items()}
     finally:
         remove_all(factories, behind_proxy)
         noop_plugin.__exit__()
         via_proxy.close()
-        direct.close()
-        behind_proxy.close()
-        on_hooked.close()
-        on_noop.close()
+        for client in clients.values():
+            client.close()
         proxy.terminate()
-        hooks.stop()
-        nri.stop()
+        for koordlet in (hooks, *plugins.values()):
+            koordlet.stop()
     return _pod_start_figures(samples, spent, nri_metrics, rounds * per_round)
 
 
-def _pod_start_figures(samples: dict[str, list[float]], spent: dict[str, float], nri_metrics: str,
+def _paired(samples: dict[str, list[float]], mode: str, to: str = "direct") -> float:
+    """The median of ``mode``'s pod starts over ``to``'s, turn by turn."""
+    return round(statistics.median(m / d for m, d in zip(samples[mode], samples[to], strict=True)), 3)
+
+
+def _histogram_figures(metrics: str) -> dict:
+    """koordlet's own histogram of its NRI answers (bucket bounds, ms)."""
+    create, run_pod = histogram(metrics, "CreateContainer"), histogram(metrics, "RunPodSandbox")
+    return {"CreateContainer_p50_le": bucket_quantile(create, 0.5),
+            "CreateContainer_p99_le": bucket_quantile(create, 0.99),
+            "RunPodSandbox_p50_le": bucket_quantile(run_pod, 0.5),
+            "RunPodSandbox_p99_le": bucket_quantile(run_pod, 0.99)}
+
+
+def _pod_start_figures(samples: dict[str, list[float]], spent: dict[str, float], nri_metrics: dict[str, str],
                        pods: int) -> dict:
-    """The medians, the ratios to direct paired by pod, CPU per pod and koordlet's NRI histogram."""
-    median = {mode: statistics.median(v) for mode, v in samples.items()}
-    paired = {mode: round(statistics.median(m / d for m, d in zip(samples[mode], samples["direct"], strict=True)), 3)
-              for mode in MODES}
-    create = histogram(nri_metrics, "CreateContainer")
-    run_pod = histogram(nri_metrics, "RunPodSandbox")
-    return {
-        "pod_start_ms": {mode: round(v, 1) for mode, v in median.items()},
-        "pod_start_ratio_nri": paired["nri"],
-        "pod_start_ratio_proxy": paired["proxy"],
-        "pod_start_ratio_nri_noop": paired["nri-noop"],
+    """The medians, the ratios to direct paired by pod, CPU per pod and koordlet's NRI histogram; with a base
+    tree, its koordlet's figures and the paired ratio of this tree's NRI pod start to the base's."""
+    out = {
+        "pod_start_ms": {mode: round(statistics.median(v), 1) for mode, v in samples.items()},
+        "pod_start_ratio_nri": _paired(samples, "nri"),
+        "pod_start_ratio_proxy": _paired(samples, "proxy"),
+        "pod_start_ratio_nri_noop": _paired(samples, "nri-noop"),
         "pod_starts_per_mode": pods,
         "cpu_ms_per_pod": {
             "nri_koordlet": round(spent["nri"] / pods * 1000, 2),
             "proxy_koordlet": round(spent["hooks"] / pods * 1000, 2),
             "proxy_process": round(spent["proxy"] / pods * 1000, 2),
         },
-        "containerd_nri_histogram_ms": {  # koordlet's own histogram over the run (bucket bounds)
-            "CreateContainer_p50_le": bucket_quantile(create, 0.5),
-            "CreateContainer_p99_le": bucket_quantile(create, 0.99),
-            "RunPodSandbox_p50_le": bucket_quantile(run_pod, 0.5),
-            "RunPodSandbox_p99_le": bucket_quantile(run_pod, 0.99),
-        },
+        "containerd_nri_histogram_ms": _histogram_figures(nri_metrics["nri"]),  # over the run
     }
+    if BASE_MODE in samples:
+        out["base"] = {"pod_start_ratio_nri": _paired(samples, BASE_MODE),
+                       "pod_start_ratio_nri_to_base": _paired(samples, "nri", BASE_MODE),
+                       "cpu_ms_per_pod_nri_koordlet": round(spent[BASE_MODE] / pods * 1000, 2),
+                       "containerd_nri_histogram_ms": _histogram_figures(nri_metrics[BASE_MODE])}
+    return out
+
+
+def answer_latencies(state: Path, cri_socket: str, request: api.CreateContainerRequest, calls: int,
+                     base_tree: str | None) -> tuple[dict, dict | None]:
+    """The answer latency of this tree's koordlet; with ``base_tree``, of both, alternately (base, this, this,
+    base): each tree's runs and the medians of their figures."""
+    if base_tree is None:
+        return answer_latency(state, cri_socket, request, calls), None
+    runs: dict[str | None, list[dict]] = {None: [], base_tree: []}
+    for index, tree in enumerate((base_tree, None, None, base_tree)):
+        runs[tree].append(answer_latency(state / f"run{index}", cri_socket, request, calls, tree))
+
+    def summary(results: list[dict]) -> dict:
+        out = {key: statistics.median(r[key] for r in results) for key in ("p50_ms", "p99_ms", "cpu_us_per_call")}
+        return {**out, "calls": calls, "max_ms": max(r["max_ms"] for r in results),
+                "idle_cpu_pct": max(r["idle_cpu_pct"] for r in results), "runs": results}
+    return summary(runs[None]), summary(runs[base_tree])
+
+
+def _print_table(result: dict) -> None:
+    starts, cpu, answer = result["pod_start_ms"], result["cpu_ms_per_pod"], result["nri_answer"]
+    modes = list(starts)
+    ratios = {"direct": 1.0, "proxy": result["pod_start_ratio_proxy"], "nri": result["pod_start_ratio_nri"],
+              "nri-noop": result["pod_start_ratio_nri_noop"]}
+    if "base" in result:
+        ratios[BASE_MODE] = result["base"]["pod_start_ratio_nri"]
+    print(f"containerd 2.1.9, NRI on; {result['pod_starts_per_mode']} BE pod starts per mode, interleaved pod by pod")
+    print(f"{'':<28}" + "".join(f"{mode:>10}" for mode in modes))
+    print(f"{'pod start median (ms)':<28}" + "".join(f"{starts[mode]:>10}" for mode in modes))
+    print(f"{'ratio to direct (paired)':<28}" + "".join(f"{ratios[mode]:>10.3f}" for mode in modes))
+    print(f"CPU per pod start: koordlet (NRI) {cpu['nri_koordlet']} ms; koordlet (hook server) "
+          f"{cpu['proxy_koordlet']} ms + proxy {cpu['proxy_process']} ms")
+    print(f"koordlet's NRI answer, {answer['calls']} CreateContainer round trips from a stand-in runtime: "
+          f"p50 {answer['p50_ms']} ms, p99 {answer['p99_ms']} ms, max {answer['max_ms']} ms; "
+          f"koordlet CPU {answer['cpu_us_per_call']} us per call (idle {answer['idle_cpu_pct']} % subtracted)")
+    print(f"koordlet's own histogram under containerd (bucket bounds, ms): {result['containerd_nri_histogram_ms']}")
+    if "base" in result:
+        base = result["base"]
+        base_answer = base["nri_answer"]
+        print(f"base tree: NRI pod start paired to this tree's {base['pod_start_ratio_nri_to_base']} (this / base); "
+              f"its koordlet CPU per pod start {base['cpu_ms_per_pod_nri_koordlet']} ms; its answer p50 "
+              f"{base_answer['p50_ms']} ms, p99 {base_answer['p99_ms']} ms, CPU {base_answer['cpu_us_per_call']} us "
+              f"per call (medians of 2 runs, alternating with this tree's 2); histogram "
+              f"{base['containerd_nri_histogram_ms']}")
+    print(f"goals: {result['goals']}")
 
 
 def main() -> int:
@@ -331,12 +418,16 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6, help="rounds (pods are removed after each)")
     ap.add_argument("--pods", type=int, default=8, help="pod starts per mode and round")
     ap.add_argument("--calls", type=int, default=2000, help="CreateContainer answers timed from the stand-in")
+    ap.add_argument("--base-tree", help="another source tree whose koordlet is measured beside this one's")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args()
+    if args.base_tree and not os.path.isfile(os.path.join(args.base_tree, "koordlet", "main.py")):
+        ap.error(f"--base-tree {args.base_tree}: no koordlet/main.py there")
 
     clean_up_dead_instances()
+    modes = MODES + ((BASE_MODE,) if args.base_tree else ())
     runtimes = {mode: NriContainerd.for_process("2.1", instance=mode.replace("-", "") if mode != "direct" else "")
-                for mode in MODES}
+                for mode in modes}
     for runtime in runtimes.values():
         runtime.up()
     plain = runtimes["direct"]
@@ -345,8 +436,11 @@ def main() -> int:
     kept = PodFactory(client)
     try:
         request = real_request(plain, kept)
-        result = pod_starts(runtimes, state, args.rounds, args.pods)
-        result["nri_answer"] = answer_latency(state / "answer", plain.socket, request, args.calls)
+        result = pod_starts(runtimes, state, args.rounds, args.pods, args.base_tree)
+        result["nri_answer"], base_answer = answer_latencies(state / "answer", plain.socket, request, args.calls,
+                                                             args.base_tree)
+        if base_answer is not None:
+            result["base"]["nri_answer"] = base_answer
     finally:
         kept.cleanup()
         client.close()
@@ -356,21 +450,8 @@ def main() -> int:
                        "nri_answer_p99_le_5ms": result["nri_answer"]["p99_ms"] <= 5.0}
     if args.json:
         print(json.dumps(result))
-        return 0
-    starts, cpu, answer = result["pod_start_ms"], result["cpu_ms_per_pod"], result["nri_answer"]
-    print(f"containerd 2.1.9, NRI on; {result['pod_starts_per_mode']} BE pod starts per mode, interleaved pod by pod")
-    print(f"{'':<28}{'direct':>10}{'proxy':>10}{'nri':>10}{'nri-noop':>10}")
-    print(f"{'pod start median (ms)':<28}{starts['direct']:>10}{starts['proxy']:>10}{starts['nri']:>10}"
-          f"{starts['nri-noop']:>10}")
-    print(f"{'ratio to direct (paired)':<28}{1.0:>10.3f}{result['pod_start_ratio_proxy']:>10.3f}"
-          f"{result['pod_start_ratio_nri']:>10.3f}{result['pod_start_ratio_nri_noop']:>10.3f}")
-    print(f"CPU per pod start: koordlet (NRI) {cpu['nri_koordlet']} ms; koordlet (hook server) "
-          f"{cpu['proxy_koordlet']} ms + proxy {cpu['proxy_process']} ms")
-    print(f"koordlet's NRI answer, {answer['calls']} CreateContainer round trips from a stand-in runtime: "
-          f"p50 {answer['p50_ms']} ms, p99 {answer['p99_ms']} ms, max {answer['max_ms']} ms; "
-          f"koordlet CPU {answer['cpu_us_per_call']} us per call (idle {answer['idle_cpu_pct']} % subtracted)")
-    print(f"koordlet's own histogram under containerd (bucket bounds, ms): {result['containerd_nri_histogram_ms']}")
-    print(f"goals: {result['goals']}")
+    else:
+        _print_table(result)
     return 0
 
 

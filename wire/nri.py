@@ -11,18 +11,22 @@ The handler methods are plain functions run in ``executor`` threads, each under 
 the runtime's request timeout (2 s unless Configure says otherwise): the runtime drops a plugin that answers
 late, so a handler that overruns gets the empty answer (no change) instead, as does one that raises. With
 ``fail_on_error`` those two cases answer an error instead, which fails the CRI call (a Fail policy). The loop
-only reads frames, decodes and answers: a handler that reads cgroup files, makes host dirs or waits on a lock
-never holds up the other requests of the connection.
+only reads frames, decodes the request and hands it to a worker: a handler that reads cgroup files, makes host
+dirs or waits on a lock never holds up the other requests of the connection. The worker sends its answer
+itself (the mux takes writes from any thread), so a call costs one hop between threads, not a round trip
+through the loop and its futures; and one timer per connection, set for the earliest give-up time of the calls
+in the workers, watches the deadlines, instead of a timer per call.
 
 A late handler is made harmless rather than stopped (a Python thread cannot be): each change it makes to the
 node before answering is wrapped in :func:`changing`, and once its call is given up a change not yet begun
 raises :class:`Late`, while one under way is waited for (up to the runtime's deadline) before the empty answer
 goes. So nothing a handler does lands after its answer. Work queued behind busy workers that has not started
-by then never starts.
+by then never starts. Each call has one answer, taken under its lock by whoever comes first: the worker with
+the handler's answer while the call is on time, or the empty answer once it is late.
 
 Events the handlers name in ``quick`` run on the connection's own loop instead: only for handlers that hand
 their work to a queue and return (no file, no lock held by slow work), which spares each such call the hop to
-a worker thread and back.
+a worker thread.
 
 Split syncs (NRI v0.7+, ``more=true``): every chunk but the last is answered at once with ``more=true`` and no
 updates, as the runtime requires; the handler sees all pods and containers together when the last chunk
@@ -35,11 +39,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
+import heapq
+import itertools
 import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -48,12 +55,10 @@ from google.protobuf.message import Message
 
 from . import nri_pb2 as api
 from .nrimux import PLUGIN_CONN, RUNTIME_CONN, Mux
-from .ttrpc import MESSAGE_MAX, RECEIVE_MAX, Client, Code, Server, TtrpcError
+from .ttrpc import MESSAGE_MAX, RECEIVE_MAX, Client, Code, Deferred, Reply, Server, TtrpcError
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 M = TypeVar("M", bound=Message)
-N = TypeVar("N", bound=Message)
 
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
@@ -61,8 +66,11 @@ DEFAULT_REQUEST_TIMEOUT_S = 2.0  # the runtime's plugin_request_timeout when Con
 DEFAULT_REGISTRATION_TIMEOUT_S = 5.0
 _ANSWER_MARGIN_S = 0.1  # answer at least this much (or a tenth of the time left) ahead of the deadline
 _SEND_MARGIN_S = 0.02  # a change under way at the time-out is waited for until this long before the deadline
+_TIMER_SLACK_S = 0.001  # a call this close to its give-up time when the timer fires is given up with it
 _RESPONSE_ROOM = MESSAGE_MAX - (64 << 10)  # a Synchronize answer stays this far within the 4 MiB
-_TIMED_OUT = object()  # what the budget's timer settles a call with
+_EMPTY = api.Empty()
+_MORE = api.SynchronizeResponse(more=True).SerializeToString()
+_SYNC_EMPTY = api.SynchronizeResponse()  # the no-change answer to the last chunk (its identity: not the handler's)
 
 
 class Event(enum.IntEnum):
@@ -115,54 +123,76 @@ class Late(Exception):
     """The call was answered without this handler's result: it must not change anything any more."""
 
 
-class CallGuard:
-    """The changes one handler call makes to the node, and whether its answer has been given up (see the module
-    docstring). Thread-safe: the handler's worker thread changes, the connection's loop gives up."""
+class _Call:
+    """One request handled in a worker thread: its one answer (the handler's, or the empty one once it is late)
+    and the changes its handler makes to the node (see the module docstring). Thread-safe: the worker answers
+    and changes, the loop gives up; ``_lock`` is held only to flip the flags, never across a change or a send.
+    Used as the context manager :func:`changing` returns."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # held only to flip the counters, never across a change
-        self._late = False
+    __slots__ = ("kind", "reply", "started", "limit", "give_up_at", "late", "answered", "_changing", "_settled",
+                 "_lock")
+
+    def __init__(self, kind: _Kind, reply: Reply, started: float, limit: float, give_up_at: float) -> None:
+        self.kind = kind
+        self.reply = reply
+        self.started = started
+        self.limit = limit  # when the runtime stops waiting (monotonic)
+        self.give_up_at = give_up_at  # when the empty answer goes instead
+        self.late = False  # given up: no change may start
+        self.answered = False  # the one answer is taken (sent, being sent, or dropped with the connection)
         self._changing = 0
         self._settled: Callable[[], None] | None = None
+        self._lock = threading.Lock()
 
-    @property
-    def late(self) -> bool:
-        return self._late
-
-    @contextlib.contextmanager
-    def changing(self) -> Iterator[None]:
+    def __enter__(self) -> None:
         with self._lock:
-            if self._late:
+            if self.late:
                 raise Late("the call was answered without this change")
             self._changing += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._changing -= 1
-                settled = self._settled if self._changing == 0 else None
-            if settled is not None:
-                settled()
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self._changing -= 1
+            settled = None
+            if self._changing == 0:
+                settled, self._settled = self._settled, None
+        if settled is not None:
+            settled()
+
+    def take(self, on_time: bool = False) -> bool:
+        """Take the one answer: False when it is taken already (or, ``on_time``, when the call is late)."""
+        with self._lock:
+            if self.answered or (on_time and self.late):
+                return False
+            self.answered = True
+            return True
 
     def give_up(self, settled: Callable[[], None]) -> bool:
-        """Mark the call late: True when no change is under way; otherwise ``settled`` is called (from the
-        changing thread) when the last one ends."""
+        """Mark the call late: True when a change is under way (and unanswered), in which case ``settled`` is
+        called from the changing thread when the last one ends."""
         with self._lock:
-            self._late = True
-            if self._changing == 0:
+            self.late = True
+            if self._changing and not self.answered:
+                self._settled = settled
                 return True
-            self._settled = settled
             return False
 
+    def abandon(self) -> None:
+        """No answer goes (the connection is closing) and no change starts."""
+        with self._lock:
+            self.late = self.answered = True
+            self._settled = None
 
-_call = threading.local()  # .guard: the CallGuard of the handler call running in this thread
+
+_current = threading.local()  # .call: the _Call whose handler runs in this thread
+_UNGUARDED = contextlib.nullcontext()
 
 
 def changing() -> contextlib.AbstractContextManager[None]:
     """Wrap a change to the node a handler makes before answering: raises :class:`Late` when the call's answer
     has gone without it. Outside a connection's worker (a quick handler, a direct call) it guards nothing."""
-    guard: CallGuard | None = getattr(_call, "guard", None)
-    return guard.changing() if guard is not None else contextlib.nullcontext()
+    call: _Call | None = getattr(_current, "call", None)
+    return call if call is not None else _UNGUARDED  # type: ignore[return-value]
 
 
 # (event name, result, seconds): result is "changed" / "unchanged" (an answer that did / did not change
@@ -189,6 +219,19 @@ class _SyncChunks:
     containers: list[api.Container] = field(default_factory=list)
     messages: int = 0
     request_bytes: int = 0
+    updates_left_out: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """What answering one kind of request takes: the event's name (logs, the observer), the no-change answer,
+    whether an answer can change anything (else it is observed "ok"), and what comes with an answer (called just
+    before it goes, from the thread sending it, so whoever sees the answer sees this done)."""
+
+    event: str
+    empty: Message
+    changes: bool = True
+    answered: Callable[[Message], None] | None = None
 
 
 def fit_updates(updates: Sequence[api.ContainerUpdate], room: int = _RESPONSE_ROOM) -> int:
@@ -213,6 +256,7 @@ class PluginConnection:
         self._fail = fail_on_error
         self._observe = observe or (lambda event, result, seconds: None)
         self._quick = getattr(handlers, "quick", frozenset())
+        self._loop = asyncio.get_running_loop()
         self.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S
         self.registration_timeout_s = DEFAULT_REGISTRATION_TIMEOUT_S
         self.configure_request: api.ConfigureRequest | None = None
@@ -220,20 +264,29 @@ class PluginConnection:
         self._chunks: _SyncChunks | None = None
         self._synchronized = asyncio.Event()
         self._closed = asyncio.Event()
+        self._watched: list[tuple[float, int, _Call]] = []  # heap: (give-up time, arrival, call) in the workers
+        self._arrivals = itertools.count()
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_at = 0.0
+        self._kinds = {
+            "CreateContainer": _Kind("CreateContainer", api.CreateContainerResponse()),
+            "UpdateContainer": _Kind("UpdateContainer", api.UpdateContainerResponse()),
+        }
+        self._state_kinds: dict[int, _Kind] = {}  # by StateChangeEvent.event
         methods = {
             "Configure": self._configure,
-            "Synchronize": self._synchronize,
+            "Synchronize": Deferred(self._synchronize),
             "Shutdown": self._shutdown,
-            "CreateContainer": self._create_container,
-            "UpdateContainer": self._update_container,
+            "CreateContainer": Deferred(self._create_container),
+            "UpdateContainer": Deferred(self._update_container),
             "StopContainer": self._stop_container,
-            "StateChange": self._state_change,
+            "StateChange": Deferred(self._state_change),
         }
         self.server = Server({PLUGIN_SERVICE: methods}, mux.sender(PLUGIN_CONN), receive_limit=receive_limit)
         self.client = Client(mux.sender(RUNTIME_CONN))
         mux.open(PLUGIN_CONN, self.server)
         mux.open(RUNTIME_CONN, self.client)
-        self._reading = asyncio.get_running_loop().create_task(self._read())
+        self._reading = self._loop.create_task(self._read())
 
     @classmethod
     async def open(cls, socket_path: str, handlers: PluginHandlers, executor: Executor, timeout_s: float,
@@ -282,6 +335,11 @@ class PluginConnection:
 
     def _shut(self) -> None:
         self._closed.set()
+        for _, _, call in self._watched:  # the connection is gone: no answer goes, and no change starts now
+            call.abandon()
+        self._watched.clear()
+        if self._sweep is not None:
+            self._sweep.cancel()
         self.server.close()
         self.client.close()
         self._mux.close()
@@ -310,87 +368,121 @@ class PluginConnection:
         remaining = limit - time.monotonic()
         return max(0.0, remaining - max(_ANSWER_MARGIN_S, remaining / 10))
 
-    async def _in_worker(self, call: Callable[[], T], limit: float) -> T:
-        """``call`` in an executor thread under a :class:`CallGuard`; TimeoutError when it has not answered
-        within the budget, and then nothing it changes lands after the answer (the module docstring)."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[tuple[bool, object]] = loop.create_future()
-        guard = CallGuard()
-
-        def settle(outcome: tuple[bool, object]) -> None:
-            if not done.done():
-                done.set_result(outcome)
-
-        def work() -> None:
-            if guard.late:  # waited in the queue past its time: never starts
-                return
-            _call.guard = guard
+    def _dispatch(self, kind: _Kind, reply: Reply, started: float, limit: float,
+                  decide: Callable[[], Message]) -> None:
+        """Answer through ``reply`` what ``decide()`` returns, from a worker thread (on the loop for a quick event),
+        or ``kind.empty`` when it fails or has not returned before its budget ends (the module docstring).
+        ``started``: the request's arrival, from which the answer is observed."""
+        if kind.event in self._quick:
             try:
-                outcome: tuple[bool, object] = (True, call())
-            except BaseException as err:  # noqa: BLE001 - handed to the loop, which answers for it
-                outcome = (False, err)
-            finally:
-                _call.guard = None
-            with contextlib.suppress(RuntimeError):  # the loop has ended: nobody waits for this answer
-                loop.call_soon_threadsafe(settle, outcome)
-
-        self._executor.submit(work)
-        timer = loop.call_later(self._budget(limit), settle, (False, _TIMED_OUT))
-        try:
-            ok, value = await done
-        except asyncio.CancelledError:  # the connection closed: no answer goes, and no change after this
-            guard.give_up(lambda: None)
-            raise
-        finally:
-            timer.cancel()
-        if value is _TIMED_OUT:
-            await self._give_up(guard, limit)
-            raise TimeoutError
-        if not ok:
-            raise value  # type: ignore[misc]
-        return value  # type: ignore[return-value]
-
-    @staticmethod
-    async def _give_up(guard: CallGuard, limit: float) -> None:
-        """Mark the call late, and wait (on the loop, without blocking it) for a change under way to end."""
-        loop = asyncio.get_running_loop()
-        settled: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(lambda: settled.done() or settled.set_result(None))
-
-        if guard.give_up(wake):
+                answer = decide()
+            except Exception as err:  # noqa: BLE001 - a handler bug must not fail a pod (unless the policy is Fail)
+                self._failed(kind, reply, started, err)
+                return
+            self._answer(kind, reply, started, answer)
             return
+        call = _Call(kind, reply, started, limit, time.monotonic() + self._budget(limit))
+        self._watch(call)
         try:
-            await asyncio.wait_for(settled, max(limit - _SEND_MARGIN_S - time.monotonic(), 0.0))
-        except TimeoutError:
-            log.error("NRI: a late handler's change is still under way at the runtime's deadline")
+            self._executor.submit(self._work, call, decide)
+        except BaseException:
+            call.abandon()  # answered by the server, as a failed start
+            raise
 
-    async def _run_handler(self, event: str, call: Callable[[], T], limit: float, empty: T, started: float,
-                           changed: Callable[[T], bool] | None = None) -> T:
-        """``call`` in a worker thread, answered before ``limit`` (on the loop for a quick event); observed from
-        ``started`` (the request's arrival, before its decoding) to the answer."""
-        budget_s = self._budget(limit)
+    def _work(self, call: _Call, decide: Callable[[], Message]) -> None:
+        """In a worker thread: decide, and answer unless the call was given up meanwhile."""
+        if call.late:  # waited in the queue past its time: never starts
+            return
+        _current.call = call
         try:
-            answer = call() if event in self._quick else await self._in_worker(call, limit)
-        except TimeoutError:
-            self._observe(event, "timeout", time.monotonic() - started)
-            log.warning("NRI %s: no answer within %.2f s; answering %s", event, budget_s,
-                        "an error (Fail policy)" if self._fail else "with no change")
-            if self._fail:
-                raise TtrpcError(Code.DEADLINE_EXCEEDED, f"{event}: no answer within {budget_s:.2f} s") from None
-            return empty
+            answer = decide()
         except Exception as err:  # noqa: BLE001 - a handler bug must not fail a pod (unless the policy is Fail)
-            self._observe(event, "error", time.monotonic() - started)
-            log.exception("NRI %s failed; answering %s", event, "an error (Fail policy)" if self._fail else
-                          "with no change")
-            if self._fail:
-                raise TtrpcError(Code.UNKNOWN, f"{event}: {err}") from err
-            return empty
-        result = "ok" if changed is None else ("changed" if changed(answer) else "unchanged")
-        self._observe(event, result, time.monotonic() - started)
-        return answer
+            if call.take(on_time=True):
+                self._failed(call.kind, call.reply, call.started, err)
+            return
+        finally:
+            _current.call = None
+        if call.take(on_time=True):
+            self._answer(call.kind, call.reply, call.started, answer)
+
+    def _answer(self, kind: _Kind, reply: Reply, started: float, answer: Message) -> None:
+        data = answer.SerializeToString()
+        self._observe(kind.event, ("changed" if data else "unchanged") if kind.changes else "ok",
+                      time.monotonic() - started)
+        if kind.answered is not None:
+            kind.answered(answer)
+        reply(data)
+
+    def _no_change(self, kind: _Kind, reply: Reply) -> None:
+        if kind.answered is not None:
+            kind.answered(kind.empty)
+        reply(kind.empty.SerializeToString())
+
+    def _failed(self, kind: _Kind, reply: Reply, started: float, err: Exception) -> None:
+        self._observe(kind.event, "error", time.monotonic() - started)
+        log.error("NRI %s failed; answering %s", kind.event, "an error (Fail policy)" if self._fail else
+                  "with no change", exc_info=err)
+        if self._fail:
+            reply(TtrpcError(Code.UNKNOWN, f"{kind.event}: {err}"))
+        else:
+            self._no_change(kind, reply)
+
+    def _late(self, call: _Call) -> None:
+        """The answer for a call past its budget (from the loop, or from the worker whose change just ended)."""
+        kind, budget_s = call.kind, call.give_up_at - call.started
+        self._observe(kind.event, "timeout", time.monotonic() - call.started)
+        log.warning("NRI %s: no answer within %.2f s; answering %s", kind.event, budget_s,
+                    "an error (Fail policy)" if self._fail else "with no change")
+        if self._fail:
+            call.reply(TtrpcError(Code.DEADLINE_EXCEEDED, f"{kind.event}: no answer within {budget_s:.2f} s"))
+        else:
+            self._no_change(kind, call.reply)
+
+    # -- the calls in the workers, watched by one timer ------------------------------------------------------
+    def _watch(self, call: _Call) -> None:
+        """Give ``call`` up at its time. One timer serves the connection, set for the earliest give-up time
+        (the heap's top); calls answered meanwhile leave the heap as they come to its top."""
+        watched = self._watched
+        while watched and watched[0][2].answered:
+            heapq.heappop(watched)
+        heapq.heappush(watched, (call.give_up_at, next(self._arrivals), call))
+        if self._sweep is None or call.give_up_at < self._sweep_at:
+            self._arm(call.give_up_at)
+
+    def _arm(self, at: float) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+        self._sweep_at = at
+        self._sweep = self._loop.call_later(max(at - time.monotonic(), 0.0), self._give_up_due)
+
+    def _give_up_due(self) -> None:
+        self._sweep = None
+        watched, now = self._watched, time.monotonic()
+        while watched:
+            give_up_at, _, call = watched[0]
+            if not call.answered and give_up_at > now + _TIMER_SLACK_S:
+                self._arm(give_up_at)
+                return
+            heapq.heappop(watched)
+            if not call.answered:
+                self._give_up(call)
+
+    def _give_up(self, call: _Call) -> None:
+        """Mark the call late; answer it now, or when the change under way ends but no later than just before the
+        runtime's deadline."""
+        if call.give_up(functools.partial(self._settled, call)):
+            self._loop.call_later(max(call.limit - _SEND_MARGIN_S - time.monotonic(), 0.0), self._overdue, call)
+        elif call.take():
+            self._late(call)
+
+    def _settled(self, call: _Call) -> None:
+        if call.take():
+            self._late(call)
+
+    def _overdue(self, call: _Call) -> None:
+        if call.take():
+            log.error("NRI %s: a late handler's change is still under way at the runtime's deadline", call.kind.event)
+            self._late(call)
 
     # -- the Plugin service --------------------------------------------------------------------------------
     async def _configure(self, payload: bytes, deadline: float | None) -> bytes:
@@ -403,63 +495,73 @@ class PluginConnection:
         self._handlers.configure(request)
         return api.ConfigureResponse(events=self._handlers.events).SerializeToString()
 
-    async def _synchronize(self, payload: bytes, deadline: float | None) -> bytes:
+    def _synchronize(self, payload: bytes, deadline: float | None, reply: Reply) -> None:
         started = time.monotonic()
         request = api.SynchronizeRequest.FromString(payload)
-        chunks = self._chunks or _SyncChunks(started=time.monotonic())
+        chunks = self._chunks or _SyncChunks(started=started)
         chunks.pods.extend(request.pods)
         chunks.containers.extend(request.containers)
         chunks.messages += 1
         chunks.request_bytes += len(payload)
         if request.more:
             self._chunks = chunks
-            return api.SynchronizeResponse(more=True).SerializeToString()
+            reply(_MORE)
+            return
         self._chunks = None
         limit = self._limit(deadline, chunks.started)
         until = time.monotonic() + self._budget(limit)
-        updates = await self._run_handler(
-            "Synchronize", lambda: self._handlers.synchronize(chunks.pods, chunks.containers, until), limit, [],
-            started, changed=bool)
+        kind = _Kind("Synchronize", _SYNC_EMPTY, answered=functools.partial(self._synced, chunks))
+        self._dispatch(kind, reply, started, limit, functools.partial(self._sync_answer, chunks, until))
+
+    def _sync_answer(self, chunks: _SyncChunks, until: float) -> api.SynchronizeResponse:
+        updates = self._handlers.synchronize(chunks.pods, chunks.containers, until)
         kept = fit_updates(updates)
-        self.sync = SyncStats(len(chunks.pods), len(chunks.containers), chunks.messages, chunks.request_bytes,
-                              kept, len(updates) - kept)
         if kept < len(updates):
+            chunks.updates_left_out = len(updates) - kept
             log.warning("NRI Synchronize: %d of %d container updates do not fit in one answer; left out",
                         len(updates) - kept, len(updates))
-        answer = api.SynchronizeResponse(update=updates[:kept]).SerializeToString()
-        asyncio.get_running_loop().call_soon(self._synchronized.set)
-        return answer
+        return api.SynchronizeResponse(update=updates[:kept])
 
-    async def _answer(self, event: str, payload: bytes, deadline: float | None, request_type: type[M],
-                      handler: Callable[[M], N], empty: N) -> bytes:
-        """A container event: its answer, or ``empty`` (no change) when the handler fails or is late."""
+    def _synced(self, chunks: _SyncChunks, answer: api.SynchronizeResponse) -> None:
+        """With the last chunk's answer (from the thread sending it): the runtime sends events once it has it."""
+        self.sync = SyncStats(len(chunks.pods), len(chunks.containers), chunks.messages, chunks.request_bytes,
+                              len(answer.update), chunks.updates_left_out if answer is not _SYNC_EMPTY else 0)
+        with contextlib.suppress(RuntimeError):  # the loop has ended
+            self._loop.call_soon_threadsafe(self._synchronized.set)
+
+    def _container_event(self, event: str, payload: bytes, deadline: float | None, reply: Reply,
+                         request_type: type[M], handler: Callable[[M], Message]) -> None:
         started = time.monotonic()
         request = request_type.FromString(payload)
-        answer = await self._run_handler(event, lambda: handler(request), self._limit(deadline, started), empty,
-                                         started, changed=lambda r: r.ByteSize() > 0)
-        return answer.SerializeToString()
+        self._dispatch(self._kinds[event], reply, started, self._limit(deadline, started),
+                       functools.partial(handler, request))
 
-    async def _create_container(self, payload: bytes, deadline: float | None) -> bytes:
-        return await self._answer("CreateContainer", payload, deadline, api.CreateContainerRequest,
-                                  self._handlers.create_container, api.CreateContainerResponse())
+    def _create_container(self, payload: bytes, deadline: float | None, reply: Reply) -> None:
+        self._container_event("CreateContainer", payload, deadline, reply, api.CreateContainerRequest,
+                              self._handlers.create_container)
 
-    async def _update_container(self, payload: bytes, deadline: float | None) -> bytes:
-        return await self._answer("UpdateContainer", payload, deadline, api.UpdateContainerRequest,
-                                  self._handlers.update_container, api.UpdateContainerResponse())
+    def _update_container(self, payload: bytes, deadline: float | None, reply: Reply) -> None:
+        self._container_event("UpdateContainer", payload, deadline, reply, api.UpdateContainerRequest,
+                              self._handlers.update_container)
 
     async def _stop_container(self, payload: bytes, deadline: float | None) -> bytes:
         return api.StopContainerResponse().SerializeToString()  # not subscribed: nothing to say
 
-    async def _state_change(self, payload: bytes, deadline: float | None) -> bytes:
+    def _state_change(self, payload: bytes, deadline: float | None, reply: Reply) -> None:
         started = time.monotonic()
         event = api.StateChangeEvent.FromString(payload)
-        try:
-            name = Event(event.event).title
-        except ValueError:
-            name = f"Event{event.event}"
-        await self._run_handler(name, lambda: self._handlers.state_change(event), self._limit(deadline, started),
-                                None, started)
-        return b""
+        kind = self._state_kinds.get(event.event)
+        if kind is None:
+            try:
+                kind = self._state_kinds[event.event] = _Kind(Event(event.event).title, _EMPTY, changes=False)
+            except ValueError:  # an event of a later NRI: answered, not remembered
+                kind = _Kind(f"Event{event.event}", _EMPTY, changes=False)
+        self._dispatch(kind, reply, started, self._limit(deadline, started),
+                       functools.partial(self._state_changed, event))
+
+    def _state_changed(self, event: api.StateChangeEvent) -> api.Empty:
+        self._handlers.state_change(event)
+        return _EMPTY
 
     async def _shutdown(self, payload: bytes, deadline: float | None) -> bytes:
         log.info("NRI runtime asked the plugin to shut down")

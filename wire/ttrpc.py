@@ -16,7 +16,8 @@ Here, without any I/O of its own (the NRI mux in wire/nrimux.py carries the byte
 - :class:`Server` answers requests with registered handlers: UNIMPLEMENTED for an unknown service or method,
   INVALID_ARGUMENT for an undecodable envelope or an even / reused stream id (the Go server's checks), the
   handler's :class:`TtrpcError` as its status, and every handler in its own task, so a slow answer never holds
-  up the next request.
+  up the next request. A :class:`Deferred` handler gets no task: it starts the work and returns, and the work
+  answers through the reply it was given, from any thread (its ``send`` must allow that).
 - :class:`Client` makes calls and matches the answers by stream id.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import struct
 import time
@@ -182,6 +184,16 @@ class MessageReader:
 # answer (None: no deadline), and returns the serialized response or raises TtrpcError.
 Handler = Callable[[bytes, float | None], Awaitable[bytes]]
 Send = Callable[[bytes], None]
+# How a deferred handler answers, once, from any thread: the serialized response, or a TtrpcError.
+Reply = Callable[[bytes | TtrpcError], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """A handler that answers later through ``reply``: ``start(payload, deadline, reply)`` returns at once (an
+    exception it raises answers as a returning handler's would)."""
+
+    start: Callable[[bytes, float | None, Reply], None]
 
 
 def _deadline(timeout_nano: int) -> float | None:
@@ -191,7 +203,7 @@ def _deadline(timeout_nano: int) -> float | None:
 class Server:
     """Serves ``services`` (service name -> method name -> handler) on one stream, answering through ``send``."""
 
-    def __init__(self, services: Mapping[str, Mapping[str, Handler]], send: Send,
+    def __init__(self, services: Mapping[str, Mapping[str, Handler | Deferred]], send: Send,
                  response_limit: int = MESSAGE_MAX, receive_limit: int = RECEIVE_MAX) -> None:
         self._services = services
         self._send = send
@@ -225,6 +237,13 @@ class Server:
         self.rejected += 1
         self._respond(stream_id, ttrpc_pb2.Response(status=ttrpc_pb2.Status(code=code, message=message)))
 
+    def _reply(self, stream_id: int, answer: bytes | TtrpcError) -> None:
+        if isinstance(answer, TtrpcError):
+            self._respond(stream_id, ttrpc_pb2.Response(status=ttrpc_pb2.Status(code=answer.code,
+                                                                                message=answer.message)))
+        else:
+            self._respond(stream_id, ttrpc_pb2.Response(status=ttrpc_pb2.Status(), payload=answer))
+
     def _respond(self, stream_id: int, response: ttrpc_pb2.Response) -> None:
         data = response.SerializeToString()
         if len(data) > self._response_limit:
@@ -256,28 +275,37 @@ class Server:
         if handler is None:
             self._reject(stream_id, Code.UNIMPLEMENTED, f"method {request.method}")
             return
-        task = asyncio.get_running_loop().create_task(
-            self._call(stream_id, handler, request.payload, _deadline(request.timeout_nano)))
+        deadline = _deadline(request.timeout_nano)
+        if isinstance(handler, Deferred):
+            try:
+                handler.start(request.payload, deadline, functools.partial(self._reply, stream_id))
+            except Exception as err:  # noqa: BLE001 - answered as a returning handler's failure is
+                self._failed(stream_id, err)
+            return
+        task = asyncio.get_running_loop().create_task(self._call(stream_id, handler, request.payload, deadline))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _call(self, stream_id: int, handler: Handler, payload: bytes, deadline: float | None) -> None:
         try:
             answer = await handler(payload, deadline)
-        except TtrpcError as err:
-            self._respond(stream_id, ttrpc_pb2.Response(status=ttrpc_pb2.Status(code=err.code, message=err.message)))
-            return
-        except DecodeError as err:
-            self._respond(stream_id, ttrpc_pb2.Response(status=ttrpc_pb2.Status(
-                code=Code.INTERNAL, message=f"cannot decode payload: {err}")))
-            return
         except asyncio.CancelledError:
             raise
-        except Exception as err:  # noqa: BLE001 - a handler bug answers UNKNOWN, the stream goes on
-            log.exception("ttrpc handler on stream %d failed", stream_id)
-            self._respond(stream_id, ttrpc_pb2.Response(status=ttrpc_pb2.Status(code=Code.UNKNOWN, message=str(err))))
+        except Exception as err:  # noqa: BLE001 - answered with a status; the stream goes on
+            self._failed(stream_id, err)
             return
-        self._respond(stream_id, ttrpc_pb2.Response(status=ttrpc_pb2.Status(), payload=answer))
+        self._reply(stream_id, answer)
+
+    def _failed(self, stream_id: int, err: Exception) -> None:
+        """The status a handler's exception answers: its own, INTERNAL for a payload it could not decode, UNKNOWN
+        for a bug."""
+        if isinstance(err, TtrpcError):
+            self._reply(stream_id, err)
+        elif isinstance(err, DecodeError):
+            self._reply(stream_id, TtrpcError(Code.INTERNAL, f"cannot decode payload: {err}"))
+        else:
+            log.error("ttrpc handler on stream %d failed", stream_id, exc_info=err)
+            self._reply(stream_id, TtrpcError(Code.UNKNOWN, str(err)))
 
     def close(self) -> None:
         for task in list(self._tasks):

@@ -69,7 +69,7 @@ def plugged(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Ru
         conn = await PluginConnection.open(runtime.path, handlers, executor, timeout_s=2,
                                            fail_on_error=state.get("fail_on_error", False),
                                            observe=lambda *o: state["observed"].append(o))
-        state["conn"] = conn
+        state["conn"], state["loop"] = conn, asyncio.get_running_loop()
         await conn.register("tester", "42")
         while not stop.is_set() and not conn.closed:
             await asyncio.sleep(0.02)
@@ -172,6 +172,26 @@ def test_a_late_handler_changes_nothing_after_its_empty_answer(plugged) -> None:
     assert changes[0][1] <= answered  # the change under way landed before the answer went
 
 
+def test_a_workers_answer_goes_out_while_the_connections_loop_is_busy(plugged) -> None:
+    """The worker sends its answer itself: it does not wait for the loop (which is blocked here for a second)."""
+    conn, handlers, state = plugged
+    conn.handshake()
+    loop_blocked = threading.Event()
+
+    def block_the_loop() -> None:
+        loop_blocked.set()
+        time.sleep(1.0)
+
+    def create() -> None:
+        state["loop"].call_soon_threadsafe(block_the_loop)
+        assert loop_blocked.wait(5)
+
+    handlers.create = create
+    started = time.monotonic()
+    answer = conn.call("CreateContainer", api.CreateContainerRequest(), api.CreateContainerResponse)
+    assert answer.adjust.env[0].key == "K" and time.monotonic() - started < 0.5
+
+
 def test_work_queued_behind_busy_workers_past_its_deadline_never_starts(plugged) -> None:
     conn, handlers, _ = plugged
     conn.handshake()
@@ -202,6 +222,48 @@ def test_with_the_fail_policy_a_failing_handler_answers_an_error(plugged) -> Non
     handlers.fail = True
     response = conn.response(conn.request("CreateContainer", api.CreateContainerRequest().SerializeToString()))
     assert response.status.code == Code.UNKNOWN and "a bug" in response.status.message
+
+
+def test_with_the_fail_policy_a_late_handler_answers_deadline_exceeded_in_time(plugged) -> None:
+    conn, handlers, state = plugged
+    state["conn"]._fail = True
+    conn.handshake()
+    handlers.delay_s = 3.0
+    started = time.monotonic()
+    stream = conn.request("CreateContainer", api.CreateContainerRequest().SerializeToString())
+    response = conn.response(stream, timeout_s=5.0)
+    assert response.status.code == Code.DEADLINE_EXCEEDED and time.monotonic() - started < 2.0
+    time.sleep(1.5)  # the handler ends meanwhile: its answer does not follow the error
+    assert conn.responses[stream].empty() and not conn.other
+
+
+def test_every_call_gets_exactly_one_answer_when_handlers_end_around_their_give_up_time(plugged) -> None:
+    """Handlers that end just before, at and just after the moment their call is given up (0.2 s into a 0.3 s
+    request timeout): each call is answered once, with the handler's answer or the empty one."""
+    conn, handlers, _ = plugged
+    conn.handshake()
+    delays = iter([0.17, 0.19, 0.20, 0.21, 0.23] * 4)
+    handlers.create = lambda: time.sleep(next(delays))
+    streams = []
+    for _ in range(10):  # two at a time (the fixture's two workers), so none waits in the queue past its time
+        streams += [conn.request("CreateContainer", api.CreateContainerRequest().SerializeToString(), timeout_s=0.3)
+                    for _ in range(2)]
+        for stream in streams[-2:]:
+            assert conn.response(stream, timeout_s=2.0).status.code == 0
+    time.sleep(0.5)  # any second answer would be here by now
+    assert all(conn.responses[stream].empty() for stream in streams) and not conn.other
+    assert len(handlers.threads) == 20
+
+
+def test_a_sync_whose_first_update_does_not_fit_reports_it_left_out(plugged) -> None:
+    conn, handlers, state = plugged
+    huge = api.ContainerUpdate(container_id="c0", linux=api.LinuxContainerUpdate(
+        resources=api.LinuxResources(unified={"memory.high": "x" * (5 << 20)})))
+    handlers.synchronize = lambda pods, containers, deadline: [huge]
+    _, answers = conn.handshake([api.PodSandbox(id="p0")], [api.Container(id="c0", pod_sandbox_id="p0")])
+    assert len(answers[0].update) == 0
+    sync = state["conn"].sync
+    assert (sync.updates, sync.updates_left_out) == (0, 1)
 
 
 def test_state_changes_reach_the_handler_and_are_answered_empty(plugged) -> None:

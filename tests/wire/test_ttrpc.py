@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 
 import pytest
 
@@ -14,6 +15,7 @@ from wire.ttrpc import (
     Client,
     Code,
     ConnectionClosed,
+    Deferred,
     Message,
     MessageReader,
     Oversized,
@@ -119,6 +121,56 @@ def test_server_turns_handler_errors_into_statuses() -> None:
     got = asyncio.run(_serve([request(1, "svc", "Echo", b"status"), request(3, "svc", "Echo", b"bug")], failing))
     assert (got[1].status.code, got[1].status.message) == (Code.FAILED_PRECONDITION, "no")
     assert got[3].status.code == Code.UNKNOWN
+
+
+def test_a_deferred_handler_answers_from_another_thread_in_any_order_without_a_task() -> None:
+    """The second request's answer goes first, from a thread of its own; the server made no task for either."""
+    sent: list[bytes] = []
+    lock = threading.Lock()
+    first_may_answer = threading.Event()
+
+    def send(data: bytes) -> None:  # a deferred handler's send must allow any thread
+        with lock:
+            sent.append(data)
+
+    def start(payload: bytes, deadline: float | None, reply) -> None:
+        def work() -> None:
+            if payload == b"first":
+                first_may_answer.wait(5)
+            reply(payload.upper())
+            if payload == b"second":
+                first_may_answer.set()
+        threading.Thread(target=work).start()
+
+    async def run() -> Server:
+        server = Server({"svc": {"Echo": Deferred(start)}}, send)
+        server.feed(request(1, "svc", "Echo", b"first") + request(3, "svc", "Echo", b"second"))
+        assert not server._tasks
+        for _ in range(500):
+            if len(sent) == 2:
+                break
+            await asyncio.sleep(0.01)
+        return server
+
+    asyncio.run(run())
+    got = [MessageReader().feed(data)[0] for data in sent]
+    assert [m.stream_id for m in got] == [3, 1]
+    assert [ttrpc_pb2.Response.FromString(m.data).payload for m in got] == [b"SECOND", b"FIRST"]
+
+
+def test_a_deferred_handler_that_fails_to_start_is_answered_with_a_status() -> None:
+    def start(payload: bytes, deadline: float | None, reply) -> None:
+        if payload == b"status":
+            raise TtrpcError(Code.FAILED_PRECONDITION, "no")
+        if payload == b"undecodable":
+            ttrpc_pb2.Request.FromString(b"\xff\xff")
+        raise RuntimeError("bug")
+
+    got = asyncio.run(_serve([request(1, "svc", "Echo", b"status"), request(3, "svc", "Echo", b"undecodable"),
+                              request(5, "svc", "Echo", b"bug")], Deferred(start)))
+    assert (got[1].status.code, got[1].status.message) == (Code.FAILED_PRECONDITION, "no")
+    assert got[3].status.code == Code.INTERNAL and "cannot decode payload" in got[3].status.message
+    assert got[5].status.code == Code.UNKNOWN and got[5].status.message == "bug"
 
 
 def test_client_matches_answers_out_of_order_and_fails_waiting_calls_on_close() -> None:
