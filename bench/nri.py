@@ -43,6 +43,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -446,6 +447,7 @@ def main() -> int:
         client.close()
         for runtime in runtimes.values():
             runtime.down()
+        shutil.rmtree(state, ignore_errors=True)
     result["goals"] = {"nri_pod_start_ratio_le_1.02": result["pod_start_ratio_nri"] <= 1.02,
                        "nri_answer_p99_le_5ms": result["nri_answer"]["p99_ms"] <= 5.0}
     if args.json:

@@ -47,7 +47,7 @@ class KoordletProcess:
         self.args = [
             sys.executable, "-m", "koordlet.main", "-local-mode",
             f"-node-slo-file={state / 'slo.yaml'}", f"-cri-endpoint={cri_socket}", f"-report-dir={state / 'reports'}",
-            "-cgroup-root-dir=/sys/fs/cgroup/", f"-kubelet-cgroup-root={CGROUP_ROOT}",
+            "-cgroup-root-dir=/sys/fs/cgroup/", f"-kubelet-cgroup-root={CGROUP_ROOT}", "-sys-root-dir=/sys/",
             f"-addr=127.0.0.1:{self.port}", "-kubelet-sync-interval=1s",
             f"-runtime-hooks-config-path={hook_dir}", f"-runtime-hooks-addr={self.hook_socket}",
             f"-runtime-hooks-host-endpoint={self.hook_socket}", "-runtime-hooks-reconcile-interval=2s",
