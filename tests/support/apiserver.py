@@ -1131,6 +1131,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
+        # Said, not only done: a client that does not hear it pools the connection and may send its next request
+        # (a POST, which it does not retry) on it just as it closes.
+        self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
         try:
