@@ -54,14 +54,17 @@ def _main_pid() -> int:
 
 def _render(unit: str, backend: str) -> str:
     """The shipped unit, running this checkout's proxy (the installer's venv does not exist here) against the
-    session's containerd; everything else (paths, sandbox, ordering, type) as it ships, but for one thing: the
+    session's containerd; everything else (paths, sandbox, ordering, type) as it ships, but for two things: the
     test's interpreter may live under /root (a pyenv build), which ``ProtectHome=yes`` hides, so home dirs stay
-    readable."""
+    readable; and a checkout under /tmp or /var/tmp (a fresh clone there) would be hidden by ``PrivateTmp=yes``,
+    which then goes for this run."""
     text = unit
     text = re.sub(r"^ExecStart=\S*/bin/koord-runtime-proxy",
                   f"Environment=PYTHONPATH={REPO}\nExecStart={sys.executable} -m runtimeproxy.main",
                   text, flags=re.M)
     text = re.sub(r"^ProtectHome=yes$", "ProtectHome=read-only", text, flags=re.M)
+    if any(Path(p).resolve().is_relative_to(tmp) for p in (REPO, sys.executable) for tmp in ("/tmp", "/var/tmp")):
+        text = re.sub(r"^PrivateTmp=yes$", "PrivateTmp=no", text, flags=re.M)
     return text.replace("/var/run/containerd/containerd.sock", backend)
 
 
