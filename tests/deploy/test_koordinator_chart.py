@@ -472,7 +472,7 @@ def _koordinators_node(tmp_path: Path) -> Iterator[_Cluster]:
 @pytest.mark.containerd
 def test_the_image_runs_as_koordinators_koordlet_with_exactly_its_chart(
         chart_host_dirs: list[str], tmp_path: Path) -> None:
-    from tests.deploy.test_image import _container_log
+    from tests.deploy.test_image import _container_log, be_pod_gets_its_batch_values
     from tests.support.waiting import wait_for
     from wire import cri_pb2 as cri
 
@@ -497,7 +497,7 @@ def test_the_image_runs_as_koordinators_koordlet_with_exactly_its_chart(
         assert registered_s < 10.0, logs()
         assert wait_for(lambda: _metric(_get(f"http://127.0.0.1:{METRICS_PORT}/metrics"),
                                         "koordlet_nri_registered") == 1.0, 30), logs()
-        _be_pod_gets_its_batch_values_through_nri(client)
+        be_pod_gets_its_batch_values(client)  # through NRI: the client is containerd's own
         assert wait_for(lambda: ((api.get_object("nodemetrics", NODE) or {}).get("status") or {})
                         .get("nodeMetric"), 90), logs()
         assert wait_for(lambda: api.get_object("noderesourcetopologies", NODE), 60), logs()
@@ -526,12 +526,6 @@ def _serve_koordinators_crds(api: Any) -> None:
             response = client.call_api(*request)
             response.read()
             assert response.status == 201, crd["metadata"]["name"]
-
-
-def _be_pod_gets_its_batch_values_through_nri(client: Any) -> None:
-    from tests.deploy.test_image import be_pod_gets_its_batch_values
-
-    be_pod_gets_its_batch_values(client)
 
 
 def test_the_device_object_of_a_gpu_node_validates_against_koordinators_crd(tmp_path: Path) -> None:
