@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test deps image proto bench bench-v2 soak lint lock v2-check gpu-check clean
+.PHONY: demo test test-latest deps image proto bench bench-v2 soak lint lock v2-check gpu-check clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -32,14 +32,30 @@ soak: deps
 lint: deps
 	$(PY) -m ruff check .
 
-# requirements.lock: the runtime dependencies of pyproject.toml (and the build backend), pinned with the sha256 of
-# every file PyPI publishes for each version, resolved for this Python; scripts/install-baremetal.sh installs from it.
-# pip-tools runs in a throwaway virtualenv; PIP_CONFIG_FILE=/dev/null: PyPI itself, not a machine's local mirror.
+# The locks, made together so they agree (tests/deploy/test_lock.py holds them to it), each pinning every file
+# PyPI publishes for each version by its sha256, resolved for this Python:
+#   requirements-dev.lock  the runtime dependencies, the build backend and the dev extras: what `make test`,
+#                          `make demo` and CI install (scripts/install-deps.sh, --require-hashes);
+#   requirements.lock      the runtime dependencies and the build backend alone, at the same versions:
+#                          what scripts/install-baremetal.sh and the image install.
+# The runtime lock is compiled from the dev lock (pip-compile keeps a pin that still fits and drops the rest), so
+# a release between the two compiles cannot make them differ. pip-tools runs in a throwaway virtualenv;
+# PIP_CONFIG_FILE=/dev/null: PyPI itself, not a machine's local mirror. A pin that still fits pyproject.toml is
+# kept; `make lock LOCK_ARGS=--upgrade` moves every pin to the newest release (`make test-latest` first).
+LOCK_COMPILE = env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null CUSTOM_COMPILE_COMMAND="make lock" \
+  out/lock-venv/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras --build-deps-for=wheel
 lock: deps
 	rm -rf out/lock-venv && $(PY) -m venv out/lock-venv
 	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null out/lock-venv/bin/pip install -q pip-tools
-	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null CUSTOM_COMPILE_COMMAND="make lock" out/lock-venv/bin/pip-compile -q \
-	  --generate-hashes --allow-unsafe --strip-extras --build-deps-for=wheel --output-file=requirements.lock pyproject.toml
+	$(LOCK_COMPILE) $(LOCK_ARGS) --extra dev --output-file=requirements-dev.lock pyproject.toml
+	cp requirements-dev.lock requirements.lock
+	$(LOCK_COMPILE) --output-file=requirements.lock pyproject.toml
+
+# The suite on the newest releases of every dependency (not the lock): a virtualenv of its own (.venv-latest), the
+# versions that differ from requirements-dev.lock printed first, then the whole test command. Not in CI: it says
+# whether `make lock` would be safe today.
+test-latest:
+	bash scripts/test-latest.sh
 
 # The cgroup v2 stage alone: the tests marked cgroupv2, in a VM booting Debian's kernel (part of `make test`).
 v2-check: deps

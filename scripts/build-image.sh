@@ -5,8 +5,9 @@
 #   bash scripts/build-image.sh --context-only  # only the build context (Containerfile + wheelhouse), for
 #                                               # `docker build` / `podman build` elsewhere; prints its dir
 #
-# 1. A wheelhouse built on this host (`pip wheel`): the project and every dependency. pip inside the build
-#    never reaches an index (a machine whose certificate chain the image lacks can still build).
+# 1. A wheelhouse built on this host (`pip wheel`): the project and every dependency at requirements.lock's
+#    version. pip inside the build never reaches an index (a machine whose certificate chain the image lacks
+#    can still build).
 # 2. The base image the Containerfile names (BASE_IMAGE): when it is not in the local storage, a Debian 12
 #    minbase root made with debootstrap from this machine's own apt archive, trimmed and committed as
 #    localhost/koordlet-py-base:bookworm. Elsewhere pass BASE_IMAGE=docker.io/library/debian:bookworm-slim.
@@ -32,16 +33,15 @@ image=$repository:$version
 context=$out/context
 
 # ---- 1. context: Containerfile + wheelhouse --------------------------------------------------------
-# The wheelhouse is kept per dependency set (pyproject.toml's hash) and only the project's wheel is rebuilt.
-deps_key=$(sha256sum "$here/pyproject.toml" | cut -c1-16)
+# The wheelhouse is requirements.lock's (the versions a bare-metal node installs, each file checked against its
+# sha256), kept per lock and only the project's wheel is rebuilt.
+deps_key=$(sha256sum "$here/requirements.lock" | cut -c1-16)
 wheels=$tools/image/wheels-$deps_key
 if [ ! -f "$wheels/.complete" ]; then
-  log "wheelhouse: pip wheel the dependencies into $wheels"
+  log "wheelhouse: pip wheel requirements.lock into $wheels"
   rm -rf "$wheels"; mkdir -p "$wheels"
-  deps=$("$py" -c 'import sys, tomllib; print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' \
-    "$here/pyproject.toml")
-  # shellcheck disable=SC2086
-  "$py" -m pip wheel -q --disable-pip-version-check --wheel-dir "$wheels" $deps >&2 || die "pip wheel failed"
+  "$py" -m pip wheel -q --disable-pip-version-check --require-hashes --no-deps --wheel-dir "$wheels" \
+    -r "$here/requirements.lock" >&2 || die "pip wheel failed"
   touch "$wheels/.complete"
 fi
 rm -rf "$context"; mkdir -p "$context/wheels"

@@ -24,13 +24,35 @@ if [ ${#missing[@]} -gt 0 ]; then
   }
 fi
 
+# The virtualenv holds exactly requirements-dev.lock (runtime, build backend and dev tools, every file checked
+# against its sha256), then the project itself, editable, built with the lock's setuptools and resolving nothing.
+# So a release made upstream since the lock changes nothing here; `make test-latest` tries the newest ones. The
+# stamp holds the digest of the lock and pyproject.toml: a changed lock (or a virtualenv made another way, say by
+# an older checkout's `pip install -e .[dev]`) is installed again, pins moving both up and down.
+lock=$here/requirements-dev.lock
 stamp=$venv/.installed
-if [ ! -f "$stamp" ] || [ "$here/pyproject.toml" -nt "$stamp" ]; then
+want=$(cat "$lock" "$here/pyproject.toml" | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   [ -x "$venv/bin/python" ] || { log "creating virtualenv $venv"; "$py" -m venv "$venv"; }
-  log "pip install -e .[dev]"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$here[dev]" 2>&1 |
-    grep -v "^WARNING: Location" >&2 || true
+  log "pip install --require-hashes -r requirements-dev.lock, then the project (editable)"
+  pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+  "${pip[@]}" --require-hashes --no-deps -r "$lock" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  "${pip[@]}" --no-deps --no-build-isolation -e "$here" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  "$venv/bin/python" -m pip check -q --disable-pip-version-check >&2 ||
+    { log "the virtualenv's packages do not fit together (pip check above)"; exit 1; }
+  "$venv/bin/python" - "$lock" <<'PY' || { log "the virtualenv does not hold requirements-dev.lock's versions"; exit 1; }
+import re, sys
+from importlib import metadata
+from packaging.utils import canonicalize_name
+pins = dict(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", open(sys.argv[1]).read(), re.M))
+have = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
+wrong = [f"{n}=={v} (installed: {have.get(canonicalize_name(n), 'none')})" for n, v in pins.items()
+         if have.get(canonicalize_name(n)) != v]
+for line in wrong:
+    print("install-deps: not as locked:", line, file=sys.stderr)
+sys.exit(1 if wrong else 0)
+PY
   "$venv/bin/python" -c "import grpc, uvloop, hpack, kubernetes, psutil, prometheus_client, watchdog, pyroute2" ||
     { log "python packages missing after pip install"; exit 1; }
-  touch "$stamp"
+  echo "$want" >"$stamp"
 fi

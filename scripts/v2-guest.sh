@@ -5,11 +5,13 @@
 # Writes its exit code to $KPY_V2_OUT/rc, so the host can tell a finished run from a guest that died.
 #   KPY_V2_OUT   a dir shared read-write with the host (junit.xml, rc)
 #   KPY_V2_MODE  tests (default) | bench (KPY_V2_BENCH's --v2-guest part, default bench/qos_reaction.py)
+#   KPY_VENV     the virtualenv to run (default: the checkout's .venv; make test-latest passes its own)
 set -uo pipefail
 echo   # the serial console can eat the guest's first line
 out=${KPY_V2_OUT:?KPY_V2_OUT not set}
 mode=${KPY_V2_MODE:-tests}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+py=${KPY_VENV:-$here/.venv}/bin/python
 log() { echo "v2-guest: $*" >&2; }
 finish() { echo "$1" > "$out/rc"; exit "$1"; }
 
@@ -44,7 +46,7 @@ case "$mode" in
     # No hypothesis plugin: no cgroupv2 test is a property test, and loading it costs ~30 s under emulation.
     # faulthandler_timeout: a test still running after 240 s prints every thread's stack (the run goes on), so a
     # guest that hangs says where before the host's V2_TIMEOUT ends it.
-    .venv/bin/python -m pytest -v -rs -p no:cacheprovider -p no:hypothesispytest -m cgroupv2 -o junit_family=xunit1 \
+    "$py" -m pytest -v -rs -p no:cacheprovider -p no:hypothesispytest -m cgroupv2 -o junit_family=xunit1 \
       -o faulthandler_timeout=240 --junitxml="$out/junit.xml" "$@"
     rc=$?
     # The tests remove every cgroup they made (containerd-down.sh prunes runc's parents): on the real v2
@@ -55,7 +57,7 @@ case "$mode" in
     fi
     finish "$rc" ;;
   bench)
-    .venv/bin/python "${KPY_V2_BENCH:-bench/qos_reaction.py}" --v2-guest "$@"
+    "$py" "${KPY_V2_BENCH:-bench/qos_reaction.py}" --v2-guest "$@"
     finish $? ;;
   *) log "unknown mode $mode"; finish 2 ;;
 esac

@@ -23,8 +23,8 @@
 #   V2_DISK_MB=64        size of the sparse disk attached to the cgroupfs guest (blkio tests; BE page cache in benches)
 #   V2_NUMA=2            NUMA nodes of the cgroupfs guest (qemu -numa through vng --numa): V2_CPUS and V2_MEMORY
 #                        split evenly between them (each must divide); 1 boots it without NUMA
-# Installs what it needs: Debian qemu-system-x86 and linux-image-amd64 (apt-get), virtme-ng (pip, into
-# the project's virtualenv). Needs root.
+# Installs what it needs: Debian qemu-system-x86 and linux-image-amd64 (apt-get); virtme-ng is pinned in
+# requirements-dev.lock and installed by make deps. Needs root.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${VENV:-$here/.venv}
@@ -53,11 +53,7 @@ if [ ${#need[@]} -gt 0 ]; then
       { tail -20 "$aptlog" >&2; die "apt-get install failed"; }
   }
 fi
-if [ ! -x "$venv/bin/vng" ]; then
-  log "pip install virtme-ng"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "virtme-ng>=1.30" >&2 ||
-    die "pip install virtme-ng failed"
-fi
+[ -x "$venv/bin/vng" ] || die "no vng in $venv: virtme-ng comes with requirements-dev.lock (run: make deps)"
 # The guests' containerd (tests/support/containerd.py's default generation) is fetched here: the VM has no network.
 CTRD_VERSION=2.1 CTRD_FETCH_ONLY=1 CTRD_RUN="$out/.fetch" bash "$here/scripts/containerd-up.sh" ||
   die "could not fetch containerd 2.1 for the guests"
@@ -117,7 +113,7 @@ boot() {
     [[ $args != *" "* ]] || die "pytest arguments for the systemd guest cannot contain spaces"
     # A later -append replaces virtme's kernel command line (and with it virtme's init and --exec).
     local cmdline="console=ttyS0 nr_open=1048576 audit=off luks=no systemd.zram=0 quiet loglevel=1 container="
-    cmdline+=" kpy_v2_guest=1 kpy_repo=$here kpy_out=$dir kpy_args=$args systemd.unit=kpy-v2.target"
+    cmdline+=" kpy_v2_guest=1 kpy_repo=$here kpy_venv=$venv kpy_out=$dir kpy_args=$args systemd.unit=kpy-v2.target"
     cmdline+=" init=$here/scripts/v2-systemd-init.sh"
     how=(--systemd --qemu-opts="-append '$cmdline'")
   else
@@ -126,7 +122,7 @@ boot() {
     local disk=$dir/blkio-disk.img
     truncate -s "${V2_DISK_MB:-64}M" "$disk"
     local guest_cmd
-    guest_cmd="KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode KPY_V2_DISK=$(printf %q "$disk") KPY_V2_NUMA=$numa"
+    guest_cmd="KPY_VENV=$(printf %q "$venv") KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode KPY_V2_DISK=$(printf %q "$disk") KPY_V2_NUMA=$numa"
     guest_cmd+=" KPY_V2_BENCH=$(printf %q "${V2_BENCH:-bench/qos_reaction.py}")"
     # The pod story and the NRI plugin on containerd 2.1 are the systemd guest's (below) when both guests boot;
     # the proxy's restarts under systemd need systemd as PID 1, so they are never the cgroupfs guest's.

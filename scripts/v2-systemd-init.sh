@@ -13,6 +13,7 @@
 #   kpy_repo   the checkout (readable at the same path in the guest)
 #   kpy_out    the results dir, shared read-write as virtme's 9p tag virtme.initmount0 (vng --rwdir)
 #   kpy_args   pytest arguments for v2-guest.sh, ':'-separated
+#   kpy_venv   the virtualenv v2-guest.sh runs (KPY_VENV)
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 mount -t proc -o nosuid,nodev,noexec proc /proc
 mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
@@ -54,7 +55,7 @@ SuccessAction=poweroff-force
 FailureAction=poweroff-force
 [Service]
 Type=oneshot
-Environment=KPY_V2_OUT=$kpy_out KPY_V2_MODE=tests KPY_CGROUP_DRIVER=systemd CTRD_SYSTEMD_CGROUP=1 CTRD_NO_INSTALL=1
+Environment=KPY_VENV=${kpy_venv:-$kpy_repo/.venv} KPY_V2_OUT=$kpy_out KPY_V2_MODE=tests KPY_CGROUP_DRIVER=systemd CTRD_SYSTEMD_CGROUP=1 CTRD_NO_INSTALL=1
 ExecStart=/bin/bash $kpy_repo/scripts/v2-guest.sh $args
 StandardOutput=journal+console
 StandardError=journal+console

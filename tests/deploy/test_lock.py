@@ -1,6 +1,11 @@
-"""requirements.lock against pyproject.toml: every runtime dependency pinned inside its range, every file hashed,
-and nothing in the lock that no dependency explains. scripts/install-baremetal.sh installs exactly this (with
-``pip install --require-hashes --no-deps``), so every node runs the same versions; `make lock` regenerates it.
+"""The locks against pyproject.toml and each other: every dependency pinned inside its range, every file hashed,
+and nothing in a lock that no dependency explains.
+
+- requirements.lock: the runtime dependencies and the build backend. scripts/install-baremetal.sh installs exactly
+  this (``pip install --require-hashes --no-deps``), so every node runs the same versions.
+- requirements-dev.lock: the same pins plus the dev extras. scripts/install-deps.sh installs exactly this for
+  `make test`, `make demo` and CI, so a release made upstream after the lock cannot change a run.
+`make lock` regenerates both.
 """
 
 from __future__ import annotations
@@ -10,11 +15,13 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements.lock"
+DEV_LOCK = ROOT / "requirements-dev.lock"
 BUILD_REQUIRES = "koordlet-py (pyproject.toml::build-system.requires)"
 PROJECT = "koordlet-py (pyproject.toml)"
 
@@ -27,9 +34,9 @@ class Pin:
     via: tuple[str, ...]  # what pulled it in, as pip-compile annotates it
 
 
-def _pins() -> dict[str, Pin]:
+def _pins(lock: Path = LOCK) -> dict[str, Pin]:
     pins = {}
-    for block in re.split(r"\n(?=\S)", LOCK.read_text()):
+    for block in re.split(r"\n(?=\S)", lock.read_text()):
         head = re.match(r"([A-Za-z0-9._-]+)==(\S+)", block)
         if head is None:
             assert block.startswith("#"), f"an unexplained line in the lock: {block[:80]!r}"
@@ -67,8 +74,9 @@ def test_the_build_backend_is_pinned_so_the_project_builds_without_fetching_anyt
         assert BUILD_REQUIRES in pin.via
 
 
-def test_every_pin_has_hashes_and_nothing_is_there_that_no_dependency_explains() -> None:
-    pins = _pins()
+@pytest.mark.parametrize("lock", [LOCK, DEV_LOCK], ids=lambda p: p.name)
+def test_every_pin_has_hashes_and_nothing_is_there_that_no_dependency_explains(lock: Path) -> None:
+    pins = _pins(lock)
     assert pins, "an empty lock"
     for pin in pins.values():
         assert pin.hashes, f"{pin.name}: no --hash (pip --require-hashes would refuse the whole lock)"
@@ -88,6 +96,35 @@ def test_every_pin_has_hashes_and_nothing_is_there_that_no_dependency_explains()
     assert set(pins) == reached, f"pinned, but needed by nothing pyproject.toml asks for: {set(pins) - reached}"
 
 
-def test_the_lock_names_how_it_was_made() -> None:
-    assert "make lock" in LOCK.read_text().split("\n\n", 1)[0]
+def test_every_dev_dependency_is_pinned_inside_its_range_in_the_dev_lock() -> None:
+    pins = _pins(DEV_LOCK)
+    for spec in _project()["project"]["optional-dependencies"]["dev"]:
+        requirement = Requirement(spec)
+        pin = pins.get(canonicalize_name(requirement.name))
+        assert pin is not None, f"{requirement.name} is a dev dependency but not in requirements-dev.lock"
+        assert requirement.specifier.contains(pin.version, prereleases=True), f"{pin.name}=={pin.version} vs {spec}"
+
+
+def test_the_dev_lock_holds_every_runtime_pin_at_the_same_version_and_files() -> None:
+    """What the tests run is what a node installs: the runtime lock is the dev lock's runtime part."""
+    runtime, dev = _pins(LOCK), _pins(DEV_LOCK)
+    for name, pin in runtime.items():
+        assert name in dev, f"{name} is in requirements.lock but not in requirements-dev.lock"
+        assert dev[name].version == pin.version, f"{name}: {pin.version} on nodes, {dev[name].version} in the tests"
+        assert set(dev[name].hashes) == set(pin.hashes), f"{name}=={pin.version}: the two locks hash other files"
+
+
+def test_the_test_command_installs_the_dev_lock_with_hashes_and_nothing_unpinned() -> None:
+    script = (ROOT / "scripts/install-deps.sh").read_text()
+    assert re.search(r"--require-hashes --no-deps -r \"\$lock\"", script)
+    assert 'lock=$here/requirements-dev.lock' in script
+    assert "--no-deps --no-build-isolation -e" in script
+    # the other stages install nothing of their own
+    for script_path in ("scripts/v2-stage.sh", "scripts/test-all.sh", "scripts/v2-guest.sh"):
+        assert "pip install" not in (ROOT / script_path).read_text(), script_path
+
+
+def test_the_locks_name_how_they_were_made() -> None:
+    for lock in (LOCK, DEV_LOCK):
+        assert "make lock" in lock.read_text().split("\n\n", 1)[0], lock.name
     assert "pip-compile" in (ROOT / "Makefile").read_text()
