@@ -15,7 +15,8 @@ Accept header, Prometheus' OpenMetrics-first one included, so OpenMetrics' rule 
 ``_total`` never applies and the bare names reach Prometheus as they are. koordlet answers :data:`CONTENT_TYPE`
 (what promhttp sends, prometheus/common v0.67.5 expfmt.Negotiate) to every request likewise. The one difference
 left: an Accept asking for protobuf first (Prometheus with native histograms on) gets protobuf from Go and text
-here, which Prometheus reads by its Content-Type all the same.
+here, which Prometheus reads by its Content-Type all the same. The other families keep prometheus_client's number
+form (``1.0`` where Go writes ``1``): the same value to any parser.
 """
 
 from __future__ import annotations
@@ -160,7 +161,8 @@ def _escape_label_value(value: str) -> str:
 def _go_counter_text(family: GoCounterFamily) -> bytes:
     """client_golang's text for a counter family (expfmt MetricFamilyToText): HELP, TYPE, then each sample under the
     family's own name with its labels sorted by name. A family with no sample yet keeps its HELP and TYPE, as every
-    other family of ours does (Go leaves such a family out; Prometheus only learns its metadata earlier)."""
+    other family of ours does (Go leaves such a family out; here Prometheus knows its name and type before the first
+    count)."""
     help_text = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
     lines = [f"# HELP {family.name} {help_text}\n", f"# TYPE {family.name} counter\n"]
     for sample in family.samples:

@@ -288,7 +288,7 @@ def test_a_running_koordlet_serves_koordinators_families_under_their_names_types
     """Every family the running koordlet serves that bears one of Koordinator's names (tests/koordlet/
     koordinator_metrics.py) has Koordinator's type and, where it has samples here, its label names; Prometheus, which
     asks for OpenMetrics first, records each under that name and type (its metadata API). Koordinator's counters have
-    no ``_total``, ours do. tests/koordlet/test_metric_names.py shows the families this stack has no sample of."""
+    no ``_total``, ours do. tests/koordlet/test_metric_names.py covers the families this stack has no sample of."""
     from tests.koordlet import koordinator_metrics as facts
     from tests.support import promtext
     from tests.support.stack import http_get
