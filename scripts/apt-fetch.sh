@@ -21,6 +21,12 @@ suite=$1 dest=$2; shift 2
 case $suite in (*[!a-z0-9-]*|"") die "bad suite name: $suite";; esac
 mkdir -p "$dest"
 dest=$(cd "$dest" && pwd)
+# Test sessions run at once (the parallel host stage, its serial session, the v2 stage) and may want the same
+# package: one fetch at a time per suite (its apt lists are shared), each looking again once it has the lock.
+tools_dir=${KOORDLET_TOOLS:-$here/.tools}
+mkdir -p "$tools_dir/apt"
+exec {lock_fd}>"$tools_dir/apt/$suite.lock"
+flock "$lock_fd"
 
 todo=()
 for spec in "$@"; do
@@ -49,7 +55,7 @@ fi
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 [ -r "$keyring" ] || die "missing $keyring (apt-get install debian-archive-keyring)"
 
-state=${KOORDLET_TOOLS:-$here/.tools}/apt/$suite
+state=$tools_dir/apt/$suite
 mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/debs"
 echo "deb [signed-by=$keyring] $uri $suite main" > "$state/sources.list"
 opts=(-o "Dir::Etc::SourceList=$state/sources.list" -o Dir::Etc::SourceParts=/dev/null

@@ -1,7 +1,9 @@
-"""The cgroup v2 VM stage's own rules, checked on the host (the stage itself runs at the end of `make test`)."""
+"""The test command's stage scripts, checked on the host: the cgroup v2 VM stage's rules (the stage itself runs beside
+the host stage of `make test`) and how scripts/test-all.sh splits the host suite into its sessions."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -62,3 +64,15 @@ def test_the_stage_scripts_parse_and_the_guest_script_refuses_to_run_on_a_host(t
     assert "refusing" in done.stderr or "not cgroup2" in done.stderr, done.stderr
     assert (tmp_path / "rc").read_text().strip() == "1"
     assert not os.path.ismount("/var/lib/koordlet-py") or "koordlet-py-v2" not in Path("/proc/mounts").read_text()
+
+
+def test_the_host_sessions_of_the_test_command_run_every_host_test_exactly_once() -> None:
+    """scripts/test-all.sh's pytest sessions on a generation: the serial one, the parallel one, the alone one (last).
+    For every combination of the markers exactly one of them selects a host test, and none a cgroupv2 one."""
+    selections = re.findall(r'-m "([^"]+)"', (REPO / "scripts" / "test-all.sh").read_text())
+    assert selections == ["serial and not alone and not cgroupv2", "not serial and not alone and not cgroupv2",
+                          "alone and not cgroupv2"]
+    for serial, alone, cgroupv2 in itertools.product((False, True), repeat=3):
+        marks = {"serial": serial, "alone": alone, "cgroupv2": cgroupv2}
+        chosen = [s for s in selections if eval(s, {}, marks)]  # noqa: S307 (our own script's marker expressions)
+        assert len(chosen) == (0 if cgroupv2 else 1), (marks, chosen)

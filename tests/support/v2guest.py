@@ -16,6 +16,8 @@ import pytest
 
 KERNEL_LACKS = "kernel lacks"
 REPO = Path(__file__).resolve().parents[2]
+V2_ROOT = "/sys/fs/cgroup"
+V2_CONTROLLERS = ("cpu", "cpuset", "memory")
 
 
 def run_bench_in_v2_guest(bench: str, out_name: str, args: Sequence[str], timeout_s: int,
@@ -37,6 +39,20 @@ def run_bench_in_v2_guest(bench: str, out_name: str, args: Sequence[str], timeou
 
 def in_v2_guest() -> bool:
     return os.environ.get("KPY_V2_GUEST") == "1"
+
+
+def skip_unless_v2_writable(needed: Sequence[str] = V2_CONTROLLERS) -> None:
+    """Skip unless /sys/fs/cgroup is a writable cgroup v2 root with the ``needed`` controllers."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create cgroup v2 dirs")
+    try:
+        with open(os.path.join(V2_ROOT, "cgroup.controllers")) as f:
+            controllers = f.read().split()
+    except OSError:
+        pytest.skip(f"{V2_ROOT} is not a cgroup v2 root (this machine has cgroup v1)")
+    missing = [c for c in needed if c not in controllers]
+    if missing:
+        pytest.skip(f"kernel lacks cgroup v2 controllers {missing}")
 
 
 def attached_disk() -> str:

@@ -15,7 +15,7 @@ from koordlet.executor import ResourceExecutor
 from koordlet.executor.records import NodeRecords
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.kubepods import KubeCgroupLayout
-from tests.koordlet.qosmanager.realnode import V2_ROOT, V2TestCgroups, skip_unless_v2_writable
+from tests.koordlet.qosmanager.realnode import V2TestCgroups
 from tests.koordlet.qosmanager.test_blkio import (
     CID,
     UID,
@@ -26,7 +26,7 @@ from tests.koordlet.qosmanager.test_blkio import (
     check_an_operators_cost_qos_line_survives,
     read_rate,
 )
-from tests.support.v2guest import attached_disk
+from tests.support.v2guest import V2_ROOT, attached_disk, skip_unless_v2_writable
 
 pytestmark = pytest.mark.cgroupv2
 

@@ -23,8 +23,9 @@ from koordlet.qosmanager import QoSManagerConfig
 from koordlet.statesinformer.cpumanager import CPUAssignment, CPUManagerState
 from koordlet.system.cgroup import CgroupVersion
 from tests.koordlet.qosmanager.factory import spec
-from tests.koordlet.qosmanager.realnode import RealNode, skip_unless_v2_writable
+from tests.koordlet.qosmanager.realnode import RealNode
 from tests.support.apiserver import ApiServer, kube_api_client
+from tests.support.v2guest import skip_unless_v2_writable
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.cgroupv2

@@ -19,7 +19,8 @@ from koordlet.api.nodeslo import default_node_slo_spec, parse_node_slo_spec
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.runtimehooks.reconciler import Reconciler
 from koordlet.system.cgroup import CgroupVersion
-from tests.koordlet.qosmanager.realnode import RealNode, skip_unless_v2_writable
+from tests.koordlet.qosmanager.realnode import RealNode
+from tests.support.v2guest import skip_unless_v2_writable
 
 PODS = (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT))
 CORE_SCHED_BE_IDLE = parse_node_slo_spec({"resourceQOSStrategy": {
