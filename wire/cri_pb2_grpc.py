@@ -119,6 +119,11 @@ class RuntimeServiceStub:
                 request_serializer=cri__pb2.StatusRequest.SerializeToString,
                 response_deserializer=cri__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.GetContainerEvents = channel.unary_stream(
+                '/runtime.v1.RuntimeService/GetContainerEvents',
+                request_serializer=cri__pb2.GetEventsRequest.SerializeToString,
+                response_deserializer=cri__pb2.ContainerEventResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServiceServicer:
@@ -226,6 +231,14 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetContainerEvents(self, request, context):
+        """Evented PLEG's subscription: a server stream that ends only when the client or the server goes
+        (runtimeproxy/relay.py cuts it at a drain, for kubelet to subscribe again).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -313,6 +326,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=cri__pb2.StatusRequest.FromString,
                     response_serializer=cri__pb2.StatusResponse.SerializeToString,
+            ),
+            'GetContainerEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetContainerEvents,
+                    request_deserializer=cri__pb2.GetEventsRequest.FromString,
+                    response_serializer=cri__pb2.ContainerEventResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -774,6 +792,33 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/Status',
             cri__pb2.StatusRequest.SerializeToString,
             cri__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetContainerEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/GetContainerEvents',
+            cri__pb2.GetEventsRequest.SerializeToString,
+            cri__pb2.ContainerEventResponse.FromString,
             options,
             channel_credentials,
             insecure,

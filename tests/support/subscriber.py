@@ -1,0 +1,81 @@
+"""kubelet's Evented PLEG subscription, for the proxy's drain tests: ``GetContainerEvents`` on a channel, called
+again after each end of the stream (kubelet's watchEventsChannel: at once on older kubelets, after a 250 ms
+backoff on newer ones; here 250 ms), with every event and every end recorded."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from wire import cri_pb2 as cri
+
+from .cri import CriClient
+
+RESUBSCRIBE_S = 0.25  # kubelet's streamRetryBackoff.Duration
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    at: float  # time.monotonic() when the client saw the stream end
+    code: str  # its gRPC status code (OK: ended without an error)
+    details: str
+    events: int  # events received on that subscription
+
+
+class EventSubscriber:
+    """GetContainerEvents through ``client``'s channel in a thread, subscribed again after every end, until
+    :meth:`stop`. ``metadata`` goes with each call."""
+
+    def __init__(self, client: CriClient, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        self.client = client
+        self.metadata = metadata
+        self.events: list[tuple[int, float, cri.ContainerEventResponse]] = []  # (subscription, when, event)
+        self.ends: list[StreamEnd] = []
+        self.subscriptions = 0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._call: grpc.Call | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="events-subscriber")
+
+    def start(self) -> EventSubscriber:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            call = self.client.runtime.GetContainerEvents(cri.GetEventsRequest(), metadata=self.metadata)
+            with self._cond:
+                self._call = call
+                self.subscriptions += 1
+                subscription, received = self.subscriptions, 0
+            code, details = "OK", ""
+            try:
+                for event in call:
+                    received += 1
+                    with self._cond:
+                        self.events.append((subscription, time.monotonic(), event))
+                        self._cond.notify_all()
+            except grpc.RpcError as err:
+                code, details = err.code().name, err.details() or ""
+            with self._cond:
+                self.ends.append(StreamEnd(time.monotonic(), code, details, received))
+                self._cond.notify_all()
+            self._stop.wait(RESUBSCRIBE_S)
+
+    def wait(self, until, timeout_s: float) -> bool:  # noqa: ANN001 (a predicate on this subscriber)
+        with self._cond:
+            return self._cond.wait_for(lambda: until(self), timeout_s)
+
+    def events_on(self, subscription: int) -> int:
+        return sum(1 for n, _, _ in self.events if n == subscription)
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            call = self._call
+        if call is not None:
+            call.cancel()
+        self._thread.join(10)
