@@ -36,12 +36,12 @@ A relayed unary call thus costs the proxy one read and one write each way, where
 carries each peer's PING, PING ACK and WINDOW_UPDATE across, mostly as packets of their own.
 
 A drain (SIGTERM) sends every kubelet connection GOAWAY: streams kubelet opened before it are served to the end,
-streams above it are refused unprocessed. A relayed server stream never ends by itself (CRI's GetContainerEvents,
-Evented PLEG's subscription: :data:`ENDLESS_METHODS`), so right after the GOAWAY the proxy ends it: kubelet gets
-gRPC UNAVAILABLE on it (trailers, or a trailers-only response when the runtime had sent no headers yet) and
-subscribes again, on a new connection, to the next proxy process; the runtime gets RST_STREAM(CANCEL), and its late
-frames on the stream are kept away from kubelet as a withheld stream's are. The drain then waits for the calls that
-do end, never for a subscription.
+streams above it are refused unprocessed. A subscription never ends by itself (CRI's GetContainerEvents, Evented
+PLEG's, and the other server streams of :data:`ENDLESS_METHODS`), so right after the GOAWAY the proxy ends it:
+kubelet gets gRPC UNAVAILABLE on it (trailers, or a trailers-only response when the runtime had sent no headers
+yet) and subscribes again, on a new connection, to the next proxy process; the runtime gets RST_STREAM(CANCEL), and
+its late frames on the stream are kept away from kubelet as a withheld stream's are. The drain then waits for the
+calls that do end, never for a subscription.
 
 Flow control on withheld streams is the proxy's: bytes kubelet sent on them are credited back to
 kubelet by the proxy, and connection-level credit kubelet returns for response bytes the proxy
@@ -410,6 +410,7 @@ class KubeletSide(asyncio.Protocol):
                 req.task.cancel()
         self.hooked.clear()
         self.inflight.clear()
+        self.endless.clear()
         if self.transport is not None:
             self.transport.close()
         if self.up is not None and self.up.transport is not None:
@@ -437,7 +438,7 @@ class KubeletSide(asyncio.Protocol):
         runtime's late frames on them are kept from kubelet (``closed_hooked``). Returns how many were ended."""
         ended, self.endless = self.endless, {}
         for sid, headers_sent in ended.items():
-            path, _ = self.inflight.pop(sid)
+            path, _ = self.inflight.pop(sid, (b"", 0.0))
             self._remember_closed(sid)
             self.write_down(h2.grpc_status_end(sid, h2.GRPC_UNAVAILABLE, _DRAIN_MESSAGE, headers_sent))
             self.write_up(h2.rst_stream(sid, h2.ERR_CANCEL))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -23,6 +24,7 @@ class StreamEnd:
     code: str  # its gRPC status code (OK: ended without an error)
     details: str
     events: int  # events received on that subscription
+    subscription: int  # which one it was (1 for the first)
 
 
 class EventSubscriber:
@@ -61,7 +63,7 @@ class EventSubscriber:
             except grpc.RpcError as err:
                 code, details = err.code().name, err.details() or ""
             with self._cond:
-                self.ends.append(StreamEnd(time.monotonic(), code, details, received))
+                self.ends.append(StreamEnd(time.monotonic(), code, details, received, subscription))
                 self._cond.notify_all()
             self._stop.wait(RESUBSCRIBE_S)
 
@@ -71,6 +73,20 @@ class EventSubscriber:
 
     def events_on(self, subscription: int) -> int:
         return sum(1 for n, _, _ in self.events if n == subscription)
+
+    def provoke(self, make_event: Callable[[], object], subscription: int, timeout_s: float,
+                every_s: float = 1.0) -> float | None:
+        """Call ``make_event`` (a pod made on containerd) until an event reaches subscription ``subscription`` or a
+        later one; returns when it arrived (time.monotonic()), None after ``timeout_s``. containerd tells only the
+        subscriptions open when the event happens, and the client cannot see when its call reached containerd
+        (no answer comes before the first event), so one event may go before the subscription is there."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            make_event()
+            if self.wait(lambda s: any(n >= subscription for n, _, _ in s.events), every_s):
+                with self._cond:
+                    return next(at for n, at, _ in self.events if n >= subscription)
+        return None
 
     def stop(self) -> None:
         self._stop.set()
