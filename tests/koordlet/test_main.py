@@ -147,7 +147,7 @@ def test_a_flag_error_prints_gos_message_then_the_usage_on_stderr_and_exits_2() 
     out = subprocess.run([sys.executable, "-m", "koordlet.main", "-kube-api-qps=0x1.8"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr.startswith('koordlet: invalid value "0x1.8" for flag -kube-api-qps: parse error\n'
+    assert out.stderr.startswith('invalid value "0x1.8" for flag -kube-api-qps: parse error\n'  # Go's failf
                                  "Usage of koordlet:\n  -add_dir_header\n")
     help_out = subprocess.run([sys.executable, "-m", "koordlet.main", "-h"], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=60)
