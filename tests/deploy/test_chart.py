@@ -194,8 +194,10 @@ EVERY_VALUE: dict[str, Any] = {
         "monitor": {"interval": "15s", "labels": {"release": "prometheus"}},
         "priorityClassName": "node-agents",
         "nodeSelector": {"koordinator.sh/colocation": "true"},
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        "nodeAffinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}},
+            "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm": {
+                "topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "noisy"}}}}]}},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}],
         "podAnnotations": {"example.com/scrape": "true"},
         "podLabels": {"team": "platform"},
@@ -246,7 +248,7 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     assert pod["priorityClassName"] == "node-agents"
     # Helm merges maps: the default kubernetes.io/os stays unless set to null.
     assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "koordinator.sh/colocation": "true"}
-    assert pod["affinity"] == {"nodeAffinity": EVERY_VALUE["koordlet"]["nodeAffinity"]}
+    assert pod["affinity"] == EVERY_VALUE["koordlet"]["nodeAffinity"]  # the whole affinity, as Koordinator's
     assert pod["tolerations"] == EVERY_VALUE["koordlet"]["tolerations"]
     assert template["metadata"]["annotations"] == {"example.com/scrape": "true"}
     assert template["metadata"]["labels"]["team"] == "platform"
@@ -324,6 +326,7 @@ def test_slo_controller_config_can_be_left_to_koordinators_own_chart() -> None:
     ("koordlet.metrics.port=70000", "/koordlet/metrics/port"),
     ("koordlet.resources.limits.memory=lots", "/koordlet/resources/limits/memory"),
     ("koordlet.tolerations[0].operator=Sometimes", "/koordlet/tolerations/0/operator"),
+    ("koordlet.nodeAffinity.nodeSelectorTerms=x", "/koordlet/nodeAffinity"),
     ("koordlet.nodeSelector.zone=null", "/koordlet/nodeSelector/zone"),
     ("koordlet.imagee.tag=1", "/koordlet"),
     ("koordlet.nri.pluginIndex=7", "/koordlet/nri/pluginIndex"),
@@ -342,6 +345,16 @@ def test_a_bad_value_fails_at_template_time_naming_its_key(setting: str, key: st
     done = helm_template("--set", setting, check=False)
     assert done.returncode != 0, f"{setting} was accepted"
     assert f"at '{key}'" in done.stderr, done.stderr
+
+
+def test_a_bare_node_affinity_block_is_refused_saying_where_it_goes() -> None:
+    """koordlet.nodeAffinity is the pod's whole affinity (Koordinator's meaning): the block that used to be the value
+    here, with its keys at the top, is refused with the place they belong, not rendered as a doubled key."""
+    for key in ("requiredDuringSchedulingIgnoredDuringExecution", "preferredDuringSchedulingIgnoredDuringExecution"):
+        done = helm_template("--set-json", f'koordlet.nodeAffinity={{"{key}":{{}}}}', check=False)
+        assert done.returncode != 0
+        assert f"at '/koordlet/nodeAffinity/{key}'" in done.stderr
+        assert "moved under koordlet.nodeAffinity.nodeAffinity" in done.stderr, done.stderr
 
 
 def test_the_feature_gate_pattern_names_every_koordlet_gate() -> None:
