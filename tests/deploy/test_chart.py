@@ -188,6 +188,8 @@ EVERY_VALUE: dict[str, Any] = {
         "hostDirs": {"koordletSockDir": "/run/koordlet-alt", "koordProxyRegisterDir": "/etc/hooks.d",
                      "kubeletLibDir": "/data/kubelet"},
         "metrics": {"port": 19316},
+        "tls": {"certFile": "/data/kubelet/pki/kubelet-server-current.pem",
+                "keyFile": "/data/kubelet/pki/kubelet-server-current.pem"},
         "service": {"enabled": True},
         "enableServiceMonitor": True,
         "enablePodMonitor": True,
@@ -256,10 +258,10 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     assert container["securityContext"] == EVERY_VALUE["koordlet"]["securityContext"]
     assert container["env"][-2:] == EVERY_VALUE["koordlet"]["extraEnv"]
     assert container["ports"][0]["containerPort"] == 19316
-    for probe in ("startupProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": 19316}
+    for probe in ("startupProbe", "livenessProbe"):  # HTTPS: koordlet.tls is set
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": 19316, "scheme": "HTTPS"}
     # ready = started and the states informer synced; /healthz also fails on a stalled loop (docs/operations.md)
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 19316}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 19316, "scheme": "HTTPS"}
     assert container["args"][-3:] == ["-feature-gates=BEMemoryEvict=true,CPUBurst=false",
                                       "-collect-res-used-interval=2s", "--kubelet-sync-interval=20s"]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -271,6 +273,7 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     assert (config.runtime_hooks_addr, config.runtime_hooks_config_path) == ("/run/koordlet-alt/koordlet.sock",
                                                                             "/etc/hooks.d")
     assert config.device_plugin_dir == "/data/kubelet/device-plugins"
+    assert config.serving_tls == ("/data/kubelet/pki/kubelet-server-current.pem",) * 2
     data = _of_kind(docs, "ConfigMap")["data"]
     threshold = json.loads(data["resource-threshold-config"])["clusterStrategy"]
     assert (threshold["enable"], threshold["cpuSuppressThresholdPercent"], threshold["memoryEvictThresholdPercent"]) \
@@ -291,6 +294,8 @@ def test_the_service_and_the_monitors_scrape_this_releases_pods(tmp_path: Path) 
     assert monitors[0]["spec"]["endpoints"][0]["port"] == monitors[1]["spec"]["podMetricsEndpoints"][0]["port"] \
         == "http-metrics"
     assert monitors[0]["spec"]["endpoints"][0]["interval"] == "15s"
+    for endpoint in (monitors[0]["spec"]["endpoints"][0], monitors[1]["spec"]["podMetricsEndpoints"][0]):
+        assert (endpoint["scheme"], endpoint["tlsConfig"]) == ("https", {"insecureSkipVerify": True})  # koordlet.tls
     # Koordinator's value name alone brings the Service with the ServiceMonitor; by default there is neither.
     kinds = {d["kind"] for d in chart_documents("--set", "koordlet.enableServiceMonitor=true")}
     assert {"Service", "ServiceMonitor"} <= kinds and "PodMonitor" not in kinds
@@ -324,6 +329,7 @@ def test_slo_controller_config_can_be_left_to_koordinators_own_chart() -> None:
     ("koordlet.hostMode=yes", "/koordlet/hostMode"),
     ("koordlet.hostDirs.koordletSockDir=var/run/koordlet", "/koordlet/hostDirs/koordletSockDir"),
     ("koordlet.metrics.port=70000", "/koordlet/metrics/port"),
+    ("koordlet.tls.certFile=pki/kubelet.crt", "/koordlet/tls/certFile"),
     ("koordlet.resources.limits.memory=lots", "/koordlet/resources/limits/memory"),
     ("koordlet.tolerations[0].operator=Sometimes", "/koordlet/tolerations/0/operator"),
     ("koordlet.nodeAffinity.nodeSelectorTerms=x", "/koordlet/nodeAffinity"),
@@ -345,6 +351,25 @@ def test_a_bad_value_fails_at_template_time_naming_its_key(setting: str, key: st
     done = helm_template("--set", setting, check=False)
     assert done.returncode != 0, f"{setting} was accepted"
     assert f"at '{key}'" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (("koordlet.tls.certFile=/var/lib/kubelet/pki/kubelet.crt",),
+     "koordlet.tls.certFile and koordlet.tls.keyFile go together"),
+    (("koordlet.tls.certFile=/etc/kubernetes/pki/node.crt", "koordlet.tls.keyFile=/var/lib/kubelet/pki/kubelet.key"),
+     "koordlet.tls: /etc/kubernetes/pki/node.crt is not under koordlet.hostDirs.kubeletLibDir (/var/lib/kubelet)"),
+])
+def test_tls_files_go_together_and_lie_where_the_pod_sees_them(settings: tuple[str, ...], message: str) -> None:
+    done = helm_template(*(x for setting in settings for x in ("--set", setting)), check=False)
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_without_tls_the_probes_and_monitors_speak_plain_http() -> None:
+    docs = chart_documents("--set", "koordlet.enableServiceMonitor=true")
+    container = _koordlet(docs)
+    assert "scheme" not in container["livenessProbe"]["httpGet"]
+    assert not [a for a in container["args"] if a.startswith("-tls-")]
+    assert "scheme" not in _of_kind(docs, "ServiceMonitor")["spec"]["endpoints"][0]
 
 
 def test_a_bare_node_affinity_block_is_refused_saying_where_it_goes() -> None:
