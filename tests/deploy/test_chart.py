@@ -36,6 +36,7 @@ from tests.deploy.tools import (
 from tests.support.apiserver import ApiServer, kube_api_client
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+CHART_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]  # its own: CHANGELOG.md
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 
 
@@ -52,9 +53,9 @@ def _koordlet(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return _of_kind(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
 
 
-def test_chart_and_image_follow_the_projects_version() -> None:
+def test_the_charts_app_version_and_image_follow_the_projects_version() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart["version"] == chart["appVersion"] == VERSION
+    assert chart["appVersion"] == VERSION  # the chart's own version: tests/deploy/test_chart_version.py
     assert _koordlet(chart_documents())["image"] == _koordlet(base_documents())["image"] == f"koordlet-py:{VERSION}"
 
 
@@ -88,7 +89,7 @@ def test_every_object_carries_the_standard_labels_and_the_release_name() -> None
             labels = doc["metadata"].get("labels") or {}
             if doc["kind"] == "CustomResourceDefinition":
                 continue  # shared by every release: no release labels, and kept on uninstall
-            assert labels == {"helm.sh/chart": f"koordlet-py-{VERSION}", "app.kubernetes.io/name": "koordlet-py",
+            assert labels == {"helm.sh/chart": f"koordlet-py-{CHART_VERSION}", "app.kubernetes.io/name": "koordlet-py",
                               "app.kubernetes.io/instance": release, "app.kubernetes.io/version": VERSION,
                               "app.kubernetes.io/managed-by": "Helm"}, doc["kind"]
             if doc["kind"] != "ConfigMap":  # slo-controller-config: koord-manager reads it by that name
