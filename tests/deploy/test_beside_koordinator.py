@@ -31,7 +31,7 @@ def _readme_way_b() -> list[str]:
     """The commands of the README's way (b), in order."""
     text = (ROOT / "README.md").read_text()
     start = text.index("#### (b) Our chart beside Koordinator's control plane")
-    section = text[start:text.index("\n### ", start)]
+    section = text[start:min(text.index("\n### ", start), text.index("\n#### ", start))]
     return [c.text for c in extract("README.md", section) if not c.inline]
 
 
