@@ -1,4 +1,4 @@
-"""docs/operations.md's recipe for reading koordlet's ``/debug`` (Who may read `/events` and `/debug/*`): its
+"""The recipe of docs/operations.md for reading koordlet's ``/debug`` (Who may read `/events` and `/debug/*`): its
 kubectl commands, exactly as written, run by real kubectl against the project's API server, and koordlet's own guard
 (koordlet/debug/authz.py: TokenReview, then SubjectAccessReview on ``get nodes/proxy`` of its node) asked on the
 node the role names and on another. That server speaks JSON only, and ``kubectl create`` sends protobuf, so each

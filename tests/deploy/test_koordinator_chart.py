@@ -256,7 +256,7 @@ def _readme_push_target() -> str:
 def test_docs_give_koordinators_koordlet_the_limits_its_v1_8_0_chart_sets() -> None:
     """docs/koordinator.md names Koordinator's koordlet CPU limit in two places; both are its chart's value."""
     limits = koord.VALUES["koordlet"]["resources"]["limits"]
-    text = " ".join((ROOT / "docs" / "koordinator.md").read_text().split())
+    text = " ".join((ROOT / "docs/koordinator.md").read_text().split())
     assert f"Koordinator's DaemonSet limits: cpu {limits['cpu']}, memory {limits['memory']}, requests 0" in text
     assert f"under the chart's {limits['cpu']} CPU limit" in text
 
