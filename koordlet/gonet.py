@@ -166,10 +166,10 @@ def _family_and_host(address: ListenAddress) -> tuple[socket.AddressFamily, str]
     literal = _literal(address.host)
     if literal is None:
         return _resolved(address)
-    if literal.version == 6 and literal.ipv4_mapped is None:  # type: ignore[union-attr]
-        return socket.AF_INET6, address.host
     mapped = getattr(literal, "ipv4_mapped", None)
-    return socket.AF_INET, str(mapped or literal)
+    if literal.version == 6 and mapped is None:
+        return socket.AF_INET6, address.host
+    return socket.AF_INET, str(mapped or literal)  # an IPv4-mapped address is IPv4 to Go (IP.To4)
 
 
 def _resolved(address: ListenAddress) -> tuple[socket.AddressFamily, str]:

@@ -40,7 +40,7 @@ class ServingCertificate:
 
     def _load(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2  # kubelet's own floor
+        context.minimum_version = ssl.TLSVersion.TLSv1_2  # as Go's servers (kubelet's too) since Go 1.22
         context.load_cert_chain(self.cert_file, self.key_file)
         return context
 
