@@ -19,8 +19,8 @@ from types import SimpleNamespace
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from koordlet.agent.wiring.prediction import prod_prediction
 from koordlet.api.nodeslo import parse_node_slo_spec
-from koordlet.main import _prod_prediction
 from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metrics import KoordletMetrics
 from koordlet.metricsadvisor.nodeinfo import NodeInfoCollector
@@ -47,9 +47,10 @@ def _labels(**labels: str) -> tuple[tuple[str, str], ...]:
 
 
 def _predict_through_the_agent(server: PredictServer, metrics: KoordletMetrics) -> None:
-    """The prediction as koordlet/main.py hands it to the NodeMetric reporter, made once for PODS at END."""
+    """The prediction as the agent hands it to the NodeMetric reporter (koordlet/agent/wiring/prediction.py), made
+    once for PODS at END."""
     ctx = SimpleNamespace(predictor=server, states=StaticStates(node=NODE, pods=PODS), metrics=metrics)
-    predict = _prod_prediction(ctx)  # type: ignore[arg-type]
+    predict = prod_prediction(ctx)  # type: ignore[arg-type]
     assert predict is not None
     predict(PODS, END)
 
