@@ -16,7 +16,7 @@ from koordlet.agent.wiring.devices import device_plugin, gpu_service
 from koordlet.agent.wiring.executor import executor
 from koordlet.agent.wiring.extensions import extensions
 from koordlet.agent.wiring.hooks import nri_plugin, runtime_hooks
-from koordlet.agent.wiring.metricsadvisor import metric_cache, metrics_advisor
+from koordlet.agent.wiring.metricsadvisor import kidled_restore, metric_cache, metrics_advisor
 from koordlet.agent.wiring.network import netqos, terway_qos
 from koordlet.agent.wiring.nodestate import node_state_collector
 from koordlet.agent.wiring.prediction import predict_server
@@ -53,6 +53,7 @@ def agent_parts(components: Sequence[ComponentFactory]) -> list[Part]:
         Part("pod resources proxy", pod_resources_proxy),
         Part("GPU service", gpu_service),
         Part("device plugin", device_plugin),
+        Part("kidled restore", kidled_restore),
         Part("metrics advisor", metrics_advisor),
         Part("predict server", predict_server),
         *(_component_part(factory) for factory in components),

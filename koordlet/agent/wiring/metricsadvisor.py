@@ -1,4 +1,6 @@
-"""The metric cache and the metrics advisor: which collectors run on this node (by flag and gate)."""
+"""The metric cache and the metrics advisor: which collectors run on this node (by flag and gate), and the
+kidled settings an earlier koordlet left behind, put back by a part of their own (building the collector list
+writes nothing on the node)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import logging
 
 from koordlet.agent.context import AgentContext, Component, host_dirs
 from koordlet.api.qos import KubeQoS
+from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
 from koordlet.metricsadvisor import (
     Collector,
@@ -29,7 +32,7 @@ def metric_cache(ctx: AgentContext) -> Component | None:
 
 
 def collectors(ctx: AgentContext) -> list[Collector]:
-    """Every collector this node runs, built (nothing started)."""
+    """Every collector this node runs, built (nothing started, nothing written)."""
     config, states, layout, cgroup_fs = ctx.config, ctx.states, ctx.layout, ctx.cgroup_fs
     node_collector = NodeResourceCollector(ctx.dirs.proc_dir, config.collect_res_used_interval_s,
                                            per_cpu=config.gate("PerCPUMetric"),
@@ -69,15 +72,13 @@ def _alpha_collectors(ctx: AgentContext) -> list[Collector]:
         else:
             logger.info("resctrl collector off: gate ResctrlCollector needs -enable-resctrl-collector too "
                         "(as in Koordinator)")
-    from koordlet.metricsadvisor.coldpage import ColdPageCollector, restore_kidled
-
     if config.gate("ColdPageCollector"):
+        from koordlet.metricsadvisor.coldpage import ColdPageCollector
+
         built.append(ColdPageCollector(
             pod_cgroup_source(ctx.states.pods, ctx.layout), ctx.cgroup_fs, config.coldpage_collector_interval_s,
             executor=ctx.executor, host_apps=host_app_cgroup_source(ctx.states.node_slo, ctx.layout),
             proc_dir=dirs.proc_dir, sys_dir=dirs.sys_dir))
-    else:  # what an earlier koordlet with the gate on changed goes back
-        restore_kidled(ctx.executor, "feature gate ColdPageCollector is off")
     if config.gate("CPICollector"):
         from koordlet.metricsadvisor.cpi import CPICollector
 
@@ -91,6 +92,30 @@ def _alpha_collectors(ctx: AgentContext) -> list[Collector]:
                                       config.cpi_collector_interval_s, config.collect_cpi_timewindow_s,
                                       group=libpfm, libpfm=libpfm))
     return built
+
+
+class _KidledRestore:
+    """Gate ``ColdPageCollector`` off: at start, the kidled settings an earlier koordlet with the gate on changed
+    go back (a plan run, from the executor's record; nothing recorded, nothing written). Nothing runs after."""
+
+    def __init__(self, executor: ResourceExecutor) -> None:
+        self._executor = executor
+
+    def start(self) -> None:
+        from koordlet.metricsadvisor.coldpage import restore_kidled
+
+        restore_kidled(self._executor, "feature gate ColdPageCollector is off")
+
+    def stop(self, timeout_s: float) -> bool:
+        return True
+
+
+def kidled_restore(ctx: AgentContext) -> Component | None:
+    """What an earlier koordlet changed in kidled goes back when the gate is off; with it on, the cold page
+    collector starts kidled itself and puts it back when it stops."""
+    if ctx.config.gate("ColdPageCollector"):
+        return None
+    return _KidledRestore(ctx.executor)
 
 
 def metrics_advisor(ctx: AgentContext) -> Component | None:
