@@ -176,7 +176,7 @@ def test_a_host_dir_goes_when_its_pod_is_gone_past_the_grace_or_finished_and_nev
                                  RESCTRL_OFF)
     for uid in ("live", "gone", "done", "new"):
         assert make_host_dirs(Changes(host_dirs=(str(root / f"{uid}_main"),)), str(root),
-                              executor.records.host_dirs, uid) == []
+                              executor.records.host_dirs, uid) == {}
         (root / f"{uid}_main" / f"{uid}_main.cache").write_bytes(b"\0" * 64)
     records = executor.records.host_dirs
     for uid in ("gone", "done", "live"):  # made an hour ago
