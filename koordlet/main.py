@@ -78,7 +78,12 @@ from koordlet.reporters.nodemetric import NodeMetricReporter, ProdPredict
 from koordlet.reporters.nrt import NRTReporter, NRTReportLoop
 from koordlet.reporters.rdma import RDMAInventory
 from koordlet.statesinformer.api import CallbackKind, NodeInfo
-from koordlet.statesinformer.cgroups import container_task_reader, host_app_cgroup_source, pod_cgroup_source
+from koordlet.statesinformer.cgroups import (
+    close_with_pods,
+    container_task_reader,
+    host_app_cgroup_source,
+    pod_cgroup_source,
+)
 from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
 from koordlet.statesinformer.cri import CriPodSource
 from koordlet.statesinformer.informer import PodSource, StatesInformer
@@ -479,6 +484,7 @@ def _metrics_advisor(ctx: AgentContext) -> Component | None:
                                                 config.coldpage_collector_interval_s))
     runner = CollectorRunner(ctx.cache, _collectors(ctx), registry=ctx.metrics.registry)
     ctx.health.watch_loop("collectors", runner)
+    close_with_pods(ctx.states, ctx.layout, (runner.forget_dirs, ctx.executor.forget_reads))
     return runner
 
 

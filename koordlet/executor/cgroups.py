@@ -180,6 +180,11 @@ class CgroupFiles:
         except OSError as exc:
             raise ExecutorError(f"cannot read {path}: {exc.strerror}") from exc
 
+    def forget_reads(self, cgroup_dirs: Sequence[str]) -> None:
+        """Close the kept descriptors of files below ``cgroup_dirs`` (a pod's dir, when the pod leaves the states):
+        one would pin the removed cgroup until the idle sweep, which only a later read runs."""
+        self._reads.forget_under(cgroup_dirs)
+
     # ------------------------------------------------------------------------------------------ helpers
 
     def _loosen(self, update: ResourceUpdate, verify: bool = False) -> bool | None:

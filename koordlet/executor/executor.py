@@ -94,6 +94,10 @@ class ResourceExecutor:
         through a kept descriptor (:meth:`koordlet.executor.cgroups.CgroupFiles.read`)."""
         return self._cgroups.read(resource, cgroup_dir, subsystem, every_tick=every_tick)
 
+    def forget_reads(self, cgroup_dirs: Sequence[str]) -> None:
+        """Close the kept read descriptors of files below ``cgroup_dirs`` (a gone pod's dir)."""
+        self._cgroups.forget_reads(cgroup_dirs)
+
     def has(self, resource: CgroupResource | str, cgroup_dir: str) -> bool:
         """Whether this kernel has ``resource`` in ``cgroup_dir``
         (:meth:`koordlet.executor.cgroups.CgroupFiles.has`)."""

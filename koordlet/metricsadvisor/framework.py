@@ -156,6 +156,14 @@ class CollectorRunner(TickerThread):
                     close()
         return stopped
 
+    def forget_dirs(self, cgroup_dirs: Sequence[str]) -> None:
+        """Close what the collectors keep open below ``cgroup_dirs`` (a pod that left the states), at once and from
+        the caller's thread: a collector that keeps descriptors has ``forget_dirs`` (thread-safe)."""
+        for entry in self._active:
+            forget = getattr(entry.collector, "forget_dirs", None)
+            if forget is not None:
+                forget(cgroup_dirs)
+
     def _schedule_from(self, start: float) -> None:
         for entry in self._active:
             entry.next_due = start

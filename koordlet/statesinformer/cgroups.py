@@ -8,6 +8,7 @@ given it); each container's dir is the layout's container dir under it. Pods who
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 
 from koordlet.api.nodeslo import (
@@ -20,6 +21,7 @@ from koordlet.api.nodeslo import (
 from koordlet.api.pod import DEFAULT_RUNTIME, PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.metricsadvisor.pods import ContainerCgroup, HostAppCgroup, PodCgroup
+from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.cgroup_stats import CgroupStatError, read_cgroup_threads
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout, join_dirs, pod_cgroup_dir
@@ -65,6 +67,40 @@ def pod_cgroup_source(
         return cgroups  # type: ignore[return-value]
 
     return source
+
+
+def close_with_pods(states: StatesProvider, layout: KubeCgroupLayout,
+                    closers: Sequence[Callable[[Sequence[str]], None]]) -> None:
+    """When pods leave the states, hand their cgroup dirs to each of ``closers`` (the parts that keep descriptors
+    open between ticks: the collectors, the executor's kept reads) at once, on the thread that changed the states. A
+    descriptor on a removed cgroup pins its memory in the kernel; waiting for the holder's next tick or idle sweep
+    (which needs a later read) left one open for good when nothing read again."""
+    lock = threading.Lock()
+    listed: dict[str, str] = {}  # pod uid → its cgroup dir, as of the last change
+
+    def dirs(pods: Sequence[PodMeta]) -> dict[str, str]:
+        found = {}
+        for pod in pods:
+            try:
+                pod_dir = pod_cgroup_dir(layout, pod)
+            except CgroupPathError:
+                continue
+            if pod_dir:
+                found[pod.uid] = pod_dir
+        return found
+
+    def changed() -> None:
+        with lock:
+            now = dirs(states.pods())
+            gone = sorted({pod_dir for uid, pod_dir in listed.items() if now.get(uid) != pod_dir})
+            listed.clear()
+            listed.update(now)
+        if gone:
+            for close in closers:
+                close(gone)
+
+    states.register_callback(CallbackKind.ALL_PODS, "close-with-pods", changed)
+    changed()
 
 
 def container_task_reader(layout: KubeCgroupLayout,

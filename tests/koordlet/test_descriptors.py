@@ -1,0 +1,81 @@
+"""No descriptor of koordlet's outlives its pod: the files it keeps open between ticks (the pod and PSI collectors'
+cgroup files, the executor's kept reads of the QoS snapshot) pin a removed cgroup's memory in the kernel, so they are
+closed as soon as the pod leaves the states, not at a later tick or an idle sweep. On real cgroups: v1 on this host,
+v2 in the VM stage."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from koordlet.api.pod import ContainerMeta
+from koordlet.api.qos import KubeQoS, QoSClass
+from koordlet.metriccache import MetricCache
+from koordlet.metricsadvisor import CollectorRunner, PodPsiCollector, PodResourceCollector
+from koordlet.statesinformer.cgroups import close_with_pods, pod_cgroup_source
+from tests.koordlet.qosmanager.realnode import RealNode, skip_unless_v2_writable
+
+PODS = (("gone", QoSClass.BE, KubeQoS.BESTEFFORT), ("stays", QoSClass.LS, KubeQoS.BURSTABLE))
+
+
+@pytest.fixture(params=[pytest.param("v1", marks=pytest.mark.cgroupv1),
+                        pytest.param("v2", marks=pytest.mark.cgroupv2)])
+def node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
+    v2 = request.param == "v2"
+    if v2:
+        skip_unless_v2_writable()
+    else:
+        RealNode.skip_unless_possible()
+    real = RealNode("descriptors", PODS, v2=v2)
+    try:
+        yield real
+    finally:
+        real.close()
+
+
+def _ours_into(directory: str) -> list[str]:
+    """The files under ``directory`` this process holds open (by /proc/self/fd)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor)
+        if target.startswith(directory.rstrip("/") + "/"):
+            held.append(target)
+    return held
+
+
+def test_the_descriptors_of_a_pod_close_as_soon_as_it_leaves_the_states(node: RealNode) -> None:
+    gone_dir = node.add_container("gone", ContainerMeta("job", container_id="a" * 12))
+    node.add_container("stays", ContainerMeta("web", container_id="b" * 12))
+    source = pod_cgroup_source(node.states.pods, node.layout)
+    collectors = [PodResourceCollector(source, node.fs, interval_s=1.0), PodPsiCollector(source, node.fs, 10.0)]
+    runner = CollectorRunner(MetricCache(), collectors)
+    close_with_pods(node.states, node.layout, (runner.forget_dirs, node.executor.forget_reads))
+    try:
+        for name in ("pod_resource", "pod_psi"):
+            runner.run_collector(name)
+        pod_dir = node.pod_dir(node.pod("gone"))
+        for pod in node.pods:  # what the QoS snapshot reads every tick
+            node.executor.read("memory.stat", node.pod_dir(pod), every_tick=True)
+        node.executor.read("cpu.shares", gone_dir, every_tick=True)
+        places = [node.fs.cgroup_dir(controller, pod_dir) for controller in ("cpu", "cpuacct", "memory")]
+        assert any(_ours_into(place) for place in places)  # held between ticks, as they should be while it runs
+
+        # kubelet removes the pod's cgroups, then the pod leaves the states: nothing of ours points there any more
+        for place in places:
+            if os.path.isdir(os.path.join(place, "a" * 12)):
+                os.rmdir(os.path.join(place, "a" * 12))
+            if os.path.isdir(place):
+                os.rmdir(place)
+        node.states.set_pods([pod for pod in node.states.pods() if pod.name != "gone"])
+        assert [path for place in places for path in _ours_into(place)] == []
+        stays = node.fs.cgroup_dir("memory", node.pod_dir(node.pod("stays")))
+        assert _ours_into(stays)  # the pod that runs on keeps its descriptors
+    finally:
+        runner.stop()
+        for collector in collectors:
+            collector.close()
