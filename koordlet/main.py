@@ -46,7 +46,7 @@ from kubernetes.config.incluster_config import load_incluster_config
 from koordlet import audit, features, logs
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
-from koordlet.config import ConfigError, KoordletConfig, parse_config
+from koordlet.config import ConfigError, KoordletConfig, missing_root_dirs, parse_config
 from koordlet.debug import serve_debug
 from koordlet.debug.endpoints import DebugSources
 from koordlet.events import PodEvents
@@ -928,6 +928,8 @@ def log_command_line_notes(config: KoordletConfig) -> None:
     if config.ignored_args:
         logger.warning("%r is not a flag, so it and what follows are ignored, as Go's flag package does: %s",
                        config.ignored_args[0], " ".join(config.ignored_args))
+    for line in missing_root_dirs(config):
+        logger.warning("%s", line)
 
 
 def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> int:
