@@ -260,3 +260,15 @@ def test_arbitrary_annotations_are_reported_and_skipped_never_raised(annotations
     registry.run_pod(plugins, node, PodContext(pod), lambda plugin, key, err: errors.append(plugin))
     registry.run_container(plugins, node, ContainerContext(pod, "a"), lambda plugin, key, err: errors.append(plugin))
     assert set(errors) <= {p.name for p in plugins}
+
+
+def test_every_built_in_plugin_is_listed_without_asking_for_the_enabled_ones_first() -> None:
+    """``registry.all_plugins`` loads the built-in plugins itself (what /debug/pods lists as not run, with the gate
+    that keeps each off): in a fresh interpreter, nothing imported beforehand."""
+    import subprocess
+    import sys
+
+    code = "from hooks import registry; print(' '.join(p.name for p in registry.all_plugins()))"
+    names = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    assert names == ["batchresource", "coresched", "cpunormalization", "cpuset", "gpu", "groupidentity",
+                     "hamicore-vgpu-monitor", "oomscoreadj", "rdma", "resctrl"]
