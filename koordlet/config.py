@@ -503,7 +503,7 @@ def _parity_flags(flag: _AddFlag, switch: _AddSwitch) -> None:
 
 # The kernel filesystem roots koordlet reads, by flag: (the config field, the flag, what is mounted there).
 _ROOTS = (("proc_root_dir", "proc-root-dir", "procfs"), ("sys_root_dir", "sys-root-dir", "sysfs"),
-          ("cgroup_root_dir", "cgroup-root-dir", "the cgroup hierarchies"))
+          ("cgroup_root_dir", "cgroup-root-dir", "cgroupfs"))
 
 
 def missing_root_dirs(config: KoordletConfig) -> tuple[str, ...]:
