@@ -15,20 +15,14 @@ from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.metriccache import MetricCache
 from koordlet.metricsadvisor import CollectorRunner, PodPsiCollector, PodResourceCollector
 from koordlet.statesinformer.cgroups import close_with_pods, pod_cgroup_source
-from tests.koordlet.qosmanager.realnode import RealNode, skip_unless_v2_writable
+from tests.koordlet.qosmanager.realnode import BOTH_VERSIONS, RealNode
 
 PODS = (("gone", QoSClass.BE, KubeQoS.BESTEFFORT), ("stays", QoSClass.LS, KubeQoS.BURSTABLE))
 
 
-@pytest.fixture(params=[pytest.param("v1", marks=pytest.mark.cgroupv1),
-                        pytest.param("v2", marks=pytest.mark.cgroupv2)])
+@pytest.fixture(params=BOTH_VERSIONS)
 def node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
-    v2 = request.param == "v2"
-    if v2:
-        skip_unless_v2_writable()
-    else:
-        RealNode.skip_unless_possible()
-    real = RealNode("descriptors", PODS, v2=v2)
+    real = RealNode.of_version(request.param, "descriptors", PODS)
     try:
         yield real
     finally:

@@ -19,22 +19,16 @@ from koordlet.api.nodeslo import default_node_slo_spec, parse_node_slo_spec
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.runtimehooks.reconciler import Reconciler
 from koordlet.system.cgroup import CgroupVersion
-from tests.koordlet.qosmanager.realnode import RealNode, skip_unless_v2_writable
+from tests.koordlet.qosmanager.realnode import BOTH_VERSIONS, RealNode
 
 PODS = (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT))
 CORE_SCHED_BE_IDLE = parse_node_slo_spec({"resourceQOSStrategy": {
     "policies": {"cpuPolicy": "coreSched"}, "beClass": {"cpuQOS": {"enable": True, "schedIdle": 1}}}})
 
 
-@pytest.fixture(params=[pytest.param("v1", marks=pytest.mark.cgroupv1),
-                        pytest.param("v2", marks=pytest.mark.cgroupv2)])
+@pytest.fixture(params=BOTH_VERSIONS)
 def node(request: pytest.FixtureRequest):
-    v2 = request.param == "v2"
-    if v2:
-        skip_unless_v2_writable()
-    else:
-        RealNode.skip_unless_possible()
-    real = RealNode("cpu-idle", PODS, v2=v2)
+    real = RealNode.of_version(request.param, "cpu-idle", PODS)
     if not os.path.exists(real.fs.cgroup_dir("cpu", os.path.join(real.be_dir, "cpu.idle"))):
         real.close()
         pytest.skip(f"this kernel lacks cpu.idle ({os.uname().release}; it came in Linux 5.15)")
