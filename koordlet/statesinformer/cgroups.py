@@ -71,28 +71,18 @@ def pod_cgroup_source(
 
 def close_with_pods(states: StatesProvider, layout: KubeCgroupLayout,
                     closers: Sequence[Callable[[Sequence[str]], None]]) -> None:
-    """When pods leave the states, hand their cgroup dirs to each of ``closers`` (the parts that keep descriptors
-    open between ticks: the collectors, the executor's kept reads) at once, on the thread that changed the states. A
-    descriptor on a removed cgroup pins its memory in the kernel; waiting for the holder's next tick or idle sweep
-    (which needs a later read) left one open for good when nothing read again."""
+    """When pods (or containers) leave the states, hand their cgroup dirs to each of ``closers`` (the parts that keep
+    descriptors open between ticks: the collectors, the executor's kept reads) at once, on the thread that changed
+    the states. A descriptor on a removed cgroup pins its memory in the kernel; waiting for the holder's next tick or
+    idle sweep (which needs a later read) left one open for good when nothing read again."""
     lock = threading.Lock()
-    listed: dict[str, str] = {}  # pod uid → its cgroup dir, as of the last change
-
-    def dirs(pods: Sequence[PodMeta]) -> dict[str, str]:
-        found = {}
-        for pod in pods:
-            try:
-                pod_dir = pod_cgroup_dir(layout, pod)
-            except CgroupPathError:
-                continue
-            if pod_dir:
-                found[pod.uid] = pod_dir
-        return found
+    listed: set[str] = set()  # the pods' and their containers' cgroup dirs, as of the last change
 
     def changed() -> None:
         with lock:
-            now = dirs(states.pods())
-            gone = sorted({pod_dir for uid, pod_dir in listed.items() if now.get(uid) != pod_dir})
+            now = {cgroup.cgroup_dir for pod in pod_cgroups(states.pods(), layout)
+                   for cgroup in (pod, *pod.containers)}
+            gone = sorted(listed - now)
             listed.clear()
             listed.update(now)
         if gone:

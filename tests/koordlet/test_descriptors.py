@@ -1,12 +1,13 @@
 """No descriptor of koordlet's outlives its pod: the files it keeps open between ticks (the pod and PSI collectors'
 cgroup files, the executor's kept reads of the QoS snapshot) pin a removed cgroup's memory in the kernel, so they are
-closed as soon as the pod leaves the states, not at a later tick or an idle sweep. On real cgroups: v1 on this host,
-v2 in the VM stage."""
+closed as soon as the pod (or the container) leaves the states, not at a later tick or an idle sweep. On real
+cgroups: v1 on this host, v2 in the VM stage."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -69,6 +70,17 @@ def test_the_descriptors_of_a_pod_close_as_soon_as_it_leaves_the_states(node: Re
         assert [path for place in places for path in _ours_into(place)] == []
         stays = node.fs.cgroup_dir("memory", node.pod_dir(node.pod("stays")))
         assert _ours_into(stays)  # the pod that runs on keeps its descriptors
+
+        # a container of it goes the same way: its cgroup removed, then it leaves the states
+        container = os.path.join(node.pod_dir(node.pod("stays")), "b" * 12)
+        assert _ours_into(node.fs.cgroup_dir("memory", container))
+        for controller in ("cpu", "cpuacct", "memory"):
+            if os.path.isdir(node.fs.cgroup_dir(controller, container)):
+                os.rmdir(node.fs.cgroup_dir(controller, container))
+        node.states.set_pods([replace(pod, containers=()) for pod in node.states.pods()])
+        assert [path for c in ("cpu", "cpuacct", "memory") for path in _ours_into(node.fs.cgroup_dir(c, container))] \
+            == []
+        assert _ours_into(stays)
     finally:
         runner.stop()
         for collector in collectors:
