@@ -191,6 +191,7 @@ class RuntimeHooks:
                            cpu_pools=self._cpu_pools(annotations, kubelet),
                            kubelet_cpu_policy=kubelet.policy if kubelet is not None else "",
                            be_cpu_manager=self.config.feature_gates.get("BECPUManager", False),
+                           cpuset_allocator=self.config.feature_gates.get("CPUSetAllocator", False),
                            cpu_burst=self.config.feature_gates.get("CPUBurst", False),
                            be_cpu_suppress=self.config.feature_gates.get("BECPUSuppress", False),
                            rdma=self._rdma.get() if self._rdma is not None else None,
