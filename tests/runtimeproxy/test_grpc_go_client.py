@@ -8,10 +8,12 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
 from tests.support.proxy import ProxyProcess
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.containerd
 
@@ -73,6 +75,14 @@ def test_ctr_streams_a_whole_image_through_the_proxy(containerd_socket: str, pro
     assert len(via) > 500_000 and via == direct
 
 
+def _connections(proxy: ProxyProcess) -> float:
+    """The proxy's open kubelet connections, as its /metrics says."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{proxy.metrics_port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    gauge = "koord_runtimeproxy_connections "
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(gauge))
+
+
 @pytest.mark.skipif(shutil.which("ctr") is None, reason="ctr (from the containerd package) not installed")
 @pytest.mark.parametrize("with_event", [True, False], ids=["after-an-event", "before-any-event"])
 def test_a_drain_ends_a_grpc_go_subscription_with_unavailable_at_once(
@@ -86,7 +96,9 @@ def test_a_drain_ends_a_grpc_go_subscription_with_unavailable_at_once(
                               text=True)
     namespace = f"kpy-drain-{os.getpid()}-{int(with_event)}"
     try:
-        time.sleep(1.0)  # ctr connects and subscribes (no answer comes before the first event)
+        # ctr connects for its Subscribe and sends it at once; no answer comes before the first event
+        assert wait_for(lambda: _connections(proxy) >= 1, 30), "ctr never connected"
+        time.sleep(0.3)
         if with_event:
             assert _ctr(containerd_socket, "namespaces", "create", namespace).returncode == 0
             line = events.stdout.readline()
