@@ -16,7 +16,7 @@ from hooks.validate import Rejected
 from koordlet import audit
 from koordlet.actuator import PlanRunner
 from koordlet.api.cfsquota import be_quota_suppressed
-from koordlet.api.pod import ContainerMeta, PodMeta
+from koordlet.api.pod import ContainerMeta, PodMeta, container_limit
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor
@@ -276,10 +276,12 @@ def container_context_from_request(pod: PodMeta, req: hookapi.ContainerResourceH
 
 
 def container_context_from_meta(pod: PodMeta, container: ContainerMeta) -> ContainerContext:
+    """A running container as the reconciler sees it: the limits its cgroup really has (after an in-place resize,
+    kubelet's new ones: koordlet/api/pod.py), its pod's pod-level limits where it sets none (kubelet's rule)."""
     return ContainerContext(
         pod=pod, name=container.name, container_id=container.container_id,
-        resources=ContainerResources(cfs_quota_us=quota_from_milli(container.limits.get("cpu", 0)),
-                                     memory_limit_bytes=container.limits.get("memory", 0)),
+        resources=ContainerResources(cfs_quota_us=quota_from_milli(container_limit(pod, container, "cpu")),
+                                     memory_limit_bytes=container_limit(pod, container, "memory")),
         running=True,
     )
 

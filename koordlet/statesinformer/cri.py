@@ -4,7 +4,10 @@ Each sync: ``ListPodSandbox`` (ready sandboxes) and ``ListContainers``; for a sa
 the first time, its verbose status (``PodSandboxStatus``/``ContainerStatus`` with ``verbose``) gives the
 config the runtime was created with — the sandbox's cgroup parent and IP (``status.network.ip``; a NODE-network
 sandbox reports the host's or none), the container's Linux resources. These
-are cached by id (a sandbox's config never changes) and forgotten when the id is gone.
+are cached by id (a sandbox's config never changes) and forgotten when the id is gone. A container's resources
+change with an in-place resize (UpdateContainerResources): where the runtime reports them in
+``ContainerStatus.status.resources`` they are read from there at every sync, so a resize is seen; a runtime that
+does not report them leaves the creation config (cached).
 
 Requests and limits are derived back from the Linux resources kubelet computed (the inverse of kubelet's
 conversion): cpu limit = quota × 1000 / period milli-cores, cpu request = shares × 1000 / 1024 (shares of
@@ -102,13 +105,21 @@ class CriPodSource:
         return cached
 
     def _resources(self, container_id: str) -> tuple[dict[str, int], dict[str, int]]:
+        """What the container has now: the runtime's ``status.resources`` (CRI v1, what the last
+        UpdateContainerResources set: an in-place resize shows here) read every sync, where the runtime reports
+        them; else the config it was created with (verbose status, cached: it never changes)."""
         cached = self._container_resources.get(container_id)
-        if cached is None:
-            response = self._runtime.ContainerStatus(
-                cri.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=self._timeout_s)
-            config = _verbose_config(response.info, cri.ContainerConfig)
-            cached = requests_limits(config.linux.resources) if config is not None else ({}, {})
-            self._container_resources[container_id] = cached
+        if cached is not None:
+            return cached
+        response = self._runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=container_id),
+                                                 timeout=self._timeout_s)
+        if response.status.HasField("resources") and response.status.resources.HasField("linux"):
+            return requests_limits(response.status.resources.linux)
+        response = self._runtime.ContainerStatus(
+            cri.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=self._timeout_s)
+        config = _verbose_config(response.info, cri.ContainerConfig)
+        cached = requests_limits(config.linux.resources) if config is not None else ({}, {})
+        self._container_resources[container_id] = cached
         return cached
 
     def list_pods(self) -> tuple[PodMeta, ...]:
