@@ -171,7 +171,7 @@ class RuntimeHooks:
         # both front doors: the hook server's decisions, remembered for the NRI plugin to take
         self.decisions = Decisions() if config.nri is not None and config.serve_hooks else None
         self.service = HookService(lambda: self.plugins, self.node_context, self._known_pod, executor, layout,
-                                   config.disabled_stages, rejects, self.decisions, self.answers)
+                                   config.disabled_stages, rejects, self.decisions, self.answers, self.pod_resized)
         self.nri: NriPlugin | None = None
         self.nri_handlers: NriHandlers | None = None
         if config.nri is not None:
@@ -210,6 +210,14 @@ class RuntimeHooks:
         pools = compute_cpu_pools(self._topology, pods, kubelet, annotations)
         self._pools = ((pods, kubelet, items), pools)  # the key held, so an unchanged list is recognised by identity
         return pools
+
+    def pod_resized(self, pod_uid: str) -> None:
+        """kubelet resized a pod (UpdatePodSandboxResources, NRI's UpdatePodSandbox): the states poll kubelet now for
+        the amounts it enacted (a changed pod list wakes the reconciler and the QoS strategies follow at their next
+        tick), and the reconciler passes at once over what it knows."""
+        log.debug("pod %s resized: resync and reconcile", pod_uid)
+        self.states.request_resync()
+        self.reconciler.trigger()
 
     def _forget_gone_pods(self) -> None:
         self.answers.retain(pod.uid for pod in self.states.pods())

@@ -48,15 +48,21 @@ from .podgroups import PodGroups
 
 log = logging.getLogger(__name__)
 
+# Updates are not a pod's or container's creation: /debug/pods keeps what was answered then.
+_NOT_RECORDED = frozenset({registry.Stage.PRE_UPDATE_CONTAINER_RESOURCES,
+                           registry.Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES})
+
 
 class HookService(hookapi_grpc.RuntimeHookServiceServicer):
     def __init__(self, plugins: Callable[[], list[registry.Plugin]], node: Callable[[], NodeContext],
                  known_pod: Callable[[str], PodMeta | None], executor: ResourceExecutor,
                  layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset(),
                  rejects: RejectedValues | None = None, decisions: Decisions | None = None,
-                 answers: HookAnswers | None = None) -> None:
+                 answers: HookAnswers | None = None, resized: Callable[[str], None] | None = None) -> None:
         """``decisions``: where answers are remembered for the NRI plugin (both front doors on); ``answers``: where
-        each plugin's answer at creation is kept for ``/debug/pods``."""
+        each plugin's answer at creation is kept for ``/debug/pods``; ``resized``: told a pod's UID when kubelet
+        resizes it (UpdatePodSandboxResources), so the states and the reconciler catch up at once."""
+        self._resized = resized
         self._plugins = plugins
         self._answers = answers
         self._decisions = decisions
@@ -86,10 +92,11 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             metrics.HOOK_DURATION_MS.labels(metrics.node(), hook, stage, status).observe(elapsed_ms)
 
     # -- pod -------------------------------------------------------------------------------------
-    def _pre_run_pod_sandbox(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
+    def _pre_run_pod_sandbox(self, req: hookapi.PodSandboxHookRequest,
+                             stage: registry.Stage = registry.Stage.PRE_RUN_POD_SANDBOX,
+                             ) -> hookapi.PodSandboxHookResponse:
         resp = hookapi.PodSandboxHookResponse(labels=req.labels, annotations=req.annotations,
                                               cgroup_parent=req.cgroup_parent, resources=req.resources)
-        stage = registry.Stage.PRE_RUN_POD_SANDBOX
         if stage.value in self._disabled:
             self._note(req.pod_meta.uid, POD_LEVEL, stage, None, None)
             return resp
@@ -101,7 +108,7 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         changes = registry.run_pod(plugins, self._node(), PodContext(pod), self._report,
                                    self._rejects.reporter(pod), parent, trace)
         self._note(pod.uid, POD_LEVEL, stage, trace, changes)
-        if self._decisions is not None:
+        if self._decisions is not None and stage is registry.Stage.PRE_RUN_POD_SANDBOX:
             self._decisions.remember(pod_key(pod.uid), changes)
         if not changes:
             return resp
@@ -110,9 +117,24 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             run_pod_level(self._runner, pod, pod_dir, changes, "hookserver")
         return resp
 
+    def _pre_update_pod_sandbox_resources(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
+        """A pod-level resize: kubelet has written the pod dir's new values (cri-api: it calls
+        UpdatePodSandboxResources after that), undoing koordlet's pod-level ones (a bound pod's unlimited quota, a
+        BE pod's batch values): they are answered and written again at once, as at RunPodSandbox; then the states
+        and the reconciler catch up with the new amounts (memory QoS, burst, the containers' values)."""
+        try:
+            return self._pre_run_pod_sandbox(req, registry.Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES)
+        finally:
+            if self._resized is not None:
+                self._resized(req.pod_meta.uid)
+
+    def PreUpdatePodSandboxResourcesHook(self, request, context):  # noqa: N802
+        return self._timed("PreUpdatePodSandboxResources", "pre", self._pre_update_pod_sandbox_resources, request,
+                           self._pod_echo)
+
     def _note(self, pod_uid: str, container: str, stage: registry.Stage, trace: Trace | None,
               changes: Changes | None) -> None:
-        if self._answers is not None and stage is not registry.Stage.PRE_UPDATE_CONTAINER_RESOURCES:
+        if self._answers is not None and stage not in _NOT_RECORDED:
             note = "" if changes is not None else f"stage {stage.value} off (-runtime-hooks-disable-stages)"
             self._answers.record(pod_uid, container, stage.value, "hookserver", trace, changes, note)
 

@@ -69,6 +69,9 @@ class StatesProvider(Protocol):
 
     def has_synced(self) -> bool: ...
 
+    def request_resync(self, follow_up_s: float = 0.0) -> None:
+        """Read the pods again now (something changed that the next poll would only see later)."""
+
 
 class Callbacks:
     """Registered callbacks by kind; a failing callback is logged and the others still run."""
@@ -116,6 +119,9 @@ class StaticStates:
 
     def register_callback(self, kind: CallbackKind, name: str, fn: Callable[[], None]) -> None:
         self._callbacks.register(kind, name, fn)
+
+    def request_resync(self, follow_up_s: float = 0.0) -> None:
+        """Nothing to read again: the owner pushes the states."""
 
     def set_node(self, node: NodeInfo) -> None:
         self._node = node
