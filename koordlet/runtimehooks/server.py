@@ -23,9 +23,11 @@ from hooks.protocol import Changes, NodeContext, PodContext
 from hooks.registry import Trace
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
+from koordlet.api.qos import QoSClass
 from koordlet.executor import ResourceExecutor
 from koordlet.history.answers import POD_LEVEL, HookAnswers
 from koordlet.hostdirs import make_host_dirs
+from koordlet.statesinformer.enacted import LinuxResources
 from koordlet.system.kubepods import KubeCgroupLayout, pod_cgroup_dir
 from wire import hookapi_pb2 as hookapi
 from wire import hookapi_pb2_grpc as hookapi_grpc
@@ -48,6 +50,8 @@ from .podgroups import PodGroups
 
 log = logging.getLogger(__name__)
 
+Resized = Callable[[str, str, LinuxResources | None], None]  # (pod UID, container id or "", what kubelet set)
+
 # Updates are not a pod's or container's creation: /debug/pods keeps what was answered then.
 _NOT_RECORDED = frozenset({registry.Stage.PRE_UPDATE_CONTAINER_RESOURCES,
                            registry.Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES})
@@ -58,10 +62,11 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
                  known_pod: Callable[[str], PodMeta | None], executor: ResourceExecutor,
                  layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset(),
                  rejects: RejectedValues | None = None, decisions: Decisions | None = None,
-                 answers: HookAnswers | None = None, resized: Callable[[str], None] | None = None) -> None:
+                 answers: HookAnswers | None = None, resized: Resized | None = None) -> None:
         """``decisions``: where answers are remembered for the NRI plugin (both front doors on); ``answers``: where
-        each plugin's answer at creation is kept for ``/debug/pods``; ``resized``: told a pod's UID when kubelet
-        resizes it (UpdatePodSandboxResources), so the states and the reconciler catch up at once."""
+        each plugin's answer at creation is kept for ``/debug/pods``; ``resized``: told when kubelet resizes a pod
+        (UpdatePodSandboxResources) or a container (UpdateContainerResources, with what it set), so the states and
+        the reconciler catch up at once (RuntimeHooks.resized)."""
         self._resized = resized
         self._plugins = plugins
         self._answers = answers
@@ -126,7 +131,7 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             return self._pre_run_pod_sandbox(req, registry.Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES)
         finally:
             if self._resized is not None:
-                self._resized(req.pod_meta.uid)
+                self._resized(req.pod_meta.uid, "", None)
 
     def PreUpdatePodSandboxResourcesHook(self, request, context):  # noqa: N802
         return self._timed("PreUpdatePodSandboxResources", "pre", self._pre_update_pod_sandbox_resources, request,
@@ -183,6 +188,11 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
                 update_key(req.container_meta.id)
             self._decisions.remember(key, changes)
         apply_to_container_response(changes, resp)
+        if stage is registry.Stage.PRE_UPDATE_CONTAINER_RESOURCES and self._resized is not None:
+            # the proxy's request holds kubelet's update over the container's creation values, the hooks' answers
+            # then included: for a BE pod those are batch values, not kubelet's, so only the resync is asked for
+            enacted = req.container_resources if pod.qos_class is not QoSClass.BE else None
+            self._resized(pod.uid, req.container_meta.id, enacted)
         return resp
 
     def PreCreateContainerHook(self, request, context):  # noqa: N802

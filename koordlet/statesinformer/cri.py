@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import kube_qos_from_cgroup_parent
 from koordlet.api.safeload import load_json
+from koordlet.statesinformer.enacted import requests_limits
 from koordlet.statesinformer.informer import PodSourceError
 from wire import cri_pb2 as cri
 from wire import cri_pb2_grpc as cri_grpc
@@ -39,7 +40,6 @@ logger = logging.getLogger(__name__)
 
 _MAX_INFO_BYTES = 4 << 20  # containerd's verbose status info: the OCI spec and runtime config of one container
 
-_MIN_SHARES = 2  # kubelet's cpu.shares for "no cpu request"
 _OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
 
 
@@ -56,19 +56,6 @@ def _verbose_config(info: Any, config_type: type) -> Any | None:
     except (ValueError, AttributeError, json_format.ParseError) as err:
         logger.debug("unreadable verbose info: %s", err)
         return None
-
-
-def requests_limits(resources: cri.LinuxContainerResources) -> tuple[dict[str, int], dict[str, int]]:
-    """(requests, limits) in Koordinator units from the Linux resources kubelet set."""
-    requests: dict[str, int] = {}
-    limits: dict[str, int] = {}
-    if resources.cpu_quota > 0 and resources.cpu_period > 0:
-        limits["cpu"] = resources.cpu_quota * 1000 // resources.cpu_period
-    if resources.cpu_shares > _MIN_SHARES:
-        requests["cpu"] = resources.cpu_shares * 1000 // 1024
-    if resources.memory_limit_in_bytes > 0:
-        limits["memory"] = resources.memory_limit_in_bytes
-    return requests, limits
 
 
 class CriPodSource:

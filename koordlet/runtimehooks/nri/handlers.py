@@ -56,6 +56,7 @@ from ..apply import (
 )
 from ..decisions import Decisions, create_key, pod_key, update_key
 from ..podgroups import PodGroups
+from ..server import Resized
 from . import convert
 
 log = logging.getLogger(__name__)
@@ -79,8 +80,10 @@ class NriHandlers:
                  known_pods: Callable[[], Sequence[PodMeta]], executor: ResourceExecutor,
                  layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset(),
                  rejects: RejectedValues | None = None, decisions: Decisions | None = None,
-                 answers: HookAnswers | None = None) -> None:
-        """``answers``: where each plugin's answer at creation is kept for ``/debug/pods`` (when NRI decides)."""
+                 answers: HookAnswers | None = None, resized: Resized | None = None) -> None:
+        """``answers``: where each plugin's answer at creation is kept for ``/debug/pods`` (when NRI decides);
+        ``resized``: told when kubelet resizes a container (UpdateContainer) or a pod (UpdatePodSandbox)."""
+        self._resized = resized
         self._plugins = plugins
         self._answers = answers
         self._node = node
@@ -207,6 +210,8 @@ class NriHandlers:
             changes = self._container_changes(self._staged(Stage.PRE_UPDATE_CONTAINER_RESOURCES), self._node(),
                                               context, pod_dir)
         update = convert.container_update(container.id, changes, request.linux_resources, self._cgroup_v2)
+        if self._resized is not None:  # containerd passes kubelet's UpdateContainerResources as it came
+            self._resized(pod.uid, container.id, convert.cri_resources(request.linux_resources))
         return api.UpdateContainerResponse(update=[update] if update is not None else [])
 
     def synchronize(self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container],
