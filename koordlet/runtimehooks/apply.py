@@ -232,9 +232,11 @@ def pod_level_plan(changes: Changes, pod_dir: str, pod_uid: str) -> Plan:
     return Plan(steps_of(*cgroup_writes(changes, pod_dir)), resctrl=resctrl_actions(changes, pod_uid))
 
 
-def run_pod_level(runner: PlanRunner, pod: PodMeta, pod_dir: str, changes: Changes, source: str) -> None:
-    """Carry out a pod-level answer (pod_level_plan) at once; a pod dir not there yet is the reconciler's."""
-    record = runner.run(pod_level_plan(changes, pod_dir, pod.uid), source)
+def run_pod_level(runner: PlanRunner, pod: PodMeta, pod_dir: str, changes: Changes, source: str,
+                  verify: bool = False) -> None:
+    """Carry out a pod-level answer (pod_level_plan) at once; a pod dir not there yet is the reconciler's.
+    ``verify``: read each file first, not trusting the write cache (kubelet has just written the dir: a resize)."""
+    record = runner.run(pod_level_plan(changes, pod_dir, pod.uid), source, verify=verify)
     for failure in record.failures:
         if isinstance(failure.error, CgroupNotFoundError):
             log.debug("pod %s: %s not there yet; the reconciler will apply it", pod.key, pod_dir)

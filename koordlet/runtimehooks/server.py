@@ -119,7 +119,8 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             return resp
         apply_to_resources(changes, resp.resources, container=False)
         if pod_dir is not None:
-            run_pod_level(self._runner, pod, pod_dir, changes, "hookserver")
+            run_pod_level(self._runner, pod, pod_dir, changes, "hookserver",
+                          verify=stage is registry.Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES)
         return resp
 
     def _pre_update_pod_sandbox_resources(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:

@@ -11,14 +11,16 @@ are enacted. Memory QoS writes memory.min/low/high, which cgroup v1 lacks: its p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from koordlet.api.cpuset import format_cpu_list
-from koordlet.api.keys import ANNOTATION_NODE_RESERVATION, LABEL_QOS_CLASS
+from koordlet.api.keys import ANNOTATION_NODE_RESERVATION, ANNOTATION_RESOURCE_STATUS, LABEL_QOS_CLASS
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
@@ -129,3 +131,52 @@ def test_an_ls_resize_moves_the_burst_keeps_the_share_pool_cpuset_and_never_reve
         proxy.terminate()
         hooks.stop()
 
+
+
+def test_a_pod_level_resize_through_the_proxy_gets_the_pod_level_answers_written_again(
+        containerd_socket: str, tmp_path: Path) -> None:
+    """kubelet resizes a pod's own cgroup, then calls UpdatePodSandboxResources (cri-api: after it wrote the pod
+    dir). Its new quota undid the cpuset hook's unbound one for a pod the scheduler bound to CPUs: the hook
+    (PreUpdatePodSandboxResources, registered by koordlet) writes it again at once, the reconciler being far off here.
+    containerd here answers UNIMPLEMENTED (its cri-api predates the call) and kubelet gets exactly that."""
+    online = sorted(read_online_cpus("/sys"))
+    states = StaticStates(node=NodeInfo("n1"))
+    socket = str(tmp_path / "koordlet.sock")
+    config = RuntimeHooksConfig(socket_path=socket, host_endpoint=socket, config_dir=str(tmp_path / "hookserver.d"),
+                                reconcile_interval_s=3600, feature_gates=GATES)
+    hooks = RuntimeHooks(config, states, ResourceExecutor(CgroupFS.detect()), LAYOUT)
+    hooks.start()
+    assert "PreUpdatePodSandboxResources" in json.loads(
+        (tmp_path / "hookserver.d" / "koordlet.json").read_text())["runtime-hooks"]
+    proxy = ProxyProcess(str(tmp_path / "proxy.sock"), containerd_socket, state_dir=str(tmp_path)).start()
+    client = CriClient(proxy.listen)
+    pods = PodFactory(client)
+    made: list[Path] = []
+    try:
+        sandbox = sandbox_config("bound", kube_qos="burstable", labels={LABEL_QOS_CLASS: "LSR"},
+                                 annotations={ANNOTATION_RESOURCE_STATUS: json.dumps(
+                                     {"cpuset": format_cpu_list(online[-1:])})})
+        pod_dir = CGROUP_V1 / "cpu" / sandbox.linux.cgroup_parent.lstrip("/")
+        for directory in reversed((pod_dir, *pod_dir.parents)):  # kubelet makes the pod's cgroup first
+            if not directory.exists():
+                directory.mkdir()
+                made.append(directory)
+        sid = pods.run_pod(sandbox)
+        assert (pod_dir / "cpu.cfs_quota_us").read_text().strip() == "-1"  # PreRunPodSandbox's answer
+        (pod_dir / "cpu.cfs_quota_us").write_text("400000")  # kubelet's pod-level resize
+        with pytest.raises(grpc.RpcError) as err:
+            client.runtime.UpdatePodSandboxResources(cri.UpdatePodSandboxResourcesRequest(
+                pod_sandbox_id=sid, resources=cri.LinuxContainerResources(cpu_period=100000, cpu_quota=400000,
+                                                                          cpu_shares=4096)), timeout=30)
+        assert err.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        assert (pod_dir / "cpu.cfs_quota_us").read_text().strip() == "-1"
+    finally:
+        pods.client = CriClient(containerd_socket)
+        pods.cleanup()
+        pods.client.close()
+        client.close()
+        proxy.terminate()
+        hooks.stop()
+        for directory in reversed(made):
+            with contextlib.suppress(OSError):  # runc may have pruned it already
+                directory.rmdir()

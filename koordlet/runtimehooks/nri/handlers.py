@@ -227,8 +227,8 @@ class NriHandlers:
             changes = self._pod_changes(pod, self._staged(Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES), self._node(),
                                         pod_dir)
             if changes and pod_dir is not None:
-                with changing():
-                    run_pod_level(self._runner, pod, pod_dir, changes, "nri")
+                with changing():  # kubelet has just written the dir: read it, not the write cache
+                    run_pod_level(self._runner, pod, pod_dir, changes, "nri", verify=True)
         if self._resized is not None:
             self._resized(pod.uid, "", None)
         return api.UpdatePodSandboxResponse()
