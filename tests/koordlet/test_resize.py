@@ -32,9 +32,9 @@ from koordlet.statesinformer.kubelet import pod_meta_from_pod
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.sysfs import read_online_cpus
+from tests.koordlet.runtimehooks.test_runtimehooks import _through_proxy
 from tests.support.containerd import CGROUP_ROOT
-from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
-from tests.support.proxy import ProxyProcess
+from tests.support.cri import container_config, sandbox_config
 from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
 
@@ -81,11 +81,7 @@ def test_an_ls_resize_moves_the_burst_keeps_the_share_pool_cpuset_and_never_reve
                             config=QoSManagerConfig(node_name="n1", feature_gates={
                                 "CPUBurst": True, "BECPUSuppress": False, "RdtResctrl": False,
                                 "CgroupReconcile": False}))
-    hooks.start()
-    proxy = ProxyProcess(str(tmp_path / "proxy.sock"), containerd_socket, state_dir=str(tmp_path)).start()
-    client = CriClient(proxy.listen)
-    pods = PodFactory(client)
-    try:
+    with _through_proxy(hooks, containerd_socket, tmp_path) as (client, pods):
         sandbox = sandbox_config("web", kube_qos="burstable", labels={LABEL_QOS_CLASS: "LS"})
         sid = pods.run_pod(sandbox)
         cid = pods.create_container(sid, sandbox, container_config("app", resources=cri.LinuxContainerResources(
@@ -123,13 +119,6 @@ def test_an_ls_resize_moves_the_burst_keeps_the_share_pool_cpuset_and_never_reve
         assert wait_for(lambda: hooks.reconciler.passes >= passes + 2, 10.0)
         assert (read("cpu", "cpu.cfs_quota_us"), read("memory", "memory.limit_in_bytes"),
                 read("cpuset", "cpuset.cpus")) == ("200000", str(512 * MiB), pool)
-    finally:
-        pods.client = CriClient(containerd_socket)
-        pods.cleanup()
-        pods.client.close()
-        client.close()
-        proxy.terminate()
-        hooks.stop()
 
 
 
@@ -145,38 +134,29 @@ def test_a_pod_level_resize_through_the_proxy_gets_the_pod_level_answers_written
     config = RuntimeHooksConfig(socket_path=socket, host_endpoint=socket, config_dir=str(tmp_path / "hookserver.d"),
                                 reconcile_interval_s=3600, feature_gates=GATES)
     hooks = RuntimeHooks(config, states, ResourceExecutor(CgroupFS.detect()), LAYOUT)
-    hooks.start()
-    assert "PreUpdatePodSandboxResources" in json.loads(
-        (tmp_path / "hookserver.d" / "koordlet.json").read_text())["runtime-hooks"]
-    proxy = ProxyProcess(str(tmp_path / "proxy.sock"), containerd_socket, state_dir=str(tmp_path)).start()
-    client = CriClient(proxy.listen)
-    pods = PodFactory(client)
     made: list[Path] = []
     try:
-        sandbox = sandbox_config("bound", kube_qos="burstable", labels={LABEL_QOS_CLASS: "LSR"},
-                                 annotations={ANNOTATION_RESOURCE_STATUS: json.dumps(
-                                     {"cpuset": format_cpu_list(online[-1:])})})
-        pod_dir = CGROUP_V1 / "cpu" / sandbox.linux.cgroup_parent.lstrip("/")
-        for directory in reversed((pod_dir, *pod_dir.parents)):  # kubelet makes the pod's cgroup first
-            if not directory.exists():
-                directory.mkdir()
-                made.append(directory)
-        sid = pods.run_pod(sandbox)
-        assert (pod_dir / "cpu.cfs_quota_us").read_text().strip() == "-1"  # PreRunPodSandbox's answer
-        (pod_dir / "cpu.cfs_quota_us").write_text("400000")  # kubelet's pod-level resize
-        with pytest.raises(grpc.RpcError) as err:
-            client.runtime.UpdatePodSandboxResources(cri.UpdatePodSandboxResourcesRequest(
-                pod_sandbox_id=sid, resources=cri.LinuxContainerResources(cpu_period=100000, cpu_quota=400000,
-                                                                          cpu_shares=4096)), timeout=30)
-        assert err.value.code() is grpc.StatusCode.UNIMPLEMENTED
-        assert (pod_dir / "cpu.cfs_quota_us").read_text().strip() == "-1"
+        with _through_proxy(hooks, containerd_socket, tmp_path) as (client, pods):
+            assert "PreUpdatePodSandboxResources" in json.loads(
+                (tmp_path / "hookserver.d" / "koordlet.json").read_text())["runtime-hooks"]
+            sandbox = sandbox_config("bound", kube_qos="burstable", labels={LABEL_QOS_CLASS: "LSR"},
+                                     annotations={ANNOTATION_RESOURCE_STATUS: json.dumps(
+                                         {"cpuset": format_cpu_list(online[-1:])})})
+            pod_dir = CGROUP_V1 / "cpu" / sandbox.linux.cgroup_parent.lstrip("/")
+            for directory in reversed((pod_dir, *pod_dir.parents)):  # kubelet makes the pod's cgroup first
+                if not directory.exists():
+                    directory.mkdir()
+                    made.append(directory)
+            sid = pods.run_pod(sandbox)
+            assert (pod_dir / "cpu.cfs_quota_us").read_text().strip() == "-1"  # PreRunPodSandbox's answer
+            (pod_dir / "cpu.cfs_quota_us").write_text("400000")  # kubelet's pod-level resize
+            with pytest.raises(grpc.RpcError) as err:
+                client.runtime.UpdatePodSandboxResources(cri.UpdatePodSandboxResourcesRequest(
+                    pod_sandbox_id=sid, resources=cri.LinuxContainerResources(cpu_period=100000, cpu_quota=400000,
+                                                                              cpu_shares=4096)), timeout=30)
+            assert err.value.code() is grpc.StatusCode.UNIMPLEMENTED
+            assert (pod_dir / "cpu.cfs_quota_us").read_text().strip() == "-1"
     finally:
-        pods.client = CriClient(containerd_socket)
-        pods.cleanup()
-        pods.client.close()
-        client.close()
-        proxy.terminate()
-        hooks.stop()
         for directory in reversed(made):
             with contextlib.suppress(OSError):  # runc may have pruned it already
                 directory.rmdir()

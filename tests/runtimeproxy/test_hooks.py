@@ -379,6 +379,15 @@ def _call_raw(client: CriClient, method: str, payload: bytes) -> tuple[grpc.Stat
     return grpc.StatusCode.OK, ""
 
 
+def _containerd_answer(containerd_socket: str, sandbox_id: str) -> tuple[grpc.StatusCode, str]:
+    """What containerd answers kubelet's UpdatePodSandboxResources without the proxy."""
+    direct = CriClient(containerd_socket)
+    try:
+        return _call_raw(direct, "UpdatePodSandboxResources", _pod_resize_request(sandbox_id))
+    finally:
+        direct.close()
+
+
 def test_a_pod_level_resize_is_offered_to_the_hook_and_answered_as_the_runtime_answers(
         start_proxy, hook_server, client_pods, state, containerd_socket: str) -> None:
     """UpdatePodSandboxResources through the proxy: the hook sees the sandbox with the call's resources, its answer is
@@ -398,11 +407,7 @@ def test_a_pod_level_resize_is_offered_to_the_hook_and_answered_as_the_runtime_a
     client, pods = client_pods(start_proxy())
     sandbox = sandbox_config("resized", labels={"koordinator.sh/qosClass": "LS"}, kube_qos="burstable")
     sid = pods.run_pod(sandbox)
-    direct = CriClient(containerd_socket)
-    try:
-        expected = _call_raw(direct, "UpdatePodSandboxResources", _pod_resize_request(sid))
-    finally:
-        direct.close()
+    expected = _containerd_answer(containerd_socket, sid)
     assert _call_raw(client, "UpdatePodSandboxResources", _pod_resize_request(sid)) == expected
     [request] = server.requests(POD_RESIZE)
     assert (request.pod_meta.uid, request.labels["koordinator.sh/qosClass"]) == (sandbox.metadata.uid, "LS")
@@ -433,11 +438,7 @@ def test_a_pod_level_resize_fails_only_as_its_failure_policy_says(start_proxy, h
         register(str(state / "hookserver.d"), "20-older.json", older.socket_path, ["PreRunPodSandbox", POD_RESIZE],
                  "Fail")
         time.sleep(1.5)  # registration files take effect within a second
-        direct = CriClient(containerd_socket)
-        try:
-            expected = _call_raw(direct, "UpdatePodSandboxResources", _pod_resize_request(sid))
-        finally:
-            direct.close()
+        expected = _containerd_answer(containerd_socket, sid)
         assert _call_raw(client, "UpdatePodSandboxResources", _pod_resize_request(sid)) == expected
     finally:
         older.stop()
