@@ -99,6 +99,11 @@ class RuntimeServiceStub:
                 request_serializer=cri__pb2.UpdateContainerResourcesRequest.SerializeToString,
                 response_deserializer=cri__pb2.UpdateContainerResourcesResponse.FromString,
                 _registered_method=True)
+        self.UpdatePodSandboxResources = channel.unary_unary(
+                '/runtime.v1.RuntimeService/UpdatePodSandboxResources',
+                request_serializer=cri__pb2.UpdatePodSandboxResourcesRequest.SerializeToString,
+                response_deserializer=cri__pb2.UpdatePodSandboxResourcesResponse.FromString,
+                _registered_method=True)
         self.ExecSync = channel.unary_unary(
                 '/runtime.v1.RuntimeService/ExecSync',
                 request_serializer=cri__pb2.ExecSyncRequest.SerializeToString,
@@ -207,6 +212,14 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdatePodSandboxResources(self, request, context):
+        """Kubernetes 1.33+ (cri-api v0.33): kubelet calls it after it resized a pod's own cgroup (pod-level resources,
+        in-place resize), best effort: an error does not stop the resize.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ExecSync(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -306,6 +319,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.UpdateContainerResources,
                     request_deserializer=cri__pb2.UpdateContainerResourcesRequest.FromString,
                     response_serializer=cri__pb2.UpdateContainerResourcesResponse.SerializeToString,
+            ),
+            'UpdatePodSandboxResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdatePodSandboxResources,
+                    request_deserializer=cri__pb2.UpdatePodSandboxResourcesRequest.FromString,
+                    response_serializer=cri__pb2.UpdatePodSandboxResourcesResponse.SerializeToString,
             ),
             'ExecSync': grpc.unary_unary_rpc_method_handler(
                     servicer.ExecSync,
@@ -684,6 +702,33 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/UpdateContainerResources',
             cri__pb2.UpdateContainerResourcesRequest.SerializeToString,
             cri__pb2.UpdateContainerResourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdatePodSandboxResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/UpdatePodSandboxResources',
+            cri__pb2.UpdatePodSandboxResourcesRequest.SerializeToString,
+            cri__pb2.UpdatePodSandboxResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
