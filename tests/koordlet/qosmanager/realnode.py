@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import kubernetes.client
+import pytest
 
 from koordlet.api.keys import LABEL_QOS_CLASS
 from koordlet.api.nodeslo import NodeSLOSpec
@@ -38,7 +39,7 @@ from koordlet.system.cgroup_stats import CfsQuota, read_cfs_quota
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.procfs import parse_meminfo
 from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups, skip_unless_v1_writable
-from tests.support.v2guest import V2_CONTROLLERS, V2_ROOT
+from tests.support.v2guest import V2_CONTROLLERS, V2_ROOT, skip_unless_v2_writable
 
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
 BURN = "while True:\n    pass\n"
@@ -49,6 +50,10 @@ def memory_total() -> int:
     the machine move that, so no threshold is set from it."""
     with open("/proc/meminfo", "rb") as f:
         return parse_meminfo(f.read()).mem_total_bytes
+
+
+# Parameters of a fixture that builds its node with RealNode.of_version: each test once per cgroup version.
+BOTH_VERSIONS = (pytest.param("v1", marks=pytest.mark.cgroupv1), pytest.param("v2", marks=pytest.mark.cgroupv2))
 
 
 class V2TestCgroups(V1TestCgroups):
@@ -76,6 +81,16 @@ class V2TestCgroups(V1TestCgroups):
 
 
 class RealNode:
+    @classmethod
+    def of_version(cls, version: str, name: str, pods: Sequence[tuple[str, QoSClass, KubeQoS]]) -> RealNode:
+        """A node on this host's cgroup v1 (``"v1"``) or on the VM stage's cgroup v2 (``"v2"``, the
+        :data:`BOTH_VERSIONS` parameters); skipped where that hierarchy cannot be written."""
+        if version == "v2":
+            skip_unless_v2_writable()
+        else:
+            cls.skip_unless_possible()
+        return cls(name, pods, v2=version == "v2")
+
     def __init__(self, name: str, pods: Sequence[tuple[str, QoSClass, KubeQoS]], collect_interval_s: float = 1.0,
                  node_name: str = "node-1", v2: bool = False) -> None:
         self.groups: V1TestCgroups | V2TestCgroups = V2TestCgroups(name) if v2 else V1TestCgroups(name, CONTROLLERS)
