@@ -71,6 +71,7 @@ from koordlet.metricsadvisor import (
     PodResourceCollector,
 )
 from koordlet.metricsadvisor.nodeinfo import CPUNodeMap, NodeInfoCollector
+from koordlet.metricsadvisor.pods import DemandBoard
 from koordlet.prediction.predictor import ProdPrediction, predict_prod
 from koordlet.prediction.server import PredictionConfig, PredictServer
 from koordlet.reporters.device import DeviceReportLoop, GPUCollector
@@ -143,6 +144,7 @@ class AgentContext:
     qos_manager: QoSManager | None = field(default=None, init=False)
     predictor: PredictServer | None = field(default=None, init=False)
     extensions: Extensions | None = field(default=None, init=False)  # out-of-tree strategies and hook plugins
+    usage_demand: DemandBoard = field(default_factory=DemandBoard)  # the pods read every collection (QoS → collector)
     _cpu_manager: Callable[[], CPUManagerState | None] | None = field(default=None, init=False)
     _dirs: HostDirs | None = field(default=None, init=False)
 
@@ -421,7 +423,9 @@ def _collectors(ctx: AgentContext) -> list[Collector]:
                              config.collect_res_used_interval_s, be_cgroup_dir=layout.qos_dir(KubeQoS.BESTEFFORT),
                              node=node_collector, collect_page_cache=config.enable_pagecache_collector,
                              host_apps=host_app_cgroup_source(states.node_slo, layout),
-                             kubepods_dir=layout.kubepods_dir()),
+                             kubepods_dir=layout.kubepods_dir(), demand=ctx.usage_demand.get,
+                             fanout_interval_s=max(config.collect_pod_res_used_interval_s,
+                                                   config.collect_res_used_interval_s)),
     ]
     if config.gate("PSICollector"):
         collectors.append(NodePsiCollector(ctx.dirs.proc_dir, config.psi_collector_interval_s))
@@ -506,12 +510,15 @@ def _qos_manager(ctx: AgentContext) -> Component | None:
         memory_evict_interval_s=float(config.memory_evict_interval_seconds),
         memory_evict_cool_time_s=float(config.memory_evict_cool_time_seconds),
         cpu_evict_cool_time_s=float(config.cpu_evict_cool_time_seconds),
+        fanout_interval_s=config.collect_pod_res_used_interval_s,
         feature_gates=_gates_with_extensions(ctx),
     )
     manager = new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
                               sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager,
                               observe_storage=ctx.metrics.observe_local_storage_info,
-                              extensions=ctx.extensions.strategies if ctx.extensions is not None else ())
+                              extensions=ctx.extensions.strategies if ctx.extensions is not None else (),
+                              publish_demand=ctx.usage_demand.set if config.collect_pod_res_used_interval_s
+                              > config.collect_res_used_interval_s else None)
     ctx.health.watch_loop("qosmanager", manager)
     ctx.qos_manager = manager
     zero_eviction_counts(config.node_name, [feature for feature in (*memoryevict.FEATURES, *cpuevict.FEATURES)

@@ -47,7 +47,7 @@ MIN_ASK_BYTES = 1 << 20  # a pod with less reclaimable than this is not asked (a
 _NEEDS = Needs(cgroup_reads=(CgroupRead("memory.stat", Scope.PODS, is_be),
                              CgroupRead("memory.swap.max", Scope.PODS, is_be),
                              CgroupRead("memory.pressure", Scope.PODS, lambda pod: not is_be(pod))),
-               kernel_files=(RECLAIM,))
+               kernel_files=(RECLAIM,), pod_usage=None, container_usage=None)
 
 
 @dataclass(frozen=True, slots=True)
