@@ -39,6 +39,7 @@ cost at 150 containers; give the agent a RLIMIT_NOFILE of a few thousand to keep
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -106,11 +107,16 @@ NO_DEMAND = UsageDemand()
 DemandSource = Callable[[], UsageDemand]
 
 
+@functools.lru_cache(maxsize=8192)  # above a node's pods and containers: churn replaces entries
+def _phase(ident: str) -> float:
+    return zlib.crc32(ident.encode()) / 2**32
+
+
 def fanout_turn(ident: str, t: float, period: float) -> int:
     """Which turn of a ``period`` long round ``t`` (seconds) falls in for the pod (or container) ``ident``: each has
     its own phase in the round, fixed by its name, so that work done once a turn (a fan-out read, CPU burst's visit
     of an idle pod) spreads evenly over the round."""
-    return math.floor(t / period + zlib.crc32(ident.encode()) / 2**32)
+    return math.floor(t / period + _phase(ident))
 
 
 class DemandBoard:

@@ -72,7 +72,7 @@ logger = logging.getLogger(__name__)
 
 HOST_APP_CPU_USAGE = MetricKind.HOST_APP_CPU_USAGE
 STORAGE_REFRESH_S = 5.0  # Koordinator collects node storage every second; devices change far less often
-_READS_KEPT = 16  # reads with ``every_s`` whose last build is remembered, before those out of date are dropped
+_READS_KEPT = 16  # selections with ``every_s`` whose last build is remembered, before those out of date are dropped
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
 _EMPTY_VALUES: Mapping[tuple[str, str], str] = MappingProxyType({})
@@ -126,6 +126,7 @@ class CgroupRead:
 
 
 PodFilter = Callable[[PodMeta], bool]
+_Selection = tuple[PodFilter | None, float, PodFilter | None]  # a CgroupRead's pods, every_s and always
 
 
 def every_pod(pod: PodMeta) -> bool:  # noqa: ARG001 - the filter that takes every pod
@@ -352,9 +353,10 @@ class SnapshotBuilder:
         self._resctrl_probed = False
         self._maps_at: tuple[float, dict[str, Mapping[str, float]]] | None = None  # (now, the latest-sample maps)
         self._demand: UsageDemand | None = None  # the pods the usage maps hold (None: every pod)
-        # each read with ``every_s``: (the build before the newest, the newest): builds at one ``now`` (strategies of
-        # one tick) select the same pods
-        self._read_at: dict[CgroupRead, tuple[float | None, float]] = {}
+        # the newest build of each selection with ``every_s`` (which pods, how often, which always) and what it
+        # selected: builds at one ``now`` (the reads of one strategy, the strategies of one tick) select the same pods,
+        # once
+        self._selections: dict[_Selection, tuple[float, tuple[PodMeta, ...]]] = {}
 
     def restrict(self, demand: UsageDemand | None) -> None:
         """Hold only these pods' usage in the snapshots (the manager's :func:`usage_demand`, set before each tick):
@@ -500,19 +502,22 @@ class SnapshotBuilder:
 
     def _selected(self, read: CgroupRead, pods: tuple[PodMeta, ...], now: float) -> tuple[PodMeta, ...]:
         """The pods ``read`` reads at ``now`` (see :class:`CgroupRead`)."""
-        selected = pods if read.pods is None else tuple(p for p in pods if read.pods(p))
         if read.every_s is None:
-            return selected
-        every, at = read.every_s, self._read_at.get(read)
-        last = None if at is None else at[0] if at[1] == now else at[1]
-        if len(self._read_at) > _READS_KEPT:  # reads of configs long gone
-            self._read_at = {r: a for r, a in self._read_at.items() if now - a[1] < (r.every_s or 0.0)}
-        self._read_at[read] = (last, now)
-        if last is None or not 0 <= now - last < every:
-            return selected
-        always = read.always
-        return tuple(p for p in selected if (always is not None and always(p))
-                     or fanout_turn(p.uid, now, every) != fanout_turn(p.uid, last, every))
+            return pods if read.pods is None else tuple(p for p in pods if read.pods(p))
+        key = (read.pods, read.every_s, read.always)
+        at = self._selections.get(key)
+        if at is not None and at[0] == now:
+            return at[1]
+        last = None if at is None else at[0]
+        if len(self._selections) > _READS_KEPT:  # selections of configs long gone
+            self._selections = {k: a for k, a in self._selections.items() if now - a[0] < k[1]}
+        selected = pods if read.pods is None else tuple(p for p in pods if read.pods(p))
+        every, always = read.every_s, read.always
+        if last is not None and 0 <= now - last < every:
+            selected = tuple(p for p in selected if (always is not None and always(p))
+                             or fanout_turn(p.uid, now, every) != fanout_turn(p.uid, last, every))
+        self._selections[key] = (now, selected)
+        return selected
 
     def _read_cgroups(self, reads: tuple[CgroupRead, ...], pods: tuple[PodMeta, ...],
                       now: float) -> Mapping[tuple[str, str], str]:
