@@ -251,7 +251,9 @@ class QoSManager(TickerThread):
 
     def run_strategy(self, name: str) -> bool:
         """Run one strategy now (tests, benchmarks); True when it ran without error."""
-        return self._run(self._entry(name), self._wall_clock())
+        entry = self._entry(name)
+        self._update_demand()
+        return self._run(entry, self._wall_clock())
 
     def _tick_once(self, entry: _Scheduled, config: Any, now: float) -> None:
         snapshot = self._builder.build(config.needs, now=now, memo=entry.memo, last=entry.record)
