@@ -252,6 +252,7 @@ class PodResourceCollector:
         self._turns: dict[str, int] = {}
         # the pod and host app lists the state was last pruned to
         self._listed: tuple[tuple[PodCgroup, ...], tuple[HostAppCgroup, ...]] | None = None
+        self._be_request_milli = 0  # Σ batch-cpu requests of the BE pods listed
         self._files = KeptFiles()
         self._prev_be: tuple[int, int] | None = None  # (monotonic ns, usage ns)
         self._kubepods_numa_stat = (cgroup_stats.numa_stat_path(self._fs.cgroup_dir("memory", kubepods_dir))
@@ -367,13 +368,13 @@ class PodResourceCollector:
         listed = (tuple(pods), tuple(host_apps))
         if listed != self._listed:
             self._forget_gone(listed)
-        read_cpu_cores, read_memory_bytes, be_request_milli = self._collect_pods(pods, now, samples)
+        read_cpu_cores, read_memory_bytes = self._collect_pods(pods, now, samples)
         app_cpu_cores, app_memory_bytes = self._collect_host_apps(host_apps, now, samples)
         pods_usage = self._collect_kubepods(now, samples)
         if pods_usage is None and self._every_tick:
             pods_usage = (read_cpu_cores, read_memory_bytes)
         if self._be_dir is not None:
-            samples.extend(self._collect_be(self._be_dir, now, be_request_milli))
+            samples.extend(self._collect_be(self._be_dir, now, self._be_request_milli))
         if pods_usage is None:
             return samples  # Σ pods not known this tick: no system usage
         pods_cpu_cores, pods_memory_bytes = pods_usage
@@ -386,17 +387,15 @@ class PodResourceCollector:
             samples.extend(self._system_numa_usage(now, numa, on_nodes, system_cpu))
         return samples
 
-    def _collect_pods(self, pods: Sequence[PodCgroup], now: float, samples: list[Sample]) -> tuple[float, int, int]:
+    def _collect_pods(self, pods: Sequence[PodCgroup], now: float, samples: list[Sample]) -> tuple[float, int]:
         """The samples of the pods (and their containers) due this tick: those demanded, and those whose fan-out
-        turn it is; (Σ CPU cores and Σ memory bytes of the pods read, Σ batch-cpu requests of BE pods)."""
+        turn it is; (Σ CPU cores and Σ memory bytes of the pods read)."""
         every_tick, period = self._every_tick, self.fanout_interval_s
         demand = self._demand() if self._demand is not None else NO_DEMAND
         now_s = self._monotonic_ns() / 1e9
         turns = self._turns
-        cpu_cores, memory_bytes, be_request_milli = 0.0, 0, 0
+        cpu_cores, memory_bytes = 0.0, 0
         for pod in pods:
-            if pod.qos == QOS_BE:
-                be_request_milli += pod.batch_cpu_request_milli
             uid = pod.pod_uid
             pod_ident = "pod/" + uid
             containers_wanted = uid in demand.containers
@@ -426,7 +425,7 @@ class PodResourceCollector:
                     now,
                     samples,
                 )
-        return cpu_cores, memory_bytes, be_request_milli
+        return cpu_cores, memory_bytes
 
     def _collect_kubepods(self, now: float, samples: list[Sample]) -> tuple[float | None, int] | None:
         """The kubepods dir's samples; its (CPU cores, None until two readings; memory bytes), or None without a
@@ -470,6 +469,7 @@ class PodResourceCollector:
         when a list changes; the pod source hands back the very same tuple while nothing changed)."""
         self._listed = listed
         pods, apps = listed
+        self._be_request_milli = sum(pod.batch_cpu_request_milli for pod in pods if pod.qos == QOS_BE)
         live = {_KUBEPODS}
         for pod in pods:
             live.add("pod/" + pod.pod_uid)

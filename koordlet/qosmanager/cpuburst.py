@@ -571,23 +571,22 @@ def _normalization_ratio(snapshot: Snapshot) -> float | None:
         return None
 
 
-def _visits(snapshot: Snapshot, config: BurstConfig) -> tuple[
-        Callable[[PodMeta, str], bool] | None, Callable[[tuple[BurstContainer, ...]], frozenset[str]]]:
+def _visits(snapshot: Snapshot, config: BurstConfig) -> tuple[Callable[[PodMeta, str], bool] | None, set[str]]:
     """Which pods this tick looks after: with ``idle_every_s``, those burst acts on and the idle ones whose quota was
-    read this tick (their turn); and, of the eligible containers, those left for another tick."""
+    read this tick (their turn); and the containers of the eligible pods it leaves for another tick (filled in as
+    ``visit`` is asked)."""
+    later: set[str] = set()
     if config.idle_every_s is None:
-        return None, lambda _visited: frozenset()
+        return None, later
     acting = _Bursting(config.node_strategy)
 
     def visit(pod: PodMeta, pod_dir: str) -> bool:
-        return acting(pod) or snapshot.cgroup_value("cpu.cfs_quota_us", pod_dir) is not None
+        if acting(pod) or snapshot.cgroup_value("cpu.cfs_quota_us", pod_dir) is not None:
+            return True
+        later.update(c.container_id for c in pod.containers)
+        return False
 
-    def unvisited(visited: tuple[BurstContainer, ...]) -> frozenset[str]:
-        seen = {entry.container.container_id for entry in visited}
-        return frozenset(c.container_id for pod in snapshot.pods if is_eligible(pod) for c in pod.containers
-                         if c.container_id not in seen)
-
-    return visit, unvisited
+    return visit, later
 
 
 def decide(snapshot: Snapshot, config: BurstConfig) -> Plan:
@@ -595,7 +594,7 @@ def decide(snapshot: Snapshot, config: BurstConfig) -> Plan:
     memo = snapshot.memo if isinstance(snapshot.memo, BurstMemo) else BurstMemo()
     if not config.enabled:
         return Plan(memo=BurstMemo(labelled=memo.labelled))
-    visit, unvisited = _visits(snapshot, config)
+    visit, later = _visits(snapshot, config)
     containers = eligible_containers(snapshot, snapshot.layout, config.quota_gates, _normalization_ratio(snapshot),
                                      visit)
     current = BurstCurrent(
@@ -604,7 +603,7 @@ def decide(snapshot: Snapshot, config: BurstConfig) -> Plan:
     )
     buckets = refresh_buckets(containers, memo.buckets, snapshot.timestamp)
     decision = decide_burst(snapshot, containers, current, buckets)
-    gauges, labelled = _gauges(snapshot.node.name, containers, decision, memo.labelled, unvisited(containers))
+    gauges, labelled = _gauges(snapshot.node.name, containers, decision, memo.labelled, frozenset(later))
     return Plan(decision.steps, gauges=gauges,
                 memo=BurstMemo(MappingProxyType({**buckets, **decision.buckets}), labelled), report=decision)
 
