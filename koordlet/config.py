@@ -14,9 +14,9 @@ With the environment variable ``agent_mode=hostMode`` the path defaults are the 
 Flags of our own (not in Koordinator): ``-kubeconfig`` (default ``$KUBECONFIG``, else in-cluster),
 ``-local-mode`` (no API server: NodeSLO from ``-node-slo-file``, pods from the CRI at ``-cri-endpoint``,
 NodeMetric/Device written under ``-report-dir``), ``-metrics-bind-host`` (the host bound when ``-addr``
-names none; localhost by default, so a DaemonSet whose probes or Prometheus reach the node address
-must pass ``-addr=0.0.0.0:9316``), ``-kubelet-cgroup-root`` (kubelet's ``--cgroup-root``),
-``-create-node-metric`` (create a missing NodeMetric instead of skipping), ``-kubelet-token-file``,
+names none; every address by default, IPv4 and IPv6, as Go binds ``:9316``),
+``-tls-cert-file``/``-tls-private-key-file`` (``-addr`` over HTTPS), ``-kubelet-cgroup-root`` (kubelet's
+``--cgroup-root``), ``-create-node-metric`` (create a missing NodeMetric instead of skipping), ``-kubelet-token-file``,
 ``-kubelet-client-cert``/``-kubelet-client-key``, ``-kubelet-port``, ``-stop-timeout``, ``-terway-qos-dir``
 (Koordinator writes Terway's files to a fixed ``/host-var-lib/terway/qos``).
 """
@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from koordlet import compatflags, features, goflag, logs
+from koordlet import compatflags, features, goflag, gonet, logs
 
 ENV_NODE_NAME = "NODE_NAME"
 ENV_AGENT_MODE = "agent_mode"
@@ -43,7 +44,12 @@ _STR, _STRINGS, _INT, _UINT, _FLOAT, _DURATION = (goflag.STRING, goflag.STRING_L
 
 
 class ConfigError(ValueError):
-    """The command line or environment cannot configure koordlet."""
+    """The command line or environment cannot configure koordlet; ``usage``: Go's usage text, printed after the
+    message when the flag package refused the command line (as Go's ExitOnError does)."""
+
+    def __init__(self, message: str, usage: str = "") -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 # docs/koordinator.md §9.2: Beta gates default on, Alpha gates default off; the one table is koordlet/features.py.
@@ -66,44 +72,18 @@ def parse_bool(text: str) -> bool:
     raise ConfigError(f"not a boolean: {text!r}")
 
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_DURATION_UNITS_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def parse_duration(text: str) -> float:
-    """A Go duration (``1m30s``, ``500ms``, ``0``) in seconds; a bare number is taken as seconds."""
-    raw = text.strip()
-    if not raw:
-        raise ConfigError("empty duration")
-    sign = -1.0 if raw.startswith("-") else 1.0
-    body = raw.lstrip("+-")
-    if body == "0":
-        return 0.0
+    """A Go duration (``1m30s``, ``500ms``, ``0``) in seconds, as time.ParseDuration reads it (metav1.Duration in
+    an object's spec)."""
     try:
-        return sign * float(body)
-    except ValueError:
-        pass
-    position, total = 0, 0.0
-    for match in _DURATION_PART.finditer(body):
-        if match.start() != position:
-            break
-        total += float(match.group(1)) * _DURATION_UNITS_S[match.group(2)]
-        position = match.end()
-    if position != len(body) or position == 0:
-        raise ConfigError(f"not a duration: {text!r} (use Go syntax such as 10s, 1m30s, 500ms)")
-    return sign * total
+        return goflag.parse_duration_ns(text) / 1e9
+    except goflag.DurationError as err:
+        raise ConfigError(str(err)) from err
 
 
 def format_duration(seconds: float) -> str:
-    """Go's time.Duration.String for whole seconds: 300 → ``5m0s``, 3600 → ``1h0m0s``, 30 → ``30s``."""
-    whole = int(round(seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    if minutes:
-        return f"{minutes}m{secs}s"
-    return f"{secs}s"
+    """Go's time.Duration.String: 300 → ``5m0s``, 3600 → ``1h0m0s``, 30 → ``30s``."""
+    return goflag.duration_string(round(seconds * 1e9))
 
 
 def parse_feature_gates(text: str, base: Mapping[str, bool] = DEFAULT_FEATURE_GATES) -> dict[str, bool]:
@@ -202,6 +182,8 @@ class KoordletConfig:
     create_node_metric: bool
     addr: str
     metrics_bind_host: str
+    tls_cert_file: str
+    tls_private_key_file: str
     # our own
     kubeconfig: str
     local_mode: bool
@@ -265,17 +247,30 @@ class KoordletConfig:
         return os.path.normpath(os.path.join(self.var_run_root_dir, self.runtime_hooks_nri_socket_path.lstrip("/")))
 
     @property
+    def listen_address(self) -> gonet.ListenAddress:
+        """``-addr`` as Go's ``http.ListenAndServe`` reads it (empty: ``:http``); a host-less one takes
+        ``-metrics-bind-host`` when that is set, else it is every address (koordlet/gonet.py: IPv4 and IPv6)."""
+        address = gonet.parse_listen_address(self.addr or ":http")
+        if address.host or not self.metrics_bind_host:
+            return address
+        return gonet.ListenAddress(self.metrics_bind_host.strip("[]"), address.port)
+
+    @property
     def metrics_port(self) -> int:
-        """The port of ``-addr`` (``:9316``, ``0.0.0.0:9316``)."""
-        _, _, port = self.addr.rpartition(":")
-        return int(port)
+        """The port of ``-addr`` (``:9316``, ``0.0.0.0:9316``, ``[::]:9316``)."""
+        return self.listen_address.port
 
     @property
     def metrics_host(self) -> str:
-        """The host of ``-addr`` when it names one, else ``-metrics-bind-host``, else every address (``:9316``
-        binds all of them in Go, and Prometheus scrapes Koordinator's koordlet at the node's address)."""
-        host, _, _ = self.addr.rpartition(":")
-        return host.strip("[]") or self.metrics_bind_host or "0.0.0.0"  # noqa: S104 (docs/koordinator.md)
+        """The host ``-addr`` binds (no brackets); ``0.0.0.0`` for every address, which Go (and koordlet/gonet.py)
+        opens as one socket for IPv4 and IPv6 where the host has both."""
+        return self.listen_address.host or "0.0.0.0"  # noqa: S104 (docs/koordinator.md)
+
+    @property
+    def serving_tls(self) -> tuple[str, str] | None:
+        """(certificate, key) files to serve ``-addr`` over TLS with (``-tls-cert-file``,
+        ``-tls-private-key-file``); None: plain HTTP, as Koordinator's koordlet."""
+        return (self.tls_cert_file, self.tls_private_key_file) if self.tls_cert_file else None
 
 
 def _policy(text: str) -> str:
@@ -304,8 +299,10 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> goflag.FlagSet:
     flags = goflag.FlagSet("koordlet")
 
     def flag(name: str, kind: goflag.Kind | Callable[[str], object], default: object, help_text: str) -> None:
+        # a duration's value is in seconds, and so named: -report-interval is KoordletConfig.report_interval_s
+        dest = name.replace("-", "_") + ("_s" if kind is goflag.DURATION else "")
         flags.add(name, kind if isinstance(kind, goflag.Kind) else goflag.value_kind("string", kind), default,
-                  help_text)
+                  help_text, dest=dest)
 
     def switch(name: str, default: bool, help_text: str) -> None:
         flags.add(name, goflag.BOOL, default, help_text)
@@ -434,6 +431,9 @@ def _report_api_and_mode_flags(flag: _AddFlag, switch: _AddSwitch, kubeconfig: s
     switch("create-node-metric", False, "create the NodeMetric object when it is missing")
     flag("addr", _STR, ":9316", "metrics address")
     flag("metrics-bind-host", _STR, "", "host to bind when -addr names none (empty: every address, as Go)")
+    flag("tls-cert-file", _STR, "", "serve -addr over HTTPS with this certificate (PEM; e.g. kubelet's serving "
+         "certificate), read again when it changes; empty: plain HTTP")
+    flag("tls-private-key-file", _STR, "", "the key of -tls-cert-file (may be the same file)")
     flag("kubeconfig", _STR, kubeconfig, "kubeconfig (default: $KUBECONFIG, else in-cluster)")
     switch("local-mode", False, "no API server: NodeSLO from a file, pods from the CRI, reports as files")
     flag("node-slo-file", _STR, "/etc/koordlet/nodeslo.yaml", "NodeSLO spec file (local mode)")
@@ -473,10 +473,9 @@ def parse_map_string_bool(text: str) -> dict[str, bool]:
         if not sep:
             raise ConfigError("malformed pair, expect string=bool")
         try:
-            pairs[key.strip()] = goflag.parse_go_bool(value.strip())
-        except ValueError as err:  # Go's text
-            raise ConfigError(f"invalid value of {key.strip()}: {value.strip()}, err: strconv.ParseBool: parsing "
-                              f"{goflag.go_quote(value.strip())}: invalid syntax") from err
+            pairs[key.strip()] = goflag.parse_bool(value.strip())
+        except goflag.NumError as err:  # Go's text
+            raise ConfigError(f"invalid value of {key.strip()}: {value.strip()}, err: {err}") from err
     return pairs
 
 
@@ -505,16 +504,36 @@ def _parity_flags(flag: _AddFlag, switch: _AddSwitch) -> None:
          "koordlet.qos_strategies, koordlet.hook_plugins) on or off; off by default")
 
 
+# The kernel filesystem roots koordlet reads, by flag: (the config field, the flag, what is mounted there).
+_ROOTS = (("proc_root_dir", "proc-root-dir", "procfs"), ("sys_root_dir", "sys-root-dir", "sysfs"),
+          ("cgroup_root_dir", "cgroup-root-dir", "cgroupfs"))
+
+
+def missing_root_dirs(config: KoordletConfig) -> tuple[str, ...]:
+    """One line for each kernel filesystem root the flags name that is not there: what reads it would fail on
+    every tick, so the cause is said once, at start, with the settings that choose it (Koordinator's DaemonSet
+    mounts the host's filesystems at ``/host-*``; ``agent_mode=hostMode`` makes the host's own paths the
+    defaults)."""
+    lines = []
+    for field_name, flag, what in _ROOTS:
+        path = getattr(config, field_name)
+        if not os.path.isdir(path):
+            lines.append(f"{what} root {path} (-{flag}) does not exist, so nothing is read from it: Koordinator's "
+                         f"DaemonSet mounts the host's {what} there; on the host itself set {ENV_AGENT_MODE}="
+                         f"{HOST_MODE} (the host's own paths are then the defaults) or -{flag}")
+    return tuple(lines)
+
+
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletConfig:
     """The configuration from command line and environment; raises ConfigError with a clear message."""
     flags = _build_parser(environ.get(ENV_AGENT_MODE) == HOST_MODE, environ.get(ENV_KUBECONFIG, ""))
     try:  # before the NODE_NAME check, so that -help always answers
         parsed = flags.parse(argv)
     except goflag.HelpRequested:
-        print(flags.usage(), end="")
+        sys.stderr.write(flags.usage())  # Go's ExitOnError: the usage on stderr, exit 0
         raise SystemExit(0) from None
     except goflag.GoFlagError as err:
-        raise ConfigError(str(err)) from err
+        raise ConfigError(str(err), usage=flags.usage()) from err
     args = parsed.values
     node_name = environ.get(ENV_NODE_NAME, "").strip()
     if not node_name:
@@ -524,31 +543,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
                    for s in value.split(",") if s.strip())
     log_options = logs.options_from_flags(args)
     unused = compatflags.unused_given(args, parsed.given)
-    renamed = {
-        "kubelet_sync_interval": "kubelet_sync_interval_s",
-        "kubelet_sync_timeout": "kubelet_sync_timeout_s",
-        "node_topology_sync_interval": "node_topology_sync_interval_s",
-        "node_topology_min_update_interval": "node_topology_min_update_interval_s",
-        "collect_res_used_interval": "collect_res_used_interval_s",
-        "collect_pod_res_used_interval": "collect_pod_res_used_interval_s",
-        "psi_collector_interval": "psi_collector_interval_s",
-        "collect_node_cpu_info_interval": "collect_node_cpu_info_interval_s",
-        "runtime_hooks_reconcile_interval": "runtime_hooks_reconcile_interval_s",
-        "runtime_hooks_nri_connect_timeout": "runtime_hooks_nri_connect_timeout_s",
-        "runtime_hooks_nri_backoff_duration": "runtime_hooks_nri_backoff_duration_s",
-        "runtime_hooks_nri_backoff_cap": "runtime_hooks_nri_backoff_cap_s",
-        "report_interval": "report_interval_s",
-        "stop_timeout": "stop_timeout_s",
-        **{name: f"{name}_s" for name in (
-            "prediction_cold_start_duration", "prediction_memory_histogram_decay_halflife",
-            "prediction_cpu_histogram_decay_halflife", "prediction_training_interval",
-            "prediction_model_expiration_duration", "prediction_model_checkpoint_interval")},
-        "cpi_collector_interval": "cpi_collector_interval_s",
-        "collect_cpi_timewindow": "collect_cpi_timewindow_s",
-        "coldpage_collector_interval": "coldpage_collector_interval_s",
-        "resctrl_collector_interval": "resctrl_collector_interval_s",
-    }
-    values = {renamed.get(name, name): value for name, value in args.items()}
+    values = dict(args)
     plugins: dict[str, bool] = {}
     for pairs in values["qos_extension_plugins"]:  # type: ignore[attr-defined]
         plugins.update(pairs)
@@ -578,11 +573,11 @@ def _check(config: KoordletConfig) -> None:
         if getattr(config, name) <= 0:
             raise ConfigError(f"-{name.removesuffix('_s').replace('_', '-')} must be positive")
     try:
-        port = config.metrics_port
-    except ValueError as err:
-        raise ConfigError(f"-addr {config.addr!r}: expected [host]:port") from err
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"-addr {config.addr!r}: port out of range")
+        config.listen_address  # noqa: B018 (parsed for its errors: Go's, at start)
+    except gonet.AddrError as err:
+        raise ConfigError(f"-addr {config.addr!r}: listen tcp: {err}") from err
+    if bool(config.tls_cert_file) != bool(config.tls_private_key_file):
+        raise ConfigError("-tls-cert-file and -tls-private-key-file go together")
     if config.node_topology_min_update_interval_s < 0:
         raise ConfigError("-node-topology-min-update-interval must not be negative")
     if bool(config.kubelet_client_cert) != bool(config.kubelet_client_key):

@@ -63,6 +63,14 @@ def test_the_recorded_flags_are_every_flag_of_the_v1_8_0_binary_144_of_them() ->
     assert {"v", "logtostderr", "kubeconfig", "housekeeping_interval", "qos-extension-plugins"} <= set(names)
 
 
+def test_every_flag_has_the_go_type_koordinator_declares_it_with() -> None:
+    # the type decides the parser and what -help shows (int, uint, float, duration, value ...)
+    from koordlet.config import _build_parser
+
+    ours = {item.name: item.kind.name for item in _build_parser(False).flags()}
+    assert {name: ours[name] for name, _ in _every_flag()} == dict(_every_flag())
+
+
 @pytest.mark.parametrize(("name", "kind"), _every_flag())
 def test_every_flag_of_koordinators_koordlet_parses_in_each_of_gos_spellings(name: str, kind: str) -> None:
     value = _SEMANTIC_SAMPLES.get(name) or _go_sample(kind)
@@ -251,6 +259,14 @@ def _readme_push_target() -> str:
     archive, target = line.split()[2:4]
     assert archive == f"oci-archive:out/image/{_image_of_make_image().replace(':', '-')}.oci.tar"
     return target.removeprefix("docker://")
+
+
+def test_docs_give_koordinators_koordlet_the_limits_its_v1_8_0_chart_sets() -> None:
+    """docs/koordinator.md names Koordinator's koordlet CPU limit in two places; both are its chart's value."""
+    limits = koord.VALUES["koordlet"]["resources"]["limits"]
+    text = " ".join((ROOT / "docs/koordinator.md").read_text().split())
+    assert f"Koordinator's DaemonSet limits: cpu {limits['cpu']}, memory {limits['memory']}, requests 0" in text
+    assert f"under the chart's {limits['cpu']} CPU limit" in text
 
 
 def test_the_readmes_koordinator_chart_command_sets_values_the_chart_has_and_names_our_image() -> None:
@@ -492,7 +508,7 @@ def test_the_image_runs_as_koordinators_koordlet_with_exactly_its_chart(
         logs = lambda: log_file.read_text() if log_file.exists() else _container_log(client, cid)  # noqa: E731
 
         assert wait_for(lambda: "NRI: registered as 00-koordlet_nri" in logs(), 30), \
-            "\n".join(line for line in logs().splitlines() if "NRI" in line or "koordlet.main" in line)
+            "\n".join(line for line in logs().splitlines() if "NRI" in line or "koordlet.agent" in line)
         registered_s = time.monotonic() - started
         assert registered_s < 10.0, logs()
         assert wait_for(lambda: _metric(_get(f"http://127.0.0.1:{METRICS_PORT}/metrics"),
