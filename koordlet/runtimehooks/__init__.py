@@ -42,6 +42,7 @@ from .nri import NriConfig, NriHandlers, NriPlugin
 from .reconciler import Reconciler
 from .registration import remove_registration, write_registration
 from .server import HookService, serve
+from .weightformula import WeightFormulaSource
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class RuntimeHooksConfig:
     hami_core_library: str = "/usr/local/vgpu/libvgpu.so"  # -hami-core-library-directory-path
     disable_unset_cpu_quota: bool = False  # -disable-unset-cpu-quota: the cpuset hook keeps bound pods' quota
     node_name: str = ""  # the ``node`` label of the runtime hook metrics
+    weight_formula: str = "auto"  # -cgroup-v2-weight-formula: auto, linear or quadratic (weightformula.py)
 
 
 def node_capacity(sys_dir: str, proc_dir: str) -> tuple[frozenset[int], int]:
@@ -170,8 +172,10 @@ class RuntimeHooks:
         self._rdma = _RDMANodes(config.sys_dir, config.dev_dir) if gates.get("RDMADeviceInject") else None
         rejects = RejectedValues(warn)
         self.answers = HookAnswers()  # what the plugins answered at each pod's creation (/debug/pods)
+        self.weight_formula = WeightFormulaSource(config.weight_formula, executor, layout)
         self.reconciler = Reconciler(states.pods, self.node_context, lambda: self.plugins, executor, layout,
-                                     config.reconcile_interval_s, rejects, self.answers, task_ids)
+                                     config.reconcile_interval_s, rejects, self.answers, task_ids,
+                                     self.weight_formula)
         # both front doors: the hook server's decisions, remembered for the NRI plugin to take
         self.decisions = Decisions() if config.nri is not None and config.serve_hooks else None
         self.service = HookService(lambda: self.plugins, self.node_context, self._known_pod, executor, layout,
