@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from koordlet.actuator import PlanRunner
+from koordlet.api.kubeletmemqos import KubeletMemoryQoS
 from koordlet.eviction import Evictor
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
@@ -90,6 +91,7 @@ def new_qos_manager(
     cpu_manager: Callable[[], Any] | None = None,
     observe_storage: Callable[[bool], None] | None = None,
     extensions: tuple[Strategy, ...] = (),
+    kubelet_memory_qos: Callable[[], KubeletMemoryQoS] | None = None,
 ) -> QoSManager:
     """The manager with every strategy; eviction strategies only when an ``evictor`` is given.
 
@@ -98,7 +100,8 @@ def new_qos_manager(
     start (BECPUEvict rests 20 s after it; default now); ``cpu_manager``: kubelet's CPU manager state
     (statesinformer.cpumanager), for CPU suppress's static-policy rules; ``observe_storage``: told whether each
     reading of the block devices worked; ``extensions``: out-of-tree strategies (koordlet.extensions), run after
-    the built-in ones behind their own gates.
+    the built-in ones behind their own gates; ``kubelet_memory_qos``: what kubelet's own memory QoS writes (memory QoS
+    leaves those files to it).
     """
     config = config or QoSManagerConfig()
     config = replace(config, started_at=time.time() if started_at is None else started_at)
@@ -109,7 +112,8 @@ def new_qos_manager(
             logger.warning("no CPU topology (%s); the cpuset suppress policy will not pick CPUs", exc)
             cpus = ()
     builder = SnapshotBuilder(states, cache, cpus, config.collect_res_used_interval_s, reader=executor,
-                              layout=layout, cpu_manager=cpu_manager, sys_dir=sys_dir, observe_storage=observe_storage)
+                              layout=layout, cpu_manager=cpu_manager, sys_dir=sys_dir, observe_storage=observe_storage,
+                              kubelet_memory_qos=kubelet_memory_qos)
     strategies: list[Strategy] = []
     if config.gate(GATE_BE_CPU_MANAGER):
         # docs/koordinator.md §4.2: with the BE CPU manager, suppress stands down and keeps the BE cpusets on the

@@ -36,6 +36,7 @@ from koordlet.api.keys import (
     RESOURCE_MEMORY,
     canonical_resource_name,
 )
+from koordlet.api.kubeletmemqos import KubeletMemoryQoS
 from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.api.pod import ContainerMeta, PodMeta, container_limit, pod_level_amount
 from koordlet.api.qos import KubeQoS, QoSClass
@@ -123,6 +124,7 @@ class Needs:
     system_files: tuple[str, ...] = ()  # node-wide kernel files (koordlet.system.sysctl names) to read
     storage: bool = False  # the node's block devices (koordlet.system.blockdev), refreshed every few seconds
     device_lines: bool = False  # the per-device blkio lines koordlet wrote (the executor's record)
+    kubelet_memory_qos: bool = False  # what kubelet's own memory QoS writes (its KubeletConfiguration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +162,7 @@ class Snapshot:
     storage: StorageInfo | None = None  # ``Needs.storage``
     lines_recorded: frozenset[LineKey] = frozenset()  # ``Needs.device_lines``: the lines koordlet may put back
     cgroup_v2: bool = False  # the node's cgroup version (the executor's)
+    kubelet_memory_qos: KubeletMemoryQoS = KubeletMemoryQoS()  # ``Needs.kubelet_memory_qos``; default: writes nothing
     memo: Any = None  # the strategy's ``Plan.memo`` of its previous tick
     last: PlanRecord | None = None  # what the runner did with the strategy's previous plan
 
@@ -284,13 +287,16 @@ class SnapshotBuilder:
         cpu_manager: Callable[[], Any] | None = None,
         sys_dir: str | None = None,
         observe_storage: Callable[[bool], None] | None = None,
+        kubelet_memory_qos: Callable[[], KubeletMemoryQoS] | None = None,
     ) -> None:
         """``reader``: the executor whose reads fill ``Needs.cgroup_reads``, ``kernel_files`` and ``resctrl``
         (without it those stay empty); ``layout``: kubelet's cgroup layout the dirs are built with;
         ``cpu_manager``: kubelet's CPU manager state (``Needs.kubelet_cpu_manager``), None when unknown;
         ``observe_storage``: told whether each reading of the block devices worked (Koordinator's
-        collect_node_local_storage_info_status)."""
+        collect_node_local_storage_info_status); ``kubelet_memory_qos``: what kubelet's own memory QoS writes
+        (``Needs.kubelet_memory_qos``; without it: nothing)."""
         self._cpu_manager = cpu_manager
+        self._kubelet_memory_qos = kubelet_memory_qos
         self._observe_storage = observe_storage
         self._sys_dir = sys_dir  # ``Needs.storage``: the block devices under <sys_dir>/class/block
         self._storage: tuple[float, StorageInfo] | None = None
@@ -386,6 +392,8 @@ class SnapshotBuilder:
             lines_recorded=frozenset(recorded_lines(self._reader.records)) if needs.device_lines and self._reader
             else frozenset(),
             cgroup_v2=self._reader is not None and self._reader.cgroup_fs.version is CgroupVersion.V2,
+            kubelet_memory_qos=self._kubelet_memory_qos() if needs.kubelet_memory_qos and self._kubelet_memory_qos
+            else KubeletMemoryQoS(),
             memo=memo,
             last=last,
         )
