@@ -34,7 +34,6 @@ from hooks.protocol import NodeContext  # noqa: E402
 from koordlet.api.nodeslo import default_node_slo_spec, parse_node_slo_spec  # noqa: E402
 from koordlet.api.qos import KubeQoS, QoSClass  # noqa: E402
 from koordlet.runtimehooks.reconciler import Reconciler  # noqa: E402
-from koordlet.system.cgroup import CgroupVersion  # noqa: E402
 from tests.koordlet.qosmanager.realnode import BURN, RealNode, skip_unless_v2_writable  # noqa: E402
 from tests.support.v2guest import run_bench_in_v2_guest  # noqa: E402
 
@@ -69,20 +68,6 @@ print(json.dumps({{"late_us": late, "wakeups_per_s": wakeups / elapsed,
 """
 
 
-def _weight_file(node: RealNode) -> str:
-    return "cpu.weight" if node.fs.version is CgroupVersion.V2 else "cpu.shares"
-
-
-def _kubelet_weights(node: RealNode) -> None:
-    """kubelet's weights on the QoS and pod dirs (v2: its shares → cpu.weight mapping)."""
-    burstable = node.layout.qos_dir(KubeQoS.BURSTABLE)
-    for cgroup_dir, shares in ((node.be_dir, 2), (node.pod_dir(node.pod("be")), 2), (burstable, 1024),
-                               (node.pod_dir(node.pod("ls")), 1024)):
-        value = 1 + ((shares - 2) * 9999) // 262142 if node.fs.version is CgroupVersion.V2 else shares
-        with open(os.path.join(node.fs.cgroup_dir("cpu", cgroup_dir), _weight_file(node)), "w") as f:
-            f.write(str(value))
-
-
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -102,7 +87,7 @@ def run(rounds: int, seconds: float, v2: bool = False) -> dict[str, object]:
     try:
         if not os.path.exists(node.fs.cgroup_dir("cpu", os.path.join(node.be_dir, "cpu.idle"))):
             raise SystemExit(f"this kernel ({os.uname().release}) has no cpu.idle")
-        _kubelet_weights(node)
+        node.kubelet_weights()
         plugins = registry.enabled({"CoreSched": True})
         reconciler = Reconciler(node.states.pods, lambda: NodeContext(node_slo=node.states.node_slo()),
                                 lambda: plugins, node.executor, node.layout)

@@ -32,6 +32,7 @@ from koordlet.qosmanager import (
     memoryevict,
     memoryqos,
     memoryreclaim,
+    psithrottle,
     resctrl,
     sysreconcile,
 )
@@ -64,6 +65,7 @@ STRATEGIES: tuple[Strategy, ...] = (
     cpuevict.STRATEGY,
     sysreconcile.STRATEGY,
     blkio.STRATEGY,
+    psithrottle.STRATEGY,
 )
 _EVICTIONS = (memoryevict.STRATEGY.name, cpuevict.STRATEGY.name)
 

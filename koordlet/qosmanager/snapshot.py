@@ -59,6 +59,7 @@ from koordlet.system.kubepods import (
     KubeCgroupLayout,
     pod_cgroup_dir,  # noqa: F401 - the strategies import it from here
 )
+from koordlet.system.procfs import ProcParseError, parse_psi
 from koordlet.system.resctrl import ResctrlInfo, ResctrlInfoError, read_resctrl_info
 from koordlet.system.sysfs import CPUInfo
 
@@ -196,6 +197,34 @@ class Snapshot:
 def is_be(pod: PodMeta) -> bool:
     """A BE pod: the qosClass label BE, or no label and kube QoS BestEffort (docs/koordinator.md §12)."""
     return pod.qos_class is QoSClass.BE
+
+
+@dataclass(frozen=True, slots=True)
+class LSPressure:
+    """The highest ``some avg10`` (percent) among the LS pods' pressure files of one resource, and whose it is."""
+
+    percent: float
+    pod: str  # namespace/name
+
+
+def ls_pressure(snapshot: Snapshot, resource_file: str) -> LSPressure | None:
+    """The highest ``some avg10`` of ``resource_file`` (``cpu.pressure``, ``io.pressure``, ``memory.pressure``)
+    among the LS (non-BE) pods whose file the snapshot read (``Needs.cgroup_reads``); None when none was."""
+    worst: LSPressure | None = None
+    for pod in snapshot.pods:
+        if is_be(pod) or (pod_dir := pod_cgroup_dir(snapshot.layout, pod)) is None:
+            continue
+        raw = snapshot.cgroup_value(resource_file, pod_dir)
+        if raw is None:
+            continue
+        try:
+            some = parse_psi(raw.encode()).some.avg10
+        except ProcParseError as exc:
+            logger.debug("cannot parse the %s of %s: %s", resource_file, pod.key, exc)
+            continue
+        if worst is None or some > worst.percent:
+            worst = LSPressure(some, pod.key)
+    return worst
 
 
 def container_resource(container: ContainerMeta, resource: str, limits: bool = False) -> int:

@@ -26,6 +26,7 @@ from koordlet.history.answers import HookAnswers
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.statesinformer.cpumanager import CPUManagerState
 from koordlet.statesinformer.enacted import LinuxResources
+from koordlet.system.cgroup import CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.procfs import read_meminfo
 from koordlet.system.rdma import DeviceNode, rdma_device_nodes
@@ -159,6 +160,7 @@ class RuntimeHooks:
         zero_counts(self.plugins)
         self._resctrl = read_resctrl_node(config.resctrl_dir) if config.feature_gates.get("Resctrl") else None
         self._bvt = group_identity_supported(executor, layout)
+        self._v2 = executor.cgroup_fs.version is CgroupVersion.V2
         self._online_cpus, self._memory_bytes = node_capacity(config.sys_dir, config.proc_dir)
         self._cpu_manager = cpu_manager
         try:
@@ -203,6 +205,7 @@ class RuntimeHooks:
                            cpuset_allocator=self.config.feature_gates.get("CPUSetAllocator", False),
                            cpu_burst=self.config.feature_gates.get("CPUBurst", False),
                            be_cpu_suppress=self.config.feature_gates.get("BECPUSuppress", False),
+                           be_psi_throttle=self._v2 and self.config.feature_gates.get("BEPSIThrottle", False),
                            rdma=self._rdma.get() if self._rdma is not None else None,
                            hami_core_library=self.config.hami_core_library,
                            keep_cpuset_pod_quota=self.config.disable_unset_cpu_quota)

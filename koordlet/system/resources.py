@@ -264,6 +264,18 @@ def _same(value: str, current: str | None) -> str:
     return value
 
 
+def _default_weight(text: str) -> str:
+    """``"default N"``, N in [1, 10000]: io.weight's default line, kept with the per-device lines as the line of the
+    "device" ``default`` (:func:`device_of`)."""
+    head, _, value = text.strip().partition(" ")
+    if head != "default":
+        raise InvalidCgroupValueError(f"expected 'default N', got {text[:40]!r}")
+    number = _parse_int(value)
+    if not CPU_WEIGHT_MIN <= number <= CPU_WEIGHT_MAX:
+        raise InvalidCgroupValueError(f"{number} outside [{CPU_WEIGHT_MIN}, {CPU_WEIGHT_MAX}]")
+    return f"default {number}"
+
+
 # ---------------------------------------------------------------------------------- leveled-batch merges
 
 
@@ -406,6 +418,10 @@ _RESOURCES = (
       for name, key in IO_MAX_KEYS.items()),
     CgroupResource("blkio.cost.weight", "blkio", "blkio.cost.weight", "io.weight", ValueKind.INT_RANGE,
                    _device_int(1, 100), _same, per_device=True, description="blk-iocost weight (Anolis v1; v2)"),
+    # v2 only: io.weight's default line, the weight of every device without a line of its own (the per-device lines
+    # above are the blkio strategy's; BE PSI throttle steers this one)
+    CgroupResource("io.weight.default", "blkio", None, "io.weight", ValueKind.INT_RANGE, _default_weight, _same,
+                   per_device=True, description="v2 io.weight's default line, 'default N' (blk-iocost)"),
     CgroupResource("blkio.cost.qos", "blkio", "blkio.cost.qos", "io.cost.qos", ValueKind.INT_RANGE, _device_cost,
                    _same, per_device=True, description="blk-iocost QoS, root cgroup only (Anolis v1; v2)"),
     CgroupResource("blkio.cost.model", "blkio", "blkio.cost.model", "io.cost.model", ValueKind.INT_RANGE,

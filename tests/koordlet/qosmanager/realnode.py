@@ -109,8 +109,10 @@ class RealNode:
         return cls(name, pods, v2=version == "v2")
 
     def __init__(self, name: str, pods: Sequence[tuple[str, QoSClass, KubeQoS]], collect_interval_s: float = 1.0,
-                 node_name: str = "node-1", v2: bool = False) -> None:
-        self.groups: V1TestCgroups | V2TestCgroups = V2TestCgroups(name) if v2 else V1TestCgroups(name, CONTROLLERS)
+                 node_name: str = "node-1", v2: bool = False, delegate: Sequence[str] = V2_CONTROLLERS) -> None:
+        """``delegate``: on cgroup v2, the controllers enabled down to the pods (add ``io`` for io.weight)."""
+        self.groups: V1TestCgroups | V2TestCgroups = (V2TestCgroups(name, delegate) if v2
+                                                      else V1TestCgroups(name, CONTROLLERS))
         self.layout = KubeCgroupLayout(cgroup_root="/" + self.groups.prefix)
         self.fs = CgroupFS.detect()
         self.executor = ResourceExecutor(self.fs)
@@ -195,6 +197,19 @@ class RealNode:
         """A memory eviction threshold (percent of the node's capacity) the node is at or above as long as
         ``pod_name`` holds its memory, whatever the rest of the machine does."""
         return self.anon_bytes(pod_name) * 100 // self.node.capacity["memory"]
+
+    def kubelet_weights(self, ls: str = "ls", be: str = "be") -> None:
+        """kubelet's CPU weights on the QoS dirs and on pods ``ls`` (1 CPU requested) and ``be`` (BestEffort): the
+        besteffort dir and a BestEffort pod 2 shares, the burstable dir and the LS pod 1024 (v2: kubelet's own
+        linear mapping to cpu.weight, pkg/kubelet/cm getCPUWeight)."""
+        v2 = self.fs.version is CgroupVersion.V2
+        burstable = self.layout.qos_dir(KubeQoS.BURSTABLE)
+        for cgroup_dir, shares in ((self.be_dir, 2), (self.pod_dir(self.pod(be)), 2), (burstable, 1024),
+                                   (self.pod_dir(self.pod(ls)), 1024)):
+            value = 1 + ((shares - 2) * 9999) // 262142 if v2 else shares
+            with open(os.path.join(self.fs.cgroup_dir("cpu", cgroup_dir), "cpu.weight" if v2 else "cpu.shares"),
+                      "w") as f:
+                f.write(str(value))
 
     def read(self, controller: str, cgroup_dir: str, filename: str) -> str:
         with open(os.path.join(self.fs.cgroup_dir(controller, cgroup_dir), filename)) as f:
