@@ -33,14 +33,13 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import pytest  # noqa: E402
 
 from koordlet.api.nodeslo import parse_node_slo_spec  # noqa: E402
 from koordlet.api.qos import KubeQoS, QoSClass  # noqa: E402
 from koordlet.qosmanager import QoSManagerConfig  # noqa: E402
 from koordlet.system.procfs import parse_psi  # noqa: E402
-from tests.koordlet.qosmanager.realnode import BURN, RealNode, skip_unless_v2_writable  # noqa: E402
-from tests.support.v2guest import attached_disk, run_bench_in_v2_guest  # noqa: E402
+from tests.koordlet.qosmanager.realnode import BURN, WAKE_PROBE, RealNode  # noqa: E402
+from tests.support.v2guest import attached_disk, guest_part, host_part  # noqa: E402
 
 PODS = (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT))
 DELEGATE = ("cpu", "cpuset", "memory", "io")
@@ -49,20 +48,6 @@ MiB = 1 << 20
 OFF = {"BECPUSuppress": False, "CPUBurst": False, "RdtResctrl": False, "CgroupReconcile": False,
        "BlkIOReconcile": True}
 
-CPU_PROBE = """
-import json, time
-period, work, end = 0.001, 0.0001, time.monotonic() + {seconds}
-late = []
-while time.monotonic() < end:
-    asked = time.monotonic()
-    time.sleep(period)
-    woke = time.monotonic()
-    late.append((woke - asked - period) * 1e6)
-    spin_until = woke + work
-    while time.monotonic() < spin_until:
-        pass
-print(json.dumps(late))
-"""
 IO_PROBE = """
 import json, mmap, os, random, time
 fd = os.open({disk!r}, os.O_RDONLY | os.O_DIRECT)
@@ -140,13 +125,14 @@ def phase(disk: str, disk_number: str, span: int, name: str, be: bool, args: arg
             steps.append((round(time.monotonic() - started, 1), _throttle_state(node)))
             time.sleep(1.0)
         before = _stats(node, disk_number)
-        probes = [node.spawn("ls", CPU_PROBE.format(seconds=args.seconds)),
+        probes = [node.spawn("ls", WAKE_PROBE.format(seconds=args.seconds)),
                   node.spawn("ls", IO_PROBE.format(disk=disk, span=span, seconds=args.seconds))]
         while any(p.poll() is None for p in probes):
             steps.append((round(time.monotonic() - started, 1), _throttle_state(node)))
             time.sleep(1.0)
         after = _stats(node, disk_number)
-        cpu_late, io_lat = (json.loads(p.communicate(timeout=60)[0].decode().strip().splitlines()[-1]) for p in probes)
+        wake, io_lat = (json.loads(p.communicate(timeout=60)[0].decode().strip().splitlines()[-1]) for p in probes)
+        cpu_late = wake["late_us"]
     finally:
         for burner in burners:
             burner.kill()
@@ -243,25 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--v2-guest", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.v2_guest:
-        try:
-            skip_unless_v2_writable(DELEGATE)
-        except pytest.skip.Exception as exc:
-            print(f"cannot run: {exc}", file=sys.stderr)
-            return 2
-        result = in_the_guest(args)
-        _print(result)
-        with open(os.path.join(os.environ["KPY_V2_OUT"], "bench.json"), "w") as f:
-            json.dump(result, f)
-        return 0
-    forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                 if k not in ("json", "v2_guest", "disk_mib")]
+        return guest_part(lambda: in_the_guest(args), _print, DELEGATE)
     timeout = int(600 + (1 + 2 * args.rounds) * (args.warmup + args.seconds) * 3)
-    result = run_bench_in_v2_guest("bench/psi_throttle.py", "v2-bench-psi-throttle", forwarded, timeout,
-                                   {"V2_DISK_MB": str(args.disk_mib)})
-    if not isinstance(result, dict):
-        return 1
-    print(json.dumps(result, indent=2)) if args.json else _print(result)
-    return 0
+    return host_part("bench/psi_throttle.py", "v2-bench-psi-throttle", args, _print, timeout,
+                     {"V2_DISK_MB": str(args.disk_mib)}, kept_here=("disk_mib",))
 
 
 if __name__ == "__main__":

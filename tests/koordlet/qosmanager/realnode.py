@@ -42,6 +42,32 @@ from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups, skip_unless_v
 
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
 BURN = "while True:\n    pass\n"
+# An LS latency probe (bench/cpu_idle.py, bench/psi_throttle.py): {seconds} of sleep 1 ms / wake / 100 µs of work;
+# prints its lateness samples (µs, "late_us") and counters as one JSON line.
+WAKE_PROBE = """
+import json, time
+def schedstat():
+    with open('/proc/self/schedstat') as f:
+        run_ns, wait_ns, slices = f.read().split()
+    return int(wait_ns), int(slices)
+period, work, end = 0.001, 0.0001, time.monotonic() + {seconds}
+late, wakeups = [], 0
+wait0, slices0 = schedstat()
+started = time.monotonic()
+while time.monotonic() < end:
+    asked = time.monotonic()
+    time.sleep(period)
+    woke = time.monotonic()
+    late.append((woke - asked - period) * 1e6)
+    spin_until = woke + work
+    while time.monotonic() < spin_until:
+        pass
+    wakeups += 1
+elapsed = time.monotonic() - started
+wait1, slices1 = schedstat()
+print(json.dumps({{"late_us": late, "wakeups_per_s": wakeups / elapsed,
+                  "run_delay_us_per_wakeup": (wait1 - wait0) / 1e3 / max(wakeups, 1)}}))
+"""
 
 
 def memory_total() -> int:
