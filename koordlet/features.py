@@ -138,7 +138,9 @@ GATES: tuple[Gate, ...] = (
     Gate("BEPSIThrottle", ALPHA, YES, (_QOS, "koordlet/runtimehooks/__init__.py"),
          note="koordlet-py's own (not Koordinator's): LS pods' CPU and IO pressure step BE's cpu.max and io.weight "
               "(cgroup v2)",
-         verified="v2 guest: real pressure of an LS probe beside a BE CPU and IO burner", koordinator=False),
+         verified="v2 guest: an LS probe's real CPU pressure beside a BE CPU burner; the io.weight line written and "
+                  "put back",
+         koordinator=False),
 )
 BY_NAME: Mapping[str, Gate] = MappingProxyType({gate.name: gate for gate in GATES})
 BETA_GATES: tuple[str, ...] = tuple(g.name for g in GATES if g.stage == BETA)
