@@ -1,8 +1,8 @@
 """BE PSI throttle on the real cgroup v2 kernel of the VM stage (koordlet/qosmanager/psithrottle.py): an LS pod whose
 probe wakes every millisecond, a BE pod burning every vCPU, kubelet's weights on the QoS and pod dirs, and koordlet's
 QoS manager with the gate ``BEPSIThrottle`` (its intervals shortened). The LS pod's real ``cpu.pressure`` passes the
-threshold and the besteffort dir's ``cpu.max`` steps down; the burners stop, the pressure decays and the limit comes
-back to ``max``; each step is in the audit log. The measured effect on the LS pod is bench/psi_throttle.py's
+threshold and the besteffort dir's ``cpu.max`` steps down; the burners and the probe stop, the pressure decays and the
+limit comes back to ``max``; each step is in the audit log. The measured effect on the LS pod is bench/psi_throttle.py's
 (docs/benchmarks.md)."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def node(tmp_path: Path) -> Iterator[RealNode]:
 def test_ls_cpu_pressure_steps_the_be_limit_down_and_its_end_brings_it_back(
         node: RealNode, tmp_path: Path, record_property: Callable[[str, object], None]) -> None:
     ls_dir = node.pod_dir(node.pod("ls"))
-    node.spawn("ls", PROBE)
+    probe = node.spawn("ls", PROBE)
     gates = {"BEPSIThrottle": True, "BECPUSuppress": False, "CPUBurst": False, "RdtResctrl": False,
              "CgroupReconcile": False}
     node.start(parse_node_slo_spec({"extensions": {"bePSIThrottleStrategy": THROTTLE}}),
@@ -79,9 +79,11 @@ def test_ls_cpu_pressure_steps_the_be_limit_down_and_its_end_brings_it_back(
             wait_for(lambda: False, 0.5, 0.5)
         assert limits <= {f"{cpus * 75000} 100000", f"{cpus * 50000} 100000"}, limits
     finally:
-        for burner in burners:
-            burner.kill()
-            burner.wait(10)
+        # the probe stops too: under emulation (TCG) it alone keeps its pod's CPU pressure near 4.5 %, above the
+        # release mark (half the 5 % threshold), where the strategy holds by design
+        for child in (*burners, probe):
+            child.kill()
+            child.wait(10)
     assert wait_for(lambda: be_limit() == "max 100000", 120.0, 0.5), (be_limit(), ls_pressure())
     record_property("ls_cpu_pressure_at_release", ls_pressure())
     events = [e for e in audit.read_events(str(tmp_path / "audit")) if e.reason == "BEPSIThrottle"]
