@@ -23,6 +23,7 @@ from koordlet.api.kubeletmemqos import KubeletMemoryQoS
 from koordlet.eviction import Evictor
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
+from koordlet.metricsadvisor.pods import UsageDemand
 from koordlet.plan import Plan, SystemRestore
 from koordlet.qosmanager import (
     blkio,
@@ -93,6 +94,7 @@ def new_qos_manager(
     cpu_manager: Callable[[], Any] | None = None,
     observe_storage: Callable[[bool], None] | None = None,
     extensions: tuple[Strategy, ...] = (),
+    publish_demand: Callable[[UsageDemand], None] | None = None,
     kubelet_memory_qos: Callable[[], KubeletMemoryQoS] | None = None,
 ) -> QoSManager:
     """The manager with every strategy; eviction strategies only when an ``evictor`` is given.
@@ -102,8 +104,9 @@ def new_qos_manager(
     start (BECPUEvict rests 20 s after it; default now); ``cpu_manager``: kubelet's CPU manager state
     (statesinformer.cpumanager), for CPU suppress's static-policy rules; ``observe_storage``: told whether each
     reading of the block devices worked; ``extensions``: out-of-tree strategies (koordlet.extensions), run after
-    the built-in ones behind their own gates; ``kubelet_memory_qos``: what kubelet's own memory QoS writes (memory QoS
-    leaves those files to it).
+    the built-in ones behind their own gates; ``publish_demand``: told which pods' usage the strategies that are on
+    read every tick (the collector's :class:`~koordlet.metricsadvisor.pods.DemandBoard`; None: every pod's);
+    ``kubelet_memory_qos``: what kubelet's own memory QoS writes (memory QoS leaves those files to it).
     """
     config = config or QoSManagerConfig()
     config = replace(config, started_at=time.time() if started_at is None else started_at)
@@ -133,7 +136,7 @@ def new_qos_manager(
     runner = PlanRunner(executor, evictor, GAUGES)
     _restore_system_config(config, executor, runner)
     return QoSManager(states, strategies, config, phase_source=builder.latest_collection, builder=builder,
-                      runner=runner)
+                      runner=runner, publish_demand=publish_demand)
 
 
 def _restore_system_config(config: QoSManagerConfig, executor: ResourceExecutor, runner: PlanRunner) -> None:

@@ -241,7 +241,7 @@ class MemoryQoSConfig:
         return _NEEDS
 
 
-_NEEDS = Needs(kernel_files=ALL_RESOURCES, kubelet_memory_qos=True)
+_NEEDS = Needs(kernel_files=ALL_RESOURCES, pod_usage=None, container_usage=None, kubelet_memory_qos=True)
 
 
 def _log_missing(supported: frozenset[str]) -> None:

@@ -56,10 +56,10 @@ logger = logging.getLogger(__name__)
 AUDIT_REASON = "BEPSIThrottle"
 IO_WEIGHT = IO_WEIGHT_DEFAULT_LINE
 IO_WEIGHT_DEFAULT = DEFAULT_WEIGHT  # the kernel's io.weight default
-# every tick, whatever agentcost's collectors read less often: the pressure of every LS pod, read by the snapshot
+# every tick, whatever the collectors read less often: the pressure of every LS pod, read by the snapshot; no usage
 _NEEDS = Needs(cgroup_reads=(CgroupRead("cpu.pressure", Scope.PODS, lambda pod: not is_be(pod)),
                              CgroupRead("io.pressure", Scope.PODS, lambda pod: not is_be(pod))),
-               kernel_files=(IO_WEIGHT,), device_lines=True)
+               kernel_files=(IO_WEIGHT,), device_lines=True, pod_usage=None, container_usage=None)
 CPU, IO = "cpu", "io"
 
 
