@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from koordlet import features
 from koordlet.agent.context import AgentContext
 from koordlet.agent.lifecycle import Koordlet
 from koordlet.config import parse_config
@@ -399,7 +400,7 @@ def test_start_logs_no_inert_gate_now_that_every_gate_acts_and_exports_every_gat
     assert inert == []  # every gate acts (docs/feature-gates.md); the line names any that one day does not
     assert status == 200
     lines = [line for line in text.splitlines() if line.startswith("koordlet_feature_gate{")]
-    assert len(lines) == 39
+    assert len(lines) == len(features.GATES) == 40  # Koordinator's 39 and BEPSIThrottle
     def value(name: str) -> str:
         [line] = [x for x in lines if f'name="{name}"' in x]
         assert f'node="{NODE}"' in line
