@@ -28,6 +28,10 @@ from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 logger = logging.getLogger(__name__)
 
 DEFAULT_KUBELET_PORT = 10250
+PODS_PATH = "/pods/"
+# Every call koordlet makes to kubelet's API, (method, path): tests/deploy/test_rbac.py derives the RBAC it needs
+# from kubelet's own mapping of paths to nodes/<subresource> (GET /pods/: nodes/pods, else nodes/proxy).
+KUBELET_CALLS = (("GET", PODS_PATH),)
 _MAX_BODY_BYTES = 256 << 20
 
 
@@ -190,7 +194,7 @@ class KubeletPodSource:
         started = time.perf_counter()
         code = "error"
         try:
-            conn.request("GET", parts.path.rstrip("/") + "/pods/", headers=headers)
+            conn.request("GET", parts.path.rstrip("/") + PODS_PATH, headers=headers)
             response = conn.getresponse()
             code = str(response.status)
             body = response.read(_MAX_BODY_BYTES + 1)
