@@ -44,6 +44,7 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import load_incluster_config
 
 from koordlet import audit, features, logs
+from koordlet.access import KUBELET, Refusals, watch_client
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
@@ -129,6 +130,7 @@ class AgentContext:
     states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S
     abort: threading.Event = field(default_factory=threading.Event)  # a stop was asked for during the start
     health: Health = field(default_factory=lambda: Health(lambda: True))  # parts add their checks (/healthz)
+    refusals: Refusals = field(default_factory=Refusals)  # 401s and 403s of the API server and kubelet
     # ---- built by the parts
     cgroup_fs: CgroupFS = field(init=False)
     executor: ResourceExecutor = field(init=False)
@@ -282,7 +284,7 @@ def _states_informer_built(ctx: AgentContext) -> Component | None:
                                   token_file=config.kubelet_token_file, client_cert=config.kubelet_client_cert,
                                   client_key=config.kubelet_client_key,
                                   default_runtime=config.default_runtime_type,
-                                  observe=ctx.metrics.observe_kubelet_request)
+                                  observe=ctx.metrics.observe_kubelet_request, refusals=ctx.refusals)
     ctx.pod_source = source
     ctx.metrics.zero_states_errors((source.name, "nodeslo") if ctx.api_client is None else (source.name, "node",
                                                                                              "nodeslo"))
@@ -330,14 +332,16 @@ def _audit_owners(ctx: AgentContext) -> Component | None:
 
 
 def _states_synced(ctx: AgentContext) -> Component | None:
-    """Wait (bounded, cut short by a stop) until the informer has synced."""
+    """Wait (bounded, cut short by a stop, or by kubelet refusing the pod list: waiting changes no RBAC) until the
+    informer has synced."""
     states, abort = ctx.states, ctx.abort
     deadline = time.monotonic() + ctx.states_sync_timeout_s
-    while not states.wait_synced(0.1) and time.monotonic() < deadline and not abort.is_set():
+    while not states.wait_synced(0.1) and time.monotonic() < deadline and not abort.is_set() \
+            and not ctx.refusals.of(KUBELET):
         pass
     if not states.has_synced() and not abort.is_set():
-        logger.warning("states informer not synced after %.0f s; starting the rest anyway",
-                       ctx.states_sync_timeout_s)
+        logger.warning("states informer not synced%s; starting the rest anyway", " (kubelet refuses the pod list)"
+                       if ctx.refusals.of(KUBELET) else f" after {ctx.states_sync_timeout_s:.0f} s")
     return None
 
 
@@ -811,6 +815,8 @@ class Koordlet:
         self._abort = threading.Event()
         self.metrics = KoordletMetrics(config.node_name)
         self.health = Health(self.started.is_set, health_grace_s)
+        self.refusals = Refusals(self.metrics.observe_access_refused)
+        self.health.watch_access(self.refusals)
         self.ctx: AgentContext | None = None
         self.metrics_server: MetricsServer | None = None
 
@@ -882,8 +888,10 @@ class Koordlet:
         self.metrics_server = server
         self._started("metrics server", server.stop)
 
+        if api_client is not None:
+            watch_client(api_client, self.refusals)
         ctx = self.ctx = AgentContext(config, self.metrics, api_client, self._nvml, self._sync_timeout_s,
-                                      self._abort, self.health)
+                                      self._abort, self.health, self.refusals)
         for part in self._parts:
             component = part.build(ctx)
             if component is not None:

@@ -28,6 +28,8 @@ DASHBOARD = PROMETHEUS_DIR / "koordlet-dashboard.json"
 # targets describe (# HELP / # TYPE lines).
 NO_SAMPLES_HERE = {
     "koordlet_kubelet_request_duration_seconds": "local mode reads pods from the CRI, not from kubelet",
+    "koordlet_access_refused_total": "local mode calls neither the API server nor kubelet (tests/deploy/"
+                                     "test_access_paths.py shows the refusals)",
 }
 _MATCHERS = re.compile(r"(?<=[a-z0-9_])\{[^}]*\}")  # a selector's {label matchers}
 _COMPARISON = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*[0-9.]+\s*$")

@@ -237,7 +237,7 @@ def test_the_running_agent_watches_its_loops_its_states_and_nri(containerd_socke
         status, body = fetch(port, "/healthz?verbose")
         assert status == 200, body
         names = [line[3:].split(" ", 1)[0] for line in body.splitlines()[:-1]]
-        assert sorted(names) == ["collectors", "nri", "qosmanager", "reconciler", "states"], body
+        assert sorted(names) == ["access", "collectors", "nri", "qosmanager", "reconciler", "states"], body
         assert "(bound 33.0 s)" in body  # 3 × the 1 s collect interval + the 30 s grace
         assert fetch(port, "/readyz") == (200, "ok\n")
     finally:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from koordlet.access import Refusals
 from koordlet.api.qos import KubeQoS, PriorityClass, QoSClass
 from koordlet.statesinformer.informer import PodSourceError
 from koordlet.statesinformer.kubelet import KubeletPodSource, PodParseError, kubelet_url, pod_meta_from_pod
@@ -77,13 +78,26 @@ def test_empty_pod_list_is_a_failure(kubelet: Kubelet, token: str) -> None:
         KubeletPodSource(kubelet.url, LAYOUT, token_file=token).list_pods()
 
 
-def test_a_caller_kubelet_does_not_authenticate_gets_401(kubelet: Kubelet, tmp_path: Path) -> None:
-    with pytest.raises(PodSourceError, match="HTTP 401"):
-        KubeletPodSource(kubelet.url, LAYOUT).list_pods()  # no credential at all
-    forged = tmp_path / "forged"
-    forged.write_text("not-a-token")
-    with pytest.raises(PodSourceError, match="HTTP 401"):
-        KubeletPodSource(kubelet.url, LAYOUT, token_file=str(forged)).list_pods()
+def test_a_refusal_names_the_call_the_user_and_the_rule_and_ends_when_the_call_is_allowed(
+        server: ApiServer, kubelet: Kubelet, token: str, tmp_path: Path) -> None:
+    refusals = Refusals()
+    with pytest.raises(PodSourceError, match=r"^kubelet did not authenticate koordlet for GET "
+                                             r"https://127\.0\.0\.1:\d+/pods/ \(401\): kubelet did not accept"):
+        KubeletPodSource(kubelet.url, LAYOUT, refusals=refusals).list_pods()  # no credential at all
+    stats_only = tmp_path / "stats-only"
+    stats_only.write_text(grant_kubelet_access(server, account="stats-only", subresources=("stats",)))
+    source = KubeletPodSource(kubelet.url, LAYOUT, token_file=str(stats_only), refusals=refusals)
+    with pytest.raises(PodSourceError) as refused:
+        source.list_pods()
+    assert str(refused.value).startswith(
+        f"kubelet refused GET {kubelet.url}/pods/ (403): user system:serviceaccount:default:stats-only may not get "
+        'nodes/pods or nodes/proxy; the rule that allows it: {apiGroups: [""], resources: ["nodes/pods"], '
+        'verbs: ["get"]} on kubelet 1.33+ (KubeletFineGrainedAuthz), or {apiGroups: [""], resources: '
+        '["nodes/proxy"], verbs: ["get"]} on older kubelets')
+    [current] = refusals.current()
+    assert (current.source, current.code, current.resource) == ("kubelet", 403, "nodes/pods or nodes/proxy")
+    assert len(KubeletPodSource(kubelet.url, LAYOUT, token_file=token, refusals=refusals).list_pods()) == 2
+    assert refusals.current() == []
 
 
 def test_http_errors_and_timeouts_are_failures(kubelet: Kubelet, token: str) -> None:
