@@ -4,8 +4,10 @@ One registry per agent (:class:`KoordletMetrics`) holds the component metrics an
 timings; ``/metrics`` serves it merged with prometheus_client's default registry, where the executor,
 the QoS manager and the evictor define their counters at import, and where the process collector
 reports the agent's own cost (``process_resident_memory_bytes``, ``process_cpu_seconds_total``,
-open fds). ``/internal-metrics`` and ``/external-metrics`` serve the same text (Koordinator splits
-them; nothing reads them apart). ``/healthz`` answers 200 while the agent's health check passes.
+open fds). The text is in Koordinator's form (koordlet/gotext.py: its counters without ``_total``, no
+``_created`` series, text format 0.0.4 to every scraper). ``/internal-metrics`` and ``/external-metrics``
+serve the same text (Koordinator splits them; nothing reads them apart). ``/healthz`` answers 200 while the
+agent's health check passes.
 
 The real-time gauges (node usage, container requests/limits, node allocatable, pod and container PSI,
 GPU usage) are computed at scrape time from the metric cache and the states provider (a custom collector): no
@@ -25,10 +27,10 @@ from urllib.parse import parse_qs
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from koordlet.access import Refusal
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
+from koordlet.gotext import CONTENT_TYPE, GoCounter, exposition
 from koordlet.metriccache import (
     CPI_RESOURCE_CYCLE,
     CPI_RESOURCE_INSTRUCTION,
@@ -383,14 +385,14 @@ class KoordletMetrics:
             "Indicates whether the CPU ID is currently part of the BE share pool (1 = in pool; gate PerCPUMetric)",
             ["node", "cpu"], registry=self.registry)
         # Koordinator metrics/common.go: each reading of the node's CPU info, NUMA info and local storage
-        # (status succeeded/failed).
-        self.collect_node_cpu_info_status = Counter(
+        # (status succeeded/failed). Koordinator's counters keep its bare names (koordlet/gotext.py).
+        self.collect_node_cpu_info_status = GoCounter(
             "koordlet_collect_node_cpu_info_status", "Readings of the CPU topology, by outcome", ["node", "status"],
             registry=self.registry)
-        self.collect_node_numa_info_status = Counter(
+        self.collect_node_numa_info_status = GoCounter(
             "koordlet_collect_node_numa_info_status", "Readings of the NUMA nodes, by outcome", ["node", "status"],
             registry=self.registry)
-        self.collect_node_local_storage_info_status = Counter(
+        self.collect_node_local_storage_info_status = GoCounter(
             "koordlet_collect_node_local_storage_info_status", "Readings of the block devices, by outcome",
             ["node", "status"], registry=self.registry)
         # Koordinator metrics/prediction.go and resource_summary.go: set at every NodeMetric build.
@@ -536,21 +538,6 @@ class KoordletMetrics:
 
 
 
-class _Merged:
-    """Registries served as one exposition."""
-
-    def __init__(self, registries: Iterable[CollectorRegistry]) -> None:
-        self._registries = tuple(registries)
-
-    def collect(self) -> Iterator[Metric]:
-        for registry in self._registries:
-            yield from registry.collect()
-
-
-def exposition(registries: Iterable[CollectorRegistry]) -> bytes:
-    return generate_latest(_Merged(registries))  # type: ignore[arg-type]
-
-
 class Answer(Protocol):
     """What a handler added with :meth:`MetricsServer.handle` or :meth:`MetricsServer.route` answers."""
 
@@ -680,7 +667,7 @@ class MetricsServer:
                     body, status, ctype, headers = served
                 elif path in ("/metrics", "/internal-metrics", "/external-metrics"):
                     try:
-                        body, status, ctype = exposition(outer._registries), 200, CONTENT_TYPE_LATEST
+                        body, status, ctype = exposition(outer._registries), 200, CONTENT_TYPE
                     except Exception:  # a scrape must answer even when one collector is broken
                         logger.exception("metrics exposition failed")
                         body, status, ctype = b"exposition failed\n", 500, "text/plain"

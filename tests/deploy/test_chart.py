@@ -196,7 +196,7 @@ EVERY_VALUE: dict[str, Any] = {
         "metrics": {"port": 19316},
         "service": {"enabled": True},
         "enableServiceMonitor": True,
-        "enablePodMonitor": True,
+        "enablePodMonitor": False,  # not both: the schema refuses it (test_the_chart_refuses_both_monitors_on)
         "monitor": {"interval": "15s", "labels": {"release": "prometheus"}},
         "priorityClassName": "node-agents",
         "nodeSelector": {"koordinator.sh/colocation": "true"},
@@ -214,7 +214,8 @@ EVERY_VALUE: dict[str, Any] = {
     "sloControllerConfig": {"create": True, "data": {
         "resource-threshold-config": {"clusterStrategy": {"enable": True, "cpuSuppressThresholdPercent": 55}},
         "cpu-burst-config": {"clusterStrategy": {"policy": "auto"}}}},
-    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"},
+                       "runbookURL": "https://git.example.com/ops/koordlet-py/blob/v0.1.0/docs/operations.md"},
 }
 
 
@@ -239,7 +240,7 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     docs = _every_value_docs(tmp_path)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
-                            "DaemonSet", "Service", "ServiceMonitor", "PodMonitor", "PrometheusRule",
+                            "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule",
                             "ClusterRole", "ClusterRoleBinding"])  # kubeletNodesProxy: nodes/proxy, on its own
     docs = _without_kubelet_proxy(docs)
     namespace = _of_kind(docs, "Namespace")
@@ -298,7 +299,11 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
 def test_the_service_and_the_monitors_scrape_this_releases_pods(tmp_path: Path) -> None:
     docs = _every_value_docs(tmp_path)
     selector = _of_kind(docs, "DaemonSet")["spec"]["selector"]["matchLabels"]
-    service, monitors = _of_kind(docs, "Service"), [_of_kind(docs, "ServiceMonitor"), _of_kind(docs, "PodMonitor")]
+    values_file = tmp_path / "pod-monitor.yaml"
+    values_file.write_text(yaml.safe_dump({**EVERY_VALUE, "koordlet": {
+        **EVERY_VALUE["koordlet"], "enableServiceMonitor": False, "enablePodMonitor": True}}))
+    pod_monitor = _of_kind(chart_documents("--namespace", "qos-system", "--values", str(values_file)), "PodMonitor")
+    service, monitors = _of_kind(docs, "Service"), [_of_kind(docs, "ServiceMonitor"), pod_monitor]
     assert service["spec"]["selector"] == selector and service["spec"]["clusterIP"] == "None"
     assert service["spec"]["ports"] == [{"name": "http-metrics", "port": 19316, "targetPort": "http-metrics",
                                          "protocol": "TCP"}]
@@ -312,6 +317,17 @@ def test_the_service_and_the_monitors_scrape_this_releases_pods(tmp_path: Path) 
     kinds = {d["kind"] for d in chart_documents("--set", "koordlet.enableServiceMonitor=true")}
     assert {"Service", "ServiceMonitor"} <= kinds and "PodMonitor" not in kinds
     assert not {"Service", "ServiceMonitor", "PodMonitor"} & {d["kind"] for d in chart_documents()}
+
+
+@pytest.mark.parametrize("command", ["template", "lint"])
+def test_the_chart_refuses_both_monitors_on_saying_why(command: str) -> None:
+    """A ServiceMonitor and a PodMonitor over the same pods would scrape every koordlet twice."""
+    done = subprocess.run([tool("helm"), command, *(["x"] if command == "template" else []), str(CHART),
+                           "--set", "koordlet.enableServiceMonitor=true", "--set", "koordlet.enablePodMonitor=true"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert ("enableServiceMonitor and enablePodMonitor are exclusive (both on scrape every koordlet twice): turn one "
+            "off") in done.stdout + done.stderr
 
 
 def test_without_host_mode_the_pod_has_koordinators_layout() -> None:
@@ -352,6 +368,8 @@ def test_slo_controller_config_can_be_left_to_koordinators_own_chart() -> None:
     ("koordlet.extraEnv[0].name=1 BAD", "/koordlet/extraEnv/0/name"),
     ("fullnameOverride=Koordlet_Py", "/fullnameOverride"),
     ("crds.managed=maybe", "/crds/managed"),
+    ("prometheusRule.runbookURL=docs/operations.md", "/prometheusRule/runbookURL"),
+    ("prometheusRule.runbookURL=https://git.example.com/operations.md#koordletdown", "/prometheusRule/runbookURL"),
     ("sloControllerConfig.data.resource-threshold-config.clusterStrategy.cpuSuppressThresholdPercent=150",
      "/sloControllerConfig/data/resource-threshold-config/clusterStrategy/cpuSuppressThresholdPercent"),
     ("sloControllerConfig.data.cpu-burst-config.clusterStrategy.policy=always",
