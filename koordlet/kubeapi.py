@@ -108,18 +108,17 @@ class _Client:
             return None
         return load_json(data, f"answer to {method} {path}", max_bytes=MAX_API_BYTES)
 
-
     def _note_access(self, method: str, url: str, status: int, data: bytes | None) -> None:
         """A 401 or 403 goes to the agent's refusals (koordlet.access: logged with the rule that would allow the
         call, counted, shown by the health endpoints); a success ends a refusal of that kind of call."""
         refusals = refusals_of(self.api_client)
         if refusals is None:
             return
-        call = f"{method} {urlsplit(url).path}"
+        path = urlsplit(url).path
         if 200 <= status <= 299:
-            refusals.allowed(API_SERVER, call)
+            refusals.allowed(API_SERVER, f"{method} {path}")
             return
-        refusal = from_api_answer(method, urlsplit(url).path, status, (data or b"").decode("utf-8", "replace"))
+        refusal = from_api_answer(method, path, status, (data or b"").decode("utf-8", "replace"))
         if refusal is not None:
             refusals.refused(refusal)
 
