@@ -123,7 +123,7 @@ from tests.support.kube import (
     strategic_merge_patch,
     validate_schema,
 )
-from tests.support.pki import KeyPair, cluster_ca, subject_fields
+from tests.support.pki import KeyPair, cluster_ca, serving_sans, subject_fields
 
 log = logging.getLogger(__name__)
 
@@ -430,7 +430,7 @@ class ApiServer:
         self._connections: set[socket.socket] = set()
         self._httpd = _HttpServer((host, port), _Handler, self)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        serving = self._pki.serving("kube-apiserver")
+        serving = self._pki.serving("kube-apiserver", serving_sans(host))
         context.load_cert_chain(serving.cert, serving.key)
         context.verify_mode = ssl.CERT_OPTIONAL  # a client certificate, when one is sent, must be the CA's
         context.load_verify_locations(self._pki.ca.cert)

@@ -40,7 +40,7 @@ import kubernetes.client
 
 from tests.support.apiserver import ACCESS_REVIEWS, TOKEN_REVIEWS, ApiServer, create_objects, kube_api_client
 from tests.support.authn import UserInfo, bearer_token, user_of_certificate
-from tests.support.pki import cluster_ca, subject_fields
+from tests.support.pki import cluster_ca, serving_sans, subject_fields
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,7 @@ class Kubelet:
     fine_grained_authz: bool = True
     status: int = 200  # what /pods answers once a request is through (500: a kubelet failing)
     delay_s: float = 0.0  # how long /pods takes once a request is through
+    host: str = "127.0.0.1"  # where it listens (its serving certificate names it too)
     requests: list[KubeletRequest] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = field(default=None, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
@@ -140,12 +141,12 @@ class Kubelet:
     def start(self) -> Self:
         pki = cluster_ca()
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        serving = pki.serving("kubelet")
+        serving = pki.serving("kubelet", serving_sans(self.host))
         context.load_cert_chain(serving.cert, serving.key)
         context.verify_mode = ssl.CERT_OPTIONAL  # authentication.x509.clientCAFile: the cluster CA
         context.load_verify_locations(pki.ca.cert)
         self._reviewer = kube_api_client(self.api, self.api.node_credentials(self.node))
-        server = _HttpServer(("127.0.0.1", 0), _Handler, self)
+        server = _HttpServer((self.host, 0), _Handler, self)
         server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
@@ -177,13 +178,18 @@ class Kubelet:
         return int(self._server.server_address[1])
 
     @property
+    def address(self) -> str:
+        """The node's InternalIP as its Node says: where this kubelet listens (loopback when on every address)."""
+        return "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
+
+    @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.address}:{self.port}"
 
     def node_object(self, status: dict | None = None, **metadata: Any) -> dict:
         """The Node of this kubelet as the API server stores it: its address and port, plus ``status``."""
         return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node, **metadata},
-                "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                "status": {"addresses": [{"type": "InternalIP", "address": self.address}],
                            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}}, **(status or {})}}
 
     @property

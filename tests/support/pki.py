@@ -15,6 +15,7 @@ Certificates are cached by what they say, so a second request for the same ident
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +26,17 @@ from pathlib import Path
 _CURVE = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
 _DAYS = "3"  # longer than any test run; a certificate's expiry is not what any test is about
 SERVING_SANS = ("IP:127.0.0.1", "IP:::1", "DNS:localhost")
+
+
+def serving_sans(host: str) -> tuple[str, ...]:
+    """The names a server listening on ``host`` answers to: loopback, and ``host`` itself."""
+    if host in ("", "0.0.0.0", "::", "127.0.0.1", "::1", "localhost"):
+        return SERVING_SANS
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return (*SERVING_SANS, f"DNS:{host}")
+    return (*SERVING_SANS, f"IP:{host}")
 
 
 @dataclass(frozen=True, slots=True)
