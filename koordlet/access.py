@@ -61,6 +61,12 @@ class Refusal:
         return self.resource not in ("tokenreviews", "subjectaccessreviews")
 
     @property
+    def blocks_states(self) -> bool:
+        """Whether the states informer cannot sync for it: kubelet refuses the pod list, or the API server the node or
+        the NodeSLO (without the node koordlet does not even know kubelet's address)."""
+        return self.source == KUBELET or (self.source == API_SERVER and self.resource in ("nodes", "nodeslos"))
+
+    @property
     def key(self) -> tuple[str, str]:
         """What a later success of the same call clears: (source, the call without its object name)."""
         return self.source, _call_kind(self.call)
@@ -183,8 +189,9 @@ class Refusals:
         with self._lock:
             return sorted(self._current.values(), key=lambda r: r.key)
 
-    def of(self, source: str) -> list[Refusal]:
-        return [refusal for refusal in self.current() if refusal.source == source]
+    def blocking_states(self) -> list[Refusal]:
+        """The refusals the states informer cannot sync for (a restart would not change them)."""
+        return [refusal for refusal in self.current() if refusal.blocks_states]
 
 
 def watch_client(api_client: object, refusals: Refusals) -> None:

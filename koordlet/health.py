@@ -12,8 +12,8 @@ fails when any part it watches is stale past a bound that follows the part's own
 
 A refusal (a 401 or 403 of the API server or kubelet, koordlet.access) is different: a restart does not change
 RBAC or a credential. So ``/healthz`` names it, ``[!]access: kubelet refused GET …/pods/ (403): … the rule that
-allows it: …``, but does not fail for it (the ``states`` check of an informer that kubelet refuses says so, and
-passes); ``/readyz`` fails while one is in force. koordlet stays up, unready, and says why.
+allows it: …``, but does not fail for it (the ``states`` check of an informer kept from syncing by a refusal says
+so, and passes); ``/readyz`` fails while one is in force. koordlet stays up, unready, and says why.
 
 The grace (:data:`DEFAULT_GRACE_S`) covers one slow tick on a loaded node; the factor 3 a loop that missed two
 periods. A node without an NRI socket (containerd 1.6, NRI switched off) is no failure: the proxy serves there.
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from koordlet.access import KUBELET, Refusals
+from koordlet.access import Refusals
 from koordlet.metrics import Reply
 from koordlet.ticker import TickerThread
 
@@ -80,14 +80,15 @@ def states_check(states: StatesInformer, grace_s: float, monotonic: Callable[[],
                  refused: Callable[[], bool] = lambda: False) -> Check:
     """Fails before the informer's first sync, and when its last pod list is older than 3 × its sync interval +
     ``grace_s`` (kubelet or the CRI not answering: koordlet would act on pods that may be gone); passes while
-    ``refused()`` (kubelet refuses koordlet: a restart would not help, the access check says why)."""
+    ``refused()`` (kubelet or the API server refuses what the states need: a restart would not help, the access check
+    says why)."""
 
     def check() -> tuple[bool, str]:
         bound = STALE_PERIODS * states.sync_interval_s + grace_s
         last = states.last_pod_sync
         error = f": {states.last_pod_sync_error}" if states.last_pod_sync_error else ""
         if refused():
-            return True, "kubelet refuses the pod list (see access)" + error
+            return True, "a refusal keeps the states from syncing (see access)" + error
         if not states.has_synced():
             return False, "not synced" + error
         if last is None:
@@ -142,7 +143,7 @@ class Health:
 
     def watch_states(self, states: StatesInformer) -> None:
         self.add("states", states_check(states, self.grace_s,
-                                        refused=lambda: bool(self._refusals and self._refusals.of(KUBELET))))
+                                        refused=lambda: bool(self._refusals and self._refusals.blocking_states())))
         self._synced = states.has_synced
 
     def watch_access(self, refusals: Refusals) -> None:

@@ -44,7 +44,7 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import load_incluster_config
 
 from koordlet import audit, features, logs
-from koordlet.access import KUBELET, Refusals, watch_client
+from koordlet.access import Refusals, watch_client
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
@@ -332,16 +332,16 @@ def _audit_owners(ctx: AgentContext) -> Component | None:
 
 
 def _states_synced(ctx: AgentContext) -> Component | None:
-    """Wait (bounded, cut short by a stop, or by kubelet refusing the pod list: waiting changes no RBAC) until the
-    informer has synced."""
+    """Wait (bounded, cut short by a stop, or by a refusal the states cannot sync for: waiting changes no RBAC) until
+    the informer has synced."""
     states, abort = ctx.states, ctx.abort
     deadline = time.monotonic() + ctx.states_sync_timeout_s
     while not states.wait_synced(0.1) and time.monotonic() < deadline and not abort.is_set() \
-            and not ctx.refusals.of(KUBELET):
+            and not ctx.refusals.blocking_states():
         pass
     if not states.has_synced() and not abort.is_set():
-        logger.warning("states informer not synced%s; starting the rest anyway", " (kubelet refuses the pod list)"
-                       if ctx.refusals.of(KUBELET) else f" after {ctx.states_sync_timeout_s:.0f} s")
+        logger.warning("states informer not synced%s; starting the rest anyway", " (refused, see above)"
+                       if ctx.refusals.blocking_states() else f" after {ctx.states_sync_timeout_s:.0f} s")
     return None
 
 

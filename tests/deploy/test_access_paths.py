@@ -54,6 +54,8 @@ _ALLOWS = "the rule that allows it: "
 _REMOVED = [
     ("chart", "koordlet-py", "nodes/pods", "kubelet",
      _ALLOWS + '{apiGroups: [""], resources: ["nodes/pods"], verbs: ["get"]} on kubelet 1.33+'),
+    ("chart", "koordlet-py", "nodes", "apiserver",  # no Node: not even kubelet's address
+     _ALLOWS + '{apiGroups: [""], resources: ["nodes"], verbs: ["list"]}'),
     ("beside", "koordlet-py", "nodemetrics/status", "apiserver",
      _ALLOWS + '{apiGroups: ["slo.koordinator.sh"], resources: ["nodemetrics/status"], verbs: ["update"]}'),
     ("kustomize", "koordlet-py", "noderesourcetopologies", "apiserver",
@@ -63,7 +65,8 @@ _REMOVED = [
 ]
 
 
-@pytest.mark.parametrize(("name", "role", "resource", "source", "rule"), _REMOVED, ids=[r[0] for r in _REMOVED])
+@pytest.mark.parametrize(("name", "role", "resource", "source", "rule"), _REMOVED,
+                         ids=[f"{r[0]}-{r[2]}" for r in _REMOVED])
 def test_a_role_without_one_rule_gets_the_refusal_that_rule_prevents_and_koordlet_names_it(
         name: str, role: str, resource: str, source: str, rule: str, tmp_path: Path) -> None:
     path = PATHS[name]().without(role, resource)
