@@ -638,12 +638,16 @@ class ApiServer:
         return self._account_tokens.authenticate(token, audiences, self._account_uid, self._object_uid)
 
     def _account_uid(self, namespace: str, name: str) -> str | None:
-        account = self.get_object("serviceaccounts", name, namespace)
-        return _meta(account).get("uid") if account is not None else None
+        return self._stored_uid("serviceaccounts", namespace, name)
 
     def _object_uid(self, kind: str, namespace: str, name: str) -> str | None:
-        obj = self.get_object("pods" if kind == "Pod" else "nodes", name, namespace or None)
-        return _meta(obj).get("uid") if obj is not None else None
+        return self._stored_uid("pods" if kind == "Pod" else "nodes", namespace, name)
+
+    def _stored_uid(self, qualified: str, namespace: str, name: str) -> str | None:
+        """The uid of a stored core object (no copy: every request with a token asks)."""
+        with self._cond:
+            stored = self._objects.get((qualified, namespace, name))
+            return _meta(stored).get("uid") if stored is not None else None
 
     def _decide(self, attributes: authz.Attributes) -> authz.Decision:
         with self._cond:
@@ -1528,7 +1532,7 @@ def create_objects(server: ApiServer, docs: list[dict], credentials: Credentials
             base = f"/apis/{rtype.api_version}" if rtype.group else "/api/v1"
             path = f"{base}/namespaces/{namespace}/{rtype.plural}" if namespace else f"{base}/{rtype.plural}"
             request = client.param_serialize("POST", path, header_params={"Content-Type": "application/json"},
-                                             body=doc)
+                                             body=doc, auth_settings=["BearerToken"])  # a token, when one is given
             response = client.call_api(*request)
             answer = json.loads(response.read() or b"{}")
             if response.status != 201:
