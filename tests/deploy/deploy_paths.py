@@ -67,10 +67,6 @@ class DeployPath:
     def account(self) -> tuple[str, str]:
         return self.daemonset["metadata"]["namespace"], self.pod["serviceAccountName"]
 
-    def role(self, name: str) -> dict[str, Any]:
-        [role] = [d for d in self.docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == name]
-        return role
-
     def without(self, role: str, resource: str) -> DeployPath:
         """This path with ``resource`` taken out of ``role``'s rules (a rule left with no resource goes)."""
         docs = copy.deepcopy(list(self.docs))
