@@ -19,7 +19,7 @@ import pytest
 from tests.deploy.deploy_paths import NODE, PATHS, ClusterNode, DeployPath, HostKoordlet, cluster_node
 from tests.support.waiting import wait_for
 
-_REFUSED = re.compile(r"\((401|403)\)|HTTP 40[13]|Forbidden|Unauthorized|refused")
+_REFUSED = re.compile(r"\((401|403)\)|HTTP 40[13]|Forbidden|Unauthorized|koordlet\.access")
 
 
 def _synced_reported_and_topology_made(node: ClusterNode, koordlet: HostKoordlet) -> None:
