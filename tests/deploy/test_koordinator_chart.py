@@ -478,6 +478,7 @@ def _koordinators_node(tmp_path: Path) -> Iterator[_Cluster]:
 
 
 @pytest.mark.containerd
+@pytest.mark.owns_node_paths  # chart_host_dirs makes them and removes what the test made
 def test_the_image_runs_as_koordinators_koordlet_with_exactly_its_chart(
         chart_host_dirs: list[str], tmp_path: Path) -> None:
     from tests.deploy.test_image import _container_log, be_pod_gets_its_batch_values
