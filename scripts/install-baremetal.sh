@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# Install koordlet-py on a node with systemd: the version's own virtualenv, the koord-runtime-proxy socket and
-# service units and the kubelet drop-in that points kubelet at the proxy, and (unless --proxy-only) koordlet's
-# own unit. Idempotent: files are only rewritten when their content differs, systemd is reloaded only then, and
-# a version already installed is not built again. scripts/uninstall.sh takes it all off again, the proxy off
+# Install koordlet-py on a node with systemd: the version (its own virtualenv, or the image's root tree with
+# --rootfs), the koord-runtime-proxy socket and service units, kubelet pointed at the proxy (in the one place
+# kubelet reads its runtime endpoint from: scripts/kubelet-endpoint.sh), and (unless --proxy-only) koordlet's own
+# unit. Idempotent: files are only rewritten when their content differs, systemd is reloaded only then, and a
+# version already installed is not built again. scripts/uninstall.sh takes it all off again, the proxy off
 # kubelet's path first.
 #
 #   scripts/install-baremetal.sh [--proxy-only] [--kubeconfig FILE | --local] [--metrics-bind-address ADDR]
-#       [--dry-run] [--prefix /opt/koordlet-py] [--root DIR] [--no-venv] [--no-start] [--restart-kubelet]
-#       [--python python3]
+#       [--rootfs FILE | --no-venv | --python python3] [--dry-run] [--prefix /opt/koordlet-py] [--root DIR]
+#       [--no-start] [--restart-kubelet]
 #   scripts/install-baremetal.sh --rollback [--prefix /opt/koordlet-py] [--root DIR] [--dry-run] [--no-start]
 #
+# Two ways to install a version:
+#   (default)          a virtualenv built on the node from requirements.lock: needs Python >= 3.11 with venv
+#                      and a package index (PyPI or a mirror) on the node
+#   --rootfs FILE      the image's root tree, FILE from `make image` (out/image/koordlet-py-<version>.rootfs.tar.gz):
+#                      unpacked as it is, the units run the tree's own Python inside it (RootDirectory=), so the
+#                      node needs no Python and no index, only systemd (RootDirectory=, MountAPIVFS= and
+#                      BindPaths=: 233 and later; tested with 252), tar and gzip
 #   --proxy-only       only the proxy and the kubelet drop-in: for clusters where koordlet runs as the
 #                      DaemonSet (Helm chart or deploy/). A koordlet.service of an earlier full install is
 #                      stopped, disabled and removed, so a node never runs two koordlets.
@@ -23,8 +31,8 @@
 #                      (deploy/prometheus/runtime-proxy-scrape.yaml scrapes port 9318 of each node's address).
 #                      Written to /etc/default/koord-runtime-proxy; without the flag the file's value is kept.
 #   --dry-run          print what would be done, change nothing (works without systemd)
-#   --prefix P         where the versions go: P/versions/<version>-<digest> (one virtualenv each, installed
-#                      from requirements.lock), P/current and P/previous (links); the units run P/current
+#   --prefix P         where the versions go: P/versions/<version>-<digest> (one virtualenv or root tree each),
+#                      P/current and P/previous (links); the units run P/current
 #   --root DIR         install the files under DIR instead of / (image building, tests); no systemctl unless
 #                      SYSTEMCTL is set. A virtualenv built there runs only from DIR (virtualenvs do not move).
 #   --no-venv          do not build the version's virtualenv (P/current is managed elsewhere)
@@ -32,7 +40,8 @@
 #   --restart-kubelet  restart kubelet so it dials the proxy (pods keep running; kubelet reconnects), then
 #                      check by the proxy's count of served calls that kubelet really talks to it
 #   --rollback         switch P/current back to P/previous (the version installed before) and restart the
-#                      services; the units stay as they are. A second --rollback goes forward again.
+#                      services; the units stay as they are (so both must be virtualenvs, or both root trees).
+#                      A second --rollback goes forward again.
 #   --python PY        the interpreter the virtualenvs are made with (python3)
 # SYSTEMCTL=CMD runs CMD instead of systemctl, also with --root (the tests record the steps).
 # KUBELET_CHECK_TIMEOUT=60: seconds --restart-kubelet waits for kubelet's first call through the proxy.
@@ -40,8 +49,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dry_run=0 prefix=/opt/koordlet-py root="" venv=1 start=1 restart_kubelet=0 python=python3
-proxy_only=0 kubeconfig="" local_mode=0 rollback=0 metrics_address="" metrics_given=0
-usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; }
+proxy_only=0 kubeconfig="" local_mode=0 rollback=0 metrics_address="" metrics_given=0 rootfs="" python_given=0
+usage() { sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -59,7 +68,9 @@ while [ $# -gt 0 ]; do
     --no-start) start=0 ;;
     --restart-kubelet) restart_kubelet=1 ;;
     --rollback) rollback=1 ;;
-    --python) python=${2:?--python needs an interpreter}; shift ;;
+    --python) python=${2:?--python needs an interpreter}; python_given=1; shift ;;
+    --rootfs) rootfs=${2:?--rootfs needs a file}; shift ;;
+    --rootfs=*) rootfs=${1#--rootfs=} ;;
     -h|--help) usage; exit 0 ;;
     *) echo "install-baremetal: unknown option $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -84,8 +95,17 @@ if [ "$metrics_given" = 1 ] && [ -n "$metrics_address" ]; then
     die2 "--metrics-bind-address $metrics_address: expected host:port (127.0.0.1:9318, 0.0.0.0:9318, [::]:9318)"
 fi
 if [ "$rollback" = 1 ] && { [ "$proxy_only" = 1 ] || [ -n "$kubeconfig" ] || [ "$local_mode" = 1 ] ||
-    [ "$metrics_given" = 1 ] || [ "$venv" = 0 ] || [ "$restart_kubelet" = 1 ]; }; then
+    [ "$metrics_given" = 1 ] || [ "$venv" = 0 ] || [ "$restart_kubelet" = 1 ] || [ -n "$rootfs" ]; }; then
   die2 "--rollback switches the version only; it takes --prefix, --root, --dry-run and --no-start"
+fi
+if [ -n "$rootfs" ]; then
+  { [ "$venv" = 1 ] && [ "$python_given" = 0 ]; } || die2 "--rootfs installs the image's root tree: no --no-venv, no --python"
+  [ -f "$rootfs" ] && [ -r "$rootfs" ] || die2 "--rootfs $rootfs: no such readable file"
+  case "$kubeconfig" in
+    ""|/etc/kubernetes/*|/etc/koordlet/*|/var/lib/kubelet/*) ;;
+    *) die2 "--kubeconfig $kubeconfig: with --rootfs koordlet sees the host's /etc/kubernetes, /etc/koordlet and" \
+         "/var/lib/kubelet only (systemd/koordlet-root-tree.conf); put it there" ;;
+  esac
 fi
 
 log() { echo "install-baremetal: $*"; }
@@ -112,6 +132,11 @@ if [ -z "$root" ] && [ -z "${SYSTEMCTL:-}" ]; then
 fi
 
 base=$root$prefix
+# shellcheck source=scripts/kubelet-endpoint.sh
+. "$here/scripts/kubelet-endpoint.sh"
+# The drop-ins that run a service in the version's root tree (--rootfs): their presence is how the units run.
+TREE_DROP_INS=(/etc/systemd/system/koord-runtime-proxy.service.d/50-root-tree.conf
+               /etc/systemd/system/koordlet.service.d/50-root-tree.conf)
 # switch_link NAME TARGET: point $base/NAME at TARGET (relative to $base) in one rename, never a missing link.
 switch_link() {
   if [ "$dry_run" = 1 ]; then log "would point $base/$1 at $2"; return; fi
@@ -120,6 +145,14 @@ switch_link() {
   log "$base/$1 -> $2"
 }
 link_target() { readlink "$base/$1" 2>/dev/null || true; }
+# kind_of DIR: what a version is: "tree" (the image's root tree), "venv" (a virtualenv), or nothing.
+kind_of() {
+  if [ -x "$1/opt/koordlet-py/bin/python" ]; then echo tree
+  elif [ -x "$1/bin/python" ]; then echo venv; fi
+}
+# The kind the installed units run: the root-tree drop-in of the proxy is there, or not.
+units_kind() { if [ -f "$root${TREE_DROP_INS[0]}" ]; then echo tree; else echo venv; fi; }
+kind_name() { if [ "$1" = tree ]; then echo "a root tree (--rootfs)"; else echo "a virtualenv"; fi; }
 
 # restart_services: after the version changed under the units (install or rollback), restart what runs it.
 restart_services() {
@@ -133,9 +166,16 @@ restart_services() {
 # ---- --rollback ----------------------------------------------------------------------------------------
 if [ "$rollback" = 1 ]; then
   current=$(link_target current) previous=$(link_target previous)
-  if [ -z "$previous" ] || [ ! -x "$base/$previous/bin/python" ]; then
+  previous_kind=$([ -z "$previous" ] || kind_of "$base/$previous")
+  if [ -z "$previous_kind" ]; then
     echo "install-baremetal: nothing to roll back to: $base/previous is ${previous:-not there}" \
       "(it names the version installed before the current one)" >&2
+    exit 1
+  fi
+  if [ "$previous_kind" != "$(units_kind)" ]; then
+    echo "install-baremetal: $base/previous ($previous) is $(kind_name "$previous_kind") and the units run" \
+      "$(kind_name "$(units_kind)"): install that version again instead (it is kept, so nothing is built or" \
+      "unpacked again)" >&2
     exit 1
   fi
   log "rolling back: ${current:-nothing} -> $previous"
@@ -155,12 +195,13 @@ socket_changed=0 # the socket unit changed: systemd must make the socket again
 proxy_changed=0  # the proxy's unit or environment changed: restart it
 koordlet_changed=0
 version_changed=0
-# install_file SRC DEST MODE: copy with the prefix substituted, only when the content differs; returns 0 when it
-# (would have) changed the file.
+# install_file SRC DEST MODE [SED ARGS...]: copy with the prefix substituted (and the sed expressions given), only
+# when the content differs; returns 0 when it (would have) changed the file.
 install_file() {
   local src=$1 dest=$root$2 mode=$3 tmp
+  shift 3
   tmp=$(mktemp)
-  sed "s#/opt/koordlet-py#$prefix#g" "$src" >"$tmp"
+  sed -e "s#/opt/koordlet-py#$prefix#g" "$@" "$src" >"$tmp"
   if [ -f "$dest" ] && cmp -s "$tmp" "$dest"; then
     log "unchanged: $dest"
     rm -f "$tmp"
@@ -177,23 +218,81 @@ install_file() {
   rm -f "$tmp"
   log "installed: $dest"
 }
+# remove_file DEST: remove a file the install no longer wants; returns 0 when it was (would have been) there.
+remove_file() {
+  [ -e "$root$1" ] || return 1
+  changed=1
+  if [ "$dry_run" = 1 ]; then log "would remove: $root$1"; else rm -f "$root$1"; log "removed: $root$1"; fi
+}
 ensure_dir() {
   local dir=$root$1
   if [ -d "$dir" ]; then return; fi
   if [ "$dry_run" = 1 ]; then log "would create: $dir"; else mkdir -p "$dir"; log "created: $dir"; fi
 }
 
-# 1. the version's virtualenv: P/versions/<version>-<digest of the sources and the lock>, installed from the
-# lock with every file's hash checked, so every node runs the same dependencies; then P/current points at it.
-lock=$here/requirements.lock
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/pyproject.toml" | head -1)
-digest=$(cd "$here" && {
-  find wire runtimeproxy koordlet hooks -type f \( -name '*.py' -o -name '*.pyi' \) -not -path '*/__pycache__/*' |
-    LC_ALL=C sort | xargs sha256sum
-  sha256sum pyproject.toml requirements.lock
-} | sha256sum | cut -c1-12)
-version_id=$version-$digest
-if [ "$venv" = 1 ]; then
+# 0. kubelet: the one place it reads its runtime endpoint from (scripts/kubelet-endpoint.sh), planned before anything
+# changes (a layout no single change can serve is refused here); the drop-in carries the endpoint only when it is
+# that place.
+if ! ke_plan || ! ke_check_record; then
+  echo "install-baremetal: cannot point kubelet at the proxy: $ke_error. Nothing was changed." >&2
+  exit 1
+fi
+drop_in_sed=()
+[ "$ke_place" = drop-in ] || drop_in_sed=(-e '/^Environment="KUBELET_EXTRA_ARGS=/d')
+
+# 1. the version: P/versions/<version>-<digest>, then P/current points at it.
+target=""
+if [ -n "$rootfs" ]; then
+  # The image's root tree, named after the tar's sha256: unpacked whole (owners and modes as in the image), checked
+  # to run koordlet and the proxy with its own Python (chroot) before anything points at it.
+  digest=$(sha256sum <"$rootfs" | cut -c1-12)
+  installed=""
+  for dir in "$base"/versions/*-"$digest"; do [ -f "$dir/.installed" ] && installed=$dir; done
+  if [ -n "$installed" ]; then
+    target=versions/${installed##*/}
+    log "unchanged: version ${installed##*/} is installed ($installed)"
+  elif [ "$dry_run" = 1 ]; then
+    target="versions/<version>-$digest"
+    log "would unpack $rootfs into $base/$target and check that its own Python runs koordlet and the proxy"
+  else
+    incoming=$base/versions/.incoming-$digest
+    rm -rf "$incoming"
+    mkdir -p "$incoming"
+    log "unpacking $rootfs into $incoming"
+    failed() {
+      rm -rf "$incoming"
+      echo "install-baremetal: $*; $base/current is unchanged" >&2
+      exit 1
+    }
+    tar -C "$incoming" --numeric-owner --same-owner -xpf "$rootfs" || failed "unpacking $rootfs failed (above)"
+    dist=$(compgen -G "$incoming/opt/koordlet-py/lib/python3*/site-packages/koordlet_py-*.dist-info" | head -1 || true)
+    if [ -z "$dist" ] || [ "$(kind_of "$incoming")" != tree ] || [ ! -x "$incoming/opt/koordlet-py/bin/koordlet" ] ||
+       [ ! -x "$incoming/opt/koordlet-py/bin/koord-runtime-proxy" ]; then
+      failed "$rootfs is not koordlet-py's root tree (no /opt/koordlet-py with koordlet-py installed in it;" \
+        "make image writes it as out/image/koordlet-py-<version>.rootfs.tar.gz)"
+    fi
+    env -i "$(command -v chroot)" "$incoming" /opt/koordlet-py/bin/python -c "import runtimeproxy.main, koordlet.main" ||
+      failed "the root tree's Python cannot import koordlet and the proxy (above)"
+    version=${dist##*/koordlet_py-}
+    version=${version%.dist-info}
+    target=versions/$version-$digest
+    rm -rf "${base:?}/$target"
+    mv "$incoming" "$base/$target"
+    printf 'version=%s\nkind=tree\nrootfs_sha256=%s\ninstalled=%s\n' "$version-$digest" \
+      "$(sha256sum <"$rootfs" | cut -c1-64)" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$base/$target/.installed"
+    log "installed version $version-$digest: $base/$target"
+  fi
+elif [ "$venv" = 1 ]; then
+  # A virtualenv named after the sources and the lock, installed from the lock with every file's hash checked, so
+  # every node runs the same dependencies.
+  lock=$here/requirements.lock
+  version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/pyproject.toml" | head -1)
+  digest=$(cd "$here" && {
+    find wire runtimeproxy koordlet hooks -type f \( -name '*.py' -o -name '*.pyi' \) -not -path '*/__pycache__/*' |
+      LC_ALL=C sort | xargs sha256sum
+    sha256sum pyproject.toml requirements.lock
+  } | sha256sum | cut -c1-12)
+  version_id=$version-$digest
   target=versions/$version_id
   dir=$base/$target
   if [ -n "$root" ]; then
@@ -218,10 +317,12 @@ if [ "$venv" = 1 ]; then
       exit 1
     fi
     if [ "$dry_run" = 0 ]; then
-      printf 'version=%s\nlock_sha256=%s\ninstalled=%s\n' "$version_id" "$(sha256sum <"$lock" | cut -c1-64)" \
-        "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$dir/.installed"
+      printf 'version=%s\nkind=venv\nlock_sha256=%s\ninstalled=%s\n' "$version_id" \
+        "$(sha256sum <"$lock" | cut -c1-64)" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$dir/.installed"
     fi
   fi
+fi
+if [ -n "$target" ]; then
   current=$(link_target current)
   if [ "$current" = "$target" ]; then
     log "unchanged: $base/current is $target"
@@ -237,13 +338,22 @@ if [ "$venv" = 1 ]; then
   fi
 fi
 
-# 2. units, kubelet drop-in, the proxy's environment, config dirs
+# 2. units, kubelet drop-in, the proxy's environment, config dirs. Root-tree versions run the tree's
+# /opt/koordlet-py/bin in it (the drop-ins add RootDirectory= and what the services reach on the host).
+tree=0
+if [ -n "$rootfs" ] || { [ "$venv" = 0 ] && [ "$(units_kind)" = tree ]; }; then tree=1; fi
+unit_sed=()
+[ "$tree" = 0 ] || unit_sed=(-e "/^ExecStart=/s#=$prefix/current/bin/#=/opt/koordlet-py/bin/#")
 install_file "$here/systemd/koord-runtime-proxy.socket" /etc/systemd/system/koord-runtime-proxy.socket 0644 &&
   socket_changed=1
-install_file "$here/systemd/koord-runtime-proxy.service" /etc/systemd/system/koord-runtime-proxy.service 0644 &&
-  proxy_changed=1
-install_file "$here/systemd/10-koord-runtime-proxy.conf" \
-  /etc/systemd/system/kubelet.service.d/10-koord-runtime-proxy.conf 0644 || true
+install_file "$here/systemd/koord-runtime-proxy.service" /etc/systemd/system/koord-runtime-proxy.service 0644 \
+  "${unit_sed[@]}" && proxy_changed=1
+if [ "$tree" = 1 ]; then
+  install_file "$here/systemd/koord-runtime-proxy-root-tree.conf" "${TREE_DROP_INS[0]}" 0644 && proxy_changed=1
+else
+  remove_file "${TREE_DROP_INS[0]}" && proxy_changed=1
+fi
+install_file "$here/systemd/10-koord-runtime-proxy.conf" "$KE_DROP_IN" 0644 "${drop_in_sed[@]}" || true
 ensure_dir /etc/runtime/hookserver.d
 
 # The proxy's metrics address: the flag, else what the file says, else the unit's default.
@@ -270,13 +380,18 @@ if [ "$proxy_only" = 1 ]; then
   if [ -f "$root/etc/systemd/system/koordlet.service" ]; then
     log "koordlet.service from an earlier full install: stopping, disabling and removing it (koordlet runs as the DaemonSet)"
     [ "$live" = 1 ] && run "$systemctl" disable --now koordlet.service
-    if [ "$dry_run" = 1 ]; then log "would remove: $root/etc/systemd/system/koordlet.service"
-    else rm -f "$root/etc/systemd/system/koordlet.service"; log "removed: $root/etc/systemd/system/koordlet.service"; fi
-    changed=1
+    remove_file /etc/systemd/system/koordlet.service || true
   fi
+  remove_file "${TREE_DROP_INS[1]}" || true
 else
   units="$units koordlet.service"
-  install_file "$here/systemd/koordlet.service" /etc/systemd/system/koordlet.service 0644 && koordlet_changed=1
+  install_file "$here/systemd/koordlet.service" /etc/systemd/system/koordlet.service 0644 "${unit_sed[@]}" &&
+    koordlet_changed=1
+  if [ "$tree" = 1 ]; then
+    install_file "$here/systemd/koordlet-root-tree.conf" "${TREE_DROP_INS[1]}" 0644 && koordlet_changed=1
+  else
+    remove_file "${TREE_DROP_INS[1]}" && koordlet_changed=1
+  fi
   # koordlet.service must be able to run: with an API server (a kubeconfig) or in local mode. An
   # environment file that gives it neither is refused rather than left to fail and restart for ever.
   defaults=$root/etc/default/koordlet
@@ -323,13 +438,11 @@ DEFAULTS
   fi
 fi
 
-# An EnvironmentFile setting KUBELET_EXTRA_ARGS overrides the drop-in's Environment=.
-for f in "$root/etc/default/kubelet" "$root/etc/sysconfig/kubelet"; do
-  if [ -f "$f" ] && grep -q '^KUBELET_EXTRA_ARGS=' "$f" && ! grep -q 'koord-runtimeproxy' "$f"; then
-    log "WARNING: $f sets KUBELET_EXTRA_ARGS and wins over the drop-in; add" \
-      "--container-runtime-endpoint=unix:///var/run/koord-runtimeproxy/runtimeproxy.sock to it"
-  fi
-done
+# kubelet's endpoint, now that the drop-in is in place: the planned change and its record (uninstall puts it back).
+if ! ke_apply; then
+  echo "install-baremetal: $ke_error" >&2
+  exit 1
+fi
 
 # 3. systemd
 if [ "$live" = 0 ]; then
@@ -359,7 +472,7 @@ if [ "$socket_changed" = 1 ]; then
   run "$systemctl" restart koord-runtime-proxy.socket
   run "$systemctl" start koord-runtime-proxy.service
 elif [ "$version_changed" = 1 ] || [ "$proxy_changed" = 1 ]; then
-  why=$([ "$version_changed" = 1 ] && echo "version $version_id" || echo "its unit or environment changed")
+  why=$([ "$version_changed" = 1 ] && echo "version ${target#versions/}" || echo "its unit or environment changed")
   log "restarting the proxy ($why); calls wait in its socket's backlog meanwhile"
   run "$systemctl" start koord-runtime-proxy.socket
   run "$systemctl" restart koord-runtime-proxy.service
@@ -375,7 +488,7 @@ if [ "$proxy_only" = 0 ]; then
 fi
 
 # Old versions: the current and the previous one stay (the running processes and --rollback use them).
-if [ "$venv" = 1 ] && [ -d "$base/versions" ]; then
+if [ -n "$target" ] && [ -d "$base/versions" ]; then
   keep_current=$(link_target current) keep_previous=$(link_target previous)
   for old in "$base"/versions/*/; do
     old=versions/$(basename "$old")
@@ -385,16 +498,16 @@ if [ "$venv" = 1 ] && [ -d "$base/versions" ]; then
 fi
 
 # 4. kubelet onto the proxy, and proof that it talks to it: the proxy's own count of served calls must grow.
-served_calls() {  # the proxy's koord_runtimeproxy_calls_served_total, or nothing when /metrics cannot be read
-  local py=$base/current/bin/python
-  [ -x "$py" ] || py=$python
-  "$py" - "$1" <<'PY' 2>/dev/null
-import sys, urllib.request
-with urllib.request.urlopen(sys.argv[1], timeout=5) as answer:
-    for line in answer.read().decode().splitlines():
-        if line.startswith("koord_runtimeproxy_calls_served_total "):
-            print(int(float(line.split()[1])))
-PY
+# served_calls HOST PORT: the proxy's koord_runtimeproxy_calls_served_total, or nothing when /metrics does not answer
+# (bash's /dev/tcp: no Python or curl on the node needed).
+served_calls() {
+  timeout 10 bash -c '
+    exec 3<>"/dev/tcp/$1/$2" || exit 1
+    printf "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n" "$1" >&3
+    while IFS= read -r line <&3; do
+      line=${line%"$3"}
+      case $line in "koord_runtimeproxy_calls_served_total "*) value=${line#* }; echo "${value%%.*}" ;; esac
+    done' served "$1" "$2" $'\r' 2>/dev/null || true
 }
 if [ "$restart_kubelet" = 0 ]; then
   log "kubelet not restarted: run 'systemctl restart kubelet' (or pass --restart-kubelet) to switch it to the proxy"
@@ -408,15 +521,17 @@ if [ -z "$metrics_address" ]; then
   exit 0
 fi
 metrics_host=${metrics_address%:*} metrics_port=${metrics_address##*:}
-case "$metrics_host" in ""|0.0.0.0) metrics_host=127.0.0.1 ;; "[::]") metrics_host="[::1]" ;; esac
-url=http://$metrics_host:$metrics_port/metrics
+case "$metrics_host" in ""|0.0.0.0) metrics_host=127.0.0.1 ;; "[::]") metrics_host="::1" ;; esac
+metrics_host=${metrics_host#[}
+metrics_host=${metrics_host%]}
+url=http://$metrics_address/metrics
 if [ "$dry_run" = 1 ]; then
   log "would run: $systemctl restart kubelet.service"
   log "would check that koord_runtimeproxy_calls_served_total at $url grows within ${KUBELET_CHECK_TIMEOUT:-60}s"
   log "done"
   exit 0
 fi
-before=$(served_calls "$url")
+before=$(served_calls "$metrics_host" "$metrics_port")
 if [ -z "$before" ]; then
   echo "install-baremetal: the proxy's metrics at $url do not answer; kubelet was NOT restarted. Check" \
     "'systemctl status koord-runtime-proxy' and 'journalctl -u koord-runtime-proxy'." >&2
@@ -426,7 +541,7 @@ fi
 started=$(date +%s)
 deadline=$((started + ${KUBELET_CHECK_TIMEOUT:-60}))
 while :; do
-  now_served=$(served_calls "$url")
+  now_served=$(served_calls "$metrics_host" "$metrics_port")
   if [ -n "$now_served" ] && [ "$now_served" -gt "$before" ]; then
     log "kubelet talks to the proxy: $((now_served - before)) CRI call(s) served within $(( $(date +%s) - started ))s" \
       "of kubelet's restart"
@@ -435,11 +550,12 @@ while :; do
   if [ "$(date +%s)" -ge "$deadline" ]; then
     {
       echo "install-baremetal: ERROR: kubelet made no CRI call through the proxy within ${KUBELET_CHECK_TIMEOUT:-60}s"
-      echo "  of its restart (koord_runtimeproxy_calls_served_total at $url stayed at $before). Check:"
-      echo "  - systemctl cat kubelet.service: the drop-in 10-koord-runtime-proxy.conf is there and KUBELET_EXTRA_ARGS"
-      echo "    reaches kubelet's command line (ps -o args= -C kubelet shows --container-runtime-endpoint=...runtimeproxy.sock);"
-      echo "  - /etc/default/kubelet or /etc/sysconfig/kubelet setting KUBELET_EXTRA_ARGS wins over the drop-in;"
-      echo "  - containerRuntimeEndpoint: in /var/lib/kubelet/config.yaml names the proxy's socket, or nothing;"
+      echo "  of its restart (koord_runtimeproxy_calls_served_total at $url stayed at $before). The endpoint was"
+      echo "  set in $ke_file ($ke_place: $ke_note). Check:"
+      echo "  - ps -o args= -C kubelet: its --container-runtime-endpoint and --config;"
+      echo "  - systemctl cat kubelet.service: the drop-in 10-koord-runtime-proxy.conf is there; an EnvironmentFile"
+      echo "    (/etc/default/kubelet, /etc/sysconfig/kubelet) setting KUBELET_EXTRA_ARGS wins over its Environment=;"
+      echo "  - containerRuntimeEndpoint: in kubelet's config file (/var/lib/kubelet/config.yaml) names the proxy's socket;"
       echo "  - systemctl status kubelet; journalctl -u kubelet -n 50."
       echo "  scripts/uninstall.sh puts kubelet back on containerd."
     } >&2
