@@ -15,9 +15,9 @@
 #   (default)          a virtualenv built on the node from requirements.lock: needs Python >= 3.11 with venv
 #                      and a package index (PyPI or a mirror) on the node
 #   --rootfs FILE      the image's root tree, FILE from `make image` (out/image/koordlet-py-<version>.rootfs.tar.gz):
-#                      unpacked as it is, the units run the tree's own Python inside it (RootDirectory=), so the
-#                      node needs no Python and no index, only systemd (RootDirectory=, MountAPIVFS= and
-#                      BindPaths=: 233 and later; tested with 252), tar and gzip
+#                      unpacked as it is (P/versions/<id>/root), the units run the tree's own Python inside it
+#                      (RootDirectory=P/current/root), so the node needs no Python and no index, only systemd
+#                      (RootDirectory=, MountAPIVFS=, BindPaths=: 233 and later; tested with 252), tar and gzip
 #   --proxy-only       only the proxy and the kubelet drop-in: for clusters where koordlet runs as the
 #                      DaemonSet (Helm chart or deploy/). A koordlet.service of an earlier full install is
 #                      stopped, disabled and removed, so a node never runs two koordlets.
@@ -145,9 +145,9 @@ switch_link() {
   log "$base/$1 -> $2"
 }
 link_target() { readlink "$base/$1" 2>/dev/null || true; }
-# kind_of DIR: what a version is: "tree" (the image's root tree), "venv" (a virtualenv), or nothing.
+# kind_of DIR: what a version is: "tree" (the image's root tree, in DIR/root), "venv" (a virtualenv), or nothing.
 kind_of() {
-  if [ -x "$1/opt/koordlet-py/bin/python" ]; then echo tree
+  if [ -x "$1/root/opt/koordlet-py/bin/python" ]; then echo tree
   elif [ -x "$1/bin/python" ]; then echo venv; fi
 }
 # The kind the installed units run: the root-tree drop-in of the proxy is there, or not.
@@ -243,8 +243,10 @@ drop_in_sed=()
 # 1. the version: P/versions/<version>-<digest>, then P/current points at it.
 target=""
 if [ -n "$rootfs" ]; then
-  # The image's root tree, named after the tar's sha256: unpacked whole (owners and modes as in the image), checked
-  # to run koordlet and the proxy with its own Python (chroot) before anything points at it.
+  # The image's root tree, named after the tar's sha256: unpacked whole (owners and modes as in the image) into
+  # P/versions/<id>/root, checked to run koordlet and the proxy with its own Python (chroot) before anything points at
+  # it. The units' RootDirectory= is P/current/root: systemd mounts the root onto itself without following a link in
+  # its last component, so the link that switches versions is the one before it.
   digest=$(sha256sum <"$rootfs" | cut -c1-12)
   installed=""
   for dir in "$base"/versions/*-"$digest"; do [ -f "$dir/.installed" ] && installed=$dir; done
@@ -257,21 +259,22 @@ if [ -n "$rootfs" ]; then
   else
     incoming=$base/versions/.incoming-$digest
     rm -rf "$incoming"
-    mkdir -p "$incoming"
-    log "unpacking $rootfs into $incoming"
+    mkdir -p "$incoming/root"
+    log "unpacking $rootfs into $incoming/root"
     failed() {
       rm -rf "$incoming"
       echo "install-baremetal: $*; $base/current is unchanged" >&2
       exit 1
     }
-    tar -C "$incoming" --numeric-owner --same-owner -xpf "$rootfs" || failed "unpacking $rootfs failed (above)"
-    dist=$(compgen -G "$incoming/opt/koordlet-py/lib/python3*/site-packages/koordlet_py-*.dist-info" | head -1 || true)
-    if [ -z "$dist" ] || [ "$(kind_of "$incoming")" != tree ] || [ ! -x "$incoming/opt/koordlet-py/bin/koordlet" ] ||
-       [ ! -x "$incoming/opt/koordlet-py/bin/koord-runtime-proxy" ]; then
+    tar -C "$incoming/root" --numeric-owner --same-owner -xpf "$rootfs" || failed "unpacking $rootfs failed (above)"
+    tree_dir=$incoming/root
+    dist=$(compgen -G "$tree_dir/opt/koordlet-py/lib/python3*/site-packages/koordlet_py-*.dist-info" | head -1 || true)
+    if [ -z "$dist" ] || [ "$(kind_of "$incoming")" != tree ] || [ ! -x "$tree_dir/opt/koordlet-py/bin/koordlet" ] ||
+       [ ! -x "$tree_dir/opt/koordlet-py/bin/koord-runtime-proxy" ]; then
       failed "$rootfs is not koordlet-py's root tree (no /opt/koordlet-py with koordlet-py installed in it;" \
         "make image writes it as out/image/koordlet-py-<version>.rootfs.tar.gz)"
     fi
-    env -i "$(command -v chroot)" "$incoming" /opt/koordlet-py/bin/python -c "import runtimeproxy.main, koordlet.main" ||
+    env -i "$(command -v chroot)" "$tree_dir" /opt/koordlet-py/bin/python -c "import runtimeproxy.main, koordlet.main" ||
       failed "the root tree's Python cannot import koordlet and the proxy (above)"
     version=${dist##*/koordlet_py-}
     version=${version%.dist-info}

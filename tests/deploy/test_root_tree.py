@@ -63,8 +63,8 @@ def test_the_tree_is_a_version_that_runs_its_own_python_and_the_units_run_it_ins
     base = root / PREFIX.lstrip("/")
     target = f"versions/{VERSION}-{_digest(rootfs)[:12]}"
     assert os.readlink(base / "current") == target
-    tree = base / target
-    assert "kind=tree" in (tree / ".installed").read_text()
+    assert "kind=tree" in (base / target / ".installed").read_text()
+    tree = base / target / "root"  # the image's root file system
     assert "runs from there only" not in done.stdout  # a tree, unlike a virtualenv, does not care where it is
     # the image's own interpreter runs the proxy, in the tree: nothing of this host's Python is used
     chroot = shutil.which("chroot") or "/usr/sbin/chroot"
@@ -79,7 +79,7 @@ def test_the_tree_is_a_version_that_runs_its_own_python_and_the_units_run_it_ins
         assert exec_start.split()[0] == f"/opt/koordlet-py/bin/{binary}", exec_start  # the image's path, in the tree
         assert os.access(tree / exec_start.split()[0].lstrip("/"), os.X_OK)
         service = parse_unit((root / drop_in).read_text())["Service"]
-        assert ("RootDirectory", f"{PREFIX}/current") in service
+        assert ("RootDirectory", f"{PREFIX}/current/root") in service
         assert ("MountAPIVFS", "yes") in service
     proxy_binds = values(parse_unit((root / PROXY_DROP_IN).read_text()), "Service", "BindReadOnlyPaths")
     assert proxy_binds == ["/run"]  # containerd's and the hook servers' sockets
