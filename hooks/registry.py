@@ -73,9 +73,15 @@ def register(plugin: Plugin) -> Plugin:
     return plugin
 
 
-def enabled(gates: Mapping[str, bool]) -> list[Plugin]:
+def all_plugins() -> list[Plugin]:
+    """Every registered plugin by name, the built-in ones loaded first (out-of-tree ones once
+    koordlet/extensions.py registered them)."""
     load_builtin()
-    return [PLUGINS[name] for name in sorted(PLUGINS) if gates.get(PLUGINS[name].gate, False)]
+    return [PLUGINS[name] for name in sorted(PLUGINS)]
+
+
+def enabled(gates: Mapping[str, bool]) -> list[Plugin]:
+    return [plugin for plugin in all_plugins() if gates.get(plugin.gate, False)]
 
 
 def stages(gates: Mapping[str, bool]) -> list[Stage]:

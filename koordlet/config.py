@@ -519,6 +519,26 @@ def _parity_flags(flag: _AddFlag, switch: _AddSwitch) -> None:
          "koordlet.qos_strategies, koordlet.hook_plugins) on or off; off by default")
 
 
+# The kernel filesystem roots koordlet reads, by flag: (the config field, the flag, what is mounted there).
+_ROOTS = (("proc_root_dir", "proc-root-dir", "procfs"), ("sys_root_dir", "sys-root-dir", "sysfs"),
+          ("cgroup_root_dir", "cgroup-root-dir", "cgroupfs"))
+
+
+def missing_root_dirs(config: KoordletConfig) -> tuple[str, ...]:
+    """One line for each kernel filesystem root the flags name that is not there: what reads it would fail on
+    every tick, so the cause is said once, at start, with the settings that choose it (Koordinator's DaemonSet
+    mounts the host's filesystems at ``/host-*``; ``agent_mode=hostMode`` makes the host's own paths the
+    defaults)."""
+    lines = []
+    for field_name, flag, what in _ROOTS:
+        path = getattr(config, field_name)
+        if not os.path.isdir(path):
+            lines.append(f"{what} root {path} (-{flag}) does not exist, so nothing is read from it: Koordinator's "
+                         f"DaemonSet mounts the host's {what} there; on the host itself set {ENV_AGENT_MODE}="
+                         f"{HOST_MODE} (the host's own paths are then the defaults) or -{flag}")
+    return tuple(lines)
+
+
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletConfig:
     """The configuration from command line and environment; raises ConfigError with a clear message."""
     flags = _build_parser(environ.get(ENV_AGENT_MODE) == HOST_MODE, environ.get(ENV_KUBECONFIG, ""))

@@ -49,6 +49,6 @@ def server() -> Iterator[ApiServer]:
 
 @pytest.fixture
 def api_client(server: ApiServer) -> Iterator[kubernetes.client.ApiClient]:
-    """A real `kubernetes` client talking to ``server``."""
+    """A real `kubernetes` client talking to ``server`` as its admin (a client certificate in system:masters)."""
     with kube_api_client(server) as client:
         yield client

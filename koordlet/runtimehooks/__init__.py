@@ -191,6 +191,7 @@ class RuntimeHooks:
                            cpu_pools=self._cpu_pools(annotations, kubelet),
                            kubelet_cpu_policy=kubelet.policy if kubelet is not None else "",
                            be_cpu_manager=self.config.feature_gates.get("BECPUManager", False),
+                           cpuset_allocator=self.config.feature_gates.get("CPUSetAllocator", False),
                            cpu_burst=self.config.feature_gates.get("CPUBurst", False),
                            be_cpu_suppress=self.config.feature_gates.get("BECPUSuppress", False),
                            rdma=self._rdma.get() if self._rdma is not None else None,
@@ -227,8 +228,8 @@ class RuntimeHooks:
 
     def start_nri(self) -> None:
         """Register with the runtime's NRI now (idempotent): an NRI request carries the pod's labels and
-        annotations, so the plugin answers before the states informer has the pod list (koordlet/main.py starts
-        it before the sync wait)."""
+        annotations, so the plugin answers before the states informer has the pod list (koordlet/agent/parts.py
+        starts it before the sync wait)."""
         if self.nri is not None and not self._nri_started:
             self._nri_started = True
             self.nri.start()

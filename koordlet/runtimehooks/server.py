@@ -25,7 +25,7 @@ from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
 from koordlet.executor import ResourceExecutor
 from koordlet.history.answers import POD_LEVEL, HookAnswers
-from koordlet.hostdirs import make_host_dirs
+from koordlet.hostdirs import with_host_dirs
 from koordlet.system.kubepods import KubeCgroupLayout, pod_cgroup_dir
 from wire import hookapi_pb2 as hookapi
 from wire import hookapi_pb2_grpc as hookapi_grpc
@@ -154,8 +154,8 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
                                          self._rejects.reporter(pod, context.name),
                                          effective_quota_reader(self._executor, pod_dir) if pod_dir else None, trace)
         self._note(pod.uid, context.name, stage, trace, changes)
-        if changes.host_dirs:
-            make_host_dirs(changes, hami_cache_root(node.hami_core_library), self._host_dirs, pod.uid)
+        changes = with_host_dirs(changes, hami_cache_root(node.hami_core_library), self._host_dirs, pod.uid,
+                                 self._rejects.reporter(pod, context.name))
         if self._decisions is not None:
             key = create_key(pod.uid, context.name) if stage is registry.Stage.PRE_CREATE_CONTAINER else \
                 update_key(req.container_meta.id)

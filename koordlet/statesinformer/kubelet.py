@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from koordlet.access import KUBELET, Refusals, from_kubelet_answer
 from koordlet.api.pod import ContainerMeta, PodMeta, split_container_id
 from koordlet.api.qos import KubeQoS, parse_kube_qos
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
@@ -28,6 +29,10 @@ from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 logger = logging.getLogger(__name__)
 
 DEFAULT_KUBELET_PORT = 10250
+PODS_PATH = "/pods/"
+# Every call koordlet makes to kubelet's API, (method, path): tests/deploy/test_rbac.py derives the RBAC it needs
+# from kubelet's own mapping of paths to nodes/<subresource> (GET /pods/: nodes/pods, else nodes/proxy).
+KUBELET_CALLS = (("GET", PODS_PATH),)
 _MAX_BODY_BYTES = 256 << 20
 
 
@@ -148,8 +153,11 @@ class KubeletPodSource:
         ca_file: str = "",
         default_runtime: str = "containerd",
         observe: Callable[[str, float], None] | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
+        """``refusals``: where a 401 or 403 of kubelet goes (koordlet.access), and a success ends it."""
         self._base_url = base_url if callable(base_url) else (lambda: base_url)
+        self._refusals = refusals
         self._layout = layout
         self._timeout_s = timeout_s
         self._token_file = token_file
@@ -190,7 +198,7 @@ class KubeletPodSource:
         started = time.perf_counter()
         code = "error"
         try:
-            conn.request("GET", parts.path.rstrip("/") + "/pods/", headers=headers)
+            conn.request("GET", parts.path.rstrip("/") + PODS_PATH, headers=headers)
             response = conn.getresponse()
             code = str(response.status)
             body = response.read(_MAX_BODY_BYTES + 1)
@@ -200,6 +208,7 @@ class KubeletPodSource:
             conn.close()
             if self._observe is not None:
                 self._observe(code, time.perf_counter() - started)
+        self._check_access(base, response.status, body)
         if response.status != 200:
             raise PodSourceError(f"GET {base}/pods/: HTTP {response.status}: {body[:200]!r}")
         if len(body) > _MAX_BODY_BYTES:
@@ -211,6 +220,17 @@ class KubeletPodSource:
         if not isinstance(items, list) or not items:
             raise PodSourceError(f"GET {base}/pods/: empty pod list (kubelet restarting?)")
         return items
+
+    def _check_access(self, base: str, status: int, body: bytes) -> None:
+        """A 401 or 403 is a refusal (koordlet.access: the rule that would allow the call); a 200 ends one."""
+        refusal = from_kubelet_answer("GET", f"{base}/pods/", status, body[:1024].decode("utf-8", "replace"))
+        if self._refusals is not None:
+            if refusal is not None:
+                self._refusals.refused(refusal)
+            elif status == 200:
+                self._refusals.allowed(KUBELET, f"GET {base}/pods/")
+        if refusal is not None:
+            raise PodSourceError(refusal.describe())
 
     def list_pods(self) -> tuple[PodMeta, ...]:
         pods = []

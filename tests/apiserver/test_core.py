@@ -10,7 +10,7 @@ import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.support.apiserver import ApiServer
+from tests.support.apiserver import ApiServer, ssl_context
 
 
 def _node(name: str) -> dict:
@@ -174,6 +174,7 @@ def test_seed_stores_objects_with_status_and_helpers_read_them(server: ApiServer
 def test_unknown_paths_and_verbs_answer_a_status_error(server: ApiServer, method: str, path: str,
                                                        code: int) -> None:
     with pytest.raises(urllib.error.HTTPError) as caught:
-        urllib.request.urlopen(urllib.request.Request(server.url + path, method=method), timeout=5)
+        urllib.request.urlopen(urllib.request.Request(server.url + path, method=method), timeout=5,
+                               context=ssl_context(server))
     assert caught.value.code == code
     assert json.loads(caught.value.read())["kind"] == "Status"

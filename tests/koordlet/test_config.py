@@ -166,3 +166,16 @@ def test_the_node_info_collectors_interval_is_koordinators_flag_and_acts() -> No
     config = parse_config(["-collect-node-cpu-info-interval=30s"], ENV)
     assert config.collect_node_cpu_info_interval_s == 30.0 and config.unused_flags == ()
     assert parse_config([], ENV).collect_node_cpu_info_interval_s == 60.0  # Koordinator's default
+
+
+def test_a_missing_kernel_filesystem_root_is_one_line_naming_the_dir_and_the_settings(tmp_path) -> None:
+    """koordlet on a host, without Koordinator's agent_mode=hostMode, looks for the DaemonSet's /host-* mounts:
+    one line per root that is not there, naming it, its flag and agent_mode; nothing for the roots that are."""
+    from koordlet.config import missing_root_dirs
+
+    config = parse_config([f"-sys-root-dir={tmp_path / 'host-sys'}/", f"-cgroup-root-dir={tmp_path}",
+                           "-proc-root-dir=/proc/"], {"NODE_NAME": "n1"})
+    (line,) = missing_root_dirs(config)
+    assert line.startswith(f"sysfs root {tmp_path / 'host-sys'}/ (-sys-root-dir) does not exist")
+    assert "agent_mode=hostMode" in line
+    assert missing_root_dirs(parse_config([], {"NODE_NAME": "n1", "agent_mode": "hostMode"})) == ()

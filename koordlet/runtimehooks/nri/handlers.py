@@ -40,7 +40,7 @@ from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
 from koordlet.executor import ResourceExecutor
 from koordlet.history.answers import POD_LEVEL, HookAnswers
-from koordlet.hostdirs import make_host_dirs
+from koordlet.hostdirs import with_host_dirs
 from koordlet.system.cgroup import CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout, pod_cgroup_dir
 from wire import nri_pb2 as api
@@ -189,7 +189,8 @@ class NriHandlers:
         if changes.host_dirs:  # HAMi-core's per-container cache dir, before the container mounts it
             root = hami_cache_root(self._node().hami_core_library)
             with changing():
-                make_host_dirs(changes, root, self._host_dirs, pod.uid)
+                changes = with_host_dirs(changes, root, self._host_dirs, pod.uid,
+                                         self._rejects.reporter(pod, container.name))
         with changing():  # runc refuses a class whose group is missing: the group is made before the answer
             changes = self._groups.checked(pod, self._node, changes)
         adjust = convert.adjustment(changes, container, self._cgroup_v2)
