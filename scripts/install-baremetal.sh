@@ -6,7 +6,8 @@
 # version already installed is not built again. scripts/uninstall.sh takes it all off again, the proxy off
 # kubelet's path first.
 #
-#   scripts/install-baremetal.sh [--proxy-only] [--kubeconfig FILE | --local] [--metrics-bind-address ADDR]
+#   scripts/install-baremetal.sh [--proxy-only] [--admin-kubeconfig FILE | --kubeconfig FILE | --local]
+#       [--node-name NAME] [--token-duration 168h] [--metrics-bind-address ADDR]
 #       [--rootfs FILE | --no-venv | --python python3] [--dry-run] [--prefix /opt/koordlet-py] [--root DIR]
 #       [--no-start] [--restart-kubelet]
 #   scripts/install-baremetal.sh --rollback [--prefix /opt/koordlet-py] [--root DIR] [--dry-run] [--no-start]
@@ -21,10 +22,25 @@
 #   --proxy-only       only the proxy and the kubelet drop-in: for clusters where koordlet runs as the
 #                      DaemonSet (Helm chart or deploy/). A koordlet.service of an earlier full install is
 #                      stopped, disabled and removed, so a node never runs two koordlets.
-#   --kubeconfig FILE  koordlet.service reaches the API server with FILE (default: /etc/kubernetes/kubelet.conf
-#                      when it exists, else local mode)
-#   --local            koordlet.service in local mode: no API server; pods from containerd's CRI, NodeSLO
-#                      from /etc/koordlet/nodeslo.yaml, reports under /var/lib/koordlet/reports
+#   --admin-kubeconfig FILE
+#                      koordlet runs as a service account of its own, koordinator-system/koordlet-py-baremetal, not
+#                      as the node. With FILE's credentials (the operator's, e.g. kubeadm's /etc/kubernetes/admin.conf;
+#                      used here only, never stored) the installer applies deploy/baremetal/ (the account, koordlet's
+#                      ClusterRole and binding, the right to renew its own token), asks the TokenRequest API for a
+#                      token bound to this node's Node object and expiring after --token-duration, and writes
+#                      /etc/koordlet/kubeconfig and the token /var/lib/koordlet/token; koordlet renews the token
+#                      before it expires (koordlet/credentials.py) and shows kubelet the same token. Needs kubectl
+#                      (KUBECTL=/path/to/kubectl) and the node joined (its Node there). Run it again to start afresh,
+#                      e.g. after the token expired while koordlet was stopped.
+#   --node-name NAME   the node's name where it is not the host name (the token's Node, koordlet's NODE_NAME)
+#   --token-duration D the token's lifetime (168h; also 90m, 3600s); koordlet renews it at 80 %
+#   --kubeconfig FILE  koordlet.service reaches the API server with FILE, an identity you made (a service account's
+#                      kubeconfig, or one with a client certificate). Not kubelet's /etc/kubernetes/kubelet.conf: that
+#                      is the node (system:node:<name>), whom RBAC and the Node authorizer give no NodeSLO,
+#                      NodeMetric, Device or NodeResourceTopology
+#   --local            koordlet.service in local mode (the default without --admin-kubeconfig or --kubeconfig): no
+#                      API server; pods from containerd's CRI, NodeSLO from /etc/koordlet/nodeslo.yaml, reports
+#                      under /var/lib/koordlet/reports
 #   --metrics-bind-address ADDR
 #                      where the proxy serves /metrics, /healthz and /readyz (default 127.0.0.1:9318, this
 #                      node only): the node's IP (10.0.0.5:9318) or 0.0.0.0:9318 for Prometheus to scrape it
@@ -50,7 +66,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dry_run=0 prefix=/opt/koordlet-py root="" venv=1 start=1 restart_kubelet=0 python=python3
 proxy_only=0 kubeconfig="" local_mode=0 rollback=0 metrics_address="" metrics_given=0 rootfs="" python_given=0
-usage() { sed -n '2,47p' "$0" | sed 's/^# \{0,1\}//'; }
+admin_kubeconfig="" node_name="" token_duration=168h
+usage() { sed -n '2,63p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -58,6 +75,12 @@ while [ $# -gt 0 ]; do
     --kubeconfig) kubeconfig=${2:?--kubeconfig needs a file}; shift ;;
     --kubeconfig=*) kubeconfig=${1#--kubeconfig=} ;;
     --local) local_mode=1 ;;
+    --admin-kubeconfig) admin_kubeconfig=${2:?--admin-kubeconfig needs a file}; shift ;;
+    --admin-kubeconfig=*) admin_kubeconfig=${1#--admin-kubeconfig=} ;;
+    --node-name) node_name=${2:?--node-name needs a name}; shift ;;
+    --node-name=*) node_name=${1#--node-name=} ;;
+    --token-duration) token_duration=${2:?--token-duration needs a duration}; shift ;;
+    --token-duration=*) token_duration=${1#--token-duration=} ;;
     --metrics-bind-address) metrics_address=${2?--metrics-bind-address needs host:port}; metrics_given=1; shift ;;
     --metrics-bind-address=*) metrics_address=${1#--metrics-bind-address=}; metrics_given=1 ;;
     --prefix) prefix=${2:?--prefix needs a path}; shift ;;
@@ -80,10 +103,19 @@ die2() { echo "install-baremetal: $*" >&2; exit 2; }
 case "$prefix" in /*) ;; *) die2 "--prefix must be absolute" ;; esac
 prefix=${prefix%/}
 root=${root%/}
-if [ "$proxy_only" = 1 ] && { [ -n "$kubeconfig" ] || [ "$local_mode" = 1 ]; }; then
-  die2 "--kubeconfig and --local configure koordlet.service, which --proxy-only does not install"
+if [ "$proxy_only" = 1 ] && { [ -n "$kubeconfig" ] || [ "$local_mode" = 1 ] || [ -n "$admin_kubeconfig" ]; }; then
+  die2 "--admin-kubeconfig, --kubeconfig and --local configure koordlet.service, which --proxy-only does not install"
 fi
 [ -z "$kubeconfig" ] || [ "$local_mode" = 0 ] || die2 "--kubeconfig and --local exclude each other"
+if [ -n "$admin_kubeconfig" ]; then
+  [ -z "$kubeconfig" ] && [ "$local_mode" = 0 ] || die2 "--admin-kubeconfig makes koordlet's kubeconfig: no --kubeconfig, no --local"
+  [ -r "$admin_kubeconfig" ] || die2 "--admin-kubeconfig $admin_kubeconfig: no such readable file"
+  [[ $token_duration =~ ^([0-9]+)(h|m|s)$ ]] || die2 "--token-duration $token_duration: a duration as 168h, 90m, 3600s"
+  unit_s=1
+  [ "${BASH_REMATCH[2]}" != h ] || unit_s=3600
+  [ "${BASH_REMATCH[2]}" != m ] || unit_s=60
+  token_seconds=$(( BASH_REMATCH[1] * unit_s ))
+fi
 case "$kubeconfig" in ""|/*) ;; *) die2 "--kubeconfig must be an absolute path" ;; esac
 if [ -n "$kubeconfig" ] && [ ! -r "$root$kubeconfig" ]; then
   die2 "--kubeconfig $kubeconfig: no such readable file${root:+ under $root}"
@@ -94,7 +126,7 @@ if [ "$metrics_given" = 1 ] && [ -n "$metrics_address" ]; then
   [[ $metrics_address =~ ^(\[[0-9a-fA-F:.]+\]|[0-9A-Za-z.-]*):([0-9]{1,5})$ ]] && [ "${BASH_REMATCH[2]}" -le 65535 ] ||
     die2 "--metrics-bind-address $metrics_address: expected host:port (127.0.0.1:9318, 0.0.0.0:9318, [::]:9318)"
 fi
-if [ "$rollback" = 1 ] && { [ "$proxy_only" = 1 ] || [ -n "$kubeconfig" ] || [ "$local_mode" = 1 ] ||
+if [ "$rollback" = 1 ] && { [ "$proxy_only" = 1 ] || [ -n "$kubeconfig" ] || [ "$local_mode" = 1 ] || [ -n "$admin_kubeconfig" ] ||
     [ "$metrics_given" = 1 ] || [ "$venv" = 0 ] || [ "$restart_kubelet" = 1 ] || [ -n "$rootfs" ]; }; then
   die2 "--rollback switches the version only; it takes --prefix, --root, --dry-run and --no-start"
 fi
@@ -239,6 +271,77 @@ if ! ke_plan || ! ke_check_record; then
 fi
 drop_in_sed=()
 [ "$ke_place" = drop-in ] || drop_in_sed=(-e '/^Environment="KUBELET_EXTRA_ARGS=/d')
+
+# 0b. koordlet's own identity (--admin-kubeconfig), before anything on the node changes: the account and its RBAC
+# (deploy/baremetal/), a token bound to this node's Node and expiring, and a kubeconfig naming the token's file.
+IDENTITY_KUBECONFIG=/etc/koordlet/kubeconfig
+IDENTITY_TOKEN=/var/lib/koordlet/token
+IDENTITY_ACCOUNT=koordlet-py-baremetal IDENTITY_NAMESPACE=koordinator-system
+identity_changed=0
+if [ -n "$admin_kubeconfig" ]; then
+  kubectl=${KUBECTL:-kubectl}
+  command -v "$kubectl" >/dev/null ||
+    { echo "install-baremetal: --admin-kubeconfig needs kubectl (on PATH, or KUBECTL=/path/to/kubectl)" >&2; exit 1; }
+  node=${node_name:-$(hostname)}
+  kc() { "$kubectl" --kubeconfig "$admin_kubeconfig" "$@"; }
+  # The TokenRequest as JSON (what `kubectl create token` asks, in the API's own form): this account, this Node.
+  token_uri=/api/v1/namespaces/$IDENTITY_NAMESPACE/serviceaccounts/$IDENTITY_ACCOUNT/token
+  token_request='{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":'
+  token_request+="$token_seconds"',"boundObjectRef":{"kind":"Node","apiVersion":"v1","name":"'"$node"'"}}}'
+  if [ "$dry_run" = 1 ]; then
+    log "would run: $kubectl --kubeconfig $admin_kubeconfig apply -k $here/deploy/baremetal"
+    log "would run: $kubectl --kubeconfig $admin_kubeconfig create --raw $token_uri -f <(echo '$token_request')"
+    log "would write: $root$IDENTITY_KUBECONFIG and $root$IDENTITY_TOKEN (mode 0600)"
+  else
+    kc apply -k "$here/deploy/baremetal" >/dev/null ||
+      { echo "install-baremetal: applying deploy/baremetal/ with $admin_kubeconfig failed (above). Nothing on this node was changed." >&2; exit 1; }
+    log "applied deploy/baremetal/: service account $IDENTITY_NAMESPACE/$IDENTITY_ACCOUNT and its RBAC"
+    request_file=$(mktemp)
+    printf '%s' "$token_request" >"$request_file"
+    answer=$(kc create --raw "$token_uri" -f "$request_file") || answer=""
+    rm -f "$request_file"
+    if ! [[ $answer =~ \"token\":[[:space:]]*\"([A-Za-z0-9._-]+)\" ]]; then
+      echo "install-baremetal: no token for $IDENTITY_NAMESPACE/$IDENTITY_ACCOUNT bound to Node $node (above): is the" \
+        "node joined (kubelet registers its Node), and is its name $node (--node-name)? Nothing on this node was changed." >&2
+      exit 1
+    fi
+    token=${BASH_REMATCH[1]}
+    server=$(kc config view --raw --minify --flatten -o 'jsonpath={.clusters[0].cluster.server}')
+    ca=$(kc config view --raw --minify --flatten -o 'jsonpath={.clusters[0].cluster.certificate-authority-data}')
+    identity_tmp=$(mktemp)
+    cat >"$identity_tmp" <<KUBECONFIG
+# koordlet's identity on this node (scripts/install-baremetal.sh --admin-kubeconfig): the service account
+# $IDENTITY_NAMESPACE/$IDENTITY_ACCOUNT; its token, bound to Node $node, is $IDENTITY_TOKEN, which koordlet
+# renews before it expires.
+apiVersion: v1
+kind: Config
+clusters:
+- name: cluster
+  cluster:
+    server: $server
+${ca:+    certificate-authority-data: $ca
+}users:
+- name: $IDENTITY_ACCOUNT
+  user:
+    tokenFile: $IDENTITY_TOKEN
+contexts:
+- name: koordlet
+  context:
+    cluster: cluster
+    user: $IDENTITY_ACCOUNT
+current-context: koordlet
+KUBECONFIG
+    mkdir -p "$root/etc/koordlet" "$root/var/lib/koordlet"
+    if ! cmp -s "$identity_tmp" "$root$IDENTITY_KUBECONFIG"; then identity_changed=1; fi
+    install -m 0600 "$identity_tmp" "$root$IDENTITY_KUBECONFIG"
+    rm -f "$identity_tmp"
+    (umask 077; printf '%s\n' "$token" >"$root$IDENTITY_TOKEN.new")
+    mv -f "$root$IDENTITY_TOKEN.new" "$root$IDENTITY_TOKEN"
+    log "koordlet's identity: $root$IDENTITY_KUBECONFIG, token $root$IDENTITY_TOKEN (bound to Node $node," \
+      "$token_duration; koordlet renews it)"
+  fi
+  kubeconfig=$IDENTITY_KUBECONFIG
+fi
 
 # 1. the version: P/versions/<version>-<digest>, then P/current points at it.
 target=""
@@ -390,6 +493,7 @@ else
   units="$units koordlet.service"
   install_file "$here/systemd/koordlet.service" /etc/systemd/system/koordlet.service 0644 "${unit_sed[@]}" &&
     koordlet_changed=1
+  [ "$identity_changed" = 0 ] || koordlet_changed=1
   if [ "$tree" = 1 ]; then
     install_file "$here/systemd/koordlet-root-tree.conf" "${TREE_DROP_INS[1]}" 0644 && koordlet_changed=1
   else
@@ -399,17 +503,19 @@ else
   # environment file that gives it neither is refused rather than left to fail and restart for ever.
   defaults=$root/etc/default/koordlet
   if [ -z "$kubeconfig" ] && [ "$local_mode" = 0 ] && [ ! -f "$defaults" ] && [ -r "$root/etc/kubernetes/kubelet.conf" ]; then
-    kubeconfig=/etc/kubernetes/kubelet.conf
-    log "koordlet.service uses kubelet's kubeconfig $kubeconfig (pass --kubeconfig or --local to choose)"
+    log "note: kubelet's kubeconfig is there but not used: it is the node (system:node:<name>), whom RBAC and the" \
+      "Node authorizer give no NodeSLO, NodeMetric, Device or NodeResourceTopology; --admin-kubeconfig gives" \
+      "koordlet an identity of its own"
   fi
   if [ -f "$defaults" ]; then
-    if [ -n "$kubeconfig" ] || [ "$local_mode" = 1 ]; then
-      echo "install-baremetal: $defaults exists; edit it (KUBECONFIG= or KOORDLET_ARGS=\"-local-mode ...\") instead of passing --kubeconfig/--local" >&2
-      exit 2
-    fi
     # shellcheck disable=SC1090
     set_kubeconfig=$( (set +u; . "$defaults" >/dev/null 2>&1; echo "${KUBECONFIG:-}") )
     set_args=$( (set +u; . "$defaults" >/dev/null 2>&1; echo "${KOORDLET_ARGS:-}") )
+    if { [ -n "$kubeconfig" ] || [ "$local_mode" = 1 ]; } &&
+       ! { [ -n "$admin_kubeconfig" ] && [ "$set_kubeconfig" = "$IDENTITY_KUBECONFIG" ]; }; then
+      echo "install-baremetal: $defaults exists; edit it (KUBECONFIG= or KOORDLET_ARGS=\"-local-mode ...\") instead of passing --admin-kubeconfig/--kubeconfig/--local" >&2
+      exit 2
+    fi
     if [ -z "$set_kubeconfig" ] && [[ $set_args != *local-mode* ]] && [[ $set_args != *-kubeconfig* ]]; then
       echo "install-baremetal: $defaults sets neither KUBECONFIG nor -local-mode: koordlet.service would fail to reach" \
         "an API server and restart for ever. Set KUBECONFIG=<file> or KOORDLET_ARGS=\"-local-mode\" there, or" \
@@ -418,22 +524,29 @@ else
     fi
     log "kept: $defaults (an existing environment file is never rewritten)"
   else
-    if [ -n "$kubeconfig" ]; then
+    if [ -n "$admin_kubeconfig" ]; then
+      mode_lines="KUBECONFIG=$kubeconfig
+# kubelet's /pods with the same token (TokenReview): the service account's get nodes/pods
+KOORDLET_ARGS=\"-kubelet-token-file=$IDENTITY_TOKEN\""
+      log "koordlet.service: API server and kubelet as $IDENTITY_NAMESPACE/$IDENTITY_ACCOUNT ($kubeconfig)"
+    elif [ -n "$kubeconfig" ]; then
       mode_lines="KUBECONFIG=$kubeconfig
 KOORDLET_ARGS=\"\""
       log "koordlet.service: API server through $kubeconfig"
     else
       mode_lines="# No API server: local mode (pods from containerd's CRI, NodeSLO from the file, reports as files).
 KOORDLET_ARGS=\"-local-mode -cri-endpoint=/var/run/containerd/containerd.sock -node-slo-file=/etc/koordlet/nodeslo.yaml -report-dir=/var/lib/koordlet/reports\""
-      log "koordlet.service: no kubeconfig found (/etc/kubernetes/kubelet.conf) and none given: local mode"
+      log "koordlet.service: no --admin-kubeconfig or --kubeconfig given: local mode"
     fi
+    node_line="#NODE_NAME="
+    [ -z "$node_name" ] || node_line="NODE_NAME=$node_name"
     if [ "$dry_run" = 1 ]; then
       log "would create: $defaults"
     else
       mkdir -p "$root/etc/default"
       cat >"$defaults" <<DEFAULTS
 # Environment of koordlet.service (scripts/install-baremetal.sh). NODE_NAME defaults to the host name.
-#NODE_NAME=
+$node_line
 $mode_lines
 DEFAULTS
       log "created: $defaults"

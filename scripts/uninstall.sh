@@ -17,12 +17,14 @@
 #   --root DIR  remove the files under DIR instead of / (tests, images); no systemctl
 #   --prefix P  the install's prefix (P/versions, P/current, P/previous), as given to install-baremetal.sh
 #   --purge     also remove P/versions, P/current, P/previous (and P/venv of an older install),
-#               /etc/default/koordlet, /etc/default/koord-runtime-proxy and /var/lib/koord-runtimeproxy
+#               /etc/default/koordlet, /etc/default/koord-runtime-proxy, /var/lib/koord-runtimeproxy and koordlet's
+#               identity (/etc/koordlet/kubeconfig, /var/lib/koordlet/token; the service account and its RBAC stay
+#               in the cluster: kubectl delete -k deploy/baremetal/ once no bare-metal node is left)
 # SYSTEMCTL=CMD runs CMD instead of systemctl, also with --root (the tests record the order of the steps).
 set -euo pipefail
 
 dry_run=0 root="" prefix=/opt/koordlet-py purge=0
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -132,7 +134,8 @@ done
 [ "$live" = 1 ] && run "$systemctl" daemon-reload
 if [ "$purge" = 1 ]; then
   remove "$prefix/current" "$prefix/previous" "$prefix/versions" "$prefix/venv" /etc/default/koordlet \
-    /etc/default/koord-runtime-proxy /var/lib/koord-runtimeproxy
+    /etc/default/koord-runtime-proxy /var/lib/koord-runtimeproxy /etc/koordlet/kubeconfig /var/lib/koordlet/token
+  [ -d "$root/etc/koordlet" ] && [ -z "$(ls -A "$root/etc/koordlet")" ] && remove /etc/koordlet
   [ -d "$root$prefix" ] && [ -z "$(ls -A "$root$prefix")" ] && remove "$prefix"
   [ -d "$root/etc/runtime/hookserver.d" ] && [ -z "$(ls -A "$root/etc/runtime/hookserver.d")" ] &&
     remove /etc/runtime/hookserver.d

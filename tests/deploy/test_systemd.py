@@ -285,12 +285,14 @@ def test_without_a_kubeconfig_koordlet_service_runs_in_local_mode(tmp_path: Path
     assert config.local_mode and config.cri_endpoint == "/var/run/containerd/containerd.sock"
 
 
-def test_kubelets_kubeconfig_is_found_and_an_explicit_one_must_exist(tmp_path: Path) -> None:
+def test_kubelets_kubeconfig_is_not_koordlets_identity_and_an_explicit_one_must_exist(tmp_path: Path) -> None:
+    # kubelet.conf is the node (system:node:<name>): RBAC and the Node authorizer refuse it koordlet's objects
     (tmp_path / "etc/kubernetes").mkdir(parents=True)
     (tmp_path / "etc/kubernetes/kubelet.conf").write_text("apiVersion: v1\nkind: Config\n")
     done = _install("--no-venv", "--root", str(tmp_path))
     assert done.returncode == 0, done.stderr
-    assert _defaults(tmp_path)["KUBECONFIG"] == "/etc/kubernetes/kubelet.conf"
+    assert "KUBECONFIG" not in _defaults(tmp_path) and "-local-mode" in _defaults(tmp_path)["KOORDLET_ARGS"]
+    assert "kubelet's kubeconfig is there but not used" in done.stdout and "--admin-kubeconfig" in done.stdout
     other = tmp_path / "other"
     missing = _install("--no-venv", "--root", str(other), "--kubeconfig", "/etc/koordlet/kubeconfig")
     assert missing.returncode == 2 and "no such readable file" in missing.stderr
