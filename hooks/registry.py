@@ -27,6 +27,9 @@ class Stage(enum.StrEnum):
     PRE_RUN_POD_SANDBOX = "PreRunPodSandbox"
     PRE_CREATE_CONTAINER = "PreCreateContainer"
     PRE_UPDATE_CONTAINER_RESOURCES = "PreUpdateContainerResources"
+    # a pod-level resize (the CRI UpdatePodSandboxResources through the proxy, NRI's UpdatePodSandbox): kubelet has
+    # just written the pod dir's values, so the pod-level answers are written again (koordlet-py's extension)
+    PRE_UPDATE_POD_SANDBOX_RESOURCES = "PreUpdatePodSandboxResources"
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> i
     try:
         config = parse_config(args, os.environ)
     except ConfigError as err:
-        print(f"koordlet: {err}", file=sys.stderr)
+        print(err if err.usage else f"koordlet: {err}", file=sys.stderr, end="\n" + err.usage)  # Go's flag: as is
         return 2
     logs.setup(config.logging)
     log_command_line_notes(config)
