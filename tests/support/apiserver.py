@@ -1427,27 +1427,32 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
-    def _read_chunked(self) -> bytes | None:
-        """A request body in HTTP/1.1 chunks (RFC 9112 §7.1); None past MAX_REQUEST_BYTES, the real server's limit.
-        Chunk extensions and trailers are read past."""
+    def _read_chunked(self) -> bytes | tuple[int, str]:
+        """A request body in HTTP/1.1 chunks (RFC 9112 §7.1), or the error to answer: 413 past MAX_REQUEST_BYTES, the
+        real server's limit, 400 for a chunk size that is no hex number. Chunk extensions and trailers are read past."""
         body = bytearray()
         while True:
-            size = int(self.rfile.readline(1024).split(b";", 1)[0].strip() or b"0", 16)
+            line = self.rfile.readline(1024)
+            try:
+                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+            except ValueError:
+                self.close_connection = True  # where the next request would start is unknown
+                return 400, f"bad chunk size {line[:40]!r}"
             if size == 0:
                 while self.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
                     pass
                 return bytes(body)
             if len(body) + size > MAX_REQUEST_BYTES:
                 self.close_connection = True  # the rest of the body is not read
-                return None
+                return 413, f"Request entity too large: limit is {MAX_REQUEST_BYTES}"
             body += self.rfile.read(size)
             self.rfile.readline(8)  # the CRLF after the chunk
 
     def _serve(self) -> None:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             raw_body = self._read_chunked()  # `kubectl create --raw -f FILE` sends its body so, as Go's client may
-            if raw_body is None:
-                self.send_error(413, f"Request entity too large: limit is {MAX_REQUEST_BYTES}")
+            if isinstance(raw_body, tuple):
+                self.send_error(*raw_body)
                 return
         else:
             length = int(self.headers.get("Content-Length") or 0)
