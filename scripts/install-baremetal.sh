@@ -61,13 +61,14 @@
 #   --python PY        the interpreter the virtualenvs are made with (python3)
 # SYSTEMCTL=CMD runs CMD instead of systemctl, also with --root (the tests record the steps).
 # KUBELET_CHECK_TIMEOUT=60: seconds --restart-kubelet waits for kubelet's first call through the proxy.
+# START_TIMEOUT=300: seconds a start or restart of the proxy or koordlet may take before the installer gives up.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dry_run=0 prefix=/opt/koordlet-py root="" venv=1 start=1 restart_kubelet=0 python=python3
 proxy_only=0 kubeconfig="" local_mode=0 rollback=0 metrics_address="" metrics_given=0 rootfs="" python_given=0
 admin_kubeconfig="" node_name="" token_duration=168h
-usage() { sed -n '2,63p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,64p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -146,6 +147,7 @@ run() {  # run a command, or say it would be run
 }
 
 systemctl=${SYSTEMCTL:-systemctl}
+start_timeout=${START_TIMEOUT:-300}
 live=0  # systemd is told: on this machine, or through $SYSTEMCTL
 if [ -z "$root" ] || [ -n "${SYSTEMCTL:-}" ]; then live=1; fi
 if [ -z "$root" ] && [ -z "${SYSTEMCTL:-}" ]; then
@@ -187,11 +189,29 @@ units_kind() { if [ -f "$root${TREE_DROP_INS[0]}" ]; then echo tree; else echo v
 kind_name() { if [ "$1" = tree ]; then echo "a root tree (--rootfs)"; else echo "a virtualenv"; fi; }
 
 # restart_services: after the version changed under the units (install or rollback), restart what runs it.
+# start_units VERB UNIT...: systemctl start/restart, bounded. systemctl waits for the start job, and the job of a unit
+# that fails while starting and restarts by itself (Restart=always, no start limit: the proxy on a node whose
+# containerd is down, or whose tree cannot run) never ends: the installer would wait for ever, saying nothing.
+start_units() {
+  if [ "$dry_run" = 1 ]; then log "would run: $systemctl $*"; return 0; fi
+  local rc=0
+  timeout "$start_timeout" "$systemctl" "$@" || rc=$?
+  [ "$rc" = 0 ] && return 0
+  local units=("${@:2}")
+  if [ "$rc" = 124 ]; then
+    log "ERROR: '$systemctl $*' did not finish within ${start_timeout}s (START_TIMEOUT): ${units[*]} keeps failing" \
+      "while it starts; 'systemctl status ${units[*]}' and 'journalctl -u ${units[0]}' say why" >&2
+  else
+    log "ERROR: '$systemctl $*' failed (exit $rc); 'journalctl -u ${units[0]}' says why" >&2
+  fi
+  exit 1
+}
+
 restart_services() {
   local unit
   for unit in koord-runtime-proxy.service koordlet.service; do
     [ -f "$root/etc/systemd/system/$unit" ] || continue
-    run "$systemctl" restart "$unit"
+    start_units restart "$unit"
   done
 }
 
@@ -585,21 +605,21 @@ if [ "$socket_changed" = 1 ]; then
   log "the proxy's socket unit is new or changed: stopping the proxy and making its socket again (kubelet's" \
     "calls fail until the socket is back, a moment; later version changes restart the proxy without this)"
   run "$systemctl" stop koord-runtime-proxy.service
-  run "$systemctl" restart koord-runtime-proxy.socket
-  run "$systemctl" start koord-runtime-proxy.service
+  start_units restart koord-runtime-proxy.socket
+  start_units start koord-runtime-proxy.service
 elif [ "$version_changed" = 1 ] || [ "$proxy_changed" = 1 ]; then
   why=$([ "$version_changed" = 1 ] && echo "version ${target#versions/}" || echo "its unit or environment changed")
   log "restarting the proxy ($why); calls wait in its socket's backlog meanwhile"
-  run "$systemctl" start koord-runtime-proxy.socket
-  run "$systemctl" restart koord-runtime-proxy.service
+  start_units start koord-runtime-proxy.socket
+  start_units restart koord-runtime-proxy.service
 else
-  run "$systemctl" start koord-runtime-proxy.socket koord-runtime-proxy.service
+  start_units start koord-runtime-proxy.socket koord-runtime-proxy.service
 fi
 if [ "$proxy_only" = 0 ]; then
   if [ "$version_changed" = 1 ] || [ "$koordlet_changed" = 1 ]; then
-    run "$systemctl" restart koordlet.service
+    start_units restart koordlet.service
   else
-    run "$systemctl" start koordlet.service
+    start_units start koordlet.service
   fi
 fi
 

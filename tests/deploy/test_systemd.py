@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -564,3 +565,23 @@ def test_restart_kubelet_fails_loudly_when_kubelet_never_reaches_the_proxy(
     for hint in ("systemctl cat kubelet.service", "KUBELET_EXTRA_ARGS", "containerRuntimeEndpoint",
                  "journalctl -u kubelet"):
         assert hint in done.stderr
+
+
+def test_a_proxy_that_keeps_failing_to_start_ends_the_install_with_why_instead_of_a_wait_for_ever(
+        tmp_path: Path) -> None:
+    # systemctl's start job of a unit with Restart=always that fails while starting never ends: the stand-in waits so
+    record = tmp_path / "systemctl-calls"
+    fake = tmp_path / "systemctl-hangs"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {record}\n'
+                    '[ "$*" = "start koord-runtime-proxy.service" ] && exec sleep 120\nexit 0\n')
+    fake.chmod(0o755)
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(INSTALL), "--proxy-only", "--no-venv", "--root", str(tmp_path / "root")],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SYSTEMCTL": str(fake), "START_TIMEOUT": "2"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert time.monotonic() - started < 30
+    assert (f"'{fake} start koord-runtime-proxy.service' did not finish within 2s (START_TIMEOUT): "
+            "koord-runtime-proxy.service keeps failing while it starts") in done.stderr
+    assert "journalctl -u koord-runtime-proxy.service" in done.stderr
+    assert _calls(record)[-1] == "start koord-runtime-proxy.service"  # nothing after it: kubelet left alone
