@@ -18,7 +18,8 @@
 #   --rootfs FILE      the image's root tree, FILE from `make image` (out/image/koordlet-py-<version>.rootfs.tar.gz):
 #                      unpacked as it is (P/versions/<id>/root), the units run the tree's own Python inside it
 #                      (RootDirectory=P/current/root), so the node needs no Python and no index, only systemd
-#                      (RootDirectory=, MountAPIVFS=, BindPaths=: 233 and later; tested with 252), tar and gzip
+#                      (RootDirectory=, MountAPIVFS=, BindPaths=: 233 and later; verified by 252's systemd-analyze,
+#                      a start under systemd not tested yet), tar and gzip
 #   --proxy-only       only the proxy and the kubelet drop-in: for clusters where koordlet runs as the
 #                      DaemonSet (Helm chart or deploy/). A koordlet.service of an earlier full install is
 #                      stopped, disabled and removed, so a node never runs two koordlets.
@@ -68,7 +69,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dry_run=0 prefix=/opt/koordlet-py root="" venv=1 start=1 restart_kubelet=0 python=python3
 proxy_only=0 kubeconfig="" local_mode=0 rollback=0 metrics_address="" metrics_given=0 rootfs="" python_given=0
 admin_kubeconfig="" node_name="" token_duration=168h
-usage() { sed -n '2,64p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,65p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;

@@ -8,7 +8,7 @@ who the token is and whether it may get nodes/pods), writes its NodeMetric, make
 renews its token before it expires, the new one taken by the API server and kubelet alike. And the opposite: its role
 without one rule gets the 403 that rule prevents, and koordlet names the rule.
 
-The same under real systemd, from the image's root tree: tests/deploy/test_baremetal_systemd_v2.py.
+The same under real systemd, from the image's root tree, is not tested yet.
 """
 
 from __future__ import annotations

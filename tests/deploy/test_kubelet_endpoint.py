@@ -2,8 +2,8 @@
 exactly that back (scripts/kubelet-endpoint.sh).
 
 Each test lays kubelet out under a root as kubeadm's packages do (tests/support/kubeadmnode.py) and runs the
-installer and the uninstaller on it as files (``--root``, systemctl recorded). What kubelet then reads from those
-files, through real systemd, is the v2 stage's systemd guest's test (tests/deploy/test_baremetal_systemd_v2.py).
+installer and the uninstaller on it as files (``--root``, systemctl recorded); the stand-in kubelet resolves each
+layout's endpoint with kubelet's precedence. What a kubelet started by real systemd reads from them is not tested yet.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Bare metal from the image's root tree (`install-baremetal.sh --rootfs`), on files: the tree `make image` writes is
 unpacked as a version, checked to run with its own Python, and the units are rendered to run it in the tree.
 
-Under ``--root`` with systemctl recorded; the services really started from the tree by systemd, with no Python on the
-node, are the v2 stage's systemd guest's test (tests/deploy/test_baremetal_systemd_v2.py).
+Under ``--root`` with systemctl recorded. The services really started from the tree by systemd, with no Python on the
+node, are not tested yet: in the systemd guest the root-tree proxy failed to start over and over, cause not found.
 """
 
 from __future__ import annotations

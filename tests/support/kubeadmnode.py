@@ -10,12 +10,11 @@ writes: kubeadm-flags.env and /var/lib/kubelet/config.yaml. kubeadm 1.27 and lat
 config file (``containerRuntimeEndpoint``); earlier ones passed ``--container-runtime-endpoint`` in
 kubeadm-flags.env. Both are laid out here.
 
-The stand-in (``python -m tests.support.kubeadmnode ARGS``, run by systemd in the v2 stage's systemd guest in place of
-/usr/bin/kubelet) takes kubelet's command line and resolves the endpoint with kubelet's precedence: a command-line
-flag over the ``--config-dir`` files (the last that sets it) over the ``--config`` file, and of a flag given twice
-the last (pflag); kubelet's default when none sets it. It writes what it got to ``$KUBELET_STANDIN_REPORT`` and
-stdout, then calls the endpoint as a starting kubelet does: ``Version``, then ``ListPodSandbox`` every second (its
-relist), until SIGTERM.
+The stand-in (``python -m tests.support.kubeadmnode ARGS``, for systemd to run in place of /usr/bin/kubelet) takes
+kubelet's command line and resolves the endpoint with kubelet's precedence: a command-line flag over the
+``--config-dir`` files (the last that sets it) over the ``--config`` file, and of a flag given twice the last (pflag);
+kubelet's default when none sets it. It writes what it got to ``$KUBELET_STANDIN_REPORT`` and stdout, then calls the
+endpoint as a starting kubelet does: ``Version``, then ``ListPodSandbox`` every second (its relist), until SIGTERM.
 """
 
 from __future__ import annotations
