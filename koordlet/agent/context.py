@@ -25,6 +25,7 @@ from koordlet.gpu.service import GPUService
 from koordlet.health import Health
 from koordlet.metriccache import MetricCache
 from koordlet.metrics import KoordletMetrics
+from koordlet.metricsadvisor.pods import DemandBoard
 from koordlet.prediction.server import PredictServer
 from koordlet.reporters.nodemetric import NodeMetricReporter
 from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
@@ -63,6 +64,7 @@ class AgentContext:
     abort: threading.Event = field(default_factory=threading.Event)  # a stop was asked for during the start
     health: Health = field(default_factory=lambda: Health(lambda: True))  # parts add their checks (/healthz)
     refusals: Refusals = field(default_factory=Refusals)  # 401s and 403s of the API server and kubelet
+    usage_demand: DemandBoard = field(default_factory=DemandBoard)  # the pods read every collection (QoS → collector)
     # ---- built by the parts
     cgroup_fs: CgroupFS = field(init=False)
     executor: ResourceExecutor = field(init=False)
