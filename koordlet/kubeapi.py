@@ -200,6 +200,19 @@ class CoreV1(_Client):
                              {"name": name, "namespace": namespace}, query, body,
                              preload_content=_preload_content, request_timeout=_request_timeout)
 
+    # ----------------------------------------------------------------------------------------- tokens
+
+    def create_namespaced_service_account_token(self, name: str, namespace: str, body: Any,
+                                                dry_run: str | None = None, field_manager: str | None = None,
+                                                field_validation: str | None = None, pretty: str | None = None, *,
+                                                _preload_content: bool = True, _request_timeout: Timeout = None) -> Any:
+        """TokenRequest: the next token of koordlet's own service account on bare metal (koordlet/credentials.py)."""
+        query = [("dryRun", dry_run), ("fieldManager", field_manager), ("fieldValidation", field_validation),
+                 ("pretty", pretty)]
+        return self._request("POST", "/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+                             {"name": name, "namespace": namespace}, query, body,
+                             preload_content=_preload_content, request_timeout=_request_timeout)
+
     # ----------------------------------------------------------------------------------------- events
 
     def create_namespaced_event(self, namespace: str, body: Any, pretty: str | None = None,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import kubernetes.client
 from kubernetes.config.incluster_config import load_incluster_config
 
-from koordlet import audit, features
+from koordlet import audit, credentials, features
 from koordlet.access import Refusals, watch_client
 from koordlet.agent.context import STATES_SYNC_TIMEOUT_S, AgentContext, ComponentFactory
 from koordlet.agent.parts import agent_parts, default_components
@@ -53,6 +53,7 @@ def new_api_client(config: KoordletConfig) -> kubernetes.client.ApiClient:
         from kubernetes.config.kube_config import new_client_from_config
 
         client = new_client_from_config(config_file=config.kubeconfig)
+        credentials.attach(client, config.kubeconfig)  # a tokenFile: read at each request, renewed when due
     else:
         load_incluster_config()
         client = kubernetes.client.ApiClient()

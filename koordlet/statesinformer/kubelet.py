@@ -235,13 +235,17 @@ class KubeletPodSource:
         default_runtime: str = "containerd",
         observe: Callable[[str, float], None] | None = None,
         refusals: Refusals | None = None,
+        token: Callable[[], str] | None = None,
     ) -> None:
-        """``refusals``: where a 401 or 403 of kubelet goes (koordlet.access), and a success ends it."""
+        """``refusals``: where a 401 or 403 of kubelet goes (koordlet.access), and a success ends it. ``token``: asked
+        for the bearer token at each request instead of reading ``token_file`` (koordlet/credentials.py, which renews
+        a due token)."""
         self._base_url = base_url if callable(base_url) else (lambda: base_url)
         self._refusals = refusals
         self._layout = layout
         self._timeout_s = timeout_s
         self._token_file = token_file
+        self._token_provider = token
         self._default_runtime = default_runtime
         self._observe = observe
         context = ssl.create_default_context(cafile=ca_file or None)
@@ -253,6 +257,8 @@ class KubeletPodSource:
         self._ssl = context
 
     def _token(self) -> str:
+        if self._token_provider is not None:
+            return self._token_provider()
         if not self._token_file:
             return ""
         try:

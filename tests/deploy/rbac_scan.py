@@ -54,6 +54,7 @@ _RESOURCES = {
     "config_map": "configmaps",
     "secret": "secrets",
     "service": "services",
+    "service_account": "serviceaccounts",
     "persistent_volume_claim": "persistentvolumeclaims",
     "persistent_volume": "persistentvolumes",
     "pod_disruption_budget": "poddisruptionbudgets",

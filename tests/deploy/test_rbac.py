@@ -1,7 +1,11 @@
 """The koordlet ClusterRole allows exactly the calls koordlet's code makes, to the API server and to kubelet: the
 plain manifests' role (deploy/base/rbac.yaml) and the one the Helm chart renders; deploy/kubelet-proxy/ (the chart's
 koordlet.kubeletNodesProxy) adds exactly what kubelets before 1.33 ask instead. The project's API server, with the
-role applied, allows every one of those calls to koordlet's service account, and nodes/proxy to none."""
+role applied, allows every one of those calls to koordlet's service account, and nodes/proxy to none.
+
+One call is bare metal's alone: the renewal of koordlet's own token outside a pod (koordlet/credentials.py,
+TokenRequest). A pod's token is kubelet's to renew, so the DaemonSet's role does not grant it; deploy/baremetal/
+grants it, for that one service account."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from tests.support.apiserver import ApiServer, create_objects, kube_api_client
 ROOT = Path(__file__).resolve().parents[2]
 RBAC = ROOT / "deploy" / "base" / "rbac.yaml"
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+BARE_METAL_ONLY = "koordlet/credentials.py"  # the calls of this module: deploy/baremetal/'s token.yaml grants them
 
 
 def _docs(source: str = "kustomize") -> dict[str, dict]:
@@ -34,10 +39,29 @@ def role_source(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def code_calls() -> list:
+def all_calls() -> list:
     calls, problems = scan_package(ROOT, "koordlet")
     assert problems == [], "the RBAC scan cannot map these calls:\n" + "\n".join(problems)
     return calls
+
+
+@pytest.fixture(scope="module")
+def code_calls(all_calls: list) -> list:
+    """The calls koordlet makes wherever it runs (not the bare-metal token renewal)."""
+    return [call for call in all_calls if not call.where.startswith(BARE_METAL_ONLY)]
+
+
+def test_the_bare_metal_token_renewal_is_granted_for_its_own_account_only(all_calls: list) -> None:
+    renewal = {perm for call in all_calls if call.where.startswith(BARE_METAL_ONLY) for perm in call.permissions}
+    assert renewal == {("", "serviceaccounts/token", "create")}
+    role, binding = yaml.safe_load_all((DEPLOY / "baremetal" / "token.yaml").read_text())
+    [rule] = role["rules"]
+    assert (rule["apiGroups"], rule["resources"], rule["verbs"]) == ([""], ["serviceaccounts/token"], ["create"])
+    # the account deploy/baremetal/ makes (deploy/'s, renamed by its nameSuffix), and no other
+    suffix = yaml.safe_load((DEPLOY / "baremetal" / "kustomization.yaml").read_text())["nameSuffix"]
+    assert rule["resourceNames"] == [_docs()["ServiceAccount"]["metadata"]["name"] + suffix]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] and binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "koordlet-py", "namespace": role["metadata"]["namespace"]}]
 
 
 def test_scan_maps_calls_watch_streams_and_custom_object_plurals() -> None:

@@ -135,6 +135,7 @@ MAX_WATCH_SECONDS = 1800
 IDLE_CONNECTION_SECONDS = 60
 MIN_TOKEN_EXPIRATION_S = 600  # the real TokenRequest validation: "may not specify a duration less than 10 minutes"
 MAX_TOKEN_EXPIRATION_S = 1 << 32
+MAX_REQUEST_BYTES = 3 << 20  # kube-apiserver's --max-request-bytes for a write (3 MiB)
 DEFAULT_TOKEN_EXPIRATION_S = 3600
 ADMIN_USER, ADMIN_GROUPS = "kubernetes-admin", ("system:masters",)
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
@@ -1426,9 +1427,36 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
+    def _read_chunked(self) -> bytes | tuple[int, str]:
+        """A request body in HTTP/1.1 chunks (RFC 9112 §7.1), or the error to answer: 413 past MAX_REQUEST_BYTES, the
+        real server's limit, 400 for a chunk size that is no hex number. Chunk extensions and trailers are read past."""
+        body = bytearray()
+        while True:
+            line = self.rfile.readline(1024)
+            try:
+                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+            except ValueError:
+                self.close_connection = True  # where the next request would start is unknown
+                return 400, f"bad chunk size {line[:40]!r}"
+            if size == 0:
+                while self.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+                    pass
+                return bytes(body)
+            if len(body) + size > MAX_REQUEST_BYTES:
+                self.close_connection = True  # the rest of the body is not read
+                return 413, f"Request entity too large: limit is {MAX_REQUEST_BYTES}"
+            body += self.rfile.read(size)
+            self.rfile.readline(8)  # the CRLF after the chunk
+
     def _serve(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw_body = self.rfile.read(length) if length else b""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            raw_body = self._read_chunked()  # `kubectl create --raw -f FILE` sends its body so, as Go's client may
+            if isinstance(raw_body, tuple):
+                self.send_error(*raw_body)
+                return
+        else:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw_body = self.rfile.read(length) if length else b""
         result = self.server.api.handle(self.command, self.path, self.headers.get("Content-Type", ""), raw_body,
                                         dict(self.headers.items()), self.connection.getpeercert() or None)
         if isinstance(result, _Response):

@@ -8,7 +8,7 @@ import logging
 import os
 import time
 
-from koordlet import audit
+from koordlet import audit, credentials
 from koordlet.agent.context import AgentContext, Component, Running
 from koordlet.history.actions import RECENT
 from koordlet.kubeapi import CoreV1, CustomObjects
@@ -51,7 +51,8 @@ def states_informer_built(ctx: AgentContext) -> Component | None:
                                   token_file=config.kubelet_token_file, client_cert=config.kubelet_client_cert,
                                   client_key=config.kubelet_client_key,
                                   default_runtime=config.default_runtime_type,
-                                  observe=ctx.metrics.observe_kubelet_request, refusals=ctx.refusals)
+                                  observe=ctx.metrics.observe_kubelet_request, refusals=ctx.refusals,
+                                  token=credentials.token_source(ctx.api_client, config.kubelet_token_file))
     ctx.pod_source = source
     ctx.metrics.zero_states_errors((source.name, "nodeslo") if ctx.api_client is None else (source.name, "node",
                                                                                              "nodeslo"))
