@@ -71,14 +71,19 @@ class DeployPath:
         """This path with ``resource`` taken out of ``role``'s rules (a rule left with no resource goes)."""
         docs = copy.deepcopy(list(self.docs))
         [target] = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == role]
-        rules = []
-        for rule in target["rules"]:
-            kept = [r for r in rule.get("resources", []) if r != resource]
-            if kept or not rule.get("resources"):
-                rules.append({**rule, "resources": kept} if rule.get("resources") else rule)
-        assert rules != target["rules"], f"{role} grants no {resource}"
-        target["rules"] = rules
+        target["rules"] = rules_without(target["rules"], resource)
         return DeployPath(f"{self.name} without {resource}", tuple(docs), self.daemonset, self.manager)
+
+
+def rules_without(rules: list[dict[str, Any]], resource: str) -> list[dict[str, Any]]:
+    """A role's ``rules`` with ``resource`` taken out (a rule left with no resource goes); fails when none grants it."""
+    kept_rules = []
+    for rule in rules:
+        kept = [r for r in rule.get("resources", []) if r != resource]
+        if kept or not rule.get("resources"):
+            kept_rules.append({**rule, "resources": kept} if rule.get("resources") else rule)
+    assert kept_rules != rules, f"no rule grants {resource}"
+    return kept_rules
 
 
 def _readme_command(heading: str, starts: str) -> list[str]:

@@ -33,6 +33,7 @@ from tests.deploy.baremetal_cluster import (
     baremetal_documents,
     installed_koordlet,
 )
+from tests.deploy.deploy_paths import rules_without
 from tests.support.apiserver import kube_api_client
 from tests.support.waiting import wait_for
 
@@ -127,8 +128,7 @@ def test_its_role_without_one_rule_gets_the_refusal_that_rule_prevents_named(
         assert _install(cluster, root).returncode == 0
         role = cluster.api.get_object("clusterroles", ACCOUNT)
         assert role is not None
-        kept = [r for r in role["rules"] if r["resources"] != [resource]]
-        assert len(kept) == len(role["rules"]) - 1
+        kept = rules_without(role["rules"], resource)
         _replace(cluster, f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{ACCOUNT}", {**role, "rules": kept})
         with installed_koordlet(cluster, root, tmp_path / "state") as koordlet:
             assert koordlet.wait_log(f"the rule that allows it: {rule}", 60), koordlet.logs()[-4000:]

@@ -26,6 +26,8 @@ UNINSTALL = ROOT / "scripts" / "uninstall.sh"
 PREFIX = "/opt/kp"
 PROXY_DROP_IN = "etc/systemd/system/koord-runtime-proxy.service.d/50-root-tree.conf"
 KOORDLET_DROP_IN = "etc/systemd/system/koordlet.service.d/50-root-tree.conf"
+# serial: the image build writes out/image (test_image.py's tests build it too, in the same serial session).
+pytestmark = pytest.mark.serial
 
 
 @pytest.fixture(scope="module")
