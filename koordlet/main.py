@@ -49,7 +49,7 @@ from koordlet.api.qos import KubeQoS
 from koordlet.config import ConfigError, KoordletConfig, parse_config
 from koordlet.debug import serve_debug
 from koordlet.debug.endpoints import DebugSources
-from koordlet.events import PodEvents
+from koordlet.events import EVENTS_FILE, PodEvents
 from koordlet.executor import ResourceExecutor
 from koordlet.executor.records import NodeRecords
 from koordlet.gpu.metrics import gpu_devices
@@ -59,7 +59,8 @@ from koordlet.gpu.service import GPUService
 from koordlet.gpu.xpu import XPUInventory
 from koordlet.health import DEFAULT_GRACE_S, Health
 from koordlet.history.actions import RECENT
-from koordlet.kubeapi import CoreV1, CustomObjects
+from koordlet.kubeapi import CoreV1, CustomObjects, KubeClient
+from koordlet.kubeclient.budget import Budget
 from koordlet.metriccache import GPU_DEVICES_KV, MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer
 from koordlet.metricsadvisor import (
@@ -124,7 +125,7 @@ class AgentContext:
 
     config: KoordletConfig
     metrics: KoordletMetrics
-    api_client: kubernetes.client.ApiClient | None = None  # None in local mode
+    api_client: KubeClient | None = None  # None in local mode
     nvml: NvmlModule | None = None
     states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S
     abort: threading.Event = field(default_factory=threading.Event)  # a stop was asked for during the start
@@ -224,6 +225,15 @@ def _api_client(config: KoordletConfig) -> kubernetes.client.ApiClient:
         client = kubernetes.client.ApiClient()
     client.user_agent = "koordlet"
     return client
+
+
+def kube_client(config: KoordletConfig, api_client: kubernetes.client.ApiClient,
+                metrics: KoordletMetrics) -> KubeClient:
+    """The koordlet's budget (-kube-api-qps, -kube-api-burst) and Event recorder around its ApiClient."""
+    records = os.path.dirname(config.system_config_record_file) if config.system_config_record_file else ""
+    return KubeClient(api_client, Budget(config.kube_api_qps, config.kube_api_burst,
+                                         observe=metrics.observe_kube_api_budget),
+                      events_file=os.path.join(records, EVENTS_FILE) if records else None)
 
 
 def _executor(ctx: AgentContext) -> Component | None:
@@ -868,7 +878,7 @@ class Koordlet:
         config = self.config
         if not config.local_mode and self._api_client is None:
             self._api_client = _api_client(config)
-        api_client = self._api_client if not config.local_mode else None
+        api_client = kube_client(config, self._api_client, self.metrics) if not config.local_mode else None
 
         features.report(config.feature_gates, self.metrics.registry, config.node_name)  # inert gates: log, gauge
         self._start_auditor()

@@ -447,7 +447,7 @@ _AGENT_CALLS = textwrap.dedent(
     # The agent's code paths: node and NodeSLO list + watch (an invalid NodeSLO: an Event), the evictor (read,
     # eviction, Event), pod Events, the node lock, the GPU labels, the NodeMetric status.
     informer = StatesInformer(NoPods())
-    kube = KubeStates(node, core, custom, informer, resync_s=30)
+    kube = KubeStates(node, core, custom, informer)
     kube.start()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not (informer.node() and kube.node_slo_handler.events_recorded):
