@@ -77,8 +77,9 @@ class Budget:
                  rng: random.Random | None = None, pushback_interval_s: float = PUSHBACK_INTERVAL_S,
                  probation_s: float = PROBATION_S, observe: Callable[[str], None] | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        """``sleep`` waits for a token over the rate (the fleet bench's never binds). ``observe`` is called with ``pushback`` when the server pushes back and ``throttled_periodic`` /
-        ``throttled_essential`` when a request is held back (the koordlet's metrics count them)."""
+        """``sleep`` waits for a token over the rate (the fleet bench's never binds). ``observe`` is called with
+        ``pushback`` when the server pushes back and ``throttled_periodic`` / ``throttled_essential`` when a request
+        is held back (the koordlet's metrics count them)."""
         if qps <= 0 or burst < 1:
             raise ValueError(f"-kube-api-qps must be positive and -kube-api-burst at least 1 (got {qps}, {burst})")
         self.qps = qps
