@@ -2,8 +2,8 @@
 
 With an API server: the object as koordlet's last read or write left it is the comparison base, so an unchanged
 Device costs no request (Koordinator GETs it every 3 s). It is read when the reporter starts and every
-``resync_s`` ±10 % from the watch cache (``resourceVersion=0``), and from etcd only after a 409 (someone else
-wrote in between: read the newest once and try again). Missing -> create; semantically equal -> skip; otherwise
+``resync_s`` (the first at a random point of it, then ±10 %) from the watch cache (``resourceVersion=0``), and
+from etcd only after a 409 (someone else wrote in between: read the newest once and try again). Missing -> create; semantically equal -> skip; otherwise
 replace with the base's resourceVersion. Labels and annotations others put on the object are kept.
 Without one, the same object is written atomically to a YAML file so a user can see it. A label or annotation
 whose desired value is None is one the object must not carry (it is taken off when present).
@@ -27,12 +27,12 @@ from koordlet.api import device as api
 from koordlet.api.safeload import MAX_DOCUMENT_BYTES, SafeLoadError, load_yaml
 from koordlet.gpu.devicecr import semantically_equal
 from koordlet.kubeapi import CoreV1, CustomObjects, Throttled, section
-from koordlet.kubeclient.timing import SYSTEM_CLOCK, Clock, spread
+from koordlet.kubeclient.timing import SYSTEM_CLOCK, Clock, phase, spread
 from wire.files import write_atomic
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_RESYNC_S = 300.0
+DEFAULT_RESYNC_S = 600.0  # a read from the watch cache: catches an object others changed or deleted
 
 
 class DeviceReportError(RuntimeError):
@@ -76,8 +76,10 @@ class DeviceReporter:
         if self._api is not None:
             now = self._clock.monotonic()
             if self._stored is None or now >= self._resync_at:
+                first = self._resync_at == -float("inf")
                 self._stored = self._get(self._api, "0")
-                self._resync_at = now + spread(self._resync_s, self._rng)
+                self._resync_at = now + (phase(self._resync_s, self._rng) if first else spread(self._resync_s,
+                                                                                                self._rng))
             return self._stored
         return self._read_file(self._file_path) if self._file_path is not None else None
 

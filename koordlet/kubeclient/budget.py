@@ -45,6 +45,7 @@ PUSHBACK_INTERVAL_S = 40.0
 PUSHBACK_SPREAD = 0.15
 PROBATION_S = 12.0
 MAX_RATE_WAIT_S = 1.0
+_EPSILON = 1e-9  # of a token: a refill that float arithmetic leaves a hair short of one is one
 PUSHBACK_STATUSES = frozenset({429, 502, 503, 504})
 
 
@@ -76,8 +77,9 @@ class Budget:
     def __init__(self, qps: float = DEFAULT_QPS, burst: int = DEFAULT_BURST, clock: Clock = SYSTEM_CLOCK,
                  rng: random.Random | None = None, pushback_interval_s: float = PUSHBACK_INTERVAL_S,
                  probation_s: float = PROBATION_S, observe: Callable[[str], None] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        """``sleep`` waits for a token over the rate (the fleet bench's never binds). ``observe`` is called with
+                 sleep: Callable[[float], None] | None = time.sleep) -> None:
+        """``sleep`` waits for a token over the rate; None: nothing may wait (virtual time, the fleet bench), such a
+        request is held back for the wait instead. ``observe`` is called with
         ``pushback`` when the server pushes back and ``throttled_periodic`` / ``throttled_essential`` when a request
         is held back (the koordlet's metrics count them)."""
         if qps <= 0 or burst < 1:
@@ -116,8 +118,8 @@ class Budget:
             state = self._state
             if state is State.NORMAL:
                 self._refill(now)
-                wait = (1.0 - self._tokens) / self.qps if self._tokens < 1.0 else 0.0
-                if wait > MAX_RATE_WAIT_S:
+                wait = (1.0 - self._tokens) / self.qps if self._tokens < 1.0 - _EPSILON else 0.0
+                if wait > MAX_RATE_WAIT_S or (wait > 0 and self._sleep is None):
                     raise self._held(essential, wait, "rate")
                 self._tokens -= 1.0  # reserved: below zero while requests wait their turn
             elif not essential:
@@ -126,7 +128,7 @@ class Budget:
                 self._state, self._since = State.PROBATION, now
             else:
                 raise self._held(True, self._back_in(now), state.value)
-        if wait > 0:
+        if wait > 0 and self._sleep is not None:
             self._sleep(wait)
 
     # ---------------------------------------------------------------------------------------- answers
@@ -168,7 +170,7 @@ class Budget:
             logger.info("API server answering again: back to -kube-api-qps %.0f", self.qps)
             self._state = State.NORMAL
             self._refilled_at = now
-            self._tokens = min(self._tokens, 1.0)  # no burst right after a pushback
+            self._tokens = 1.0  # no burst right after a pushback: one request now, the rest at the rate
 
     def _refill(self, now: float) -> None:
         self._tokens = min(float(self.burst), self._tokens + (now - self._refilled_at) * self.qps)

@@ -25,7 +25,8 @@ decoded JSON, zone names, types and managed resources), and then not more often 
 ``min_update_interval_s`` (a change waits for the bound, the latest state wins). Others' annotations, labels,
 zones' extra resources are kept. Between writes the object last written or read is the comparison base, so
 an unchanged node costs no API call. API traffic (docs/design.md §5): the object is read at the first tick and
-then every ``resync_s`` ±10 % (from the watch cache, ``resourceVersion=0``), and again from etcd only after a
+then every ``resync_s`` (the first at a random point of it, then ±10 %; from the watch cache,
+``resourceVersion=0``), and again from etcd only after a
 409; a write carries the version of that read or of koordlet's last write. A failed read or write is tried again
 after a backoff (full jitter, up to 30 s, koordlet/kubeclient/backoff.py), not at every tick; a tick the koordlet's
 API budget holds back (the API server pushing back) does nothing. The 3 s tick starts at a random point and keeps
@@ -61,7 +62,7 @@ from koordlet.api.pod import PodMeta
 from koordlet.api.safeload import load_json
 from koordlet.kubeapi import CustomObjects, Throttled, retry_after_s
 from koordlet.kubeclient.backoff import Backoff
-from koordlet.kubeclient.timing import spread
+from koordlet.kubeclient.timing import phase, spread
 from koordlet.statesinformer.cpumanager import POLICY_STATIC, CPUManagerState
 from koordlet.system.sysfs import CPUInfo, HugePages, NodeTopology, SysfsError
 from koordlet.ticker import PeriodicThread
@@ -79,7 +80,7 @@ MANAGED_BY_KOORDINATOR = "Koordinator"
 
 DEFAULT_SYNC_INTERVAL_S = 3.0
 DEFAULT_MIN_UPDATE_INTERVAL_S = 10.0
-DEFAULT_RESYNC_S = 300.0
+DEFAULT_RESYNC_S = 600.0  # a read from the watch cache: catches an object others changed or deleted
 TOPOLOGY_REFRESH_S = 60.0  # CPU hotplug is rare; sysfs is re-read this often
 
 # The annotations koordlet owns on the object (Koordinator managedNRTAnnotationKeys, minus cpu-basic-info).
@@ -490,8 +491,10 @@ class NRTReportLoop:
         if now < self._retry_at:
             return "backoff"
         if self._stored is None or now >= self._resync_at:
+            first = self._resync_at == -float("inf")
             self._stored = self._reporter.get("0")
-            self._resync_at = now + spread(self._resync_s, self._rng)
+            # the first resync at a random point of its interval (nodes started together resync apart), then ±10 %
+            self._resync_at = now + (phase(self._resync_s, self._rng) if first else spread(self._resync_s, self._rng))
         if change_reason(self._stored, desired) is None:
             return "unchanged"
         if self._stored is not None and now - self._written_at < self._min_update_interval_s:
