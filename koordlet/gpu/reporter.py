@@ -4,9 +4,10 @@ With an API server: the object as koordlet's last read or write left it is the c
 Device costs no request (Koordinator GETs it every 3 s). It is read when the reporter starts and every
 ``resync_s`` (the first at a random point of it, then ±10 %) from the watch cache (``resourceVersion=0``), and
 from etcd only after a 409 (someone else wrote in between: read the newest once and try again). Missing ->
-create; semantically equal -> skip; otherwise replace with the base's resourceVersion. Labels and annotations others put on the object are kept.
-Without one, the same object is written atomically to a YAML file so a user can see it. A label or annotation
-whose desired value is None is one the object must not carry (it is taken off when present).
+create; semantically equal -> skip; otherwise replace with the base's resourceVersion. Labels and annotations
+others put on the object are kept. Without one, the same object is written atomically to a YAML file so a user can
+see it. A label or annotation whose desired value is None is one the object must not carry (it is taken off when
+present).
 The node's GPU model and driver labels (docs/koordinator.md §5.4) are patched when they differ.
 """
 
