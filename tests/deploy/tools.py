@@ -84,7 +84,8 @@ _PLURALS = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "Con
             "DaemonSet": "daemonsets", "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
             "CustomResourceDefinition": "customresourcedefinitions", "NodeSLO": "nodeslos", "NodeMetric": "nodemetrics",
             "NodeResourceTopology": "noderesourcetopologies", "ServiceMonitor": "servicemonitors",
-            "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
+            "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules", "FlowSchema": "flowschemas",
+            "PriorityLevelConfiguration": "prioritylevelconfigurations"}
 
 
 def request(client: kubernetes.client.ApiClient, verb: str, path: str, body: dict[str, Any] | None = None,
