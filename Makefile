@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test test-latest deps image proto bench bench-v2 soak lint lock v2-check gpu-check clean
+.PHONY: demo test test-latest deps image proto bench bench-v2 soak lint lock chart-digest v2-check gpu-check clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -50,6 +50,12 @@ lock: deps
 	$(LOCK_COMPILE) $(LOCK_ARGS) --extra dev --output-file=requirements-dev.lock pyproject.toml
 	cp requirements-dev.lock requirements.lock
 	$(LOCK_COMPILE) --output-file=requirements.lock pyproject.toml
+
+# After a change to the chart (deploy/chart/koordlet-py) and a new `version` in its Chart.yaml with an entry at the top
+# of its CHANGELOG.md: record the digest of its content there (refused for a version already recorded).
+# tests/deploy/test_chart_version.py fails until it is done.
+chart-digest:
+	python3 scripts/chart-version.py
 
 # The suite on the newest releases of every dependency (not the lock): a virtualenv of its own (.venv-latest), the
 # versions that differ from requirements-dev.lock printed first, then the whole test command. Not in CI: it says

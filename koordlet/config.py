@@ -14,9 +14,9 @@ With the environment variable ``agent_mode=hostMode`` the path defaults are the 
 Flags of our own (not in Koordinator): ``-kubeconfig`` (default ``$KUBECONFIG``, else in-cluster),
 ``-local-mode`` (no API server: NodeSLO from ``-node-slo-file``, pods from the CRI at ``-cri-endpoint``,
 NodeMetric/Device written under ``-report-dir``), ``-metrics-bind-host`` (the host bound when ``-addr``
-names none; localhost by default, so a DaemonSet whose probes or Prometheus reach the node address
-must pass ``-addr=0.0.0.0:9316``), ``-kubelet-cgroup-root`` (kubelet's ``--cgroup-root``),
-``-create-node-metric`` (create a missing NodeMetric instead of skipping), ``-kubelet-token-file``,
+names none; every address by default, IPv4 and IPv6, as Go binds ``:9316``),
+``-tls-cert-file``/``-tls-private-key-file`` (``-addr`` over HTTPS), ``-kubelet-cgroup-root`` (kubelet's
+``--cgroup-root``), ``-create-node-metric`` (create a missing NodeMetric instead of skipping), ``-kubelet-token-file``,
 ``-kubelet-client-cert``/``-kubelet-client-key``, ``-kubelet-port``, ``-stop-timeout``, ``-terway-qos-dir``
 (Koordinator writes Terway's files to a fixed ``/host-var-lib/terway/qos``).
 """
@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from koordlet import compatflags, features, goflag, logs
+from koordlet import compatflags, features, goflag, gonet, logs
 
 ENV_NODE_NAME = "NODE_NAME"
 ENV_AGENT_MODE = "agent_mode"
@@ -203,6 +203,8 @@ class KoordletConfig:
     kube_api_burst: int
     addr: str
     metrics_bind_host: str
+    tls_cert_file: str
+    tls_private_key_file: str
     # our own
     kubeconfig: str
     local_mode: bool
@@ -266,17 +268,30 @@ class KoordletConfig:
         return os.path.normpath(os.path.join(self.var_run_root_dir, self.runtime_hooks_nri_socket_path.lstrip("/")))
 
     @property
+    def listen_address(self) -> gonet.ListenAddress:
+        """``-addr`` as Go's ``http.ListenAndServe`` reads it (empty: ``:http``); a host-less one takes
+        ``-metrics-bind-host`` when that is set, else it is every address (koordlet/gonet.py: IPv4 and IPv6)."""
+        address = gonet.parse_listen_address(self.addr or ":http")
+        if address.host or not self.metrics_bind_host:
+            return address
+        return gonet.ListenAddress(self.metrics_bind_host.strip("[]"), address.port)
+
+    @property
     def metrics_port(self) -> int:
-        """The port of ``-addr`` (``:9316``, ``0.0.0.0:9316``)."""
-        _, _, port = self.addr.rpartition(":")
-        return int(port)
+        """The port of ``-addr`` (``:9316``, ``0.0.0.0:9316``, ``[::]:9316``)."""
+        return self.listen_address.port
 
     @property
     def metrics_host(self) -> str:
-        """The host of ``-addr`` when it names one, else ``-metrics-bind-host``, else every address (``:9316``
-        binds all of them in Go, and Prometheus scrapes Koordinator's koordlet at the node's address)."""
-        host, _, _ = self.addr.rpartition(":")
-        return host.strip("[]") or self.metrics_bind_host or "0.0.0.0"  # noqa: S104 (docs/koordinator.md)
+        """The host ``-addr`` binds (no brackets); ``0.0.0.0`` for every address, which Go (and koordlet/gonet.py)
+        opens as one socket for IPv4 and IPv6 where the host has both."""
+        return self.listen_address.host or "0.0.0.0"  # noqa: S104 (docs/koordinator.md)
+
+    @property
+    def serving_tls(self) -> tuple[str, str] | None:
+        """(certificate, key) files to serve ``-addr`` over TLS with (``-tls-cert-file``,
+        ``-tls-private-key-file``); None: plain HTTP, as Koordinator's koordlet."""
+        return (self.tls_cert_file, self.tls_private_key_file) if self.tls_cert_file else None
 
 
 def _policy(text: str) -> str:
@@ -432,6 +447,9 @@ def _report_api_and_mode_flags(flag: _AddFlag, switch: _AddSwitch, kubeconfig: s
     switch("create-node-metric", False, "create the NodeMetric object when it is missing")
     flag("addr", _STR, ":9316", "metrics address")
     flag("metrics-bind-host", _STR, "", "host to bind when -addr names none (empty: every address, as Go)")
+    flag("tls-cert-file", _STR, "", "serve -addr over HTTPS with this certificate (PEM; e.g. kubelet's serving "
+         "certificate), read again when it changes; empty: plain HTTP")
+    flag("tls-private-key-file", _STR, "", "the key of -tls-cert-file (may be the same file)")
     flag("kubeconfig", _STR, kubeconfig, "kubeconfig (default: $KUBECONFIG, else in-cluster)")
     switch("local-mode", False, "no API server: NodeSLO from a file, pods from the CRI, reports as files")
     flag("node-slo-file", _STR, "/etc/koordlet/nodeslo.yaml", "NodeSLO spec file (local mode)")
@@ -576,11 +594,11 @@ def _check(config: KoordletConfig) -> None:
         if getattr(config, name) <= 0:
             raise ConfigError(f"-{name.removesuffix('_s').replace('_', '-')} must be positive")
     try:
-        port = config.metrics_port
-    except ValueError as err:
-        raise ConfigError(f"-addr {config.addr!r}: expected [host]:port") from err
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"-addr {config.addr!r}: port out of range")
+        config.listen_address  # noqa: B018 (parsed for its errors: Go's, at start)
+    except gonet.AddrError as err:
+        raise ConfigError(f"-addr {config.addr!r}: listen tcp: {err}") from err
+    if bool(config.tls_cert_file) != bool(config.tls_private_key_file):
+        raise ConfigError("-tls-cert-file and -tls-private-key-file go together")
     if config.kube_api_qps <= 0 or config.kube_api_burst < 1:
         raise ConfigError("-kube-api-qps must be positive and -kube-api-burst at least 1")
     if config.node_topology_min_update_interval_s < 0:

@@ -29,12 +29,13 @@ from typing import TYPE_CHECKING
 
 import grpc
 from kubernetes.client.exceptions import ApiException
-from prometheus_client import REGISTRY, Counter
+from prometheus_client import REGISTRY
 
 from koordlet.api.eviction import EvictionRule, be_rule
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import parse_kube_qos
 from koordlet.events import UNREACHABLE, PodEvents
+from koordlet.gotext import GoCounter
 from koordlet.kubeapi import CoreV1, Throttled
 from wire import cri_pb2 as cri
 from wire import cri_pb2_grpc as cri_grpc
@@ -50,19 +51,14 @@ DEFAULT_EVICTING_TTL_S = 60.0  # a pod whose eviction was accepted counts as "be
 DEFAULT_CRI_TIMEOUT_S = 5.0
 _MAX_TRACKED_PODS = 4096
 
-# docs/koordinator.md §6; every Koordinator metric carries the node label.
-POD_EVICTION = Counter(
-    "koordlet_pod_eviction",
-    "Pods evicted by koordlet, by reason",
-    ["node", "reason"],
-    registry=REGISTRY,
-)
-POD_EVICTION_DETAIL = Counter(
-    "koordlet_pod_eviction_detail",
-    "Pods evicted by koordlet, by pod and reason",
-    ["node", "pod_namespace", "pod_name", "reason"],
-    registry=REGISTRY,
-)
+# docs/koordinator.md §6; every Koordinator metric carries the node label. Koordinator's bare counter names
+# (koordlet/gotext.py); the per-pod detail series go 5 minutes after their last eviction, as Koordinator's
+# NewGCCounterVec drops them (pkg/util/metrics/expire_metric.go DefaultExpireTime).
+POD_EVICTION = GoCounter("koordlet_pod_eviction", "Pods evicted by koordlet, by reason", ["node", "reason"],
+                         registry=REGISTRY)
+POD_EVICTION_DETAIL = GoCounter("koordlet_pod_eviction_detail", "Pods evicted by koordlet, by pod and reason",
+                                ["node", "pod_namespace", "pod_name", "reason"], registry=REGISTRY,
+                                expire_after_s=300.0)
 
 
 def zero_eviction_counts(node_name: str, features: Iterable[str]) -> None:

@@ -882,7 +882,7 @@ class Koordlet:
 
         features.report(config.feature_gates, self.metrics.registry, config.node_name)  # inert gates: log, gauge
         self._start_auditor()
-        server = MetricsServer(self.metrics.registry, config.metrics_host, config.metrics_port)
+        server = MetricsServer(self.metrics.registry, config.metrics_host, config.metrics_port, tls=config.serving_tls)
         server.route("/healthz", lambda request: self.health.healthz(request.query))
         server.route("/readyz", lambda request: self.health.readyz(request.query))
         serve_debug(server, self._debug_sources, api_client, config.node_name)

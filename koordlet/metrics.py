@@ -4,8 +4,10 @@ One registry per agent (:class:`KoordletMetrics`) holds the component metrics an
 timings; ``/metrics`` serves it merged with prometheus_client's default registry, where the executor,
 the QoS manager and the evictor define their counters at import, and where the process collector
 reports the agent's own cost (``process_resident_memory_bytes``, ``process_cpu_seconds_total``,
-open fds). ``/internal-metrics`` and ``/external-metrics`` serve the same text (Koordinator splits
-them; nothing reads them apart). ``/healthz`` answers 200 while the agent's health check passes.
+open fds). The text is in Koordinator's form (koordlet/gotext.py: its counters without ``_total``, no
+``_created`` series, text format 0.0.4 to every scraper). ``/internal-metrics`` and ``/external-metrics``
+serve the same text (Koordinator splits them; nothing reads them apart). ``/healthz`` answers 200 while the
+agent's health check passes.
 
 The real-time gauges (node usage, container requests/limits, node allocatable, pod and container PSI,
 GPU usage) are computed at scrape time from the metric cache and the states provider (a custom collector): no
@@ -15,6 +17,7 @@ timer thread, and a scrape never shows a value older than the cache's latest sam
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -25,9 +28,10 @@ from urllib.parse import parse_qs
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
+from koordlet.gonet import ListenAddress, client_host, listen
+from koordlet.gotext import CONTENT_TYPE, GoCounter, exposition
 from koordlet.metriccache import (
     CPI_RESOURCE_CYCLE,
     CPI_RESOURCE_INSTRUCTION,
@@ -36,6 +40,7 @@ from koordlet.metriccache import (
     MetricKind,
     SeriesKey,
 )
+from koordlet.servingtls import HANDSHAKE_TIMEOUT_S, ServingCertificate
 from koordlet.statesinformer.api import StatesProvider
 
 logger = logging.getLogger(__name__)
@@ -386,14 +391,14 @@ class KoordletMetrics:
             "Indicates whether the CPU ID is currently part of the BE share pool (1 = in pool; gate PerCPUMetric)",
             ["node", "cpu"], registry=self.registry)
         # Koordinator metrics/common.go: each reading of the node's CPU info, NUMA info and local storage
-        # (status succeeded/failed).
-        self.collect_node_cpu_info_status = Counter(
+        # (status succeeded/failed). Koordinator's counters keep its bare names (koordlet/gotext.py).
+        self.collect_node_cpu_info_status = GoCounter(
             "koordlet_collect_node_cpu_info_status", "Readings of the CPU topology, by outcome", ["node", "status"],
             registry=self.registry)
-        self.collect_node_numa_info_status = Counter(
+        self.collect_node_numa_info_status = GoCounter(
             "koordlet_collect_node_numa_info_status", "Readings of the NUMA nodes, by outcome", ["node", "status"],
             registry=self.registry)
-        self.collect_node_local_storage_info_status = Counter(
+        self.collect_node_local_storage_info_status = GoCounter(
             "koordlet_collect_node_local_storage_info_status", "Readings of the block devices, by outcome",
             ["node", "status"], registry=self.registry)
         # Koordinator metrics/prediction.go and resource_summary.go: set at every NodeMetric build.
@@ -534,21 +539,6 @@ class KoordletMetrics:
 
 
 
-class _Merged:
-    """Registries served as one exposition."""
-
-    def __init__(self, registries: Iterable[CollectorRegistry]) -> None:
-        self._registries = tuple(registries)
-
-    def collect(self) -> Iterator[Metric]:
-        for registry in self._registries:
-            yield from registry.collect()
-
-
-def exposition(registries: Iterable[CollectorRegistry]) -> bytes:
-    return generate_latest(_Merged(registries))  # type: ignore[arg-type]
-
-
 class Answer(Protocol):
     """What a handler added with :meth:`MetricsServer.handle` or :meth:`MetricsServer.route` answers."""
 
@@ -597,20 +587,42 @@ def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix.rstrip("/") + "/")
 
 
+class _Server(ThreadingHTTPServer):
+    """The HTTP server on a socket :func:`koordlet.gonet.listen` opened (AF_INET or AF_INET6)."""
+
+    def __init__(self, sock: socket.socket, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.address_family = sock.family
+        super().__init__(sock.getsockname(), handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = sock
+        self.server_address = sock.getsockname()
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A client that drops the connection or fails the TLS handshake (plain HTTP to an HTTPS port) is the
+        # client's problem: one debug line, not socketserver's traceback on stderr.
+        logger.debug("metrics http: request from %s failed", client_address, exc_info=True)
+
+
 class MetricsServer:
     """``/metrics``, ``/internal-metrics``, ``/external-metrics`` and ``/healthz`` on one port, the paths added
     with :meth:`handle` (``/events``) and :meth:`route` (``/readyz``, ``/debug/...``), and the guards added with
     :meth:`guard`, which see every request under their prefixes before any handler does."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int,
-                 healthy: Callable[[], bool] = lambda: True, include_default: bool = True) -> None:
+                 healthy: Callable[[], bool] = lambda: True, include_default: bool = True,
+                 tls: tuple[str, str] | None = None) -> None:
+        """Bound at once, as Go's ``net.Listen`` binds ``host:port`` (koordlet/gonet.py: ``""``, ``0.0.0.0`` and
+        ``::`` are IPv4 and IPv6 together); ``tls``: (certificate, key) files to serve HTTPS with."""
         registries = (registry, REGISTRY) if include_default else (registry,)
         self._registries = registries
         self._healthy = healthy
         self._handlers: dict[str, PathHandler] = {}
         self._routes: list[tuple[str, bool, RouteHandler]] = []  # (path, also the paths under it, handler)
         self._guards: list[tuple[str, Guard]] = []
-        server = ThreadingHTTPServer((host, port), self._handler_class())
+        self.certificate = ServingCertificate(*tls) if tls is not None else None
+        sock = listen(ListenAddress(host, port))
+        server = _Server(sock, self._handler_class())
         server.daemon_threads = True
         self._server = server
         self._thread: threading.Thread | None = None
@@ -663,6 +675,9 @@ class MetricsServer:
             def setup(self) -> None:
                 # ThreadingHTTPServer starts a thread a request and gives it no name of ours.
                 threading.current_thread().name = REQUEST_THREAD
+                if outer.certificate is not None:  # the handshake here, in the request's thread, not the accept loop
+                    self.request.settimeout(HANDSHAKE_TIMEOUT_S)
+                    self.request = outer.certificate.context().wrap_socket(self.request, server_side=True)
                 super().setup()
 
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
@@ -672,13 +687,13 @@ class MetricsServer:
                 path, _, query = self.path.partition("?")
                 headers: Mapping[str, str] = {}
                 request = Request(path, parse_qs(query, keep_blank_values=True), self.headers,
-                                  str(self.client_address[0]))
+                                  client_host(str(self.client_address[0])))
                 served = outer._serve(request)
                 if served is not None:
                     body, status, ctype, headers = served
                 elif path in ("/metrics", "/internal-metrics", "/external-metrics"):
                     try:
-                        body, status, ctype = exposition(outer._registries), 200, CONTENT_TYPE_LATEST
+                        body, status, ctype = exposition(outer._registries), 200, CONTENT_TYPE
                     except Exception:  # a scrape must answer even when one collector is broken
                         logger.exception("metrics exposition failed")
                         body, status, ctype = b"exposition failed\n", 500, "text/plain"
@@ -700,7 +715,9 @@ class MetricsServer:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
         self._thread.start()
-        logger.info("metrics served on %s:%d", *self._server.server_address[:2])
+        host, port = self._server.server_address[:2]
+        logger.info("metrics served on %s (%s)", f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+                    "HTTPS" if self.certificate is not None else "HTTP")
 
     def stop(self, timeout_s: float = 2.0) -> None:
         if self._thread is not None:

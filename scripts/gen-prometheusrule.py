@@ -6,8 +6,9 @@
 
 The rules live in deploy/prometheus/koordlet-rules.yaml (a plain Prometheus rules file); the template carries
 its ``groups:`` as the PrometheusRule's spec, with each ``{{ ... }}`` of the alert templates (``$labels``,
-``$value``) quoted for Helm so that Prometheus gets them as written. tests/deploy/test_prometheus.py runs
-``--check`` and compares what Helm renders with the rules file.
+``$value``) quoted for Helm so that Prometheus gets them as written, and each ``runbook_url`` made of the value
+``prometheusRule.runbookURL`` and the rules file's anchor. tests/deploy/test_prometheus.py runs ``--check`` and
+compares what Helm renders with the rules file.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ metadata:
 spec:
 """
 TAIL = "{{- end }}\n"
+# The rules file's stand-in for where docs/operations.md is served (koordlet-rules.yaml says how to replace it).
+RUNBOOK_BASE = "https://koordlet-py.invalid/docs/operations.md"
+_RUNBOOK = re.compile(r"runbook_url: " + re.escape(RUNBOOK_BASE) + r"#([a-z0-9-]+)$", re.MULTILINE)
 
 
 def render(rules_text: str) -> str:
@@ -47,6 +51,9 @@ def render(rules_text: str) -> str:
     if "`" in body:
         raise SystemExit(f"{RULES}: a backtick cannot be quoted for Helm; write the text without one")
     quoted = re.sub(r"\{\{.*?\}\}", lambda match: "{{`" + match.group(0) + "`}}", body)
+    if len(_RUNBOOK.findall(quoted)) != quoted.count("runbook_url:"):
+        raise SystemExit(f"{RULES}: every runbook_url must be {RUNBOOK_BASE}#<anchor>")
+    quoted = _RUNBOOK.sub(r'runbook_url: {{ printf "%s#\1" .Values.prometheusRule.runbookURL | quote }}', quoted)
     return HEAD + "".join(f"  {line}" if line else line for line in quoted.splitlines(keepends=True)) + TAIL
 
 

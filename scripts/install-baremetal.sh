@@ -19,7 +19,8 @@
 #                      from /etc/koordlet/nodeslo.yaml, reports under /var/lib/koordlet/reports
 #   --metrics-bind-address ADDR
 #                      where the proxy serves /metrics, /healthz and /readyz (default 127.0.0.1:9318, this
-#                      node only): the node's IP (10.0.0.5:9318) or 0.0.0.0:9318 for Prometheus to scrape it.
+#                      node only): the node's IP (10.0.0.5:9318) or 0.0.0.0:9318 for Prometheus to scrape it
+#                      (deploy/prometheus/runtime-proxy-scrape.yaml scrapes port 9318 of each node's address).
 #                      Written to /etc/default/koord-runtime-proxy; without the flag the file's value is kept.
 #   --dry-run          print what would be done, change nothing (works without systemd)
 #   --prefix P         where the versions go: P/versions/<version>-<digest> (one virtualenv each, installed

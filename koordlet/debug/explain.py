@@ -6,15 +6,18 @@ the last things koordlet did to them and to their QoS dirs, and the QoS strategi
 
     koordlet explain default/batch-job                        # koordlet on this node, local mode (loopback)
     koordlet explain default/batch-job --server http://10.0.0.7:9316 --token-file token
+    koordlet explain default/batch-job --server https://node-1:9316 --ca-file ca.crt --token-file token
 
 With an API server, the endpoint wants a bearer token of a user allowed to ``get`` ``nodes/proxy`` of that node
-(``kubectl create token <service account>``); ``--json`` prints the endpoint's answer as it came.
+(``kubectl create token <service account>``); ``--json`` prints the endpoint's answer as it came. An ``https://``
+server (koordlet with ``-tls-cert-file``) is verified against ``--ca-file`` (else the system's CAs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -30,12 +33,13 @@ class ExplainError(Exception):
     """The node's koordlet could not be asked, or refused (the message says why and what to do)."""
 
 
-def fetch(server: str, path: str, token: str = "") -> Any:
+def fetch(server: str, path: str, token: str = "", ca_file: str = "") -> Any:
     request = urllib.request.Request(server.rstrip("/") + path, headers={"Accept": "application/json"})
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+        context = ssl.create_default_context(cafile=ca_file or None) if server.startswith("https:") else None
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as err:
         detail = err.read().decode(errors="replace").strip()
@@ -131,6 +135,9 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int
     parser.add_argument("--server", default=DEFAULT_SERVER, help=f"koordlet's address (default {DEFAULT_SERVER})")
     parser.add_argument("--token", default="", help="bearer token of a user allowed to get nodes/proxy")
     parser.add_argument("--token-file", default="", help="file holding that token")
+    parser.add_argument("--ca-file", default="",
+                        help="CA certificates an https:// server's certificate must chain to (the cluster's CA, or "
+                             "the node's kubelet.crt when kubelet signed its own)")
     parser.add_argument("--json", action="store_true", help="print the endpoint's JSON")
     args = parser.parse_args(argv)
     out = stdout or sys.stdout
@@ -143,11 +150,11 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int
             with open(args.token_file, encoding="utf-8") as handle:
                 token = handle.read().strip()
         path = f"/debug/pods/{urllib.parse.quote(namespace, safe='')}/{urllib.parse.quote(name, safe='')}"
-        pod = fetch(args.server, path, token)
+        pod = fetch(args.server, path, token, args.ca_file)
         if args.json:
             out.write(json.dumps(pod, indent=2) + "\n")
             return 0
-        out.write(render(pod, fetch(args.server, "/debug/nodeslo", token)))
+        out.write(render(pod, fetch(args.server, "/debug/nodeslo", token, args.ca_file)))
     except (ExplainError, OSError) as err:
         print(f"koordlet explain: {err}", file=sys.stderr)
         return 1

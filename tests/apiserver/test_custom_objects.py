@@ -60,7 +60,7 @@ def koordinator_node_slo(name: str = "node-1") -> dict:
             "hostApplications": [{"name": "nginx", "priority": "koord-prod", "qos": "LS",
                                   "cgroupPath": {"base": "CgroupRoot", "parentDir": "host-latency-sensitive",
                                                  "relativePath": "nginx"},
-                                  "strategy": {"anything": "kept"}}]},
+                                  "strategy": {}}]},  # Koordinator's HostApplicationStrategy has no field
     }
 
 
@@ -93,13 +93,13 @@ def test_koordinator_node_slo_is_accepted_unchanged(custom: kubernetes.client.Cu
 
 
 @pytest.mark.parametrize(("path", "value", "field", "reason"), [
-    (("resourceQOSStrategy", "lsrClass", "cpuQOS", "groupIdentity"), 5,
-     "spec.resourceQOSStrategy.lsrClass.cpuQOS.groupIdentity", "FieldValueInvalid"),
+    (("resourceQOSStrategy", "lsrClass", "memoryQOS", "wmarkRatio"), 101,
+     "spec.resourceQOSStrategy.lsrClass.memoryQOS.wmarkRatio", "FieldValueInvalid"),
     (("resourceUsedThresholdWithBE", "cpuSuppressThresholdPercent"), "65",
      "spec.resourceUsedThresholdWithBE.cpuSuppressThresholdPercent", "FieldValueTypeInvalid"),
     (("resourceQOSStrategy", "beClass", "memoryQOS", "wmarkScalePermill"), 0,
      "spec.resourceQOSStrategy.beClass.memoryQOS.wmarkScalePermill", "FieldValueInvalid"),
-    (("cpuBurstStrategy", "policy"), "always", "spec.cpuBurstStrategy.policy", "FieldValueNotSupported"),
+    (("cpuBurstStrategy", "cpuBurstPercent"), 10001, "spec.cpuBurstStrategy.cpuBurstPercent", "FieldValueInvalid"),
     (("systemStrategy", "totalNetworkBandwidth"), "fast", "spec.systemStrategy.totalNetworkBandwidth",
      "FieldValueInvalid"),
 ])
@@ -192,8 +192,21 @@ def test_node_metric_status_is_validated(custom: kubernetes.client.CustomObjects
     assert caught.value.status == 422 and "status.updateTime" in caught.value.body
 
 
+def test_an_enum_refuses_a_value_it_does_not_list(custom: kubernetes.client.CustomObjectsApi) -> None:
+    body = _node_metric()
+    body["spec"]["metricCollectPolicy"]["nodeMemoryCollectPolicy"] = "usageWithEverything"
+    with pytest.raises(ApiException) as caught:
+        custom.create_cluster_custom_object(*METRIC, body)
+    status = json.loads(caught.value.body)
+    assert [(c["field"], c["reason"]) for c in status["details"]["causes"]] == [
+        ("spec.metricCollectPolicy.nodeMemoryCollectPolicy", "FieldValueNotSupported")]
+
+
 def test_device_with_gpus_is_accepted_and_health_defaults_to_false(
         custom: kubernetes.client.CustomObjectsApi) -> None:
+    """Koordinator's Device CRD: no status subresource (status is written with the object, as its scheduler does),
+    any device type (Koordinator's Go API names gpu, fpga and rdma; its schema lists none), condition types as
+    Kubernetes' condition pattern allows."""
     gpu = {"type": "gpu", "id": "GPU-4c3b", "minor": 0, "health": True,
            "labels": {"node.koordinator.sh/gpu-model": "H100"},
            "resources": {"koordinator.sh/gpu-core": "100", "koordinator.sh/gpu-memory": "85899345920",
@@ -213,13 +226,19 @@ def test_device_with_gpus_is_accepted_and_health_defaults_to_false(
     assert created["spec"]["devices"][1]["health"] is False
     allocations = {"allocations": [{"type": "gpu", "entries": [{"name": "job", "namespace": "default",
                                                                 "uuid": "p-1", "minors": [0]}]}]}
-    status = custom.patch_cluster_custom_object_status(*DEVICE, "node-1", {"status": allocations})
-    assert status["status"] == allocations
-    bad = copy.deepcopy(body) | {"metadata": {"name": "node-2"}}
-    bad["spec"]["devices"][0]["type"] = "tpu"
+    patched = custom.patch_cluster_custom_object(*DEVICE, "node-1", {"status": allocations})
+    assert patched["status"] == allocations
+    with pytest.raises(ApiException) as no_subresource:
+        custom.patch_cluster_custom_object_status(*DEVICE, "node-1", {"status": allocations})
+    assert no_subresource.value.status == 404
+    other = copy.deepcopy(body) | {"metadata": {"name": "node-2"}}
+    other["spec"]["devices"][0]["type"] = "npu"
+    assert custom.create_cluster_custom_object(*DEVICE, other)["spec"]["devices"][0]["type"] == "npu"
+    bad = copy.deepcopy(body) | {"metadata": {"name": "node-3"}}
+    bad["spec"]["devices"][0]["conditions"][0]["type"] = "not a condition type"
     with pytest.raises(ApiException) as caught:
         custom.create_cluster_custom_object(*DEVICE, bad)
-    assert caught.value.status == 422 and "spec.devices[0].type" in caught.value.body
+    assert caught.value.status == 422 and "spec.devices[0].conditions[0].type" in caught.value.body
 
 
 def test_custom_objects_list_and_delete(custom: kubernetes.client.CustomObjectsApi) -> None:

@@ -1,4 +1,4 @@
-"""Koordinator v1.8.0's chart itself, for the tests that check the recorded facts (koordinator_v1_8_0.py) against it."""
+"""Koordinator's chart (v1.8.0) and source (a7a1b76), for the tests that check the recorded facts against them."""
 
 from __future__ import annotations
 
@@ -24,3 +24,13 @@ def koordinator_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
                              capture_output=True, timeout=60, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True, timeout=60)
     return out / "versions" / koordinator.VERSION
+
+
+@pytest.fixture(scope="session")
+def koordinator_source() -> str:
+    """A clone of koordinator-sh/koordinator (bare or not) holding commit a7a1b76, when ``KOORDINATOR_SOURCE_DIR``
+    names one."""
+    source = os.environ.get("KOORDINATOR_SOURCE_DIR", "")
+    if not source:
+        pytest.skip("KOORDINATOR_SOURCE_DIR names no koordinator-sh/koordinator: the recorded facts stand unchecked")
+    return source

@@ -31,7 +31,7 @@ def _readme_way_b() -> list[str]:
     """The commands of the README's way (b), in order."""
     text = (ROOT / "README.md").read_text()
     start = text.index("#### (b) Our chart beside Koordinator's control plane")
-    section = text[start:text.index("\n### ", start)]
+    section = text[start:min(text.index("\n### ", start), text.index("\n#### ", start))]
     return [c.text for c in extract("README.md", section) if not c.inline]
 
 
@@ -225,3 +225,33 @@ def test_the_recorded_facts_are_koordinators_chart(koordinator_chart: Path, tmp_
     pod = koordlet["spec"]["template"]["spec"]
     assert pod["affinity"] == _koordinator_koordlet_affinity(_koordinator_values(tmp_path))
     assert "nodeSelector" not in pod
+
+
+def _readme_affinity_flags() -> list[str]:
+    """The README's `--set-json koordlet.nodeAffinity=...` for Koordinator's chart, as it is written."""
+    _, _, flags = _template_args(_command("upgrade", "koordinator"))
+    [value] = [flags[i + 1] for i, flag in enumerate(flags) if flag == "--set-json"
+               and flags[i + 1].startswith("koordlet.nodeAffinity=")]
+    return ["--set-json", value]
+
+
+def _koordlet_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [daemonset] = [d for d in docs if d["kind"] == "DaemonSet"]
+    return daemonset["spec"]["template"]["spec"]
+
+
+def test_the_readmes_node_affinity_value_gives_our_koordlet_the_affinity_it_gives_koordinators(
+        tmp_path: Path) -> None:
+    """koordlet.nodeAffinity keeps Koordinator's name and meaning: the pod's whole affinity (recorded fact of its
+    chart), so the value the README gives Koordinator's chart renders the same affinity in ours."""
+    ours = _koordlet_pod(_helm_template("koordlet-py", CHART, ["--namespace", koordinator.NAMESPACE,
+                                                               *_readme_affinity_flags()]))
+    assert ours["affinity"] == _koordinator_koordlet_affinity(_koordinator_values(tmp_path))
+
+
+def test_one_node_affinity_value_renders_the_same_affinity_in_both_charts(koordinator_chart: Path) -> None:
+    flags = ["--namespace", koordinator.NAMESPACE, *_readme_affinity_flags()]
+    [theirs] = [d for d in _helm_template("koordinator", koordinator_chart, flags)
+                if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "koordlet"]
+    ours = _koordlet_pod(_helm_template("koordlet-py", CHART, flags))
+    assert ours["affinity"] == theirs["spec"]["template"]["spec"]["affinity"]

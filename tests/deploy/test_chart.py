@@ -36,6 +36,7 @@ from tests.deploy.tools import (
 from tests.support.apiserver import ApiServer, kube_api_client
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+CHART_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]  # its own: CHANGELOG.md
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 
 
@@ -52,9 +53,9 @@ def _koordlet(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return _of_kind(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
 
 
-def test_chart_and_image_follow_the_projects_version() -> None:
+def test_the_charts_app_version_and_image_follow_the_projects_version() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart["version"] == chart["appVersion"] == VERSION
+    assert chart["appVersion"] == VERSION  # the chart's own version: tests/deploy/test_chart_version.py
     assert _koordlet(chart_documents())["image"] == _koordlet(base_documents())["image"] == f"koordlet-py:{VERSION}"
 
 
@@ -82,6 +83,17 @@ def test_default_render_is_the_same_objects_kustomize_builds(kubectl: str) -> No
     assert _sorted(koordlet + crds + config) == _sorted(rendered)
 
 
+def test_flow_control_puts_the_releases_service_account_into_its_own_priority_level(tmp_path: Path) -> None:
+    docs = _every_value_docs(tmp_path)
+    flow = _of_kind(docs, "FlowSchema")["spec"]
+    assert flow["matchingPrecedence"] == 500 and flow["priorityLevelConfiguration"] == {"name": "edge-qos"}
+    assert flow["rules"][0]["subjects"] == [{"kind": "ServiceAccount", "serviceAccount": {
+        "name": _of_kind(docs, "ServiceAccount")["metadata"]["name"], "namespace": "qos-system"}}]
+    level = _of_kind(docs, "PriorityLevelConfiguration")["spec"]["limited"]
+    assert (level["nominalConcurrencyShares"], level["lendablePercent"],
+            level["limitResponse"]["queuing"]["queueLengthLimit"]) == (40, 0, 100)
+
+
 @pytest.mark.parametrize("kubectl", ["kubectl-1.35", "kubectl-1.32"])
 def test_deploy_flowcontrol_is_the_charts_flow_control_objects(kubectl: str) -> None:
     """API Priority and Fairness is off by default in the chart and in deploy/; flowControl.enabled=true renders
@@ -101,7 +113,7 @@ def test_every_object_carries_the_standard_labels_and_the_release_name() -> None
             labels = doc["metadata"].get("labels") or {}
             if doc["kind"] == "CustomResourceDefinition":
                 continue  # shared by every release: no release labels, and kept on uninstall
-            assert labels == {"helm.sh/chart": f"koordlet-py-{VERSION}", "app.kubernetes.io/name": "koordlet-py",
+            assert labels == {"helm.sh/chart": f"koordlet-py-{CHART_VERSION}", "app.kubernetes.io/name": "koordlet-py",
                               "app.kubernetes.io/instance": release, "app.kubernetes.io/version": VERSION,
                               "app.kubernetes.io/managed-by": "Helm"}, doc["kind"]
             if doc["kind"] != "ConfigMap":  # slo-controller-config: koord-manager reads it by that name
@@ -201,14 +213,18 @@ EVERY_VALUE: dict[str, Any] = {
         "hostDirs": {"koordletSockDir": "/run/koordlet-alt", "koordProxyRegisterDir": "/etc/hooks.d",
                      "kubeletLibDir": "/data/kubelet"},
         "metrics": {"port": 19316},
+        "tls": {"certFile": "/data/kubelet/pki/kubelet-server-current.pem",
+                "keyFile": "/data/kubelet/pki/kubelet-server-current.pem"},
         "service": {"enabled": True},
         "enableServiceMonitor": True,
-        "enablePodMonitor": True,
+        "enablePodMonitor": False,  # not both: the schema refuses it (test_the_chart_refuses_both_monitors_on)
         "monitor": {"interval": "15s", "labels": {"release": "prometheus"}},
         "priorityClassName": "node-agents",
         "nodeSelector": {"koordinator.sh/colocation": "true"},
-        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        "nodeAffinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}},
+            "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm": {
+                "topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "noisy"}}}}]}},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}],
         "podAnnotations": {"example.com/scrape": "true"},
         "podLabels": {"team": "platform"},
@@ -220,7 +236,8 @@ EVERY_VALUE: dict[str, Any] = {
     "sloControllerConfig": {"create": True, "data": {
         "resource-threshold-config": {"clusterStrategy": {"enable": True, "cpuSuppressThresholdPercent": 55}},
         "cpu-burst-config": {"clusterStrategy": {"policy": "auto"}}}},
-    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"},
+                       "runbookURL": "https://git.example.com/ops/koordlet-py/blob/v0.1.0/docs/operations.md"},
     "flowControl": {"enabled": True, "matchingPrecedence": 500, "nominalConcurrencyShares": 40, "lendablePercent": 0,
                     "queueLengthLimit": 100},
 }
@@ -237,7 +254,7 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     docs = _every_value_docs(tmp_path)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
-                            "DaemonSet", "Service", "ServiceMonitor", "PodMonitor", "PrometheusRule", "FlowSchema",
+                            "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule", "FlowSchema",
                             "PriorityLevelConfiguration"])
     namespace = _of_kind(docs, "Namespace")
     assert namespace["metadata"]["name"] == "qos-system"
@@ -251,13 +268,6 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
         if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding", "FlowSchema", "PriorityLevelConfiguration"):
             assert doc["metadata"]["namespace"] == "qos-system"
     assert _of_kind(docs, "ClusterRoleBinding")["subjects"][0]["namespace"] == "qos-system"
-    flow = _of_kind(docs, "FlowSchema")["spec"]
-    assert flow["matchingPrecedence"] == 500 and flow["priorityLevelConfiguration"] == {"name": "edge-qos"}
-    assert flow["rules"][0]["subjects"] == [{"kind": "ServiceAccount", "serviceAccount": {
-        "name": _of_kind(docs, "ServiceAccount")["metadata"]["name"], "namespace": "qos-system"}}]
-    level = _of_kind(docs, "PriorityLevelConfiguration")["spec"]["limited"]
-    assert (level["nominalConcurrencyShares"], level["lendablePercent"],
-            level["limitResponse"]["queuing"]["queueLengthLimit"]) == (40, 0, 100)
     daemonset = _of_kind(docs, "DaemonSet")
     template = daemonset["spec"]["template"]
     pod = template["spec"]
@@ -269,7 +279,7 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     assert pod["priorityClassName"] == "node-agents"
     # Helm merges maps: the default kubernetes.io/os stays unless set to null.
     assert pod["nodeSelector"] == {"kubernetes.io/os": "linux", "koordinator.sh/colocation": "true"}
-    assert pod["affinity"] == {"nodeAffinity": EVERY_VALUE["koordlet"]["nodeAffinity"]}
+    assert pod["affinity"] == EVERY_VALUE["koordlet"]["nodeAffinity"]  # the whole affinity, as Koordinator's
     assert pod["tolerations"] == EVERY_VALUE["koordlet"]["tolerations"]
     assert template["metadata"]["annotations"] == {"example.com/scrape": "true"}
     assert template["metadata"]["labels"]["team"] == "platform"
@@ -277,10 +287,10 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     assert container["securityContext"] == EVERY_VALUE["koordlet"]["securityContext"]
     assert container["env"][-2:] == EVERY_VALUE["koordlet"]["extraEnv"]
     assert container["ports"][0]["containerPort"] == 19316
-    for probe in ("startupProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": 19316}
+    for probe in ("startupProbe", "livenessProbe"):  # HTTPS: koordlet.tls is set
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": 19316, "scheme": "HTTPS"}
     # ready = started and the states informer synced; /healthz also fails on a stalled loop (docs/operations.md)
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 19316}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 19316, "scheme": "HTTPS"}
     assert container["args"][-3:] == ["-feature-gates=BEMemoryEvict=true,CPUBurst=false",
                                       "-collect-res-used-interval=2s", "--kubelet-sync-interval=20s"]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -292,6 +302,7 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     assert (config.runtime_hooks_addr, config.runtime_hooks_config_path) == ("/run/koordlet-alt/koordlet.sock",
                                                                             "/etc/hooks.d")
     assert config.device_plugin_dir == "/data/kubelet/device-plugins"
+    assert config.serving_tls == ("/data/kubelet/pki/kubelet-server-current.pem",) * 2
     data = _of_kind(docs, "ConfigMap")["data"]
     threshold = json.loads(data["resource-threshold-config"])["clusterStrategy"]
     assert (threshold["enable"], threshold["cpuSuppressThresholdPercent"], threshold["memoryEvictThresholdPercent"]) \
@@ -302,7 +313,11 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
 def test_the_service_and_the_monitors_scrape_this_releases_pods(tmp_path: Path) -> None:
     docs = _every_value_docs(tmp_path)
     selector = _of_kind(docs, "DaemonSet")["spec"]["selector"]["matchLabels"]
-    service, monitors = _of_kind(docs, "Service"), [_of_kind(docs, "ServiceMonitor"), _of_kind(docs, "PodMonitor")]
+    values_file = tmp_path / "pod-monitor.yaml"
+    values_file.write_text(yaml.safe_dump({**EVERY_VALUE, "koordlet": {
+        **EVERY_VALUE["koordlet"], "enableServiceMonitor": False, "enablePodMonitor": True}}))
+    pod_monitor = _of_kind(chart_documents("--namespace", "qos-system", "--values", str(values_file)), "PodMonitor")
+    service, monitors = _of_kind(docs, "Service"), [_of_kind(docs, "ServiceMonitor"), pod_monitor]
     assert service["spec"]["selector"] == selector and service["spec"]["clusterIP"] == "None"
     assert service["spec"]["ports"] == [{"name": "http-metrics", "port": 19316, "targetPort": "http-metrics",
                                          "protocol": "TCP"}]
@@ -312,10 +327,23 @@ def test_the_service_and_the_monitors_scrape_this_releases_pods(tmp_path: Path) 
     assert monitors[0]["spec"]["endpoints"][0]["port"] == monitors[1]["spec"]["podMetricsEndpoints"][0]["port"] \
         == "http-metrics"
     assert monitors[0]["spec"]["endpoints"][0]["interval"] == "15s"
+    for endpoint in (monitors[0]["spec"]["endpoints"][0], monitors[1]["spec"]["podMetricsEndpoints"][0]):
+        assert (endpoint["scheme"], endpoint["tlsConfig"]) == ("https", {"insecureSkipVerify": True})  # koordlet.tls
     # Koordinator's value name alone brings the Service with the ServiceMonitor; by default there is neither.
     kinds = {d["kind"] for d in chart_documents("--set", "koordlet.enableServiceMonitor=true")}
     assert {"Service", "ServiceMonitor"} <= kinds and "PodMonitor" not in kinds
     assert not {"Service", "ServiceMonitor", "PodMonitor"} & {d["kind"] for d in chart_documents()}
+
+
+@pytest.mark.parametrize("command", ["template", "lint"])
+def test_the_chart_refuses_both_monitors_on_saying_why(command: str) -> None:
+    """A ServiceMonitor and a PodMonitor over the same pods would scrape every koordlet twice."""
+    done = subprocess.run([tool("helm"), command, *(["x"] if command == "template" else []), str(CHART),
+                           "--set", "koordlet.enableServiceMonitor=true", "--set", "koordlet.enablePodMonitor=true"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert ("enableServiceMonitor and enablePodMonitor are exclusive (both on scrape every koordlet twice): turn one "
+            "off") in done.stdout + done.stderr
 
 
 def test_without_host_mode_the_pod_has_koordinators_layout() -> None:
@@ -345,8 +373,10 @@ def test_slo_controller_config_can_be_left_to_koordinators_own_chart() -> None:
     ("koordlet.hostMode=yes", "/koordlet/hostMode"),
     ("koordlet.hostDirs.koordletSockDir=var/run/koordlet", "/koordlet/hostDirs/koordletSockDir"),
     ("koordlet.metrics.port=70000", "/koordlet/metrics/port"),
+    ("koordlet.tls.certFile=pki/kubelet.crt", "/koordlet/tls/certFile"),
     ("koordlet.resources.limits.memory=lots", "/koordlet/resources/limits/memory"),
     ("koordlet.tolerations[0].operator=Sometimes", "/koordlet/tolerations/0/operator"),
+    ("koordlet.nodeAffinity.nodeSelectorTerms=x", "/koordlet/nodeAffinity"),
     ("koordlet.nodeSelector.zone=null", "/koordlet/nodeSelector/zone"),
     ("koordlet.imagee.tag=1", "/koordlet"),
     ("koordlet.nri.pluginIndex=7", "/koordlet/nri/pluginIndex"),
@@ -356,6 +386,8 @@ def test_slo_controller_config_can_be_left_to_koordinators_own_chart() -> None:
     ("koordlet.extraEnv[0].name=1 BAD", "/koordlet/extraEnv/0/name"),
     ("fullnameOverride=Koordlet_Py", "/fullnameOverride"),
     ("crds.managed=maybe", "/crds/managed"),
+    ("prometheusRule.runbookURL=docs/operations.md", "/prometheusRule/runbookURL"),
+    ("prometheusRule.runbookURL=https://git.example.com/operations.md#koordletdown", "/prometheusRule/runbookURL"),
     ("sloControllerConfig.data.resource-threshold-config.clusterStrategy.cpuSuppressThresholdPercent=150",
      "/sloControllerConfig/data/resource-threshold-config/clusterStrategy/cpuSuppressThresholdPercent"),
     ("sloControllerConfig.data.cpu-burst-config.clusterStrategy.policy=always",
@@ -365,6 +397,35 @@ def test_a_bad_value_fails_at_template_time_naming_its_key(setting: str, key: st
     done = helm_template("--set", setting, check=False)
     assert done.returncode != 0, f"{setting} was accepted"
     assert f"at '{key}'" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (("koordlet.tls.certFile=/var/lib/kubelet/pki/kubelet.crt",),
+     "koordlet.tls.certFile and koordlet.tls.keyFile go together"),
+    (("koordlet.tls.certFile=/etc/kubernetes/pki/node.crt", "koordlet.tls.keyFile=/var/lib/kubelet/pki/kubelet.key"),
+     "koordlet.tls: /etc/kubernetes/pki/node.crt is not under koordlet.hostDirs.kubeletLibDir (/var/lib/kubelet)"),
+])
+def test_tls_files_go_together_and_lie_where_the_pod_sees_them(settings: tuple[str, ...], message: str) -> None:
+    done = helm_template(*(x for setting in settings for x in ("--set", setting)), check=False)
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_without_tls_the_probes_and_monitors_speak_plain_http() -> None:
+    docs = chart_documents("--set", "koordlet.enableServiceMonitor=true")
+    container = _koordlet(docs)
+    assert "scheme" not in container["livenessProbe"]["httpGet"]
+    assert not [a for a in container["args"] if a.startswith("-tls-")]
+    assert "scheme" not in _of_kind(docs, "ServiceMonitor")["spec"]["endpoints"][0]
+
+
+def test_a_bare_node_affinity_block_is_refused_saying_where_it_goes() -> None:
+    """koordlet.nodeAffinity is the pod's whole affinity (Koordinator's meaning): the block that used to be the value
+    here, with its keys at the top, is refused with the place they belong, not rendered as a doubled key."""
+    for key in ("requiredDuringSchedulingIgnoredDuringExecution", "preferredDuringSchedulingIgnoredDuringExecution"):
+        done = helm_template("--set-json", f'koordlet.nodeAffinity={{"{key}":{{}}}}', check=False)
+        assert done.returncode != 0
+        assert f"at '/koordlet/nodeAffinity/{key}'" in done.stderr
+        assert "moved under koordlet.nodeAffinity.nodeAffinity" in done.stderr, done.stderr
 
 
 def test_the_feature_gate_pattern_names_every_koordlet_gate() -> None:

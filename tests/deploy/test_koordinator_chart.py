@@ -253,6 +253,14 @@ def _readme_push_target() -> str:
     return target.removeprefix("docker://")
 
 
+def test_docs_give_koordinators_koordlet_the_limits_its_v1_8_0_chart_sets() -> None:
+    """docs/koordinator.md names Koordinator's koordlet CPU limit in two places; both are its chart's value."""
+    limits = koord.VALUES["koordlet"]["resources"]["limits"]
+    text = " ".join((ROOT / "docs/koordinator.md").read_text().split())
+    assert f"Koordinator's DaemonSet limits: cpu {limits['cpu']}, memory {limits['memory']}, requests 0" in text
+    assert f"under the chart's {limits['cpu']} CPU limit" in text
+
+
 def test_the_readmes_koordinator_chart_command_sets_values_the_chart_has_and_names_our_image() -> None:
     command = _readme_command()
     assert command[:7] == ["helm", "upgrade", "--install", "koordinator", "koordinator-sh/koordinator", "--version",

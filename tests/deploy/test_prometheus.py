@@ -1,8 +1,10 @@
-"""The alert rules and the dashboard (deploy/prometheus/), checked by Debian 12's Prometheus 2.42 and its promtool
-(scripts/fetch-tools.sh): the rules pass ``promtool check rules``, their unit tests pass ``promtool test rules``
-(every alert fires on trouble and stays quiet beside it), the chart's PrometheusRule is the same rules, and a real
-Prometheus scraping a running koordlet and a running proxy evaluates every alert expression and every dashboard
-query with data. A metric renamed in the code fails here."""
+"""The alert rules, the dashboard and the proxy's scrape job (deploy/prometheus/), checked by Debian 12's Prometheus
+2.42 and its promtool (scripts/fetch-tools.sh): the rules pass ``promtool check rules``, their unit tests pass
+``promtool test rules`` (every alert fires on trouble and stays quiet beside it), the chart's PrometheusRule is the
+same rules, and a real Prometheus scraping a running koordlet and a running proxy evaluates every alert expression
+and every dashboard query with data, and sees every Koordinator metric family koordlet serves under Koordinator's
+name and type. A metric renamed in the code fails here. The proxy's job (runtime-proxy-scrape.yaml) finds the proxy
+through Kubernetes service discovery, which Debian 12's build lacks: Debian 13's Prometheus 2.53 runs that one."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 RULES = PROMETHEUS_DIR / "koordlet-rules.yaml"
 RULE_TESTS = PROMETHEUS_DIR / "koordlet-rules.test.yaml"
 DASHBOARD = PROMETHEUS_DIR / "koordlet-dashboard.json"
+PROXY_SCRAPE = PROMETHEUS_DIR / "runtime-proxy-scrape.yaml"
+RUNBOOK_BASE = "https://koordlet-py.invalid/docs/operations.md"  # the rules file's stand-in (it says how to replace it)
 # Families the running stack below cannot show samples of, and why; their names are still checked against what the
 # targets describe (# HELP / # TYPE lines).
 NO_SAMPLES_HERE = {
@@ -68,18 +72,19 @@ def test_promtool_unit_tests_pass_and_cover_every_alert_firing_and_quiet() -> No
     for case in yaml.safe_load(RULE_TESTS.read_text())["tests"]:
         instances = {re.search(r'instance="([^"]+)"', s["series"]).group(1) for s in case["input_series"]}
         for check in case["alert_rule_test"]:
-            fired = {alert["exp_labels"]["instance"] for alert in check["exp_alerts"]}
+            fired = {alert["exp_labels"].get("instance") for alert in check["exp_alerts"]}
             if fired:
                 fires.add(check["alertname"])
+            if fired - {None}:  # an absent() alert has no instance, and no neighbour to stay quiet
                 assert instances - fired, f"{case['name']}: no healthy instance left quiet beside the one firing"
     assert fires == {alert["alert"] for alert in alerts()}, "every alert has a unit test in which it fires"
 
 
-def test_every_alert_has_a_runbook_section_in_the_operations_doc() -> None:
+def test_every_alert_links_its_runbook_section_in_the_operations_doc() -> None:
     operations = (ROOT / "docs" / "operations.md").read_text()
     for alert in alerts():
-        assert alert["annotations"]["runbook"] == f"docs/operations.md#{alert['alert'].lower()}"
-        assert f"\n#### {alert['alert']}\n" in operations, alert["alert"]
+        assert alert["annotations"]["runbook_url"] == f"{RUNBOOK_BASE}#{alert['alert'].lower()}"
+        assert f"\n#### {alert['alert']}\n" in operations, alert["alert"]  # whose anchor is the name in lower case
 
 
 # --------------------------------------------------------------------------------------------- chart
@@ -103,6 +108,15 @@ def test_the_chart_renders_the_same_rules_as_a_prometheusrule_when_asked() -> No
     assert rule["spec"] == yaml.safe_load(RULES.read_text())
 
 
+def test_the_chart_takes_the_runbook_urls_base_from_its_value() -> None:
+    base = "https://git.example.com/ops/koordlet-py/blob/v0.1.0/docs/operations.md"
+    (rule,) = [d for d in chart_documents("--set", "prometheusRule.enabled=true",
+                                          "--set", f"prometheusRule.runbookURL={base}")
+               if d["kind"] == "PrometheusRule"]
+    urls = {r["alert"]: r["annotations"]["runbook_url"] for group in rule["spec"]["groups"] for r in group["rules"]}
+    assert urls == {alert["alert"]: f"{base}#{alert['alert'].lower()}" for alert in alerts()}
+
+
 def test_the_chart_refuses_an_unknown_prometheusrule_value() -> None:
     done = subprocess.run([tool("helm"), "template", "x", str(CHART), "--set", "prometheusRule.enable=true"],
                           capture_output=True, text=True, timeout=120)
@@ -116,6 +130,7 @@ def test_the_chart_refuses_an_unknown_prometheusrule_value() -> None:
 class Scraped:
     prometheus: object  # PrometheusServer
     families: set[str]
+    koordlet_url: str
 
 
 def _refused_shares(hook: str, request: object) -> object:
@@ -158,7 +173,10 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
         register(proxy.hook_dir, "zz-refused.json", bad_hooks.socket_path, ["PreCreateContainer"])
         (tmp / "slo.yaml").write_text("resourceUsedThresholdWithBE: {enable: true, memoryEvictThresholdPercent: 99}\n")
         koordlet = KoordletProcess(tmp, runtime.socket, proxy.hook_dir)
-        koordlet.args += koordlet_nri_args(runtime, "-feature-gates=BEMemoryEvict=true,BECPUEvict=true")
+        # The NodeMetric and PSI every 1 s, for the families they set to have samples within the scrapes below.
+        koordlet.args += koordlet_nri_args(runtime, "-feature-gates=BEMemoryEvict=true,BECPUEvict=true,"
+                                           "NodeMetricPromMetrics=true,PSICollector=true,PerCPUMetric=true",
+                                           "-report-interval=1s", "-psi-collector-interval=1s")
         stack.callback(koordlet.stop)
         koordlet.start()
         assert wait_registered(lambda: http_get(f"http://127.0.0.1:{koordlet.port}/metrics"), 30)
@@ -179,7 +197,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
         stack.callback(prometheus.stop)
         prometheus.wait_up(30.0)
         time.sleep(8)  # several scrapes: rate() over 1 minute needs two samples of each series
-        yield Scraped(prometheus, prometheus.metadata())
+        yield Scraped(prometheus, prometheus.metadata(), f"http://127.0.0.1:{koordlet.port}")
 
 
 def _has_data(scraped: Scraped, expr: str) -> bool:
@@ -262,3 +280,95 @@ def test_the_dashboard_has_one_row_per_concern_and_its_variables() -> None:
     assert [v["name"] for v in board["templating"]["list"]] == ["datasource", "instance"]
     assert all(target["datasource"]["uid"] == "${datasource}" for panel in board["panels"]
                for target in panel.get("targets", []))
+
+
+@pytest.mark.containerd
+@pytest.mark.cgroupv1
+def test_a_running_koordlet_serves_koordinators_families_under_their_names_types_and_labels(scraped: Scraped) -> None:
+    """Every family the running koordlet serves that bears one of Koordinator's names (tests/koordlet/
+    koordinator_metrics.py) has Koordinator's type and, where it has samples here, its label names; Prometheus, which
+    asks for OpenMetrics first, records each under that name and type (its metadata API). Koordinator's counters have
+    no ``_total``, ours do. tests/koordlet/test_metric_names.py covers the families this stack has no sample of."""
+    from tests.koordlet import koordinator_metrics as facts
+    from tests.support import promtext
+    from tests.support.stack import http_get
+
+    served = promtext.parse(http_get(scraped.koordlet_url + "/metrics"))
+    recorded = {entry["metric"]: entry["type"] for entry in scraped.prometheus.api(  # type: ignore[attr-defined]
+        "/api/v1/targets/metadata", match_target='{job="koordlet"}')}
+    theirs = {name: family for name, family in served.items() if name in facts.FAMILIES}
+    assert set(theirs) <= set(facts.EXPORTED), "a family koordlet-py says it does not export is served"
+    with_samples = {name for name, family in theirs.items() if family.samples}
+    wrong = {name: (family.type, recorded.get(name), sorted(family.label_names))
+             for name, family in theirs.items()
+             if not family.type == recorded.get(name) == facts.FAMILIES[name].type
+             or (name in with_samples and family.label_names != frozenset(facts.FAMILIES[name].labels))}
+    assert wrong == {}
+    ours = {name for name, family in served.items() if name.startswith("koordlet_") and name not in theirs}
+    assert all(name.endswith("_total") for name in ours if served[name].type == "counter")
+    assert scraped.prometheus.query("koordlet_pod_eviction")  # type: ignore[attr-defined]
+    assert not scraped.prometheus.query('{__name__=~"koordlet_pod_eviction.*_total"}')  # type: ignore[attr-defined]
+    print(f"Koordinator's families served by the running koordlet: {len(theirs)} of {len(facts.EXPORTED)}, "
+          f"{len(with_samples)} with samples; without samples here: {', '.join(sorted(set(theirs) - with_samples))}; "
+          f"not served here: {', '.join(sorted(set(facts.EXPORTED) - set(theirs)))}")
+
+
+@pytest.mark.containerd
+def test_prometheus_finds_the_proxy_through_the_nodes_and_sees_it_go_down(containerd_socket: str,
+                                                                           tmp_path: Path) -> None:
+    """runtime-proxy-scrape.yaml's job as written (only the API server and its credentials added, as outside a cluster)
+    in a real Prometheus with Kubernetes service discovery: it lists and watches the Nodes of the project's API server
+    (HTTPS, a bearer token), scrapes port 9318 of the node's address, where a running proxy serves, and labels the
+    series with the node. When the proxy stops, KoordRuntimeProxyDown's expression holds and the alert is pending.
+    The node's address is a loopback address of this test's own, so port 9318 on it is no one else's."""
+    import random
+
+    from tests.koordlet.statesinformer.kubelet_server import make_certs
+    from tests.support.apiserver import ApiServer
+    from tests.support.prometheus import PrometheusServer
+    from tests.support.proxy import ProxyProcess
+    from tests.support.waiting import wait_for
+
+    address = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}"
+    certs = make_certs(tmp_path)
+    token = tmp_path / "prometheus.token"
+    token.write_text("prometheus-sd-token")
+    job = yaml.safe_load(PROXY_SCRAPE.read_text())["scrape_configs"][0]
+    with contextlib.ExitStack() as stack:
+        api = stack.enter_context(ApiServer(crd_dir=None, tls=(certs.server_cert, certs.server_key),
+                                            token="prometheus-sd-token"))
+        api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+                  "status": {"addresses": [{"type": "InternalIP", "address": address},
+                                           {"type": "Hostname", "address": "node-a"}],
+                             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}}})
+        proxy = ProxyProcess(str(tmp_path / "proxy.sock"), containerd_socket, state_dir=str(tmp_path),
+                             metrics_address=(address, 9318)).start()
+        stack.callback(lambda: proxy.proc is not None and proxy.terminate())
+        job["kubernetes_sd_configs"][0].update(api_server=api.url, tls_config={"ca_file": str(certs.server_cert)},
+                                               authorization={"credentials_file": str(token)})
+        prometheus = PrometheusServer(tmp_path, {}, rule_files=[RULES], scrape_configs=[job],
+                                      binary="prometheus-2.53").start()
+        stack.callback(prometheus.stop)
+        prometheus.wait_up(30.0)
+        (target,) = prometheus.api("/api/v1/targets")["activeTargets"]
+        assert target["scrapeUrl"] == f"http://{address}:9318/metrics"
+        assert (target["labels"]["job"], target["labels"]["instance"], target["labels"]["node"]) == (
+            "koord-runtime-proxy", "node-a", "node-a")
+        assert prometheus.query('koord_runtimeproxy_calls_served_total{job="koord-runtime-proxy", node="node-a"}')
+        # What service discovery asked of the API server: a list, then a watch, of Nodes, with its token.
+        nodes = api.requests("GET", r"^/api/v1/nodes$")
+        assert [r.query.get("watch") for r in nodes][:2] == [None, "true"]
+        assert {r.headers.get("Authorization") for r in nodes} == {"Bearer prometheus-sd-token"}
+
+        proxy.terminate()
+        down = next(rule["expr"] for rule in alerts() if rule["alert"] == "KoordRuntimeProxyDown")
+        assert wait_for(lambda: prometheus.query(down), 30.0, 0.5), f"{down}: no data after the proxy stopped"
+
+        def pending() -> list[dict]:
+            return [alert for alert in prometheus.api("/api/v1/alerts")["alerts"]
+                    if alert["labels"]["alertname"] == "KoordRuntimeProxyDown"]
+
+        (alert,) = wait_for(pending, 30.0, 0.5)
+        # The node role names a target's instance after its node.
+        assert (alert["state"], alert["labels"]["instance"], alert["labels"]["node"]) == ("pending", "node-a", "node-a")
+

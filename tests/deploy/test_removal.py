@@ -37,7 +37,7 @@ def removal_commands() -> list[list[str]]:
 def installs() -> dict[str, list[str]]:
     """The README's `helm install` commands of our chart, by where they install: alone or beside Koordinator."""
     alone = _commands(_section("### 3a. koordlet alone", "\n### "))
-    beside = _commands(_section("#### (b) Our chart beside Koordinator's control plane", "\n### "))
+    beside = _commands(_section("#### (b) Our chart beside Koordinator's control plane", "\n#### "))
     [alone_install] = [w for w in alone if w[:2] == ["helm", "install"]]
     [beside_install] = [w for w in beside if w[:2] == ["helm", "install"]]
     return {"alone": alone_install, "beside Koordinator": beside_install}

@@ -79,13 +79,14 @@ def object_key(doc: dict[str, Any]) -> tuple[str, str, str]:
     return doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"]
 
 
-_PLURALS = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps",
-            "Service": "services",
-            "DaemonSet": "daemonsets", "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
-            "CustomResourceDefinition": "customresourcedefinitions", "NodeSLO": "nodeslos", "NodeMetric": "nodemetrics",
-            "NodeResourceTopology": "noderesourcetopologies", "ServiceMonitor": "servicemonitors",
-            "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules", "FlowSchema": "flowschemas",
-            "PriorityLevelConfiguration": "prioritylevelconfigurations"}
+# The plural of every kind the tests create on the project's API server.
+PLURALS = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps",
+           "Service": "services",
+           "DaemonSet": "daemonsets", "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
+           "CustomResourceDefinition": "customresourcedefinitions", "NodeSLO": "nodeslos", "NodeMetric": "nodemetrics",
+           "NodeResourceTopology": "noderesourcetopologies", "ServiceMonitor": "servicemonitors",
+           "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules", "FlowSchema": "flowschemas",
+           "PriorityLevelConfiguration": "prioritylevelconfigurations"}
 
 
 def request(client: kubernetes.client.ApiClient, verb: str, path: str, body: dict[str, Any] | None = None,
@@ -99,10 +100,15 @@ def request(client: kubernetes.client.ApiClient, verb: str, path: str, body: dic
     return json.loads(data)
 
 
-def create_object(client: kubernetes.client.ApiClient, doc: dict[str, Any]) -> dict[str, Any]:
-    """POST ``doc`` to the API server ``client`` talks to (as `kubectl create -f` would)."""
+def object_path(doc: dict[str, Any], named: bool = False) -> str:
+    """The REST path of ``doc``'s collection, or with ``named`` of the object itself."""
     group_version = doc["apiVersion"]
     base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
     namespace = doc["metadata"].get("namespace")
-    path = f"{base}/namespaces/{namespace}/{_PLURALS[doc['kind']]}" if namespace else f"{base}/{_PLURALS[doc['kind']]}"
-    return request(client, "POST", path, doc)
+    path = f"{base}/namespaces/{namespace}/{PLURALS[doc['kind']]}" if namespace else f"{base}/{PLURALS[doc['kind']]}"
+    return f"{path}/{doc['metadata']['name']}" if named else path
+
+
+def create_object(client: kubernetes.client.ApiClient, doc: dict[str, Any]) -> dict[str, Any]:
+    """POST ``doc`` to the API server ``client`` talks to (as `kubectl create -f` would)."""
+    return request(client, "POST", object_path(doc), doc)

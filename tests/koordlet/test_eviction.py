@@ -59,7 +59,7 @@ def test_be_pod_is_evicted_through_the_api_with_a_warning_event(
         server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
     pod = seed_pod(server, "job-0", "BE", "BestEffort")
     evictor = Evictor("node-1", api_client=api_client)
-    before = POD_EVICTION.labels(node="node-1", reason=reason_for("BEMemoryEvict"))._value.get()
+    before = POD_EVICTION.labels(node="node-1", reason=reason_for("BEMemoryEvict")).get()
     result = evictor.evict(pod, "BEMemoryEvict", "node memory usage 75% >= threshold 70%")
     assert result.outcome is EvictionOutcome.EVICTED
     assert server.get_object("pods", "job-0", "default") is None
@@ -67,9 +67,9 @@ def test_be_pod_is_evicted_through_the_api_with_a_warning_event(
     assert event["type"] == "Warning" and event["reason"] == "BEMemoryEvict"
     assert "75%" in event["message"] and "70%" in event["message"]
     assert event["involvedObject"]["name"] == "job-0" and event["involvedObject"]["uid"] == pod.uid
-    assert POD_EVICTION.labels(node="node-1", reason=reason_for("BEMemoryEvict"))._value.get() == before + 1
+    assert POD_EVICTION.labels(node="node-1", reason=reason_for("BEMemoryEvict")).get() == before + 1
     assert POD_EVICTION_DETAIL.labels(node="node-1", pod_namespace="default", pod_name="job-0",
-                                      reason=reason_for("BEMemoryEvict"))._value.get() >= 1
+                                      reason=reason_for("BEMemoryEvict")).get() >= 1
     assert evictor.is_evicting(pod.uid)
     assert evictor.evict(pod, "BEMemoryEvict", "again").outcome is EvictionOutcome.ALREADY_EVICTING
     assert _evictions(server, "job-0") == 1

@@ -16,13 +16,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.main import _prod_prediction
 from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
-from koordlet.metrics import KoordletMetrics
+from koordlet.metrics import KoordletMetrics, exposition
 from koordlet.metricsadvisor.nodeinfo import NodeInfoCollector
 from koordlet.prediction.server import PredictServer
 from koordlet.qosmanager.snapshot import Needs, SnapshotBuilder
@@ -30,6 +27,7 @@ from koordlet.statesinformer.api import StaticStates
 from tests.koordlet.prediction.test_prediction import END, NODE, PODS, _server, _train
 from tests.koordlet.qosmanager.factory import node
 from tests.koordlet.system.topology_tree import build_tree, two_sockets_smt
+from tests.support import promtext
 
 NAME = "node-1"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -37,9 +35,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 def served(metrics: KoordletMetrics) -> Samples:
     """What /metrics shows of the agent's registry, parsed back: (sample name, sorted labels) → value."""
-    text = generate_latest(metrics.registry).decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return promtext.samples(exposition([metrics.registry]).decode())
 
 
 def _labels(**labels: str) -> tuple[tuple[str, str], ...]:
@@ -111,7 +107,7 @@ def test_node_info_readings_are_counted_succeeded_and_failed(tmp_path: Path) -> 
     except OSError:
         pass
     got = served(metrics)
-    cpu, numa = "koordlet_collect_node_cpu_info_status_total", "koordlet_collect_node_numa_info_status_total"
+    cpu, numa = "koordlet_collect_node_cpu_info_status", "koordlet_collect_node_numa_info_status"
     assert got[(cpu, _labels(status="succeeded"))] == 2 and got[(cpu, _labels(status="failed"))] == 1
     assert got[(numa, _labels(status="succeeded"))] == 1 and got[(numa, _labels(status="failed"))] == 1
 
@@ -127,7 +123,7 @@ def test_block_device_readings_are_counted_where_blkio_reads_them(tmp_path: Path
         assert snap is not None and snap.storage is not None
         builder.build(Needs(storage=True), now=11.0)  # within the refresh time: no second reading
     got = served(metrics)
-    name = "koordlet_collect_node_local_storage_info_status_total"
+    name = "koordlet_collect_node_local_storage_info_status"
     assert got[(name, _labels(status="succeeded"))] == 1 and got[(name, _labels(status="failed"))] == 1
 
 

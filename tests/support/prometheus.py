@@ -1,5 +1,7 @@
 """A real Prometheus server for tests: Debian 12's 2.42 (scripts/fetch-tools.sh prometheus), on the loopback address
-and a free port, its own config and data dir in the test's temp dir, stopped by PID."""
+and a free port, its own config and data dir in the test's temp dir, stopped by PID. Debian 12's build has no
+Kubernetes service discovery (Debian took it out); a test of a ``kubernetes_sd_configs`` job runs Debian 13's 2.53
+(``binary="prometheus-2.53"``)."""
 
 from __future__ import annotations
 
@@ -21,17 +23,20 @@ from tests.support.proxy import free_port
 
 class PrometheusServer:
     def __init__(self, workdir: Path, targets: dict[str, str], rule_files: Sequence[Path] = (),
-                 interval_s: int = 1) -> None:
-        """``targets``: job name -> ``host:port`` scraped every ``interval_s``; ``rule_files`` evaluated as often."""
+                 interval_s: int = 1, scrape_configs: Sequence[dict[str, Any]] = (),
+                 binary: str = "prometheus") -> None:
+        """``targets``: job name -> ``host:port`` scraped every ``interval_s``; ``scrape_configs``: more jobs as
+        written; ``rule_files`` evaluated as often; ``binary``: the scripts/fetch-tools.sh tool to run."""
         self.workdir = workdir
+        self.binary = binary
         self.port = free_port()
         self.config = workdir / "prometheus.yml"
         self.config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s",
                        "scrape_timeout": f"{interval_s}s"},
             "rule_files": [str(path) for path in rule_files],
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [address]}]}
-                               for job, address in targets.items()],
+            "scrape_configs": [*({"job_name": job, "static_configs": [{"targets": [address]}]}
+                                 for job, address in targets.items()), *scrape_configs],
         }))
         self.log_path = workdir / "prometheus.log"
         self.proc: subprocess.Popen | None = None
@@ -43,7 +48,7 @@ class PrometheusServer:
     def start(self, timeout_s: float = 30.0) -> PrometheusServer:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [tool("prometheus"), f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'data'}",
+                [tool(self.binary), f"--config.file={self.config}", f"--storage.tsdb.path={self.workdir / 'data'}",
                  f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
                 cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s

@@ -41,9 +41,9 @@ def wait_for_socket(path: str, timeout_s: float, proc: subprocess.Popen | None =
     _wait_until_accepting(socket.AF_UNIX, path, path, timeout_s, proc)
 
 
-def wait_for_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
-    """Until something accepts on 127.0.0.1:``port``."""
-    _wait_until_accepting(socket.AF_INET, ("127.0.0.1", port), f"port {port}", timeout_s, proc)
+def wait_for_port(port: int, timeout_s: float, proc: subprocess.Popen | None = None, host: str = "127.0.0.1") -> None:
+    """Until something accepts on ``host``:``port``."""
+    _wait_until_accepting(socket.AF_INET, (host, port), f"{host}:{port}", timeout_s, proc)
 
 
 class ProxyProcess:
@@ -51,13 +51,14 @@ class ProxyProcess:
 
     def __init__(self, listen: str, backend: str, *extra: str, log_path: str | None = None,
                  state_dir: str | None = None, tree: str | None = None,
-                 systemd: SystemdStandIn | None = None) -> None:
-        """``systemd``: start it as systemd starts the unit (its socket passed, its notifications read)."""
+                 systemd: SystemdStandIn | None = None, metrics_address: tuple[str, int] | None = None) -> None:
+        """``systemd``: start it as systemd starts the unit (its socket passed, its notifications read).
+        ``metrics_address``: (IPv4 host, port) of its metrics endpoint; a free port on 127.0.0.1 by default."""
         self.listen = listen
         self.systemd = systemd
         self.tree = tree or str(REPO)  # the source tree the proxy runs from (another one: before/after figures)
         self.backend = backend
-        self.metrics_port = free_port()
+        self.metrics_host, self.metrics_port = metrics_address or ("127.0.0.1", free_port())
         # Registrations and the store checkpoint live next to the socket, never in /etc or /var/lib.
         state = state_dir or os.path.dirname(listen)
         self.hook_dir = os.path.join(state, "hookserver.d")
@@ -66,7 +67,7 @@ class ProxyProcess:
             sys.executable, "-m", "runtimeproxy.main",
             "--koord-runtimeproxy-endpoint", listen,
             "--remote-runtime-service-endpoint", backend,
-            "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
+            "--metrics-bind-address", f"{self.metrics_host}:{self.metrics_port}",
             "--runtime-hook-config-dir", self.hook_dir,
             "--store-checkpoint-path", self.checkpoint,
             *extra,
@@ -88,7 +89,7 @@ class ProxyProcess:
             try:
                 # The CRI socket is up before the metrics endpoint: a test that reads metrics first must not race it.
                 wait_for_socket(self.listen, timeout_s, self.proc)
-                wait_for_port(self.metrics_port, timeout_s, self.proc)
+                wait_for_port(self.metrics_port, timeout_s, self.proc, self.metrics_host)
             except (TimeoutError, RuntimeError) as exc:
                 self.kill()
                 raise RuntimeError(f"{exc}; proxy log:\n{self.log()[-2000:]}") from exc

@@ -51,7 +51,11 @@ def test_suppress_cfs_quota_shrinks_the_be_quota_and_its_cpu_share(real_node: Re
     quota = int(real_node.read("cpu", real_node.be_dir, "cpu.cfs_quota_us"))
     assert 2000 <= quota < 100000
     assert 0 < value_of(BE_SUPPRESS_CPU_CORES, node="node-1", type="cfsQuota") < 1.0
-    assert value_of(BE_SUPPRESS_LS_USED_CPU_CORES, node="node-1") > 0.3
+    # The LS burner's use was counted: what koordlet saw against what the LS pod's own cgroup shows right after (a
+    # busy machine gives the burner less than a core, both figures alike; a fixed floor would measure the machine).
+    ls_seen = value_of(BE_SUPPRESS_LS_USED_CPU_CORES, node="node-1")
+    ls_measured = real_node.cpu_cores(real_node.pod_dir(real_node.pod("ls")), 0.5)
+    assert ls_measured > 0.05 and ls_seen > 0.3 * ls_measured, (ls_seen, ls_measured)
     be_after = real_node.cpu_cores(real_node.be_dir, 0.5)
     assert be_before > 0.15
     assert be_after < be_before * 0.5, (be_before, be_after)
