@@ -12,7 +12,8 @@ what a bench must see:
   Reads: a get or list with no ``resourceVersion`` is a consistent read (etcd); with one (``0``, or a version
   with ``NotOlderThan``) the watch cache serves it. Watches are served by this layer from the server's changes:
   each resource keeps the history of the last :attr:`FleetServer.window_s` (75 s, the watch cache's
-  ``eventFreshDuration``); a watch from a version older than that window answers a 410 ERROR event. A watch with
+  ``eventFreshDuration``): a watch from a version replays what changed since, and one from a version older than that
+  window answers a 410 ERROR event. A watch with
   ``allowWatchBookmarks`` gets a BOOKMARK every minute and 2 s before its timeout (the cacher's
   ``bookmarkFrequency`` and deadline bookmark), carrying the newest version; it ends at its ``timeoutSeconds``.
   Watches are selected by ``metadata.name`` (what node agents ask for); other selectors are refused (400).
@@ -277,7 +278,7 @@ class FleetServer:
         self.open_watches: defaultdict[str, int] = defaultdict(int)  # node → watches open now
         self.peak_watches: defaultdict[str, int] = defaultdict(int)
         self._watchers: defaultdict[tuple[str, str], set[WatchStream]] = defaultdict(set)
-        self._history: defaultdict[str, deque[tuple[float, int]]] = defaultdict(deque)
+        self._history: defaultdict[str, deque[tuple[float, _WatchEvent]]] = defaultdict(deque)
         self._floor: defaultdict[str, int] = defaultdict(int)  # per resource: versions below are gone
         self.unavailable = False
         self.reject_fraction = 0.0
@@ -351,6 +352,12 @@ class FleetServer:
             current = self.api.get_object(route.rtype.qualified, name)
             if current is not None:
                 stream.push(self.api._event_line("ADDED", self.api._converted(current, route.rtype)))
+        else:  # what happened since that version, from the window
+            for _, event in self._history[route.rtype.qualified]:
+                if event.resource_version > int(requested) and _named(event) == name:
+                    line = self.api._filtered(route, query, event)
+                    if line is not None:
+                        stream.push(line)
         self._watchers[stream.key].add(stream)
         timeout_s = float(query.get("timeoutSeconds") or 1800)
         loop = self.loop
@@ -373,14 +380,13 @@ class FleetServer:
         history = self._history[rtype.qualified]
         horizon = self.loop.now - self.window_s
         while history and history[0][0] < horizon:
-            self._floor[rtype.qualified] = history.popleft()[1]
+            self._floor[rtype.qualified] = history.popleft()[1].resource_version
         return self._floor[rtype.qualified]
 
     def _changed(self, event: _WatchEvent) -> None:
         qualified = event.rtype.qualified
-        self._history[qualified].append((self.loop.now, event.resource_version))
-        name = str((event.new.get("metadata") or {}).get("name") or "")
-        for stream in list(self._watchers.get((qualified, name), ())):
+        self._history[qualified].append((self.loop.now, event))
+        for stream in list(self._watchers.get((qualified, _named(event)), ())):
             line = self.api._filtered(stream.route, stream.query, event)
             if line is not None:
                 stream.push(line)
@@ -402,6 +408,10 @@ class FleetServer:
         for stream in streams:
             stream.finish(StreamState.CUT)
         return len(streams)
+
+
+def _named(event: _WatchEvent) -> str:
+    return str((event.new.get("metadata") or {}).get("name") or "")
 
 
 def _status_answer(error: ApiStatusError) -> Answer:
