@@ -9,9 +9,10 @@ Two limits, both on the koordlet as a whole (its watchers, reporters, events, ev
 - **Pushback.** A 429 or 503 (and 502/504, or any 5xx with ``Retry-After``), or a server that cannot be reached,
   means the API server is overloaded or restarting; at 5,000 nodes every extra request then makes it worse. From
   that answer on, the koordlet sends **one request per pushback slot**, about every :data:`PUSHBACK_INTERVAL_S`
-  (±15 %, so nodes that were pushed back together come back apart), never before the server's ``Retry-After``.
-  The interval is about what a koordlet sends in steady state (one request per 40 s), so a koordlet under pushback
-  never asks more of the server than it does when all is well. The request sent in a slot is a probe: when it
+  (±15 %, so nodes that were pushed back together come back apart), never before the server's ``Retry-After``:
+  two requests a minute at most, about what a koordlet sends in steady state (1.4 a minute: docs/benchmarks.md), so
+  a koordlet under pushback asks no more of the server than it does when all is well, and finds out within half a
+  minute that the server is answering again. The request sent in a slot is a probe: when it
   is answered, the koordlet waits :data:`PROBATION_S` more, and if nothing pushed back meanwhile (no 429/503, no
   watch broken off) it is back to normal. A watch broken off by the peer is a softer sign (load balancers cut
   idle connections): the next request goes at once as a probe, the others wait for the probation.
@@ -41,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_QPS = 20.0  # -kube-api-qps (Koordinator cmd/koordlet/options/options.go)
 DEFAULT_BURST = 30  # -kube-api-burst
-PUSHBACK_INTERVAL_S = 40.0
+PUSHBACK_INTERVAL_S = 30.0
 PUSHBACK_SPREAD = 0.15
 PROBATION_S = 12.0
 MAX_RATE_WAIT_S = 1.0
