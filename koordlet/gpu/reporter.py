@@ -203,7 +203,7 @@ def _without_nones(desired: Mapping[str, Any]) -> dict[str, Any]:
 def sync_node_labels(core_api: CoreV1, node_name: str, labels: Mapping[str, str]) -> bool:
     """Patch the node's GPU labels when they differ; returns True when a patch was sent."""
     try:
-        node = core_api.read_node(node_name)
+        node = core_api.read_node(node_name, resource_version="0")  # the watch cache's copy: a merge patch follows
     except ApiException as exc:
         raise DeviceReportError(f"read node {node_name}: {exc.status} {exc.reason}") from exc
     current = section(node, "metadata", "labels")
