@@ -21,6 +21,7 @@ from koordlet.kubeapi import CoreV1, KubeClient
 from koordlet.kubeclient.budget import PROBATION_S, Budget
 from koordlet.kubeclient.reflector import HEALTHY_WATCH_S, NextLine, Reflector, Sleep
 from tests.koordlet.kubeclient.clock import FakeClock
+from tests.support.fleetserver import Answer as Reply
 
 NODE = "n1"
 
@@ -41,24 +42,6 @@ class Answer:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class _Response:
-    def __init__(self, answer: Answer) -> None:
-        self.status = answer.status
-        self.reason = "scripted"
-        self.headers = answer.headers
-        self.data = json.dumps(answer.body).encode() if not isinstance(answer.body, Stream) else b""
-        self.response = answer.body if isinstance(answer.body, Stream) else self
-
-    def read(self) -> bytes:
-        return self.data
-
-    def getheaders(self) -> dict[str, str]:
-        return self.headers
-
-    def getheader(self, name: str, default: str | None = None) -> str | None:
-        return self.headers.get(name, default)
-
-
 class ScriptedApiClient(kubernetes.client.ApiClient):
     """The real ApiClient (URL, query and body built by the library) whose transport answers from a script."""
 
@@ -69,11 +52,13 @@ class ScriptedApiClient(kubernetes.client.ApiClient):
         self.clock: FakeClock | None = None
 
     def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None, post_params: Any = None,
-                 _request_timeout: Any = None) -> _Response:
+                 _request_timeout: Any = None) -> Reply:
         assert self.clock is not None
         answer = self.script.popleft()
         self.sent.append((self.clock.now, dict(parse_qsl(urlsplit(url).query))))
-        return _Response(answer)
+        if isinstance(answer.body, Stream):
+            return Reply(answer.status, b"", answer.headers, stream=answer.body)  # type: ignore[arg-type]
+        return Reply(answer.status, json.dumps(answer.body).encode(), answer.headers)
 
 
 def node_list(version: str, present: bool = True) -> Answer:
