@@ -47,7 +47,11 @@ class Gate:
 
 
 _QOS = "koordlet/qosmanager/framework.py"
-_MAIN = "koordlet/main.py"
+_AGENT = "koordlet/agent/lifecycle.py"
+_COLLECTORS = "koordlet/agent/wiring/metricsadvisor.py"
+_REPORTERS = "koordlet/agent/wiring/reporters.py"
+_NETWORK = "koordlet/agent/wiring/network.py"
+_STATES = "koordlet/agent/wiring/states.py"
 _VENDOR = "vendor-specific"
 
 GATES: tuple[Gate, ...] = (
@@ -58,7 +62,7 @@ GATES: tuple[Gate, ...] = (
          verified="v1 host: cfs_burst_us; v2 guest: cpu.max.burst"),
     Gate("RdtResctrl", BETA, YES, (_QOS,),
          verified="fixture: resctrl of an Intel RDT machine (no RDT here)"),
-    Gate("NodeTopologyReport", BETA, YES, ("koordlet/main.py",),
+    Gate("NodeTopologyReport", BETA, YES, (_REPORTERS,),
          verified="fixture machines and this host, through the project's API server"),
     Gate("GroupIdentity", BETA, YES, ("hooks/groupidentity.py",),
          verified="fixture: Anolis cpu.bvt_warp_ns files (the reconciler's trees)"),
@@ -67,8 +71,8 @@ GATES: tuple[Gate, ...] = (
     Gate("BatchResource", BETA, YES, ("hooks/batchresource.py",),
          verified="v1 host and v2 guest: real containerd through the proxy and NRI"),
     # Alpha: off by default
-    Gate("AuditEvents", ALPHA, YES, (_MAIN,), verified="v1 host: a real suppression and eviction audited"),
-    Gate("AuditEventsHTTPHandler", ALPHA, YES, (_MAIN,), verified="v1 host: /events on the agent's port"),
+    Gate("AuditEvents", ALPHA, YES, (_AGENT,), verified="v1 host: a real suppression and eviction audited"),
+    Gate("AuditEventsHTTPHandler", ALPHA, YES, (_AGENT,), verified="v1 host: /events on the agent's port"),
     Gate("BECPUManager", ALPHA, YES, (_QOS, "koordlet/runtimehooks/__init__.py"),
          verified="decisions on snapshots: suppress stands down, BE cpusets back on the share pool"),
     Gate("BECPUEvict", ALPHA, YES, (_QOS,),
@@ -85,29 +89,29 @@ GATES: tuple[Gate, ...] = (
          verified="decisions on snapshots; the Eviction API of the project's API server"),
     Gate("SystemConfig", ALPHA, YES, (_QOS,),
          verified="fixture /proc/sys tree; v2 guest: the real /proc/sys/vm files"),
-    Gate("ResctrlCollector", ALPHA, YES, (_MAIN,), note="needs -enable-resctrl-collector too, as in Koordinator",
+    Gate("ResctrlCollector", ALPHA, YES, (_COLLECTORS,), note="needs -enable-resctrl-collector too, as in Koordinator",
          verified="fixture: resctrl mon_data of an Intel RDT machine"),
     Gate("CgroupReconcile", ALPHA, YES, (_QOS,),
          verified="v1 host and v2 guest: memory.min/low/high on real cgroups"),
-    Gate("Accelerators", ALPHA, YES, ("koordlet/main.py",),
+    Gate("Accelerators", ALPHA, YES, ("koordlet/agent/wiring/devices.py", _REPORTERS),
          verified="fake NVML built from a real GPU machine's facts (make gpu-check: real NVML); XPU device-info "
                   "files laid out as koord-device-daemon writes them"),
-    Gate("RDMADevices", ALPHA, YES, (_MAIN,), verified="fixture: sysfs of an mlx5 NIC with SR-IOV"),
-    Gate("CPICollector", ALPHA, YES, (_MAIN,), note="off without a hardware PMU (said once)",
+    Gate("RDMADevices", ALPHA, YES, (_REPORTERS,), verified="fixture: sysfs of an mlx5 NIC with SR-IOV"),
+    Gate("CPICollector", ALPHA, YES, (_COLLECTORS,), note="off without a hardware PMU (said once)",
          verified="v1 host and v2 guest: software counters on real cgroups; no-PMU path"),
-    Gate("Libpfm4", ALPHA, YES, (_MAIN,), verified="v1 host: libpfm4 4.13 encoding, grouped counters"),
-    Gate("PSICollector", ALPHA, YES, ("koordlet/main.py",),
+    Gate("Libpfm4", ALPHA, YES, (_COLLECTORS,), verified="v1 host: libpfm4 4.13 encoding, grouped counters"),
+    Gate("PSICollector", ALPHA, YES, (_COLLECTORS,),
          verified="v1 host (the hybrid unified mount) and v2 guest: real pressure files"),
     Gate("BlkIOReconcile", ALPHA, YES, (_QOS,),
          verified="v1 host: a loop device, rate measured; v2 guest: an attached disk (io.max, io.cost)"),
-    Gate("ColdPageCollector", ALPHA, YES, (_MAIN,), note="kidled or the page-idle bitmap; off without both",
+    Gate("ColdPageCollector", ALPHA, YES, (_COLLECTORS,), note="kidled or the page-idle bitmap; off without both",
          verified="fixture: Anolis kidled files, page-idle bitmap files; v1 host: neither (off)"),
-    Gate("HugePageReport", ALPHA, YES, (_MAIN,), verified="fixture machines; v2 guest booted with hugepages"),
-    Gate("PodResourcesProxy", ALPHA, YES, (_MAIN,), verified="the test kubelet's pod resources API over gRPC"),
+    Gate("HugePageReport", ALPHA, YES, (_REPORTERS,), verified="fixture machines; v2 guest booted with hugepages"),
+    Gate("PodResourcesProxy", ALPHA, YES, (_STATES,), verified="the test kubelet's pod resources API over gRPC"),
     Gate("HamiCoreVGPUMonitor", ALPHA, YES, ("hooks/gpu.py",), note=_VENDOR + " (HAMi-core)",
          verified="real containerd through the proxy; HAMi-core's cache dir layout"),
-    Gate("PerCPUMetric", ALPHA, YES, (_MAIN,), verified="v1 host /proc/stat; fixture of 300 CPUs"),
-    Gate("NodeMetricPromMetrics", ALPHA, YES, ("koordlet/main.py",),
+    Gate("PerCPUMetric", ALPHA, YES, (_COLLECTORS, _REPORTERS), verified="v1 host /proc/stat; fixture of 300 CPUs"),
+    Gate("NodeMetricPromMetrics", ALPHA, YES, (_REPORTERS,),
          verified="v1 host: the agent's /metrics; NUMA series: two-NUMA fixture machine, v2 guest with two NUMA "
                   "nodes"),
     Gate("GPUEnvInject", ALPHA, YES, ("hooks/gpu.py",),
@@ -121,9 +125,9 @@ GATES: tuple[Gate, ...] = (
               "CONFIG_SCHED_CORE)",
          verified="v1 host and v2 guest: cpu.idle on real pod dirs, kubelet's QoS-dir writes accepted; "
                   "real containerd through the proxy and NRI"),
-    Gate("TerwayQoS", ALPHA, YES, (_MAIN,), note=_VENDOR + " (Terway)",
+    Gate("TerwayQoS", ALPHA, YES, (_NETWORK,), note=_VENDOR + " (Terway)",
          verified="fixture: Terway's QoS dir (pod.json, global_bps_config)"),
-    Gate("TCNetworkQoS", ALPHA, YES, ("koordlet/main.py",),
+    Gate("TCNetworkQoS", ALPHA, YES, (_NETWORK,),
          verified="v1 host: HTB classes on a veth in a private network namespace, rates measured"),
     Gate("Resctrl", ALPHA, YES, ("hooks/resctrl.py", "koordlet/runtimehooks/__init__.py"),
          verified="fixture: resctrl of an Intel RDT machine (no RDT here)"),

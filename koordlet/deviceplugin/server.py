@@ -15,7 +15,7 @@ dial it to be sure it answers, then Register with kubelet. kubelet wipes the dir
 restarts and re-creates `kubelet.sock`; a watch on the directory (watchdog/inotify) notices the
 new kubelet socket, or our own socket vanishing, and restarts the server and registers again.
 
-In the daemon it is the ``device plugin`` part of koordlet/main.py (after the GPU service, gate
+In the daemon it is the ``device plugin`` part (koordlet/agent/wiring/devices.py; after the GPU service, gate
 ``Accelerators``), started with ``require_kubelet=False``: a kubelet that is not up yet is waited for.
 """
 

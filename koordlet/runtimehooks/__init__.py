@@ -227,8 +227,8 @@ class RuntimeHooks:
 
     def start_nri(self) -> None:
         """Register with the runtime's NRI now (idempotent): an NRI request carries the pod's labels and
-        annotations, so the plugin answers before the states informer has the pod list (koordlet/main.py starts
-        it before the sync wait)."""
+        annotations, so the plugin answers before the states informer has the pod list (koordlet/agent/parts.py
+        starts it before the sync wait)."""
         if self.nri is not None and not self._nri_started:
             self._nri_started = True
             self.nri.start()

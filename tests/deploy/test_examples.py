@@ -18,9 +18,9 @@ import kubernetes.client
 import pytest
 import yaml
 
+from koordlet.agent.lifecycle import Koordlet
 from koordlet.api.qos import KubeQoS
 from koordlet.config import parse_config
-from koordlet.main import Koordlet
 from koordlet.system.kubepods import KubeCgroupLayout
 from tests.deploy.tools import DEPLOY, ROOT, tool
 from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups, skip_unless_v1_writable

@@ -500,7 +500,7 @@ def test_the_image_runs_as_koordinators_koordlet_with_exactly_its_chart(
         logs = lambda: log_file.read_text() if log_file.exists() else _container_log(client, cid)  # noqa: E731
 
         assert wait_for(lambda: "NRI: registered as 00-koordlet_nri" in logs(), 30), \
-            "\n".join(line for line in logs().splitlines() if "NRI" in line or "koordlet.main" in line)
+            "\n".join(line for line in logs().splitlines() if "NRI" in line or "koordlet.agent" in line)
         registered_s = time.monotonic() - started
         assert registered_s < 10.0, logs()
         assert wait_for(lambda: _metric(_get(f"http://127.0.0.1:{METRICS_PORT}/metrics"),

@@ -101,7 +101,7 @@ class KoordletPath:
 
 
 def _dirs(config: KoordletConfig) -> HostDirs:
-    """The kernel roots koordlet.main hands koordlet.system, from the same flags."""
+    """The kernel roots the agent (koordlet.agent.context.host_dirs) hands koordlet.system, from the same flags."""
     return HostDirs.from_flags(proc_root_dir=config.proc_root_dir, sys_root_dir=config.sys_root_dir,
                                sys_fs_root_dir=config.sys_fs_root_dir, cgroup_root_dir=config.cgroup_root_dir)
 

@@ -19,9 +19,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hooks import registry
+from koordlet.agent.lifecycle import Koordlet
+from koordlet.agent.wiring.hooks import runtime_hooks
+from koordlet.agent.wiring.qos import qos_manager
 from koordlet.config import parse_config
 from koordlet.extensions import HOOK_PLUGINS_GROUP, LOADED, QOS_STRATEGIES_GROUP, REFUSED, load_extensions
-from koordlet.main import Koordlet, _qos_manager, _runtime_hooks
 from koordlet.metrics import exposition
 from koordlet.qosmanager import STRATEGIES
 from koordlet.qosmanager.metrics import STRATEGY_RUNS
@@ -232,7 +234,7 @@ def test_the_agent_names_them_at_start_and_runs_the_switched_on_strategy(
         f"-runtime-hooks-addr={tmp_path / 'koordlet.sock'}", f"-runtime-hooks-config-path={tmp_path / 'hooks.d'}",
         "-qos-extension-plugins=demo-guard=true,demo-env=true,bad-shape=true,nope=false"], {"NODE_NAME": "n1"})
     before = STRATEGY_RUNS.labels(strategy="demo-guard", status="ok")._value.get()
-    agent = Koordlet(config, extra_components=[_qos_manager, _runtime_hooks], states_sync_timeout_s=10)
+    agent = Koordlet(config, extra_components=[qos_manager, runtime_hooks], states_sync_timeout_s=10)
     with caplog.at_level(logging.INFO):
         try:
             agent.start()

@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry
 
 from hooks import registry
 from hooks.protocol import NodeContext
+from koordlet.agent.lifecycle import Koordlet
 from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.config import parse_config
 from koordlet.executor import ResourceExecutor
 from koordlet.health import Health
-from koordlet.main import Koordlet
 from koordlet.metriccache import MetricCache, Sample
 from koordlet.metrics import MetricsServer
 from koordlet.metricsadvisor import CollectorRunner

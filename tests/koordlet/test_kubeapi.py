@@ -435,7 +435,7 @@ _AGENT_CALLS = textwrap.dedent(
     from kubernetes.watch.watch import iter_resp_lines
 
     kubeconfig, node, pod_uid = sys.argv[1:4]
-    client = koordlet.main._api_client(parse_config([f"-kubeconfig={kubeconfig}"], {"NODE_NAME": node}))
+    client = koordlet.agent.lifecycle.new_api_client(parse_config([f"-kubeconfig={kubeconfig}"], {"NODE_NAME": node}))
     core, custom = CoreV1(client), CustomObjects(client)
     out = {}
 

@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from koordlet.agent.context import AgentContext
+from koordlet.agent.lifecycle import Koordlet
 from koordlet.config import parse_config
-from koordlet.main import AgentContext, Koordlet, raise_nofile_limit
+from koordlet.main import raise_nofile_limit
 from koordlet.ticker import PeriodicThread
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory

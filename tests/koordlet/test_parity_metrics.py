@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from koordlet.agent.wiring.prediction import prod_prediction
 from koordlet.api.nodeslo import parse_node_slo_spec
-from koordlet.main import _prod_prediction
 from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metrics import KoordletMetrics, exposition
 from koordlet.metricsadvisor.nodeinfo import NodeInfoCollector
@@ -43,9 +43,10 @@ def _labels(**labels: str) -> tuple[tuple[str, str], ...]:
 
 
 def _predict_through_the_agent(server: PredictServer, metrics: KoordletMetrics) -> None:
-    """The prediction as koordlet/main.py hands it to the NodeMetric reporter, made once for PODS at END."""
+    """The prediction as the agent hands it to the NodeMetric reporter (koordlet/agent/wiring/prediction.py), made
+    once for PODS at END."""
     ctx = SimpleNamespace(predictor=server, states=StaticStates(node=NODE, pods=PODS), metrics=metrics)
-    predict = _prod_prediction(ctx)  # type: ignore[arg-type]
+    predict = prod_prediction(ctx)  # type: ignore[arg-type]
     assert predict is not None
     predict(PODS, END)
 

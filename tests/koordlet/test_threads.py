@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from koordlet.agent.lifecycle import Koordlet
 from koordlet.config import parse_config
-from koordlet.main import Koordlet
 from koordlet.metrics import Reply
 from tests.koordlet.gpu.fake_nvml import FakeNvml, h100_gpus
 from tests.support.waiting import wait_for

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from koordlet.agent.lifecycle import Koordlet
 from koordlet.config import parse_config
 from koordlet.debug.authz import loopback_only
-from koordlet.main import Koordlet
 from koordlet.metrics import Request
 from tests.koordlet.statesinformer.kubelet_server import FakeKubelet, make_certs, serve
 from tests.support.apiserver import ApiServer, kube_api_client

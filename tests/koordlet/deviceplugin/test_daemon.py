@@ -16,9 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from koordlet.agent.lifecycle import Koordlet
+from koordlet.agent.parts import agent_parts
 from koordlet.api import device as api
 from koordlet.config import parse_config
-from koordlet.main import Koordlet, agent_parts
 from koordlet.nodelock import NodeLocker
 from tests.koordlet.deviceplugin.kube import Kube, gpu_pod, node_annotations, pod_annotations
 from tests.koordlet.deviceplugin.kubelet import TestKubelet

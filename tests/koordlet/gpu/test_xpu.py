@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from koordlet.agent.lifecycle import Koordlet
 from koordlet.api import device as api
 from koordlet.api.xpu import XPUSchemaError, parse_xpu_device_infos
 from koordlet.config import parse_config
 from koordlet.gpu.reporter import DeviceReporter
 from koordlet.gpu.xpu import ANNOTATION_GPU_PARTITIONS, LABEL_GPU_PARTITION_POLICY, XPUInventory
-from koordlet.main import Koordlet
 from koordlet.reporters.device import DeviceReportLoop
 from tests.koordlet.gpu.fake_nvml import FakeNvml
 from tests.koordlet.gpu.test_reporter import NODE, stored

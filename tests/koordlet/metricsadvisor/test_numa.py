@@ -86,7 +86,7 @@ def _write_pods(root: Path, version: int, usage_ns: dict[str, int]) -> None:
 
 
 class _Agent:
-    """The three collectors as the agent builds them (koordlet/main.py), on fixture trees."""
+    """The three collectors as the agent builds them (koordlet/agent/wiring/metricsadvisor.py), on fixture trees."""
 
     def __init__(self, root: Path, sys_dir: str, version: int, pods: tuple[PodCgroup, ...] = PODS) -> None:
         self.cache = MetricCache()

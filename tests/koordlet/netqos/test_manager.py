@@ -177,14 +177,16 @@ def test_link_speed_stands_in_for_total_bandwidth(namespace: str, tmp_path: Path
 
 
 def test_daemon_adds_the_manager_only_with_the_tc_network_qos_gate(tmp_path: Path) -> None:
-    from koordlet.main import _netqos, default_components, host_dirs
+    from koordlet.agent.context import host_dirs
+    from koordlet.agent.parts import default_components
+    from koordlet.agent.wiring.network import netqos
 
-    assert _netqos in default_components()
+    assert netqos in default_components()
     env = {"NODE_NAME": "node-1"}
     ctx = SimpleNamespace(states=StaticStates(), metrics=SimpleNamespace(registry=CollectorRegistry()))
     ctx.config = parse_config([], env)
     ctx.dirs = host_dirs(ctx.config)
-    assert _netqos(ctx) is None  # type: ignore[arg-type]
+    assert netqos(ctx) is None  # type: ignore[arg-type]
     ctx.config = parse_config(["-feature-gates=TCNetworkQoS=true", "-netqos-uplink=kqm-x"], env)
-    manager = _netqos(ctx)  # type: ignore[arg-type]
+    manager = netqos(ctx)  # type: ignore[arg-type]
     assert isinstance(manager, NetQoSManager) and manager._uplink == "kqm-x"

@@ -85,8 +85,8 @@ def test_the_agent_loads_the_kubernetes_clients_parts_it_uses_and_the_rest_on_de
         contexts: [{name: x, context: {cluster: c, user: u}}]
         current-context: x
     """))
-    probe = ("import sys, types, kubernetes, koordlet.main as m; "
-             f"c = m._api_client(types.SimpleNamespace(kubeconfig={str(kubeconfig)!r})); "
+    probe = ("import sys, types, kubernetes, koordlet.main, koordlet.agent.lifecycle as m; "
+             f"c = m.new_api_client(types.SimpleNamespace(kubeconfig={str(kubeconfig)!r})); "
              "print(c.configuration.host, c.user_agent, 'kubernetes.config.kube_config' in sys.modules, "
              "kubernetes.config.load_kube_config.__name__, kubernetes.watch.Watch.__name__)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
