@@ -58,6 +58,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -83,6 +85,7 @@ from koordlet.statesinformer.api import NodeInfo  # noqa: E402
 from koordlet.statesinformer.kube import KubeStates  # noqa: E402
 from koordlet.system.sysfs import NodeTopology, read_node_topology  # noqa: E402
 from koordlet.ticker import TickerThread  # noqa: E402
+from tests.deploy.koordinator_v1_8_0 import KOORDLET_ROLE_RULES  # noqa: E402
 from tests.support.fleetserver import (  # noqa: E402
     EPOCH,
     EventLoop,
@@ -95,6 +98,12 @@ from tests.support.fleetserver import (  # noqa: E402
 )
 
 OURS, REFERENCE = "koordlet-py", "Koordinator (reference)"
+NAMESPACE = "koordinator-system"
+# Who each client is to the API server: its DaemonSet's service account, with that chart's ClusterRole (ours:
+# deploy/base/rbac.yaml; Koordinator's: its chart's koordlet-role, tests/deploy/koordinator_v1_8_0.py), and a
+# static token of its (the server authenticates and authorizes every request where it does so).
+ACCOUNTS = {OURS: "koordlet-py", REFERENCE: "koordlet"}
+ADMIN_TOKEN = "fleet-bench-admin"  # kubelet's and the controllers' writes in the background
 TARGET_NODES, TARGET_PODS = 5000, 110
 WARMUP_S = 600.0
 DISTURB_AT_S = 60.0  # into the window
@@ -104,6 +113,7 @@ NRT_TICK_S = 30.0  # the NRT loop's local tick in the bench (koordlet: 3 s; it s
 INVALID_NODESLO_SHARE = 0.05
 MAX_UNAVAILABLE = 0.2  # deploy/chart/koordlet-py/values.yaml updateStrategy.rollingUpdate.maxUnavailable
 SLO = ("slo.koordinator.sh", "v1alpha1")
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +287,7 @@ class OurNode:
         sim, clock = self.sim, self.sim.clock
         self.starts += 1
         rng = random.Random(f"{sim.seed}/{self.index}/{self.starts}")
-        api = InProcessApiClient(sim.fleet, self.name)
+        api = InProcessApiClient(sim.fleet, self.name, token=sim.token)
         self.budget = Budget(clock=clock, rng=rng, sleep=None)
         client = KubeClient(api, self.budget, events_file=str(sim.state_root / self.name / EVENTS_FILE), clock=clock)
         core, custom = CoreV1(client), CustomObjects(client)
@@ -338,7 +348,7 @@ class RefNode:
         sim = self.sim
         self.starts += 1
         rng = random.Random(f"{sim.seed}/ref/{self.index}/{self.starts}")
-        rest = self._rest = ref.RestClient(sim.fleet, self.name)
+        rest = self._rest = ref.RestClient(sim.fleet, self.name, token=sim.token)
 
         def now() -> float:
             return sim.loop.now
@@ -393,6 +403,7 @@ class Sim:
         node_cls = OurNode if client == OURS else RefNode
         self.nodes = [node_cls(self, i) for i in range(nodes)]
         self._pods_of: dict[str, list[dict[str, Any]]] = {}
+        self.token = self._seed_account(ACCOUNTS[client])
         self._seed_objects()
 
     def reference_status(self) -> dict[str, Any]:
@@ -401,6 +412,25 @@ class Sim:
         return status
 
     # ---- the cluster as koord-manager, kubelet and the scheduler leave it
+
+    def _seed_account(self, name: str) -> str:
+        """The client's service account, its ClusterRole and binding, and a token of it; the background's admin."""
+        rules = KOORDLET_ROLE_RULES if self.client == REFERENCE else [
+            doc for doc in yaml.safe_load_all((REPO / "deploy" / "base" / "rbac.yaml").read_text())
+            if doc and doc["kind"] == "ClusterRole"][0]["rules"]
+        self.api.seed({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name,
+                                                                                "namespace": NAMESPACE}})
+        self.api.seed({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                       "metadata": {"name": name}, "rules": rules})
+        self.api.seed({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                       "metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                                               "kind": "ClusterRole", "name": name},
+                       "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}]})
+        token = f"fleet-bench-{name}"
+        self.api.add_token(token, f"system:serviceaccount:{NAMESPACE}:{name}",
+                           ("system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}"))
+        self.api.add_token(ADMIN_TOKEN, "kubernetes-admin", ("system:masters",))
+        return token
 
     def _seed_objects(self) -> None:
         for node in self.nodes:
@@ -434,7 +464,7 @@ class Sim:
         patch = {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                             "lastHeartbeatTime": stamp, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
         self.api.handle("PATCH", f"/api/v1/nodes/{name}/status", "application/merge-patch+json",
-                        json.dumps(patch).encode())
+                        json.dumps(patch).encode(), {"Authorization": f"Bearer {ADMIN_TOKEN}"})
         self.loop.call_later(KUBELET_STATUS_S, self._kubelet_status, index)
 
     def _eviction(self, index: int) -> None:
@@ -637,9 +667,19 @@ def debug_flood(tokens: int = 10_000, seconds: float = 100.0) -> dict[str, Any]:
               "metadata": {"name": "debug"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
                                                           "kind": "ClusterRole", "name": "debug"},
               "subjects": [{"kind": "User", "name": "operator"}]})
+    rules = [doc for doc in yaml.safe_load_all((REPO / "deploy" / "base" / "rbac.yaml").read_text())
+             if doc and doc["kind"] == "ClusterRole"][0]["rules"]
+    api.seed({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "koordlet"},
+              "rules": rules})
+    api.seed({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+              "metadata": {"name": "koordlet"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                                             "kind": "ClusterRole", "name": "koordlet"},
+              "subjects": [{"kind": "ServiceAccount", "name": "koordlet-py", "namespace": NAMESPACE}]})
+    api.add_token("koordlet-token", f"system:serviceaccount:{NAMESPACE}:koordlet-py",
+                  ("system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}"))
     budget = Budget(clock=clock, sleep=None)
-    guard = ApiAuthorizer(AuthV1(KubeClient(InProcessApiClient(fleet, "node-00000"), budget, clock=clock)),
-                          "node-00000", clock=clock.monotonic)
+    guard = ApiAuthorizer(AuthV1(KubeClient(InProcessApiClient(fleet, "node-00000", token="koordlet-token"), budget,
+                                            clock=clock)), "node-00000", clock=clock.monotonic)
     answers: Counter[int] = Counter()
     served = []
 
