@@ -149,15 +149,15 @@ class ApiAuthorizer:
         if not leader:
             flight.done.wait(REQUEST_TIMEOUT_S * 2)  # the leader's review is bounded by its request timeouts
             return flight.decision
+        decision = flight.decision  # 503 unless the review answers
         try:
             decision = self._review(token)
         finally:
             with self._lock:
                 self._flights.pop(key, None)
-        with self._lock:
-            self._remember(key, decision, self._clock())
-        flight.decision = decision
-        flight.done.set()
+                self._remember(key, decision, self._clock())
+            flight.decision = decision
+            flight.done.set()
         return decision
 
     # ------------------------------------------------------------------------------------ the caches

@@ -144,6 +144,7 @@ class Reflector:
             yield Sleep(self._failed("watch", err))
             return (self.resource_version or "0") if _is_gone(err) else None
         opened = self._clock.monotonic()
+        self._recovered()
         self.watching = True
         try:
             events, failure = yield from self._read(response)
@@ -154,7 +155,6 @@ class Reflector:
         if lived >= HEALTHY_WATCH_S:
             self.backoff.reset()
         if failure is None and (lived >= SHORT_WATCH_S or events):
-            self._recovered()
             return None  # resume from the last version at once: one request, no list
         yield Sleep(self._failed("watch", failure or WatchError("watch ended at once with no event")))
         return (self.resource_version or "0") if isinstance(failure, Expired) else None
@@ -234,7 +234,7 @@ class Reflector:
 
     def _recovered(self) -> None:
         if self._failing:
-            logger.info("%s watch going again from version %s", self.what, self.resource_version)
+            logger.info("%s watch open again from version %s", self.what, self.resource_version)
         self._failing = False
 
 
