@@ -7,7 +7,9 @@ Amounts come from the pod spec (kubelet source) or, on a hook request that has n
 Pod: shares of the summed requests; quota of the summed limits (−1 if a container has none); memory the
 summed limits (−1 if one has none). Container: its own request/limit. With CPU suppress by cfsQuota on,
 BE quotas are −1 (the besteffort parent limits them); with a node CPU normalization ratio > 1, quotas are
-divided by it. BE pods' quotas are this plugin's alone (koordlet/api/cfsquota.py).
+divided by it. The quota is set only where :func:`koordlet.api.cfsquota.quota_owner` names this plugin: a BE
+pod bound to a cpuset is the cpuset hook's (unlimited, or kubelet's with ``-disable-unset-cpu-quota``), whatever
+order the plugins run in.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from koordlet.api.annotations import parse_extended_resource_spec
-from koordlet.api.cfsquota import be_quota_suppressed, node_normalization_ratio, normalized_quota_us
+from koordlet.api.cfsquota import (
+    QuotaGates,
+    QuotaOwner,
+    be_quota_suppressed,
+    node_normalization_ratio,
+    normalized_quota_us,
+    quota_owner,
+)
 from koordlet.api.keys import ANNOTATION_EXTENDED_RESOURCE_SPEC, RESOURCE_BATCH_CPU, RESOURCE_BATCH_MEMORY
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import QoSClass
@@ -38,6 +47,7 @@ from .registry import Plugin, Stage, register
 class Rule:
     unlimited_quota: bool  # CPU suppress works on the besteffort parent's quota
     normalization_ratio: float | None
+    gates: QuotaGates = QuotaGates()  # who else may own a BE pod's quota
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +60,8 @@ class BatchAmounts:
 
 def rule(node: NodeContext) -> Rule:
     return Rule(unlimited_quota=be_quota_suppressed(node.node_slo),
-                normalization_ratio=node_normalization_ratio(node.node_annotations))
+                normalization_ratio=node_normalization_ratio(node.node_annotations),
+                gates=QuotaGates(cpuset=node.cpuset_allocator, cpu_burst=node.cpu_burst))
 
 
 # The same annotation text arrives on every hook call and reconcile pass: parse it once (results are immutable).
@@ -77,8 +88,11 @@ def batch_amounts(pod: PodMeta) -> dict[str, BatchAmounts]:
     return amounts
 
 
-def _quota(milli: int, r: Rule) -> int:
-    if r.unlimited_quota:
+def _quota(pod: PodMeta, milli: int | None, r: Rule, running: bool) -> int | None:
+    """The quota for a batch-cpu limit (None: no limit, unlimited), where this plugin owns it; None where not."""
+    if quota_owner(pod, r.gates, running=running) is not QuotaOwner.BATCH:
+        return None
+    if r.unlimited_quota or milli is None:
         return -1
     return normalized_quota_us(quota_from_milli(milli), r.normalization_ratio)
 
@@ -94,7 +108,7 @@ def pod(ctx: PodContext, r: Rule) -> Changes:
     memory_limited = all(a.memory_limit_bytes > 0 for a in values)
     return Changes(
         cpu_shares=shares_from_milli(sum(a.cpu_request_milli for a in values)),
-        cfs_quota_us=_quota(sum(a.cpu_limit_milli for a in values), r) if cpu_limited else -1,
+        cfs_quota_us=_quota(ctx.pod, sum(a.cpu_limit_milli for a in values) if cpu_limited else None, r, False),
         memory_limit_bytes=memory_limit(sum(a.memory_limit_bytes for a in values)) if memory_limited else -1,
     )
 
@@ -108,7 +122,7 @@ def container(ctx: ContainerContext, r: Rule) -> Changes:
     mine = amounts.get(ctx.name, BatchAmounts())
     return Changes(
         cpu_shares=shares_from_milli(mine.cpu_request_milli),
-        cfs_quota_us=_quota(mine.cpu_limit_milli, r),
+        cfs_quota_us=_quota(ctx.pod, mine.cpu_limit_milli, r, ctx.running),
         memory_limit_bytes=memory_limit(mine.memory_limit_bytes),
     )
 

@@ -26,8 +26,8 @@ class Rule:
 
 
 def rule(node: NodeContext) -> Rule:
-    return Rule(node_normalization_ratio(node.node_annotations), QuotaGates(cpu_burst=node.cpu_burst,
-                                                                            normalization=True))
+    return Rule(node_normalization_ratio(node.node_annotations),
+                QuotaGates(cpuset=node.cpuset_allocator, cpu_burst=node.cpu_burst, normalization=True))
 
 
 def container(ctx: ContainerContext, r: Rule) -> Changes:

@@ -4,7 +4,9 @@ Container cpuset, in Koordinator's order (docs/koordinator.md §3.3):
 
 1. a cpuset in ``scheduling.koordinator.sh/resource-status`` (LSE, LSR: the scheduler's choice) → that cpuset,
    and an unlimited CFS quota at pod and container level (bound pods must not be throttled, Koordinator #489;
-   with ``-disable-unset-cpu-quota`` the quota kubelet set stays, as Koordinator's DisableUnsetCPUQuotaForCPUSetPod);
+   with ``-disable-unset-cpu-quota`` the quota kubelet set stays, as Koordinator's DisableUnsetCPUQuotaForCPUSetPod).
+   The quota is this hook's as :func:`koordlet.api.cfsquota.quota_owner` says (every plugin that writes a quota
+   asks it, so the answer does not hang on the order plugins run in);
    NUMA resources there (with CPU, or batch-cpu) → the shared pools of those NUMA nodes: the BE pools for a BE
    pod with ``BECPUManager`` on, the LS pools for any other pod (Koordinator cpuset rule.go; a BE pod without
    the gate falls through to 3);
@@ -24,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from koordlet.api.annotations import parse_resource_status
+from koordlet.api.cfsquota import QuotaGates, QuotaOwner, quota_owner
 from koordlet.api.cpupools import CPUPools
 from koordlet.api.cpuset import format_cpu_list, parse_cpu_list
 from koordlet.api.keys import ANNOTATION_RESOURCE_STATUS, RESOURCE_BATCH_CPU, RESOURCE_CPU
@@ -41,19 +44,24 @@ def allocated_cpuset(pod: PodMeta) -> str:
     return format_cpu_list(parse_resource_status(raw).cpuset)
 
 
-def _unset_quota(share: SharePool | None) -> int | None:
-    """The quota of a pod bound to CPUs: unlimited, or kubelet's (None) with ``-disable-unset-cpu-quota``."""
+def _unset_quota(pod: PodMeta, share: SharePool | None, running: bool) -> int | None:
+    """The quota of a pod bound to CPUs, where this hook owns it (koordlet/api/cfsquota.py: any bound pod, BE ones
+    too): unlimited, or kubelet's (None) with ``-disable-unset-cpu-quota``."""
+    gates = QuotaGates(cpuset=True, cpu_burst=share.cpu_burst if share is not None else False)
+    if quota_owner(pod, gates, running=running) is not QuotaOwner.CPUSET:
+        return None
     return None if share is not None and share.keep_quota else -1
 
 
 def pod(ctx: PodContext, share: SharePool | None) -> Changes:
-    return Changes(cfs_quota_us=_unset_quota(share)) if allocated_cpuset(ctx.pod) else NO_CHANGES
+    return Changes(cfs_quota_us=_unset_quota(ctx.pod, share, False)) if allocated_cpuset(ctx.pod) else NO_CHANGES
 
 
 def rule(node: NodeContext) -> SharePool:
     pools = node.cpu_pools
     shared = format_cpu_list(sorted(pools.shared_cpus)) if pools is not None else ""
-    return SharePool(shared, node.kubelet_cpu_policy, pools, node.be_cpu_manager, node.keep_cpuset_pod_quota)
+    return SharePool(shared, node.kubelet_cpu_policy, pools, node.be_cpu_manager, node.keep_cpuset_pod_quota,
+                     node.cpu_burst)
 
 
 KUBELET_POLICY_NONE = "none"
@@ -68,6 +76,7 @@ class SharePool:
     pools: CPUPools | None = None  # the per-NUMA pools (NUMA-aware allocations)
     be_cpu_manager: bool = False
     keep_quota: bool = False  # -disable-unset-cpu-quota
+    cpu_burst: bool = False  # gate CPUBurst, for the quota's owner
 
 
 def _numa_nodes(pod: PodMeta) -> tuple[int, ...]:
@@ -96,7 +105,7 @@ def _numa_cpuset(ctx: ContainerContext, share: SharePool | None) -> str | None:
 def container(ctx: ContainerContext, share: SharePool | None) -> Changes:
     cpuset = allocated_cpuset(ctx.pod)
     if cpuset:
-        return Changes(cpuset_cpus=cpuset, cfs_quota_us=_unset_quota(share))
+        return Changes(cpuset_cpus=cpuset, cfs_quota_us=_unset_quota(ctx.pod, share, ctx.running))
     numa = _numa_cpuset(ctx, share)
     if numa:
         return Changes(cpuset_cpus=format_cpu_list(parse_cpu_list(numa)))

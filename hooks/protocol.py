@@ -91,6 +91,7 @@ class NodeContext:
     cpu_pools: CPUPools | None = None
     kubelet_cpu_policy: str = ""
     be_cpu_manager: bool = False  # gate BECPUManager: allocated BE pods get their NUMA nodes' BE shared pools
+    cpuset_allocator: bool = True  # gate CPUSetAllocator: the cpuset hook owns bound pods' quotas (api/cfsquota.py)
     cpu_burst: bool = False  # gate CPUBurst: the burst strategy owns running LS containers' quotas (api/cfsquota.py)
     be_cpu_suppress: bool = False  # gate BECPUSuppress: CPU suppress owns the besteffort dir's quota (api/cfsquota.py)
     rdma: RDMANode | None = None  # gate RDMADeviceInject: the node's RDMA device nodes

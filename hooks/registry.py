@@ -27,6 +27,9 @@ class Stage(enum.StrEnum):
     PRE_RUN_POD_SANDBOX = "PreRunPodSandbox"
     PRE_CREATE_CONTAINER = "PreCreateContainer"
     PRE_UPDATE_CONTAINER_RESOURCES = "PreUpdateContainerResources"
+    # a pod-level resize (the CRI UpdatePodSandboxResources through the proxy, NRI's UpdatePodSandbox): kubelet has
+    # just written the pod dir's values, so the pod-level answers are written again (koordlet-py's extension)
+    PRE_UPDATE_POD_SANDBOX_RESOURCES = "PreUpdatePodSandboxResources"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +76,15 @@ def register(plugin: Plugin) -> Plugin:
     return plugin
 
 
-def enabled(gates: Mapping[str, bool]) -> list[Plugin]:
+def all_plugins() -> list[Plugin]:
+    """Every registered plugin by name, the built-in ones loaded first (out-of-tree ones once
+    koordlet/extensions.py registered them)."""
     load_builtin()
-    return [PLUGINS[name] for name in sorted(PLUGINS) if gates.get(PLUGINS[name].gate, False)]
+    return [PLUGINS[name] for name in sorted(PLUGINS)]
+
+
+def enabled(gates: Mapping[str, bool]) -> list[Plugin]:
+    return [plugin for plugin in all_plugins() if gates.get(plugin.gate, False)]
 
 
 def stages(gates: Mapping[str, bool]) -> list[Stage]:

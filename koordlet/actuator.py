@@ -29,7 +29,6 @@ from __future__ import annotations
 import errno
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -423,9 +422,8 @@ class PlanRunner:
         moved_before = sum(len(pids) for pids in counts.moved.values())
         try:
             if isinstance(action, ResctrlGroup):
-                created = self._executor.ensure_resctrl_group(action.group)
-                if created or action.pod_uid:  # what koordlet made (or took for a pod it serves) it collects
-                    self._executor.records.resctrl_groups.record(action.group, f"{time.time():.0f}")
+                # recorded before it is made (what koordlet made, or took for a pod it serves, it collects)
+                created = self._executor.ensure_resctrl_group(action.group, for_pod=bool(action.pod_uid))
                 if created:
                     counts.created.append(action.group)
                     if audited is not None:

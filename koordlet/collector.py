@@ -16,7 +16,9 @@ per item (reason ``NodeStateCollect``, the why naming what no longer asks for it
   manager), put back as it was before koordlet (:mod:`koordlet.executor.lines`). While it is on, the strategy
   puts back each tick what it no longer asks for;
 - every sysctl the SystemConfig strategy changed while that strategy is off (its gate, or the QoS manager; the QoS
-  manager also puts them back when it starts with the gate off), put back as it was before koordlet;
+  manager also puts them back when it starts with the gate off), put back as it was before koordlet. The record is
+  shared with the cold page collector's kidled settings: only the keys :func:`sysreconcile.owns` names are the
+  strategy's (the rule the QoS manager's own put-back follows); kidled's are the cold page collector's to put back;
 - a host dir made for a container's mounts (HAMi-core's cache dir, :mod:`koordlet.hostdirs`) whose pod is gone or
   finished, past the same grace: a gate switched off does not take it from a pod that still runs, whose
   container has it mounted.
@@ -48,6 +50,7 @@ from koordlet.api.qos import skips_hooks
 from koordlet.executor import ResourceExecutor
 from koordlet.executor.records import recorded_lines
 from koordlet.plan import HostDirRemove, LineKey, LineRestore, Plan, ResctrlRemoveGroup, SystemRestore
+from koordlet.qosmanager import sysreconcile
 from koordlet.qosmanager.resctrl import GROUPS as CLASS_GROUPS
 from koordlet.qosmanager.resctrl import ResctrlConfig
 from koordlet.statesinformer.api import StatesProvider
@@ -102,7 +105,7 @@ class Made:
 
     groups: Mapping[str, float]
     lines: Sequence[LineKey] = ()
-    sysctls: Sequence[str] = ()  # the keys of the sysctl record
+    sysctls: Sequence[str] = ()  # the keys of the sysctl record (the SystemConfig strategy's and kidled's)
     host_dirs: Mapping[str, tuple[str, float]] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -161,10 +164,10 @@ def collect(made: Made, wants: Wants, now: float) -> list[Plan]:
         why = "the BlkIOReconcile strategy is off (its feature gate, or the QoS manager)"
         plans.append(Plan(lines=tuple(LineRestore(k.resource, k.cgroup_dir, k.device, why) for k in made.lines),
                           reason=AUDIT_REASON, why=why))
-    if made.sysctls and not wants.config.system_config:
+    sysctls = tuple(key for key in made.sysctls if sysreconcile.owns(key))
+    if sysctls and not wants.config.system_config:
         why = "the SystemConfig strategy is off (its feature gate, or the QoS manager)"
-        plans.append(Plan(system=tuple(SystemRestore(key, why) for key in made.sysctls), reason=AUDIT_REASON,
-                          why=why))
+        plans.append(Plan(system=tuple(SystemRestore(key, why) for key in sysctls), reason=AUDIT_REASON, why=why))
     root = wants.config.host_dir_root
     for path, (uid, recorded_at) in sorted(made.host_dirs.items()):
         if not root or not path.startswith(root.rstrip("/") + "/"):

@@ -28,8 +28,8 @@ def _trace_location(text: str) -> str:
     if not sep or ":" in line or "." not in file_name:
         raise ValueError("syntax error: expect file.go:234")
     try:
-        number = int(line) if line.lstrip("+-").isdigit() else int("x")
-    except ValueError as err:
+        number = goflag.parse_int(line, 10)  # strconv.Atoi
+    except goflag.NumError as err:
         raise ValueError("syntax error: expect file.go:234") from err
     if number <= 0:
         raise ValueError("negative or zero value for level")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -43,7 +44,12 @@ _STR, _STRINGS, _INT, _UINT, _FLOAT, _DURATION = (goflag.STRING, goflag.STRING_L
 
 
 class ConfigError(ValueError):
-    """The command line or environment cannot configure koordlet."""
+    """The command line or environment cannot configure koordlet; ``usage``: Go's usage text, printed after the
+    message when the flag package refused the command line (as Go's ExitOnError does)."""
+
+    def __init__(self, message: str, usage: str = "") -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 # docs/koordinator.md §9.2: Beta gates default on, Alpha gates default off; the one table is koordlet/features.py.
@@ -66,44 +72,18 @@ def parse_bool(text: str) -> bool:
     raise ConfigError(f"not a boolean: {text!r}")
 
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_DURATION_UNITS_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def parse_duration(text: str) -> float:
-    """A Go duration (``1m30s``, ``500ms``, ``0``) in seconds; a bare number is taken as seconds."""
-    raw = text.strip()
-    if not raw:
-        raise ConfigError("empty duration")
-    sign = -1.0 if raw.startswith("-") else 1.0
-    body = raw.lstrip("+-")
-    if body == "0":
-        return 0.0
+    """A Go duration (``1m30s``, ``500ms``, ``0``) in seconds, as time.ParseDuration reads it (metav1.Duration in
+    an object's spec)."""
     try:
-        return sign * float(body)
-    except ValueError:
-        pass
-    position, total = 0, 0.0
-    for match in _DURATION_PART.finditer(body):
-        if match.start() != position:
-            break
-        total += float(match.group(1)) * _DURATION_UNITS_S[match.group(2)]
-        position = match.end()
-    if position != len(body) or position == 0:
-        raise ConfigError(f"not a duration: {text!r} (use Go syntax such as 10s, 1m30s, 500ms)")
-    return sign * total
+        return goflag.parse_duration_ns(text) / 1e9
+    except goflag.DurationError as err:
+        raise ConfigError(str(err)) from err
 
 
 def format_duration(seconds: float) -> str:
-    """Go's time.Duration.String for whole seconds: 300 → ``5m0s``, 3600 → ``1h0m0s``, 30 → ``30s``."""
-    whole = int(round(seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    if minutes:
-        return f"{minutes}m{secs}s"
-    return f"{secs}s"
+    """Go's time.Duration.String: 300 → ``5m0s``, 3600 → ``1h0m0s``, 30 → ``30s``."""
+    return goflag.duration_string(round(seconds * 1e9))
 
 
 def parse_feature_gates(text: str, base: Mapping[str, bool] = DEFAULT_FEATURE_GATES) -> dict[str, bool]:
@@ -320,8 +300,10 @@ def _build_parser(host_mode: bool, kubeconfig: str = "") -> goflag.FlagSet:
     flags = goflag.FlagSet("koordlet")
 
     def flag(name: str, kind: goflag.Kind | Callable[[str], object], default: object, help_text: str) -> None:
+        # a duration's value is in seconds, and so named: -report-interval is KoordletConfig.report_interval_s
+        dest = name.replace("-", "_") + ("_s" if kind is goflag.DURATION else "")
         flags.add(name, kind if isinstance(kind, goflag.Kind) else goflag.value_kind("string", kind), default,
-                  help_text)
+                  help_text, dest=dest)
 
     def switch(name: str, default: bool, help_text: str) -> None:
         flags.add(name, goflag.BOOL, default, help_text)
@@ -491,10 +473,9 @@ def parse_map_string_bool(text: str) -> dict[str, bool]:
         if not sep:
             raise ConfigError("malformed pair, expect string=bool")
         try:
-            pairs[key.strip()] = goflag.parse_go_bool(value.strip())
-        except ValueError as err:  # Go's text
-            raise ConfigError(f"invalid value of {key.strip()}: {value.strip()}, err: strconv.ParseBool: parsing "
-                              f"{goflag.go_quote(value.strip())}: invalid syntax") from err
+            pairs[key.strip()] = goflag.parse_bool(value.strip())
+        except goflag.NumError as err:  # Go's text
+            raise ConfigError(f"invalid value of {key.strip()}: {value.strip()}, err: {err}") from err
     return pairs
 
 
@@ -523,16 +504,36 @@ def _parity_flags(flag: _AddFlag, switch: _AddSwitch) -> None:
          "koordlet.qos_strategies, koordlet.hook_plugins) on or off; off by default")
 
 
+# The kernel filesystem roots koordlet reads, by flag: (the config field, the flag, what is mounted there).
+_ROOTS = (("proc_root_dir", "proc-root-dir", "procfs"), ("sys_root_dir", "sys-root-dir", "sysfs"),
+          ("cgroup_root_dir", "cgroup-root-dir", "cgroupfs"))
+
+
+def missing_root_dirs(config: KoordletConfig) -> tuple[str, ...]:
+    """One line for each kernel filesystem root the flags name that is not there: what reads it would fail on
+    every tick, so the cause is said once, at start, with the settings that choose it (Koordinator's DaemonSet
+    mounts the host's filesystems at ``/host-*``; ``agent_mode=hostMode`` makes the host's own paths the
+    defaults)."""
+    lines = []
+    for field_name, flag, what in _ROOTS:
+        path = getattr(config, field_name)
+        if not os.path.isdir(path):
+            lines.append(f"{what} root {path} (-{flag}) does not exist, so nothing is read from it: Koordinator's "
+                         f"DaemonSet mounts the host's {what} there; on the host itself set {ENV_AGENT_MODE}="
+                         f"{HOST_MODE} (the host's own paths are then the defaults) or -{flag}")
+    return tuple(lines)
+
+
 def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletConfig:
     """The configuration from command line and environment; raises ConfigError with a clear message."""
     flags = _build_parser(environ.get(ENV_AGENT_MODE) == HOST_MODE, environ.get(ENV_KUBECONFIG, ""))
     try:  # before the NODE_NAME check, so that -help always answers
         parsed = flags.parse(argv)
     except goflag.HelpRequested:
-        print(flags.usage(), end="")
+        sys.stderr.write(flags.usage())  # Go's ExitOnError: the usage on stderr, exit 0
         raise SystemExit(0) from None
     except goflag.GoFlagError as err:
-        raise ConfigError(str(err)) from err
+        raise ConfigError(str(err), usage=flags.usage()) from err
     args = parsed.values
     node_name = environ.get(ENV_NODE_NAME, "").strip()
     if not node_name:
@@ -542,30 +543,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
                    for s in value.split(",") if s.strip())
     log_options = logs.options_from_flags(args)
     unused = compatflags.unused_given(args, parsed.given)
-    renamed = {
-        "kubelet_sync_interval": "kubelet_sync_interval_s",
-        "kubelet_sync_timeout": "kubelet_sync_timeout_s",
-        "node_topology_sync_interval": "node_topology_sync_interval_s",
-        "node_topology_min_update_interval": "node_topology_min_update_interval_s",
-        "collect_res_used_interval": "collect_res_used_interval_s",
-        "psi_collector_interval": "psi_collector_interval_s",
-        "collect_node_cpu_info_interval": "collect_node_cpu_info_interval_s",
-        "runtime_hooks_reconcile_interval": "runtime_hooks_reconcile_interval_s",
-        "runtime_hooks_nri_connect_timeout": "runtime_hooks_nri_connect_timeout_s",
-        "runtime_hooks_nri_backoff_duration": "runtime_hooks_nri_backoff_duration_s",
-        "runtime_hooks_nri_backoff_cap": "runtime_hooks_nri_backoff_cap_s",
-        "report_interval": "report_interval_s",
-        "stop_timeout": "stop_timeout_s",
-        **{name: f"{name}_s" for name in (
-            "prediction_cold_start_duration", "prediction_memory_histogram_decay_halflife",
-            "prediction_cpu_histogram_decay_halflife", "prediction_training_interval",
-            "prediction_model_expiration_duration", "prediction_model_checkpoint_interval")},
-        "cpi_collector_interval": "cpi_collector_interval_s",
-        "collect_cpi_timewindow": "collect_cpi_timewindow_s",
-        "coldpage_collector_interval": "coldpage_collector_interval_s",
-        "resctrl_collector_interval": "resctrl_collector_interval_s",
-    }
-    values = {renamed.get(name, name): value for name, value in args.items()}
+    values = dict(args)
     plugins: dict[str, bool] = {}
     for pairs in values["qos_extension_plugins"]:  # type: ignore[attr-defined]
         plugins.update(pairs)

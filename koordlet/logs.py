@@ -62,13 +62,7 @@ def pod_fields(pod: str, container: str = "") -> dict[str, str]:
 
 def _strconv_int32(text: str) -> int:
     """strconv.ParseInt(s, 10, 32) with Go's error text (klog's Level.Set)."""
-    body = text[1:] if text[:1] in "+-" else text
-    if not body.isascii() or not body.isdigit():
-        raise ValueError(f"strconv.ParseInt: parsing {goflag.go_quote(text)}: invalid syntax")
-    value = int(text)
-    if not -(1 << 31) <= value < (1 << 31):
-        raise ValueError(f"strconv.ParseInt: parsing {goflag.go_quote(text)}: value out of range")
-    return value
+    return goflag.parse_int(text, 10, 32)
 
 
 def _severity(text: str) -> int:
@@ -121,7 +115,7 @@ class LogOptions:
 
 # flag -> (kind, LogOptions field)
 _FLAGS: dict[str, tuple[goflag.Kind, str, str]] = {
-    "v": (goflag.value_kind("Level", _strconv_int32), "verbosity", "number for the log level verbosity"),
+    "v": (goflag.value_kind("Level", _strconv_int32, zero="0"), "verbosity", "number for the log level verbosity"),
     "vmodule": (goflag.value_kind("moduleSpec", _vmodule), "vmodule",
                 "comma-separated list of pattern=N settings for file-filtered logging"),
     "logtostderr": (goflag.BOOL, "to_stderr", "log to standard error instead of files"),
@@ -130,7 +124,7 @@ _FLAGS: dict[str, tuple[goflag.Kind, str, str]] = {
     "log_file": (goflag.STRING, "log_file", "if non-empty, use this log file"),
     "log_file_max_size": (goflag.UINT64, "log_file_max_size_mb",
                           "the largest size a log file reaches, in megabytes; 0: no limit"),
-    "stderrthreshold": (goflag.value_kind("severity", _severity), "stderr_threshold",
+    "stderrthreshold": (goflag.value_kind("severity", _severity, zero="0"), "stderr_threshold",
                         "logs at or above this threshold go to stderr"),
     "skip_headers": (goflag.BOOL, "skip_headers", "if true, avoid header prefixes in the log messages"),
     "legacy_stderr_threshold_behavior": (goflag.BOOL, "legacy_stderr_threshold",

@@ -19,7 +19,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from koordlet import logs
 from koordlet.agent.lifecycle import Koordlet
-from koordlet.config import ConfigError, KoordletConfig, parse_config
+from koordlet.config import ConfigError, KoordletConfig, missing_root_dirs, parse_config
 from koordlet.gpu.nvml import NvmlModule
 
 logger = logging.getLogger(__name__)
@@ -42,13 +42,16 @@ def raise_nofile_limit() -> int:
 
 def log_command_line_notes(config: KoordletConfig) -> None:
     """One line naming the flags given that Koordinator's koordlet has and koordlet-py does not act on
-    (koordlet/compatflags.py), and one for arguments Go's flag rules leave unread."""
+    (koordlet/compatflags.py), one for arguments Go's flag rules leave unread, and one for each kernel filesystem
+    root the flags name that is not there (config.missing_root_dirs)."""
     if config.unused_flags:
         logger.info("accepted but not used by koordlet-py (docs/configuration.md): %s",
                     ", ".join(f"-{name}" for name in config.unused_flags))
     if config.ignored_args:
         logger.warning("%r is not a flag, so it and what follows are ignored, as Go's flag package does: %s",
                        config.ignored_args[0], " ".join(config.ignored_args))
+    for line in missing_root_dirs(config):
+        logger.warning("%s", line)
 
 
 def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> int:
@@ -62,7 +65,7 @@ def main(argv: Sequence[str] | None = None, nvml: NvmlModule | None = None) -> i
     try:
         config = parse_config(args, os.environ)
     except ConfigError as err:
-        print(f"koordlet: {err}", file=sys.stderr)
+        print(err if err.usage else f"koordlet: {err}", file=sys.stderr, end="\n" + err.usage)  # Go's flag: as is
         return 2
     logs.setup(config.logging)
     log_command_line_notes(config)

@@ -166,6 +166,14 @@ def grpc_response(
     return b"".join(out), len(body)
 
 
+def grpc_status_end(stream_id: int, code: int, message: str, headers_sent: bool) -> bytes:
+    """The HEADERS that end a gRPC response with ``code``: trailers after the response headers the client already
+    has (``headers_sent``), else a trailers-only response (HTTP/2 allows no pseudo-header field in trailers)."""
+    if headers_sent:
+        return _header_frames(stream_id, _status_fields(code, message), end_stream=True)
+    return grpc_response(stream_id, code, message, None)[0]
+
+
 def parse_grpc_timeout(value: str) -> float | None:
     """grpc-timeout header ("<digits><unit>") in seconds; None when absent or malformed."""
     if not value or len(value) < 2 or not value[:-1].isdigit():

@@ -30,6 +30,11 @@ class HookError(Exception):
     """A hook call that gave no usable answer; str() says why."""
 
 
+class HookUnimplemented(HookError):
+    """The hook server does not serve this hook (gRPC UNIMPLEMENTED): one that predates it, such as Koordinator's
+    koordlet asked PreUpdatePodSandboxResources. Not a failure: the server has no opinion."""
+
+
 class HookClient:
     def __init__(self) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -59,6 +64,8 @@ class HookClient:
                 await self._forget(server.endpoint)
             if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise HookError(f"no answer within {timeout_s:g} s") from None
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise HookUnimplemented(f"UNIMPLEMENTED: {err.details()}") from None
             raise HookError(f"{err.code().name}: {err.details()}") from None
         try:
             return response_type.FromString(raw)

@@ -8,6 +8,10 @@ The directory is watched (watchdog/inotify) and re-scanned on every event, so a 
 changed or removed takes effect within a second without a restart. A malformed file is logged
 with its name and the reason, counted, and ignored; the other registrations keep working.
 Registrations are kept in file-name order, the order in which hook servers are called.
+
+A hook type this proxy does not know is left out of its registration with a warning, as Koordinator's proxy
+ignores it, so that a newer hook server's file (one listing a hook added after this proxy) still works; a file
+with no known hook type at all is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class HookType(StrEnum):
     POST_START_CONTAINER = "PostStartContainer"
     PRE_UPDATE_CONTAINER_RESOURCES = "PreUpdateContainerResources"
     POST_STOP_CONTAINER = "PostStopContainer"
+    # koordlet-py's extension (proto/hookapi.proto): the CRI UpdatePodSandboxResources call, a pod-level resize
+    PRE_UPDATE_POD_SANDBOX_RESOURCES = "PreUpdatePodSandboxResources"
 
     @property
     def rpc_path(self) -> str:
@@ -87,17 +93,27 @@ def parse_registration(name: str, text: str) -> HookServer:
         policy = FailurePolicy(policy_text)
     except ValueError:
         raise ConfigError(f"{name}: failure-policy must be Fail or Ignore, not {policy_text!r}") from None
-    hooks_raw = doc.get("runtime-hooks")
+    return HookServer(name, endpoint, policy, _hook_types(name, doc.get("runtime-hooks")))
+
+
+def _hook_types(name: str, hooks_raw: object) -> frozenset[HookType]:
+    """The known hook types of a registration's ``runtime-hooks`` (the module docstring: unknown ones are left out)."""
     if not isinstance(hooks_raw, list) or not hooks_raw:
         raise ConfigError(f"{name}: runtime-hooks must be a non-empty list of hook types")
     hooks = set()
+    unknown = []
     for item in hooks_raw:
         try:
             hooks.add(HookType(item))
         except ValueError:
-            known = ", ".join(h.value for h in HookType)
-            raise ConfigError(f"{name}: unknown runtime hook {item!r} (known: {known})") from None
-    return HookServer(name, endpoint, policy, frozenset(hooks))
+            unknown.append(item)
+    known = ", ".join(h.value for h in HookType)
+    if not hooks:
+        raise ConfigError(f"{name}: no known runtime hook in {hooks_raw!r:.200} (known: {known})")
+    if unknown:
+        log.warning("%s: runtime hooks %r are not known to this proxy and are left out (known: %s)",
+                    name, unknown, known)
+    return frozenset(hooks)
 
 
 class Registry:

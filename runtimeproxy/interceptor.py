@@ -5,7 +5,9 @@ Per docs/koordinator.md §2.2 and §2.6–2.7, with its faults fixed:
   seeing the request as the previous one left it (Koordinator calls the first match only);
 * each hook call has a deadline; on error `Ignore` goes on with the request as it was, `Fail`
   returns an error to kubelet naming the hook server and the reason, and post hooks never fail a
-  call;
+  call; a hook server that answers UNIMPLEMENTED (one that predates the hook) is skipped under either policy;
+* UpdatePodSandboxResources (a pod-level resize, Kubernetes 1.33+) is offered to the PreUpdatePodSandboxResources
+  hook (koordlet-py's extension of the hook API), with the same failure policy;
 * values a hook server answers that the kernel would refuse (a cgroup quota of 5, a cpuset of
   "banana") are dropped with a log line and a metric, never sent to the runtime;
 * a request is re-encoded only when a hook changed it: otherwise kubelet's bytes go as they came.
@@ -27,11 +29,11 @@ from wire import kernel_ranges
 
 from . import h2
 from .backend import RuntimeClient, call_metadata
-from .hookclient import HookClient, HookError
+from .hookclient import HookClient, HookError, HookUnimplemented
 from .hookconfig import HookType, Registry
 from .metrics import ProxyMetrics
 from .relay import CallResult, HookedRequest
-from .store import Store, container_request, pod_request_from_config, to_cri_resources
+from .store import Store, container_request, pod_request_from_config, to_cri_resources, to_hook_resources
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +197,8 @@ class LifecycleInterceptor:
                                                    self._update_container_resources),
             _PREFIX + "StopContainer": (cri.StopContainerRequest, self._stop_container),
             _PREFIX + "RemoveContainer": (cri.RemoveContainerRequest, self._remove_container),
+            _PREFIX + "UpdatePodSandboxResources": (cri.UpdatePodSandboxResourcesRequest,
+                                                    self._update_pod_sandbox_resources),
         }
 
     @property
@@ -255,6 +259,12 @@ class LifecycleInterceptor:
                 t0 = time.perf_counter()
                 try:
                     answer = await self.hooks.call(server, hook, build(), response_type, self.hook_timeout_s)
+                except HookUnimplemented as err:
+                    # no opinion rather than an error: not counted in hook_errors (whose alert would then fire on
+                    # every pod resize of a node whose koordlet predates the hook)
+                    log.debug("hook server %s (%s) does not serve %s (%s); going on without it",
+                              server.name, server.endpoint, hook.value, err)
+                    continue
                 except HookError as err:
                     self.metrics.hook_errors.labels(server.name, hook.value, server.failure_policy.value).inc()
                     if hook.is_post or server.failure_policy.value == "Ignore":
@@ -339,6 +349,39 @@ class LifecycleInterceptor:
                 await self._chain(HookType.POST_STOP_POD_SANDBOX, _PREFIX + "StopPodSandbox", lambda: pod,
                                   hookapi.PodSandboxHookResponse, lambda _answer: None)
             self.store.drop_pod(msg.pod_sandbox_id)
+        return result
+
+    async def _update_pod_sandbox_resources(self, msg: cri.UpdatePodSandboxResourcesRequest, raw: bytes,
+                                            backend: Backend) -> CallResult:
+        """kubelet has resized the pod's own cgroup and tells the runtime (best effort: kubelet goes on whatever the
+        answer). The hook servers see the sandbox's request with the call's resources and may change them; the call
+        then goes on, and a runtime that does not implement it answers kubelet as it would without the proxy."""
+        stored = self.store.pods.get(msg.pod_sandbox_id)
+        if stored is None or self._skipped(stored.labels):
+            return await backend(raw)
+        pod = hookapi.PodSandboxHookRequest()
+        pod.CopyFrom(stored)
+        pod.overhead.CopyFrom(to_hook_resources(msg.overhead))
+        pod.resources.CopyFrom(to_hook_resources(msg.resources))
+        before = pod.SerializeToString()
+        who = f"{pod.pod_meta.namespace}/{pod.pod_meta.name}"
+
+        def merge(answer: hookapi.PodSandboxHookResponse) -> None:
+            if answer.HasField("resources"):
+                merge_resources(pod.resources, answer.resources,
+                                self._rejecter(HookType.PRE_UPDATE_POD_SANDBOX_RESOURCES, who))
+
+        failed = await self._chain(HookType.PRE_UPDATE_POD_SANDBOX_RESOURCES, _PREFIX + "UpdatePodSandboxResources",
+                                   lambda: pod, hookapi.PodSandboxHookResponse, merge)
+        if failed is not None:
+            return failed
+        payload = raw
+        if pod.SerializeToString() != before:
+            msg.resources.CopyFrom(to_cri_resources(pod.resources))
+            payload = msg.SerializeToString()
+        result = await backend(payload)
+        if result.code == h2.GRPC_OK:
+            self.store.put_pod(msg.pod_sandbox_id, pod)
         return result
 
     # -- containers ---------------------------------------------------------------------------------

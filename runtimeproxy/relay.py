@@ -35,6 +35,14 @@ sections 6.7 and 6.9), instead of crossing the proxy:
 A relayed unary call thus costs the proxy one read and one write each way, where a byte pipe also
 carries each peer's PING, PING ACK and WINDOW_UPDATE across, mostly as packets of their own.
 
+A drain (SIGTERM) sends every kubelet connection GOAWAY: streams kubelet opened before it are served to the end,
+streams above it are refused unprocessed. A subscription never ends by itself (CRI's GetContainerEvents, Evented
+PLEG's, and the other server streams of :data:`ENDLESS_METHODS`), so right after the GOAWAY the proxy ends it:
+kubelet gets gRPC UNAVAILABLE on it (trailers, or a trailers-only response when the runtime had sent no headers
+yet) and subscribes again, on a new connection, to the next proxy process; the runtime gets RST_STREAM(CANCEL), and
+its late frames on the stream are kept away from kubelet as a withheld stream's are. The drain then waits for the
+calls that do end, never for a subscription.
+
 Flow control on withheld streams is the proxy's: bytes kubelet sent on them are credited back to
 kubelet by the proxy, and connection-level credit kubelet returns for response bytes the proxy
 wrote is not passed on to the runtime, which never sent them.
@@ -62,6 +70,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from time import perf_counter
 
+from wire import cri_pb2
+
 from . import h2
 from .h2 import (
     CONTINUATION,
@@ -81,6 +91,15 @@ from .h2 import (
 from .hpack_decoder import Decoder, HPACKDecodeError
 
 log = logging.getLogger(__name__)
+
+# The relayed calls whose answer is a stream the runtime never ends by itself: every server-streaming method of the
+# CRI services (CRI v1 has one, GetContainerEvents), and containerd's own event subscription (``ctr events``, or any
+# client of containerd's API pointed at the proxy). A drain ends them at once (module docstring).
+ENDLESS_METHODS = frozenset(f"/{service.full_name}/{method.name}"
+                            for service in cri_pb2.DESCRIPTOR.services_by_name.values()
+                            for method in service.methods if method.server_streaming
+                            ) | {"/containerd.services.events.v1.Events/Subscribe"}
+_DRAIN_MESSAGE = "koord-runtime-proxy is restarting: subscribe again"
 
 
 # How many finished withheld stream ids a connection remembers, so that late frames for them
@@ -164,16 +183,20 @@ class Relay:
     """Accepts kubelet connections (as an asyncio protocol factory) and relays them."""
 
     def __init__(self, backend_path: str, handler: Handler, hooked_methods: frozenset[str],
-                 observer: RelayObserver | None = None, limits: RelayLimits | None = None) -> None:
-        """``hooked_methods``: gRPC paths withheld and served by ``handler``; all else is relayed."""
+                 observer: RelayObserver | None = None, limits: RelayLimits | None = None,
+                 endless_methods: frozenset[str] = ENDLESS_METHODS) -> None:
+        """``hooked_methods``: gRPC paths withheld and served by ``handler``; all else is relayed.
+        ``endless_methods``: relayed server streams a drain ends at once."""
         self.backend_path = backend_path
         self.limits = limits or RelayLimits()
         self.handler = handler
         self.hooked_methods = frozenset(m.encode("ascii") for m in hooked_methods)
+        self.endless_methods = frozenset(m.encode("ascii") for m in endless_methods)
         self.observer = observer or RelayObserver()
         self.connections: set[KubeletSide] = set()
         self.draining = False
         self.refused_streams = 0  # streams opened above a GOAWAY's last stream id, refused unprocessed
+        self.ended_streams = 0  # endless server streams a drain ended, for the client to subscribe again
 
     def __call__(self) -> KubeletSide:
         return KubeletSide(self)
@@ -183,11 +206,13 @@ class Relay:
 
     def start_drain(self) -> None:
         """Ask every kubelet connection to open no new streams: GOAWAY with the last stream it will serve (the
-        highest it has seen), and streams above that refused unprocessed, for the client to retry elsewhere. A
-        connection accepted from now on gets GOAWAY(0) at once."""
+        highest it has seen), and streams above that refused unprocessed, for the client to retry elsewhere; end
+        the endless server streams it relays (module docstring). A connection accepted from now on gets GOAWAY(0)
+        at once."""
         self.draining = True
         for conn in list(self.connections):
             conn.send_goaway()
+            self.ended_streams += conn.end_endless_streams()
 
     def close_all(self) -> None:
         for conn in list(self.connections):
@@ -272,6 +297,8 @@ class KubeletSide(asyncio.Protocol):
         self.hooked: dict[int, HookedRequest] = {}
         self.closed_hooked: OrderedDict[int, None] = OrderedDict()
         self.inflight: dict[int, tuple[bytes, float]] = {}
+        # relayed endless server streams (Relay.endless_methods) -> the runtime's response headers went to kubelet
+        self.endless: dict[int, bool] = {}
         self._owed_credit = 0  # response bytes the proxy wrote to kubelet: kubelet's credit for them stays here
         self.kubelet_hop = HopFlow()
         self.runtime_hop = HopFlow()
@@ -383,6 +410,7 @@ class KubeletSide(asyncio.Protocol):
                 req.task.cancel()
         self.hooked.clear()
         self.inflight.clear()
+        self.endless.clear()
         if self.transport is not None:
             self.transport.close()
         if self.up is not None and self.up.transport is not None:
@@ -404,6 +432,20 @@ class KubeletSide(asyncio.Protocol):
             self._goaway_sent = True
             self.write_down(h2.goaway(self.max_stream_id))
 
+    def end_endless_streams(self) -> int:
+        """After the GOAWAY of a drain: end every relayed endless server stream, kubelet's side with gRPC
+        UNAVAILABLE (kubelet subscribes again, on its next connection), the runtime's with RST_STREAM(CANCEL); the
+        runtime's late frames on them are kept from kubelet (``closed_hooked``). Returns how many were ended."""
+        ended, self.endless = self.endless, {}
+        for sid, headers_sent in ended.items():
+            path, _ = self.inflight.pop(sid, (b"", 0.0))
+            self._remember_closed(sid)
+            self.write_down(h2.grpc_status_end(sid, h2.GRPC_UNAVAILABLE, _DRAIN_MESSAGE, headers_sent))
+            self.write_up(h2.rst_stream(sid, h2.ERR_CANCEL))
+            log.info("drain: ended %s on stream %d for the client to call again", path.decode("ascii", "replace"),
+                     sid)
+        return len(ended)
+
     def _refuse_stream(self, sid: int) -> int:
         """A stream kubelet opened above the GOAWAY's last stream id: it goes to the runtime only as its header
         block (the runtime's HPACK decoder must see every block) cancelled at once, like a withheld stream, and
@@ -420,6 +462,8 @@ class KubeletSide(asyncio.Protocol):
         entry = self.inflight.pop(sid, None)
         if entry is not None:
             self.call_finished(entry[0], perf_counter() - entry[1])
+        if self.endless:
+            self.endless.pop(sid, None)
 
     def allow_frame_size(self, size: int) -> None:
         """The runtime's SETTINGS allow frames of ``size`` bytes: kubelet may send them."""
@@ -667,6 +711,7 @@ class KubeletSide(asyncio.Protocol):
         req = self.hooked.pop(sid, None)
         if req is None and sid not in self.closed_hooked:
             self.inflight.pop(sid, None)
+            self.endless.pop(sid, None)
             return None
         if req is not None:
             self._remember_closed(sid)
@@ -727,6 +772,8 @@ class KubeletSide(asyncio.Protocol):
                 self._start_call(req)
             return sid
         self.inflight[sid] = (path, perf_counter())
+        if path in self.relay.endless_methods:
+            self.endless[sid] = False
         return 0
 
     def _withheld_data(self, req: HookedRequest, flags: int, payload: bytes, length: int) -> None:
@@ -947,16 +994,18 @@ class RuntimeSide(asyncio.Protocol):
             return self._on_withheld(ftype, sid, data, pos, end, out)
         if (flags & FLAG_END_STREAM and ftype <= HEADERS) or ftype == RST_STREAM:
             down.stream_ended(sid)
+        elif ftype == HEADERS and sid in down.endless:  # a drain ends it with trailers now, not trailers-only
+            down.endless[sid] = True
         return fwd
 
     def _on_withheld(self, ftype: int, sid: int, data: bytes, pos: int, end: int, out: list[bytes]) -> int:
-        """A runtime frame on a stream the proxy withheld; returns where forwarding goes on. Header blocks
-        must still reach kubelet's HPACK decoder: on a stream id no call uses, kubelet decodes the block and
-        then ignores the frame. Anything else is dropped; dropped DATA the proxy credits back to the runtime
+        """A runtime frame on a stream the proxy withheld (or ended at a drain); returns where forwarding goes on.
+        Header blocks must still reach kubelet's HPACK decoder: on a stream id no call uses, kubelet decodes the
+        block and then ignores the frame. Anything else is dropped; dropped DATA the proxy credits back to the runtime
         (kubelet never sees those bytes, so never credits them)."""
         if ftype == HEADERS or ftype == CONTINUATION:
             out.append(data[pos : pos + 5] + _LAST_STREAM_ID)
-            log.warning("runtime answered withheld stream %d; kept away from kubelet", sid)
+            log.warning("runtime answered stream %d, which the proxy withheld or ended; kept away from kubelet", sid)
             return pos + 9
         if ftype == DATA:
             self._hop.hold(end - pos - 9)

@@ -179,7 +179,8 @@ class ProxyServer:
 
     async def _drain(self, server: asyncio.AbstractServer) -> None:
         """Stop accepting (systemd's socket stays open in systemd, its backlog for the next process; our own
-        socket goes), send every connection GOAWAY, finish the calls in flight within the drain timeout."""
+        socket goes), send every connection GOAWAY and end the server streams that never end by themselves
+        (kubelet's GetContainerEvents: relay.py), finish the calls in flight within the drain timeout."""
         server.close()
         if self.options.listen_fd is None:
             remove_socket(self.options.listen_path)
@@ -193,4 +194,5 @@ class ProxyServer:
             log.warning("drain timeout: closing with %d call(s) still in flight", left)
         self.relay.close_all()
         log.info("stopped: %d call(s) in flight at the stop finished, %d stream(s) opened after GOAWAY refused "
-                 "for the client to retry", draining - left, self.relay.refused_streams)
+                 "for the client to retry, %d endless stream(s) ended for the client to call again",
+                 draining - left, self.relay.refused_streams, self.relay.ended_streams)

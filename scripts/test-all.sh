@@ -24,6 +24,7 @@ default=2.1
 # CPU suppression has nothing left to show.
 subset=(tests/runtimeproxy/test_kubelet_sequence.py tests/runtimeproxy/test_grpc_go_client.py
         tests/runtimeproxy/test_hooks.py tests/runtimeproxy/test_hostile_clients.py
+        "tests/runtimeproxy/test_socket_activation.py::test_a_restart_under_an_evented_pleg_subscription_takes_no_drain_timeout_and_the_client_subscribes_again"
         tests/koordlet/runtimehooks/test_bad_annotations.py tests/koordlet/runtimehooks/test_device_injection.py
         tests/koordlet/runtimehooks/test_runtimehooks.py tests/koordlet/statesinformer/test_cri.py
         tests/test_faults.py tests/hooks/test_oomscore.py)

@@ -99,6 +99,11 @@ class RuntimeServiceStub:
                 request_serializer=cri__pb2.UpdateContainerResourcesRequest.SerializeToString,
                 response_deserializer=cri__pb2.UpdateContainerResourcesResponse.FromString,
                 _registered_method=True)
+        self.UpdatePodSandboxResources = channel.unary_unary(
+                '/runtime.v1.RuntimeService/UpdatePodSandboxResources',
+                request_serializer=cri__pb2.UpdatePodSandboxResourcesRequest.SerializeToString,
+                response_deserializer=cri__pb2.UpdatePodSandboxResourcesResponse.FromString,
+                _registered_method=True)
         self.ExecSync = channel.unary_unary(
                 '/runtime.v1.RuntimeService/ExecSync',
                 request_serializer=cri__pb2.ExecSyncRequest.SerializeToString,
@@ -118,6 +123,11 @@ class RuntimeServiceStub:
                 '/runtime.v1.RuntimeService/Status',
                 request_serializer=cri__pb2.StatusRequest.SerializeToString,
                 response_deserializer=cri__pb2.StatusResponse.FromString,
+                _registered_method=True)
+        self.GetContainerEvents = channel.unary_stream(
+                '/runtime.v1.RuntimeService/GetContainerEvents',
+                request_serializer=cri__pb2.GetEventsRequest.SerializeToString,
+                response_deserializer=cri__pb2.ContainerEventResponse.FromString,
                 _registered_method=True)
 
 
@@ -202,6 +212,14 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdatePodSandboxResources(self, request, context):
+        """Kubernetes 1.33+ (cri-api v0.33): kubelet calls it after it resized a pod's own cgroup (pod-level resources,
+        in-place resize), best effort: an error does not stop the resize.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ExecSync(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -222,6 +240,14 @@ class RuntimeServiceServicer:
 
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetContainerEvents(self, request, context):
+        """Evented PLEG's subscription: a server stream that ends only when the client or the server goes
+        (runtimeproxy/relay.py cuts it at a drain, for kubelet to subscribe again).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -294,6 +320,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     request_deserializer=cri__pb2.UpdateContainerResourcesRequest.FromString,
                     response_serializer=cri__pb2.UpdateContainerResourcesResponse.SerializeToString,
             ),
+            'UpdatePodSandboxResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdatePodSandboxResources,
+                    request_deserializer=cri__pb2.UpdatePodSandboxResourcesRequest.FromString,
+                    response_serializer=cri__pb2.UpdatePodSandboxResourcesResponse.SerializeToString,
+            ),
             'ExecSync': grpc.unary_unary_rpc_method_handler(
                     servicer.ExecSync,
                     request_deserializer=cri__pb2.ExecSyncRequest.FromString,
@@ -313,6 +344,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=cri__pb2.StatusRequest.FromString,
                     response_serializer=cri__pb2.StatusResponse.SerializeToString,
+            ),
+            'GetContainerEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetContainerEvents,
+                    request_deserializer=cri__pb2.GetEventsRequest.FromString,
+                    response_serializer=cri__pb2.ContainerEventResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -677,6 +713,33 @@ class RuntimeService:
             _registered_method=True)
 
     @staticmethod
+    def UpdatePodSandboxResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/UpdatePodSandboxResources',
+            cri__pb2.UpdatePodSandboxResourcesRequest.SerializeToString,
+            cri__pb2.UpdatePodSandboxResourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ExecSync(request,
             target,
             options=(),
@@ -774,6 +837,33 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/Status',
             cri__pb2.StatusRequest.SerializeToString,
             cri__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetContainerEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/GetContainerEvents',
+            cri__pb2.GetEventsRequest.SerializeToString,
+            cri__pb2.ContainerEventResponse.FromString,
             options,
             channel_credentials,
             insecure,

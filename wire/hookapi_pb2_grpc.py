@@ -69,6 +69,11 @@ class RuntimeHookServiceStub:
                 request_serializer=hookapi__pb2.ContainerResourceHookRequest.SerializeToString,
                 response_deserializer=hookapi__pb2.ContainerResourceHookResponse.FromString,
                 _registered_method=True)
+        self.PreUpdatePodSandboxResourcesHook = channel.unary_unary(
+                '/runtime.v1alpha1.RuntimeHookService/PreUpdatePodSandboxResourcesHook',
+                request_serializer=hookapi__pb2.PodSandboxHookRequest.SerializeToString,
+                response_deserializer=hookapi__pb2.PodSandboxHookResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeHookServiceServicer:
@@ -116,6 +121,18 @@ class RuntimeHookServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PreUpdatePodSandboxResourcesHook(self, request, context):
+        """koordlet-py's extension, not in Koordinator's api.proto: the CRI UpdatePodSandboxResources call (a pod-level
+        in-place resize, Kubernetes 1.33+), offered before it reaches the runtime. The request is the sandbox's as
+        RunPodSandbox made it, with ``overhead`` and ``resources`` the call's; the answer's ``resources`` are merged
+        into the call (labels, annotations and the cgroup parent of a running sandbox do not change). A hook server
+        that does not serve it (Koordinator's koordlet answers UNIMPLEMENTED) is skipped whatever its failure policy;
+        Koordinator's proxy ignores the hook type in a registration file, so a registration may always list it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeHookServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +170,11 @@ def add_RuntimeHookServiceServicer_to_server(servicer, server):
                     servicer.PreUpdateContainerResourcesHook,
                     request_deserializer=hookapi__pb2.ContainerResourceHookRequest.FromString,
                     response_serializer=hookapi__pb2.ContainerResourceHookResponse.SerializeToString,
+            ),
+            'PreUpdatePodSandboxResourcesHook': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreUpdatePodSandboxResourcesHook,
+                    request_deserializer=hookapi__pb2.PodSandboxHookRequest.FromString,
+                    response_serializer=hookapi__pb2.PodSandboxHookResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +366,33 @@ class RuntimeHookService:
             '/runtime.v1alpha1.RuntimeHookService/PreUpdateContainerResourcesHook',
             hookapi__pb2.ContainerResourceHookRequest.SerializeToString,
             hookapi__pb2.ContainerResourceHookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreUpdatePodSandboxResourcesHook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1alpha1.RuntimeHookService/PreUpdatePodSandboxResourcesHook',
+            hookapi__pb2.PodSandboxHookRequest.SerializeToString,
+            hookapi__pb2.PodSandboxHookResponse.FromString,
             options,
             channel_credentials,
             insecure,

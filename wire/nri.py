@@ -85,6 +85,8 @@ class Event(enum.IntEnum):
     POST_UPDATE_CONTAINER = api.POST_UPDATE_CONTAINER
     STOP_CONTAINER = api.STOP_CONTAINER
     REMOVE_CONTAINER = api.REMOVE_CONTAINER
+    UPDATE_POD_SANDBOX = api.UPDATE_POD_SANDBOX  # NRI v0.10+ (runtime_nri_version)
+    POST_UPDATE_POD_SANDBOX = api.POST_UPDATE_POD_SANDBOX
 
     @property
     def title(self) -> str:
@@ -100,6 +102,37 @@ def event_mask(events: Sequence[Event]) -> int:
     return mask
 
 
+_NRI_WITH_UPDATE_POD_SANDBOX = (0, 10, 0)
+# the first containerd on NRI v0.10 (containerd/nri pkg/api/version.go, InferVersionFromRuntime: 2.1.x speaks v0.8.0)
+_CONTAINERD_WITH_UPDATE_POD_SANDBOX = (2, 2, 0)
+
+
+def _version(text: str) -> tuple[int, ...] | None:
+    """``v2.1.9``, ``2.1.9+unknown``, ``1.7.24~ds1`` → (2, 1, 9); None when it does not start with a number."""
+    parts: list[int] = []
+    for piece in text.strip().removeprefix("v").split("."):
+        digits = piece[:len(piece) - len(piece.lstrip("0123456789"))]
+        if not digits:
+            break
+        parts.append(int(digits))
+        if digits != piece:
+            break
+    return tuple(parts) or None
+
+
+def runtime_sends_update_pod_sandbox(request: api.ConfigureRequest) -> bool:
+    """Whether the runtime's NRI has UpdatePodSandbox (v0.10+): Configure's ``NRI_version`` where it sends one
+    (v0.12+), else inferred from containerd's own version as NRI's stub infers it; an unknown runtime: no (a mask
+    bit its NRI does not know fails the registration)."""
+    if request.NRI_version:
+        version = _version(request.NRI_version)
+        return version is not None and version >= _NRI_WITH_UPDATE_POD_SANDBOX
+    if request.runtime_name == "containerd":
+        version = _version(request.runtime_version)
+        return version is not None and version >= _CONTAINERD_WITH_UPDATE_POD_SANDBOX
+    return False
+
+
 class PluginHandlers(Protocol):
     """What a plugin answers; each method runs in an executor thread (``quick`` ones on the loop) and wraps the
     changes it makes before answering in :func:`changing`."""
@@ -107,7 +140,12 @@ class PluginHandlers(Protocol):
     events: int  # the event mask answered to Configure
     quick: frozenset[str]  # events ("RunPodSandbox", ...) whose handlers only queue work: answered on the loop
 
-    def configure(self, request: api.ConfigureRequest) -> None: ...
+    def configure(self, request: api.ConfigureRequest) -> int:
+        """Take the runtime's Configure; the event mask to subscribe with (``events``, less what the runtime's NRI
+        version lacks)."""
+        ...
+
+    def update_pod_sandbox(self, request: api.UpdatePodSandboxRequest) -> api.UpdatePodSandboxResponse: ...
 
     def synchronize(self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container],
                     deadline: float) -> list[api.ContainerUpdate]: ...
@@ -271,6 +309,7 @@ class PluginConnection:
         self._kinds = {
             "CreateContainer": _Kind("CreateContainer", api.CreateContainerResponse()),
             "UpdateContainer": _Kind("UpdateContainer", api.UpdateContainerResponse()),
+            "UpdatePodSandbox": _Kind("UpdatePodSandbox", api.UpdatePodSandboxResponse(), changes=False),
         }
         self._state_kinds: dict[int, _Kind] = {}  # by StateChangeEvent.event
         methods = {
@@ -281,6 +320,7 @@ class PluginConnection:
             "UpdateContainer": Deferred(self._update_container),
             "StopContainer": self._stop_container,
             "StateChange": Deferred(self._state_change),
+            "UpdatePodSandbox": Deferred(self._update_pod_sandbox),
         }
         self.server = Server({PLUGIN_SERVICE: methods}, mux.sender(PLUGIN_CONN), receive_limit=receive_limit)
         self.client = Client(mux.sender(RUNTIME_CONN))
@@ -492,8 +532,7 @@ class PluginConnection:
             self.request_timeout_s = request.request_timeout / 1000
         if request.registration_timeout > 0:
             self.registration_timeout_s = request.registration_timeout / 1000
-        self._handlers.configure(request)
-        return api.ConfigureResponse(events=self._handlers.events).SerializeToString()
+        return api.ConfigureResponse(events=self._handlers.configure(request)).SerializeToString()
 
     def _synchronize(self, payload: bytes, deadline: float | None, reply: Reply) -> None:
         started = time.monotonic()
@@ -543,6 +582,10 @@ class PluginConnection:
     def _update_container(self, payload: bytes, deadline: float | None, reply: Reply) -> None:
         self._container_event("UpdateContainer", payload, deadline, reply, api.UpdateContainerRequest,
                               self._handlers.update_container)
+
+    def _update_pod_sandbox(self, payload: bytes, deadline: float | None, reply: Reply) -> None:
+        self._container_event("UpdatePodSandbox", payload, deadline, reply, api.UpdatePodSandboxRequest,
+                              self._handlers.update_pod_sandbox)
 
     async def _stop_container(self, payload: bytes, deadline: float | None) -> bytes:
         return api.StopContainerResponse().SerializeToString()  # not subscribed: nothing to say

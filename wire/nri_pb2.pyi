@@ -21,7 +21,8 @@ class Event(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     POST_UPDATE_CONTAINER: _ClassVar[Event]
     STOP_CONTAINER: _ClassVar[Event]
     REMOVE_CONTAINER: _ClassVar[Event]
-    LAST: _ClassVar[Event]
+    UPDATE_POD_SANDBOX: _ClassVar[Event]
+    POST_UPDATE_POD_SANDBOX: _ClassVar[Event]
 
 class ContainerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -42,7 +43,8 @@ UPDATE_CONTAINER: Event
 POST_UPDATE_CONTAINER: Event
 STOP_CONTAINER: Event
 REMOVE_CONTAINER: Event
-LAST: Event
+UPDATE_POD_SANDBOX: Event
+POST_UPDATE_POD_SANDBOX: Event
 CONTAINER_UNKNOWN: ContainerState
 CONTAINER_CREATED: ContainerState
 CONTAINER_PAUSED: ContainerState
@@ -72,18 +74,20 @@ class UpdateContainersResponse(_message.Message):
     def __init__(self, failed: _Optional[_Iterable[_Union[ContainerUpdate, _Mapping]]] = ...) -> None: ...
 
 class ConfigureRequest(_message.Message):
-    __slots__ = ("config", "runtime_name", "runtime_version", "registration_timeout", "request_timeout")
+    __slots__ = ("config", "runtime_name", "runtime_version", "registration_timeout", "request_timeout", "NRI_version")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_NAME_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_VERSION_FIELD_NUMBER: _ClassVar[int]
     REGISTRATION_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    NRI_VERSION_FIELD_NUMBER: _ClassVar[int]
     config: str
     runtime_name: str
     runtime_version: str
     registration_timeout: int
     request_timeout: int
-    def __init__(self, config: _Optional[str] = ..., runtime_name: _Optional[str] = ..., runtime_version: _Optional[str] = ..., registration_timeout: _Optional[int] = ..., request_timeout: _Optional[int] = ...) -> None: ...
+    NRI_version: str
+    def __init__(self, config: _Optional[str] = ..., runtime_name: _Optional[str] = ..., runtime_version: _Optional[str] = ..., registration_timeout: _Optional[int] = ..., request_timeout: _Optional[int] = ..., NRI_version: _Optional[str] = ...) -> None: ...
 
 class ConfigureResponse(_message.Message):
     __slots__ = ("events",)
@@ -126,6 +130,20 @@ class CreateContainerResponse(_message.Message):
     update: _containers.RepeatedCompositeFieldContainer[ContainerUpdate]
     evict: _containers.RepeatedCompositeFieldContainer[ContainerEviction]
     def __init__(self, adjust: _Optional[_Union[ContainerAdjustment, _Mapping]] = ..., update: _Optional[_Iterable[_Union[ContainerUpdate, _Mapping]]] = ..., evict: _Optional[_Iterable[_Union[ContainerEviction, _Mapping]]] = ...) -> None: ...
+
+class UpdatePodSandboxRequest(_message.Message):
+    __slots__ = ("pod", "overhead_linux_resources", "linux_resources")
+    POD_FIELD_NUMBER: _ClassVar[int]
+    OVERHEAD_LINUX_RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    LINUX_RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    pod: PodSandbox
+    overhead_linux_resources: LinuxResources
+    linux_resources: LinuxResources
+    def __init__(self, pod: _Optional[_Union[PodSandbox, _Mapping]] = ..., overhead_linux_resources: _Optional[_Union[LinuxResources, _Mapping]] = ..., linux_resources: _Optional[_Union[LinuxResources, _Mapping]] = ...) -> None: ...
+
+class UpdatePodSandboxResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class UpdateContainerRequest(_message.Message):
     __slots__ = ("pod", "container", "linux_resources")

@@ -5,10 +5,12 @@ Five parts of koordlet touch the quota: the cpuset hook (``CPUSetAllocator``), b
 (``BatchResource``), CPU normalization (``CPUNormalization``), CPU burst (``CPUBurst``, a QoS strategy) and CPU
 suppress (``BECPUSuppress``). Koordinator lets them write in turn, so two of them undo each other every few seconds
 (its #2306: burst scales an LS container's quota, normalization's reconciler sets it back). Here each pod and
-container dir has one owner, by :func:`quota_owner`, first match wins:
+container dir has one owner, by :func:`quota_owner`, first match wins; each part that writes a pod's or a
+container's quota (the cpuset hook, batch resources, normalization, burst) asks it before it writes, so the hook
+plugins' answer does not hang on the order they run in:
 
-1. :attr:`QuotaOwner.CPUSET` a pod the scheduler bound to a cpuset: unlimited (Koordinator #489: a quota would
-   throttle it on its own CPUs);
+1. :attr:`QuotaOwner.CPUSET` a pod the scheduler bound to a cpuset, a BE one too: unlimited (Koordinator #489: a
+   quota would throttle it on its own CPUs), or kubelet's quota with ``-disable-unset-cpu-quota``;
 2. :attr:`QuotaOwner.BATCH` a BE pod: its batch-cpu limit, normalized, or unlimited under CPU suppress's
    cfsQuota policy (the besteffort dir's quota, CPU suppress's, is the limit then; v1 refuses a child quota above
    its parent's);

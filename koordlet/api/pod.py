@@ -1,14 +1,22 @@
 """A typed view of a pod for the node side: what the hook server and the reconciler both need.
 
-Built from a CRI hook request (labels, annotations, cgroup parent) or from kubelet ``/pods`` (the spec's
-requests and limits); no kubernetes-client types so that ``hooks/`` can use it. Resource amounts are
-integers in Koordinator's units (``cpu`` in milli-cores, memory in bytes, batch-cpu in milli-cores,
-batch-memory in bytes; see :func:`koordlet.api.quantity.parse_resource_quantity`).
+Built from a CRI hook request (labels, annotations, cgroup parent) or from kubelet ``/pods``; no
+kubernetes-client types so that ``hooks/`` can use it. Resource amounts are integers in Koordinator's units
+(``cpu`` in milli-cores, memory in bytes, batch-cpu in milli-cores, batch-memory in bytes; see
+:func:`koordlet.api.quantity.parse_resource_quantity`).
+
+The amounts are what the container (or pod) really has, not what was last asked for: after an in-place resize
+(GA in Kubernetes 1.35) the spec holds the new request while kubelet may not have carried it out yet, so the
+sources take cpu and memory from the status where kubelet reports them (``statesinformer/kubelet.py``) or from
+the runtime (``statesinformer/cri.py``). Pod-level resources (``spec.resources``, KEP-2837) are
+:attr:`PodMeta.pod_requests` / :attr:`PodMeta.pod_limits`; the functions at the end apply Kubernetes' rules
+for them (``k8s.io/component-helpers/resource`` PodRequests/PodLimits, kubelet's getCPULimit/getMemoryLimit),
+and every part that sums or reads a pod's or a container's amounts goes through them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from koordlet.api.keys import ANNOTATION_DOCKER_TYPE
@@ -79,6 +87,10 @@ class PodMeta:
     requests_known: bool = True
     created_at: float | None = None  # metadata.creationTimestamp (the CRI: the sandbox's), Unix seconds
     deleting: bool = False  # metadata.deletionTimestamp is set
+    # Pod-level resources (spec.resources; status.resources once kubelet reports them): empty when the pod sets
+    # none. Only cpu, memory and hugepages-* count at pod level (is_pod_level_resource).
+    pod_requests: Mapping[str, int] = field(default_factory=dict)
+    pod_limits: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def effective_kube_qos(self) -> KubeQoS | None:
@@ -112,3 +124,48 @@ class PodMeta:
     def key(self) -> str:
         """``namespace/name``, for logs."""
         return f"{self.namespace}/{self.name}"
+
+
+# ----------------------------------------------------------------------------------------- pod-level resources
+
+_POD_LEVEL = ("cpu", "memory")
+_HUGEPAGES_PREFIX = "hugepages-"
+
+
+def is_pod_level_resource(name: str) -> bool:
+    """A resource pod-level resources may set (component-helpers IsSupportedPodLevelResource)."""
+    return name in _POD_LEVEL or name.startswith(_HUGEPAGES_PREFIX)
+
+
+def pod_level_amount(pod: PodMeta, resource: str, limits: bool = False) -> int | None:
+    """The pod-level request (or limit) of ``resource``; None when the pod sets none for it, so the containers'
+    amounts count instead. Pod-level values win for the resources they set (component-helpers PodRequests and
+    PodLimits: applyPodLevelResources)."""
+    if not is_pod_level_resource(resource):
+        return None
+    value = (pod.pod_limits if limits else pod.pod_requests).get(resource)
+    return int(value) if value is not None else None
+
+
+def aggregate_request(pod: PodMeta, resource: str, amount: Callable[[ContainerMeta], int] | None = None) -> int:
+    """The pod's request of ``resource``: its pod-level request where it sets one, else the larger of the
+    regular containers' sum and the largest init container (Kubernetes' rule for init containers).
+    ``amount``: how to read one container's request (default: ``container.requests[resource]``)."""
+    level = pod_level_amount(pod, resource)
+    if level is not None:
+        return level
+    read = amount if amount is not None else (lambda container: int(container.requests.get(resource, 0)))
+    regular = sum(read(c) for c in pod.containers if not c.is_init)
+    init = max((read(c) for c in pod.containers if c.is_init), default=0)
+    return max(regular, init)
+
+
+def container_limit(pod: PodMeta, container: ContainerMeta, resource: str, own: int | None = None) -> int:
+    """The limit of ``resource`` the container's cgroup gets: its own, else the pod-level limit (kubelet's
+    getCPULimit/getMemoryLimit: a container without a cpu or memory limit in a pod with pod-level resources is
+    given the pod's); 0 when neither is set. ``own``: the container's own limit where the caller read it
+    (aliases resolved), else ``container.limits[resource]``."""
+    value = int(container.limits.get(resource, 0)) if own is None else own
+    if value > 0 or resource not in _POD_LEVEL or not (pod.pod_requests or pod.pod_limits):
+        return value
+    return pod_level_amount(pod, resource, limits=True) or 0

@@ -195,9 +195,8 @@ class DebugEndpoints:
     def _hooks(sources: DebugSources, pod: PodMeta) -> dict[str, Any]:
         hooks = sources.hooks
         enabled = {p.name for p in hooks.plugins} if hooks is not None else set()
-        registry.enabled({})  # every plugin module loaded, so the list below is complete
-        not_run = [{"plugin": name, "why": f"feature gate {plugin.gate} off"}
-                   for name, plugin in sorted(registry.PLUGINS.items()) if name not in enabled]
+        not_run = [{"plugin": plugin.name, "why": f"feature gate {plugin.gate} off"}
+                   for plugin in registry.all_plugins() if plugin.name not in enabled]
         records = hooks.answers.of(pod.uid) if hooks is not None else {}
         return {
             "running": hooks is not None,

@@ -10,7 +10,9 @@ Every write goes through :meth:`CgroupFiles.update`, which
 3. translates the v1 value for cgroup v2 (``cpu.max``, ``cpu.weight``, ``memory.max``…);
 4. skips the write when the same content was written to that file less than ``force_update_seconds``
    ago (:class:`~koordlet.executor.cache.WriteCache`), without touching the file system (with ``verify``,
-   after reading the file back); a cgroup removed since is reported by the next write. Action files
+   after reading the file back); a cgroup removed since is reported by the next write. A write the kernel
+   answers by changing another file of the dir forgets that file's entry (:data:`KERNEL_RESETS`: ``cpu.idle``
+   sets the group's weight), so the next write of it is made. Action files
    (``memory.reclaim``: each write asks the kernel to act) are written every time, outside the lock; the kernel
    doing less than asked (EAGAIN) is a :class:`PartialWriteError`, not a failure;
 5. logs the write at debug level and counts every outcome in Prometheus.
@@ -51,6 +53,12 @@ from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.resources import CgroupResource, InvalidCgroupValueError, device_of, get_resource
 
 logger = logging.getLogger(__name__)
+
+# Files whose write makes the kernel change other files of the same dir, which the write cache must then forget:
+# cpu.idle sets the group's weight (the scheduler's sched_group_set_idle: 1 → the idle weight, and writes of the
+# weight are refused while idle; 0 → 1024's, cpu.shares 1024 on v1, cpu.weight 100 on v2), so a weight cached
+# before would be skipped, and the group left at 1024's, for up to force_update_seconds.
+KERNEL_RESETS: dict[str, tuple[str, ...]] = {"cpu.idle": ("cpu.shares",)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +180,11 @@ class CgroupFiles:
         except OSError as exc:
             raise ExecutorError(f"cannot read {path}: {exc.strerror}") from exc
 
+    def forget_reads(self, cgroup_dirs: Sequence[str]) -> None:
+        """Close the kept descriptors of files below ``cgroup_dirs`` (a pod's dir, when the pod leaves the states):
+        one would pin the removed cgroup until the idle sweep, which only a later read runs."""
+        self._reads.forget_under(cgroup_dirs)
+
     # ------------------------------------------------------------------------------------------ helpers
 
     def _loosen(self, update: ResourceUpdate, verify: bool = False) -> bool | None:
@@ -251,6 +264,10 @@ class CgroupFiles:
             self._cache.drop(key)
             raise
         self._cache.remember(key, content, now)
+        for name in KERNEL_RESETS.get(resource.name, ()):
+            file_name = get_resource(name).file_name(self.cgroup_fs.version)
+            if file_name is not None:  # the same subsystem, so the same dir
+                self._cache.drop(os.path.join(os.path.dirname(target.path), file_name))
         metrics.count_update(target.resource.name, metrics.STATUS_WRITTEN)
         return True
 

@@ -63,7 +63,7 @@ class ResourceExecutor:
         cache = WriteCache(force_update_seconds)
         roots = RealRoots()
         self._cgroups = CgroupFiles(cgroup_fs, cache, lock, roots, clock)
-        self._resctrl = ResctrlGroups(resctrl_root, lock, roots)
+        self._resctrl = ResctrlGroups(resctrl_root, lock, roots, self.records.resctrl_groups)
         self._node = NodeFiles({"proc": proc_dir, "sys": sys_dir}, Originals(originals_file), cache, lock, roots,
                                clock)
 
@@ -94,6 +94,10 @@ class ResourceExecutor:
         through a kept descriptor (:meth:`koordlet.executor.cgroups.CgroupFiles.read`)."""
         return self._cgroups.read(resource, cgroup_dir, subsystem, every_tick=every_tick)
 
+    def forget_reads(self, cgroup_dirs: Sequence[str]) -> None:
+        """Close the kept read descriptors of files below ``cgroup_dirs`` (a gone pod's dir)."""
+        self._cgroups.forget_reads(cgroup_dirs)
+
     def has(self, resource: CgroupResource | str, cgroup_dir: str) -> bool:
         """Whether this kernel has ``resource`` in ``cgroup_dir``
         (:meth:`koordlet.executor.cgroups.CgroupFiles.has`)."""
@@ -114,9 +118,12 @@ class ResourceExecutor:
         (:meth:`koordlet.executor.resctrl.ResctrlGroups.remove`)."""
         return self._resctrl.remove(group)
 
-    def ensure_resctrl_group(self, group: str) -> bool:
-        """Create resctrl group ``group`` (a mkdir in the resctrl fs); True when it was created."""
-        return self._resctrl.ensure(group)
+    def ensure_resctrl_group(self, group: str, for_pod: bool = False) -> bool:
+        """Create resctrl group ``group`` (a mkdir in the resctrl fs), recorded in ``records.resctrl_groups``
+        before it is made (``for_pod``: also when it was there, a pod's own group koordlet takes); True when it
+        was created. A group whose record cannot be written is not made: WriteFailedError
+        (:meth:`koordlet.executor.resctrl.ResctrlGroups.ensure`)."""
+        return self._resctrl.ensure(group, for_pod)
 
     # ------------------------------------------------------------------------------------ node-wide files
 

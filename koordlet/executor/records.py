@@ -11,8 +11,8 @@ put back, also by the agent that starts after a crash (ARCHITECTURE.md, "What ko
   device's line held before koordlet's first write (``""``: the file had no line for the device), so the line can
   be put back when no block configures it any more or the gate goes off (:mod:`koordlet.executor.lines`).
 
-Both are :class:`~koordlet.executor.originals.Originals` records: bounded, written atomically, a file that cannot be
-read back set aside. They live beside the sysctl record (``-system-config-record-file``, on tmpfs under
+All three are :class:`~koordlet.executor.originals.Originals` records: bounded, written atomically, a file that
+cannot be read back set aside. They live beside the sysctl record (``-system-config-record-file``, on tmpfs under
 ``/var/run/koordlet`` by default): resctrl groups and cgroup files end with a reboot, and so does the record.
 """
 

@@ -1,7 +1,12 @@
 """The executor's resctrl writes: a group's ``schemata`` and ``tasks`` (never cached: a ``tasks`` write moves
 threads and must happen every time it is asked for), and the groups themselves (mkdir, rmdir). Every group name
 passes ``wire.kernel_ranges.resctrl_group_problem`` (the rule the hook value check applies to the names plugins
-answer), and every path is checked to stay inside the resctrl root."""
+answer), and every path is checked to stay inside the resctrl root.
+
+A group koordlet makes goes into the record of what it made (:class:`~koordlet.executor.records.NodeRecords`)
+before its mkdir, never after: a group made but not recorded would never be removed (the collector and the pods'
+removal go by the record), and each holds one of the CPU's few CLOSIDs (16 on many) for good; once they are used
+up, new pods start without their RDT class. A group whose record cannot be written is not made."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import errno
 import logging
 import os
 import threading
+import time
 
 from koordlet.executor import metrics
 from koordlet.executor.errors import (
@@ -20,6 +26,7 @@ from koordlet.executor.errors import (
     WriteFailedError,
 )
 from koordlet.executor.files import RealRoots, write_file
+from koordlet.executor.originals import Originals
 from koordlet.system import kernfs
 from wire.kernel_ranges import resctrl_group_problem
 
@@ -35,10 +42,12 @@ class ResctrlGroups:
     """The resctrl writes of one executor, below ``resctrl_root`` (None: no resctrl here). Thread-safe: file
     writes hold the executor's ``lock``."""
 
-    def __init__(self, resctrl_root: str | None, lock: threading.Lock, roots: RealRoots) -> None:
+    def __init__(self, resctrl_root: str | None, lock: threading.Lock, roots: RealRoots, record: Originals) -> None:
+        """``record``: the groups koordlet made (or took for a pod it serves), each with the time recorded."""
         self.resctrl_root = resctrl_root
         self._lock = lock
         self._roots = roots
+        self._record = record
 
     def write(self, group: str, filename: str, value: str) -> None:
         """Write ``schemata`` or ``tasks`` of resctrl group ``group`` ("" = the root group)."""
@@ -96,15 +105,27 @@ class ResctrlGroups:
             metrics.count_update(_GROUP_RESOURCE, metrics.STATUS_WRITTEN)
         return removed
 
-    def ensure(self, group: str) -> bool:
-        """Create resctrl group ``group`` (a mkdir in the resctrl fs); True when it was created."""
+    def ensure(self, group: str, take: bool = False) -> bool:
+        """Create resctrl group ``group`` (a mkdir in the resctrl fs); True when it was created. Recorded first
+        (module docstring): a group this call makes, and with ``take`` (a pod's own group) also one that was
+        there. Raises WriteFailedError, and makes nothing, when the record cannot be written."""
         path = self._group_path(group)
+        recorded_now = self._record.get(group) is None and (take or not os.path.isdir(path))
+        if recorded_now and not self._record.record(group, f"{time.time():.0f}"):
+            metrics.count_update(_GROUP_RESOURCE, metrics.STATUS_FAILED)
+            raise WriteFailedError(f"resctrl group {path} not made: it cannot be recorded, and a group koordlet made "
+                                   "without a record would never be removed", None)
         try:
-            if not kernfs.make_dir(path):
-                return False
+            made = kernfs.make_dir(path)
         except OSError as exc:
+            if recorded_now:
+                self._record.forget(group)
             metrics.count_update(_GROUP_RESOURCE, metrics.STATUS_FAILED)
             raise WriteFailedError(f"cannot create resctrl group {path}: {exc}", exc.errno) from exc
+        if not made:
+            if recorded_now and not take:
+                self._record.forget(group)  # made meanwhile by another: not koordlet's to remove
+            return False
         logger.debug("created resctrl group %s", path)
         metrics.count_update(_GROUP_RESOURCE, metrics.STATUS_WRITTEN)
         return True

@@ -7,7 +7,8 @@ One thread for all collectors keeps the agent's cost flat (Koordinator runs a go
 collectors are cheap file readers, so serialising them costs nothing that matters. The runner measures
 each collection in ``koordlet_collector_duration_seconds{collector}`` and counts failures in
 ``koordlet_collector_errors_total{collector}``; a failing collector is logged when it starts failing
-and when it recovers, never once per tick.
+and when it recovers, never once per tick: a reading error (a path that is not there) in one line, anything else
+(a bug) with its traceback.
 """
 
 from __future__ import annotations
@@ -20,10 +21,15 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from koordlet.metriccache import MetricCache, Sample
+from koordlet.system.procfs import ProcParseError
 from koordlet.ticker import TickerThread
 
 logger = logging.getLogger(__name__)
 
+# What a collector raises when the node does not give what it reads: a file or dir that is not there or not
+# readable (OSError: SysfsError, PerfError), a kernel file in a format it cannot parse (ProcParseError). Said in
+# one line, with the path the message names; anything else is a bug and is logged with its traceback.
+_READING_ERRORS = (OSError, ProcParseError)
 _DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -121,10 +127,13 @@ class CollectorRunner(TickerThread):
         started = time.perf_counter()
         try:
             samples = entry.collector.collect(now)
-        except Exception:  # a daemon loop: log, count, go on (STYLE.md)
+        except Exception as err:  # a daemon loop: log, count, go on (STYLE.md)
             self.errors.labels(name).inc()
             if not entry.failing:
-                logger.warning("collector %s failed; will keep retrying", name, exc_info=True)
+                if isinstance(err, _READING_ERRORS):  # the node's answer (a path, a file's format), not a bug
+                    logger.warning("collector %s cannot read the node: %s; will keep retrying", name, err)
+                else:
+                    logger.warning("collector %s failed; will keep retrying", name, exc_info=True)
             entry.failing = True
             return 0
         finally:
@@ -155,6 +164,14 @@ class CollectorRunner(TickerThread):
                 if close is not None:
                     close()
         return stopped
+
+    def forget_dirs(self, cgroup_dirs: Sequence[str]) -> None:
+        """Close what the collectors keep open below ``cgroup_dirs`` (a pod that left the states), at once and from
+        the caller's thread: a collector that keeps descriptors has ``forget_dirs`` (thread-safe)."""
+        for entry in self._active:
+            forget = getattr(entry.collector, "forget_dirs", None)
+            if forget is not None:
+                forget(cgroup_dirs)
 
     def _schedule_from(self, start: float) -> None:
         for entry in self._active:

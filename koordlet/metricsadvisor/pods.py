@@ -191,6 +191,11 @@ class PodResourceCollector:
         """Close the kept descriptors of cgroup files."""
         self._files.close()
 
+    def forget_dirs(self, cgroup_dirs: Sequence[str]) -> None:
+        """Close the kept descriptors below ``cgroup_dirs`` now (their pod left the states; any thread): the next
+        tick forgets their targets."""
+        self._files.forget_under(cgroup_dirs)
+
     # ------------------------------------------------------------------------------------- reading
 
     def _target(self, ident: str, rel: str, kinds: _Kinds, labels: tuple[tuple[str, str], ...]) -> _Target:

@@ -7,6 +7,7 @@ where the kernel has no readable /proc/pressure (CONFIG_PSI off or ``psi=0``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from koordlet.metriccache import Label, MetricKind, Sample, SeriesKey
@@ -130,6 +131,10 @@ class PodPsiCollector:
     def close(self) -> None:
         self._files.close()
 
+    def forget_dirs(self, cgroup_dirs: Sequence[str]) -> None:
+        """Close the kept descriptors below ``cgroup_dirs`` now (their pod left the states; any thread)."""
+        self._files.forget_under(cgroup_dirs)
+
     def _candidates(self, rel: str) -> tuple[str, ...]:
         fs = self._fs
         if fs.version is CgroupVersion.V2:
@@ -161,7 +166,8 @@ class PodPsiCollector:
             try:
                 psi = parse_psi(self._files.read(path))
             except FileNotFoundError:
-                return  # the cgroup went away since it was listed
+                seen.discard(ident)  # the cgroup went away since it was listed: its other files are closed too
+                return
             except (OSError, ProcParseError) as err:
                 self.read_errors += 1
                 logger.debug("cannot read %s: %s", path, err)

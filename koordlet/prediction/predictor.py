@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from koordlet.api.pod import PodMeta
+from koordlet.api.pod import PodMeta, aggregate_request
 from koordlet.api.qos import PriorityClass
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
 from koordlet.prediction.server import SYSTEM_ITEM, Prediction, node_item_uid
@@ -63,10 +63,9 @@ class ProdPrediction:
 
 
 def pod_request(pod: PodMeta, resource: str) -> int:
-    """The pod's request of ``resource``: the larger of Σ regular containers and the largest init container."""
-    regular = sum(int(c.requests.get(resource, 0)) for c in pod.containers if not c.is_init)
-    init = max((int(c.requests.get(resource, 0)) for c in pod.containers if c.is_init), default=0)
-    return max(regular, init)
+    """The pod's request of ``resource``: its pod-level request, else the larger of Σ regular containers and the
+    largest init container (koordlet.api.pod.aggregate_request)."""
+    return aggregate_request(pod, resource)
 
 
 def node_allocatable(node: NodeInfo) -> dict[str, int]:

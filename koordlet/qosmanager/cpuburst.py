@@ -45,7 +45,7 @@ from koordlet.api.nodeslo import (
     CPUBurstStrategy,
     NodeSLOSpec,
 )
-from koordlet.api.pod import ContainerMeta, PodMeta
+from koordlet.api.pod import ContainerMeta, PodMeta, aggregate_request
 from koordlet.api.qos import QoSClass
 from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.plan import CgroupWrite, GaugeSet, Plan, WriteStep
@@ -57,6 +57,7 @@ from koordlet.qosmanager.snapshot import (
     Scope,
     Snapshot,
     container_cgroup_dir,
+    container_limit_of,
     container_resource,
     parse_quota_us,
     pod_cgroup_dir,
@@ -140,7 +141,7 @@ class BurstContainer:
 
     @property
     def limit_milli(self) -> int:
-        return container_resource(self.container, RESOURCE_CPU, limits=True)
+        return container_limit_of(self.pod, self.container, RESOURCE_CPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +198,7 @@ def eligible_containers(snapshot: Snapshot, layout: KubeCgroupLayout, gates: Quo
                 continue
             container_dir = container_cgroup_dir(layout, pod_dir, container)
             if container_dir is not None:
-                limit_quota_us = container_resource(container, RESOURCE_CPU, limits=True) * CFS_PERIOD_US // 1000
+                limit_quota_us = container_limit_of(pod, container, RESOURCE_CPU) * CFS_PERIOD_US // 1000
                 found.append(BurstContainer(pod, container, config, pod_dir, container_dir,
                                             burst_base_quota_us(pod, limit_quota_us, gates, ratio), owns))
     return tuple(found)
@@ -216,7 +217,7 @@ def share_pool_state(snapshot: Snapshot, threshold_percent: int) -> SharePoolSta
     for pod in snapshot.pods:
         label = pod.qos_label
         if label in (QoSClass.LSE, QoSClass.LSR):
-            total -= sum(container_resource(c, RESOURCE_CPU) for c in pod.containers if not c.is_init) / 1000.0
+            total -= aggregate_request(pod, RESOURCE_CPU, lambda c: container_resource(c, RESOURCE_CPU)) / 1000.0
         if label in (QoSClass.LSE, QoSClass.LSR, QoSClass.BE):
             used -= snapshot.pod_cpu_avg_cores.get(pod.uid, 0.0)
     if total <= 0:

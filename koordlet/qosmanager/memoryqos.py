@@ -2,11 +2,13 @@
 watermark/priority files where the kernel has them (docs/koordinator.md §4.6).
 
 Per pod: the class config from the merged NodeSLO, then the pod annotation ``koordinator.sh/memoryQOS``.
-  memRequest = Σ container memory requests (BE: batch-memory)
+  memRequest = Σ container memory requests, or the pod-level request where the pod sets one (BE: batch-memory);
+             the amounts are what the containers really have after an in-place resize (koordlet/api/pod.py)
   pod        memory.min = req × minLimitPercent/100, memory.low = req × lowLimitPercent/100 (≥ min)
   container  the same from its own request; memory.high = "max" when throttlingPercent = 0, else
              floor((req + (limit − req) × pct/100) / page) × page (≥ min), limit = its memory limit
-             (BE: batch-memory) or the node's allocatable memory
+             (BE: batch-memory), else its pod's pod-level limit (kubelet gives it that), else the node's
+             allocatable memory
   kubeQoS    min/low = Σ of its pods; the kubepods dir (Guaranteed) the sum over all three;
              priority/use_priority_oom/oom.group from the class of the QoS dir
 A pod whose source does not know its requests (``requests_known`` False: the CRI pod source of local mode)
@@ -34,6 +36,7 @@ from koordlet.qosmanager.snapshot import (
     Needs,
     Snapshot,
     container_cgroup_dir,
+    container_limit_of,
     container_resource,
     is_be,
     pod_cgroup_dir,
@@ -123,7 +126,7 @@ def decide_values(snapshot: Snapshot, layout: KubeCgroupLayout, page_size: int) 
             if container_dir is None or container.is_init:
                 continue
             request = container_resource(container, resource)
-            limit = container_resource(container, resource, limits=True) or allocatable
+            limit = container_limit_of(pod, container, resource) or allocatable
             c_min, c_low = min_low(request, config)
             high = memory_high(request, limit, c_min, config, page_size)
             pod_values.append(MemoryValues(container_dir, c_min, c_low, high, config))

@@ -8,8 +8,15 @@ docs/colocation.md "Memory QoS on stock kernels"), feature gate ``CgroupReconcil
 Every tick (``-reconcile-interval-seconds``): node memory *with* page cache (MemTotal − MemFree) at or above
 ``reclaimThresholdPercent`` of capacity (default: ``memoryEvictThresholdPercent`` − 10) asks the BE pods to give
 back what is above ``reclaimLowerPercent`` (default: threshold − 5), at most the tick's step: each BE pod is
-asked, largest reclaimable first, for up to its reclaimable memory (its page cache, and its anonymous memory where
-the node has swap left and the pod's ``memory.swap.max`` is not 0), through ``memory.reclaim`` on its pod dir.
+asked, largest reclaimable first, for up to its reclaimable memory, through ``memory.reclaim`` on its pod dir.
+Reclaimable is the pod's page cache, and the anonymous memory its containers may still swap out where the node
+has swap left. kubelet sets swap per container, through CRI ``Unified`` (``memory.swap.max`` of the container's
+cgroup: 0 under its NoSwap behaviour, a share of the node's swap under LimitedSwap), and leaves the pod dir's at
+``max``; the kernel holds a cgroup to the lowest limit on its path. So each app container's anonymous memory counts
+up to what its effective limit leaves (the lower of its own and the pod's ``memory.swap.max``, less what each
+has swapped already, ``memory.swap.current``), the pod's total up to the pod's own room and the node's free swap.
+A container whose limit cannot be read counts none. (Init containers, sidecars included, are not counted: the
+count may fall short, never over.)
 
 The step is steered by memory pressure: it starts at ``reclaimStepBytes``; while the node's use keeps rising tick
 over tick it doubles (up to ``reclaimMaxStepBytes``): reclaim presses harder as the demand outruns it; when the LS
@@ -28,14 +35,23 @@ The strategy changes no setting, so switching it off leaves nothing to undo.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, replace
 
 from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.api.pod import PodMeta
 from koordlet.plan import CgroupWrite, Plan, WriteStep
 from koordlet.qosmanager.framework import GATE_CGROUP_RECONCILE, QoSManagerConfig, Strategy
-from koordlet.qosmanager.snapshot import CgroupRead, Needs, Scope, Snapshot, is_be, pod_cgroup_dir
-from koordlet.system.cgroup_stats import CgroupStatError, parse_memory_stat
+from koordlet.qosmanager.snapshot import (
+    CgroupRead,
+    Needs,
+    Scope,
+    Snapshot,
+    container_cgroup_dir,
+    is_be,
+    pod_cgroup_dir,
+)
+from koordlet.system.cgroup_stats import CgroupStatError, MemoryStat, parse_memory_stat
 from koordlet.system.procfs import ProcParseError, parse_psi
 
 logger = logging.getLogger(__name__)
@@ -44,8 +60,11 @@ RECLAIM = "memory.reclaim"
 AUDIT_REASON = "BEMemoryReclaim"
 _CGROUP_V2 = 2  # memory.reclaim is a cgroup v2 file: the memory.stat beside it is v2's
 MIN_ASK_BYTES = 1 << 20  # a pod with less reclaimable than this is not asked (a write costs more than it gives)
+_SWAP_FILES = ("memory.swap.max", "memory.swap.current")
 _NEEDS = Needs(cgroup_reads=(CgroupRead("memory.stat", Scope.PODS, is_be),
-                             CgroupRead("memory.swap.max", Scope.PODS, is_be),
+                             CgroupRead("memory.stat", Scope.APP_CONTAINERS, is_be),
+                             *(CgroupRead(name, scope, is_be) for name in _SWAP_FILES
+                               for scope in (Scope.PODS, Scope.APP_CONTAINERS)),
                              CgroupRead("memory.pressure", Scope.PODS, lambda pod: not is_be(pod))),
                kernel_files=(RECLAIM,))
 
@@ -105,7 +124,7 @@ class Reclaimable:
     pod: PodMeta
     pod_dir: str
     file_bytes: int
-    anon_bytes: int  # counted only where the pod may swap and the node has swap left
+    anon_bytes: int  # what its containers may still swap out (module docstring), 0 without swap left on the node
 
     @property
     def bytes(self) -> int:
@@ -140,24 +159,57 @@ def _ls_pressure(snapshot: Snapshot) -> float | None:
     return worst
 
 
+def _memory_stat(snapshot: Snapshot, cgroup_dir: str) -> MemoryStat | None:
+    raw = snapshot.cgroup_value("memory.stat", cgroup_dir)
+    if raw is None:
+        return None
+    try:
+        return parse_memory_stat(raw.encode(), _CGROUP_V2)
+    except CgroupStatError as exc:
+        logger.debug("cannot parse the memory.stat of %s: %s", cgroup_dir, exc)
+        return None
+
+
+def _swap_room(snapshot: Snapshot, cgroup_dir: str) -> float:
+    """What ``cgroup_dir`` may still swap out by its own ``memory.swap.max`` (``max``: no bound); 0 when the limit
+    was not read or cannot be parsed."""
+    limit = snapshot.cgroup_value("memory.swap.max", cgroup_dir)
+    current = snapshot.cgroup_value("memory.swap.current", cgroup_dir)
+    if limit == "max":
+        return math.inf
+    try:
+        return max(int(limit or "0") - int(current or "0"), 0)
+    except ValueError:
+        logger.debug("cannot parse the swap limit of %s: %r, %r", cgroup_dir, limit, current)
+        return 0
+
+
+def _swappable_anon_bytes(snapshot: Snapshot, pod: PodMeta, pod_dir: str) -> int:
+    """The anonymous memory ``pod``'s app containers may still swap out (module docstring)."""
+    pod_room = min(_swap_room(snapshot, pod_dir), snapshot.node_swap_free_bytes or 0)
+    total = 0.0
+    for container in pod.containers:
+        if pod_room <= total:
+            break
+        container_dir = None if container.is_init else container_cgroup_dir(snapshot.layout, pod_dir, container)
+        stat = _memory_stat(snapshot, container_dir) if container_dir is not None else None
+        if container_dir is None or stat is None:
+            continue
+        total += min(stat.inactive_anon_bytes + stat.active_anon_bytes, _swap_room(snapshot, container_dir))
+    return int(min(total, pod_room))
+
+
 def reclaimable(snapshot: Snapshot) -> list[Reclaimable]:
     """BE pods' reclaimable memory from their memory.stat, largest first (ties by name)."""
-    swap_left = (snapshot.node_swap_free_bytes or 0) > 0
     found: list[Reclaimable] = []
     for pod in snapshot.pods:
         if not is_be(pod) or (pod_dir := pod_cgroup_dir(snapshot.layout, pod)) is None:
             continue
-        raw = snapshot.cgroup_value("memory.stat", pod_dir)
-        if raw is None:
+        stat = _memory_stat(snapshot, pod_dir)
+        if stat is None:
             continue
-        try:
-            stat = parse_memory_stat(raw.encode(), _CGROUP_V2)
-        except CgroupStatError as exc:
-            logger.debug("cannot parse the memory.stat of %s: %s", pod.key, exc)
-            continue
-        swappable = swap_left and snapshot.cgroup_value("memory.swap.max", pod_dir) not in (None, "0")
-        anon = stat.inactive_anon_bytes + stat.active_anon_bytes if swappable else 0
-        found.append(Reclaimable(pod, pod_dir, stat.inactive_file_bytes + stat.active_file_bytes, anon))
+        found.append(Reclaimable(pod, pod_dir, stat.inactive_file_bytes + stat.active_file_bytes,
+                                 _swappable_anon_bytes(snapshot, pod, pod_dir)))
     found.sort(key=lambda r: (-r.bytes, r.pod.name))
     return found
 

@@ -37,7 +37,7 @@ from koordlet.api.keys import (
     canonical_resource_name,
 )
 from koordlet.api.nodeslo import NodeSLOSpec
-from koordlet.api.pod import ContainerMeta, PodMeta
+from koordlet.api.pod import ContainerMeta, PodMeta, container_limit, pod_level_amount
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor
 from koordlet.executor.records import recorded_lines
@@ -211,9 +211,20 @@ def pod_batch_cpu_request_milli(pod: PodMeta) -> int:
 
 
 def pod_memory_request_bytes(pod: PodMeta) -> int:
-    """Σ container memory requests; BE pods count batch-memory (docs/koordinator.md §4.6)."""
-    resource = RESOURCE_BATCH_MEMORY if is_be(pod) else RESOURCE_MEMORY
-    return sum(container_resource(c, resource) for c in pod.containers if not c.is_init)
+    """Σ container memory requests, or the pod-level memory request where the pod sets one (it wins, as in
+    Kubernetes' PodRequests); BE pods count batch-memory (docs/koordinator.md §4.6), never pod-level."""
+    if is_be(pod):
+        return sum(container_resource(c, RESOURCE_BATCH_MEMORY) for c in pod.containers if not c.is_init)
+    level = pod_level_amount(pod, RESOURCE_MEMORY)
+    if level is not None:
+        return level
+    return sum(container_resource(c, RESOURCE_MEMORY) for c in pod.containers if not c.is_init)
+
+
+def container_limit_of(pod: PodMeta, container: ContainerMeta, resource: str) -> int:
+    """The container's limit of ``resource`` (aliases resolved), else its pod's pod-level limit
+    (koordlet.api.pod.container_limit: what kubelet gives a container without one); 0 when neither is set."""
+    return container_limit(pod, container, resource, own=container_resource(container, resource, limits=True))
 
 
 def container_cgroup_dir(layout: KubeCgroupLayout, pod_dir: str, container: ContainerMeta) -> str | None:

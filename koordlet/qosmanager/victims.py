@@ -24,7 +24,7 @@ from koordlet.api.keys import (
     RESOURCE_MID_CPU,
     RESOURCE_MID_MEMORY,
 )
-from koordlet.api.pod import PodMeta
+from koordlet.api.pod import PodMeta, aggregate_request
 from koordlet.api.qos import PriorityClass
 from koordlet.plan import Evictions, Plan, Victim, planned_victims
 from koordlet.qosmanager.snapshot import Snapshot, container_resource
@@ -123,13 +123,12 @@ def class_request(pod: PodMeta, base: str) -> tuple[str, int]:
     """(resource, amount) of ``pod``'s request of ``base`` (cpu or memory) in its priority class's resource:
     koord-mid → mid-cpu/mid-memory, koord-batch → batch-cpu/batch-memory (Σ of the containers, init (sidecar)
     containers included), others → cpu/memory (the larger of Σ regular containers and the largest init
-    container). Koordinator's GetRequestTypeAndValueFromPod; cpu amounts in milli-cores, memory in bytes."""
+    container), the pod-level request where the pod sets one (koordlet.api.pod.aggregate_request). Koordinator's
+    GetRequestTypeAndValueFromPod; cpu amounts in milli-cores, memory in bytes."""
     resource = _CLASS_RESOURCES[base].get(pod.priority_class)
     if resource is not None:
         return resource, sum(max(container_resource(c, resource), 0) for c in pod.containers)
-    regular = sum(container_resource(c, base) for c in pod.containers if not c.is_init)
-    init = max((container_resource(c, base) for c in pod.containers if c.is_init), default=0)
-    return base, max(regular, init)
+    return base, aggregate_request(pod, base, lambda c: container_resource(c, base))
 
 
 def allocatable_invalid(threshold: int | None, lower: int | None, priority: int | None) -> str | None:

@@ -25,6 +25,7 @@ from koordlet.executor import ResourceExecutor
 from koordlet.history.answers import HookAnswers
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.statesinformer.cpumanager import CPUManagerState
+from koordlet.statesinformer.enacted import LinuxResources
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.procfs import read_meminfo
 from koordlet.system.rdma import DeviceNode, rdma_device_nodes
@@ -93,6 +94,9 @@ def read_resctrl_node(resctrl_dir: str | None) -> ResctrlNode | None:
 
 
 POST_STOP_POD_SANDBOX = "PostStopPodSandbox"  # runtime.v1alpha1's stage name
+# kubelet writes a resized pod's status after its CRI calls return (its pod worker, then the status manager): poll
+# again this much later for the enacted amounts
+RESIZE_RESYNC_S = 2.0
 RDMA_REFRESH_S = 60.0  # how often the RDMA device nodes are read again (they change with hotplug only)
 
 
@@ -171,12 +175,13 @@ class RuntimeHooks:
         # both front doors: the hook server's decisions, remembered for the NRI plugin to take
         self.decisions = Decisions() if config.nri is not None and config.serve_hooks else None
         self.service = HookService(lambda: self.plugins, self.node_context, self._known_pod, executor, layout,
-                                   config.disabled_stages, rejects, self.decisions, self.answers)
+                                   config.disabled_stages, rejects, self.decisions, self.answers, self.resized)
         self.nri: NriPlugin | None = None
         self.nri_handlers: NriHandlers | None = None
         if config.nri is not None:
             self.nri_handlers = NriHandlers(lambda: self.plugins, self.node_context, states.pods, executor, layout,
-                                            config.disabled_stages, rejects, self.decisions, self.answers)
+                                            config.disabled_stages, rejects, self.decisions, self.answers,
+                                            self.resized)
             self.nri = NriPlugin(config.nri, self.nri_handlers)
         self._server = None
         self._nri_started = False
@@ -191,6 +196,7 @@ class RuntimeHooks:
                            cpu_pools=self._cpu_pools(annotations, kubelet),
                            kubelet_cpu_policy=kubelet.policy if kubelet is not None else "",
                            be_cpu_manager=self.config.feature_gates.get("BECPUManager", False),
+                           cpuset_allocator=self.config.feature_gates.get("CPUSetAllocator", False),
                            cpu_burst=self.config.feature_gates.get("CPUBurst", False),
                            be_cpu_suppress=self.config.feature_gates.get("BECPUSuppress", False),
                            rdma=self._rdma.get() if self._rdma is not None else None,
@@ -210,6 +216,18 @@ class RuntimeHooks:
         pools = compute_cpu_pools(self._topology, pods, kubelet, annotations)
         self._pools = ((pods, kubelet, items), pools)  # the key held, so an unchanged list is recognised by identity
         return pools
+
+    def resized(self, pod_uid: str, container_id: str = "", resources: LinuxResources | None = None) -> None:
+        """kubelet resized a pod (UpdatePodSandboxResources, NRI's UpdatePodSandbox) or one of its containers
+        (``resources``: what UpdateContainerResources set on ``container_id``). The container's new amounts go over
+        the pod list at once (statesinformer/enacted.py: nothing puts the old limit back while kubelet's status
+        lags); the states poll again a few seconds on, when kubelet's status has the enacted amounts; the
+        reconciler passes now."""
+        log.debug("pod %s resized (container %s): resync and reconcile", pod_uid, container_id or "-")
+        if container_id and resources is not None:
+            self.states.enacted.record(container_id, resources)
+        self.states.request_resync(RESIZE_RESYNC_S)
+        self.reconciler.trigger()
 
     def _forget_gone_pods(self) -> None:
         self.answers.retain(pod.uid for pod in self.states.pods())

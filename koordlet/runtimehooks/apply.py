@@ -16,7 +16,7 @@ from hooks.validate import Rejected
 from koordlet import audit
 from koordlet.actuator import PlanRunner
 from koordlet.api.cfsquota import be_quota_suppressed
-from koordlet.api.pod import ContainerMeta, PodMeta
+from koordlet.api.pod import ContainerMeta, PodMeta, container_limit
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.executor import CgroupNotFoundError, ExecutorError, ResourceExecutor
@@ -232,9 +232,11 @@ def pod_level_plan(changes: Changes, pod_dir: str, pod_uid: str) -> Plan:
     return Plan(steps_of(*cgroup_writes(changes, pod_dir)), resctrl=resctrl_actions(changes, pod_uid))
 
 
-def run_pod_level(runner: PlanRunner, pod: PodMeta, pod_dir: str, changes: Changes, source: str) -> None:
-    """Carry out a pod-level answer (pod_level_plan) at once; a pod dir not there yet is the reconciler's."""
-    record = runner.run(pod_level_plan(changes, pod_dir, pod.uid), source)
+def run_pod_level(runner: PlanRunner, pod: PodMeta, pod_dir: str, changes: Changes, source: str,
+                  verify: bool = False) -> None:
+    """Carry out a pod-level answer (pod_level_plan) at once; a pod dir not there yet is the reconciler's.
+    ``verify``: read each file first, not trusting the write cache (kubelet has just written the dir: a resize)."""
+    record = runner.run(pod_level_plan(changes, pod_dir, pod.uid), source, verify=verify)
     for failure in record.failures:
         if isinstance(failure.error, CgroupNotFoundError):
             log.debug("pod %s: %s not there yet; the reconciler will apply it", pod.key, pod_dir)
@@ -276,10 +278,12 @@ def container_context_from_request(pod: PodMeta, req: hookapi.ContainerResourceH
 
 
 def container_context_from_meta(pod: PodMeta, container: ContainerMeta) -> ContainerContext:
+    """A running container as the reconciler sees it: the limits its cgroup really has (after an in-place resize,
+    kubelet's new ones: koordlet/api/pod.py), its pod's pod-level limits where it sets none (kubelet's rule)."""
     return ContainerContext(
         pod=pod, name=container.name, container_id=container.container_id,
-        resources=ContainerResources(cfs_quota_us=quota_from_milli(container.limits.get("cpu", 0)),
-                                     memory_limit_bytes=container.limits.get("memory", 0)),
+        resources=ContainerResources(cfs_quota_us=quota_from_milli(container_limit(pod, container, "cpu")),
+                                     memory_limit_bytes=container_limit(pod, container, "memory")),
         running=True,
     )
 

@@ -23,9 +23,11 @@ from hooks.protocol import Changes, NodeContext, PodContext
 from hooks.registry import Trace
 from koordlet.actuator import PlanRunner
 from koordlet.api.pod import PodMeta
+from koordlet.api.qos import QoSClass
 from koordlet.executor import ResourceExecutor
 from koordlet.history.answers import POD_LEVEL, HookAnswers
-from koordlet.hostdirs import make_host_dirs
+from koordlet.hostdirs import with_host_dirs
+from koordlet.statesinformer.enacted import LinuxResources
 from koordlet.system.kubepods import KubeCgroupLayout, pod_cgroup_dir
 from wire import hookapi_pb2 as hookapi
 from wire import hookapi_pb2_grpc as hookapi_grpc
@@ -48,15 +50,24 @@ from .podgroups import PodGroups
 
 log = logging.getLogger(__name__)
 
+Resized = Callable[[str, str, LinuxResources | None], None]  # (pod UID, container id or "", what kubelet set)
+
+# Updates are not a pod's or container's creation: /debug/pods keeps what was answered then.
+_NOT_RECORDED = frozenset({registry.Stage.PRE_UPDATE_CONTAINER_RESOURCES,
+                           registry.Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES})
+
 
 class HookService(hookapi_grpc.RuntimeHookServiceServicer):
     def __init__(self, plugins: Callable[[], list[registry.Plugin]], node: Callable[[], NodeContext],
                  known_pod: Callable[[str], PodMeta | None], executor: ResourceExecutor,
                  layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset(),
                  rejects: RejectedValues | None = None, decisions: Decisions | None = None,
-                 answers: HookAnswers | None = None) -> None:
+                 answers: HookAnswers | None = None, resized: Resized | None = None) -> None:
         """``decisions``: where answers are remembered for the NRI plugin (both front doors on); ``answers``: where
-        each plugin's answer at creation is kept for ``/debug/pods``."""
+        each plugin's answer at creation is kept for ``/debug/pods``; ``resized``: told when kubelet resizes a pod
+        (UpdatePodSandboxResources) or a container (UpdateContainerResources, with what it set), so the states and
+        the reconciler catch up at once (RuntimeHooks.resized)."""
+        self._resized = resized
         self._plugins = plugins
         self._answers = answers
         self._decisions = decisions
@@ -86,10 +97,11 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
             metrics.HOOK_DURATION_MS.labels(metrics.node(), hook, stage, status).observe(elapsed_ms)
 
     # -- pod -------------------------------------------------------------------------------------
-    def _pre_run_pod_sandbox(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
+    def _pre_run_pod_sandbox(self, req: hookapi.PodSandboxHookRequest,
+                             stage: registry.Stage = registry.Stage.PRE_RUN_POD_SANDBOX,
+                             ) -> hookapi.PodSandboxHookResponse:
         resp = hookapi.PodSandboxHookResponse(labels=req.labels, annotations=req.annotations,
                                               cgroup_parent=req.cgroup_parent, resources=req.resources)
-        stage = registry.Stage.PRE_RUN_POD_SANDBOX
         if stage.value in self._disabled:
             self._note(req.pod_meta.uid, POD_LEVEL, stage, None, None)
             return resp
@@ -101,18 +113,34 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
         changes = registry.run_pod(plugins, self._node(), PodContext(pod), self._report,
                                    self._rejects.reporter(pod), parent, trace)
         self._note(pod.uid, POD_LEVEL, stage, trace, changes)
-        if self._decisions is not None:
+        if self._decisions is not None and stage is registry.Stage.PRE_RUN_POD_SANDBOX:
             self._decisions.remember(pod_key(pod.uid), changes)
         if not changes:
             return resp
         apply_to_resources(changes, resp.resources, container=False)
         if pod_dir is not None:
-            run_pod_level(self._runner, pod, pod_dir, changes, "hookserver")
+            run_pod_level(self._runner, pod, pod_dir, changes, "hookserver",
+                          verify=stage is registry.Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES)
         return resp
+
+    def _pre_update_pod_sandbox_resources(self, req: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
+        """A pod-level resize: kubelet has written the pod dir's new values (cri-api: it calls
+        UpdatePodSandboxResources after that), undoing koordlet's pod-level ones (a bound pod's unlimited quota, a
+        BE pod's batch values): they are answered and written again at once, as at RunPodSandbox; then the states
+        and the reconciler catch up with the new amounts (memory QoS, burst, the containers' values)."""
+        try:
+            return self._pre_run_pod_sandbox(req, registry.Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES)
+        finally:
+            if self._resized is not None:
+                self._resized(req.pod_meta.uid, "", None)
+
+    def PreUpdatePodSandboxResourcesHook(self, request, context):  # noqa: N802
+        return self._timed("PreUpdatePodSandboxResources", "pre", self._pre_update_pod_sandbox_resources, request,
+                           self._pod_echo)
 
     def _note(self, pod_uid: str, container: str, stage: registry.Stage, trace: Trace | None,
               changes: Changes | None) -> None:
-        if self._answers is not None and stage is not registry.Stage.PRE_UPDATE_CONTAINER_RESOURCES:
+        if self._answers is not None and stage not in _NOT_RECORDED:
             note = "" if changes is not None else f"stage {stage.value} off (-runtime-hooks-disable-stages)"
             self._answers.record(pod_uid, container, stage.value, "hookserver", trace, changes, note)
 
@@ -154,13 +182,18 @@ class HookService(hookapi_grpc.RuntimeHookServiceServicer):
                                          self._rejects.reporter(pod, context.name),
                                          effective_quota_reader(self._executor, pod_dir) if pod_dir else None, trace)
         self._note(pod.uid, context.name, stage, trace, changes)
-        if changes.host_dirs:
-            make_host_dirs(changes, hami_cache_root(node.hami_core_library), self._host_dirs, pod.uid)
+        changes = with_host_dirs(changes, hami_cache_root(node.hami_core_library), self._host_dirs, pod.uid,
+                                 self._rejects.reporter(pod, context.name))
         if self._decisions is not None:
             key = create_key(pod.uid, context.name) if stage is registry.Stage.PRE_CREATE_CONTAINER else \
                 update_key(req.container_meta.id)
             self._decisions.remember(key, changes)
         apply_to_container_response(changes, resp)
+        if stage is registry.Stage.PRE_UPDATE_CONTAINER_RESOURCES and self._resized is not None:
+            # the proxy's request holds kubelet's update over the container's creation values, the hooks' answers
+            # then included: for a BE pod those are batch values, not kubelet's, so only the resync is asked for
+            enacted = req.container_resources if pod.qos_class is not QoSClass.BE else None
+            self._resized(pod.uid, req.container_meta.id, enacted)
         return resp
 
     def PreCreateContainerHook(self, request, context):  # noqa: N802

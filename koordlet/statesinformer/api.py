@@ -17,6 +17,7 @@ from typing import Protocol
 
 from koordlet.api.nodeslo import NodeSLOSpec, default_node_slo_spec
 from koordlet.api.pod import PodMeta
+from koordlet.statesinformer.enacted import EnactedResources
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ NOT_RECEIVED = NodeSLOOrigin(SOURCE_DEFAULTS, "no NodeSLO received yet")
 
 
 class StatesProvider(Protocol):
+    # what kubelet set with UpdateContainerResources, over the pods until their status reports it (enacted.py)
+    enacted: EnactedResources
+
     def node(self) -> NodeInfo | None: ...
 
     def node_slo(self) -> NodeSLOSpec: ...
@@ -68,6 +72,9 @@ class StatesProvider(Protocol):
     def register_callback(self, kind: CallbackKind, name: str, fn: Callable[[], None]) -> None: ...
 
     def has_synced(self) -> bool: ...
+
+    def request_resync(self, follow_up_s: float = 0.0) -> None:
+        """Read the pods again now (something changed that the next poll would only see later)."""
 
 
 class Callbacks:
@@ -101,6 +108,7 @@ class StaticStates:
         self._pods = tuple(pods)
         self._synced = node is not None
         self._callbacks = Callbacks()
+        self.enacted = EnactedResources()
 
     def node(self) -> NodeInfo | None:
         return self._node
@@ -109,13 +117,16 @@ class StaticStates:
         return self._node_slo
 
     def pods(self) -> tuple[PodMeta, ...]:
-        return self._pods
+        return self.enacted.apply(self._pods)
 
     def has_synced(self) -> bool:
         return self._synced
 
     def register_callback(self, kind: CallbackKind, name: str, fn: Callable[[], None]) -> None:
         self._callbacks.register(kind, name, fn)
+
+    def request_resync(self, follow_up_s: float = 0.0) -> None:
+        """Nothing to read again: the owner pushes the states."""
 
     def set_node(self, node: NodeInfo) -> None:
         self._node = node

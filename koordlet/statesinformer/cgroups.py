@@ -8,6 +8,7 @@ given it); each container's dir is the layout's container dir under it. Pods who
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 
 from koordlet.api.nodeslo import (
@@ -20,6 +21,7 @@ from koordlet.api.nodeslo import (
 from koordlet.api.pod import DEFAULT_RUNTIME, PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.metricsadvisor.pods import ContainerCgroup, HostAppCgroup, PodCgroup
+from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.cgroup_stats import CgroupStatError, read_cgroup_threads
 from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout, join_dirs, pod_cgroup_dir
@@ -65,6 +67,30 @@ def pod_cgroup_source(
         return cgroups  # type: ignore[return-value]
 
     return source
+
+
+def close_with_pods(states: StatesProvider, layout: KubeCgroupLayout,
+                    closers: Sequence[Callable[[Sequence[str]], None]]) -> None:
+    """When pods (or containers) leave the states, hand their cgroup dirs to each of ``closers`` (the parts that keep
+    descriptors open between ticks: the collectors, the executor's kept reads) at once, on the thread that changed
+    the states. A descriptor on a removed cgroup pins its memory in the kernel; waiting for the holder's next tick or
+    idle sweep (which needs a later read) left one open for good when nothing read again."""
+    lock = threading.Lock()
+    listed: set[str] = set()  # the pods' and their containers' cgroup dirs, as of the last change
+
+    def changed() -> None:
+        with lock:
+            now = {cgroup.cgroup_dir for pod in pod_cgroups(states.pods(), layout)
+                   for cgroup in (pod, *pod.containers)}
+            gone = sorted(listed - now)
+            listed.clear()
+            listed.update(now)
+        if gone:
+            for close in closers:
+                close(gone)
+
+    states.register_callback(CallbackKind.ALL_PODS, "close-with-pods", changed)
+    changed()
 
 
 def container_task_reader(layout: KubeCgroupLayout,

@@ -4,7 +4,10 @@ Each sync: ``ListPodSandbox`` (ready sandboxes) and ``ListContainers``; for a sa
 the first time, its verbose status (``PodSandboxStatus``/``ContainerStatus`` with ``verbose``) gives the
 config the runtime was created with — the sandbox's cgroup parent and IP (``status.network.ip``; a NODE-network
 sandbox reports the host's or none), the container's Linux resources. These
-are cached by id (a sandbox's config never changes) and forgotten when the id is gone.
+are cached by id (a sandbox's config never changes) and forgotten when the id is gone. A container's resources
+change with an in-place resize (UpdateContainerResources): where the runtime reports them in
+``ContainerStatus.status.resources`` they are read from there at every sync, so a resize is seen; a runtime that
+does not report them leaves the creation config (cached).
 
 Requests and limits are derived back from the Linux resources kubelet computed (the inverse of kubelet's
 conversion): cpu limit = quota × 1000 / period milli-cores, cpu request = shares × 1000 / 1024 (shares of
@@ -28,6 +31,7 @@ from google.protobuf.message import DecodeError
 from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import kube_qos_from_cgroup_parent
 from koordlet.api.safeload import load_json
+from koordlet.statesinformer.enacted import requests_limits
 from koordlet.statesinformer.informer import PodSourceError
 from wire import cri_pb2 as cri
 from wire import cri_pb2_grpc as cri_grpc
@@ -36,7 +40,6 @@ logger = logging.getLogger(__name__)
 
 _MAX_INFO_BYTES = 4 << 20  # containerd's verbose status info: the OCI spec and runtime config of one container
 
-_MIN_SHARES = 2  # kubelet's cpu.shares for "no cpu request"
 _OPTIONS = [("grpc.max_receive_message_length", 16 << 20)]
 
 
@@ -53,19 +56,6 @@ def _verbose_config(info: Any, config_type: type) -> Any | None:
     except (ValueError, AttributeError, json_format.ParseError) as err:
         logger.debug("unreadable verbose info: %s", err)
         return None
-
-
-def requests_limits(resources: cri.LinuxContainerResources) -> tuple[dict[str, int], dict[str, int]]:
-    """(requests, limits) in Koordinator units from the Linux resources kubelet set."""
-    requests: dict[str, int] = {}
-    limits: dict[str, int] = {}
-    if resources.cpu_quota > 0 and resources.cpu_period > 0:
-        limits["cpu"] = resources.cpu_quota * 1000 // resources.cpu_period
-    if resources.cpu_shares > _MIN_SHARES:
-        requests["cpu"] = resources.cpu_shares * 1000 // 1024
-    if resources.memory_limit_in_bytes > 0:
-        limits["memory"] = resources.memory_limit_in_bytes
-    return requests, limits
 
 
 class CriPodSource:
@@ -102,13 +92,21 @@ class CriPodSource:
         return cached
 
     def _resources(self, container_id: str) -> tuple[dict[str, int], dict[str, int]]:
+        """What the container has now: the runtime's ``status.resources`` (CRI v1, what the last
+        UpdateContainerResources set: an in-place resize shows here) read every sync, where the runtime reports
+        them; else the config it was created with (verbose status, cached: it never changes)."""
         cached = self._container_resources.get(container_id)
-        if cached is None:
-            response = self._runtime.ContainerStatus(
-                cri.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=self._timeout_s)
-            config = _verbose_config(response.info, cri.ContainerConfig)
-            cached = requests_limits(config.linux.resources) if config is not None else ({}, {})
-            self._container_resources[container_id] = cached
+        if cached is not None:
+            return cached
+        response = self._runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=container_id),
+                                                 timeout=self._timeout_s)
+        if response.status.HasField("resources") and response.status.resources.HasField("linux"):
+            return requests_limits(response.status.resources.linux)
+        response = self._runtime.ContainerStatus(
+            cri.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=self._timeout_s)
+        config = _verbose_config(response.info, cri.ContainerConfig)
+        cached = requests_limits(config.linux.resources) if config is not None else ({}, {})
+        self._container_resources[container_id] = cached
         return cached
 
     def list_pods(self) -> tuple[PodMeta, ...]:

@@ -29,6 +29,7 @@ from koordlet.api.pod import PodMeta
 from koordlet.logs import V4
 from koordlet.metriccache import Label, MetricCache
 from koordlet.statesinformer.api import NOT_RECEIVED, CallbackKind, Callbacks, NodeInfo, NodeSLOOrigin
+from koordlet.statesinformer.enacted import EnactedResources
 from koordlet.ticker import PeriodicThread
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class StatesInformer:
         self._node_slo_origin = NOT_RECEIVED
         self._node_slo_rejected: tuple[float, str] | None = None  # (wall time, why) of the last rejected spec
         self._pods: tuple[PodMeta, ...] = ()
+        self.enacted = EnactedResources()
         self._task_reader = task_reader
         self._task_ids: Mapping[str, Mapping[str, tuple[int, ...]]] = {}
         self._pods_synced = False
@@ -113,7 +115,7 @@ class StatesInformer:
         return self._node_slo_rejected
 
     def pods(self) -> tuple[PodMeta, ...]:
-        return self._pods
+        return self.enacted.apply(self._pods)
 
     def container_task_ids(self, pod_uid: str) -> Mapping[str, tuple[int, ...]]:
         """The thread ids of the pod's containers and sandbox at the last sync (empty without a task reader)."""

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from koordlet.api.pod import ContainerMeta, PodMeta, split_container_id
+from koordlet.api.pod import ContainerMeta, PodMeta, is_pod_level_resource, split_container_id
 from koordlet.api.qos import KubeQoS, parse_kube_qos
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
 from koordlet.api.safeload import load_json
@@ -45,19 +45,74 @@ def _amounts(resources: Mapping[str, Any] | None, pod_key: str) -> dict[str, int
     return out
 
 
-def kube_qos_of(containers: list[ContainerMeta]) -> KubeQoS:
-    """Kubelet's QoS rule on cpu and memory: no requests or limits → BestEffort; every container with
-    limits for both and requests equal to them → Guaranteed; else Burstable."""
-    relevant = ("cpu", "memory")
-    if not any(c.requests.get(r) or c.limits.get(r) for c in containers for r in relevant):
+_QOS_RESOURCES = ("cpu", "memory")
+
+
+def _resource_qos(requests: Mapping[str, int], limits: Mapping[str, int]) -> KubeQoS:
+    """One set of requests and limits (a container's, or the pod-level ones): kubelet's resourceQOS, with the API
+    server's defaulting (a request not set is its limit) done here for pods that did not go through it."""
+    if not requests and not limits:
         return KubeQoS.BESTEFFORT
+    qos: KubeQoS | None = None
+    for resource in _QOS_RESOURCES:
+        limit = limits.get(resource, 0)
+        request = requests.get(resource, limit)
+        if request != limit:
+            return KubeQoS.BURSTABLE
+        best_effort = request == 0
+        if qos is None:
+            qos = KubeQoS.BESTEFFORT if best_effort else KubeQoS.GUARANTEED
+        elif best_effort != (qos is KubeQoS.BESTEFFORT):
+            return KubeQoS.BURSTABLE
+    return qos or KubeQoS.BESTEFFORT
+
+
+def kube_qos_of(containers: list[ContainerMeta], pod_requests: Mapping[str, int] | None = None,
+                pod_limits: Mapping[str, int] | None = None) -> KubeQoS:
+    """kubelet's ComputePodQOS: pod-level resources, where the pod sets them, decide alone; else each container
+    (init containers too) is BestEffort (nothing set), Guaranteed (cpu and memory limits, requests equal) or
+    Burstable, and the pod is that class when all agree, Burstable otherwise."""
+    if pod_requests or pod_limits:
+        return _resource_qos(pod_requests or {}, pod_limits or {})
+    pod_qos: KubeQoS | None = None
     for container in containers:
-        for resource in relevant:
-            limit = container.limits.get(resource)
-            request = container.requests.get(resource, limit)
-            if not limit or request != limit:
-                return KubeQoS.BURSTABLE
-    return KubeQoS.GUARANTEED
+        qos = _resource_qos(container.requests, container.limits)
+        if qos is KubeQoS.BURSTABLE or (pod_qos is not None and qos is not pod_qos):
+            return KubeQoS.BURSTABLE
+        pod_qos = qos
+    return pod_qos or KubeQoS.BESTEFFORT
+
+
+# What kubelet carries out and reports back of a running container after a resize (kubelet_pods.go,
+# convertContainerStatusResources): cpu and memory; other resources (batch-cpu and the other extended
+# resources) are not resizable, and the spec's stand.
+_ACTUATED = ("cpu", "memory")
+
+
+def _actual(spec: dict[str, int], reported: Mapping[str, Any] | None, allocated: Mapping[str, Any] | None,
+            key: str) -> dict[str, int]:
+    """The amounts a container (or pod) really has: cpu and memory from ``reported`` (status.resources, what kubelet
+    enacted) when kubelet reports it, else from ``allocated`` (status.allocatedResources, requests only: admitted,
+    maybe not enacted yet), else the spec (component-helpers containerActuatedRequests/Limits, resource by
+    resource so the extended resources of the spec stay)."""
+    source = reported if isinstance(reported, Mapping) else allocated if isinstance(allocated, Mapping) else None
+    if source is None:
+        return spec
+    amounts = _amounts(source, key)
+    actual = {name: value for name, value in spec.items() if name not in _ACTUATED}
+    actual.update((name, amounts[name]) for name in _ACTUATED if name in amounts)
+    return actual
+
+
+def _resources_of(status: Mapping[str, Any] | None) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None,
+                                                           Mapping[str, Any] | None]:
+    """(status.resources.requests, status.resources.limits, status.allocatedResources) of a container or pod status;
+    None for what is not reported."""
+    if not isinstance(status, Mapping):
+        return None, None, None
+    reported = status.get("resources")
+    reported = reported if isinstance(reported, Mapping) else {}
+    return reported.get("requests"), reported.get("limits"), status.get("allocatedResources")
 
 
 def pod_meta_from_pod(pod: Mapping[str, Any], layout: KubeCgroupLayout, default_runtime: str = "containerd") -> PodMeta:
@@ -70,8 +125,12 @@ def pod_meta_from_pod(pod: Mapping[str, Any], layout: KubeCgroupLayout, default_
         raise PodParseError(f"pod without name/namespace/uid: {metadata!r:.200}")
     key = f"{namespace}/{name}"
     ids: dict[str, tuple[str, str]] = {}
+    statuses: dict[str, Mapping[str, Any]] = {}
     for field in ("containerStatuses", "initContainerStatuses"):
         for container_status in status.get(field) or ():
+            if not isinstance(container_status, Mapping):
+                continue
+            statuses[container_status.get("name", "")] = container_status
             raw_id = container_status.get("containerID") or ""
             if raw_id:
                 ids[container_status.get("name", "")] = split_container_id(raw_id, default_runtime)
@@ -80,12 +139,15 @@ def pod_meta_from_pod(pod: Mapping[str, Any], layout: KubeCgroupLayout, default_
         for container in spec.get(field) or ():
             resources = container.get("resources") or {}
             runtime, bare_id = ids.get(container.get("name", ""), (default_runtime, ""))
+            reported_requests, reported_limits, allocated = _resources_of(statuses.get(container.get("name", "")))
             containers.append(ContainerMeta(
                 name=container.get("name", ""), container_id=bare_id, runtime=runtime,
-                requests=_amounts(resources.get("requests"), key), limits=_amounts(resources.get("limits"), key),
+                requests=_actual(_amounts(resources.get("requests"), key), reported_requests, allocated, key),
+                limits=_actual(_amounts(resources.get("limits"), key), reported_limits, None, key),
                 is_init=is_init,
             ))
-    kube_qos = parse_kube_qos(status.get("qosClass") or "") or kube_qos_of([c for c in containers if not c.is_init])
+    pod_requests, pod_limits = _pod_level(spec, status, key)
+    kube_qos = parse_kube_qos(status.get("qosClass") or "") or kube_qos_of(containers, pod_requests, pod_limits)
     try:
         cgroup_parent = "/" + layout.pod_dir(uid, kube_qos).strip("/")
     except CgroupPathError as err:
@@ -102,7 +164,23 @@ def pod_meta_from_pod(pod: Mapping[str, Any], layout: KubeCgroupLayout, default_
         priority=priority if isinstance(priority, int) else None,
         containers=tuple(containers), phase=status.get("phase") or "", ips=ips,
         created_at=_timestamp(metadata.get("creationTimestamp")), deleting=bool(metadata.get("deletionTimestamp")),
+        pod_requests=pod_requests, pod_limits=pod_limits,
     )
+
+
+def _pod_level(spec: Mapping[str, Any], status: Mapping[str, Any], key: str) -> tuple[dict[str, int], dict[str, int]]:
+    """The pod-level (requests, limits): spec.resources' cpu, memory and hugepages (component-helpers
+    IsPodLevelResourcesSet: other names there do not make a pod-level pod), what kubelet enacted
+    (status.resources, InPlacePodLevelResourcesVerticalScaling) where it reports it. Empty when not set."""
+    resources = spec.get("resources")
+    if not isinstance(resources, Mapping):
+        return {}, {}
+    requests = {n: v for n, v in _amounts(resources.get("requests"), key).items() if is_pod_level_resource(n)}
+    limits = {n: v for n, v in _amounts(resources.get("limits"), key).items() if is_pod_level_resource(n)}
+    if not requests and not limits:
+        return {}, {}
+    reported_requests, reported_limits, allocated = _resources_of(status)
+    return _actual(requests, reported_requests, allocated, key), _actual(limits, reported_limits, None, key)
 
 
 def _timestamp(text: object) -> float | None:

@@ -11,9 +11,16 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from koordlet.system.procfs import SHARE_KEPT_READS, KeptFiles, descriptor_budget, read_file_bytes
+from koordlet.system.procfs import (
+    SHARE_KEPT_READS,
+    KeptFiles,
+    descriptor_budget,
+    dir_markers,
+    read_file_bytes,
+    under,
+)
 
 
 def read_text(path: str) -> str:
@@ -63,6 +70,13 @@ class KeptReads:
         """Close the descriptors of paths containing ``marker`` (all when empty)."""
         with self._lock:
             self._forget([p for p in self._used if marker in p])
+
+    def forget_under(self, cgroup_dirs: Iterable[str]) -> None:
+        """Close the descriptors of files below any of ``cgroup_dirs`` (relative to their hierarchy): their pod is
+        gone, and a descriptor would pin its removed cgroup until the next idle sweep, which needs a read."""
+        markers = dir_markers(cgroup_dirs)
+        with self._lock:
+            self._forget([path for path in self._used if under(path, markers)])
 
     def close(self) -> None:
         self.forget()

@@ -14,7 +14,8 @@ import errno
 import logging
 import os
 import resource
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from koordlet.system.roots import PROC_DIR
@@ -118,6 +119,17 @@ def descriptor_budget(share: int, unlimited: int) -> int:
     return unlimited if soft == resource.RLIM_INFINITY else max(soft // share, 0)
 
 
+def dir_markers(cgroup_dirs: Iterable[str]) -> tuple[str, ...]:
+    """``/<dir>/`` of each cgroup dir (relative to its hierarchy): what the path of a file below it holds, in
+    every hierarchy."""
+    return tuple(f"/{directory.strip('/')}/" for directory in cgroup_dirs if directory.strip("/"))
+
+
+def under(path: str, markers: Sequence[str]) -> bool:
+    """``path`` (a file of a hierarchy) is below one of the dirs of ``markers`` (:func:`dir_markers`)."""
+    return any(marker in path for marker in markers)
+
+
 class KeptFiles:
     """Many kernel files read every tick (per-cgroup stats), each through a kept descriptor and ``pread``.
 
@@ -127,18 +139,25 @@ class KeptFiles:
     and the path reopened once, so a re-created cgroup is followed; a path that is gone raises
     FileNotFoundError. With ``check_replaced``, a descriptor whose file was unlinked or replaced (a plain
     file whose link count fell to 0: kernfs never shows that, fixture trees do) is reopened too, at one
-    ``fstat`` per read. Not thread-safe: owned by one collector (or behind a lock).
+    ``fstat`` per read. Read by one collector; :meth:`forget_under` may come from another thread (the states'
+    callback when a pod goes), so reads and closes hold a lock (uncontended: a fraction of the ``pread``): a
+    descriptor is never closed, and its number reused, under a read.
     """
 
     def __init__(self, max_open: int | None = None, *, check_replaced: bool = False) -> None:
         self._max_open = descriptor_budget(SHARE_KEPT_FILES, 256) if max_open is None else max_open
         self._check_replaced = check_replaced
         self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._fds)
 
     def read(self, path: str) -> bytes:
+        with self._lock:
+            return self._read(path)
+
+    def _read(self, path: str) -> bytes:
         fd = self._fds.get(path)
         if fd is None:
             if len(self._fds) >= self._max_open:
@@ -175,12 +194,22 @@ class KeptFiles:
 
     def forget(self, paths: Iterable[str]) -> None:
         """Close the descriptors of files that will not be read again (their pod or container is gone)."""
-        for path in paths:
-            self._drop(path)
+        with self._lock:
+            for path in paths:
+                self._drop(path)
+
+    def forget_under(self, cgroup_dirs: Iterable[str]) -> None:
+        """Close the descriptors of files below any of ``cgroup_dirs`` (relative to a hierarchy: every hierarchy's
+        copy of the dir), whatever thread asks."""
+        markers = dir_markers(cgroup_dirs)
+        with self._lock:
+            for path in [path for path in self._fds if under(path, markers)]:
+                self._drop(path)
 
     def close(self) -> None:
-        for path in list(self._fds):
-            self._drop(path)
+        with self._lock:
+            for path in list(self._fds):
+                self._drop(path)
 
     def __del__(self) -> None:
         self.close()

@@ -389,6 +389,7 @@ _RESOURCES = (
     _ro("memory.usage_in_bytes", "memory", v2_file="memory.current"),
     _ro("memory.events", "memory", v1_file=None),
     _ro("memory.swap.max", "memory", v1_file=None),  # read only: koordlet never sets a pod's swap
+    _ro("memory.swap.current", "memory", v1_file=None),
     _ro("cpu.pressure", "cpuacct"),
     _ro("memory.pressure", "memory"),
     _ro("io.pressure", "blkio"),

@@ -63,6 +63,14 @@ def test_the_recorded_flags_are_every_flag_of_the_v1_8_0_binary_144_of_them() ->
     assert {"v", "logtostderr", "kubeconfig", "housekeeping_interval", "qos-extension-plugins"} <= set(names)
 
 
+def test_every_flag_has_the_go_type_koordinator_declares_it_with() -> None:
+    # the type decides the parser and what -help shows (int, uint, float, duration, value ...)
+    from koordlet.config import _build_parser
+
+    ours = {item.name: item.kind.name for item in _build_parser(False).flags()}
+    assert {name: ours[name] for name, _ in _every_flag()} == dict(_every_flag())
+
+
 @pytest.mark.parametrize(("name", "kind"), _every_flag())
 def test_every_flag_of_koordinators_koordlet_parses_in_each_of_gos_spellings(name: str, kind: str) -> None:
     value = _SEMANTIC_SAMPLES.get(name) or _go_sample(kind)

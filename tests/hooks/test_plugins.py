@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -216,6 +217,27 @@ def test_plugins_run_in_name_order_and_later_ones_win() -> None:
     assert changes.cfs_quota_us == -1 and changes.cpu_shares == 512 and changes.cpuset_cpus == "1"
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["unset", "disable-unset-cpu-quota"])
+def test_every_quota_writer_asks_the_one_owner_so_plugin_order_never_changes_the_quota(keep: bool) -> None:
+    """koordlet/api/cfsquota.py: a pod bound to a cpuset is the cpuset hook's (unlimited, or kubelet's with
+    ``-disable-unset-cpu-quota``), even a BE pod with a batch-cpu limit; an unbound BE pod is batch resources';
+    an LS one on a node with a ratio is normalization's. Each answer is the same in every order the plugins run."""
+    plugins = registry.enabled({"BatchResource": True, "CPUSetAllocator": True, "CPUNormalization": True})
+    node = NodeContext(keep_cpuset_pod_quota=keep, node_annotations={"node.koordinator.sh/cpu-normalization-ratio":
+                                                                     "2"})
+    bound = be_pod(annotations={**be_pod().annotations, "scheduling.koordinator.sh/resource-status": '{"cpuset":"1"}'})
+    ls = PodMeta(name="web", namespace="ns", uid="u2", labels=LS, cgroup_parent="/kubepods/burstable/podu2")
+    kubelets = ContainerResources(cpu_shares=2, cfs_quota_us=150000)
+    cases = ((ContainerContext(bound, "a", resources=kubelets), None if keep else -1),
+             (ContainerContext(be_pod(), "a", resources=kubelets), 50000),  # 1000 milli ÷ 2
+             (ContainerContext(ls, "c", resources=kubelets), 75000))
+    for order in itertools.permutations(plugins):
+        for ctx, quota in cases:
+            assert registry.run_container(list(order), node, ctx).cfs_quota_us == quota, [p.name for p in order]
+        assert registry.run_pod(list(order), node, PodContext(bound)).cfs_quota_us == (None if keep else -1)
+        assert registry.run_pod(list(order), node, PodContext(be_pod())).cfs_quota_us == 150000  # 3000 milli ÷ 2
+
+
 _text = st.one_of(st.text(max_size=40), st.builds(json.dumps, st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
@@ -238,3 +260,15 @@ def test_arbitrary_annotations_are_reported_and_skipped_never_raised(annotations
     registry.run_pod(plugins, node, PodContext(pod), lambda plugin, key, err: errors.append(plugin))
     registry.run_container(plugins, node, ContainerContext(pod, "a"), lambda plugin, key, err: errors.append(plugin))
     assert set(errors) <= {p.name for p in plugins}
+
+
+def test_every_built_in_plugin_is_listed_without_asking_for_the_enabled_ones_first() -> None:
+    """``registry.all_plugins`` loads the built-in plugins itself (what /debug/pods lists as not run, with the gate
+    that keeps each off): in a fresh interpreter, nothing imported beforehand."""
+    import subprocess
+    import sys
+
+    code = "from hooks import registry; print(' '.join(p.name for p in registry.all_plugins()))"
+    names = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    assert names == ["batchresource", "coresched", "cpunormalization", "cpuset", "gpu", "groupidentity",
+                     "hamicore-vgpu-monitor", "oomscoreadj", "rdma", "resctrl"]

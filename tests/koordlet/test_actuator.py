@@ -125,3 +125,29 @@ def test_an_eviction_outcome_is_a_victim_outcome_never_a_bare_string() -> None:
     assert (done.released, done.accepted, done.refused) == (0.0, (), victims)
     with pytest.raises(TypeError, match="VictimOutcome"):
         walk_evictions((task,), lambda _, v: "evict")
+
+
+def test_a_resctrl_group_whose_record_cannot_be_written_is_not_made_and_one_that_was_there_is_not_taken(
+        tmp_path: Path) -> None:
+    """A class group (the RdtResctrl strategy's) is recorded before its mkdir, so that the collector can take it
+    away: one whose record cannot be written is not made (a failure, counted); a group that was there before
+    koordlet is neither recorded nor touched."""
+    from koordlet.executor.metrics import update_count
+    from koordlet.executor.records import NodeRecords
+
+    (tmp_path / "run").write_text("a file where the records' dir should be\n")
+    records = NodeRecords.beside(str(tmp_path / "run" / "system-config-originals.json"))
+    resctrl = tmp_path / "resctrl"
+    (resctrl / "BE").mkdir(parents=True)
+    executor = ResourceExecutor(CgroupFS(str(tmp_path / "cg"), CgroupVersion.V1), resctrl_root=str(resctrl),
+                                records=records)
+    failed = update_count("resctrl.group", "failed")
+    record = PlanRunner(executor).run(Plan(resctrl=(ResctrlGroup("LS"), ResctrlGroup("BE"))), "rdtresctrl")
+    assert len(record.resctrl_errors) == 1 and "LS" in record.resctrl_errors[0]
+    assert "cannot be recorded" in record.resctrl_errors[0]
+    assert record.created_groups == () and not (resctrl / "LS").exists()
+    assert update_count("resctrl.group", "failed") == failed + 1
+    (tmp_path / "run").unlink()
+    record = PlanRunner(executor).run(Plan(resctrl=(ResctrlGroup("LS"), ResctrlGroup("BE"))), "rdtresctrl")
+    assert record.created_groups == ("LS",) and (resctrl / "LS").is_dir()
+    assert records.resctrl_groups.keys() == {"LS"}  # BE was there before koordlet: not its to remove

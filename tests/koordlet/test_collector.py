@@ -19,6 +19,7 @@ from koordlet.executor.records import NodeRecords
 from koordlet.plan import LineKey, LineRestore, ResctrlRemoveGroup, SystemRestore
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
+from koordlet.system.sysctl import KIDLED_SCAN_PERIOD, MIN_FREE_KBYTES, SCHED_FEATURES
 from tests.support.resctrl import group_as_the_kernel_makes_it, resctrl_tree
 
 RDT = {ANNOTATION_RESCTRL: json.dumps({"llc": {"schemata": {"range": [0, 50]}}})}
@@ -68,14 +69,17 @@ def test_class_groups_go_when_the_rdtresctrl_strategy_cannot_ask_for_them() -> N
         "BE", "LS", "LSR"]
 
 
-def test_recorded_blkio_lines_and_sysctls_go_back_only_while_their_strategy_is_off() -> None:
+def test_recorded_blkio_lines_and_sysctls_go_back_only_while_their_strategy_is_off_and_kidled_is_never_its(
+        ) -> None:
     lines = (LineKey("blkio.cost.qos", "", "8:0"), LineKey("blkio.throttle.read_bps_device", "kubepods/besteffort",
                                                           "8:0"))
-    made = Made({}, lines, ("vm.min_free_kbytes",))
+    made = Made({}, lines, (KIDLED_SCAN_PERIOD, MIN_FREE_KBYTES, f"{SCHED_FEATURES}:NEXT_BUDDY"))
     assert collect(made, _wants(), NOW) == []
     lines_plan, sysctls_plan = collect(made, _wants(config=CollectorConfig(pod_groups=True)), NOW)
     assert lines_plan.lines == tuple(LineRestore(k.resource, k.cgroup_dir, k.device, lines_plan.why) for k in lines)
-    assert sysctls_plan.system == (SystemRestore("vm.min_free_kbytes", sysctls_plan.why),)
+    assert sysctls_plan.system == (SystemRestore(MIN_FREE_KBYTES, sysctls_plan.why),
+                                   SystemRestore(f"{SCHED_FEATURES}:NEXT_BUDDY", sysctls_plan.why))
+    assert collect(Made({}, (), (KIDLED_SCAN_PERIOD,)), _wants(config=CollectorConfig()), NOW) == []
 
 
 # ------------------------------------------------------------------------------------ the pass, on fixture trees
@@ -172,7 +176,7 @@ def test_a_host_dir_goes_when_its_pod_is_gone_past_the_grace_or_finished_and_nev
                                  RESCTRL_OFF)
     for uid in ("live", "gone", "done", "new"):
         assert make_host_dirs(Changes(host_dirs=(str(root / f"{uid}_main"),)), str(root),
-                              executor.records.host_dirs, uid) == []
+                              executor.records.host_dirs, uid) == {}
         (root / f"{uid}_main" / f"{uid}_main.cache").write_bytes(b"\0" * 64)
     records = executor.records.host_dirs
     for uid in ("gone", "done", "live"):  # made an hour ago

@@ -69,8 +69,10 @@ def test_durations_use_go_syntax() -> None:
     assert config.kubelet_sync_timeout_s == 0.5
     assert parse_duration("1h2m3s") == 3723.0
     assert format_duration(300) == "5m0s" and format_duration(1800) == "30m0s" and format_duration(45) == "45s"
-    with pytest.raises(ConfigError, match="not a duration"):
+    with pytest.raises(ConfigError, match='time: unknown unit " seconds" in duration "10 seconds"'):
         parse_duration("10 seconds")
+    with pytest.raises(ConfigError, match='time: missing unit in duration "300"'):  # metav1.Duration: no bare number
+        parse_duration("300")
 
 
 def test_missing_node_name_is_a_clear_error() -> None:
@@ -122,11 +124,82 @@ def test_unknown_feature_gate_is_a_clear_error() -> None:
 
 
 @pytest.mark.parametrize("flag", ["-h", "-help", "--help"])
-def test_help_answers_even_without_node_name(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_answers_even_without_node_name_on_stderr_and_exits_0_as_go(flag: str,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         parse_config([flag], {})
-    assert exit_info.value.code == 0
-    assert "-cgroup-root-dir" in capsys.readouterr().out
+    assert exit_info.value.code == 0  # flag.ExitOnError: os.Exit(0) on ErrHelp (flag_test.go TestExitCode)
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.startswith("Usage of koordlet:\n")
+    assert "-cgroup-root-dir" in printed.err
+
+
+def test_help_writes_each_flag_in_gos_print_defaults_form(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_config(["-help"], {})
+    usage = capsys.readouterr().err
+    for entry in (
+        "  -kubelet-sync-interval duration\n    \tkubelet /pods poll period (default 10s)\n",
+        "  -prediction-cold-start-duration duration\n",  # (default 24h0m0s), Go's Duration.String
+        "(default 24h0m0s)\n",
+        "  -kube-api-qps float\n",  # float64: "float", its default 20 as FormatFloat writes it
+        " (default 20)\n",
+        "  -kubelet-read-only-port uint\n    \tkubelet read-only port (default 10255)\n",
+        "  -cgroup-root-dir string\n    \troot of the cgroup hierarchies (default \"/host-cgroup/\")\n",
+        "  -local-mode\n    \tno API server: NodeSLO from a file, pods from the CRI, reports as files\n",  # no default
+        "  -enable-nri-runtime-hook\n    \tregister as an NRI plugin",
+        "  -v value\n    \tnumber for the log level verbosity\n",  # klog's Level: a "value", zero default omitted
+        "  -stderrthreshold value\n    \tlogs at or above this threshold go to stderr (default 2)\n",
+        "  -feature-gates value\n",
+    ):
+        assert entry in usage, entry
+    for python_form in ("(default '", "(default 10.0)", "(default True)", "(default ())"):  # no Python reprs
+        assert python_form not in usage
+
+
+def test_every_duration_flag_is_its_name_in_seconds_in_the_config() -> None:
+    from koordlet.config import _build_parser
+
+    durations = [f for f in _build_parser(False).flags() if f.kind.name == "duration"
+                 and not f.dest.startswith("unused__")]
+    assert durations
+    config = parse_config([], ENV)
+    for item in durations:
+        assert item.dest == item.name.replace("-", "_") + "_s"
+        assert getattr(config, item.dest) == item.default
+
+
+@pytest.mark.parametrize(("argv", "attribute", "value"), [
+    (["-kube-api-burst=1_000", "-kubelet-port=0x_1F90"], "kubelet_port", 0x1F90),  # underscores with base 0
+    (["-kube-api-qps=1_000.5", "-runtime-hooks-nri-backoff-factor=0x1.8p1"], "runtime_hooks_nri_backoff_factor", 3.0),
+    (["-tsdb-min-block-duration=-2562047h47m16.854775808s"], "unused_flags", ("tsdb-min-block-duration",)),
+    (["-kubelet-sync-timeout=0.000000001s"], "kubelet_sync_timeout_s", 1e-9),
+    (["-audit-max-events-limit=0o4000"], "audit_max_events_limit", 2048),
+])
+def test_numbers_go_accepts_are_accepted(argv: list[str], attribute: str, value: object) -> None:
+    assert getattr(parse_config(argv, ENV), attribute) == value
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["-kube-api-qps=0x1.8"], 'invalid value "0x1.8" for flag -kube-api-qps: parse error'),
+    (["-kube-api-burst=\u0661\u0662"], 'invalid value "\u0661\u0662" for flag -kube-api-burst: parse error'),
+    (["-kube-api-qps=\uff11"], 'invalid value "\uff11" for flag -kube-api-qps: parse error'),
+    (["-report-interval=\u0661s"], 'invalid value "\u0661s" for flag -report-interval: parse error'),
+    (["-tsdb-min-block-duration=-2562047h47m16.854775809s"],
+     'invalid value "-2562047h47m16.854775809s" for flag -tsdb-min-block-duration: parse error'),
+    (["-kube-api-burst=9223372036854775808"],
+     'invalid value "9223372036854775808" for flag -kube-api-burst: value out of range'),
+    (["-kube-api-qps=1e309"], 'invalid value "1e309" for flag -kube-api-qps: value out of range'),
+    (["-kube-api-burst=1__000"], 'invalid value "1__000" for flag -kube-api-burst: parse error'),
+    (["-v=1_0"], 'invalid value "1_0" for flag -v: strconv.ParseInt: parsing "1_0": invalid syntax'),
+    (["-log_backtrace_at=main.go:\uff11"],
+     'invalid value "main.go:\uff11" for flag -log_backtrace_at: syntax error: expect file.go:234'),
+])
+def test_numbers_go_refuses_are_refused_with_gos_message(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config(argv, ENV)
+    assert str(refused.value) == message
+    assert refused.value.usage.startswith("Usage of koordlet:\n")  # printed after it, as Go's failf does
 
 
 def test_nri_flags_have_koordinators_names_and_defaults_and_a_finite_backoff_cap() -> None:
@@ -166,3 +239,16 @@ def test_the_node_info_collectors_interval_is_koordinators_flag_and_acts() -> No
     config = parse_config(["-collect-node-cpu-info-interval=30s"], ENV)
     assert config.collect_node_cpu_info_interval_s == 30.0 and config.unused_flags == ()
     assert parse_config([], ENV).collect_node_cpu_info_interval_s == 60.0  # Koordinator's default
+
+
+def test_a_missing_kernel_filesystem_root_is_one_line_naming_the_dir_and_the_settings(tmp_path) -> None:
+    """koordlet on a host, without Koordinator's agent_mode=hostMode, looks for the DaemonSet's /host-* mounts:
+    one line per root that is not there, naming it, its flag and agent_mode; nothing for the roots that are."""
+    from koordlet.config import missing_root_dirs
+
+    config = parse_config([f"-sys-root-dir={tmp_path / 'host-sys'}/", f"-cgroup-root-dir={tmp_path}",
+                           "-proc-root-dir=/proc/"], {"NODE_NAME": "n1"})
+    (line,) = missing_root_dirs(config)
+    assert line.startswith(f"sysfs root {tmp_path / 'host-sys'}/ (-sys-root-dir) does not exist")
+    assert "agent_mode=hostMode" in line
+    assert missing_root_dirs(parse_config([], {"NODE_NAME": "n1", "agent_mode": "hostMode"})) == ()

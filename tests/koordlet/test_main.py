@@ -146,6 +146,18 @@ def test_missing_node_name_exits_2_with_a_clear_message() -> None:
     assert "NODE_NAME" in out.stderr
 
 
+def test_a_flag_error_prints_gos_message_then_the_usage_on_stderr_and_exits_2() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NODE_NAME": "n1"}
+    out = subprocess.run([sys.executable, "-m", "koordlet.main", "-kube-api-qps=0x1.8"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith('invalid value "0x1.8" for flag -kube-api-qps: parse error\n'  # Go's failf
+                                 "Usage of koordlet:\n  -add_dir_header\n")
+    help_out = subprocess.run([sys.executable, "-m", "koordlet.main", "-h"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert help_out.returncode == 0 and help_out.stdout == "" and help_out.stderr.startswith("Usage of koordlet:\n")
+
+
 def test_nofile_soft_limit_raised_to_hard() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:

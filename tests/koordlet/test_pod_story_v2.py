@@ -16,7 +16,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -417,3 +417,44 @@ def test_v2_pods_with_the_worst_annotations_start_and_the_bad_values_stay_out_of
         assert memory == "max" or int(memory) >= 4096, (name, memory)
         cpus = (container_dir / "cpuset.cpus").read_text().strip()
         assert not cpus or set(parse_cpu_list(cpus)) <= online, (name, cpus)
+
+
+def test_v2_an_in_place_resize_moves_memory_qos_and_burst_and_keeps_kubelets_values(story: Story) -> None:
+    """Kubernetes 1.35's in-place resize of the LS pod, through the proxy, on the unified hierarchy: kubelet's
+    UpdateContainerResources (no cpuset in it) and, for the pod's own dir, UpdatePodSandboxResources after kubelet
+    wrote it. Within one tick memory.min/high and cpu.max.burst follow the new amounts; memory.max stays kubelet's;
+    the cpuset stays the scheduler's, and the pod bound to it keeps an unbound cpu.max at both levels (the cpuset
+    hook's pod-level answer, written again after kubelet's pod-level write). containerd 2.1.9 answers
+    UpdatePodSandboxResources UNIMPLEMENTED (its cri-api predates the call): kubelet gets that answer, as without the
+    proxy, and the hook has run. Last in the module: it leaves the LS pod resized."""
+    ls = story.ls
+    client = story.pods.client
+    client.runtime.UpdateContainerResources(cri.UpdateContainerResourcesRequest(
+        container_id=ls.container_id, linux=cri.LinuxContainerResources(
+            cpu_period=100000, cpu_quota=300000, cpu_shares=1536, memory_limit_in_bytes=512 * MiB)), timeout=30)
+    assert ls.read("memory.max") == str(512 * MiB)
+    assert (ls.read("cpu.max"), ls.read("cpuset.cpus")) == ("max 100000", story.ls_cpus)
+    # kubelet writes the pod dir first (its pod-level resize), then tells the runtime
+    (ls.dir / "cpu.max").write_text("400000 100000")
+    with pytest.raises(grpc.RpcError) as err:
+        client.runtime.UpdatePodSandboxResources(cri.UpdatePodSandboxResourcesRequest(
+            pod_sandbox_id=ls.sandbox_id, resources=cri.LinuxContainerResources(
+                cpu_period=100000, cpu_quota=400000, cpu_shares=1536, memory_limit_in_bytes=512 * MiB)), timeout=30)
+    assert err.value.code() is grpc.StatusCode.UNIMPLEMENTED  # containerd's own answer, passed on unchanged
+    assert ls.read("cpu.max", container=False) == "max 100000"  # written again: the hook at once (the reconciler too)
+    # kubelet's status now reports the enacted amounts
+    resized = replace(ls.meta.containers[0], requests={"cpu": 1500, "memory": 256 * MiB},
+                      limits={"cpu": 3000, "memory": 512 * MiB})
+    story.states.set_pods([replace(ls.meta, containers=(resized,)), story.be.meta])
+    manager = _manager(story, {
+        "resourceQOSStrategy": {"lsClass": {"memoryQOS": {"enable": True, "minLimitPercent": 100,
+                                                          "lowLimitPercent": 100, "throttlingPercent": 50}}},
+        "cpuBurstStrategy": {"policy": "cpuBurstOnly", "cpuBurstPercent": 50}},
+        {"CgroupReconcile": True, "CPUBurst": True})
+    manager.run_strategy("memoryqos")
+    manager.run_strategy("cpuburst")
+    assert ls.read("memory.min") == str(256 * MiB)
+    assert ls.read("memory.high") == str(384 * MiB)  # 256 + (512 − 256) × 50 %
+    assert ls.read("cpu.max.burst") == "150000"  # 3 cores × 50 %
+    assert (ls.read("memory.max"), ls.read("cpu.max"), ls.read("cpuset.cpus")) == \
+        (str(512 * MiB), "max 100000", story.ls_cpus)

@@ -3,13 +3,17 @@ containerd's native API, which the proxy relays like any service it does not hoo
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import time
+import urllib.request
 
 import pytest
 
 from tests.support.proxy import ProxyProcess
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.containerd
 
@@ -69,3 +73,45 @@ def test_ctr_streams_a_whole_image_through_the_proxy(containerd_socket: str, pro
         assert out.returncode == 0, out.stderr
     direct, via = (tmp_path / "direct.tar").read_bytes(), (tmp_path / "via.tar").read_bytes()
     assert len(via) > 500_000 and via == direct
+
+
+def _connections(proxy: ProxyProcess) -> float:
+    """The proxy's open kubelet connections, as its /metrics says."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{proxy.metrics_port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    gauge = "koord_runtimeproxy_connections "
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(gauge))
+
+
+@pytest.mark.skipif(shutil.which("ctr") is None, reason="ctr (from the containerd package) not installed")
+@pytest.mark.parametrize("with_event", [True, False], ids=["after-an-event", "before-any-event"])
+def test_a_drain_ends_a_grpc_go_subscription_with_unavailable_at_once(
+        containerd_socket: str, tmp_path, with_event: bool) -> None:
+    """``ctr events`` holds containerd's event subscription open through the proxy, as kubelet holds
+    GetContainerEvents: a stopping proxy ends it at once, and grpc-go (kubelet's gRPC library) reads the end as
+    the UNAVAILABLE status the proxy wrote, in both of its forms (trailers after an event, a trailers-only
+    response before any)."""
+    proxy = ProxyProcess(str(tmp_path / "p.sock"), containerd_socket, "--drain-timeout", "20").start()
+    events = subprocess.Popen(["ctr", "-a", proxy.listen, "events"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    namespace = f"kpy-drain-{os.getpid()}-{int(with_event)}"
+    try:
+        # ctr connects for its Subscribe and sends it at once; no answer comes before the first event
+        assert wait_for(lambda: _connections(proxy) >= 1, 30), "ctr never connected"
+        time.sleep(0.3)
+        if with_event:
+            assert _ctr(containerd_socket, "namespaces", "create", namespace).returncode == 0
+            line = events.stdout.readline()
+            assert "/namespaces/create" in line, line
+        started = time.monotonic()
+        assert proxy.terminate(timeout_s=40) == 0
+        stop_s = time.monotonic() - started
+        _, err = events.communicate(timeout=10)
+    finally:
+        if events.poll() is None:
+            events.kill()
+            events.wait(5)
+        _ctr(containerd_socket, "namespaces", "remove", namespace)
+    assert "code = Unavailable desc = koord-runtime-proxy is restarting: subscribe again" in err, err
+    assert events.returncode != 0
+    assert stop_s < 5.0, f"the drain took {stop_s:.1f} s: it waited for the subscription"

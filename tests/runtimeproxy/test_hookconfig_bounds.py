@@ -34,3 +34,21 @@ def test_a_bad_file_beside_a_good_one_is_reported_and_the_good_one_kept(tmp_path
     config.scan()
     assert [server.name for server in config.servers] == ["a-good.json"]
     assert sorted(reported) == ["b-deep.json", "c-huge.json", "d-binary.json"]
+
+
+def test_a_hook_type_this_proxy_does_not_know_is_left_out_as_koordinator_does(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A newer hook server may list a hook added after this proxy: its file still works for the hooks it knows."""
+    server = parse_registration("newer.json", '{"remote-endpoint": "/run/k.sock", "runtime-hooks": '
+                                              '["PreRunPodSandbox", "PostCreateSomethingNew"]}')
+    assert {h.value for h in server.hooks} == {"PreRunPodSandbox"}
+    assert "PostCreateSomethingNew" in caplog.text
+    with pytest.raises(ConfigError, match="no known runtime hook"):
+        parse_registration("none.json", '{"remote-endpoint": "/run/k.sock", "runtime-hooks": ["Nope"]}')
+
+
+def test_the_pod_level_resize_hook_is_a_hook_type() -> None:
+    server = parse_registration("k.json", '{"remote-endpoint": "/run/k.sock", "runtime-hooks": '
+                                          '["PreUpdatePodSandboxResources"]}')
+    (hook,) = server.hooks
+    assert hook.rpc_path == "/runtime.v1alpha1.RuntimeHookService/PreUpdatePodSandboxResourcesHook"

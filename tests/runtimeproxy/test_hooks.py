@@ -353,3 +353,92 @@ def test_pod_hook_request_is_built_per_koordinator(start_proxy, hook_server, cli
         ("meta", "default", sandbox.metadata.uid)
     assert request.labels == {"koordinator.sh/qosClass": "BE"} and request.annotations == {"x": "y"}
     assert request.cgroup_parent == sandbox.linux.cgroup_parent
+
+
+# --------------------------------------------------------------------------------------- pod-level resize (KEP-1287)
+
+POD_RESIZE = "PreUpdatePodSandboxResources"
+
+
+def _pod_resize_request(sandbox_id: str) -> bytes:
+    """What kubelet sends after resizing a pod's own cgroup (generateUpdatePodSandboxResourcesRequest): the pod's
+    resources without overhead; plus a field of a newer CRI that our subset lacks, which must reach the runtime."""
+    request = cri.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id=sandbox_id, overhead=cri.LinuxContainerResources(cpu_shares=10),
+        resources=cri.LinuxContainerResources(cpu_period=100000, cpu_quota=200000, cpu_shares=2048,
+                                              memory_limit_in_bytes=256 << 20))
+    return request.SerializeToString() + b"\xc8\x3e\x07"  # field 1001, varint 7
+
+
+def _call_raw(client: CriClient, method: str, payload: bytes) -> tuple[grpc.StatusCode, str]:
+    call = client.channel.unary_unary(f"/runtime.v1.RuntimeService/{method}")
+    try:
+        call(payload, timeout=30)
+    except grpc.RpcError as err:
+        return err.code(), err.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def _containerd_answer(containerd_socket: str, sandbox_id: str) -> tuple[grpc.StatusCode, str]:
+    """What containerd answers kubelet's UpdatePodSandboxResources without the proxy."""
+    direct = CriClient(containerd_socket)
+    try:
+        return _call_raw(direct, "UpdatePodSandboxResources", _pod_resize_request(sandbox_id))
+    finally:
+        direct.close()
+
+
+def test_a_pod_level_resize_is_offered_to_the_hook_and_answered_as_the_runtime_answers(
+        start_proxy, hook_server, client_pods, state, containerd_socket: str) -> None:
+    """UpdatePodSandboxResources through the proxy: the hook sees the sandbox with the call's resources, its answer is
+    merged in, and kubelet gets the runtime's own answer. Debian's containerd 2.1.9, 1.7.24 and 1.6.20 were built
+    against a cri-api without the call: they answer UNIMPLEMENTED, which kubelet logs and goes on from (the call is
+    best effort); the test holds the proxy to answering exactly what containerd answers kubelet directly."""
+    def behaviour(hook, request):
+        answer = echo(request)
+        if hook == POD_RESIZE:
+            answer.resources.CopyFrom(request.resources)
+            answer.resources.cpu_quota = -1  # what the cpuset hook answers for a pod bound to CPUs
+        return answer
+
+    server = hook_server(behaviour=behaviour)
+    register(str(state / "hookserver.d"), "10-test.json", server.socket_path, ["PreRunPodSandbox", POD_RESIZE],
+             "Fail")
+    client, pods = client_pods(start_proxy())
+    sandbox = sandbox_config("resized", labels={"koordinator.sh/qosClass": "LS"}, kube_qos="burstable")
+    sid = pods.run_pod(sandbox)
+    expected = _containerd_answer(containerd_socket, sid)
+    assert _call_raw(client, "UpdatePodSandboxResources", _pod_resize_request(sid)) == expected
+    [request] = server.requests(POD_RESIZE)
+    assert (request.pod_meta.uid, request.labels["koordinator.sh/qosClass"]) == (sandbox.metadata.uid, "LS")
+    assert request.cgroup_parent == sandbox.linux.cgroup_parent
+    assert (request.resources.cpu_shares, request.resources.cpu_quota, request.resources.memory_limit_in_bytes) == \
+        (2048, 200000, 256 << 20)
+    assert request.overhead.cpu_shares == 10
+
+
+def test_a_pod_level_resize_fails_only_as_its_failure_policy_says(start_proxy, hook_server, client_pods,
+                                                                  state, containerd_socket: str) -> None:
+    """A hook server that errs fails the call under Fail, as any pre hook; one that does not serve the hook (a
+    Koordinator koordlet: UNIMPLEMENTED) is skipped even under Fail, so kubelet gets the runtime's answer."""
+    def broken(hook, request):
+        raise RuntimeError("broken on purpose")
+
+    failing = hook_server("failing", broken)
+    register(str(state / "hookserver.d"), "10-failing.json", failing.socket_path, [POD_RESIZE], "Fail")
+    client, pods = client_pods(start_proxy())
+    sid = pods.run_pod(sandbox_config("resize-fail"))
+    code, details = _call_raw(client, "UpdatePodSandboxResources", _pod_resize_request(sid))
+    assert code is grpc.StatusCode.UNKNOWN
+    assert "hook server 10-failing.json" in details and POD_RESIZE in details
+    failing.stop()
+    (state / "hookserver.d" / "10-failing.json").unlink()
+    older = RecordingHookServer(str(state / "older.sock"), serves=frozenset({"PreRunPodSandbox"})).start()
+    try:
+        register(str(state / "hookserver.d"), "20-older.json", older.socket_path, ["PreRunPodSandbox", POD_RESIZE],
+                 "Fail")
+        time.sleep(1.5)  # registration files take effect within a second
+        expected = _containerd_answer(containerd_socket, sid)
+        assert _call_raw(client, "UpdatePodSandboxResources", _pod_resize_request(sid)) == expected
+    finally:
+        older.stop()

@@ -53,6 +53,19 @@ def test_unknown_fields_survive_decode_and_encode() -> None:
     assert _field(4242, 0, 1) in again.SerializeToString()
 
 
+def test_unknown_fields_of_a_pod_level_resize_survive_a_hook_change() -> None:
+    """UpdatePodSandboxResources, as the proxy re-encodes it after a hook changed its resources: what a newer kubelet
+    sends that our subset lacks (a field of the request, one of its resources) goes to the runtime unchanged."""
+    resources = _field(3, 0, 1024) + _field(4, 0, 1 << 30) + _field(77, 2, b"future")
+    raw = _field(1, 2, b"sandbox-1") + _field(3, 2, resources) + _field(9, 0, 5)
+    msg = cri_pb2.UpdatePodSandboxResourcesRequest.FromString(raw)
+    assert (msg.pod_sandbox_id, msg.resources.cpu_shares) == ("sandbox-1", 1024)
+    msg.resources.cpu_quota = -1
+    again = msg.SerializeToString()
+    assert _field(9, 0, 5) in again and _field(77, 2, b"future") in again
+    assert cri_pb2.UpdatePodSandboxResourcesRequest.FromString(again).resources.cpu_quota == -1
+
+
 def test_hook_api_field_numbers_match_koordinator() -> None:
     # Encoded by hand from docs/koordinator.md §2.3, not with our own stubs.
     resources = _field(1, 0, 100000) + _field(2, 0, 50000) + _field(3, 0, 512) + _field(4, 0, 1 << 30) + \

@@ -4,8 +4,11 @@ Runs in the v2 stage's systemd guest only (systemd 252 as PID 1, scripts/v2-syst
 from this tree's ``systemd/`` are installed as they ship, with two changes a test must make (the proxy runs from
 this checkout, in front of the session's containerd). A client calls ``Version``, ``ListContainers`` and
 ``PodSandboxStatus`` in a loop on one channel, as kubelet does, while ``systemctl restart`` restarts the proxy
-10 times. Every call must succeed; the longest wait of a call is the figure that goes with it. The figures are
-written to ``$KPY_V2_OUT/proxy_restart.json`` (the guest's results dir) and recorded as junit properties.
+10 times. On the same channel an Evented PLEG subscription (``GetContainerEvents``) stays open, as kubelet's does:
+each stop ends it at once (UNAVAILABLE) instead of waiting the drain timeout for it, and it is made again on the
+next process. Every call must succeed; the longest wait of a call is the figure that goes with it, and how long
+after each restart command the subscription was ended. The figures are written to
+``$KPY_V2_OUT/proxy_restart.json`` (the guest's results dir) and recorded as junit properties.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ import pytest
 from tests.support.callloop import CallLoop
 from tests.support.containerd import REPO
 from tests.support.cri import CriClient, PodFactory, sandbox_config
+from tests.support.subscriber import EventSubscriber
 from tests.support.v2guest import in_v2_guest
 from tests.support.waiting import wait_for
+from wire import cri_pb2 as cri
 
 pytestmark = [pytest.mark.cgroupv2, pytest.mark.containerd]
 
@@ -36,6 +41,8 @@ SOCKET_UNIT = "koord-runtime-proxy.socket"
 UNIT_DIR = Path("/run/systemd/system")
 START_TIMEOUT_S = 120.0  # the emulated guest imports the proxy's Python in seconds, more on a loaded host
 CALLS_BETWEEN_RESTARTS = 30  # served by each new process before the next restart
+DRAIN_TIMEOUT_S = 10.0  # the unit's: runtimeproxy/main.py's --drain-timeout default
+DRAIN_END = "koord-runtime-proxy is restarting: subscribe again"  # the status a drain ends a subscription with
 
 
 def _systemctl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -104,32 +111,47 @@ def installed(systemd_pid1: None, containerd_socket: str) -> Iterator[str]:
         _systemctl("reset-failed", *names)
 
 
-@pytest.fixture(scope="module")
-def sandbox_id(containerd_socket: str) -> Iterator[str]:
-    """One pod sandbox for PodSandboxStatus, made on containerd directly (kubelet's systemd slice where the
-    guest's containerd uses the systemd driver)."""
-    client = CriClient(containerd_socket)
-    pods = PodFactory(client)
-    sandbox = sandbox_config("restart")
+def _sandbox(name: str) -> cri.PodSandboxConfig:
+    """A pod sandbox's config, in kubelet's systemd slice where the guest's containerd uses the systemd driver."""
+    sandbox = sandbox_config(name)
     if os.environ.get("KPY_CGROUP_DRIVER") == "systemd":
         sandbox.linux.cgroup_parent = f"kubepods-besteffort-pod{sandbox.metadata.uid.replace('-', '_')}.slice"
+    return sandbox
+
+
+@pytest.fixture(scope="module")
+def pods(containerd_socket: str) -> Iterator[PodFactory]:
+    """Pods made on containerd directly, removed at the end."""
+    client = CriClient(containerd_socket)
+    factory = PodFactory(client)
     try:
-        yield pods.run_pod(sandbox, timeout=START_TIMEOUT_S)
+        yield factory
     finally:
-        pods.cleanup()
+        factory.cleanup()
         client.close()
+
+
+@pytest.fixture(scope="module")
+def sandbox_id(pods: PodFactory) -> str:
+    """One pod sandbox for PodSandboxStatus."""
+    return pods.run_pod(_sandbox("restart"), timeout=START_TIMEOUT_S)
 
 
 # Ten restarts of a Python process in an emulated guest: about 4 min unloaded (each new process imports the proxy
 # in 8-10 s, the first ones more), past the suite's 300 s default on a busy host.
 @pytest.mark.timeout(600)
 def test_ten_systemctl_restarts_fail_no_kubelet_call(
-        installed: str, sandbox_id: str, record_property: Callable[[str, object], None]) -> None:
+        installed: str, sandbox_id: str, pods: PodFactory, record_property: Callable[[str, object], None]) -> None:
     socket_path = installed
     loop = CallLoop(socket_path, sandbox_id).start()
+    subscriber = EventSubscriber(loop.client).start()  # Evented PLEG's subscription, on kubelet's one connection
     restart_s: list[float] = []
+    ended_after_s: list[float] = []  # from each restart command to the end of the subscription it met
     try:
         assert loop.wait_served(CALLS_BETWEEN_RESTARTS, START_TIMEOUT_S), _journal()
+        # containerd's events reach the subscription: it is open end to end
+        assert subscriber.provoke(lambda: pods.run_pod(_sandbox("evented"), timeout=START_TIMEOUT_S), 1,
+                                  START_TIMEOUT_S, every_s=5.0), subscriber.ends
         inode = os.stat(socket_path).st_ino
         for _ in range(RESTARTS):
             before = _main_pid()
@@ -138,16 +160,21 @@ def test_ten_systemctl_restarts_fail_no_kubelet_call(
             restart_s.append(time.monotonic() - started)
             assert done.returncode == 0, f"{done.stderr}\n{_journal()}"
             assert wait_for(lambda old=before: _main_pid() not in (0, old), START_TIMEOUT_S), "no new proxy process"
+            ends = [end for end in subscriber.ends if end.at >= started]
+            assert ends and (ends[0].code, ends[0].details) == ("UNAVAILABLE", DRAIN_END), subscriber.ends[-3:]
+            ended_after_s.append(ends[0].at - started)
             # the new process serves before the next restart
             assert loop.wait_served(CALLS_BETWEEN_RESTARTS, START_TIMEOUT_S), _journal()
     finally:
+        subscriber.stop()
         figures = loop.stop()
     same_socket = os.path.exists(socket_path) and os.stat(socket_path).st_ino == inode
     result = {"restarts": len(restart_s), "calls": figures.calls, "failed": figures.failed,
               "longest_wait_ms": round(figures.longest_wait_s * 1000),
               "longest_gap_ms": round(figures.longest_gap_s * 1000),
               "restart_ms": [round(s * 1000) for s in restart_s], "same_socket_inode": same_socket,
-              "failures": list(figures.failures)}
+              "subscription_ended_after_ms": [round(s * 1000) for s in ended_after_s],
+              "subscriptions": subscriber.subscriptions, "failures": list(figures.failures)}
     for key, value in result.items():
         record_property(key, value)
     out = os.environ.get("KPY_V2_OUT")
@@ -157,3 +184,6 @@ def test_ten_systemctl_restarts_fail_no_kubelet_call(
     assert figures.failed == 0, f"{figures.line()}\n{_journal()}"
     # The listening socket is systemd's, the same one across every restart: no process ever unlinked it.
     assert same_socket
+    # Each stop ended the subscription at its start: before the unit's drain timeout (10 s) was even over, which is
+    # when a drain that waited for it would have ended it (the restart command's own time in the guest included).
+    assert max(ended_after_s) < DRAIN_TIMEOUT_S, result

@@ -17,12 +17,14 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.callloop import CallLoop
+from tests.support.containerd import generation
 from tests.support.cri import CriClient, PodFactory, sandbox_config
 from tests.support.fakeruntime import FakeRuntime
 from tests.support.hostile import frame, request_headers
 from tests.support.proxy import ProxyProcess
 from tests.support.rawh2 import DATA, END_HEADERS, END_STREAM, HEADERS, RawPeer
 from tests.support.sdactivation import SystemdStandIn
+from tests.support.subscriber import EventSubscriber
 from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
 from wire.systemd import listen_fds
@@ -137,6 +139,53 @@ def test_streams_above_the_goaway_are_refused_and_a_grpc_client_retries_them_on_
     assert figures.failed == 0, figures.line()
     assert drained > 0, "no call was in flight at any stop: the drain was never exercised"
     assert refused > 0, "no stream ever arrived after a GOAWAY: the retry was never exercised"
+
+
+def test_a_restart_under_an_evented_pleg_subscription_takes_no_drain_timeout_and_the_client_subscribes_again(
+        systemd: SystemdStandIn, containerd_socket: str, sandbox: str, tmp_path) -> None:
+    """kubelet's Evented PLEG keeps GetContainerEvents open on the connection its other calls use. The stopping
+    proxy ends it at once (UNAVAILABLE, after its GOAWAY) instead of holding the drain for ``--drain-timeout``; the
+    subscriber calls again, waits in systemd's backlog, and the next process relays containerd's next events.
+    containerd 1.7 and 2.1 serve GetContainerEvents; 1.6 answers UNIMPLEMENTED, which the proxy relays as it is
+    (kubelet then stays on its generic PLEG), and there is no subscription to hold a drain."""
+    drain_timeout_s = 20.0
+    first = _proxy(systemd, containerd_socket, tmp_path, 1, "--drain-timeout", str(drain_timeout_s)).start()
+    second = _proxy(systemd, containerd_socket, tmp_path, 2)
+    loop = CallLoop(systemd.path, sandbox).start()
+    subscriber = EventSubscriber(loop.client).start()  # kubelet's one connection: calls and the subscription
+    pods = PodFactory(CriClient(containerd_socket))
+    try:
+        assert loop.wait_served(30, 30)
+        if generation() == "1.6":
+            assert subscriber.wait(lambda s: s.ends, 10)
+            assert subscriber.ends[0].code == "UNIMPLEMENTED", subscriber.ends[0]
+        else:  # containerd's events reach the subscription: it is open end to end
+            assert subscriber.provoke(lambda: pods.run_pod(sandbox_config("evented")), 1, 30), subscriber.ends
+        started = time.monotonic()
+        assert first.terminate(timeout_s=drain_timeout_s + 15) == 0
+        stop_s = time.monotonic() - started
+        second.start()
+        if generation() != "1.6":
+            end = subscriber.ends[0]
+            assert (end.code, end.details) == ("UNAVAILABLE", "koord-runtime-proxy is restarting: subscribe again")
+            assert end.at - started < 2.0
+            # the next events reach the subscription made again, through the next process
+            assert subscriber.provoke(lambda: pods.run_pod(sandbox_config("evented")), 2, 30), subscriber.ends
+        assert loop.wait_served(30, 30), second.log()[-2000:]
+    finally:
+        subscriber.stop()
+        figures = loop.stop()
+        pods.cleanup()
+        pods.client.close()
+        for proxy in (first, second):
+            if proxy.proc is not None:
+                proxy.terminate()
+    print(f"containerd {generation()}: stop with a subscription {stop_s:.2f} s (--drain-timeout {drain_timeout_s:g}); "
+          f"{figures.line()}")
+    assert stop_s < 5.0, f"the stop took {stop_s:.1f} s: the drain waited for the subscription"
+    assert figures.failed == 0, figures.line()
+    ended = 0 if generation() == "1.6" else 1
+    assert f"{ended} endless stream(s) ended for the client to call again" in first.log()
 
 
 def test_a_stream_opened_after_goaway_is_refused_and_never_reaches_the_runtime(

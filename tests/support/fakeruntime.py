@@ -24,12 +24,16 @@ class Received:
     time_remaining: float | None
 
 
+EVENTS = "/runtime.v1.RuntimeService/GetContainerEvents"
+
+
 @dataclass
 class FakeRuntime:
     socket_path: str
     received: list[Received] = field(default_factory=list)
     server: grpc.Server | None = None
     sleep_s: float = 0.0
+    subscriptions_ended: list[float] = field(default_factory=list)  # when each GetContainerEvents call ended here
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     INITIAL = (("x-initial", "from-runtime"),)
@@ -69,6 +73,29 @@ class FakeRuntime:
             context.set_trailing_metadata(self.TRAILING)
         return grpc.unary_stream_rpc_method_handler(handler)
 
+    def _events(self):
+        """GetContainerEvents as containerd serves it: a stream that never ends by itself. An event every 50 ms
+        (``x-quiet`` in the metadata: none, so no response headers either) until the client goes."""
+        def handler(request: bytes, context: grpc.ServicerContext):
+            self._record(EVENTS, request, context)
+            ended = threading.Event()
+            context.add_callback(lambda: self._subscription_ended(ended))
+            quiet = "x-quiet" in dict(context.invocation_metadata())
+            n = 0
+            while not ended.is_set():
+                if not quiet:
+                    n += 1
+                    yield cri.ContainerEventResponse(container_id=f"event-{n}", created_at=time.time_ns(),
+                                                     container_event_type=cri.CONTAINER_STARTED_EVENT
+                                                     ).SerializeToString()
+                ended.wait(0.05)
+        return grpc.unary_stream_rpc_method_handler(handler)
+
+    def _subscription_ended(self, ended: threading.Event) -> None:
+        ended.set()
+        with self._lock:
+            self.subscriptions_ended.append(time.monotonic())
+
     def start(self) -> FakeRuntime:
         outer = self
 
@@ -76,6 +103,8 @@ class FakeRuntime:
             def service(self, details: grpc.HandlerCallDetails):
                 if details.method.startswith("/test.Stream/"):
                     return outer._stream(details.method)
+                if details.method == EVENTS:
+                    return outer._events()
                 return outer._unary(details.method)
 
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),

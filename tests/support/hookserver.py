@@ -19,6 +19,7 @@ from wire import hookapi_pb2 as hookapi
 _TYPES = {
     "PreRunPodSandbox": (hookapi.PodSandboxHookRequest, hookapi.PodSandboxHookResponse),
     "PostStopPodSandbox": (hookapi.PodSandboxHookRequest, hookapi.PodSandboxHookResponse),
+    "PreUpdatePodSandboxResources": (hookapi.PodSandboxHookRequest, hookapi.PodSandboxHookResponse),
 }
 _CONTAINER = (hookapi.ContainerResourceHookRequest, hookapi.ContainerResourceHookResponse)
 
@@ -42,6 +43,9 @@ class RecordingHookServer:
     behaviour: Behaviour = field(default=lambda hook, request: echo(request))
     calls: list[tuple[str, object]] = field(default_factory=list)
     server: grpc.Server | None = None
+    # the hooks it serves (None: all); gRPC answers UNIMPLEMENTED for the others, as a hook server that predates
+    # a hook does (Koordinator's koordlet asked PreUpdatePodSandboxResources)
+    serves: frozenset[str] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> RecordingHookServer:
@@ -50,6 +54,8 @@ class RecordingHookServer:
         class Generic(grpc.GenericRpcHandler):
             def service(self, details: grpc.HandlerCallDetails):
                 hook = details.method.rsplit("/", 1)[-1].removesuffix("Hook")
+                if outer.serves is not None and hook not in outer.serves:
+                    return None
                 request_type, _ = _TYPES.get(hook, _CONTAINER)
 
                 def handle(raw: bytes, context: grpc.ServicerContext) -> bytes:

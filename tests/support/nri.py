@@ -142,8 +142,11 @@ class TinyPlugin:
 
     events = event_mask([Event.CREATE_CONTAINER])
 
-    def configure(self, request: api.ConfigureRequest) -> None:
-        pass
+    def configure(self, request: api.ConfigureRequest) -> int:
+        return self.events
+
+    def update_pod_sandbox(self, request: api.UpdatePodSandboxRequest) -> api.UpdatePodSandboxResponse:
+        return api.UpdatePodSandboxResponse()
 
     def synchronize(self, pods, containers, deadline: float) -> list[api.ContainerUpdate]:
         return []

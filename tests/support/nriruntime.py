@@ -139,10 +139,12 @@ class RuntimeConn:
         return answer_type.FromString(response.payload)
 
     def handshake(self, pods: list[api.PodSandbox] | None = None, containers: list[api.Container] | None = None,
-                  chunks: int = 1, wait_s: float = 5.0) -> tuple[api.ConfigureResponse, list[api.SynchronizeResponse]]:
-        """What containerd does after RegisterPlugin: Configure, then Synchronize in ``chunks`` messages."""
+                  chunks: int = 1, wait_s: float = 5.0, runtime: tuple[str, str] = ("fake", "0"),
+                  ) -> tuple[api.ConfigureResponse, list[api.SynchronizeResponse]]:
+        """What containerd does after RegisterPlugin: Configure (as ``runtime``: name, version), then Synchronize in
+        ``chunks`` messages."""
         self.registered.get(timeout=wait_s)
-        configured = self.call("Configure", api.ConfigureRequest(runtime_name="fake", runtime_version="0",
+        configured = self.call("Configure", api.ConfigureRequest(runtime_name=runtime[0], runtime_version=runtime[1],
                                                                  registration_timeout=5000, request_timeout=2000),
                                api.ConfigureResponse)
         pods, containers = pods or [], containers or []

@@ -65,7 +65,10 @@ class RawPeer:
             ready, _, _ = select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 return
-            chunk = self.sock.recv(1 << 16)
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except ConnectionResetError:  # the peer closed with bytes of ours unread: after its last bytes, as EOF
+                chunk = b""
             if not chunk:
                 self.closed = True
                 return

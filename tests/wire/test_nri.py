@@ -32,8 +32,11 @@ class Handlers:
         self.threads: list[str] = []
         self.create: Callable[[], None] | None = None  # what create_container does first (a test's own steps)
 
-    def configure(self, request: api.ConfigureRequest) -> None:
-        pass
+    def configure(self, request: api.ConfigureRequest) -> int:
+        return self.events
+
+    def update_pod_sandbox(self, request: api.UpdatePodSandboxRequest) -> api.UpdatePodSandboxResponse:
+        return api.UpdatePodSandboxResponse()
 
     def synchronize(self, pods, containers, deadline: float) -> list[api.ContainerUpdate]:
         self.synced.append((len(pods), len(containers)))

@@ -20,7 +20,7 @@ from koordlet.metricsadvisor import (
 )
 from koordlet.metricsadvisor.nodeinfo import CPUNodeMap, NodeInfoCollector
 from koordlet.reporters.device import GPUCollector
-from koordlet.statesinformer.cgroups import host_app_cgroup_source, pod_cgroup_source
+from koordlet.statesinformer.cgroups import close_with_pods, host_app_cgroup_source, pod_cgroup_source
 from koordlet.system.sysfs import NUMAMemInfoFiles, SysfsError, read_online_cpus
 
 logger = logging.getLogger(__name__)
@@ -126,4 +126,5 @@ def metrics_advisor(ctx: AgentContext) -> Component | None:
                                                 config.coldpage_collector_interval_s))
     runner = CollectorRunner(ctx.cache, collectors(ctx), registry=ctx.metrics.registry)
     ctx.health.watch_loop("collectors", runner)
+    close_with_pods(ctx.states, ctx.layout, (runner.forget_dirs, ctx.executor.forget_reads))
     return runner

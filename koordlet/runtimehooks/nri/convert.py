@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from hooks.protocol import Changes, ContainerContext, ContainerResources, LinuxDevice, Mount
 from koordlet.api.pod import PodMeta
 from koordlet.api.units import CFS_PERIOD_US
+from wire import cri_pb2 as cri
 from wire import nri_pb2 as api
 
 UNIFIED_CPU_IDLE = "cpu.idle"
@@ -54,6 +55,13 @@ def resources_of(resources: api.LinuxResources) -> ContainerResources:
     cpu, memory = resources.cpu, resources.memory
     return ContainerResources(cpu_shares=cpu.shares.value, cfs_quota_us=cpu.quota.value, cpuset_cpus=cpu.cpus,
                               memory_limit_bytes=memory.limit.value)
+
+
+def cri_resources(resources: api.LinuxResources) -> cri.LinuxContainerResources:
+    """An NRI request's cpu and memory amounts as the CRI call kubelet made carried them."""
+    cpu = resources.cpu
+    return cri.LinuxContainerResources(cpu_period=cpu.period.value, cpu_quota=cpu.quota.value,
+                                       cpu_shares=cpu.shares.value, memory_limit_in_bytes=resources.memory.limit.value)
 
 
 def container_context(pod: PodMeta, container: api.Container,

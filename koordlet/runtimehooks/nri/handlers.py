@@ -40,11 +40,11 @@ from koordlet.api.pod import PodMeta
 from koordlet.api.qos import skips_hooks
 from koordlet.executor import ResourceExecutor
 from koordlet.history.answers import POD_LEVEL, HookAnswers
-from koordlet.hostdirs import make_host_dirs
+from koordlet.hostdirs import with_host_dirs
 from koordlet.system.cgroup import CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout, pod_cgroup_dir
 from wire import nri_pb2 as api
-from wire.nri import Event, changing, event_mask
+from wire.nri import Event, changing, event_mask, runtime_sends_update_pod_sandbox
 
 from ..apply import (
     RejectedValues,
@@ -56,6 +56,7 @@ from ..apply import (
 )
 from ..decisions import Decisions, create_key, pod_key, update_key
 from ..podgroups import PodGroups
+from ..server import Resized
 from . import convert
 
 log = logging.getLogger(__name__)
@@ -79,8 +80,10 @@ class NriHandlers:
                  known_pods: Callable[[], Sequence[PodMeta]], executor: ResourceExecutor,
                  layout: KubeCgroupLayout, disabled_stages: frozenset[str] = frozenset(),
                  rejects: RejectedValues | None = None, decisions: Decisions | None = None,
-                 answers: HookAnswers | None = None) -> None:
-        """``answers``: where each plugin's answer at creation is kept for ``/debug/pods`` (when NRI decides)."""
+                 answers: HookAnswers | None = None, resized: Resized | None = None) -> None:
+        """``answers``: where each plugin's answer at creation is kept for ``/debug/pods`` (when NRI decides);
+        ``resized``: told when kubelet resizes a container (UpdateContainer) or a pod (UpdatePodSandbox)."""
+        self._resized = resized
         self._plugins = plugins
         self._answers = answers
         self._node = node
@@ -135,10 +138,14 @@ class NriHandlers:
         return changes
 
     # -- the events ----------------------------------------------------------------------------------------
-    def configure(self, request: api.ConfigureRequest) -> None:
+    def configure(self, request: api.ConfigureRequest) -> int:
+        """Koordinator's four events, and UpdatePodSandbox (a pod-level resize) where the runtime's NRI has it
+        (v0.10+, containerd 2.2+): a runtime on an older NRI refuses a registration that names it."""
         self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
-        log.info("NRI: configured by %s (request timeout %s ms)", self.runtime or "the runtime",
-                 request.request_timeout or "default")
+        resize = runtime_sends_update_pod_sandbox(request)
+        log.info("NRI: configured by %s (request timeout %s ms); pod-level resizes %s", self.runtime or "the runtime",
+                 request.request_timeout or "default", "subscribed" if resize else "not sent by this runtime's NRI")
+        return self.events | event_mask([Event.UPDATE_POD_SANDBOX]) if resize else self.events
 
     def state_change(self, event: api.StateChangeEvent) -> None:
         """Pod events are answered at once; their writes follow in the background thread."""
@@ -189,7 +196,8 @@ class NriHandlers:
         if changes.host_dirs:  # HAMi-core's per-container cache dir, before the container mounts it
             root = hami_cache_root(self._node().hami_core_library)
             with changing():
-                make_host_dirs(changes, root, self._host_dirs, pod.uid)
+                changes = with_host_dirs(changes, root, self._host_dirs, pod.uid,
+                                         self._rejects.reporter(pod, container.name))
         with changing():  # runc refuses a class whose group is missing: the group is made before the answer
             changes = self._groups.checked(pod, self._node, changes)
         adjust = convert.adjustment(changes, container, self._cgroup_v2)
@@ -207,7 +215,24 @@ class NriHandlers:
             changes = self._container_changes(self._staged(Stage.PRE_UPDATE_CONTAINER_RESOURCES), self._node(),
                                               context, pod_dir)
         update = convert.container_update(container.id, changes, request.linux_resources, self._cgroup_v2)
+        if self._resized is not None:  # containerd passes kubelet's UpdateContainerResources as it came
+            self._resized(pod.uid, container.id, convert.cri_resources(request.linux_resources))
         return api.UpdateContainerResponse(update=[update] if update is not None else [])
+
+    def update_pod_sandbox(self, request: api.UpdatePodSandboxRequest) -> api.UpdatePodSandboxResponse:
+        """A pod-level resize (the runtime's UpdatePodSandboxResources, after kubelet wrote the pod dir's values):
+        the pod-level answers are written again, as at RunPodSandbox, and the states and the reconciler catch up."""
+        pod = self._pod(request.pod)
+        if self._on(Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES, pod):
+            pod_dir = pod_cgroup_dir(self._layout, pod)
+            changes = self._pod_changes(pod, self._staged(Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES), self._node(),
+                                        pod_dir)
+            if changes and pod_dir is not None:
+                with changing():  # kubelet has just written the dir: read it, not the write cache
+                    run_pod_level(self._runner, pod, pod_dir, changes, "nri", verify=True)
+        if self._resized is not None:
+            self._resized(pod.uid, "", None)
+        return api.UpdatePodSandboxResponse()
 
     def synchronize(self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container],
                     deadline: float) -> list[api.ContainerUpdate]:

@@ -21,6 +21,7 @@ import pytest
 
 from koordlet import audit
 from koordlet.api.pod import PodMeta
+from koordlet.collector import CollectorConfig, NodeStateCollector
 from koordlet.executor import InvalidUpdateError, ResourceExecutor
 from koordlet.executor.metrics import update_count
 from koordlet.metriccache import Label, MetricCache, MetricKind, SeriesKey
@@ -195,6 +196,25 @@ def test_after_a_crash_the_gate_off_puts_kidled_back_and_a_value_koordlet_never_
     assert _kidled(sys_dir) == ("120", "0")  # the operator's scan period stays
     assert json.loads(record.read_text())["originals"] == {}
     assert restore_kidled(restarted, "again").system_written == 0  # nothing recorded: nothing reset
+
+
+def test_the_node_state_collector_with_system_config_off_leaves_the_kidled_settings_of_a_running_collector(
+        tmp_path: Path) -> None:
+    """kidled's settings and SystemConfig's sysctls share one record: the collector's pass (gate SystemConfig off)
+    puts back only the sysctls it owns, so kidled keeps scanning with Koordinator's settings."""
+    fs, sys_dir, proc_dir = _kidled_node(tmp_path)
+    record = tmp_path / "run/originals.json"
+    executor = _executor(fs, sys_dir, proc_dir, record)
+    collector = ColdPageCollector(_pods, fs, proc_dir=proc_dir, sys_dir=sys_dir, executor=executor)
+    assert collector.enabled() and _kidled(sys_dir) == ("5", "1")
+    node_state = NodeStateCollector(CollectorConfig(system_config=False), StaticStates(node=NodeInfo("node-1")),
+                                    executor)
+    assert node_state.collect_once() == 0
+    assert _kidled(sys_dir) == ("5", "1")
+    assert json.loads(record.read_text())["originals"] == {"kidled_scan_period_in_seconds": "0",
+                                                           "kidled_use_hierarchy": "0"}
+    collector.close()
+    assert _kidled(sys_dir) == ("0", "0")  # still its own to put back
 
 
 def test_kidled_that_cannot_be_started_leaves_the_collector_off_and_kidled_as_it_was(tmp_path: Path) -> None:

@@ -122,3 +122,33 @@ def test_run_collector_runs_one_by_name() -> None:
     assert collector.calls == [5.0]
     with pytest.raises(KeyError):
         runner.run_collector("missing")
+
+
+def test_a_collector_that_cannot_read_the_node_says_so_in_one_line_once_and_a_bug_keeps_its_traceback(
+        tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    """The node info collector on a host without the DaemonSet's /host-sys: a reading error is the node's answer,
+    not a crash, so it is one line naming the path (no traceback), once while it keeps failing; an exception that is
+    not a reading error is a bug and keeps its traceback."""
+    import logging
+
+    from koordlet.metricsadvisor.nodeinfo import NodeInfoCollector
+
+    caplog.set_level(logging.INFO, logger="koordlet.metricsadvisor.framework")
+    missing = tmp_path / "host-sys"
+    runner = CollectorRunner(MetricCache(), [NodeInfoCollector(MetricCache(), str(missing), 60.0)],
+                             wall_clock=_clock())
+    for minute in range(3):
+        runner.tick(minute * 60.0)
+    lines = [r for r in caplog.records if r.name == "koordlet.metricsadvisor.framework"]
+    assert [(r.levelname, r.exc_info) for r in lines] == [("WARNING", None)]
+    assert f"{missing}/devices/system/cpu/online" in lines[0].getMessage()
+    assert runner.registry.get_sample_value("koordlet_collector_errors_total", {"collector": "node_info"}) == 3.0
+
+    class Broken(CountingCollector):
+        def collect(self, now: float) -> Sequence[Sample]:
+            raise KeyError("a bug")
+
+    caplog.clear()
+    CollectorRunner(MetricCache(), [Broken("broken", 1.0)], wall_clock=_clock()).tick(0.0)
+    (line,) = [r for r in caplog.records if r.name == "koordlet.metricsadvisor.framework"]
+    assert line.exc_info is not None

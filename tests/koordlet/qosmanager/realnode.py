@@ -69,6 +69,10 @@ def skip_unless_v2_writable(needed: Sequence[str] = V2_CONTROLLERS) -> None:
         pytest.skip(f"kernel lacks cgroup v2 controllers {missing}")
 
 
+# Parameters of a fixture that builds its node with RealNode.of_version: each test once per cgroup version.
+BOTH_VERSIONS = (pytest.param("v1", marks=pytest.mark.cgroupv1), pytest.param("v2", marks=pytest.mark.cgroupv2))
+
+
 class V2TestCgroups(V1TestCgroups):
     """Private cgroup v2 dirs with cpu, cpuset and memory delegated to every level. One hierarchy: the
     controller argument of V1TestCgroups is ignored, so ``spawn`` and ``cleanup`` are shared. Processes go
@@ -94,6 +98,16 @@ class V2TestCgroups(V1TestCgroups):
 
 
 class RealNode:
+    @classmethod
+    def of_version(cls, version: str, name: str, pods: Sequence[tuple[str, QoSClass, KubeQoS]]) -> RealNode:
+        """A node on this host's cgroup v1 (``"v1"``) or on the VM stage's cgroup v2 (``"v2"``, the
+        :data:`BOTH_VERSIONS` parameters); skipped where that hierarchy cannot be written."""
+        if version == "v2":
+            skip_unless_v2_writable()
+        else:
+            cls.skip_unless_possible()
+        return cls(name, pods, v2=version == "v2")
+
     def __init__(self, name: str, pods: Sequence[tuple[str, QoSClass, KubeQoS]], collect_interval_s: float = 1.0,
                  node_name: str = "node-1", v2: bool = False) -> None:
         self.groups: V1TestCgroups | V2TestCgroups = V2TestCgroups(name) if v2 else V1TestCgroups(name, CONTROLLERS)

@@ -217,3 +217,19 @@ def test_the_per_pod_state_is_a_frozen_value_that_orders_the_pods_writes() -> No
     unlimited = PodBurstState("pod", -1).with_burst(300_000).with_quota("pod/a", 100_000, 120_000, "a up")
     assert [w.cgroup_dir for w in unlimited.quota_step(idle).writes] == ["pod/a"]
     assert unlimited.burst_write().value == 300_000
+
+
+def test_a_container_without_a_cpu_limit_bursts_from_its_pod_level_limit() -> None:
+    """kubelet gives a container that sets no cpu limit the pod-level one (getCPULimit): burst's base is that quota."""
+    pod_level = replace(pod("pl", "LS", containers=(ContainerMeta("app", container_id=CID),)),
+                        pod_limits={"cpu": 1500}, pod_requests={"cpu": 1000})
+    containers = eligible_containers(_burst_snapshot(pods=(pod_level,)), LAYOUT)
+    assert [(c.limit_milli, c.base_quota_us) for c in containers] == [(1500, 150000)]
+
+
+def test_the_share_pool_leaves_out_an_lsr_pod_level_request() -> None:
+    lsr = replace(pod("lsr", "LSR", containers=(ContainerMeta("app", container_id="c1", requests={"cpu": 500}),)),
+                  pod_requests={"cpu": 2000})
+    snap = snapshot(node=node(8000), pods=(lsr, be_pod("be"), LS_POD), node_cpu_avg_cores=4.2,
+                    pod_cpu_avg_cores={"uid-lsr": 1.0, "uid-be": 0.5, "uid-ls": 1.5})
+    assert share_pool_state(snap, 50) is SharePoolState.COOLING  # as with 2000m in the container: 2.7 / 6

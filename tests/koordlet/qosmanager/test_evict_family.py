@@ -162,6 +162,11 @@ def test_class_request_follows_the_priority_class() -> None:
                       "containers": (*init.containers, ContainerMeta("setup", requests={"cpu": 900}, is_init=True))})
     assert class_request(init, "cpu") == ("cpu", 900)  # the larger of Σ regular and the largest init container
 
+    # a pod-level request wins over the containers' (KEP-2837), so eviction ranks it by what the pod holds
+    pod_level = PodMeta(**{**{f: getattr(init, f) for f in init.__slots__}, "pod_requests": {"cpu": 3000}})
+    assert class_request(pod_level, "cpu") == ("cpu", 3000)
+    assert class_request(pod_level, "memory") == ("memory", 0)  # no pod-level memory: the containers' sum
+
 
 def test_allocatable_threshold_above_mid_keeps_the_feature_inert() -> None:
     slo = spec(cpuAllocatableEvictThresholdPercent=80, cpuAllocatableEvictLowerPercent=60,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -162,3 +163,29 @@ def test_local_mode_pods_leave_the_memory_files_as_they_are_on_a_fixture_tree(tm
     assert read("kubepods/burstable", "memory.min") == str(GiB // 2)
     assert read("kubepods", "memory.min") == str(GiB // 2 + 512 * MiB)
     assert read("kubepods/besteffort/poduid-be/bbbbbbbbbbbb", "memory.low") == str(512 * MiB)
+
+
+def test_a_pod_level_pod_counts_its_pod_request_and_its_containers_get_the_pod_limit() -> None:
+    """KEP-2837: the pod-level memory request is the pod's (it wins over the containers' sum), and a container
+    that sets no limit gets the pod's, as kubelet gives its cgroup; the QoS dir sums it like any other pod."""
+    pod_level = replace(pod("pl", "LS", containers=(
+        ContainerMeta("app", container_id="dddddddddddd"), ContainerMeta("log", container_id="eeeeeeeeeeee",
+                                                                         requests={"memory": 128 * MiB}))),
+        pod_requests={"memory": GiB}, pod_limits={"memory": 2 * GiB})
+    values = _values((pod_level,))
+    assert values["kubepods/burstable/poduid-pl"].min_bytes == GiB // 2  # 50 % of the pod-level 1 GiB
+    assert values["kubepods/burstable"].min_bytes == GiB // 2
+    app = values["kubepods/burstable/poduid-pl/dddddddddddd"]
+    assert (app.min_bytes, app.high_bytes) == (0, 2 * GiB * 80 // 100 // PAGE * PAGE)  # the pod's 2 GiB limit
+    log_container = values["kubepods/burstable/poduid-pl/eeeeeeeeeeee"]
+    # 128 MiB + (2 GiB − 128 MiB) × 80 %, page-aligned
+    assert log_container.high_bytes == (128 * MiB + (2 * GiB - 128 * MiB) * 80 // 100) // PAGE * PAGE
+
+
+def test_after_a_resize_the_values_follow_the_amounts_the_container_has() -> None:
+    resized = replace(LS, containers=(replace(LS.containers[0], requests={"memory": 2 * GiB},
+                                              limits={"memory": 4 * GiB}),))
+    before, after = _values((LS,)), _values((resized,))
+    key = "kubepods/burstable/poduid-ls/aaaaaaaaaaaa"
+    assert (before[key].min_bytes, after[key].min_bytes) == (GiB // 2, GiB)
+    assert after[key].high_bytes == (2 * GiB + 2 * GiB * 80 // 100) // PAGE * PAGE

@@ -12,12 +12,14 @@ from koordlet.actuator import PlanRecord
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.executor import PartialWriteError, ResourceUpdate, UpdateFailure
 from koordlet.qosmanager.memoryreclaim import ReclaimConfig, ReclaimMemo, decide
-from tests.koordlet.qosmanager.factory import GiB, be_pod, node, pod, snapshot
+from koordlet.qosmanager.snapshot import container_cgroup_dir
+from tests.koordlet.qosmanager.factory import LAYOUT, GiB, be_pod, node, pod, snapshot
 
 MiB = 1 << 20
 CACHE, ANON = be_pod("cache"), be_pod("anon")
 LS = pod("web", "LS")
 DIR = {p.name: f"kubepods/{'besteffort' if p is not LS else 'burstable'}/poduid-{p.name}" for p in (CACHE, ANON, LS)}
+CONTAINER_DIR = {p.name: container_cgroup_dir(LAYOUT, DIR[p.name], p.containers[0]) for p in (CACHE, ANON)}
 
 
 def _stat(file_bytes: int, anon_bytes: int) -> str:
@@ -38,7 +40,9 @@ def _snap(use_gib: float, *, swap_free: int = 0, ls_psi: float = 0.0, memo=None,
           cache_file: int = 3 * GiB, anon: int = 2 * GiB, kernel_has_it: bool = True, **strategy: object):
     values = {("memory.stat", DIR["cache"]): _stat(cache_file, 64 * MiB),
               ("memory.stat", DIR["anon"]): _stat(200 * MiB, anon),
-              ("memory.swap.max", DIR["cache"]): "max", ("memory.swap.max", DIR["anon"]): "max",
+              ("memory.stat", CONTAINER_DIR["cache"]): _stat(cache_file, 64 * MiB),
+              ("memory.stat", CONTAINER_DIR["anon"]): _stat(200 * MiB, anon),
+              **{("memory.swap.max", d): "max" for d in (*CONTAINER_DIR.values(), DIR["cache"], DIR["anon"])},
               ("memory.pressure", DIR["web"]): _psi(ls_psi)}
     slo = _slo(**strategy)
     return snapshot(node=node(8000, 16 * GiB), node_slo=slo, pods=(CACHE, ANON, LS),
@@ -89,12 +93,14 @@ def test_anonymous_memory_counts_only_with_swap_left_and_swap_allowed() -> None:
     with_swap = _snap(10.5, swap_free=4 * GiB, reclaimStepBytes="1Gi")
     assert _asked(decide(with_swap, _config(with_swap))) == [("cache", GiB)]  # 3 GiB + 64 MiB vs 2 GiB + 200 MiB
     values = dict(with_swap.cgroup_values)
-    values[("memory.stat", DIR["anon"])] = _stat(200 * MiB, 5 * GiB)
+    values[("memory.stat", DIR["anon"])] = values[("memory.stat", CONTAINER_DIR["anon"])] = _stat(200 * MiB, 5 * GiB)
     bigger = replace(with_swap, cgroup_values=values)
     assert _asked(decide(bigger, _config(bigger)))[0][0] == "anon"
-    values[("memory.swap.max", DIR["anon"])] = "0"  # kubelet's NoSwap / a BestEffort pod under LimitedSwap
-    no_swap_for_it = replace(with_swap, cgroup_values=values)
-    assert _asked(decide(no_swap_for_it, _config(no_swap_for_it)))[0][0] == "cache"
+    for limited in (CONTAINER_DIR["anon"], DIR["anon"]):  # kubelet's NoSwap on the container; or the pod's own 0
+        no_swap_for_it = replace(with_swap, cgroup_values={**values, ("memory.swap.max", limited): "0"})
+        assert _asked(decide(no_swap_for_it, _config(no_swap_for_it)))[0][0] == "cache"
+    unread = replace(with_swap, cgroup_values={k: v for k, v in values.items() if k[0] != "memory.swap.max"})
+    assert _asked(decide(unread, _config(unread)))[0][0] == "cache"  # a limit not read counts no anon
 
 
 def test_the_step_doubles_while_use_keeps_rising_up_to_its_bound() -> None:
@@ -160,3 +166,49 @@ def test_a_bad_extension_rejects_the_nodeslo_naming_the_field(raw: dict, error: 
     with pytest.raises(NodeSLOError) as rejected:
         parse_node_slo_spec({"extensions": {"beMemoryReclaimStrategy": raw}})
     assert f"extensions.beMemoryReclaimStrategy.{error}" in str(rejected.value)
+
+
+def _v2_file(root, rel: str, name: str, text: str) -> None:
+    (root / rel).mkdir(parents=True, exist_ok=True)
+    (root / rel / name).write_text(text + "\n")
+
+
+def test_anonymous_memory_counts_by_each_containers_own_swap_limit_where_kubelet_sets_it(tmp_path) -> None:
+    """kubelet gives a container its swap through CRI ``Unified`` (``memory.swap.max`` of the container's cgroup:
+    0 under NoSwap, a share of the node's swap under LimitedSwap) and leaves the pod dir's at ``max``. On a cgroup v2
+    tree laid out so, with swap on the node: the NoSwap container's anonymous memory is not reclaimable, the
+    LimitedSwap one's up to what its limit leaves (limit − ``memory.swap.current``), the pod's page cache all."""
+    from koordlet.api.pod import ContainerMeta
+    from koordlet.executor import ResourceExecutor
+    from koordlet.metriccache import MetricCache, MetricKind, SeriesKey
+    from koordlet.qosmanager.snapshot import SnapshotBuilder
+    from koordlet.statesinformer.api import StaticStates
+    from koordlet.system.cgroup import CgroupFS, CgroupVersion
+    from tests.koordlet.qosmanager.factory import LAYOUT
+
+    no_swap, limited = "a" * 12, "b" * 12
+    be = be_pod("mixed", containers=(ContainerMeta("cache", container_id=no_swap),
+                                     ContainerMeta("spill", container_id=limited)))
+    root = tmp_path / "sys/fs/cgroup"
+    pod_dir = "kubepods/besteffort/poduid-mixed"
+    _v2_file(root, "kubepods", "memory.reclaim", "")
+    for rel, swap_max, swap_current, stat in (
+            (pod_dir, "max", str(100 * MiB), _stat(300 * MiB, 3 * GiB)),
+            (f"{pod_dir}/{no_swap}", "0", "0", _stat(100 * MiB, 2 * GiB)),  # NoSwap: 0
+            (f"{pod_dir}/{limited}", str(512 * MiB), str(100 * MiB), _stat(200 * MiB, GiB))):  # LimitedSwap
+        _v2_file(root, rel, "memory.swap.max", swap_max)
+        _v2_file(root, rel, "memory.swap.current", swap_current)
+        _v2_file(root, rel, "memory.stat", stat)
+    cache = MetricCache()
+    cache.append(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE_WITH_PAGE_CACHE), 99.5, 12 * GiB)  # 75 %
+    cache.append(SeriesKey.of(MetricKind.NODE_SWAP_FREE), 99.5, 4 * GiB)
+    states = StaticStates(node=node(8000, 16 * GiB), pods=(be,),
+                          node_slo=_slo(reclaimThresholdPercent=60, reclaimStepBytes="4Gi", reclaimMaxStepBytes="4Gi"))
+    executor = ResourceExecutor(CgroupFS(str(root), CgroupVersion.V2))
+    config = ReclaimConfig.from_node_slo(states.node_slo())
+    snap = SnapshotBuilder(states, cache, reader=executor, layout=LAYOUT).build(config.needs, now=100.0)
+    assert snap is not None and snap.kernel_files == frozenset({"memory.reclaim"})
+    plan = decide(snap, config)
+    (found,) = plan.report.asked
+    assert (found[0].file_bytes, found[0].anon_bytes) == (300 * MiB, 412 * MiB)  # 512 MiB − 100 MiB swapped
+    assert _asked(plan) == [("mixed", 712 * MiB)]

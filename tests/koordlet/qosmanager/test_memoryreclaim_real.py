@@ -1,16 +1,22 @@
 """BE memory reclaim on real kernels: in the cgroup v2 guest a BE pod's page cache is given back through
-``memory.reclaim`` once the node is above the reclaim threshold; on this host's cgroup v1 the strategy says once
-that the kernel has no ``memory.reclaim`` and stays off, and eviction works as before."""
+``memory.reclaim`` once the node is above the reclaim threshold, and with swap on (a zram device) only the
+anonymous memory of a container whose own ``memory.swap.max`` allows it is counted and swapped; on this host's
+cgroup v1 the strategy says once that the kernel has no ``memory.reclaim`` and stays off, and eviction works as
+before."""
 
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from koordlet.api.nodeslo import NodeSLOSpec, parse_node_slo_spec
+from koordlet.api.pod import ContainerMeta
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.eviction import Evictor
 from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
@@ -19,7 +25,7 @@ from koordlet.system.cgroup_stats import parse_memory_stat
 from koordlet.system.procfs import parse_meminfo
 from tests.koordlet.qosmanager.realnode import RealNode, skip_unless_v2_writable
 from tests.support.apiserver import ApiServer, kube_api_client
-from tests.support.v2guest import attached_disk
+from tests.support.v2guest import KERNEL_LACKS, attached_disk
 from tests.support.waiting import wait_for
 
 PODS = (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT))
@@ -127,5 +133,76 @@ def test_v2_a_be_pods_page_cache_is_reclaimed_above_the_threshold() -> None:
 
         assert wait_for(reclaimed, 20.0), cached()
         assert asked == {be_dir}  # only the BE pod was asked (the reader still runs: its pages were not in use)
+    finally:
+        node.close()
+
+
+@contextmanager
+def _zram_swap(size_mib: int = 256) -> Iterator[str]:
+    """Swap on the guest while the test runs: a zram device of its own (Debian builds zram as a module), swapped
+    off and removed after."""
+    if subprocess.run(["modprobe", "zram", "num_devices=0"], capture_output=True).returncode != 0 or \
+            not Path("/sys/class/zram-control/hot_add").exists():
+        pytest.skip(f"{KERNEL_LACKS} zram: no swap device to test with")
+    index = Path("/sys/class/zram-control/hot_add").read_text().strip()
+    device = f"/dev/zram{index}"
+    try:
+        Path(f"/sys/block/zram{index}/disksize").write_text(f"{size_mib}M")
+        subprocess.run(["mkswap", device], check=True, capture_output=True)
+        subprocess.run(["swapon", device], check=True, capture_output=True)
+        try:
+            yield device
+        finally:
+            subprocess.run(["swapoff", device], check=True, capture_output=True)
+    finally:
+        Path("/sys/class/zram-control/hot_remove").write_text(index)
+
+
+# Fault in {size} bytes of anonymous memory, say so, and hold it.
+HOLD_ANON = """
+import time
+held = bytearray({size})
+for i in range(0, len(held), 4096):
+    held[i] = 1
+print('held', flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.cgroupv2
+def test_v2_anonymous_memory_is_reclaimable_only_where_the_containers_own_swap_limit_lets_it_go() -> None:
+    """kubelet sets swap per container through CRI ``Unified`` (runc writes the container's ``memory.swap.max``)
+    and leaves the pod dir's at ``max``. With swap on the node, a BE pod's container under kubelet's NoSwap
+    (``memory.swap.max`` 0) holds 96 MiB and one allowed to swap holds 32 MiB: only the second one's anonymous memory
+    is counted reclaimable, and the kernel swaps out only that container's pages when asked through the pod dir."""
+    skip_unless_v2_writable()
+    node = RealNode("reclaim-swap", (("be", QoSClass.BE, KubeQoS.BESTEFFORT),), v2=True)
+    try:
+        with _zram_swap():
+            no_swap = node.add_container("be", ContainerMeta("keep", container_id="a" * 12))
+            may_swap = node.add_container("be", ContainerMeta("spill", container_id="b" * 12))
+            node.groups.write("memory", node._rel(no_swap), "memory.swap.max", "0")  # kubelet's NoSwap
+            for container_dir, size in ((no_swap, 96 * MiB), (may_swap, 32 * MiB)):
+                holder = node.groups.spawn(node._rel(container_dir), HOLD_ANON.format(size=size))
+                assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+            anon = {d: parse_memory_stat(node.read("memory", d, "memory.stat").encode(), 2) for d in (no_swap,
+                                                                                                       may_swap)}
+            spill_anon = anon[may_swap].inactive_anon_bytes + anon[may_swap].active_anon_bytes
+            threshold = max(_resident_percent() - 1, 2)
+            manager = _manager(node, reclaimThresholdPercent=threshold, reclaimLowerPercent=max(threshold - 20, 0),
+                               reclaimStepBytes="256Mi")
+            node.runner.run_collector("node_resource")  # the node's free swap, from /proc/meminfo
+            assert manager.run_strategy("memoryreclaim")
+            report = manager.last_plan("memoryreclaim").report
+            (asked,) = report.asked
+            assert 0 < asked[0].anon_bytes <= spill_anon  # the NoSwap container's 96 MiB are not counted
+
+            def swapped() -> bool:
+                node.runner.run_collector("node_resource")
+                assert manager.run_strategy("memoryreclaim")
+                return int(node.read("memory", may_swap, "memory.swap.current")) > 0
+
+            assert wait_for(swapped, 30.0)
+            assert node.read("memory", no_swap, "memory.swap.current") == "0"
     finally:
         node.close()

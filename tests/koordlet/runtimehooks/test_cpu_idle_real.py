@@ -19,22 +19,16 @@ from koordlet.api.nodeslo import default_node_slo_spec, parse_node_slo_spec
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.runtimehooks.reconciler import Reconciler
 from koordlet.system.cgroup import CgroupVersion
-from tests.koordlet.qosmanager.realnode import RealNode, skip_unless_v2_writable
+from tests.koordlet.qosmanager.realnode import BOTH_VERSIONS, RealNode
 
 PODS = (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT))
 CORE_SCHED_BE_IDLE = parse_node_slo_spec({"resourceQOSStrategy": {
     "policies": {"cpuPolicy": "coreSched"}, "beClass": {"cpuQOS": {"enable": True, "schedIdle": 1}}}})
 
 
-@pytest.fixture(params=[pytest.param("v1", marks=pytest.mark.cgroupv1),
-                        pytest.param("v2", marks=pytest.mark.cgroupv2)])
+@pytest.fixture(params=BOTH_VERSIONS)
 def node(request: pytest.FixtureRequest):
-    v2 = request.param == "v2"
-    if v2:
-        skip_unless_v2_writable()
-    else:
-        RealNode.skip_unless_possible()
-    real = RealNode("cpu-idle", PODS, v2=v2)
+    real = RealNode.of_version(request.param, "cpu-idle", PODS)
     if not os.path.exists(real.fs.cgroup_dir("cpu", os.path.join(real.be_dir, "cpu.idle"))):
         real.close()
         pytest.skip(f"this kernel lacks cpu.idle ({os.uname().release}; it came in Linux 5.15)")
@@ -95,3 +89,22 @@ def test_cpu_idle_goes_on_be_pod_dirs_kubelets_qos_writes_succeed_and_off_restor
     reconciler.reconcile_once()
     assert node.read("cpu", be_pod, "cpu.idle") == "0"
     assert node.read("cpu", be_pod, _weight_file(node)) == kubelet_be_weight
+
+
+def test_a_weight_the_kernel_reset_when_cpu_idle_went_off_is_written_again_within_the_cache_time(
+        node: RealNode) -> None:
+    """cpu.idle 1 → 0 makes the kernel set the group's weight back to 1024's (cpu.shares 1024, cpu.weight 100: the
+    scheduler's sched_group_set_idle), whatever it was. The same weight written again a moment later, well within
+    ``-resource-force-update-seconds``, must reach the file rather than be skipped by the executor's write cache."""
+    from koordlet.executor import ResourceUpdate
+
+    be_pod = node.pod_dir(node.pod("be"))
+    assert node.executor.update(ResourceUpdate.of("cpu.shares", be_pod, 512))
+    ours = node.read("cpu", be_pod, _weight_file(node))
+    assert node.executor.update(ResourceUpdate.of("cpu.idle", be_pod, 1))
+    assert node.executor.update(ResourceUpdate.of("cpu.idle", be_pod, 0))
+    reset = "100" if node.fs.version is CgroupVersion.V2 else "1024"
+    assert node.read("cpu", be_pod, _weight_file(node)) == reset  # the kernel's doing, not ours
+    assert node.executor.update(ResourceUpdate.of("cpu.shares", be_pod, 512)), "skipped by the write cache"
+    assert node.read("cpu", be_pod, _weight_file(node)) == ours
+    assert not node.executor.update(ResourceUpdate.of("cpu.shares", be_pod, 512))  # cached again from here

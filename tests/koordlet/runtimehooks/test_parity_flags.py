@@ -113,6 +113,31 @@ def test_the_reconciler_keeps_or_unsets_kubelets_quota_on_real_cgroups(tmp_path:
     assert Path("/sys/fs/cgroup/cpuset", v1_pod, f"kubepods/pod{UID}", CID, "cpuset.cpus").read_text().strip() == "1"
 
 
+def test_with_the_flag_a_be_pod_bound_to_a_cpuset_keeps_kubelets_unlimited_quota_not_its_batch_limit(
+        tmp_path: Path, v1_pod: str) -> None:
+    """The quota of a pod bound to CPUs is the cpuset hook's (koordlet/api/cfsquota.py, rule 1), whatever kind of
+    pod: with ``-disable-unset-cpu-quota`` that means kubelet's, which for a BE pod (no cpu limit) is unlimited.
+    Batch resources still give its shares and memory limit, never its quota."""
+    pod_dir = Path("/sys/fs/cgroup/cpu", v1_pod, f"kubepods/pod{UID}")
+    for path in (pod_dir, pod_dir / CID):
+        (path / "cpu.cfs_quota_us").write_text("-1")
+    spec = {"containers": {"db": {"requests": {"kubernetes.io/batch-cpu": "500"},
+                                  "limits": {"kubernetes.io/batch-cpu": "1000", "kubernetes.io/batch-memory": "1Gi"}}}}
+    bound = _bound_pod(v1_pod)
+    be = PodMeta(name=bound.name, namespace=bound.namespace, uid=UID, labels={"koordinator.sh/qosClass": "BE"},
+                 annotations={**bound.annotations, "node.koordinator.sh/extended-resource-spec": json.dumps(spec)},
+                 cgroup_parent=bound.cgroup_parent, containers=bound.containers, sandbox_id=SANDBOX)
+    config = RuntimeHooksConfig(feature_gates={"CPUSetAllocator": True, "BatchResource": True}, serve_hooks=False,
+                                disable_unset_cpu_quota=True, config_dir=str(tmp_path))
+    hooks = RuntimeHooks(config, StaticStates(node=NodeInfo("n1"), pods=(be,)), ResourceExecutor(CgroupFS()),
+                         KubeCgroupLayout(cgroup_root=f"/{v1_pod}"))
+    hooks.reconciler.reconcile_once()
+    assert (pod_dir / "cpu.cfs_quota_us").read_text().strip() == "-1"
+    assert (pod_dir / CID / "cpu.cfs_quota_us").read_text().strip() == "-1"
+    assert (pod_dir / CID / "cpu.shares").read_text().strip() == "512"  # batch resources' shares still land
+    assert Path("/sys/fs/cgroup/cpuset", v1_pod, f"kubepods/pod{UID}", CID, "cpuset.cpus").read_text().strip() == "1"
+
+
 class _OnePod:
     name = "test"
 

@@ -132,7 +132,8 @@ def test_registration_file_names_the_stages_and_goes_on_stop(tmp_path: Path) -> 
     try:
         doc = json.loads(path.read_text())
         assert doc == {"remote-endpoint": str(tmp_path / "koordlet.sock"), "failure-policy": "Ignore",
-                       "runtime-hooks": ["PreRunPodSandbox", "PreCreateContainer", "PreUpdateContainerResources"]}
+                       "runtime-hooks": ["PreRunPodSandbox", "PreCreateContainer", "PreUpdateContainerResources",
+                                         "PreUpdatePodSandboxResources"]}
         assert "\t" in path.read_text()  # tab-indented like Koordinator's
         assert oct(os.stat(hooks.config.socket_path).st_mode & 0o777) == "0o660"
     finally:

@@ -77,3 +77,26 @@ def test_unreachable_runtime_is_a_pod_source_error(tmp_path: Path) -> None:
             source.list_pods()
     finally:
         source.close()
+
+
+@pytest.mark.containerd
+def test_a_resize_through_update_container_resources_is_seen_at_the_next_listing(
+        containerd_socket: str, factory: PodFactory) -> None:
+    """kubelet resizes a running container in place with UpdateContainerResources; local mode's pod list must show
+    the new amounts, not the creation config it cached. containerd reports them in ContainerStatus.status.resources
+    on every generation here (1.6.20 too)."""
+    sid, cid, _ = factory.start_pod(
+        "si-resize", kube_qos="burstable",
+        resources=cri.LinuxContainerResources(cpu_period=100000, cpu_quota=50000, cpu_shares=512,
+                                              memory_limit_in_bytes=64 << 20))
+    source = CriPodSource(containerd_socket)
+    try:
+        (before,) = next(p for p in source.list_pods() if p.sandbox_id == sid).containers
+        assert before.limits == {"cpu": 500, "memory": 64 << 20}
+        factory.client.runtime.UpdateContainerResources(cri.UpdateContainerResourcesRequest(
+            container_id=cid, linux=cri.LinuxContainerResources(cpu_period=100000, cpu_quota=150000, cpu_shares=1536,
+                                                                memory_limit_in_bytes=128 << 20)), timeout=30)
+        (after,) = next(p for p in source.list_pods() if p.sandbox_id == sid).containers
+        assert after.limits == {"cpu": 1500, "memory": 128 << 20} and after.requests == {"cpu": 1500}
+    finally:
+        source.close()

@@ -111,6 +111,9 @@ def test_kube_qos_derived_when_status_lacks_it() -> None:
     pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
     assert pod_meta_from_pod(pod, LAYOUT).kube_qos is KubeQoS.BURSTABLE
     pod["spec"]["containers"][0]["resources"] = {}
+    # kubelet's ComputePodQOS counts init containers: a Guaranteed init container beside a BestEffort one
+    assert pod_meta_from_pod(pod, LAYOUT).kube_qos is KubeQoS.BURSTABLE
+    pod["spec"]["initContainers"][0]["resources"] = {}
     assert pod_meta_from_pod(pod, LAYOUT).kube_qos is KubeQoS.BESTEFFORT
 
 
@@ -142,3 +145,97 @@ def test_kubelet_url_from_node_addresses_and_daemon_endpoint() -> None:
     assert kubelet_url(node, port=11250) == "https://10.0.0.7:11250"
     assert kubelet_url(node, insecure=True) == "http://10.0.0.7:10255"
     assert kubelet_url(node, address_type="ExternalIP") is None
+
+
+# ----------------------------------------------------------------------------- in-place resize, pod-level resources
+
+
+def _resized_web_pod() -> dict:
+    """web-0 after ``kubectl patch --subresource resize`` raised its cpu to 3 and memory to 2Gi: the spec holds the
+    new amounts; kubelet has admitted them (allocatedResources) but still reports the old ones enacted."""
+    pod = kubelet_pod_list()["items"][0]
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "3", "memory": "2Gi"},
+                                                 "limits": {"cpu": "3", "memory": "2Gi"}}
+    pod["status"]["containerStatuses"][0]["allocatedResources"] = {"cpu": "3", "memory": "2Gi"}
+    pod["status"]["containerStatuses"][0]["resources"] = {"requests": {"cpu": "2", "memory": "1Gi"},
+                                                          "limits": {"cpu": "2", "memory": "1Gi"}}
+    pod["status"]["conditions"] = [{"type": "PodResizeInProgress", "status": "True"}]
+    return pod
+
+
+def test_a_resize_not_yet_enacted_leaves_the_container_with_what_kubelet_reports() -> None:
+    web = pod_meta_from_pod(_resized_web_pod(), LAYOUT).container("web")
+    assert web is not None
+    assert web.requests == {"cpu": 2000, "memory": 1 << 30}
+    assert web.limits == {"cpu": 2000, "memory": 1 << 30}
+
+
+def test_a_resize_kubelet_enacted_gives_the_container_its_new_amounts() -> None:
+    pod = _resized_web_pod()
+    pod["status"]["containerStatuses"][0]["resources"] = {"requests": {"cpu": "3", "memory": "2Gi"},
+                                                          "limits": {"cpu": "3", "memory": "2Gi"}}
+    web = pod_meta_from_pod(pod, LAYOUT).container("web")
+    assert web is not None
+    assert (web.requests["cpu"], web.limits["memory"]) == (3000, 2 << 30)
+
+
+def test_admitted_requests_count_when_kubelet_reports_no_enacted_ones() -> None:
+    pod = _resized_web_pod()
+    del pod["status"]["containerStatuses"][0]["resources"]
+    web = pod_meta_from_pod(pod, LAYOUT).container("web")
+    assert web is not None
+    assert web.requests == {"cpu": 3000, "memory": 2 << 30}  # allocatedResources
+    assert web.limits == {"cpu": 3000, "memory": 2 << 30}  # the spec: nothing reported
+
+
+def test_status_resources_keep_the_spec_extended_resources() -> None:
+    """kubelet reports cpu and memory only (convertContainerStatusResources): batch-cpu stays the spec's."""
+    pod = kubelet_pod_list()["items"][1]
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "500m"
+    pod["status"]["containerStatuses"] = [{"name": "executor", "containerID": "containerd://" + "c" * 64,
+                                           "resources": {"requests": {"cpu": "250m"}}}]
+    executor = pod_meta_from_pod(pod, LAYOUT).container("executor")
+    assert executor is not None
+    assert executor.requests == {"cpu": 250, "kubernetes.io/batch-cpu": 1000, "kubernetes.io/batch-memory": 2 << 30}
+
+
+def test_a_bad_quantity_in_the_status_fails_the_pod_not_the_list() -> None:
+    pod = _resized_web_pod()
+    pod["status"]["containerStatuses"][0]["resources"]["limits"]["memory"] = "lots"
+    with pytest.raises(PodParseError, match="memory"):
+        pod_meta_from_pod(pod, LAYOUT)
+
+
+def _pod_level_pod() -> dict:
+    """A pod whose limits are set at pod level only (KEP-2837): its containers set none."""
+    pod = kubelet_pod_list()["items"][0]
+    del pod["status"]["qosClass"]
+    del pod["spec"]["initContainers"]
+    pod["spec"]["containers"][0]["resources"] = {}
+    pod["spec"]["containers"].append({"name": "sidecar", "image": "envoy", "resources": {}})
+    pod["spec"]["resources"] = {"requests": {"cpu": "1", "memory": "512Mi"},
+                                "limits": {"cpu": "2", "memory": "1Gi", "ephemeral-storage": "1Gi"}}
+    return pod
+
+
+def test_pod_level_resources_are_read_and_decide_the_kube_qos() -> None:
+    meta = pod_meta_from_pod(_pod_level_pod(), LAYOUT)
+    assert meta.pod_requests == {"cpu": 1000, "memory": 512 << 20}
+    assert meta.pod_limits == {"cpu": 2000, "memory": 1 << 30}  # ephemeral-storage is no pod-level resource
+    assert meta.kube_qos is KubeQoS.BURSTABLE  # BestEffort containers, but the pod-level amounts decide
+    pod = _pod_level_pod()
+    pod["spec"]["resources"] = {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}}
+    assert pod_meta_from_pod(pod, LAYOUT).kube_qos is KubeQoS.GUARANTEED
+
+
+def test_pod_level_amounts_follow_what_kubelet_enacted() -> None:
+    pod = _pod_level_pod()
+    pod["status"]["resources"] = {"requests": {"cpu": "1", "memory": "512Mi"},
+                                  "limits": {"cpu": "1500m", "memory": "1Gi"}}
+    meta = pod_meta_from_pod(pod, LAYOUT)
+    assert meta.pod_limits == {"cpu": 1500, "memory": 1 << 30}
+
+
+def test_a_pod_without_pod_level_resources_has_none() -> None:
+    meta = pod_meta_from_pod(kubelet_pod_list()["items"][0], LAYOUT)
+    assert (meta.pod_requests, meta.pod_limits) == ({}, {})

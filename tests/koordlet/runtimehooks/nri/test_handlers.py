@@ -14,6 +14,7 @@ from hooks import registry
 from hooks.protocol import Changes, NodeContext
 from koordlet.api.pod import PodMeta
 from koordlet.executor import ResourceExecutor
+from koordlet.executor.records import NodeRecords
 from koordlet.runtimehooks.apply import RejectedValues
 from koordlet.runtimehooks.decisions import Decisions
 from koordlet.runtimehooks.nri import NriHandlers, convert
@@ -197,12 +198,13 @@ RDT_ANNOTATIONS = {"node.koordinator.sh/resctrl": json.dumps({"llc": {"schemata"
 RDT_GATES = {**GATES, "Resctrl": True}
 
 
-def rdt_handlers(tmp_path: Path, resctrl_root: Path | None, gates=RDT_GATES, rejects=None) -> NriHandlers:
+def rdt_handlers(tmp_path: Path, resctrl_root: Path | None, gates=RDT_GATES, rejects=None,
+                 records: NodeRecords | None = None) -> NriHandlers:
     from koordlet.runtimehooks import read_resctrl_node
 
     node = NodeContext(resctrl=read_resctrl_node(str(resctrl_root)) if resctrl_root else None)
     executor = ResourceExecutor(CgroupFS(mount_dir=str(tmp_path / "cg")),
-                                resctrl_root=str(resctrl_root) if resctrl_root else None)
+                                resctrl_root=str(resctrl_root) if resctrl_root else None, records=records)
     return NriHandlers(lambda: registry.enabled(gates), lambda: node, lambda: (), executor, KubeCgroupLayout(),
                        rejects=rejects)
 
@@ -265,6 +267,40 @@ def test_a_group_the_kernel_refuses_leaves_the_rdt_class_out_and_is_reported(tmp
                                          {"key": "resctrl_group"}) == before + 1
         assert [reason for reason, _ in events] == ["KoordletHookValueRejected"]
         assert "No space left on device" in events[0][1] and "without their RDT class" in events[0][1]
+        nri.close()
+
+
+def test_a_group_whose_record_cannot_be_written_is_not_made_and_the_rdt_class_is_left_out_and_reported(
+        tmp_path: Path) -> None:
+    """Made but not recorded, a group would never be removed and would hold one of the CPU's CLOSIDs (16 on many)
+    for good; once they are used up new pods start without their class. So a group whose record cannot be
+    written is not made, at RunPodSandbox and at CreateContainer: the container is created without the class,
+    and the drop is counted, logged and written as an Event. Once the record can be written, the group is made."""
+    from prometheus_client import REGISTRY
+
+    from tests.support.resctrl import resctrl_tree
+
+    root = resctrl_tree(tmp_path / "resctrl")
+    (tmp_path / "run").write_text("a file where the records' dir should be\n")
+    records = NodeRecords.beside(str(tmp_path / "run" / "system-config-originals.json"))
+    events: list[tuple[str, str]] = []
+    nri = rdt_handlers(tmp_path, root, records=records,
+                       rejects=RejectedValues(lambda pod, reason, message: events.append((reason, message))))
+    labels = {"resource": "resctrl.group", "status": "failed"}
+    before = REGISTRY.get_sample_value("koordlet_resource_update_total", labels) or 0
+    pod = sandbox(annotations=RDT_ANNOTATIONS)
+    try:
+        nri.run_pod_sandbox(pod)
+        assert rdt_class(nri, pod) is None
+        assert not (root / "koordlet-u1").exists() and records.resctrl_groups.keys() == frozenset()
+        assert REGISTRY.get_sample_value("koordlet_resource_update_total", labels) == before + 2
+        assert [reason for reason, _ in events] == ["KoordletHookValueRejected"]
+        assert "cannot be recorded" in events[0][1] and "without their RDT class" in events[0][1]
+        (tmp_path / "run").unlink()
+        assert rdt_class(nri, pod) == "koordlet-u1" and records.resctrl_groups.keys() == {"koordlet-u1"}
+        assert json.loads((tmp_path / "run" / "resctrl-groups.json").read_text())["originals"].keys() == {
+            "koordlet-u1"}
+    finally:
         nri.close()
 
 

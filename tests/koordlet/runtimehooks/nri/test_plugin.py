@@ -171,3 +171,51 @@ def test_backoff_grows_by_the_factor_and_never_passes_the_cap() -> None:
     assert backoff_delay(few_steps, 10, jitter=0.0) == 4.0
     huge = NriConfig(socket_path="x", backoff_factor=1e300, backoff_cap_s=5.0)
     assert backoff_delay(huge, 10**6, jitter=0.0) == 5.0
+
+
+KOORDINATOR_MASK = 0x8D  # RunPodSandbox, RemovePodSandbox, CreateContainer, UpdateContainer
+UPDATE_POD_SANDBOX_BIT = 1 << (api.UPDATE_POD_SANDBOX - 1)
+
+
+@pytest.mark.parametrize("runtime,subscribed", [
+    (("containerd", "2.1.9+unknown"), False),  # Debian's 2.1.9: NRI v0.8.0, whose LAST = 12 refuses the bit
+    (("containerd", "1.7.24~ds1"), False),
+    (("containerd", "v2.2.0"), True),  # NRI v0.10.0: UpdatePodSandbox
+    (("cri-o", "1.34.0"), False),  # not known: the bit would risk the registration
+])
+def test_update_pod_sandbox_is_subscribed_only_where_the_runtimes_nri_has_it(
+        tmp_path: Path, runtime: tuple[str, str], subscribed: bool) -> None:
+    fake = FakeRuntime(str(tmp_path / "nri.sock"))
+    plugin = _plugin(tmp_path, fake.path)
+    plugin.start()
+    try:
+        configured, _ = fake.accept().handshake(runtime=runtime)
+        assert configured.events == (KOORDINATOR_MASK | UPDATE_POD_SANDBOX_BIT if subscribed else KOORDINATOR_MASK)
+    finally:
+        plugin.stop()
+        fake.close()
+
+
+def test_a_pod_level_resize_from_an_nri_010_runtime_writes_the_pod_values_again(tmp_path: Path) -> None:
+    """containerd 2.2+ relays UpdatePodSandboxResources as UpdatePodSandbox after kubelet wrote the pod dir: the
+    pod-level answers (here the BE pod's batch values) are written again over kubelet's, and the resize is told on."""
+    pod_dir = tmp_path / "cg" / "cpu" / "kubepods" / "besteffort" / "podu1"
+    pod_dir.mkdir(parents=True)
+    (pod_dir / "cpu.shares").write_text("2\n")  # what kubelet writes for a BestEffort pod
+    resized: list[str] = []
+    handlers = NriHandlers(lambda: registry.enabled({"BatchResource": True}), NodeContext, lambda: (),
+                           ResourceExecutor(CgroupFS(mount_dir=str(tmp_path / "cg"))), KubeCgroupLayout(),
+                           resized=lambda uid, container, resources: resized.append(uid))
+    fake = FakeRuntime(str(tmp_path / "nri.sock"))
+    plugin = NriPlugin(NriConfig(socket_path=fake.path), handlers)
+    plugin.start()
+    try:
+        conn = fake.accept()
+        conn.handshake(runtime=("containerd", "v2.2.0"))
+        answer = conn.call("UpdatePodSandbox", api.UpdatePodSandboxRequest(pod=BE_POD), api.UpdatePodSandboxResponse)
+        assert answer == api.UpdatePodSandboxResponse()
+        assert (pod_dir / "cpu.shares").read_text().strip() == "512"  # Σ batch-cpu requests 500 → 512 shares
+        assert resized == ["u1"]
+    finally:
+        plugin.stop()
+        fake.close()
