@@ -12,8 +12,9 @@ import pytest
 from tests.support.apiserver import ApiServer, kube_api_client
 from tests.support.containerd import clean_up_dead_sessions, session_containerd
 
-# In the cgroup v2 VM stage a skipped cgroupv2 test is a failure unless the kernel lacks the feature.
-pytest_plugins = ["tests.support.v2guest"]
+# In the cgroup v2 VM stage a skipped cgroupv2 test is a failure unless the kernel lacks the feature; no test
+# writes into the node's own koordlet paths unless it is marked as owning them.
+pytest_plugins = ["tests.support.v2guest", "tests.support.nodepaths"]
 
 
 def _can_run_containerd() -> str | None:
