@@ -731,8 +731,9 @@ def how(nodes: int, pods: int, extra: int) -> str:
             f"second × {TARGET_NODES / nodes:g} (every node's requests are its own); each NodeMetric status write "
             f"carries {extra} bytes more at {TARGET_PODS} pods (StatusBuilder's status measured at both sizes), "
             f"counted in the PUT, its answer and, for the reference, its watch event. μ is the steady scenario's "
-            f"mean at {nodes} nodes; peaks are in μ, which a fleet {TARGET_NODES / nodes:g}× larger keeps when its "
-            f"nodes' timers are spread (and a phase-locked one keeps too: both scale with the fleet).")
+            f"mean at {nodes} nodes; peaks are in μ: a fleet {TARGET_NODES / nodes:g}× larger keeps a phase-locked "
+            f"peak's ratio, and lowers a spread one's towards its mean (a count's noise grows as √μ), so the ratios "
+            f"measured here are upper bounds of a spread fleet's.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
