@@ -336,6 +336,7 @@ class ReportOutcome(enum.StrEnum):
     WRITTEN = "written"
     FAILED = "failed"
     THROTTLED = "throttled"  # held back by the koordlet's API budget: the server is pushing back
+    NOT_READY = "not_ready"  # the node's CPU and memory usage not both collected yet: nothing sent
 
 
 class NodeMetricReporter:
@@ -455,6 +456,13 @@ class NodeMetricReporter:
         for attempt in (1, 2):
             self.policy = collect_policy_from_spec(obj.get("spec"), self._default_interval_s)
             status = self._build()
+            usage = ((status.get("nodeMetric") or {}).get("nodeUsage") or {}).get("resources") or {}
+            if not {"cpu", "memory"} <= usage.keys():
+                # as Koordinator's "node metric is not ready, skip this round": a partial usage is never written (the
+                # CPU's needs two samples)
+                logger.debug("NodeMetric %s: no node usage collected yet; skipping this report", self.node_name)
+                self.pending = None
+                return ReportOutcome.NOT_READY
             body = copy.copy(obj)
             body["status"] = status
             try:

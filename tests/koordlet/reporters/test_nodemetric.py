@@ -61,8 +61,8 @@ def expected_node_cpu_percentile(window_s: float, p: int) -> str:
     return f"{round(values[math.ceil(p / 100 * len(values)) - 1] * 1000)}m"  # nearest rank
 
 
-def filled_cache() -> MetricCache:
-    cache = MetricCache()
+def filled_cache(cache: MetricCache | None = None) -> MetricCache:
+    cache = cache if cache is not None else MetricCache()
     samples = []
     for i in range(SPAN_S):
         t = NOW - SPAN_S + 1 + i
@@ -332,3 +332,19 @@ def test_gpu_usage_reported_as_devices_of_node_and_pod_usage(server: ApiServer,
     ]
     assert "devices" not in pods["spark"]["podUsage"]
     assert pods["web"]["podUsage"]["resources"] == {"cpu": "1500m", "memory": "1000000000"}
+
+
+def test_a_report_before_any_node_usage_is_collected_writes_nothing(server: ApiServer, custom: CustomObjects) -> None:
+    """A first report early in its interval finds no samples yet: it is skipped, the next one writes."""
+    seed_node_metric(server)
+    outcomes: list[str] = []
+    cache = MetricCache()
+    nm = NodeMetricReporter(NODE, cache, lambda: PODS, custom_api=custom, observe=outcomes.append,
+                            wall_clock=lambda: NOW)
+    assert nm.report_once() is ReportOutcome.NOT_READY
+    assert "status" not in server.get_object("nodemetrics", NODE) and nm.last_written is None
+    assert [verb for verb, _ in _wire(server)] == ["GET"]  # the object, from the watch cache; no write
+    filled_cache(cache)  # the collectors' first samples
+    assert nm.report_once() is ReportOutcome.UPDATED
+    assert server.get_object("nodemetrics", NODE)["status"]["nodeMetric"]["nodeUsage"]["resources"]["cpu"]
+    assert outcomes == ["not_ready", "updated"]
