@@ -145,6 +145,7 @@ class KoordletConfig:
     node_topology_min_update_interval_s: float
     # metrics advisor (docs/koordinator.md §7.1) and cache
     collect_res_used_interval_s: float
+    collect_pod_res_used_interval_s: float  # our own: pods no strategy reads every tick (metricsadvisor/pods.py)
     psi_collector_interval_s: float
     enable_pagecache_collector: bool
     # qos manager (docs/koordinator.md §4.1)
@@ -361,6 +362,9 @@ def _collection_qos_and_hook_flags(flag: _AddFlag, switch: _AddSwitch, path: _Mo
     flag("node-topology-min-update-interval", _DURATION, 10.0,
          "NodeResourceTopology: least time between two updates of the object")
     flag("collect-res-used-interval", _DURATION, 1.0, "node/pod usage collection period")
+    flag("collect-pod-res-used-interval", _DURATION, 10.0,
+         "period of the pods and containers no QoS strategy reads every collection (at least "
+         "-collect-res-used-interval)")
     flag("psi-collector-interval", _DURATION, 10.0, "PSI collection period")
     flag("collect-node-cpu-info-interval", _DURATION, 60.0,
          "period of the node info collector (CPU topology and NUMA nodes into the metric cache)")
@@ -558,6 +562,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
 # Durations that must be positive (their flags: the name without "_s", dashes for underscores).
 _POSITIVE_DURATIONS = (
     "kubelet_sync_interval_s", "kubelet_sync_timeout_s", "collect_res_used_interval_s", "node_topology_sync_interval_s",
+    "collect_pod_res_used_interval_s",
     "report_interval_s", "stop_timeout_s", "runtime_hooks_reconcile_interval_s",
     "runtime_hooks_nri_connect_timeout_s", "runtime_hooks_nri_backoff_duration_s", "runtime_hooks_nri_backoff_cap_s",
     "cpi_collector_interval_s", "collect_cpi_timewindow_s", "coldpage_collector_interval_s",

@@ -23,6 +23,7 @@ from koordlet.health import Health
 from koordlet.kubeapi import KubeClient
 from koordlet.metriccache import MetricCache
 from koordlet.metrics import KoordletMetrics
+from koordlet.metricsadvisor.pods import DemandBoard
 from koordlet.prediction.server import PredictServer
 from koordlet.reporters.nodemetric import NodeMetricReporter
 from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
@@ -60,6 +61,7 @@ class AgentContext:
     states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S
     abort: threading.Event = field(default_factory=threading.Event)  # a stop was asked for during the start
     health: Health = field(default_factory=lambda: Health(lambda: True))  # parts add their checks (/healthz)
+    usage_demand: DemandBoard = field(default_factory=DemandBoard)  # the pods read every collection (QoS → collector)
     # ---- built by the parts
     cgroup_fs: CgroupFS = field(init=False)
     executor: ResourceExecutor = field(init=False)

@@ -22,6 +22,7 @@ from koordlet.actuator import PlanRunner
 from koordlet.eviction import Evictor
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
+from koordlet.metricsadvisor.pods import UsageDemand
 from koordlet.plan import Plan, SystemRestore
 from koordlet.qosmanager import (
     blkio,
@@ -90,6 +91,7 @@ def new_qos_manager(
     cpu_manager: Callable[[], Any] | None = None,
     observe_storage: Callable[[bool], None] | None = None,
     extensions: tuple[Strategy, ...] = (),
+    publish_demand: Callable[[UsageDemand], None] | None = None,
 ) -> QoSManager:
     """The manager with every strategy; eviction strategies only when an ``evictor`` is given.
 
@@ -98,7 +100,8 @@ def new_qos_manager(
     start (BECPUEvict rests 20 s after it; default now); ``cpu_manager``: kubelet's CPU manager state
     (statesinformer.cpumanager), for CPU suppress's static-policy rules; ``observe_storage``: told whether each
     reading of the block devices worked; ``extensions``: out-of-tree strategies (koordlet.extensions), run after
-    the built-in ones behind their own gates.
+    the built-in ones behind their own gates; ``publish_demand``: told which pods' usage the strategies that are on
+    read every tick (the collector's :class:`~koordlet.metricsadvisor.pods.DemandBoard`; None: every pod's).
     """
     config = config or QoSManagerConfig()
     config = replace(config, started_at=time.time() if started_at is None else started_at)
@@ -127,7 +130,7 @@ def new_qos_manager(
     runner = PlanRunner(executor, evictor, GAUGES)
     _restore_system_config(config, executor, runner)
     return QoSManager(states, strategies, config, phase_source=builder.latest_collection, builder=builder,
-                      runner=runner)
+                      runner=runner, publish_demand=publish_demand)
 
 
 def _restore_system_config(config: QoSManagerConfig, executor: ResourceExecutor, runner: PlanRunner) -> None:

@@ -105,7 +105,8 @@ class BlkIOConfig:
         return _NEEDS
 
 
-_NEEDS = Needs(cgroup_reads=_READS, storage=True, kernel_files=(IO_WEIGHT,), device_lines=True)
+_NEEDS = Needs(cgroup_reads=_READS, storage=True, kernel_files=(IO_WEIGHT,), device_lines=True, pod_usage=None,
+               container_usage=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -200,7 +200,7 @@ class MemoryQoSConfig:
         return _NEEDS
 
 
-_NEEDS = Needs(kernel_files=ALL_RESOURCES)
+_NEEDS = Needs(kernel_files=ALL_RESOURCES, pod_usage=None, container_usage=None)
 
 
 def _log_missing(supported: frozenset[str]) -> None:

@@ -66,7 +66,7 @@ _NEEDS = Needs(cgroup_reads=(CgroupRead("memory.stat", Scope.PODS, is_be),
                              *(CgroupRead(name, scope, is_be) for name in _SWAP_FILES
                                for scope in (Scope.PODS, Scope.APP_CONTAINERS)),
                              CgroupRead("memory.pressure", Scope.PODS, lambda pod: not is_be(pod))),
-               kernel_files=(RECLAIM,))
+               kernel_files=(RECLAIM,), pod_usage=None, container_usage=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,12 +36,15 @@ def qos_manager(ctx: AgentContext) -> Component | None:
         memory_evict_interval_s=float(config.memory_evict_interval_seconds),
         memory_evict_cool_time_s=float(config.memory_evict_cool_time_seconds),
         cpu_evict_cool_time_s=float(config.cpu_evict_cool_time_seconds),
+        fanout_interval_s=config.collect_pod_res_used_interval_s,
         feature_gates=gates_with_extensions(ctx),
     )
     manager = new_qos_manager(ctx.states, ctx.cache, ctx.executor, ctx.layout, evictor=evictor, config=qos_config,
                               sys_dir=ctx.dirs.sys_dir, cpu_manager=ctx.cpu_manager,
                               observe_storage=ctx.metrics.observe_local_storage_info,
-                              extensions=ctx.extensions.strategies if ctx.extensions is not None else ())
+                              extensions=ctx.extensions.strategies if ctx.extensions is not None else (),
+                              publish_demand=ctx.usage_demand.set if config.collect_pod_res_used_interval_s
+                              > config.collect_res_used_interval_s else None)
     ctx.health.watch_loop("qosmanager", manager)
     ctx.qos_manager = manager
     zero_eviction_counts(config.node_name, [feature for feature in (*memoryevict.FEATURES, *cpuevict.FEATURES)

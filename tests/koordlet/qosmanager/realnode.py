@@ -1,6 +1,7 @@
 """A small real node for the QoS tests and bench/qos_reaction.py: private cgroup dirs laid out like
 kubelet's (``<prefix>/kubepods/{burstable,besteffort}/pod<uid>``), real processes in them, the real
-collectors feeding a real metric cache, the real executor and the QoS manager.
+collectors feeding a real metric cache, the real executor and the QoS manager, wired as koordlet wires them: the
+kubepods dir read every collection, each pod every fan-out interval unless a strategy that is on asks for it.
 
 Everything lives under ``/sys/fs/cgroup/<ctrl>/koordlet-py-test-<pid>-<name>/`` on cgroup v1, or
 ``/sys/fs/cgroup/koordlet-py-test-<pid>-<name>/`` on cgroup v2 (:class:`V2TestCgroups`), which is the
@@ -32,6 +33,7 @@ from koordlet.metricsadvisor import (
     PodCgroup,
     PodResourceCollector,
 )
+from koordlet.metricsadvisor.pods import DemandBoard
 from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
@@ -42,6 +44,7 @@ from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups, skip_unless_v
 
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
 BURN = "while True:\n    pass\n"
+FANOUT_S = 10.0  # koordlet's -collect-pod-res-used-interval
 
 
 def memory_total() -> int:
@@ -109,7 +112,9 @@ class RealNode:
         return cls(name, pods, v2=version == "v2")
 
     def __init__(self, name: str, pods: Sequence[tuple[str, QoSClass, KubeQoS]], collect_interval_s: float = 1.0,
-                 node_name: str = "node-1", v2: bool = False) -> None:
+                 node_name: str = "node-1", v2: bool = False, fanout_s: float = FANOUT_S) -> None:
+        """``fanout_s``: how often the collector reads a pod no strategy asks for (at most ``collect_interval_s``:
+        every pod every collection)."""
         self.groups: V1TestCgroups | V2TestCgroups = V2TestCgroups(name) if v2 else V1TestCgroups(name, CONTROLLERS)
         self.layout = KubeCgroupLayout(cgroup_root="/" + self.groups.prefix)
         self.fs = CgroupFS.detect()
@@ -134,9 +139,12 @@ class RealNode:
         self.states = StaticStates(node=self.node, pods=tuple(self.pods))
         self.cache = MetricCache()
         self.node_collector = NodeResourceCollector(interval_s=collect_interval_s)
+        self.demand = DemandBoard()
         self.pod_collector = PodResourceCollector(
             self._pod_cgroups, self.fs, interval_s=collect_interval_s,
-            be_cgroup_dir=self.layout.qos_dir(KubeQoS.BESTEFFORT), node=self.node_collector)
+            be_cgroup_dir=self.layout.qos_dir(KubeQoS.BESTEFFORT), node=self.node_collector,
+            kubepods_dir=self.layout.kubepods_dir(), fanout_interval_s=max(fanout_s, collect_interval_s),
+            demand=self.demand.get)
         self.runner = CollectorRunner(self.cache, [self.node_collector, self.pod_collector])
         self.manager: QoSManager | None = None
 
@@ -224,9 +232,11 @@ class RealNode:
               config: QoSManagerConfig | None = None, cpu_manager=None) -> QoSManager:
         """``cpu_manager``: kubelet's CPU manager state provider (statesinformer.cpumanager), for suppress."""
         self.states.set_node_slo(node_slo)
+        config = replace(config or QoSManagerConfig(node_name=self.node.name),
+                         fanout_interval_s=self.pod_collector.fanout_interval_s)
         self.manager = new_qos_manager(self.states, self.cache, self.executor, self.layout, evictor=evictor,
-                                       config=config or QoSManagerConfig(node_name=self.node.name),
-                                       started_at=time.time() - 60, cpu_manager=cpu_manager)
+                                       config=config, started_at=time.time() - 60, cpu_manager=cpu_manager,
+                                       publish_demand=self.demand.set)
         self.runner.start()
         self.manager.start()
         return self.manager
