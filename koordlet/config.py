@@ -232,6 +232,8 @@ class KoordletConfig:
     disable_unset_cpu_quota: bool = False
     enable_pod_taskids: bool = False
     qos_extension_plugins: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
+    # cgroup v2 nodes of Kubernetes 1.35-1.37 (docs/koordinator.md "Where koordlet-py differs")
+    cgroup_v2_weight_formula: str = "auto"
 
     def gate(self, name: str) -> bool:
         return bool(self.feature_gates.get(name, False))
@@ -273,6 +275,12 @@ class KoordletConfig:
         """(certificate, key) files to serve ``-addr`` over TLS with (``-tls-cert-file``,
         ``-tls-private-key-file``); None: plain HTTP, as Koordinator's koordlet."""
         return (self.tls_cert_file, self.tls_private_key_file) if self.tls_cert_file else None
+
+
+def _weight_formula(text: str) -> str:
+    if text not in ("auto", "linear", "quadratic"):
+        raise ConfigError(f"cgroup v2 weight formula must be auto, linear or quadratic, got {text!r}")
+    return text
 
 
 def _policy(text: str) -> str:
@@ -343,6 +351,9 @@ def _host_and_kubelet_flags(flag: _AddFlag, switch: _AddSwitch, path: _ModePath)
     flag("kubelet-cgroup-root", _STR, "/", "kubelet --cgroup-root (pods live under <this>/kubepods)")
     flag("containerd-endpoint", _STR, "", "containerd socket (eviction kill path)")
     flag("default-runtime-type", _STR, "containerd", "runtime of bare container ids")
+    flag("cgroup-v2-weight-formula", _weight_formula, "auto",
+         "cpu.shares -> cpu.weight on cgroup v2: linear (runc <= 1.3.1), quadratic (runc >= 1.3.2, crun >= 1.23), "
+         "or auto: the runtime's own, read from the weights it wrote")
     flag("kubelet-preferred-address-type", _STR, "InternalIP", "node address type used to reach kubelet")
     flag("kubelet-sync-interval", _DURATION, 10.0, "kubelet /pods poll period")
     flag("kubelet-sync-timeout", _DURATION, 3.0, "kubelet /pods request timeout")

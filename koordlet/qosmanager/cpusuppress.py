@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from koordlet.api.annotations import AnnotationError, NodeReservation, parse_resource_status
+from koordlet.api.cfsquota import BEQuotaOwner, be_quota_owner
 from koordlet.api.cpupools import KUBELET_POLICY_STATIC, CPUPools, compute_cpu_pools
 from koordlet.api.cpuset import format_cpu_list, parse_cpu_list
 from koordlet.api.keys import ANNOTATION_RESOURCE_STATUS, RESOURCE_CPU
@@ -47,7 +48,13 @@ from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.plan import CgroupWrite, GaugeSet, Plan, WriteStep
 from koordlet.qosmanager import metrics
-from koordlet.qosmanager.framework import GATE_BE_CPU_MANAGER, GATE_BE_CPU_SUPPRESS, QoSManagerConfig, Strategy
+from koordlet.qosmanager.framework import (
+    GATE_BE_CPU_MANAGER,
+    GATE_BE_CPU_SUPPRESS,
+    GATE_BE_PSI_THROTTLE,
+    QoSManagerConfig,
+    Strategy,
+)
 from koordlet.qosmanager.snapshot import (
     CgroupRead,
     Needs,
@@ -78,17 +85,22 @@ class SuppressConfig:
     policy: str = CPU_SUPPRESS_POLICY_CPUSET
     enabled: bool = True  # resourceUsedThresholdWithBE.enable (always with the BE CPU manager)
     be_cpu_manager: bool = False  # gate BECPUManager: suppress stands down, BE cpusets go to the share pool
+    # BE PSI throttle owns the besteffort quota on cgroup v2 (api/cfsquota.be_quota_owner): suppress leaves it alone
+    psi_throttle_owns_quota: bool = False
 
     @classmethod
     def from_node_slo(cls, spec: NodeSLOSpec, flags: QoSManagerConfig | None = None) -> SuppressConfig:
         threshold = spec.resource_used_threshold_with_be
         manager = flags is not None and flags.gate(GATE_BE_CPU_MANAGER)
+        psi = flags is not None and flags.gate(GATE_BE_PSI_THROTTLE)
         return cls(
             threshold_percent=threshold.cpu_suppress_threshold_percent,
             min_percent=threshold.cpu_suppress_min_percent,
             policy=threshold.cpu_suppress_policy,
             enabled=threshold.enable or manager,
             be_cpu_manager=manager,
+            psi_throttle_owns_quota=be_quota_owner(spec, suppress=True, psi_throttle=psi)
+            is BEQuotaOwner.PSI_THROTTLE,
         )
 
     @property
@@ -413,7 +425,10 @@ def decide_suppress(
     switched = previous_policy is not None and previous_policy != config.policy
     if switched and config.policy == CPU_SUPPRESS_POLICY_CFS_QUOTA and buckets.all_ids:
         steps.extend(_cpuset_steps(layout, snapshot.pods, buckets.all_ids, buckets.all_ids, static))
-    if switched and config.policy == CPU_SUPPRESS_POLICY_CPUSET:
+    # Into the cpuset policy, and at the first tick under it: the quota suppress owns is unlimited (a limit left by
+    # the cfsQuota policy, or by BE PSI throttle before its gate went off, goes)
+    first = previous_policy is None and current.be_cfs_quota_us != UNLIMITED
+    if (switched or first) and config.policy == CPU_SUPPRESS_POLICY_CPUSET:
         steps.append(WriteStep((CgroupWrite("cpu.cfs_quota_us", be_qos_dir, UNLIMITED),)))
     if budget is None:
         return SuppressDecision(None, config.policy, tuple(steps), reason="no node CPU sample")
@@ -529,18 +544,32 @@ def budget_why(snapshot: Snapshot, config: SuppressConfig, decision: SuppressDec
     return text
 
 
+def _without_be_quota(steps: tuple[WriteStep, ...], layout: KubeCgroupLayout) -> tuple[WriteStep, ...]:
+    """``steps`` less the besteffort quota writes (BE PSI throttle owns that quota)."""
+    be_dir = layout.qos_dir(KubeQoS.BESTEFFORT)
+    kept = (WriteStep(tuple(w for w in step.writes if (w.resource, w.cgroup_dir) != ("cpu.cfs_quota_us", be_dir)),
+                      step.leveled, step.reason, step.why) for step in steps)
+    return tuple(step for step in kept if step.writes)
+
+
 def decide(snapshot: Snapshot, config: SuppressConfig) -> Plan:
     """Suppress's plan: the policy's limit (plus the restore of the other policy's after a switch); with
-    suppress switched off, the restore of both."""
+    suppress switched off, the restore of both. The besteffort quota is left to BE PSI throttle where that owns it
+    (cgroup v2, koordlet/api/cfsquota.py)."""
+    yields = config.psi_throttle_owns_quota and snapshot.cgroup_v2
     if config.be_cpu_manager:
-        return Plan(decide_be_cpu_manager(snapshot, snapshot.layout), memo=SuppressMemo())
+        steps = decide_be_cpu_manager(snapshot, snapshot.layout)
+        return Plan(_without_be_quota(steps, snapshot.layout) if yields else steps, memo=SuppressMemo())
     if not config.enabled:
-        return Plan(decide_restore(snapshot, snapshot.layout), memo=SuppressMemo(), reason=AUDIT_REASON,
-                    why="suppress off (resourceUsedThresholdWithBE.enable false): BE limits restored")
+        steps = decide_restore(snapshot, snapshot.layout)
+        return Plan(_without_be_quota(steps, snapshot.layout) if yields else steps, memo=SuppressMemo(),
+                    reason=AUDIT_REASON, why="suppress off (resourceUsedThresholdWithBE.enable false): BE limits "
+                                             "restored")
     memo = snapshot.memo if isinstance(snapshot.memo, SuppressMemo) else SuppressMemo()
     decision = decide_suppress(snapshot, config, current_of(snapshot), snapshot.layout, memo.last_policy)
-    why = budget_why(snapshot, config, decision) if decision.steps else ""
-    return Plan(decision.steps, gauges=_gauges(snapshot.node.name, decision), memo=SuppressMemo(config.policy),
+    steps = _without_be_quota(decision.steps, snapshot.layout) if yields else decision.steps
+    why = budget_why(snapshot, config, decision) if steps else ""
+    return Plan(steps, gauges=_gauges(snapshot.node.name, decision), memo=SuppressMemo(config.policy),
                 report=decision, reason=AUDIT_REASON, why=why)
 
 

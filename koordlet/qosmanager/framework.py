@@ -55,13 +55,14 @@ GATE_MEMORY_EVICT = "MemoryEvict"
 GATE_MEMORY_ALLOCATABLE_EVICT = "MemoryAllocatableEvict"
 GATE_SYSTEM_CONFIG = "SystemConfig"
 GATE_BLKIO_RECONCILE = "BlkIOReconcile"
+GATE_BE_PSI_THROTTLE = "BEPSIThrottle"  # koordlet-py's own (koordlet/features.py)
 
 DEFAULT_FEATURE_GATES: Mapping[str, bool] = MappingProxyType({  # defaults from the one table (koordlet.features)
     name: features.DEFAULTS[name] for name in (GATE_BE_CPU_SUPPRESS, GATE_CPU_BURST, GATE_RDT_RESCTRL,
                                                GATE_BE_CPU_EVICT, GATE_BE_MEMORY_EVICT, GATE_CGROUP_RECONCILE,
                                                GATE_BE_CPU_MANAGER, GATE_CPU_EVICT, GATE_CPU_ALLOCATABLE_EVICT,
                                                GATE_MEMORY_EVICT, GATE_MEMORY_ALLOCATABLE_EVICT, GATE_SYSTEM_CONFIG,
-                                               GATE_BLKIO_RECONCILE)
+                                               GATE_BLKIO_RECONCILE, GATE_BE_PSI_THROTTLE)
 })
 
 

@@ -36,6 +36,7 @@ from koordlet.api.keys import (
     RESOURCE_MEMORY,
     canonical_resource_name,
 )
+from koordlet.api.kubeletmemqos import KubeletMemoryQoS
 from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.api.pod import ContainerMeta, PodMeta, container_limit, pod_level_amount
 from koordlet.api.qos import KubeQoS, QoSClass
@@ -65,6 +66,7 @@ from koordlet.system.kubepods import (
     KubeCgroupLayout,
     pod_cgroup_dir,  # noqa: F401 - the strategies import it from here
 )
+from koordlet.system.procfs import ProcParseError, parse_psi
 from koordlet.system.resctrl import ResctrlInfo, ResctrlInfoError, read_resctrl_info
 from koordlet.system.sysfs import CPUInfo
 
@@ -155,6 +157,7 @@ class Needs:
     device_lines: bool = False  # the per-device blkio lines koordlet wrote (the executor's record)
     pod_usage: PodFilter | None = every_pod
     container_usage: PodFilter | None = every_pod
+    kubelet_memory_qos: bool = False  # what kubelet's own memory QoS writes (its KubeletConfiguration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +203,7 @@ class Snapshot:
     storage: StorageInfo | None = None  # ``Needs.storage``
     lines_recorded: frozenset[LineKey] = frozenset()  # ``Needs.device_lines``: the lines koordlet may put back
     cgroup_v2: bool = False  # the node's cgroup version (the executor's)
+    kubelet_memory_qos: KubeletMemoryQoS = KubeletMemoryQoS()  # ``Needs.kubelet_memory_qos``; default: writes nothing
     memo: Any = None  # the strategy's ``Plan.memo`` of its previous tick
     last: PlanRecord | None = None  # what the runner did with the strategy's previous plan
 
@@ -233,6 +237,34 @@ class Snapshot:
 def is_be(pod: PodMeta) -> bool:
     """A BE pod: the qosClass label BE, or no label and kube QoS BestEffort (docs/koordinator.md §12)."""
     return pod.qos_class is QoSClass.BE
+
+
+@dataclass(frozen=True, slots=True)
+class LSPressure:
+    """The highest ``some avg10`` (percent) among the LS pods' pressure files of one resource, and whose it is."""
+
+    percent: float
+    pod: str  # namespace/name
+
+
+def ls_pressure(snapshot: Snapshot, resource_file: str) -> LSPressure | None:
+    """The highest ``some avg10`` of ``resource_file`` (``cpu.pressure``, ``io.pressure``, ``memory.pressure``)
+    among the LS (non-BE) pods whose file the snapshot read (``Needs.cgroup_reads``); None when none was."""
+    worst: LSPressure | None = None
+    for pod in snapshot.pods:
+        if is_be(pod) or (pod_dir := pod_cgroup_dir(snapshot.layout, pod)) is None:
+            continue
+        raw = snapshot.cgroup_value(resource_file, pod_dir)
+        if raw is None:
+            continue
+        try:
+            some = parse_psi(raw.encode()).some.avg10
+        except ProcParseError as exc:
+            logger.debug("cannot parse the %s of %s: %s", resource_file, pod.key, exc)
+            continue
+        if worst is None or some > worst.percent:
+            worst = LSPressure(some, pod.key)
+    return worst
 
 
 def container_resource(container: ContainerMeta, resource: str, limits: bool = False) -> int:
@@ -340,13 +372,16 @@ class SnapshotBuilder:
         cpu_manager: Callable[[], Any] | None = None,
         sys_dir: str | None = None,
         observe_storage: Callable[[bool], None] | None = None,
+        kubelet_memory_qos: Callable[[], KubeletMemoryQoS] | None = None,
     ) -> None:
         """``reader``: the executor whose reads fill ``Needs.cgroup_reads``, ``kernel_files`` and ``resctrl``
         (without it those stay empty); ``layout``: kubelet's cgroup layout the dirs are built with;
         ``cpu_manager``: kubelet's CPU manager state (``Needs.kubelet_cpu_manager``), None when unknown;
         ``observe_storage``: told whether each reading of the block devices worked (Koordinator's
-        collect_node_local_storage_info_status)."""
+        collect_node_local_storage_info_status); ``kubelet_memory_qos``: what kubelet's own memory QoS writes
+        (``Needs.kubelet_memory_qos``; without it: nothing)."""
         self._cpu_manager = cpu_manager
+        self._kubelet_memory_qos = kubelet_memory_qos
         self._observe_storage = observe_storage
         self._sys_dir = sys_dir  # ``Needs.storage``: the block devices under <sys_dir>/class/block
         self._storage: tuple[float, StorageInfo] | None = None
@@ -486,6 +521,8 @@ class SnapshotBuilder:
             lines_recorded=frozenset(recorded_lines(self._reader.records)) if needs.device_lines and self._reader
             else frozenset(),
             cgroup_v2=self._reader is not None and self._reader.cgroup_fs.version is CgroupVersion.V2,
+            kubelet_memory_qos=self._kubelet_memory_qos() if needs.kubelet_memory_qos and self._kubelet_memory_qos
+            else KubeletMemoryQoS(),
             memo=memo,
             last=last,
         )

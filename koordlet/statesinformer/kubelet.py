@@ -250,8 +250,8 @@ class KubeletPodSource:
         except OSError:
             return ""
 
-    def fetch(self) -> list[dict[str, Any]]:
-        """The raw pod items of ``/pods``; raises PodSourceError."""
+    def _get(self, path: str) -> bytes:
+        """The body of kubelet's ``GET <path>`` (200 only); raises PodSourceError."""
         base = self._base_url()
         if not base:
             raise PodSourceError("kubelet address not known yet")
@@ -268,27 +268,43 @@ class KubeletPodSource:
         started = time.perf_counter()
         code = "error"
         try:
-            conn.request("GET", parts.path.rstrip("/") + "/pods/", headers=headers)
+            conn.request("GET", parts.path.rstrip("/") + path, headers=headers)
             response = conn.getresponse()
             code = str(response.status)
             body = response.read(_MAX_BODY_BYTES + 1)
         except (OSError, http.client.HTTPException) as err:
-            raise PodSourceError(f"GET {base}/pods/: {err}") from err
+            raise PodSourceError(f"GET {base}{path}: {err}") from err
         finally:
             conn.close()
             if self._observe is not None:
                 self._observe(code, time.perf_counter() - started)
         if response.status != 200:
-            raise PodSourceError(f"GET {base}/pods/: HTTP {response.status}: {body[:200]!r}")
+            raise PodSourceError(f"GET {base}{path}: HTTP {response.status}: {body[:200]!r}")
         if len(body) > _MAX_BODY_BYTES:
-            raise PodSourceError(f"GET {base}/pods/: answer larger than {_MAX_BODY_BYTES} bytes")
+            raise PodSourceError(f"GET {base}{path}: answer larger than {_MAX_BODY_BYTES} bytes")
+        return body
+
+    def fetch(self) -> list[dict[str, Any]]:
+        """The raw pod items of ``/pods``; raises PodSourceError."""
+        body = self._get("/pods/")
         try:
-            items = load_json(body, f"GET {base}/pods/", max_bytes=_MAX_BODY_BYTES).get("items")
+            items = load_json(body, "GET /pods/", max_bytes=_MAX_BODY_BYTES).get("items")
         except (ValueError, AttributeError) as err:
-            raise PodSourceError(f"GET {base}/pods/: not a PodList: {err}") from err
+            raise PodSourceError(f"GET /pods/: not a PodList: {err}") from err
         if not isinstance(items, list) or not items:
-            raise PodSourceError(f"GET {base}/pods/: empty pod list (kubelet restarting?)")
+            raise PodSourceError("GET /pods/: empty pod list (kubelet restarting?)")
         return items
+
+    def kubelet_config(self) -> dict[str, Any]:
+        """kubelet's KubeletConfiguration in effect, from ``GET /configz`` (``{"kubeletconfig": {...}}``, what
+        Koordinator's koordlet reads too); raises PodSourceError."""
+        try:
+            config = load_json(self._get("/configz"), "GET /configz", max_bytes=_MAX_BODY_BYTES).get("kubeletconfig")
+        except (ValueError, AttributeError) as err:
+            raise PodSourceError(f"GET /configz: not kubelet's configz: {err}") from err
+        if not isinstance(config, dict):
+            raise PodSourceError("GET /configz: no kubeletconfig object")
+        return config
 
     def list_pods(self) -> tuple[PodMeta, ...]:
         pods = []

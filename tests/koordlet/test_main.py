@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from koordlet import features
 from koordlet.agent.context import AgentContext
 from koordlet.agent.lifecycle import Koordlet
 from koordlet.config import parse_config
@@ -84,7 +85,8 @@ def test_local_mode_daemon_serves_metrics_writes_nodemetric_and_stops_on_sigterm
         f"-node-slo-file={slo}", f"-cri-endpoint={containerd_socket}", f"-report-dir={reports}",
         "-cgroup-root-dir=/sys/fs/cgroup/", f"-kubelet-cgroup-root={CGROUP_ROOT}",
         f"-addr=127.0.0.1:{port}", "-report-interval=1s", "-kubelet-sync-interval=1s", "-sys-root-dir=/sys/",
-        f"-runtime-hooks-config-path={tmp_path / 'hookserver.d'}", f"-sys-fs-root-dir={tmp_path / 'sysfs'}",
+        f"-runtime-hooks-config-path={tmp_path / 'hookserver.d'}", f"-runtime-hooks-addr={tmp_path / 'koordlet.sock'}",
+        f"-sys-fs-root-dir={tmp_path / 'sysfs'}",
         "-feature-gates=NodeMetricPromMetrics=true,PSICollector=true",
     ]
     env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(REPO)}
@@ -137,6 +139,7 @@ def _tail(log, size: int = 4000) -> str:  # noqa: ANN001
     return log.read()[-size:]
 
 
+@pytest.mark.serial  # a koordlet on its default port and hook socket (it exits before binding them)
 def test_missing_node_name_exits_2_with_a_clear_message() -> None:
     env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
     env["PYTHONPATH"] = str(REPO)
@@ -146,6 +149,7 @@ def test_missing_node_name_exits_2_with_a_clear_message() -> None:
     assert "NODE_NAME" in out.stderr
 
 
+@pytest.mark.serial  # a koordlet on its default port and hook socket (it exits on the flag before binding them)
 def test_a_flag_error_prints_gos_message_then_the_usage_on_stderr_and_exits_2() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "NODE_NAME": "n1"}
     out = subprocess.run([sys.executable, "-m", "koordlet.main", "-kube-api-qps=0x1.8"], cwd=REPO, env=env,
@@ -339,6 +343,7 @@ def test_sigterm_while_waiting_for_states_sync_exits_quickly(tmp_path: Path) -> 
     argv = [sys.executable, "-m", "koordlet.main", "-local-mode", f"-node-slo-file={tmp_path / 'slo.yaml'}",
             f"-cri-endpoint={tmp_path / 'no-runtime.sock'}", f"-report-dir={tmp_path}",
             f"-cgroup-root-dir={tmp_path / 'cgroup'}", f"-addr=127.0.0.1:{port}", "-sys-root-dir=/sys/",
+            f"-runtime-hooks-addr={tmp_path / 'koordlet.sock'}", f"-runtime-hooks-config-path={tmp_path / 'hooks'}",
             "-kubelet-sync-timeout=200ms"]
     env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(REPO)}
     log = (tmp_path / "koordlet.log").open("w+")
@@ -399,7 +404,7 @@ def test_start_logs_no_inert_gate_now_that_every_gate_acts_and_exports_every_gat
     assert inert == []  # every gate acts (docs/feature-gates.md); the line names any that one day does not
     assert status == 200
     lines = [line for line in text.splitlines() if line.startswith("koordlet_feature_gate{")]
-    assert len(lines) == 39
+    assert len(lines) == len(features.GATES) == 40  # Koordinator's 39 and BEPSIThrottle
     def value(name: str) -> str:
         [line] = [x for x in lines if f'name="{name}"' in x]
         assert f'node="{NODE}"' in line

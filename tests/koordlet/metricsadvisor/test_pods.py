@@ -295,6 +295,7 @@ def _real_pod(groups: V1TestCgroups, name: str) -> PodCgroup:
 
 
 @pytest.mark.cgroupv1
+@pytest.mark.alone  # the burner must get at least a quarter core: no other test's load beside it
 def test_real_burning_process_shows_about_one_core_within_two_ticks(real_v1: V1TestCgroups) -> None:
     real_v1.make("podburn/ctr")
     pod = _real_pod(real_v1, "burn")

@@ -41,10 +41,37 @@ from koordlet.system.cgroup_stats import CfsQuota, read_cfs_quota
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.procfs import parse_meminfo
 from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups, skip_unless_v1_writable
+from tests.support.v2guest import V2_CONTROLLERS, V2_ROOT, skip_unless_v2_writable
 
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
 BURN = "while True:\n    pass\n"
 FANOUT_S = 10.0  # koordlet's -collect-pod-res-used-interval
+# An LS latency probe (bench/cpu_idle.py, bench/psi_throttle.py): {seconds} of sleep 1 ms / wake / 100 µs of work;
+# prints its lateness samples (µs, "late_us") and counters as one JSON line.
+WAKE_PROBE = """
+import json, time
+def schedstat():
+    with open('/proc/self/schedstat') as f:
+        run_ns, wait_ns, slices = f.read().split()
+    return int(wait_ns), int(slices)
+period, work, end = 0.001, 0.0001, time.monotonic() + {seconds}
+late, wakeups = [], 0
+wait0, slices0 = schedstat()
+started = time.monotonic()
+while time.monotonic() < end:
+    asked = time.monotonic()
+    time.sleep(period)
+    woke = time.monotonic()
+    late.append((woke - asked - period) * 1e6)
+    spin_until = woke + work
+    while time.monotonic() < spin_until:
+        pass
+    wakeups += 1
+elapsed = time.monotonic() - started
+wait1, slices1 = schedstat()
+print(json.dumps({{"late_us": late, "wakeups_per_s": wakeups / elapsed,
+                  "run_delay_us_per_wakeup": (wait1 - wait0) / 1e3 / max(wakeups, 1)}}))
+"""
 
 
 def memory_total() -> int:
@@ -52,24 +79,6 @@ def memory_total() -> int:
     the machine move that, so no threshold is set from it."""
     with open("/proc/meminfo", "rb") as f:
         return parse_meminfo(f.read()).mem_total_bytes
-
-
-V2_ROOT = "/sys/fs/cgroup"
-V2_CONTROLLERS = ("cpu", "cpuset", "memory")
-
-
-def skip_unless_v2_writable(needed: Sequence[str] = V2_CONTROLLERS) -> None:
-    """Skip unless /sys/fs/cgroup is a writable cgroup v2 root with the ``needed`` controllers."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create cgroup v2 dirs")
-    try:
-        with open(os.path.join(V2_ROOT, "cgroup.controllers")) as f:
-            controllers = f.read().split()
-    except OSError:
-        pytest.skip(f"{V2_ROOT} is not a cgroup v2 root (this machine has cgroup v1)")
-    missing = [c for c in needed if c not in controllers]
-    if missing:
-        pytest.skip(f"kernel lacks cgroup v2 controllers {missing}")
 
 
 # Parameters of a fixture that builds its node with RealNode.of_version: each test once per cgroup version.
@@ -112,10 +121,13 @@ class RealNode:
         return cls(name, pods, v2=version == "v2")
 
     def __init__(self, name: str, pods: Sequence[tuple[str, QoSClass, KubeQoS]], collect_interval_s: float = 1.0,
-                 node_name: str = "node-1", v2: bool = False, fanout_s: float = FANOUT_S) -> None:
+                 node_name: str = "node-1", v2: bool = False, fanout_s: float = FANOUT_S,
+                 delegate: Sequence[str] = V2_CONTROLLERS) -> None:
         """``fanout_s``: how often the collector reads a pod no strategy asks for (at most ``collect_interval_s``:
-        every pod every collection)."""
-        self.groups: V1TestCgroups | V2TestCgroups = V2TestCgroups(name) if v2 else V1TestCgroups(name, CONTROLLERS)
+        every pod every collection); ``delegate``: on cgroup v2, the controllers enabled down to the pods (add ``io``
+        for io.weight)."""
+        self.groups: V1TestCgroups | V2TestCgroups = (V2TestCgroups(name, delegate) if v2
+                                                      else V1TestCgroups(name, CONTROLLERS))
         self.layout = KubeCgroupLayout(cgroup_root="/" + self.groups.prefix)
         self.fs = CgroupFS.detect()
         self.executor = ResourceExecutor(self.fs)
@@ -203,6 +215,19 @@ class RealNode:
         """A memory eviction threshold (percent of the node's capacity) the node is at or above as long as
         ``pod_name`` holds its memory, whatever the rest of the machine does."""
         return self.anon_bytes(pod_name) * 100 // self.node.capacity["memory"]
+
+    def kubelet_weights(self, ls: str = "ls", be: str = "be") -> None:
+        """kubelet's CPU weights on the QoS dirs and on pods ``ls`` (1 CPU requested) and ``be`` (BestEffort): the
+        besteffort dir and a BestEffort pod 2 shares, the burstable dir and the LS pod 1024 (v2: kubelet's own
+        linear mapping to cpu.weight, pkg/kubelet/cm getCPUWeight)."""
+        v2 = self.fs.version is CgroupVersion.V2
+        burstable = self.layout.qos_dir(KubeQoS.BURSTABLE)
+        for cgroup_dir, shares in ((self.be_dir, 2), (self.pod_dir(self.pod(be)), 2), (burstable, 1024),
+                                   (self.pod_dir(self.pod(ls)), 1024)):
+            value = 1 + ((shares - 2) * 9999) // 262142 if v2 else shares
+            with open(os.path.join(self.fs.cgroup_dir("cpu", cgroup_dir), "cpu.weight" if v2 else "cpu.shares"),
+                      "w") as f:
+                f.write(str(value))
 
     def read(self, controller: str, cgroup_dir: str, filename: str) -> str:
         with open(os.path.join(self.fs.cgroup_dir(controller, cgroup_dir), filename)) as f:

@@ -67,9 +67,11 @@ def kubelet_pod_list() -> dict:
 
 @dataclass
 class FakeKubelet:
-    """Serves GET /pods/ over HTTPS; remembers the Authorization headers and peer certs it saw."""
+    """Serves GET /pods/ (and GET /configz, when ``configz`` is set) over HTTPS; remembers the Authorization headers and
+    peer certs it saw."""
 
     payload: dict = field(default_factory=kubelet_pod_list)
+    configz: dict | None = None  # kubelet's KubeletConfiguration, served as {"kubeletconfig": ...}
     status: int = 200
     delay_s: float = 0.0
     authorizations: list[str] = field(default_factory=list)
@@ -114,8 +116,11 @@ def serve(kubelet: FakeKubelet, certs: Certs, require_client_cert: bool = False)
             peer = self.connection.getpeercert()
             if peer:
                 kubelet.peer_subjects.append(dict(x[0] for x in peer["subject"])["commonName"])
-            body = json.dumps(kubelet.payload).encode() if self.path == "/pods/" else b"{}"
-            status = kubelet.status if self.path == "/pods/" else 404
+            if self.path == "/configz" and kubelet.configz is not None:
+                body, status = json.dumps({"kubeletconfig": kubelet.configz}).encode(), 200
+            else:
+                body = json.dumps(kubelet.payload).encode() if self.path == "/pods/" else b"{}"
+                status = kubelet.status if self.path == "/pods/" else 404
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

@@ -239,3 +239,22 @@ def test_pod_level_amounts_follow_what_kubelet_enacted() -> None:
 def test_a_pod_without_pod_level_resources_has_none() -> None:
     meta = pod_meta_from_pod(kubelet_pod_list()["items"][0], LAYOUT)
     assert (meta.pod_requests, meta.pod_limits) == ({}, {})
+
+
+def test_kubelets_configz_gives_its_memory_qos_and_the_last_good_answer_stays_through_a_failure(
+        kubelet: FakeKubelet, kubelet_url_token: str) -> None:
+    """kubelet's /configz as Koordinator's koordlet reads it; asked again only once a refresh is due."""
+    from koordlet.statesinformer.kubeletconfig import REFRESH_S, KubeletMemoryQoSSource
+
+    kubelet.configz = {"memoryThrottlingFactor": 0.9, "memoryReservationPolicy": "TieredReservation"}
+    now = [0.0]
+    source = KubeletMemoryQoSSource(None, KubeletPodSource(kubelet_url_token, LAYOUT).kubelet_config,
+                                    lambda: "v1.37.1", clock=lambda: now[0])
+    got = source()
+    assert (got.enabled, got.throttling_factor, got.reservation) == (True, 0.9, "TieredReservation")
+    assert "kubelet's /configz, kubelet v1.37.1" in got.source
+    kubelet.configz = None  # /configz answers 404 from now on
+    assert source() is got  # not asked again yet
+    now[0] += REFRESH_S
+    assert source() == got  # asked, refused: the last answer stays
+    assert len(kubelet.authorizations) == 2
