@@ -45,10 +45,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from koordlet.access import API_SERVER, from_api_answer, refusals_of
 from koordlet.api.safeload import load_json
 from koordlet.kubeclient.budget import Budget, Throttled
 from koordlet.kubeclient.timing import SYSTEM_CLOCK, Clock
@@ -140,12 +142,12 @@ class _Client:
         """The same calls, allowed to take the budget's recovery slots (a watcher, an eviction)."""
         return type(self)(self.kube, essential=True)
 
-    def _answered(self, response: Any, data: bytes) -> None:
-        """Tell the budget what the server answered. A 429 whose cause is a PodDisruptionBudget is the Eviction
-        API refusing one pod, not the server pushing back."""
-        if response.status == 429 and b'"DisruptionBudget"' in data:
-            return
-        self.kube.budget.answered(response.status, retry_after_s(response))
+    def _answered(self, method: str, url: str, response: Any, data: bytes) -> None:
+        """Tell the budget what the server answered, and the refusals a 401 or 403. A 429 whose cause is a
+        PodDisruptionBudget is the Eviction API refusing one pod, not the server pushing back."""
+        if not (response.status == 429 and b'"DisruptionBudget"' in data):
+            self.kube.budget.answered(response.status, retry_after_s(response))
+        self._note_access(method, url, response.status, data)
 
     def _request(
         self,
@@ -187,17 +189,31 @@ class _Client:
         if not preload_content:
             if not ok:
                 data = response.read()
-                self._answered(response, data)
+                self._answered(method, request[1], response, data)
                 raise ApiException.from_response(http_resp=response, body=None, data=None)
-            self._answered(response, b"")
+            self._answered(method, request[1], response, b"")
             return response.response
         data = response.read()
-        self._answered(response, data)
+        self._answered(method, request[1], response, data)
         if not ok:
             raise ApiException.from_response(http_resp=response, body=data.decode("utf-8", "replace"), data=None)
         if not data:
             return None
         return load_json(data, f"answer to {method} {path}", max_bytes=MAX_API_BYTES)
+
+    def _note_access(self, method: str, url: str, status: int, data: bytes | None) -> None:
+        """A 401 or 403 goes to the agent's refusals (koordlet.access: logged with the rule that would allow the
+        call, counted, shown by the health endpoints); a success ends a refusal of that kind of call."""
+        refusals = refusals_of(self.api_client)
+        if refusals is None:
+            return
+        path = urlsplit(url).path
+        if 200 <= status <= 299:
+            refusals.allowed(API_SERVER, f"{method} {path}")
+            return
+        refusal = from_api_answer(method, path, status, (data or b"").decode("utf-8", "replace"))
+        if refusal is not None:
+            refusals.refused(refusal)
 
 
 class CoreV1(_Client):
@@ -277,6 +293,19 @@ class CoreV1(_Client):
         query = [("dryRun", dry_run), ("fieldManager", field_manager), ("fieldValidation", field_validation),
                  ("pretty", pretty)]
         return self._request("POST", "/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+                             {"name": name, "namespace": namespace}, query, body,
+                             preload_content=_preload_content, request_timeout=_request_timeout)
+
+    # ----------------------------------------------------------------------------------------- tokens
+
+    def create_namespaced_service_account_token(self, name: str, namespace: str, body: Any,
+                                                dry_run: str | None = None, field_manager: str | None = None,
+                                                field_validation: str | None = None, pretty: str | None = None, *,
+                                                _preload_content: bool = True, _request_timeout: Timeout = None) -> Any:
+        """TokenRequest: the next token of koordlet's own service account on bare metal (koordlet/credentials.py)."""
+        query = [("dryRun", dry_run), ("fieldManager", field_manager), ("fieldValidation", field_validation),
+                 ("pretty", pretty)]
+        return self._request("POST", "/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
                              {"name": name, "namespace": namespace}, query, body,
                              preload_content=_preload_content, request_timeout=_request_timeout)
 

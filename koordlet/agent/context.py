@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from koordlet.access import Refusals
 from koordlet.config import KoordletConfig
 from koordlet.executor import ResourceExecutor
 from koordlet.gpu.nvml import NvmlModule
@@ -61,6 +62,7 @@ class AgentContext:
     states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S
     abort: threading.Event = field(default_factory=threading.Event)  # a stop was asked for during the start
     health: Health = field(default_factory=lambda: Health(lambda: True))  # parts add their checks (/healthz)
+    refusals: Refusals = field(default_factory=Refusals)  # 401s and 403s of the API server and kubelet
     usage_demand: DemandBoard = field(default_factory=DemandBoard)  # the pods read every collection (QoS → collector)
     # ---- built by the parts
     cgroup_fs: CgroupFS = field(init=False)

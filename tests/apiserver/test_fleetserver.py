@@ -23,11 +23,13 @@ from tests.support.fleetserver import (
 
 NODE = "n1"
 NODES = "/api/v1/nodes"
+TOKEN = "fleet-test-admin"  # the server authenticates and authorizes every request: the layer is tested as the admin
 
 
 @pytest.fixture
 def fleet() -> Iterator[FleetServer]:
     api = FleetApiServer()
+    api.add_token(TOKEN, "kubernetes-admin", ("system:masters",))
     api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
     api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "other"}})
     try:
@@ -37,7 +39,16 @@ def fleet() -> Iterator[FleetServer]:
 
 
 def ask(fleet: FleetServer, url: str, method: str = "GET", body: object = None) -> object:
-    return fleet.request(NODE, method, url, {"Content-Type": "application/json"} if body else {}, body)
+    headers = {"Authorization": f"Bearer {TOKEN}"} | ({"Content-Type": "application/json"} if body else {})
+    return fleet.request(NODE, method, url, headers, body)
+
+
+def label(fleet: FleetServer, node: str, value: str) -> None:
+    """A change to ``node`` as the admin makes it (a controller's write in the background)."""
+    answer = fleet.api.handle("PATCH", f"{NODES}/{node}", "application/merge-patch+json",
+                              json.dumps({"metadata": {"labels": {"a": value}}}).encode(),
+                              {"Authorization": f"Bearer {TOKEN}"})
+    assert answer.code == 200
 
 
 def watch(fleet: FleetServer, version: str, timeout_s: int = 300, bookmarks: bool = True) -> object:
@@ -76,8 +87,8 @@ def test_every_request_is_recorded_with_its_verb_resource_and_consistency(fleet:
 def test_a_watch_gets_its_objects_changes_bookmarks_and_ends_at_its_timeout(fleet: FleetServer) -> None:
     stream = watch(fleet, str(fleet.api.resource_version), timeout_s=150)
     assert fleet.open_watches[NODE] == 1
-    fleet.api.handle("PATCH", f"{NODES}/other", "application/merge-patch+json", b'{"metadata":{"labels":{"a":"b"}}}')
-    fleet.api.handle("PATCH", f"{NODES}/{NODE}", "application/merge-patch+json", b'{"metadata":{"labels":{"a":"b"}}}')
+    label(fleet, "other", "b")
+    label(fleet, NODE, "b")
     events = drain(stream)
     assert [(kind, e["type"], e["object"]["metadata"]["name"]) for kind, e in events] == [
         ("line", "MODIFIED", NODE)]  # the other node's change is not this watch's
@@ -93,10 +104,10 @@ def test_a_watch_gets_its_objects_changes_bookmarks_and_ends_at_its_timeout(flee
 
 def test_a_version_older_than_the_watch_cache_window_is_gone(fleet: FleetServer) -> None:
     old = str(fleet.api.resource_version)
-    fleet.api.handle("PATCH", f"{NODES}/{NODE}", "application/merge-patch+json", b'{"metadata":{"labels":{"a":"1"}}}')
+    label(fleet, NODE, "1")
     assert drain(watch(fleet, old))[0][1]["type"] == "MODIFIED"  # the change is still in the window
     fleet.loop.run_until(WATCH_CACHE_WINDOW_S + 1)
-    fleet.api.handle("PATCH", f"{NODES}/{NODE}", "application/merge-patch+json", b'{"metadata":{"labels":{"a":"2"}}}')
+    label(fleet, NODE, "2")
     (error, end) = drain(watch(fleet, old))
     assert error[1]["type"] == "ERROR" and error[1]["object"]["code"] == 410 and end == ("end", None)
     current = drain(watch(fleet, str(fleet.api.resource_version)))
@@ -127,7 +138,7 @@ def test_watches_are_selected_by_name_only(fleet: FleetServer) -> None:
 
 def test_koordlets_client_runs_through_the_in_process_transport(fleet: FleetServer) -> None:
     clock = VirtualClock(fleet.loop)
-    client = KubeClient(InProcessApiClient(fleet, NODE), Budget(clock=clock, sleep=None), clock=clock)
+    client = KubeClient(InProcessApiClient(fleet, NODE, token=TOKEN), Budget(clock=clock, sleep=None), clock=clock)
     core = CoreV1(client)
     assert core.read_node(NODE, resource_version="0")["metadata"]["name"] == NODE
     listed = core.list_node(field_selector=f"metadata.name={NODE}", resource_version="0")

@@ -10,7 +10,6 @@ import threading
 import time
 from typing import Any
 
-import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
@@ -18,7 +17,7 @@ from koordlet.debug import authz
 from koordlet.debug.authz import ApiAuthorizer
 from koordlet.kubeapi import AuthV1, KubeClient
 from koordlet.metrics import Request
-from tests.support.apiserver import ApiServer
+from tests.support.apiserver import ApiServer, kube_api_client
 
 NODE = "n1"
 
@@ -183,9 +182,7 @@ def test_a_known_users_expired_decision_is_reviewed_again_even_during_a_flood() 
 @pytest.fixture
 def flooded() -> Any:
     with ApiServer() as server:
-        config = kubernetes.client.Configuration()
-        config.host = server.url
-        with kubernetes.client.ApiClient(config) as api:
+        with kube_api_client(server) as api:  # the reviews sent as the admin (the agent's own rights: test_rbac)
             server.add_token("bob-token", "bob", ("system:authenticated",))
             server.seed({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                          "metadata": {"name": "node-debug"},
