@@ -51,8 +51,6 @@ UNUSED_FLAGS: tuple[UnusedFlag, ...] = (
     # cmd/koordlet/options
     UnusedFlag("enable-pprof", goflag.BOOL, False, "Go's pprof; Python has none"),
     UnusedFlag("pprof-addr", goflag.STRING, ":9317", "Go's pprof; Python has none"),
-    UnusedFlag("kube-api-qps", goflag.FLOAT64, 20.0, "the API client is not rate limited (a few calls a minute)"),
-    UnusedFlag("kube-api-burst", goflag.INT, 30, "the API client is not rate limited (a few calls a minute)"),
     # pkg/koordlet/config
     UnusedFlag("configmap-name", goflag.STRING, "koordlet-config", "koordlet-config ConfigMap is not read"),
     UnusedFlag("configmap-namespace", goflag.STRING, "koordinator-system", "koordlet-config ConfigMap is not read"),

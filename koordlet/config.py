@@ -180,6 +180,8 @@ class KoordletConfig:
     enable_node_metric_report: bool
     report_interval_s: float
     create_node_metric: bool
+    kube_api_qps: float
+    kube_api_burst: int
     addr: str
     metrics_bind_host: str
     tls_cert_file: str
@@ -451,6 +453,8 @@ def _report_api_and_mode_flags(flag: _AddFlag, switch: _AddSwitch, kubeconfig: s
     flag("cri-endpoint", _STR, "/var/run/containerd/containerd.sock", "CRI socket for the CRI pod source")
     flag("report-dir", _STR, "/var/lib/koordlet/reports", "where local mode writes NodeMetric/Device")
     flag("stop-timeout", _DURATION, 10.0, "bound on a graceful stop")
+    flag("kube-api-qps", _FLOAT, 20.0, "QPS to use while talking with kube-apiserver (a token bucket)")
+    flag("kube-api-burst", _INT, 30, "Burst to use while talking with kube-apiserver")
     flag("feature-gates", _MAP_STRING_BOOL_TEXT, (), "Name=bool,... (docs/koordinator.md §9.2)")
     flag("netqos-uplink", _STR, "", "interface that TCNetworkQoS shapes (default: that of the default route)")
 
@@ -589,6 +593,8 @@ def _check(config: KoordletConfig) -> None:
         raise ConfigError(f"-addr {config.addr!r}: listen tcp: {err}") from err
     if bool(config.tls_cert_file) != bool(config.tls_private_key_file):
         raise ConfigError("-tls-cert-file and -tls-private-key-file go together")
+    if config.kube_api_qps <= 0 or config.kube_api_burst < 1:
+        raise ConfigError("-kube-api-qps must be positive and -kube-api-burst at least 1")
     if config.node_topology_min_update_interval_s < 0:
         raise ConfigError("-node-topology-min-update-interval must not be negative")
     if bool(config.kubelet_client_cert) != bool(config.kubelet_client_key):

@@ -36,7 +36,7 @@ from koordlet.api.pod import PodMeta
 from koordlet.api.qos import parse_kube_qos
 from koordlet.events import UNREACHABLE, PodEvents
 from koordlet.gotext import GoCounter
-from koordlet.kubeapi import CoreV1
+from koordlet.kubeapi import CoreV1, Throttled
 from wire import cri_pb2 as cri
 from wire import cri_pb2_grpc as cri_grpc
 
@@ -132,7 +132,7 @@ class Evictor:
         if kill_by_cri and cri_endpoint is None:
             raise ValueError("kill_by_cri needs a CRI endpoint")
         self._node_name = node_name
-        self._api = CoreV1(api_client) if api_client is not None else None
+        self._api = CoreV1(api_client).essential() if api_client is not None else None
         self._events = PodEvents(node_name, api_client) if api_client is not None else None
         self._cri_endpoint = cri_endpoint
         self._use_cri = kill_by_cri or api_client is None
@@ -207,17 +207,9 @@ class Evictor:
     def _evict_by_api(self, pod: PodMeta, feature: str, message: str,
                       rule: EvictionRule | None = None) -> EvictionResult:
         rule = rule or be_rule(feature)
-        assert self._api is not None
-        try:
-            current = self._api.read_namespaced_pod(pod.name, pod.namespace)
-        except UNREACHABLE as exc:
-            logger.warning("cannot read %s before evicting it: API server unreachable: %s", pod.key, exc)
-            return EvictionResult(EvictionOutcome.FAILED, "read: API server unreachable")
-        except ApiException as exc:
-            if exc.status == 404:
-                return EvictionResult(EvictionOutcome.GONE)
-            logger.warning("cannot read %s before evicting it: %s %s", pod.key, exc.status, exc.reason)
-            return EvictionResult(EvictionOutcome.FAILED, f"read: {exc.status}")
+        current = self._read_live(pod)
+        if isinstance(current, EvictionResult):
+            return current
         meta = current.get("metadata") or {}
         live_uid = meta.get("uid") or ""
         if live_uid and pod.uid and live_uid != pod.uid:
@@ -227,13 +219,43 @@ class Evictor:
         if refusal is not None:
             logger.error("refusing to evict %s for %s: as the API server has it now, %s", pod.key, feature, refusal)
             return EvictionResult(EvictionOutcome.NOT_BE, f"as the API server has it now, {refusal}")
-        body = {
+        result = self._post_eviction(pod, feature, live_uid)
+        if result.outcome is EvictionOutcome.EVICTED:
+            assert self._events is not None
+            self._events.warning(pod, feature, f"evicted by koordlet {feature}: {message}", uid=live_uid or pod.uid)
+        return result
+
+    def _read_live(self, pod: PodMeta) -> dict | EvictionResult:
+        """The pod as the API server has it, or why it cannot be evicted now."""
+        assert self._api is not None
+        try:
+            # The watch cache's copy (resourceVersion 0, no etcd read): the eviction carries the UID as a
+            # precondition, so a pod recreated since is never evicted in its place.
+            return self._api.read_namespaced_pod(pod.name, pod.namespace, resource_version="0")
+        except Throttled as held:
+            return EvictionResult(EvictionOutcome.FAILED, f"read: {held.why}")
+        except UNREACHABLE as exc:
+            logger.warning("cannot read %s before evicting it: API server unreachable: %s", pod.key, exc)
+            return EvictionResult(EvictionOutcome.FAILED, "read: API server unreachable")
+        except ApiException as exc:
+            if exc.status == 404:
+                return EvictionResult(EvictionOutcome.GONE)
+            logger.warning("cannot read %s before evicting it: %s %s", pod.key, exc.status, exc.reason)
+            return EvictionResult(EvictionOutcome.FAILED, f"read: {exc.status}")
+
+    def _post_eviction(self, pod: PodMeta, feature: str, live_uid: str) -> EvictionResult:
+        assert self._api is not None
+        body: dict = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": pod.name, "namespace": pod.namespace},
         }
+        if live_uid:
+            body["deleteOptions"] = {"preconditions": {"uid": live_uid}}
         try:
             self._api.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
+        except Throttled as held:
+            return EvictionResult(EvictionOutcome.FAILED, f"eviction: {held.why}")
         except UNREACHABLE as exc:
             logger.warning("eviction of %s for %s failed: API server unreachable: %s", pod.key, feature, exc)
             return EvictionResult(EvictionOutcome.FAILED, "eviction: API server unreachable")
@@ -241,12 +263,10 @@ class Evictor:
             if exc.status == 429:
                 logger.info("eviction of %s for %s refused for now (disruption budget)", pod.key, feature)
                 return EvictionResult(EvictionOutcome.BLOCKED, "429: disruption budget")
-            if exc.status == 404:
+            if exc.status in (404, 409):  # 409: the UID precondition failed, the pod was recreated
                 return EvictionResult(EvictionOutcome.GONE)
             logger.warning("eviction of %s for %s failed: %s %s", pod.key, feature, exc.status, exc.reason)
             return EvictionResult(EvictionOutcome.FAILED, f"eviction: {exc.status}")
-        assert self._events is not None
-        self._events.warning(pod, feature, f"evicted by koordlet {feature}: {message}", uid=live_uid or pod.uid)
         return EvictionResult(EvictionOutcome.EVICTED)
 
     # ----------------------------------------------------------------------------------------- CRI kill

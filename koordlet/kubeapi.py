@@ -17,7 +17,22 @@ seconds, or a ``(connect, read)`` pair. ``_preload_content=False`` returns the r
 watch, read with ``kubernetes.watch.watch.iter_resp_lines``; release it when done) once its status is 2xx.
 Two differences: an empty name, namespace, group... is refused (``ValueError``) before any request is sent,
 and an answer is decoded with :func:`koordlet.api.safeload.load_json` (at most :data:`MAX_API_BYTES`; a 2xx
-answer that is not JSON raises its ``SafeLoadError``, a ``ValueError``).
+answer that is not JSON raises its ``SafeLoadError``, a ``ValueError``). Where the API takes a
+``resourceVersion`` on a get (``GetOptions``), so do ours (``resource_version="0"``: from the watch cache, no
+etcd read), though the generated methods lack it; ``patch_namespaced_event`` is the client's too.
+
+Every request draws on the koordlet's :class:`~koordlet.kubeclient.budget.Budget` (:class:`KubeClient` holds it
+with the ``ApiClient``): it is held back with :class:`~koordlet.kubeclient.budget.Throttled` (a 429 of our own,
+nothing sent) when the budget has no room, and every answer (or the lack of one) is reported to it. A client made
+with :meth:`_Client.essential` may take the slots the budget keeps for recovery under pushback (the watchers,
+evictions); every other call goes only while the budget is normal. A request without its own timeout gets
+:data:`DEFAULT_TIMEOUT` (the generated client sets none, so a dead connection could hold a caller forever).
+
+Connections: one urllib3 pool per koordlet, at most :data:`MAX_CONNECTIONS` (HTTP/1.1 keep-alive, ``block=True``:
+a request waits for a free connection rather than opening one more). Each open watch holds one for its life (two
+watchers), every other request shares the rest. urllib3's own retries are cut to one for a connection that could
+not be made or was dropped before an answer (a stale keep-alive connection); it never retries an answer and never
+sleeps on ``Retry-After`` itself: the budget does.
 
 :func:`section` reads nested objects of the answers with the None-safety the models had.
 
@@ -27,19 +42,29 @@ RBAC rules from the calls (method name; group and plural of a custom-object call
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from koordlet.access import API_SERVER, from_api_answer, refusals_of
 from koordlet.api.safeload import load_json
+from koordlet.kubeclient.budget import Budget, Throttled
+from koordlet.kubeclient.timing import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
+    from koordlet.events import EventRecorder
+
+__all__ = ["AuthV1", "CoreV1", "CustomObjects", "KubeClient", "Throttled", "retry_after_s", "section"]
+
 MAX_API_BYTES = 256 << 20  # one answer (or watch event) from the API server
+MAX_CONNECTIONS = 4  # per koordlet: two watch streams and two for every other request
+DEFAULT_TIMEOUT = (10.0, 60.0)  # (connect, read) of a request that names none
 
 Timeout = float | tuple[float, float] | None
 Query = Sequence[tuple[str, Any]]
@@ -56,14 +81,73 @@ def section(obj: Any, *keys: str) -> Mapping[str, Any]:
     return obj if isinstance(obj, Mapping) else {}
 
 
+def retry_after_s(err: BaseException) -> float | None:
+    """The seconds of an answer's ``Retry-After`` header (delta-seconds form; None when absent or a date)."""
+    headers = getattr(err, "headers", None) or {}
+    value = headers.get("Retry-After") if hasattr(headers, "get") else None
+    try:
+        return max(float(value), 0.0) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+class KubeClient:
+    """One koordlet's way to the API server: the ``ApiClient`` (configuration, credentials, its connection pool,
+    bounded here to :data:`MAX_CONNECTIONS`), the budget every request of this koordlet draws on, and its one
+    Event recorder (``events_file``: where the Events sent lately are kept across a restart)."""
+
+    def __init__(self, api_client: ApiClient, budget: Budget | None = None,
+                 max_connections: int = MAX_CONNECTIONS, events_file: str | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.api_client = api_client
+        self.budget = budget or Budget(clock=clock)
+        self.clock = clock
+        self._events_file = events_file
+        self._recorder: EventRecorder | None = None
+        self._lock = threading.Lock()
+        rest = getattr(api_client, "rest_client", None)
+        pool_manager = getattr(rest, "pool_manager", None)
+        if pool_manager is not None and hasattr(pool_manager, "connection_pool_kw"):
+            pool_manager.connection_pool_kw.update(
+                maxsize=max_connections, block=True,
+                retries=urllib3.Retry(total=1, connect=1, read=1, redirect=0, status=0, other=0,
+                                      respect_retry_after_header=False, raise_on_status=False))
+
+    def event_recorder(self, host: str) -> EventRecorder:
+        """The koordlet's Event recorder (made at the first call; ``host``: this node)."""
+        from koordlet.events import EventRecorder  # koordlet.events builds on this module
+
+        with self._lock:
+            if self._recorder is None:
+                self._recorder = EventRecorder(CoreV1(self), host, self._events_file, self.clock)
+            return self._recorder
+
+    def close(self) -> None:
+        self.api_client.close()
+
+
 def _patch_content_type(body: Any) -> str:
     """What the generated client sends: JSON patch for a list of operations, else strategic merge patch."""
     return "application/json-patch+json" if isinstance(body, list) else "application/strategic-merge-patch+json"
 
 
 class _Client:
-    def __init__(self, api_client: ApiClient) -> None:
-        self.api_client = api_client
+    def __init__(self, client: KubeClient | ApiClient, *, essential: bool = False) -> None:
+        """``client``: the koordlet's :class:`KubeClient`; a bare ``ApiClient`` gets a budget of its own."""
+        self.kube = client if isinstance(client, KubeClient) else KubeClient(client)
+        self.api_client = self.kube.api_client
+        self.is_essential = essential
+
+    def essential(self) -> Any:
+        """The same calls, allowed to take the budget's recovery slots (a watcher, an eviction)."""
+        return type(self)(self.kube, essential=True)
+
+    def _answered(self, method: str, url: str, response: Any, data: bytes) -> None:
+        """Tell the budget what the server answered, and the refusals a 401 or 403. A 429 whose cause is a
+        PodDisruptionBudget is the Eviction API refusing one pod, not the server pushing back."""
+        if not (response.status == 429 and b'"DisruptionBudget"' in data):
+            self.kube.budget.answered(response.status, retry_after_s(response))
+        self._note_access(method, url, response.status, data)
 
     def _request(
         self,
@@ -92,16 +176,25 @@ class _Client:
             body=body,
             auth_settings=list(_AUTH),
         )
-        response = self.api_client.call_api(*request, _request_timeout=request_timeout)
+        budget = self.kube.budget
+        budget.admit(self.is_essential)
+        if request_timeout is None and preload_content:
+            request_timeout = DEFAULT_TIMEOUT
+        try:
+            response = self.api_client.call_api(*request, _request_timeout=request_timeout)
+        except (urllib3.exceptions.HTTPError, OSError):
+            budget.unreachable()
+            raise
         ok = 200 <= response.status <= 299
         if not preload_content:
             if not ok:
-                self._note_access(method, request[1], response.status, response.read())
+                data = response.read()
+                self._answered(method, request[1], response, data)
                 raise ApiException.from_response(http_resp=response, body=None, data=None)
-            self._note_access(method, request[1], response.status, b"")
+            self._answered(method, request[1], response, b"")
             return response.response
         data = response.read()
-        self._note_access(method, request[1], response.status, data)
+        self._answered(method, request[1], response, data)
         if not ok:
             raise ApiException.from_response(http_resp=response, body=data.decode("utf-8", "replace"), data=None)
         if not data:
@@ -128,9 +221,10 @@ class CoreV1(_Client):
 
     # ------------------------------------------------------------------------------------------ nodes
 
-    def read_node(self, name: str, pretty: str | None = None, *, _preload_content: bool = True,
-                  _request_timeout: Timeout = None) -> Any:
-        return self._request("GET", "/api/v1/nodes/{name}", {"name": name}, [("pretty", pretty)],
+    def read_node(self, name: str, pretty: str | None = None, resource_version: str | None = None, *,
+                  _preload_content: bool = True, _request_timeout: Timeout = None) -> Any:
+        return self._request("GET", "/api/v1/nodes/{name}", {"name": name},
+                             [("pretty", pretty), ("resourceVersion", resource_version)],
                              preload_content=_preload_content, request_timeout=_request_timeout)
 
     def patch_node(self, name: str, body: Any, pretty: str | None = None, dry_run: str | None = None,
@@ -158,10 +252,12 @@ class CoreV1(_Client):
 
     # ------------------------------------------------------------------------------------------- pods
 
-    def read_namespaced_pod(self, name: str, namespace: str, pretty: str | None = None, *,
-                            _preload_content: bool = True, _request_timeout: Timeout = None) -> Any:
+    def read_namespaced_pod(self, name: str, namespace: str, pretty: str | None = None,
+                            resource_version: str | None = None, *, _preload_content: bool = True,
+                            _request_timeout: Timeout = None) -> Any:
         return self._request("GET", "/api/v1/namespaces/{namespace}/pods/{name}",
-                             {"name": name, "namespace": namespace}, [("pretty", pretty)],
+                             {"name": name, "namespace": namespace},
+                             [("pretty", pretty), ("resourceVersion", resource_version)],
                              preload_content=_preload_content, request_timeout=_request_timeout)
 
     def patch_namespaced_pod(self, name: str, namespace: str, body: Any, pretty: str | None = None,
@@ -224,6 +320,17 @@ class CoreV1(_Client):
         return self._request("POST", "/api/v1/namespaces/{namespace}/events", {"namespace": namespace}, query,
                              body, preload_content=_preload_content, request_timeout=_request_timeout)
 
+    def patch_namespaced_event(self, name: str, namespace: str, body: Any, pretty: str | None = None,
+                               dry_run: str | None = None, field_manager: str | None = None,
+                               field_validation: str | None = None, force: bool | None = None, *,
+                               _preload_content: bool = True, _request_timeout: Timeout = None) -> Any:
+        query = [("pretty", pretty), ("dryRun", dry_run), ("fieldManager", field_manager),
+                 ("fieldValidation", field_validation), ("force", force)]
+        return self._request("PATCH", "/api/v1/namespaces/{namespace}/events/{name}",
+                             {"name": name, "namespace": namespace}, query, body,
+                             content_type=_patch_content_type(body), preload_content=_preload_content,
+                             request_timeout=_request_timeout)
+
 
 class CustomObjects(_Client):
     """The cluster-scoped custom object calls koordlet makes (``kubernetes.client.CustomObjectsApi``'s names
@@ -232,10 +339,11 @@ class CustomObjects(_Client):
     _COLLECTION = "/apis/{group}/{version}/{plural}"
     _OBJECT = "/apis/{group}/{version}/{plural}/{name}"
 
-    def get_cluster_custom_object(self, group: str, version: str, plural: str, name: str, *,
-                                  _preload_content: bool = True, _request_timeout: Timeout = None) -> Any:
+    def get_cluster_custom_object(self, group: str, version: str, plural: str, name: str,
+                                  resource_version: str | None = None, *, _preload_content: bool = True,
+                                  _request_timeout: Timeout = None) -> Any:
         return self._request("GET", self._OBJECT, {"group": group, "version": version, "plural": plural,
-                                                   "name": name},
+                                                   "name": name}, [("resourceVersion", resource_version)],
                              preload_content=_preload_content, request_timeout=_request_timeout)
 
     def create_cluster_custom_object(self, group: str, version: str, plural: str, body: Any,

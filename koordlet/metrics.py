@@ -366,6 +366,10 @@ class KoordletMetrics:
         self.node_topology_reports = Counter(
             "koordlet_node_topology_reports", "NodeResourceTopology report ticks by outcome (created, updated, "
             "unchanged, deferred, failed, bad_annotation)", ["node", "status"], registry=self.registry)
+        self.kube_api_budget = Counter(
+            "koordlet_kube_api_budget", "The API request budget: pushback (the API server answered 429/503, or was "
+            "unreachable, or broke a watch off) and requests held back (periodic, essential)", ["node", "event"],
+            registry=self.registry)
         self.states_errors = Counter(
             "koordlet_states_informer_errors", "States informer failures by source", ["node", "source"],
             registry=self.registry)
@@ -515,6 +519,9 @@ class KoordletMetrics:
 
     def observe_report(self, status: str) -> None:
         self.node_metric_reports.labels(self.node_name, status).inc()
+
+    def observe_kube_api_budget(self, event: str) -> None:
+        self.kube_api_budget.labels(self.node_name, event).inc()
 
     def observe_node_topology_report(self, status: str) -> None:
         self.node_topology_reports.labels(self.node_name, status).inc()

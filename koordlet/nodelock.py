@@ -40,6 +40,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
 from koordlet.api import device as api
+from koordlet.events import InvolvedObject
 from koordlet.kubeapi import CoreV1, section
 
 _log = logging.getLogger(__name__)
@@ -194,7 +195,6 @@ class NodeLocker:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         sleep: Callable[[float], None] = time.sleep,
         owner_waiting: Callable[[Mapping[str, Any], str], bool] = pod_waiting_for_devices,
-        event_namespace: str = "default",
     ) -> None:
         self._api = core_api
         self.key = key
@@ -204,7 +204,6 @@ class NodeLocker:
         self._clock = clock
         self._sleep = sleep
         self._owner_waiting = owner_waiting
-        self._event_namespace = event_namespace
 
     def _read_node(self, node_name: str) -> dict[str, Any]:
         try:
@@ -250,25 +249,11 @@ class NodeLocker:
             raise NodeLockError(f"node lock owner {lock.owner}: read pod: {exc}") from exc
 
     def _record_event(self, node: Mapping[str, Any], reason: str, message: str) -> None:
-        """A Warning Event on the Node; failing to record it is logged, never raised."""
-        now = datetime.now(UTC).replace(microsecond=0).isoformat()
+        """A Warning Event on the Node, through the koordlet's recorder (aggregated; best effort)."""
         metadata = section(node, "metadata")
-        name = metadata.get("name") or ""
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": self._event_namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": metadata.get("uid") or ""},
-            "reason": reason, "message": message[:1024], "type": "Warning",
-            "source": {"component": "koordlet", "host": name},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-            "reportingComponent": "koordlet", "reportingInstance": name,
-        }
-        try:
-            self._api.create_namespaced_event(self._event_namespace, body)
-        except ApiException as exc:
-            _log.warning("node %s: cannot record the %s event: %s %s", name, reason, exc.status, exc.reason)
-        except TransportError as exc:
-            _log.warning("node %s: cannot record the %s event: %s", name, reason, exc)
+        name = str(metadata.get("name") or "")
+        recorder = self._api.kube.event_recorder(name)
+        recorder.record(InvolvedObject("Node", name, uid=str(metadata.get("uid") or "")), "Warning", reason, message)
 
     def _report_dropped(self, node: Mapping[str, Any], value: str, why: str, pod: str, action: str) -> None:
         """One log line and one Warning Event for a lock nobody can use that we removed or replaced."""

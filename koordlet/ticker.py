@@ -19,11 +19,14 @@ from __future__ import annotations
 import abc
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from koordlet.kubeclient.timing import phase, spread
 
 if TYPE_CHECKING:
     from watchdog.observers.api import BaseObserver
@@ -92,6 +95,13 @@ class TickerThread(abc.ABC):
         """Monotonic time of the first tick; runs on the thread and may wait on ``self._stop``."""
         return self._monotonic()
 
+    def schedule(self) -> float:
+        """Schedule without a thread: the monotonic time of the first tick; then call :meth:`tick` when it is due
+        and again at the time it returns (the fleet bench, bench/fleet.py, drives loops so on virtual time)."""
+        due = self._first_due()
+        self._schedule_from(due)
+        return due
+
     @property
     def period_s(self) -> float:
         """The longest a healthy loop sleeps between two ticks (the health checks' bound follows it)."""
@@ -147,6 +157,10 @@ class PeriodicThread(TickerThread):
     """Calls ``fn`` every ``interval_s`` (a number, or a function read after every run), the first time
     ``first_delay_s`` after :meth:`start`, and soon after :meth:`wake`.
 
+    - ``rng`` (jitter, for the actions that reach the API server: docs/design.md §5): the first run at a random
+      point of the first interval (unless ``first_delay_s`` is given), every later interval ±10 %
+      (koordlet/kubeclient/timing.py), so koordlets started together do not report together.
+
     - ``fixed_rate``: the interval runs from the start of a run (a pod poll every 10 s); otherwise from its
       end (a pass of work, then a pause).
     - ``min_gap_s``: a woken run starts no sooner than this after the previous run started; wakes in
@@ -155,12 +169,15 @@ class PeriodicThread(TickerThread):
     """
 
     def __init__(self, name: str, interval_s: float | Callable[[], float], fn: Callable[[], object], *,
-                 first_delay_s: float = 0.0, fixed_rate: bool = False, min_gap_s: float = 0.0,
+                 first_delay_s: float | None = None, fixed_rate: bool = False, min_gap_s: float = 0.0,
                  on_error: Callable[[Exception], None] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
         super().__init__(name, monotonic)
         self._interval = interval_s if callable(interval_s) else (lambda: interval_s)
         self._fn = fn
+        self._rng = rng
+        if first_delay_s is None:
+            first_delay_s = phase(self._interval(), rng) if rng is not None else 0.0
         self._first_delay_s = first_delay_s
         self._fixed_rate = fixed_rate
         self._min_gap_s = min_gap_s
@@ -215,5 +232,8 @@ class PeriodicThread(TickerThread):
             else:
                 logger.exception("%s: run failed", self._name)
         self.runs += 1
-        self._next_due = (monotonic_now if self._fixed_rate else self._monotonic()) + self._interval()
+        interval = self._interval()
+        if self._rng is not None:
+            interval = spread(interval, self._rng)
+        self._next_due = (monotonic_now if self._fixed_rate else self._monotonic()) + interval
         return self._due()

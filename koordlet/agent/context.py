@@ -15,14 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-import kubernetes.client
-
 from koordlet.access import Refusals
 from koordlet.config import KoordletConfig
 from koordlet.executor import ResourceExecutor
 from koordlet.gpu.nvml import NvmlModule
 from koordlet.gpu.service import GPUService
 from koordlet.health import Health
+from koordlet.kubeapi import KubeClient
 from koordlet.metriccache import MetricCache
 from koordlet.metrics import KoordletMetrics
 from koordlet.metricsadvisor.pods import DemandBoard
@@ -58,7 +57,7 @@ class AgentContext:
 
     config: KoordletConfig
     metrics: KoordletMetrics
-    api_client: kubernetes.client.ApiClient | None = None  # None in local mode
+    api_client: KubeClient | None = None  # None in local mode: the koordlet's client, budget and Event recorder
     nvml: NvmlModule | None = None
     states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S
     abort: threading.Event = field(default_factory=threading.Event)  # a stop was asked for during the start

@@ -21,6 +21,7 @@ above every part it shows).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,9 +36,12 @@ from koordlet.agent.parts import agent_parts, default_components
 from koordlet.config import KoordletConfig
 from koordlet.debug import serve_debug
 from koordlet.debug.endpoints import DebugSources
+from koordlet.events import EVENTS_FILE
 from koordlet.gpu.nvml import NvmlModule
 from koordlet.health import DEFAULT_GRACE_S, Health
 from koordlet.history.actions import RECENT
+from koordlet.kubeapi import KubeClient
+from koordlet.kubeclient.budget import Budget
 from koordlet.metriccache import MetricCache
 from koordlet.metrics import KoordletMetrics, MetricsServer
 from koordlet.reporters.nodemetric import NodeMetricReporter
@@ -59,6 +63,16 @@ def new_api_client(config: KoordletConfig) -> kubernetes.client.ApiClient:
         client = kubernetes.client.ApiClient()
     client.user_agent = "koordlet"
     return client
+
+
+def kube_client(config: KoordletConfig, api_client: kubernetes.client.ApiClient,
+                metrics: KoordletMetrics) -> KubeClient:
+    """The koordlet's budget (-kube-api-qps, -kube-api-burst) and Event recorder around its ApiClient; the Events
+    sent lately are kept beside -system-config-record-file (memory only when it is empty)."""
+    records = os.path.dirname(config.system_config_record_file) if config.system_config_record_file else ""
+    return KubeClient(api_client, Budget(config.kube_api_qps, config.kube_api_burst,
+                                         observe=metrics.observe_kube_api_budget),
+                      events_file=os.path.join(records, EVENTS_FILE) if records else None)
 
 
 class Koordlet:
@@ -139,7 +153,7 @@ class Koordlet:
         config = self.config
         if not config.local_mode and self._api_client is None:
             self._api_client = new_api_client(config)
-        client = self._api_client if not config.local_mode else None
+        client = kube_client(config, self._api_client, self.metrics) if not config.local_mode else None
 
         features.report(config.feature_gates, self.metrics.registry, config.node_name)  # inert gates: log, gauge
         self._start_auditor()
@@ -154,7 +168,7 @@ class Koordlet:
         self._started("metrics server", server.stop)
 
         if client is not None:
-            watch_client(client, self.refusals)
+            watch_client(client.api_client, self.refusals)  # the ApiClient every KubeClient call goes through
         ctx = self.ctx = AgentContext(config, self.metrics, client, self._nvml, self._sync_timeout_s,
                                       self._abort, self.health, self.refusals)
         for part in self._parts:

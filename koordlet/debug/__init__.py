@@ -13,16 +13,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import kubernetes.client
-
     from koordlet.debug.endpoints import DebugSources
+    from koordlet.kubeapi import KubeClient
     from koordlet.metrics import MetricsServer
 
 GUARDED = ("/events", "/debug")
 
 
 def serve_debug(server: MetricsServer, sources: Callable[[], DebugSources | None],
-                api_client: kubernetes.client.ApiClient | None, node_name: str) -> None:
+                api_client: KubeClient | None, node_name: str) -> None:
     """The debug routes on the agent's metrics server, and the guard of ``/events`` and ``/debug/*``: the API
     server's TokenReview and SubjectAccessReview with an API server, the loopback address without one."""
     from koordlet.debug.authz import ApiAuthorizer, loopback_only

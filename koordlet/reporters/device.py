@@ -5,13 +5,17 @@ schedules them. :class:`GPUCollector` puts per-GPU core and memory usage into th
 collector runner's clock (docs/koordinator.md §7.1: "with node collector"), and, given the pods, each pod's
 and container's GPU usage: NVML's per-process usage attributed through the PIDs in each container's
 ``cgroup.procs``. :class:`DeviceReportLoop` writes the Device object every ``-node-topology-sync-interval``
-(3 s, docs/koordinator.md §5.1) through :class:`koordlet.gpu.reporter.DeviceReporter`, which skips unchanged
-objects; a failed write is logged once when failing starts and retried next tick.
+(3 s, docs/koordinator.md §5.1; the first at a random point of it, each ±10 %) through
+:class:`koordlet.gpu.reporter.DeviceReporter`, which skips unchanged objects without a request; a failed write is
+logged once when failing starts and tried again after a backoff (full jitter, up to 30 s), a tick the koordlet's
+API budget holds back does nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections.abc import Callable
 
 import urllib3
@@ -21,6 +25,8 @@ from koordlet.gpu.metrics import PodPIDs, process_samples, usage_samples
 from koordlet.gpu.reporter import DeviceReporter, DeviceReportError, ReportResult
 from koordlet.gpu.service import GPUService
 from koordlet.gpu.xpu import XPUInventory, without_xpu_metadata, xpu_device_object
+from koordlet.kubeapi import Throttled, retry_after_s
+from koordlet.kubeclient.backoff import Backoff
 from koordlet.metriccache import Sample
 from koordlet.metricsadvisor.pods import PodSource
 from koordlet.reporters.rdma import RDMAInventory, device_object
@@ -83,7 +89,8 @@ class DeviceReportLoop:
     def __init__(self, service: GPUService | None, reporter: DeviceReporter,
                  interval_s: float = DEFAULT_SYNC_INTERVAL_S, node_uid: Callable[[], str] = lambda: "",
                  observe: Callable[[str], None] | None = None, rdma: RDMAInventory | None = None,
-                 xpu: XPUInventory | None = None, xpu_only: bool = False) -> None:
+                 xpu: XPUInventory | None = None, xpu_only: bool = False,
+                 monotonic: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
         self._service = service
         self._rdma = rdma
         self._xpu = xpu
@@ -93,18 +100,30 @@ class DeviceReportLoop:
         self._node_uid = node_uid
         self._observe = observe or (lambda outcome: None)
         self._failing = False
-        self._thread = PeriodicThread("device-reporter", interval_s, self.report_once)
+        self._monotonic = monotonic
+        rng = rng or random.Random()
+        self._backoff = Backoff(rng=rng)
+        self._retry_at = -float("inf")
+        self.timer = PeriodicThread("device-reporter", interval_s, self.report_once, monotonic=monotonic, rng=rng)
         self.reports = 0
 
     def report_once(self) -> bool:
+        if self._monotonic() < self._retry_at:
+            return False
         try:
             result = self._report()
+        except Throttled:
+            self._observe("throttled")
+            return False
         except (DeviceReportError, ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as err:
             self._observe("failed")
+            delay = self._backoff.delay(retry_after_s(err.__cause__ or err))
+            self._retry_at = self._monotonic() + delay
             if not self._failing:
-                logger.warning("Device report failed; retrying every %.0f s: %s", self._interval_s, err)
+                logger.warning("Device report failed; retrying in %.1f s: %s", delay, err)
             self._failing = True
             return False
+        self._backoff.reset()
         if self._failing:
             logger.info("Device report recovered")
             self._failing = False
@@ -131,8 +150,8 @@ class DeviceReportLoop:
         return reporter.report(desired)
 
     def start(self) -> None:
-        """The first report at once, then every interval."""
-        self._thread.start()
+        """The first report at a random point of the first interval, then every interval ±10 %."""
+        self.timer.start()
 
     def stop(self, timeout_s: float = 5.0) -> bool:
-        return self._thread.stop(timeout_s)
+        return self.timer.stop(timeout_s)

@@ -22,19 +22,26 @@ series (``usageWithPageCache`` uses the with-page-cache one; ``usageWithHotPageC
 hot page cache that the cold page collector stores, gate ``ColdPageCollector``, and the default series of a
 node, pod or host application it has no sample of, as Koordinator does when cold memory is not started).
 
-The spec's ``metricCollectPolicy`` is read from the object at every report and sets the next interval.
-Writing is conflict-safe: GET, set ``status``, PUT ``/status`` with the object's resourceVersion; a 409
-re-reads and retries. Any other failure keeps the report for the next tick (the newest report wins:
-a report is rebuilt every tick, and the kept one is used only when rebuilding fails). A missing object is
-skipped with a log line, as Koordinator does (koord-manager creates it), or created when asked to.
+Writing (docs/design.md §5, "One node of thousands"): the status is PUT to ``/status`` with the resourceVersion of
+koordlet's last write, on the object that write returned; nothing is read before it. The object is read only to
+begin (from the watch cache, ``resourceVersion=0``, once per start) and after a 409 (then from etcd: someone else
+wrote, koord-manager changing the spec), once, and the write tried again; the spec's ``metricCollectPolicy``
+comes with the object and sets the next interval. Any other failure keeps the report for the next tick (the
+newest report wins: a report is rebuilt every tick, and the kept one is used only when rebuilding fails); a
+report the koordlet's API budget holds back (the API server pushing back) is skipped. A missing object is skipped
+with a log line, as Koordinator does (koord-manager creates it), or created when asked to. The timer starts at a
+random point of the first interval and keeps ±10 % jitter (koordlet/kubeclient/timing.py), so nodes that start
+together do not report together; the interval is still the spec's on average.
 Without an API server the whole object is written atomically as YAML under the report dir.
 """
 
 from __future__ import annotations
 
+import copy
 import enum
 import logging
 import os
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,7 +55,8 @@ from kubernetes.client.exceptions import ApiException
 from koordlet.api.nodeslo import HostApplication
 from koordlet.api.pod import PodMeta
 from koordlet.config import ConfigError, format_duration, parse_duration
-from koordlet.kubeapi import CustomObjects
+from koordlet.kubeapi import CustomObjects, Throttled
+from koordlet.kubeclient.timing import SYSTEM_CLOCK, Clock
 from koordlet.metriccache import GPUDevice, Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
 from koordlet.metricsadvisor.node import numa_key
@@ -73,7 +81,6 @@ MEMORY_WITH_HOT_PAGE_CACHE = "usageWithHotPageCache"
 AGGREGATIONS = ("avg", "p50", "p90", "p95", "p99")
 # docs/koordinator.md §5.3: an aggregate is reported only if its samples span >= 50 % of the duration
 MIN_COVERAGE = 0.5
-_CONFLICT_RETRIES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +335,8 @@ class ReportOutcome(enum.StrEnum):
     SKIPPED_MISSING = "skipped_missing"
     WRITTEN = "written"
     FAILED = "failed"
+    THROTTLED = "throttled"  # held back by the koordlet's API budget: the server is pushing back
+    NOT_READY = "not_ready"  # the node's CPU and memory usage not both collected yet: nothing sent
 
 
 class NodeMetricReporter:
@@ -347,6 +356,8 @@ class NodeMetricReporter:
         wall_clock: Callable[[], float] = time.time,
         host_apps: Callable[[], Sequence[HostApplication]] = tuple,
         prod_prediction: ProdPredict | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: random.Random | None = None,
     ) -> None:
         if custom_api is None and report_dir is None:
             raise ValueError("NodeMetricReporter needs a CustomObjects client or a report dir")
@@ -365,7 +376,10 @@ class NodeMetricReporter:
         self.policy = CollectPolicy(report_interval_s=default_interval_s)
         self.pending: dict[str, Any] | None = None  # a report that could not be written yet
         self.last_written: dict[str, Any] | None = None
+        self._object: dict[str, Any] | None = None  # as koordlet's last write (or read) left it on the server
         self._missing_logged = False
+        self._clock = clock
+        self._rng = rng or random.Random()
         self._thread: PeriodicThread | None = None
 
     @property
@@ -392,6 +406,9 @@ class NodeMetricReporter:
         """Build the status and write it; never raises for API or file errors (they are logged, counted)."""
         try:
             outcome = self._report_api() if self._api is not None else self._report_file()
+        except Throttled as held:
+            logger.debug("NodeMetric report skipped: %s", held.reason)
+            outcome = ReportOutcome.THROTTLED
         except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as err:
             logger.warning("NodeMetric report failed, keeping it for the next tick: %s",
                            str(err).splitlines()[0] if str(err) else type(err).__name__)
@@ -405,36 +422,66 @@ class NodeMetricReporter:
         if self._on_report is not None:
             self._on_report(status)
 
+    def _read(self, resource_version: str | None) -> dict[str, Any] | None:
+        """The object (None: there is none); ``resource_version="0"``: from the watch cache."""
+        assert self._api is not None
+        try:
+            return self._api.get_cluster_custom_object(GROUP, VERSION, PLURAL, self.node_name,
+                                                       resource_version=resource_version)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def _missing(self) -> ReportOutcome:
+        self._object = None
+        if not self._missing_logged:
+            logger.info("NodeMetric %s does not exist; not reporting until it is created", self.node_name)
+            self._missing_logged = True
+        return ReportOutcome.SKIPPED_MISSING
+
     def _report_api(self) -> ReportOutcome:
         api = self._api
-        for _ in range(_CONFLICT_RETRIES):
-            try:
-                obj = api.get_cluster_custom_object(GROUP, VERSION, PLURAL, self.node_name)
-            except ApiException as err:
-                if err.status != 404:
-                    raise
+        assert api is not None
+        obj = self._object
+        if obj is None:
+            obj = self._read("0")
+            if obj is None:
                 if not self._create_missing:
-                    if not self._missing_logged:
-                        logger.info("NodeMetric %s does not exist; not reporting until it is created",
-                                    self.node_name)
-                        self._missing_logged = True
-                    return ReportOutcome.SKIPPED_MISSING
+                    return self._missing()
                 obj = api.create_cluster_custom_object(GROUP, VERSION, PLURAL, self._new_object())
                 logger.info("created NodeMetric %s", self.node_name)
-            self._missing_logged = False
+            self._object = obj
+        self._missing_logged = False
+        for attempt in (1, 2):
             self.policy = collect_policy_from_spec(obj.get("spec"), self._default_interval_s)
             status = self._build()
-            obj["status"] = status
+            usage = ((status.get("nodeMetric") or {}).get("nodeUsage") or {}).get("resources") or {}
+            if not {"cpu", "memory"} <= usage.keys():
+                # as Koordinator's "node metric is not ready, skip this round": a partial usage is never written (the
+                # CPU's needs two samples)
+                logger.debug("NodeMetric %s: no node usage collected yet; skipping this report", self.node_name)
+                self.pending = None
+                return ReportOutcome.NOT_READY
+            body = copy.copy(obj)
+            body["status"] = status
             try:
-                api.replace_cluster_custom_object_status(GROUP, VERSION, PLURAL, self.node_name, obj)
+                stored = api.replace_cluster_custom_object_status(GROUP, VERSION, PLURAL, self.node_name, body)
             except ApiException as err:
-                if err.status == 409:
-                    logger.debug("NodeMetric %s changed under us; re-reading", self.node_name)
-                    continue
-                raise
+                if err.status == 404:
+                    return self._missing()
+                if err.status != 409 or attempt == 2:
+                    raise
+                logger.debug("NodeMetric %s changed under us; reading it again", self.node_name)
+                fresh = self._read(None)  # someone else wrote: the newest, not the watch cache's
+                if fresh is None:
+                    return self._missing()
+                obj = self._object = fresh
+                continue
+            self._object = stored if isinstance(stored, dict) else body
             self._written(status)
             return ReportOutcome.UPDATED
-        raise ValueError(f"NodeMetric {self.node_name}: still conflicting after {_CONFLICT_RETRIES} tries")
+        raise AssertionError("unreachable")
 
     def _new_object(self) -> dict[str, Any]:
         return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": self.node_name}, "spec": {}}
@@ -453,13 +500,16 @@ class NodeMetricReporter:
 
     # ------------------------------------------------------------------------------------- timer
 
+    def timer(self, first_delay_s: float | None = None) -> PeriodicThread:
+        """The reporting loop, not started: every interval ±10 %, the first report after ``first_delay_s``
+        (default: a random point of the first interval)."""
+        return PeriodicThread("nodemetric-reporter", lambda: self.policy.report_interval_s, self.report_once,
+                              first_delay_s=first_delay_s, monotonic=self._clock.monotonic, rng=self._rng)
+
     def start(self, first_delay_s: float | None = None) -> None:
-        """Report every interval; the first report after ``first_delay_s`` (default: one interval)."""
         if self._thread is not None:
             raise RuntimeError("NodeMetric reporter already started")
-        delay = self.policy.report_interval_s if first_delay_s is None else first_delay_s
-        self._thread = PeriodicThread("nodemetric-reporter", lambda: self.policy.report_interval_s, self.report_once,
-                                      first_delay_s=delay)
+        self._thread = self.timer(first_delay_s)
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> bool:

@@ -24,7 +24,13 @@ manages changed (the same fields Koordinator compares: topology policies, manage
 decoded JSON, zone names, types and managed resources), and then not more often than
 ``min_update_interval_s`` (a change waits for the bound, the latest state wins). Others' annotations, labels,
 zones' extra resources are kept. Between writes the object last written or read is the comparison base, so
-an unchanged node costs no API call; it is re-read from the API server every ``resync_s``.
+an unchanged node costs no API call. API traffic (docs/design.md §5): the object is read at the first tick and
+then every ``resync_s`` (the first at a random point of it, then ±10 %; from the watch cache,
+``resourceVersion=0``), and again from etcd only after a
+409; a write carries the version of that read or of koordlet's last write. A failed read or write is tried again
+after a backoff (full jitter, up to 30 s, koordlet/kubeclient/backoff.py), not at every tick; a tick the koordlet's
+API budget holds back (the API server pushing back) does nothing. The 3 s tick starts at a random point and keeps
+±10 % jitter.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -53,7 +60,9 @@ from koordlet.api.keys import (
 )
 from koordlet.api.pod import PodMeta
 from koordlet.api.safeload import load_json
-from koordlet.kubeapi import CustomObjects
+from koordlet.kubeapi import CustomObjects, Throttled, retry_after_s
+from koordlet.kubeclient.backoff import Backoff
+from koordlet.kubeclient.timing import phase, spread
 from koordlet.statesinformer.cpumanager import POLICY_STATIC, CPUManagerState
 from koordlet.system.sysfs import CPUInfo, HugePages, NodeTopology, SysfsError
 from koordlet.ticker import PeriodicThread
@@ -71,9 +80,8 @@ MANAGED_BY_KOORDINATOR = "Koordinator"
 
 DEFAULT_SYNC_INTERVAL_S = 3.0
 DEFAULT_MIN_UPDATE_INTERVAL_S = 10.0
-DEFAULT_RESYNC_S = 300.0
+DEFAULT_RESYNC_S = 600.0  # a read from the watch cache: catches an object others changed or deleted
 TOPOLOGY_REFRESH_S = 60.0  # CPU hotplug is rare; sysfs is re-read this often
-_CONFLICT_RETRIES = 3
 
 # The annotations koordlet owns on the object (Koordinator managedNRTAnnotationKeys, minus cpu-basic-info).
 MANAGED_ANNOTATIONS = (
@@ -307,51 +315,68 @@ def merge_into(existing: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[
 # --------------------------------------------------------------------------------------------- API writes
 
 
+class _Unread:
+    """No object was read yet."""
+
+
 class NRTReporter:
-    """Creates or replaces the node's NodeResourceTopology through :class:`koordlet.kubeapi.CustomObjects`."""
+    """Reads, creates and replaces the node's NodeResourceTopology through
+    :class:`koordlet.kubeapi.CustomObjects`."""
 
     def __init__(self, node_name: str, custom_api: CustomObjects) -> None:
         self.node_name = node_name
         self._api = custom_api
 
-    def get(self) -> dict[str, Any] | None:
+    def get(self, resource_version: str | None = "0") -> dict[str, Any] | None:
+        """The stored object, None when there is none; ``"0"``: from the watch cache, None: the newest (etcd)."""
         try:
-            return self._api.get_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, self.node_name)
+            return self._api.get_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, self.node_name,
+                                                       resource_version=resource_version)
+        except Throttled:
+            raise
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise NRTReportError(f"get NodeResourceTopology {self.node_name}: {exc.status} {exc.reason}") from exc
 
-    def write(self, desired: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-        """Make the stored object carry ``desired``: ("created" | "updated" | "unchanged", the stored object)."""
-        for _attempt in range(_CONFLICT_RETRIES):
-            existing = self.get()
-            if existing is None:
+    def write(self, desired: Mapping[str, Any],
+              stored: Mapping[str, Any] | None | type[_Unread] = _Unread) -> tuple[str, dict[str, Any]]:
+        """Make the object carry ``desired``, starting from ``stored`` (what the last read or write returned; not
+        given: read from the watch cache first): ("created" | "updated" | "unchanged", the stored object). A 409
+        reads the newest once and tries again."""
+        if stored is _Unread:
+            stored = self.get("0")
+        for attempt in (1, 2):
+            if stored is None:
                 try:
-                    stored = self._api.create_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL,
-                                                                    dict(desired))
+                    return "created", self._api.create_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL,
+                                                                             dict(desired))
+                except Throttled:
+                    raise
                 except ApiException as exc:
-                    if exc.status == 409:  # created by someone else meanwhile: compare again
-                        continue
-                    raise NRTReportError(f"create NodeResourceTopology {self.node_name}: {exc.status} "
-                                         f"{exc.body}") from exc
-                return "created", stored
-            reason = change_reason(existing, desired)
+                    if exc.status != 409 or attempt == 2:  # 409: created by someone else meanwhile
+                        raise NRTReportError(f"create NodeResourceTopology {self.node_name}: {exc.status} "
+                                             f"{exc.body}") from exc
+                stored = self.get(None)
+                continue
+            reason = change_reason(stored, desired)
             if reason is None:
-                return "unchanged", existing
+                return "unchanged", dict(stored)
             try:
-                stored = self._api.replace_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, self.node_name,
-                                                                 merge_into(existing, desired))
+                written = self._api.replace_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL,
+                                                                  self.node_name, merge_into(stored, desired))
+            except Throttled:
+                raise
             except ApiException as exc:
-                if exc.status == 409:
-                    logger.debug("NodeResourceTopology %s changed meanwhile; retrying", self.node_name)
-                    continue
-                raise NRTReportError(f"update NodeResourceTopology {self.node_name}: {exc.status} "
-                                     f"{exc.body}") from exc
+                if exc.status not in (404, 409) or attempt == 2:
+                    raise NRTReportError(f"update NodeResourceTopology {self.node_name}: {exc.status} "
+                                         f"{exc.body}") from exc
+                logger.debug("NodeResourceTopology %s changed meanwhile; reading it again", self.node_name)
+                stored = self.get(None)
+                continue
             logger.info("NodeResourceTopology %s updated (%s)", self.node_name, reason)
-            return "updated", stored
-        raise NRTReportError(f"update NodeResourceTopology {self.node_name}: still conflicting after "
-                             f"{_CONFLICT_RETRIES} tries")
+            return "updated", written
+        raise NRTReportError(f"update NodeResourceTopology {self.node_name}: still conflicting")
 
 
 # --------------------------------------------------------------------------------------------- the loop
@@ -381,6 +406,7 @@ class NRTReportLoop:
         monotonic: Callable[[], float] = time.monotonic,
         read_hugepages: Callable[[], Mapping[int, Sequence[HugePages]]] | None = None,
         observe_pools: Callable[[CPUPools], None] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         """``read_hugepages``: the NUMA nodes' huge page pools, read at every tick (gate ``HugePageReport``);
         ``observe_pools``: called with each tick's CPU pools (the share-pool gauges)."""
@@ -398,14 +424,17 @@ class NRTReportLoop:
         self._observe_pools = observe_pools
         self._topology: NodeTopology | None = None
         self._topology_read_at = -float("inf")
+        self._rng = rng or random.Random()
         self._stored: dict[str, Any] | None = None  # the object as last written or read
-        self._stored_at = -float("inf")
+        self._resync_at = -float("inf")  # when to read the object again
         self._written_at = -float("inf")
+        self._backoff = Backoff(rng=self._rng)
+        self._retry_at = -float("inf")  # after a failure: no API call before this
         self._failing = False
         self._last_problems: tuple[str, ...] = ()
         self.desired: dict[str, Any] | None = None  # the last object computed (the demo prints it)
         self.writes = 0
-        self._thread = PeriodicThread("nrt-reporter", interval_s, self.report_once)
+        self.timer = PeriodicThread("nrt-reporter", interval_s, self.report_once, monotonic=monotonic, rng=self._rng)
 
     def _topology_now(self, now: float) -> NodeTopology:
         if self._topology is None or now - self._topology_read_at >= TOPOLOGY_REFRESH_S:
@@ -439,36 +468,47 @@ class NRTReportLoop:
     def report_once(self) -> str:
         try:
             outcome = self._report()
+        except Throttled:
+            outcome = "throttled"
         except (NRTReportError, SysfsError, ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as err:
             outcome = "failed"
+            delay = self._backoff.delay(retry_after_s(err.__cause__ or err))
+            self._retry_at = self._monotonic() + delay
             if not self._failing:
-                logger.warning("NodeResourceTopology report failed; retrying every tick: %s", err)
+                logger.warning("NodeResourceTopology report failed; retrying in %.1f s: %s", delay, err)
             self._failing = True
         else:
-            if self._failing:
+            if self._failing and outcome != "backoff":
                 logger.info("NodeResourceTopology report recovered")
-            self._failing = False
+                self._failing = False
+                self._backoff.reset()
         self._observe(outcome)
         return outcome
 
     def _report(self) -> str:
         desired = self.compute()
         now = self._monotonic()
-        fresh = now - self._stored_at < self._resync_s
-        if fresh and change_reason(self._stored, desired) is None:
+        if now < self._retry_at:
+            return "backoff"
+        if self._stored is None or now >= self._resync_at:
+            first = self._resync_at == -float("inf")
+            self._stored = self._reporter.get("0")
+            # the first resync at a random point of its interval (nodes started together resync apart), then ±10 %
+            self._resync_at = now + (phase(self._resync_s, self._rng) if first else spread(self._resync_s, self._rng))
+        if change_reason(self._stored, desired) is None:
             return "unchanged"
-        if fresh and self._stored is not None and now - self._written_at < self._min_update_interval_s:
+        if self._stored is not None and now - self._written_at < self._min_update_interval_s:
             return "deferred"
-        outcome, stored = self._reporter.write(desired)
-        self._stored, self._stored_at = stored, now
+        outcome, stored = self._reporter.write(desired, self._stored)
+        self._stored = stored
         if outcome != "unchanged":
             self._written_at = now
             self.writes += 1
         return outcome
 
     def start(self) -> None:
-        """The first report at once, then every interval."""
-        self._thread.start()
+        """The first report at a random point of the first interval, then every interval ±10 %."""
+        self.timer.start()
 
     def stop(self, timeout_s: float = 5.0) -> bool:
-        return self._thread.stop(timeout_s)
+        return self.timer.stop(timeout_s)

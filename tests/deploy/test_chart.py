@@ -89,6 +89,30 @@ def test_default_render_is_the_same_objects_kustomize_builds(kubectl: str) -> No
     assert _sorted(koordlet + proxy + crds + config) == _sorted(with_proxy)
 
 
+def test_flow_control_puts_the_releases_service_account_into_its_own_priority_level(tmp_path: Path) -> None:
+    docs = _every_value_docs(tmp_path)
+    flow = _of_kind(docs, "FlowSchema")["spec"]
+    assert flow["matchingPrecedence"] == 500 and flow["priorityLevelConfiguration"] == {"name": "edge-qos"}
+    assert flow["rules"][0]["subjects"] == [{"kind": "ServiceAccount", "serviceAccount": {
+        "name": _of_kind(docs, "ServiceAccount")["metadata"]["name"], "namespace": "qos-system"}}]
+    level = _of_kind(docs, "PriorityLevelConfiguration")["spec"]["limited"]
+    assert (level["nominalConcurrencyShares"], level["lendablePercent"],
+            level["limitResponse"]["queuing"]["queueLengthLimit"]) == (40, 0, 100)
+
+
+@pytest.mark.parametrize("kubectl", ["kubectl-1.35", "kubectl-1.32"])
+def test_deploy_flowcontrol_is_the_charts_flow_control_objects(kubectl: str) -> None:
+    """API Priority and Fairness is off by default in the chart and in deploy/; flowControl.enabled=true renders
+    what deploy/flowcontrol/ holds, Helm's own labels aside."""
+    assert not {"FlowSchema", "PriorityLevelConfiguration"} & {d["kind"] for d in chart_documents()}
+    rendered = [without_helm_labels(doc) for doc in chart_documents("--set", "flowControl.enabled=true")
+                if doc["kind"] in ("FlowSchema", "PriorityLevelConfiguration")]
+    kustomized = _kustomize(kubectl, DEPLOY / "flowcontrol")
+    assert _sorted(kustomized) == _sorted(rendered) and len(rendered) == 2
+    for doc in kustomized:
+        validate(doc)
+
+
 def test_every_object_carries_the_standard_labels_and_the_release_name() -> None:
     for release, namespace in (("koordlet-py", "koordinator-system"), ("edge", "edge-agents")):
         for doc in chart_documents("--namespace", namespace, release=release):
@@ -221,6 +245,8 @@ EVERY_VALUE: dict[str, Any] = {
         "cpu-burst-config": {"clusterStrategy": {"policy": "auto"}}}},
     "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"},
                        "runbookURL": "https://git.example.com/ops/koordlet-py/blob/v0.1.0/docs/operations.md"},
+    "flowControl": {"enabled": True, "matchingPrecedence": 500, "nominalConcurrencyShares": 40, "lendablePercent": 0,
+                    "queueLengthLimit": 100},
 }
 
 
@@ -245,7 +271,8 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     docs = _every_value_docs(tmp_path)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
-                            "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule",
+                            "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule", "FlowSchema",
+                            "PriorityLevelConfiguration",
                             "ClusterRole", "ClusterRoleBinding"])  # kubeletNodesProxy: nodes/proxy, on its own
     docs = _without_kubelet_proxy(docs)
     namespace = _of_kind(docs, "Namespace")
@@ -257,7 +284,7 @@ def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
         assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == "qos-agent"
         if doc["kind"] not in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):  # the Operator's CRDs: no models
             validate(doc)
-        if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+        if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding", "FlowSchema", "PriorityLevelConfiguration"):
             assert doc["metadata"]["namespace"] == "qos-system"
     assert _of_kind(docs, "ClusterRoleBinding")["subjects"][0]["namespace"] == "qos-system"
     daemonset = _of_kind(docs, "DaemonSet")
@@ -461,6 +488,10 @@ def test_the_rendered_objects_apply_to_the_api_server_and_the_crds_serve_koordin
                                  "aggregateDurationSeconds": 300, "reportIntervalSeconds": 60}}})
             daemonset = _of_kind(docs, "DaemonSet")["metadata"]
             assert server.get_object("daemonsets", daemonset["name"], daemonset["namespace"]) is not None
+            for doc in docs:  # API Priority and Fairness, with flowControl.enabled: stored
+                if doc["kind"] in ("FlowSchema", "PriorityLevelConfiguration"):
+                    plural = "flowschemas" if doc["kind"] == "FlowSchema" else "prioritylevelconfigurations"
+                    assert server.get_object(plural, doc["metadata"]["name"]) is not None
 
 
 def test_the_nrt_crd_serves_both_versions_and_stores_v1alpha2() -> None:

@@ -85,7 +85,8 @@ PLURALS = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "Conf
            "DaemonSet": "daemonsets", "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
            "CustomResourceDefinition": "customresourcedefinitions", "NodeSLO": "nodeslos", "NodeMetric": "nodemetrics",
            "NodeResourceTopology": "noderesourcetopologies", "ServiceMonitor": "servicemonitors",
-           "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
+           "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules", "FlowSchema": "flowschemas",
+           "PriorityLevelConfiguration": "prioritylevelconfigurations"}
 
 
 def request(client: kubernetes.client.ApiClient, verb: str, path: str, body: dict[str, Any] | None = None,

@@ -427,7 +427,7 @@ _AGENT_CALLS = textwrap.dedent(
     from koordlet.eviction import Evictor
     from koordlet.gpu.reporter import sync_node_labels
     from koordlet.kubeapi import CoreV1, CustomObjects
-    from koordlet.metriccache import MetricCache
+    from koordlet.metriccache import MetricCache, MetricKind, Sample, SeriesKey
     from koordlet.nodelock import NodeLocker
     from koordlet.reporters.nodemetric import NodeMetricReporter
     from koordlet.statesinformer.informer import StatesInformer
@@ -448,7 +448,7 @@ _AGENT_CALLS = textwrap.dedent(
     # The agent's code paths: node and NodeSLO list + watch (an invalid NodeSLO: an Event), the evictor (read,
     # eviction, Event), pod Events, the node lock, the GPU labels, the NodeMetric status.
     informer = StatesInformer(NoPods())
-    kube = KubeStates(node, core, custom, informer, resync_s=30)
+    kube = KubeStates(node, core, custom, informer)
     kube.start()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not (informer.node() and kube.node_slo_handler.events_recorded):
@@ -464,7 +464,10 @@ _AGENT_CALLS = textwrap.dedent(
     out["lock"] = locker.lock(node, "default", "web").owner
     out["released"] = locker.release(node, "default", "web")
     out["labelled"] = sync_node_labels(core, node, {"kubernetes.io/gpu-model": "H100"})
-    out["nodemetric"] = NodeMetricReporter(node, MetricCache(), lambda: (), custom_api=custom,
+    usage = MetricCache()  # the node's CPU and memory usage: a report writes nothing before both are collected
+    usage.append_samples([Sample(SeriesKey.of(MetricKind.NODE_CPU_USAGE), time.time(), 1.0),
+                          Sample(SeriesKey.of(MetricKind.NODE_MEMORY_USAGE), time.time(), 2e9)])
+    out["nodemetric"] = NodeMetricReporter(node, usage, lambda: (), custom_api=custom,
                                            create_missing=True).report_once().value
     from koordlet.debug.authz import ApiAuthorizer
     from koordlet.kubeapi import AuthV1

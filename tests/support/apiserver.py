@@ -25,7 +25,9 @@ Served (everything in memory, one lock, thread-safe):
 - core/v1 nodes, pods, events, namespaces (implicit: any namespace exists, and is listed once
   used), serviceaccounts (with the ``token`` subresource: TokenRequest), configmaps, services,
   policy/v1 poddisruptionbudgets, events.k8s.io/v1 events, apps/v1 daemonsets, rbac.authorization.k8s.io/v1 roles,
-  rolebindings, clusterroles and clusterrolebindings;
+  rolebindings, clusterroles and clusterrolebindings, flowcontrol.apiserver.k8s.io/v1 flowschemas and
+  prioritylevelconfigurations (stored, not enforced: tests/support/fleetserver.py plays API Priority and Fairness's
+  429s);
 - the CRDs of deploy/chart/koordlet-py/files/crds (NodeSLO, NodeMetric, Device, NodeResourceTopology): objects are
   defaulted, pruned of unknown fields (reported in a `Warning` header; `?fieldValidation=Strict` rejects them with
   400 instead) and validated against the CRD's openAPIV3Schema (422 Invalid with field causes);
@@ -193,6 +195,10 @@ BUILTIN_RESOURCES = (
                  "clusterrolebinding"),
     ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True, False, "role"),
     ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, False, "rolebinding"),
+    # API Priority and Fairness: the FlowSchema and PriorityLevelConfiguration the chart and deploy/ ship (stored only).
+    ResourceType("flowcontrol.apiserver.k8s.io", "v1", "flowschemas", "FlowSchema", False, True, "flowschema"),
+    ResourceType("flowcontrol.apiserver.k8s.io", "v1", "prioritylevelconfigurations", "PriorityLevelConfiguration",
+                 False, True, "prioritylevelconfiguration"),
     # A created CRD is checked (structural schema, names) and its versions are served from then on.
     ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
                  True, "customresourcedefinition", short_names=("crd", "crds")),

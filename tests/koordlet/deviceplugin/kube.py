@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes.client
 
 from koordlet.api import device as api
-from koordlet.kubeapi import CoreV1, CustomObjects
+from koordlet.kubeapi import CoreV1, CustomObjects, KubeClient
 from tests.support.apiserver import ApiServer, kube_api_client
 
 
@@ -33,7 +33,10 @@ class Kube:
         return self.server.seed(manifest)
 
     def reset(self) -> None:
-        """Forget what a test created, so one server can serve a whole module (starting one is slow)."""
+        """Forget what a test created, so one server can serve a whole module (starting one is slow); the agent's
+        calls get a new client (its own API budget and Event recorder, as a koordlet that starts)."""
+        client = KubeClient(self.agent_core.api_client)
+        self.agent_core, self.agent_custom = CoreV1(client), CustomObjects(client)
         self.server.clear_failures()
         self.server.clear_requests()
         for pod in self.server.list_objects("pods"):
@@ -53,8 +56,9 @@ class Kube:
 @contextmanager
 def kube_env() -> Iterator[Kube]:
     with ApiServer() as server, kube_api_client(server) as client:
+        agent = KubeClient(client)
         yield Kube(server, kubernetes.client.CoreV1Api(client), kubernetes.client.CustomObjectsApi(client),
-                   CoreV1(client), CustomObjects(client))
+                   CoreV1(agent), CustomObjects(agent))
 
 
 def gpu_pod(

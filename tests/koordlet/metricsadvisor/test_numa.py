@@ -34,6 +34,7 @@ from tests.koordlet.metricsadvisor.test_per_cpu import _Clock, _stat
 from tests.koordlet.metricsadvisor.test_pods import _write_v1, _write_v2
 from tests.koordlet.system.topology_tree import GIB_KB, build_tree, one_socket_no_smt, two_sockets_smt
 from tests.support.apiserver import ApiServer, kube_api_client
+from tests.support.nodeusage import with_node_usage
 from tests.support.v2guest import in_v2_guest
 
 GiB = 1 << 30
@@ -210,6 +211,7 @@ def test_numa_usages_pass_the_crd_and_become_the_numa_gauges(server: ApiServer, 
         samples += [Sample(numa_key(MetricKind.SYS_NUMA_CPU_USAGE, 0), t, 1.6),
                     Sample(numa_key(MetricKind.SYS_NUMA_MEMORY_USAGE, 0), t, 11 * GiB)]  # node 1: no system series
     cache.append_samples(samples)
+    with_node_usage(cache, 1299.0)
     server.seed({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric", "metadata": {"name": NODE},
                  "spec": {}})
     metrics = KoordletMetrics(NODE)

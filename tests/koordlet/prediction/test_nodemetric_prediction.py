@@ -16,6 +16,7 @@ from koordlet.prediction.server import PredictServer
 from koordlet.reporters.nodemetric import NodeMetricReporter, ReportOutcome
 from tests.koordlet.prediction.test_prediction import END, NODE, PODS, _server, _train
 from tests.support.apiserver import ApiServer, kube_api_client
+from tests.support.nodeusage import with_node_usage
 
 NAME = NODE.name
 
@@ -59,7 +60,8 @@ def test_before_the_first_training_reclaimable_is_empty_and_peak_absent(server: 
                                                                         tmp_path: Path) -> None:
     server.seed({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric", "metadata": {"name": NAME}})
     untrained = _server(tmp_path / "empty")
-    assert _reporter(untrained, MetricCache(), custom_api=custom).report_once() is ReportOutcome.UPDATED
+    cache = with_node_usage(MetricCache(), END)
+    assert _reporter(untrained, cache, custom_api=custom).report_once() is ReportOutcome.UPDATED
     status = server.get_object("nodemetrics", NAME)["status"]
     assert status["prodReclaimableMetric"] == {"resource": {}} and "prodPeakMetric" not in status
 

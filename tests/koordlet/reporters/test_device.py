@@ -61,18 +61,24 @@ def test_device_created_in_api_server_and_failures_retried(service: GPUService) 
     with ApiServer() as server, kube_api_client(server) as api:
         reporter = DeviceReporter(NODE, custom_api=CustomObjects(api))
         outcomes: list[str] = []
-        loop = DeviceReportLoop(service, reporter, interval_s=0.05, observe=outcomes.append)
+        clock = [0.0]
+        loop = DeviceReportLoop(service, reporter, interval_s=0.05, observe=outcomes.append,
+                                monotonic=lambda: clock[0])
         server.fail_next("POST", r"/devices$", status=500)
         assert not loop.report_once()
+        server.clear_requests()
+        assert not loop.report_once() and server.requests() == []  # backing off: no request
+        clock[0] += 31  # the backoff is at most 30 s
         assert loop.report_once()
         stored = server.get_object("devices", NODE)
         assert stored is not None and len(stored["spec"]["devices"]) == 2
         assert outcomes[:2] == ["failed", "created"]
-        loop.start()
+        ticking = DeviceReportLoop(service, reporter, interval_s=0.05, observe=outcomes.append)
+        ticking.start()
         try:
-            assert wait_for(lambda: loop.reports >= 3)
+            assert wait_for(lambda: ticking.reports >= 3)
         finally:
-            loop.stop(2.0)
+            ticking.stop(2.0)
         assert "unchanged" in outcomes
 
 

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import kubernetes.client
 import pytest
 import yaml
 
@@ -60,8 +61,8 @@ def expected_node_cpu_percentile(window_s: float, p: int) -> str:
     return f"{round(values[math.ceil(p / 100 * len(values)) - 1] * 1000)}m"  # nearest rank
 
 
-def filled_cache() -> MetricCache:
-    cache = MetricCache()
+def filled_cache(cache: MetricCache | None = None) -> MetricCache:
+    cache = cache if cache is not None else MetricCache()
     samples = []
     for i in range(SPAN_S):
         t = NOW - SPAN_S + 1 + i
@@ -182,11 +183,52 @@ def test_status_written_through_status_subresource_and_accepted_by_schema(
     assert outcomes == ["updated"]
 
 
-def test_conflict_rereads_and_retries(server: ApiServer, custom: CustomObjects) -> None:
+def _wire(server: ApiServer) -> list[tuple[str, str | None]]:
+    """The NodeMetric requests since the last clear: (verb, the resourceVersion a GET asked for or a PUT carried)."""
+    out: list[tuple[str, str | None]] = []
+    for request in server.requests(path_regex=r"/nodemetrics/node-1(/status)?$"):
+        if request.verb not in ("GET", "PUT"):
+            continue
+        version = request.query.get("resourceVersion") if request.verb == "GET" else \
+            (request.body or {}).get("metadata", {}).get("resourceVersion")
+        out.append((request.verb, version))
+    return out
+
+
+def test_status_is_written_with_the_version_of_the_last_write_and_never_read_before(
+        server: ApiServer, custom: CustomObjects) -> None:
     seed_node_metric(server)
+    nm = reporter(custom)
+    stored_before = []
+    for _ in range(3):
+        stored_before.append(server.get_object("nodemetrics", NODE)["metadata"]["resourceVersion"])
+        assert nm.report_once() is ReportOutcome.UPDATED
+    assert [r.body["metadata"]["resourceVersion"] for r in server.requests("PUT")] == stored_before
+    (first_get,) = server.requests("GET")
+    assert first_get.query.get("resourceVersion") == "0"  # once, to begin: from the watch cache
+
+
+def test_a_conflict_reads_the_newest_once_and_writes_again(server: ApiServer, custom: CustomObjects) -> None:
+    seed_node_metric(server)
+    nm = reporter(custom)
+    assert nm.report_once() is ReportOutcome.UPDATED
+    server.clear_requests()
+    # koord-manager changes the spec: the next write conflicts, the reporter reads the newest (a consistent read)
+    # and writes again; the new interval comes with it.
+    custom_generated = kubernetes.client.CustomObjectsApi(custom.api_client)
+    custom_generated.patch_cluster_custom_object("slo.koordinator.sh", "v1alpha1", "nodemetrics", NODE,
+                                                 {"spec": {"metricCollectPolicy": {"reportIntervalSeconds": 90}}})
+    assert nm.report_once() is ReportOutcome.UPDATED
+    verbs = _wire(server)
+    assert [verb for verb, _ in verbs] == ["PUT", "GET", "PUT"] and verbs[1][1] is None
+    assert nm.policy.report_interval_s == 90.0
+    server.clear_requests()
     server.fail_next("PUT", r"/nodemetrics/node-1/status$", status=409, count=2)
-    assert reporter(custom).report_once() is ReportOutcome.UPDATED
-    assert len(server.requests("GET", r"/nodemetrics/node-1$")) == 3
+    assert nm.report_once() is ReportOutcome.FAILED  # one re-read per report, then the next tick
+    assert [verb for verb, _ in _wire(server)] == ["PUT", "GET", "PUT"]
+    server.clear_requests()
+    assert nm.report_once() is ReportOutcome.UPDATED
+    assert [verb for verb, _ in _wire(server)] == ["PUT"]
     assert server.get_object("nodemetrics", NODE)["status"]["podsMetric"]
 
 
@@ -197,12 +239,22 @@ def test_server_error_keeps_report_for_next_tick(server: ApiServer, custom: Cust
     server.fail_next("PUT", r"/nodemetrics/node-1/status$", status=500)
     assert nm.report_once() is ReportOutcome.FAILED
     assert nm.pending is not None and "status" not in server.get_object("nodemetrics", NODE)
-    server.fail_next("GET", r"/nodemetrics/node-1$", status=503)
-    assert nm.report_once() is ReportOutcome.FAILED
     assert nm.report_once() is ReportOutcome.UPDATED
     assert nm.pending is None and nm.last_written is not None
     assert server.get_object("nodemetrics", NODE)["status"]["nodeMetric"]["nodeUsage"]["resources"]
-    assert outcomes == ["failed", "failed", "updated"]
+    assert outcomes == ["failed", "updated"]
+
+
+def test_a_report_the_budget_holds_back_is_skipped(server: ApiServer, custom: CustomObjects) -> None:
+    """The API server pushed back (503): the next reports skip their turn without a request."""
+    seed_node_metric(server)
+    outcomes: list[str] = []
+    nm = reporter(custom, outcomes)
+    server.fail_next("PUT", r"/nodemetrics/node-1/status$", status=503)
+    assert nm.report_once() is ReportOutcome.FAILED
+    server.clear_requests()
+    assert nm.report_once() is ReportOutcome.THROTTLED
+    assert server.requests() == [] and outcomes == ["failed", "throttled"]
 
 
 def test_missing_object_is_skipped_or_created_when_asked(server: ApiServer,
@@ -280,3 +332,19 @@ def test_gpu_usage_reported_as_devices_of_node_and_pod_usage(server: ApiServer,
     ]
     assert "devices" not in pods["spark"]["podUsage"]
     assert pods["web"]["podUsage"]["resources"] == {"cpu": "1500m", "memory": "1000000000"}
+
+
+def test_a_report_before_any_node_usage_is_collected_writes_nothing(server: ApiServer, custom: CustomObjects) -> None:
+    """A first report early in its interval finds no samples yet: it is skipped, the next one writes."""
+    seed_node_metric(server)
+    outcomes: list[str] = []
+    cache = MetricCache()
+    nm = NodeMetricReporter(NODE, cache, lambda: PODS, custom_api=custom, observe=outcomes.append,
+                            wall_clock=lambda: NOW)
+    assert nm.report_once() is ReportOutcome.NOT_READY
+    assert "status" not in server.get_object("nodemetrics", NODE) and nm.last_written is None
+    assert [verb for verb, _ in _wire(server)] == ["GET"]  # the object, from the watch cache; no write
+    filled_cache(cache)  # the collectors' first samples
+    assert nm.report_once() is ReportOutcome.UPDATED
+    assert server.get_object("nodemetrics", NODE)["status"]["nodeMetric"]["nodeUsage"]["resources"]["cpu"]
+    assert outcomes == ["not_ready", "updated"]

@@ -219,7 +219,11 @@ def test_loop_writes_only_changes_and_not_more_often_than_the_bound(tmp_path: Pa
     annotations = server.get_object(PLURAL, NODE)["metadata"]["annotations"]
     assert annotations["example.com/note"] == "kept"
     assert json.loads(annotations[ANNOTATION_NRT_BE_CPU_SHARED_POOLS])[0]["cpuset"] == "1-3,9-11"
-    assert len(server.requests("PUT")) == 1 and loop.writes == 2
+    # written with the version of its own last write, never read before: someone else wrote meanwhile, so the
+    # write conflicted, the newest was read (from etcd) and written again
+    assert [(r.verb, r.status, r.query.get("resourceVersion")) for r in server.requests(path_regex=NODE)] == [
+        ("PUT", 409, None), ("GET", 200, None), ("PUT", 200, None)]
+    assert loop.writes == 2
     clock.now += 3
     assert loop.report_once() == "unchanged"
     assert outcomes == ["created", "unchanged", "deferred", "deferred", "updated", "unchanged"]
@@ -234,6 +238,8 @@ def test_loop_retries_failures_and_conflicts_and_rereads_after_resync(tmp_path: 
                          min_update_interval_s=0.0, resync_s=60.0, monotonic=clock)
     server.fail_next("POST", rf"/{PLURAL}$", status=500)
     assert loop.report_once() == "failed"
+    assert loop.report_once() == "backoff"  # no request before the backoff (at most 30 s) is over
+    clock.now += 31
     assert loop.report_once() == "created"
     state[0] = STATIC
     server.fail_next("PUT", rf"/{PLURAL}/{NODE}$", status=409)
@@ -246,7 +252,7 @@ def test_loop_retries_failures_and_conflicts_and_rereads_after_resync(tmp_path: 
         "topology.node.k8s.io", "v1alpha1", PLURAL, NODE)
     clock.now += 3
     assert loop.report_once() == "unchanged"
-    clock.now += 60
+    clock.now += 70  # the resync, 60 s ±10 %: read again (from the watch cache) and found missing
     assert loop.report_once() == "created"
 
 

@@ -9,7 +9,8 @@ import kubernetes.client
 import pytest
 
 from koordlet.api.nodeslo import default_node_slo_spec
-from koordlet.kubeapi import CoreV1, CustomObjects
+from koordlet.kubeapi import CoreV1, CustomObjects, KubeClient
+from koordlet.kubeclient.budget import Budget
 from koordlet.statesinformer.informer import StatesInformer
 from koordlet.statesinformer.kube import KubeStates, node_info_from_node
 from tests.support.apiserver import ApiServer
@@ -41,12 +42,18 @@ def node_slo(spec: dict) -> dict:
             "spec": spec}
 
 
+def quick_client(api_client: kubernetes.client.ApiClient) -> KubeClient:
+    """The koordlet's client with a pushback probation of 0.2 s instead of 12 (a watch cut here is a test's)."""
+    return KubeClient(api_client, Budget(probation_s=0.2))
+
+
 @pytest.fixture
 def states(api_client: kubernetes.client.ApiClient) -> Iterator[tuple[StatesInformer, KubeStates, list[str]]]:
     errors: list[str] = []
     informer = StatesInformer(NoPods(), count_error=errors.append)
-    kube = KubeStates(NODE, CoreV1(api_client), CustomObjects(api_client), informer,
-                      resync_s=30, backoff_max_s=0.4, count_error=errors.append)
+    client = quick_client(api_client)
+    kube = KubeStates(NODE, CoreV1(client), CustomObjects(client), informer, backoff_initial_s=0.05,
+                      backoff_max_s=0.4, watch_timeout_s=(30, 30), count_error=errors.append)
     kube.start()
     try:
         yield informer, kube, errors
@@ -80,9 +87,14 @@ def test_node_and_node_slo_arrive_and_follow_updates(server: ApiServer, api_clie
     assert wait_for(lambda: informer.node_slo().resource_used_threshold_with_be.cpu_suppress_threshold_percent == 40)
     custom.delete_cluster_custom_object("slo.koordinator.sh", "v1alpha1", "nodeslos", NODE)
     assert wait_for(lambda: informer.node_slo() == default_node_slo_spec())
-    # Watches are selected by name: another node's changes are not listed.
-    lists = server.requests("GET", r"/(nodes|nodeslos)$")
-    assert lists and all(r.query.get("fieldSelector") == "metadata.name=node-1" for r in lists)
+    # Selected by name, each listed once at resourceVersion 0 (the watch cache), then only watched, with bookmarks.
+    requests = server.requests("GET", r"/(nodes|nodeslos)$")
+    assert requests and all(r.query.get("fieldSelector") == "metadata.name=node-1" for r in requests)
+    lists = [r for r in requests if r.query.get("watch") != "true"]
+    assert sorted(r.path.rsplit("/", 1)[1] for r in lists) == ["nodes", "nodeslos"]
+    assert all(r.query.get("resourceVersion") == "0" for r in lists)
+    watches = [r for r in requests if r.query.get("watch") == "true"]
+    assert all(r.query.get("allowWatchBookmarks") == "true" and r.query.get("resourceVersion") for r in watches)
 
 
 def test_invalid_node_slo_keeps_last_good_and_records_one_event(
@@ -106,24 +118,28 @@ def test_invalid_node_slo_keeps_last_good_and_records_one_event(
     assert "catRangeStartPercent" in event["message"]
 
 
-def test_watch_errors_reconnect_with_backoff(server: ApiServer,
-                                             states: tuple[StatesInformer, KubeStates, list[str]]) -> None:
+def test_a_broken_watch_resumes_from_its_version_through_failures_without_a_list(
+        server: ApiServer, states: tuple[StatesInformer, KubeStates, list[str]]) -> None:
     informer, kube, errors = states
     assert wait_for(lambda: kube.node_slo_watcher._response is not None)
     server.fail_next("GET", r"/nodeslos$", status=500, count=2)
     server.seed(node_object())
-    # Cut the current NodeSLO watch by making the server's stream end: a new object of another kind
-    # does not do that, so stop the old watch and let the loop relist through the injected failures.
+    server.clear_requests()
+    # Cut the current NodeSLO watch as a load balancer would: the loop resumes the watch through the injected
+    # failures, from the version it had, and never lists again (only a 410 would).
     kube.node_slo_watcher._response.shutdown()  # noqa: SLF001 - simulate a dropped connection
+    assert wait_for(lambda: kube.node_slo_reflector.failures >= 3 and kube.node_slo_reflector.watching)
+    assert errors.count("nodeslo") >= 3
     server.seed(node_slo({"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 33}}))
     assert wait_for(lambda: informer.node_slo().resource_used_threshold_with_be.cpu_suppress_threshold_percent == 33)
-    assert kube.node_slo_watcher.failures >= 1 and errors.count("nodeslo") >= 1
+    again = server.requests("GET", r"/nodeslos$")
+    assert len(again) >= 3 and all(r.query.get("watch") == "true" for r in again)
     assert informer.node() is not None
 
 
 def test_stop_returns_quickly_while_watching(api_client: kubernetes.client.ApiClient) -> None:
     informer = StatesInformer(NoPods())
-    kube = KubeStates(NODE, CoreV1(api_client), CustomObjects(api_client), informer, resync_s=300)
+    kube = KubeStates(NODE, CoreV1(api_client), CustomObjects(api_client), informer)
     kube.start()
     assert wait_for(lambda: kube.node_watcher.synced.is_set() and kube.node_watcher._response is not None)
     stopped = threading.Event()
