@@ -22,12 +22,23 @@ case $suite in (*[!a-z0-9-]*|"") die "bad suite name: $suite";; esac
 mkdir -p "$dest"
 dest=$(cd "$dest" && pwd)
 
-todo=()
-for spec in "$@"; do
-  [[ $spec == *=* ]] || die "give an exact version: $spec (PKG=VERSION)"
-  [ -f "$dest/.fetched-${spec//[:\/]/_}" ] || todo+=("$spec")
-done
-if [ ${#todo[@]} -eq 0 ]; then echo "$dest"; exit 0; fi
+missing() {
+  todo=()
+  local spec
+  for spec in "$@"; do
+    [[ $spec == *=* ]] || die "give an exact version: $spec (PKG=VERSION)"
+    [ -f "$dest/.fetched-${spec//[:\/]/_}" ] || todo+=("$spec")
+  done
+  [ ${#todo[@]} -gt 0 ]
+}
+missing "$@" || { echo "$dest"; exit 0; }  # (a v2 guest, whose checkout is read-only, always ends here)
+# Test sessions run at once (the parallel host stage, its serial session, the v2 stage) and may want the same
+# package: one fetch at a time per suite (its apt lists are shared), each looking again once it has the lock.
+tools_dir=${KOORDLET_TOOLS:-$here/.tools}
+mkdir -p "$tools_dir/apt"
+exec {lock_fd}>"$tools_dir/apt/$suite.lock"
+flock "$lock_fd"
+missing "$@" || { echo "$dest"; exit 0; }
 
 # The archive URI of this machine's own apt sources: deb822 (`URIs:`) or one-line (`deb URI suite`).
 uri=${APT_FETCH_URI:-}
@@ -49,7 +60,7 @@ fi
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 [ -r "$keyring" ] || die "missing $keyring (apt-get install debian-archive-keyring)"
 
-state=${KOORDLET_TOOLS:-$here/.tools}/apt/$suite
+state=$tools_dir/apt/$suite
 mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/debs"
 echo "deb [signed-by=$keyring] $uri $suite main" > "$state/sources.list"
 opts=(-o "Dir::Etc::SourceList=$state/sources.list" -o Dir::Etc::SourceParts=/dev/null

@@ -45,6 +45,9 @@ PROMETHEUS_253_SHA256=fe90274df34154770b9455ab036555b602dccbea709be398b640e45eee
 
 bin=$tools/bin
 mkdir -p "$bin"
+# Test sessions run at once (the parallel host stage) and may ask for the same tool: one at a time (where the
+# tools dir is writable; a v2 guest's is not, and fetches nothing).
+if { exec {lock_fd}>"$tools/.fetch-tools.lock"; } 2>/dev/null; then flock "$lock_fd"; fi
 
 sha_ok() { [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]; }
 

@@ -16,7 +16,9 @@ log() { echo "v2-guest: $*" >&2; }
 finish() { echo "$1" > "$out/rc"; exit "$1"; }
 
 [ "$(stat -f -c %T /sys/fs/cgroup)" = cgroup2fs ] || { log "/sys/fs/cgroup is not cgroup2"; finish 1; }
-log "kernel $(uname -r), $(nproc) CPUs, controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
+# Seconds since the guest's kernel started: where an emulated guest's time goes (boot, Python, the tests).
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+log "kernel $(uname -r), $(nproc) CPUs, controllers: $(cat /sys/fs/cgroup/cgroup.controllers); booted in $(uptime_s) s"
 [ "$(id -u)" = 0 ] || { log "not root in the guest"; finish 1; }
 # Only in a guest booted by v2-stage.sh (virtme-ng's init, or kpy_v2_guest=1 with systemd as PID 1): it
 # mounts a tmpfs over a host path and would do so on a host too.
@@ -46,9 +48,11 @@ case "$mode" in
     # No hypothesis plugin: no cgroupv2 test is a property test, and loading it costs ~30 s under emulation.
     # faulthandler_timeout: a test still running after 240 s prints every thread's stack (the run goes on), so a
     # guest that hangs says where before the host's V2_TIMEOUT ends it.
+    log "pytest starts at $(uptime_s) s"
     "$py" -m pytest -v -rs -p no:cacheprovider -p no:hypothesispytest -m cgroupv2 -o junit_family=xunit1 \
       -o faulthandler_timeout=240 --junitxml="$out/junit.xml" "$@"
     rc=$?
+    log "pytest done at $(uptime_s) s"
     # The tests remove every cgroup they made (containerd-down.sh prunes runc's parents): on the real v2
     # hierarchy, check that nothing of ours is left.
     left=$(find /sys/fs/cgroup -maxdepth 1 -type d -name 'koordlet-py*' | sort)

@@ -10,10 +10,10 @@
 # Knobs (environment):
 #   V2_CPUS=4            vCPUs (4 so the cpuset-suppress shrink is visible)
 #   V2_MEMORY=4G         guest memory
-#   V2_TIMEOUT=900       seconds before a guest is killed (boot + tests; each guest measures ~4 min)
+#   V2_TIMEOUT=900       seconds before a guest is killed (boot + tests; each guest measures ~4 min alone)
 #   V2_KERNEL=           a kernel image; default: the newest /boot/vmlinuz-*
 #   V2_OUT=out/v2        results: <driver>/{junit.xml,rc,guest.log,wall_seconds}; the guests write there
-#   V2_DRIVERS="cgroupfs systemd"   the guests to boot: cgroupfs (virtme-ng's init; every cgroupv2 test but
+#   V2_DRIVERS="systemd cgroupfs"   the guests to boot, in this order: cgroupfs (virtme-ng's init; every cgroupv2 test but
 #                        the pod story, which it runs only when it boots alone, and the proxy's restarts
 #                        under systemd, never) and systemd (systemd as PID 1: the pod story and NRI on
 #                        kubelet's systemd layout, the proxy restarted by systemctl)
@@ -23,6 +23,13 @@
 #   V2_DISK_MB=64        size of the sparse disk attached to the cgroupfs guest (blkio tests; BE page cache in benches)
 #   V2_NUMA=2            NUMA nodes of the cgroupfs guest (qemu -numa through vng --numa): V2_CPUS and V2_MEMORY
 #                        split evenly between them (each must divide); 1 boots it without NUMA
+#   V2_WAIT_FOR_HOST=    1: the VM runs beside the host stage (scripts/test-all.sh), and the guests' tests marked
+#                        alone wait until $V2_OUT/host-done exists (the host's stages beside it are done;
+#                        tests/support/v2guest.py). The guest sees it in its own results dir, copied there.
+#   V2_NICE=0            the VM's niceness, of its processes and of their autogroup (the kernel's per-session
+#                        group, which is what competes with other sessions for the CPUs when autogroup is on):
+#                        scripts/test-all.sh runs the VM beside the host stage with 10, so that the host tests
+#                        keep the cores they need and the VM takes the rest
 # Installs what it needs: Debian qemu-system-x86 and linux-image-amd64 (apt-get); virtme-ng is pinned in
 # requirements-dev.lock and installed by make deps. Needs root.
 set -euo pipefail
@@ -33,6 +40,10 @@ memory=${V2_MEMORY:-4G}
 limit=${V2_TIMEOUT:-900}
 mode=${V2_MODE:-tests}
 numa=${V2_NUMA:-2}
+nice=${V2_NICE:-0}
+# The systemd guest first: its long tests (the proxy restarted by systemd, NRI) need no quiet host, so beside the host
+# stage they use the time its tests leave; the cgroupfs guest's are mostly CPU suppression, marked alone.
+drivers=${V2_DRIVERS:-systemd cgroupfs}
 out=${V2_OUT:-$here/out/v2}
 log() { echo "v2-stage: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -54,6 +65,7 @@ if [ ${#need[@]} -gt 0 ]; then
   }
 fi
 [ -x "$venv/bin/vng" ] || die "no vng in $venv: virtme-ng comes with requirements-dev.lock (run: make deps)"
+mkdir -p "$out"
 # The guests' containerd (tests/support/containerd.py's default generation) is fetched here: the VM has no network.
 CTRD_VERSION=2.1 CTRD_FETCH_ONLY=1 CTRD_RUN="$out/.fetch" bash "$here/scripts/containerd-up.sh" ||
   die "could not fetch containerd 2.1 for the guests"
@@ -74,6 +86,16 @@ kernel=${V2_KERNEL:-$(ls -v /boot/vmlinuz-* 2>/dev/null | tail -1)}
 # virtme-ng loads modules (9p, overlay, virtio) from the kernel's /lib/modules tree.
 release=${kernel##*/vmlinuz-}
 [ -d "/lib/modules/$release" ] || die "no /lib/modules/$release for $kernel"
+
+# The guests read this checkout read-only and write no bytecode: every module an emulated guest compiles costs it
+# what the host does in a fraction of the time, and on a fresh clone (the host stage starts beside this one) nothing
+# is compiled yet. So compile here first: the project's modules, and pytest's rewritten test modules of the guests
+# (a collection of the cgroupv2 modules writes them, and says early when one does not import).
+"$venv/bin/python" -m compileall -q -j 0 "$here/koordlet" "$here/runtimeproxy" "$here/hooks" "$here/wire" \
+  "$here/demo" "$here/tests" >/dev/null || die "compileall failed"
+mapfile -t guest_modules < <(cd "$here" && grep -rlE --include='test_*.py' 'mark\.cgroupv2' tests | sort)
+(cd "$here" && "$venv/bin/python" -m pytest -q --collect-only -p no:cacheprovider -m cgroupv2 "${guest_modules[@]}" \
+  >"$out/.collect.log" 2>&1) || { cat "$out/.collect.log" >&2; die "the cgroupv2 modules do not collect"; }
 
 # ---- run -----------------------------------------------------------------------------------------
 export PATH=$venv/bin:$PATH   # vng runs its helper virtme-run from PATH
@@ -107,6 +129,13 @@ trap 'log "terminated: stopping the guest"; stop_guest; exit 143' TERM
 boot() {
   local driver=$1 dir=$2; shift 2
   rm -rf "$dir"; mkdir -p "$dir"
+  # The host's word that its stages are done, if it came before this guest (test-all.sh also writes it into each
+  # guest dir there is when it does).
+  local host_done=
+  if [ "${V2_WAIT_FOR_HOST:-}" = 1 ]; then
+    host_done=$dir/host-done
+    [ ! -e "$out/host-done" ] || : > "$host_done"
+  fi
   local -a how
   if [ "$driver" = systemd ]; then
     local args; args=$(IFS=:; echo "$*")
@@ -114,6 +143,7 @@ boot() {
     # A later -append replaces virtme's kernel command line (and with it virtme's init and --exec).
     local cmdline="console=ttyS0 nr_open=1048576 audit=off luks=no systemd.zram=0 quiet loglevel=1 container="
     cmdline+=" kpy_v2_guest=1 kpy_repo=$here kpy_venv=$venv kpy_out=$dir kpy_args=$args systemd.unit=kpy-v2.target"
+    [ -z "$host_done" ] || cmdline+=" kpy_host_done=$host_done"
     cmdline+=" init=$here/scripts/v2-systemd-init.sh"
     how=(--systemd --qemu-opts="-append '$cmdline'")
   else
@@ -123,11 +153,11 @@ boot() {
     truncate -s "${V2_DISK_MB:-64}M" "$disk"
     local guest_cmd
     guest_cmd="KPY_VENV=$(printf %q "$venv") KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode KPY_V2_DISK=$(printf %q "$disk") KPY_V2_NUMA=$numa"
-    guest_cmd+=" KPY_V2_BENCH=$(printf %q "${V2_BENCH:-bench/qos_reaction.py}")"
+    guest_cmd+=" KPY_V2_BENCH=$(printf %q "${V2_BENCH:-bench/qos_reaction.py}") KPY_V2_HOST_DONE=$(printf %q "$host_done")"
     # The pod story and the NRI plugin on containerd 2.1 are the systemd guest's (below) when both guests boot;
     # the proxy's restarts under systemd need systemd as PID 1, so they are never the cgroupfs guest's.
     local skip=("${systemd_only_modules[@]}")
-    [[ " ${V2_DRIVERS:-cgroupfs systemd} " != *" systemd "* ]] || skip+=("${systemd_modules[@]}")
+    [[ " $drivers " != *" systemd "* ]] || skip+=("${systemd_modules[@]}")
     guest_cmd+=" KPY_V2_SKIP=$(printf %q "${skip[*]}")"
     guest_cmd+=" bash $(printf %q "$here/scripts/v2-guest.sh")"
     for a in "$@"; do guest_cmd+=" $(printf %q "$a")"; done
@@ -146,13 +176,20 @@ boot() {
   exec {stdin_fd}<>"$fifo"
   exec {out_fd}> >(tee "$dir/guest.log")
   tee_pid=$!
-  setsid vng --run "$kernel" --disable-kvm --force-9p --cpus "$cpus" --memory "$memory" --rwdir "$dir" "${how[@]}" \
-    <&"$stdin_fd" >&"$out_fd" 2>&1 &
+  nice -n "$nice" setsid vng --run "$kernel" --disable-kvm --force-9p --cpus "$cpus" --memory "$memory" \
+    --rwdir "$dir" "${how[@]}" <&"$stdin_fd" >&"$out_fd" 2>&1 &
   vng_pid=$!
   exec {stdin_fd}>&- {out_fd}>&-
   rm -f "$fifo"
-  local deadline=$((started + limit))
+  # setsid made the VM a session, and so (with the kernel's autogroup on) a group of its own beside the caller's.
+  [ "$nice" = 0 ] || echo "$nice" > "/proc/$vng_pid/autogroup" 2>/dev/null || true
+  local deadline=$((started + limit)) qemu_pid="" qemu_ticks=0 stat
   while kill -0 "$vng_pid" 2>/dev/null; do
+    # qemu's CPU time so far (utime + stime), kept in cpu_seconds with the wall time: what the guest cost the host.
+    [ -n "$qemu_pid" ] || qemu_pid=$(pgrep -g "$vng_pid" -f qemu-system | head -1)
+    if [ -n "$qemu_pid" ] && stat=$(cut -d')' -f2 "/proc/$qemu_pid/stat" 2>/dev/null); then
+      qemu_ticks=$(awk '{print $12 + $13}' <<< "$stat")
+    fi
     if [ "$(date +%s)" -ge "$deadline" ]; then
       log "guest still running after ${limit}s: stopping it"
       stop_guest
@@ -170,6 +207,7 @@ boot() {
   wait "$tee_pid" 2>/dev/null || true
   local elapsed=$(( $(date +%s) - started ))
   echo "$elapsed" > "$dir/wall_seconds"
+  echo $(( qemu_ticks / $(getconf CLK_TCK) )) > "$dir/cpu_seconds"
   # The guest writes its own exit code; a guest that never reached the end (kernel panic, boot failure)
   # leaves no file: that is a failure too.
   if [ ! -f "$dir/rc" ]; then
@@ -177,7 +215,7 @@ boot() {
     return 1
   fi
   local rc; rc=$(cat "$dir/rc")
-  log "$driver guest finished in ${elapsed}s with exit code $rc"
+  log "$driver guest finished in ${elapsed}s (qemu used $(cat "$dir/cpu_seconds") s of CPU) with exit code $rc"
   return "$rc"
 }
 
@@ -187,14 +225,13 @@ boot() {
 systemd_only_modules=(tests/runtimeproxy/test_restart_systemd_v2.py)
 systemd_modules=(tests/koordlet/test_pod_story_v2.py tests/koordlet/runtimehooks/nri/test_containerd_v2.py
                  "${systemd_only_modules[@]}")
-mkdir -p "$out"
 started=$(date +%s)
 rc=0
 if [ "$mode" = bench ]; then
   boot cgroupfs "$out" "$@" || rc=$?
 else
   # V2_DRIVERS: which guests (default both). Arguments given: they go to both guests' pytest.
-  for driver in ${V2_DRIVERS:-cgroupfs systemd}; do
+  for driver in $drivers; do
     if [ "$driver" = systemd ] && [ $# -eq 0 ]; then
       boot systemd "$out/systemd" "${systemd_modules[@]}" || rc=$?
     else

@@ -14,6 +14,7 @@
 #   kpy_out    the results dir, shared read-write as virtme's 9p tag virtme.initmount0 (vng --rwdir)
 #   kpy_args   pytest arguments for v2-guest.sh, ':'-separated
 #   kpy_venv   the virtualenv v2-guest.sh runs (KPY_VENV)
+#   kpy_host_done  the file whose existence says the host's stages beside the VM are done (KPY_V2_HOST_DONE)
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 mount -t proc -o nosuid,nodev,noexec proc /proc
 mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
@@ -56,6 +57,7 @@ FailureAction=poweroff-force
 [Service]
 Type=oneshot
 Environment=KPY_VENV=${kpy_venv:-$kpy_repo/.venv} KPY_V2_OUT=$kpy_out KPY_V2_MODE=tests KPY_CGROUP_DRIVER=systemd CTRD_SYSTEMD_CGROUP=1 CTRD_NO_INSTALL=1
+Environment=KPY_V2_HOST_DONE=${kpy_host_done:-}
 ExecStart=/bin/bash $kpy_repo/scripts/v2-guest.sh $args
 StandardOutput=journal+console
 StandardError=journal+console

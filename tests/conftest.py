@@ -5,15 +5,25 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import kubernetes.client
 import pytest
 
-from tests.support.apiserver import ApiServer, kube_api_client
 from tests.support.containerd import clean_up_dead_sessions, session_containerd
 
+if TYPE_CHECKING:  # imported by the fixtures that use them: the kubernetes client costs seconds in an emulated guest
+    import kubernetes.client
+
+    from tests.support.apiserver import ApiServer
+    from tests.support.v2stack import V2Stack
+
 # In the cgroup v2 VM stage a skipped cgroupv2 test is a failure unless the kernel lacks the feature.
-pytest_plugins = ["tests.support.v2guest"]
+# The host stage runs in parallel (pytest-xdist, scripts/test-all.sh): a test that touches node state with a fixed
+# name (a host path such as /var/run/koordlet or /etc/runtime/hookserver.d, a port such as 9316, a sysctl) is marked
+# `@pytest.mark.serial` and runs in the one serial worker; a test that measures CPU shares is marked
+# `@pytest.mark.alone` and runs in the last pass, with nothing beside it. tests.support.nodestate fails a test that
+# touches such state without the marker (docs/testing.md, "Running in parallel").
+pytest_plugins = ["tests.support.v2guest", "tests.support.nodestate"]
 
 
 def _can_run_containerd() -> str | None:
@@ -40,9 +50,26 @@ def containerd_socket() -> str:
         containerd.remove_dirs()
 
 
+@pytest.fixture(scope="session")
+def v2_stack(containerd_socket: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Stack]:
+    """The node stack of a cgroup v2 guest session, started once (tests/support/v2stack.py): the session's containerd
+    (with NRI in a guest), koordlet's runtime hooks and koord-runtime-proxy in front of containerd. Skips where
+    /sys/fs/cgroup is no writable cgroup v2 root (this host)."""
+    from tests.support.v2guest import skip_unless_v2_writable
+
+    skip_unless_v2_writable()
+    from tests.support.v2stack import V2Stack
+
+    nri_socket = session_containerd().nri_socket
+    with V2Stack.running(containerd_socket, nri_socket, tmp_path_factory.mktemp("v2stack")) as stack:
+        yield stack
+
+
 @pytest.fixture
 def server() -> Iterator[ApiServer]:
     """The project's own small API server (validates against the chart's files/crds), fresh for each test."""
+    from tests.support.apiserver import ApiServer
+
     with ApiServer() as running:
         yield running
 
@@ -50,5 +77,7 @@ def server() -> Iterator[ApiServer]:
 @pytest.fixture
 def api_client(server: ApiServer) -> Iterator[kubernetes.client.ApiClient]:
     """A real `kubernetes` client talking to ``server``."""
+    from tests.support.apiserver import kube_api_client
+
     with kube_api_client(server) as client:
         yield client

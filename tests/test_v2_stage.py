@@ -1,12 +1,17 @@
-"""The cgroup v2 VM stage's own rules, checked on the host (the stage itself runs at the end of `make test`)."""
+"""The test command's stage scripts, checked on the host: the cgroup v2 VM stage's rules (the stage itself runs beside
+the host stage of `make test`) and how scripts/test-all.sh splits the host suite into its sessions."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 # The guest collects only these modules (scripts/v2-guest.sh); importing the whole tree under emulation costs
@@ -62,3 +67,43 @@ def test_the_stage_scripts_parse_and_the_guest_script_refuses_to_run_on_a_host(t
     assert "refusing" in done.stderr or "not cgroup2" in done.stderr, done.stderr
     assert (tmp_path / "rc").read_text().strip() == "1"
     assert not os.path.ismount("/var/lib/koordlet-py") or "koordlet-py-v2" not in Path("/proc/mounts").read_text()
+
+
+def test_the_host_sessions_of_the_test_command_run_every_host_test_exactly_once() -> None:
+    """scripts/test-all.sh's pytest sessions on a generation: the serial one, the parallel one, the alone one (last).
+    For every combination of the markers exactly one of them selects a host test, and none a cgroupv2 one."""
+    selections = re.findall(r'-m "([^"]+)"', (REPO / "scripts" / "test-all.sh").read_text())
+    assert selections == ["serial and not alone and not cgroupv2", "not serial and not alone and not cgroupv2",
+                          "alone and not cgroupv2"]
+    for serial, alone, cgroupv2 in itertools.product((False, True), repeat=3):
+        marks = {"serial": serial, "alone": alone, "cgroupv2": cgroupv2}
+        chosen = [s for s in selections if eval(s, {}, marks)]  # noqa: S307 (our own script's marker expressions)
+        assert len(chosen) == (0 if cgroupv2 else 1), (marks, chosen)
+
+
+def test_in_the_guest_the_alone_tests_run_last_once_the_host_says_its_stages_are_done(tmp_path: Path) -> None:
+    """v2guest's order and wait: the alone tests after the others, and not before the host's file exists; the wait is
+    no test's time (a 1 s pytest-timeout is not hit by a 3 s wait)."""
+    done, log = tmp_path / "host-done", tmp_path / "order.log"
+    (tmp_path / "test_x.py").write_text(
+        "import os, pytest\n"
+        f"LOG, DONE = {str(log)!r}, {str(done)!r}\n"
+        "def note(name):\n    open(LOG, 'a').write(f'{name} {os.path.exists(DONE)}\\n')\n"
+        "@pytest.mark.alone\ndef test_burn():\n    note('burn')\n"
+        "def test_files():\n    note('files')\n"
+        "def test_more_files():\n    note('more_files')\n")
+    env = {"PYTHONPATH": str(REPO), "KPY_V2_GUEST": "1", "KPY_V2_HOST_DONE": str(done)}
+    guest = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.support.v2guest",
+                              "-o", "markers=alone", "-o", "timeout=1", "-q", "test_x.py"], cwd=tmp_path,
+                             env={**os.environ, **env}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: log.exists() and len(log.read_text().split("\n")) > 2, 60), "the other tests ran first"
+        time.sleep(3)
+        assert log.read_text() == "files False\nmore_files False\n", "an alone test ran before the host was done"
+        done.touch()
+        out = guest.communicate(timeout=60)[0]
+    finally:
+        guest.kill()
+    assert guest.returncode == 0, out
+    assert log.read_text() == "files False\nmore_files False\nburn True\n"
+    assert "waiting for the host stage to end" in out and "the host stage is done; waited" in out, out

@@ -10,6 +10,7 @@ and register it, and a BE pod started through koord-runtime-proxy on the host th
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -33,7 +34,9 @@ from tests.support.proxy import ProxyProcess, free_port
 from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
 
-pytestmark = pytest.mark.containerd
+# serial: the image build writes out/image, and the DaemonSet test takes its real host paths (and so does
+# test_koordinator_chart.py's image test, in the same serial session).
+pytestmark = [pytest.mark.containerd, pytest.mark.serial]
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"koordlet-py:{VERSION}"
@@ -50,8 +53,11 @@ def image_archive() -> Path:
     return build_image_archive()
 
 
+@functools.cache
 def build_image_archive() -> Path:
-    """`make image`: the OCI archive of koordlet-py:<version> (KOORDLET_IMAGE_ARCHIVE: one built already)."""
+    """`make image`: the OCI archive of koordlet-py:<version> (KOORDLET_IMAGE_ARCHIVE: one built already). Built once
+    per test session: this module's tests and test_koordinator_chart.py's image test take the same archive of the
+    same tree."""
     if os.environ.get("KOORDLET_IMAGE_ARCHIVE"):
         return Path(os.environ["KOORDLET_IMAGE_ARCHIVE"])
     done = subprocess.run(["bash", str(ROOT / "scripts" / "build-image.sh")], capture_output=True, text=True,

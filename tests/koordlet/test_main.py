@@ -84,7 +84,8 @@ def test_local_mode_daemon_serves_metrics_writes_nodemetric_and_stops_on_sigterm
         f"-node-slo-file={slo}", f"-cri-endpoint={containerd_socket}", f"-report-dir={reports}",
         "-cgroup-root-dir=/sys/fs/cgroup/", f"-kubelet-cgroup-root={CGROUP_ROOT}",
         f"-addr=127.0.0.1:{port}", "-report-interval=1s", "-kubelet-sync-interval=1s", "-sys-root-dir=/sys/",
-        f"-runtime-hooks-config-path={tmp_path / 'hookserver.d'}", f"-sys-fs-root-dir={tmp_path / 'sysfs'}",
+        f"-runtime-hooks-config-path={tmp_path / 'hookserver.d'}", f"-runtime-hooks-addr={tmp_path / 'koordlet.sock'}",
+        f"-sys-fs-root-dir={tmp_path / 'sysfs'}",
         "-feature-gates=NodeMetricPromMetrics=true,PSICollector=true",
     ]
     env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(REPO)}
@@ -135,6 +136,7 @@ def _tail(log, size: int = 4000) -> str:  # noqa: ANN001
     return log.read()[-size:]
 
 
+@pytest.mark.serial  # a koordlet on its default port and hook socket (it exits before binding them)
 def test_missing_node_name_exits_2_with_a_clear_message() -> None:
     env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
     env["PYTHONPATH"] = str(REPO)
@@ -335,6 +337,7 @@ def test_sigterm_while_waiting_for_states_sync_exits_quickly(tmp_path: Path) -> 
     argv = [sys.executable, "-m", "koordlet.main", "-local-mode", f"-node-slo-file={tmp_path / 'slo.yaml'}",
             f"-cri-endpoint={tmp_path / 'no-runtime.sock'}", f"-report-dir={tmp_path}",
             f"-cgroup-root-dir={tmp_path / 'cgroup'}", f"-addr=127.0.0.1:{port}", "-sys-root-dir=/sys/",
+            f"-runtime-hooks-addr={tmp_path / 'koordlet.sock'}", f"-runtime-hooks-config-path={tmp_path / 'hooks'}",
             "-kubelet-sync-timeout=200ms"]
     env = {**os.environ, "NODE_NAME": NODE, "PYTHONPATH": str(REPO)}
     log = (tmp_path / "koordlet.log").open("w+")

@@ -3,8 +3,9 @@ once more in a guest that boots systemd as PID 1, with containerd's systemd cgro
 systemd layout (``kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid>.slice/cri-containerd-<id>.scope``;
 the guest sets ``KPY_CGROUP_DRIVER=systemd``).
 
-Real containerd 1.6 + runc on the unified hierarchy, koord-runtime-proxy in front of it, koordlet's hook
-server registered: an LS pod and a BE pod start through the proxy and the values the hooks decided are read
+The guest session's node stack (tests/support/v2stack.py, started once for every guest test that needs it): real
+containerd 2.1 + runc on the unified hierarchy, koord-runtime-proxy in front of it, koordlet's hook server
+registered. An LS pod and a BE pod start through the proxy and the values the hooks decided are read
 back from the v2 files; the reconciler restores a hand-changed v2 value; memory QoS and CPU burst write their
 v2 files on the real pods and on the kubepods QoS dirs; per-pod PSI is read from the pods' own
 ``*.pressure`` files. Every test here runs in the guest only (marked ``cgroupv2``); the host skips them.
@@ -24,150 +25,67 @@ import pytest
 
 from koordlet.api.cpuset import format_cpu_list, parse_cpu_list
 from koordlet.api.keys import ANNOTATION_RESOURCE_STATUS, LABEL_QOS_CLASS
-from koordlet.api.nodeslo import default_node_slo_spec, parse_node_slo_spec
-from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS
-from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
 from koordlet.metricsadvisor import CollectorRunner, NodeResourceCollector, PodCgroup
 from koordlet.metricsadvisor.pods import ContainerCgroup, PodResourceCollector
 from koordlet.metricsadvisor.psi import PodPsiCollector
-from koordlet.qosmanager import QoSManagerConfig, new_qos_manager
-from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
-from koordlet.statesinformer.api import NodeInfo, StaticStates
-from koordlet.system.cgroup import CgroupDriver, CgroupFS, CgroupVersion
+from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.cgroup_stats import read_cfs_quota
-from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.resources import cpu_shares_to_weight
-from tests.koordlet.qosmanager.realnode import skip_unless_v2_writable
-from tests.support.containerd import CGROUP_ROOT
-from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
-from tests.support.proxy import ProxyProcess
+from tests.support.cri import CriClient, PodFactory, container_config
+from tests.support.v2stack import LAYOUT, RECONCILE_INTERVAL_S, STARTUP_TIMEOUT_S, V2, V2Pod, V2Stack
+from tests.support.v2stack import kubelet_sandbox as _sandbox
 from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
 
-pytestmark = [pytest.mark.cgroupv2, pytest.mark.containerd]
+# alone: its suppression follows the node's CPU use as the guest counts it, which a busy host moves (tests run once
+# the host stage is done: tests/support/v2guest.py); the module stays together, its pods made once.
+pytestmark = [pytest.mark.cgroupv2, pytest.mark.containerd, pytest.mark.alone]
 
-V2 = Path("/sys/fs/cgroup")
-DRIVER = CgroupDriver(os.environ.get("KPY_CGROUP_DRIVER", "cgroupfs"))
-# kubelet's layout: with cgroupfs our tests' --cgroup-root keeps pods apart from any real ones; with systemd
-# (only in the systemd guest) kubelet's default root, as systemd expands the slice names.
-LAYOUT = (KubeCgroupLayout(driver=CgroupDriver.SYSTEMD) if DRIVER is CgroupDriver.SYSTEMD
-          else KubeCgroupLayout(cgroup_root=CGROUP_ROOT))
 MiB = 1 << 20
-RECONCILE_INTERVAL_S = 1.0
-STARTUP_TIMEOUT_S = 120.0  # an emulated guest imports the proxy's Python in ~10 s; on a busy host far more
-GATES = {"BatchResource": True, "CPUSetAllocator": True, "GroupIdentity": True}
 BE_SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi"},
                                   "limits": {"kubernetes.io/batch-cpu": "1500", "kubernetes.io/batch-memory": "96Mi"}}}}
 BE_LABELS = {LABEL_QOS_CLASS: "BE"}
 LS_LABELS = {LABEL_QOS_CLASS: "LS"}
 
 
-def _sandbox(name: str, kube_qos: KubeQoS, labels: dict[str, str], annotations: dict[str, str]) -> cri.PodSandboxConfig:
-    """What kubelet sends: with the systemd driver the cgroup parent is the pod's bare slice name."""
-    sandbox = sandbox_config(name, kube_qos=kube_qos.value.lower(), labels=labels, annotations=annotations)
-    if DRIVER is CgroupDriver.SYSTEMD:
-        qos = "" if kube_qos is KubeQoS.GUARANTEED else f"-{kube_qos.value.lower()}"
-        sandbox.linux.cgroup_parent = f"kubepods{qos}-pod{sandbox.metadata.uid.replace('-', '_')}.slice"
-    return sandbox
-
-
-@dataclass
-class Pod:
-    name: str
-    uid: str
-    sandbox_id: str
-    sandbox: cri.PodSandboxConfig
-    container_id: str
-    meta: PodMeta
-
-    @property
-    def dir(self) -> Path:
-        return V2 / LAYOUT.dir_from_cgroup_parent(self.sandbox.linux.cgroup_parent)
-
-    @property
-    def container_dir(self) -> Path:
-        return V2 / LAYOUT.container_dir(str(self.dir.relative_to(V2)), self.container_id)
-
-    def read(self, name: str, container: bool = True) -> str:
-        return ((self.container_dir if container else self.dir) / name).read_text().strip()
-
-
 @dataclass
 class Story:
-    states: StaticStates
-    hooks: RuntimeHooks
+    stack: V2Stack
     pods: PodFactory
-    ls: Pod
-    be: Pod
+    ls: V2Pod
+    be: V2Pod
     ls_cpus: str
 
 
 @pytest.fixture(scope="module")
-def real_v2() -> None:
-    skip_unless_v2_writable()
-
-
-@pytest.fixture(scope="module")
-def story(real_v2: None, containerd_socket: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
-    tmp = tmp_path_factory.mktemp("v2story")
-    node = NodeInfo("v2-node", capacity={"cpu": os.cpu_count() * 1000, "memory": 4096 * MiB},
-                    allocatable={"cpu": os.cpu_count() * 1000, "memory": 4096 * MiB})
-    states = StaticStates(node=node, node_slo=default_node_slo_spec())
-    config = RuntimeHooksConfig(socket_path=str(tmp / "koordlet.sock"), host_endpoint=str(tmp / "koordlet.sock"),
-                                config_dir=str(tmp / "hookserver.d"), reconcile_interval_s=RECONCILE_INTERVAL_S,
-                                feature_gates=GATES)
-    fs = CgroupFS.detect()
-    assert fs.version is CgroupVersion.V2
-    hooks = RuntimeHooks(config, states, ResourceExecutor(fs), LAYOUT)
-    proxy = ProxyProcess(str(tmp / "proxy.sock"), containerd_socket, state_dir=str(tmp))
-    client = CriClient(proxy.listen)
-    pods = PodFactory(client)
+def story(v2_stack: V2Stack) -> Iterator[Story]:
+    """An LS and a BE pod through the session's proxy (tests/support/v2stack.py), in koordlet's states."""
+    pods = v2_stack.pods()
     try:
-        hooks.start()
-        proxy.start(timeout_s=STARTUP_TIMEOUT_S)
         online = parse_cpu_list((V2 / "cpuset.cpus.effective").read_text())
         ls_cpus = format_cpu_list(online[1:3] if len(online) >= 3 else online[-1:])
         # LS: Burstable, 2 cores of quota, 256Mi, the cpuset the scheduler chose (resource-status).
-        ls_sandbox = _sandbox("ls", KubeQoS.BURSTABLE, LS_LABELS,
-                              {ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": ls_cpus})})
-        ls_sid = pods.run_pod(ls_sandbox, timeout=STARTUP_TIMEOUT_S)
         ls_resources = cri.LinuxContainerResources(cpu_period=100000, cpu_quota=200000, cpu_shares=1024,
                                                    memory_limit_in_bytes=256 * MiB)
-        ls_cid = pods.create_container(ls_sid, ls_sandbox, container_config("app", resources=ls_resources))
-        client.runtime.StartContainer(cri.StartContainerRequest(container_id=ls_cid), timeout=60)
+        ls = v2_stack.start_pod(pods, "ls", KubeQoS.BURSTABLE, LS_LABELS,
+                                {ANNOTATION_RESOURCE_STATUS: json.dumps({"cpuset": ls_cpus})},
+                                container_config("app", resources=ls_resources),
+                                requests={"cpu": 1000, "memory": 128 * MiB}, limits={"cpu": 2000, "memory": 256 * MiB})
         # BE: BestEffort with batch resources, resources only from the hooks.
-        be_annotations = {"node.koordinator.sh/extended-resource-spec": json.dumps(BE_SPEC)}
-        be_sandbox = _sandbox("job", KubeQoS.BESTEFFORT, BE_LABELS, be_annotations)
-        be_sid = pods.run_pod(be_sandbox)
-        be_cid = pods.create_container(be_sid, be_sandbox, container_config("job"))
-        client.runtime.StartContainer(cri.StartContainerRequest(container_id=be_cid), timeout=60)
-
-        def meta(sandbox: cri.PodSandboxConfig, cid: str, container: ContainerMeta, kube_qos: KubeQoS) -> PodMeta:
-            return PodMeta(name=sandbox.metadata.name, namespace="default", uid=sandbox.metadata.uid,
-                           labels=dict(sandbox.labels), annotations=dict(sandbox.annotations), kube_qos=kube_qos,
-                           cgroup_parent=sandbox.linux.cgroup_parent, phase="Running", containers=(container,))
-
-        ls_container = ContainerMeta("app", ls_cid, requests={"cpu": 1000, "memory": 128 * MiB},
-                                     limits={"cpu": 2000, "memory": 256 * MiB})
-        be_container = ContainerMeta("job", be_cid, requests={"kubernetes.io/batch-cpu": 500,
-                                                              "kubernetes.io/batch-memory": 64 * MiB},
-                                     limits={"kubernetes.io/batch-cpu": 1500, "kubernetes.io/batch-memory": 96 * MiB})
-        ls = Pod("ls", ls_sandbox.metadata.uid, ls_sid, ls_sandbox, ls_cid,
-                 meta(ls_sandbox, ls_cid, ls_container, KubeQoS.BURSTABLE))
-        be = Pod("job", be_sandbox.metadata.uid, be_sid, be_sandbox, be_cid,
-                 meta(be_sandbox, be_cid, be_container, KubeQoS.BESTEFFORT))
-        states.set_pods([ls.meta, be.meta])
-        yield Story(states, hooks, pods, ls, be, ls_cpus)
+        be = v2_stack.start_pod(pods, "job", KubeQoS.BESTEFFORT, BE_LABELS,
+                                {"node.koordinator.sh/extended-resource-spec": json.dumps(BE_SPEC)},
+                                container_config("job"),
+                                requests={"kubernetes.io/batch-cpu": 500, "kubernetes.io/batch-memory": 64 * MiB},
+                                limits={"kubernetes.io/batch-cpu": 1500, "kubernetes.io/batch-memory": 96 * MiB})
+        v2_stack.add_pods(ls, be)
+        yield Story(v2_stack, pods, ls, be, ls_cpus)
     finally:
-        pods.client = CriClient(containerd_socket)
+        pods.client = CriClient(v2_stack.containerd_socket)
         pods.cleanup()
         pods.client.close()
-        client.close()
-        if proxy.proc is not None:
-            proxy.terminate()
-        hooks.stop()
+        v2_stack.reset()
 
 
 def test_v2_pods_start_through_the_proxy_with_the_hooks_values_in_the_v2_files(story: Story) -> None:
@@ -205,12 +123,7 @@ def test_v2_reconciler_sets_the_pod_level_and_restores_a_hand_changed_value(
 
 def _manager(story: Story, slo_spec: dict, gates: dict[str, bool], cache: MetricCache | None = None):  # noqa: ANN202
     """A QoS manager over the story's pods with only ``gates`` on; ``cache``: where collectors put usage."""
-    story.states.set_node_slo(parse_node_slo_spec(slo_spec))
-    fs = CgroupFS.detect()
-    config = QoSManagerConfig(node_name="v2-node", feature_gates={
-        "BECPUSuppress": False, "CPUBurst": False, "RdtResctrl": False, "CgroupReconcile": False, **gates})
-    return new_qos_manager(story.states, cache or MetricCache(), ResourceExecutor(fs), LAYOUT,
-                           config=config, started_at=time.time() - 60)
+    return story.stack.manager(slo_spec, gates, cache)
 
 
 def test_v2_memory_qos_writes_min_low_high_on_pods_containers_and_the_kubepods_qos_dirs(story: Story) -> None:
@@ -259,7 +172,7 @@ def test_v2_cpu_burst_writes_cpu_max_burst_on_the_real_container(story: Story) -
         manager.stop()
 
 
-def _burn(story: Story, pod: Pod, burners: int, name: str) -> str:
+def _burn(story: Story, pod: V2Pod, burners: int, name: str) -> str:
     """A container of ``burners`` busy loops in ``pod``; returns its id (stop and remove it with _stop)."""
     cid = story.pods.create_container(pod.sandbox_id, pod.sandbox, container_config(
         name, command=["sh", "-c", f"for i in $(seq {burners}); do (while :; do :; done) & done; wait"]))
@@ -368,7 +281,7 @@ def test_v2_pod_psi_and_usage_are_read_from_the_pods_own_files(story: Story) -> 
         # The same pods through the resource collector's v2 path (cpu.stat usage_usec, memory.stat), against
         # the kernel's own count over the same window. (The burner has no limit, so the hook has unbound the
         # BE pod's quota: a container without a limit makes the pod unlimited.)
-        def usage_usec(pod: Pod) -> int:
+        def usage_usec(pod: V2Pod) -> int:
             return int(dict(line.split() for line in pod.read("cpu.stat", container=False).splitlines())["usage_usec"])
 
         resources = PodResourceCollector(pods, CgroupFS.detect(), interval_s=1.0)

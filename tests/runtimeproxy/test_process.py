@@ -71,7 +71,7 @@ def test_exits_with_a_clear_message_when_the_runtime_is_absent(tmp_path) -> None
     out = subprocess.run(
         [sys.executable, "-m", "runtimeproxy.main", "--koord-runtimeproxy-endpoint", str(tmp_path / "p.sock"),
          "--remote-runtime-service-endpoint", str(tmp_path / "absent.sock"), "--backend-probe-timeout", "1",
-         "--metrics-bind-address", ""],
+         "--metrics-bind-address", "", "--runtime-hook-config-dir", str(tmp_path / "hookserver.d")],
         cwd=REPO, capture_output=True, text=True, timeout=30)
     assert out.returncode == 1
     assert f"container runtime at {tmp_path / 'absent.sock'} is not reachable" in out.stderr

@@ -14,7 +14,23 @@ IMAGE = "localhost/busybox:local"
 # session's (a test that lowers the besteffort dir's quota must not meet another session's pods there): one root per
 # session, kept in the environment so that the processes a session starts use the same one.
 SESSION_CGROUP_ROOT = "/koordlet-py-test-{pid}"
-CGROUP_ROOT = os.environ.setdefault("KPY_CGROUP_ROOT", SESSION_CGROUP_ROOT.format(pid=os.getpid()))
+
+
+def _session_cgroup_root() -> str:
+    """KPY_CGROUP_ROOT when the process that started this one set it, else this session's own root. A pytest-xdist
+    worker (PYTEST_XDIST_WORKER) is a session of its own, with its own containerd (named by its pid): the root its
+    controller, its parent, put in the environment is not its own, and sharing it would put two workers' pods in
+    one besteffort dir."""
+    inherited = os.environ.get("KPY_CGROUP_ROOT")
+    from_controller = (os.environ.get("PYTEST_XDIST_WORKER")
+                       and inherited == SESSION_CGROUP_ROOT.format(pid=os.getppid()))
+    if inherited and not from_controller:
+        return inherited
+    os.environ["KPY_CGROUP_ROOT"] = SESSION_CGROUP_ROOT.format(pid=os.getpid())
+    return os.environ["KPY_CGROUP_ROOT"]
+
+
+CGROUP_ROOT = _session_cgroup_root()
 # The containerd generations the scripts install (scripts/containerd-up.sh CTRD_VERSION) and the one a test session
 # runs on: KPY_CONTAINERD, else the default (README "Testing": the full suite runs there, the other two run the
 # runtime-facing subset, scripts/test-all.sh).
@@ -81,11 +97,13 @@ class Containerd:
 
 def session_containerd(pid: int | None = None) -> Containerd:
     """The containerd of one test session: its own paths, so sessions running at once never share
-    (and never stop) each other's runtime."""
+    (and never stop) each other's runtime. In a cgroup v2 guest (KPY_V2_GUEST=1) it also serves NRI, on its own
+    socket, so that the guest's NRI tests need no second containerd (tests/support/v2stack.py)."""
     pid = os.getpid() if pid is None else pid
     cgroup_root = CGROUP_ROOT if pid == os.getpid() else SESSION_CGROUP_ROOT.format(pid=pid)
+    nri = f"/run/koordlet-py/test-{pid}/nri/nri.sock" if os.environ.get("KPY_V2_GUEST") == "1" else None
     return Containerd(f"/run/koordlet-py/test-{pid}/containerd", f"/var/lib/koordlet-py/test-{pid}/containerd",
-                      cgroup_root=cgroup_root, version=generation())
+                      cgroup_root=cgroup_root, version=generation(), nri_socket=nri)
 
 
 def clean_up_dead_sessions() -> list[int]:

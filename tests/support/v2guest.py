@@ -1,7 +1,13 @@
-"""The rule of the cgroup v2 VM stage (scripts/v2-guest.sh sets KPY_V2_GUEST=1): there every test marked
-``cgroupv2`` must run, so a skip is reported as a failure, unless the kernel truly lacks what the test needs
-and the skip reason says so with :data:`KERNEL_LACKS`. Loaded by tests/conftest.py. Also the benchmarks' way into
-the guest (:func:`run_bench_in_v2_guest`)."""
+"""The rules of the cgroup v2 VM stage (scripts/v2-guest.sh sets KPY_V2_GUEST=1), loaded by tests/conftest.py:
+
+- there every test marked ``cgroupv2`` must run, so a skip is reported as a failure, unless the kernel truly lacks
+  what the test needs and the skip reason says so with :data:`KERNEL_LACKS`;
+- a test marked ``alone`` (its outcome depends on how much CPU the guest's processes get, or how fast the emulated
+  guest runs) runs after the guest's other tests, and, when the VM runs beside the host stage (scripts/test-all.sh),
+  not before the host says its stages are done: a busy host stalls the guest's vCPUs, and the guest counts the
+  stalled time as CPU time of whatever ran on them.
+
+Also the benchmarks' way into the guest (:func:`run_bench_in_v2_guest`)."""
 
 from __future__ import annotations
 
@@ -9,13 +15,21 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 KERNEL_LACKS = "kernel lacks"
+# A file the host creates once its stages beside the VM are done (scripts/v2-stage.sh V2_WAIT_FOR_HOST=1); unset: the
+# VM runs alone and nothing is waited for.
+HOST_DONE_ENV = "KPY_V2_HOST_DONE"
+HOST_WAIT_LIMIT_S = 1800.0  # past this the tests marked alone run anyway (and say so): a lost signal costs a run
+_WAITED: list[float] = []  # the wait, once per session
 REPO = Path(__file__).resolve().parents[2]
+V2_ROOT = "/sys/fs/cgroup"
+V2_CONTROLLERS = ("cpu", "cpuset", "memory")
 
 
 def run_bench_in_v2_guest(bench: str, out_name: str, args: Sequence[str], timeout_s: int,
@@ -37,6 +51,20 @@ def run_bench_in_v2_guest(bench: str, out_name: str, args: Sequence[str], timeou
 
 def in_v2_guest() -> bool:
     return os.environ.get("KPY_V2_GUEST") == "1"
+
+
+def skip_unless_v2_writable(needed: Sequence[str] = V2_CONTROLLERS) -> None:
+    """Skip unless /sys/fs/cgroup is a writable cgroup v2 root with the ``needed`` controllers."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create cgroup v2 dirs")
+    try:
+        with open(os.path.join(V2_ROOT, "cgroup.controllers")) as f:
+            controllers = f.read().split()
+    except OSError:
+        pytest.skip(f"{V2_ROOT} is not a cgroup v2 root (this machine has cgroup v1)")
+    missing = [c for c in needed if c not in controllers]
+    if missing:
+        pytest.skip(f"kernel lacks cgroup v2 controllers {missing}")
 
 
 def attached_disk() -> str:
@@ -63,3 +91,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         return
     report.outcome = "failed"
     report.longrepr = f"skipped in the cgroup v2 guest, where every cgroupv2 test must run: {reason}"
+
+
+def wait_for_the_host(path: str, say: Callable[[str], None], limit_s: float = HOST_WAIT_LIMIT_S,
+                      step_s: float = 2.0) -> float:
+    """Until ``path`` exists (the host's stages beside the VM are done), at most ``limit_s``; the seconds waited."""
+    started = time.monotonic()
+    if not os.path.exists(path):
+        say(f"v2-guest: waiting for the host stage to end ({path}) before the tests marked alone")
+    while not os.path.exists(path) and time.monotonic() - started < limit_s:
+        time.sleep(step_s)
+    waited = time.monotonic() - started
+    say(f"v2-guest: the host stage is done; waited {waited:.0f} s" if os.path.exists(path) else
+        f"v2-guest: no word from the host after {waited:.0f} s; the tests marked alone run anyway")
+    return waited
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if in_v2_guest():  # the tests marked alone last, in their order (a module marked alone stays together)
+        items.sort(key=lambda item: item.get_closest_marker("alone") is not None)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's clock: the wait is no test's time
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    path = os.environ.get(HOST_DONE_ENV, "")
+    if in_v2_guest() and path and item.get_closest_marker("alone") and not _WAITED:
+        terminal = item.config.pluginmanager.get_plugin("terminalreporter")
+        _WAITED.append(wait_for_the_host(path, lambda line: terminal.write_line(line) if terminal else None))
+    yield

@@ -23,7 +23,7 @@ from koordlet.executor import (
 )
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.resources import CGROUP_RESOURCES, ValueKind
-from tests.koordlet.qosmanager.realnode import skip_unless_v2_writable
+from tests.support.v2guest import skip_unless_v2_writable
 
 pytestmark = pytest.mark.cgroupv2
 

@@ -39,6 +39,7 @@ from koordlet.system.cgroup_stats import CfsQuota, read_cfs_quota
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.procfs import parse_meminfo
 from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups, skip_unless_v1_writable
+from tests.support.v2guest import V2_CONTROLLERS, V2_ROOT, skip_unless_v2_writable
 
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
 BURN = "while True:\n    pass\n"
@@ -49,24 +50,6 @@ def memory_total() -> int:
     the machine move that, so no threshold is set from it."""
     with open("/proc/meminfo", "rb") as f:
         return parse_meminfo(f.read()).mem_total_bytes
-
-
-V2_ROOT = "/sys/fs/cgroup"
-V2_CONTROLLERS = ("cpu", "cpuset", "memory")
-
-
-def skip_unless_v2_writable(needed: Sequence[str] = V2_CONTROLLERS) -> None:
-    """Skip unless /sys/fs/cgroup is a writable cgroup v2 root with the ``needed`` controllers."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create cgroup v2 dirs")
-    try:
-        with open(os.path.join(V2_ROOT, "cgroup.controllers")) as f:
-            controllers = f.read().split()
-    except OSError:
-        pytest.skip(f"{V2_ROOT} is not a cgroup v2 root (this machine has cgroup v1)")
-    missing = [c for c in needed if c not in controllers]
-    if missing:
-        pytest.skip(f"kernel lacks cgroup v2 controllers {missing}")
 
 
 # Parameters of a fixture that builds its node with RealNode.of_version: each test once per cgroup version.

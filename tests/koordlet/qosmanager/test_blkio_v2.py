@@ -15,7 +15,7 @@ from koordlet.executor import ResourceExecutor
 from koordlet.executor.records import NodeRecords
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.kubepods import KubeCgroupLayout
-from tests.koordlet.qosmanager.realnode import V2_ROOT, V2TestCgroups, skip_unless_v2_writable
+from tests.koordlet.qosmanager.realnode import V2TestCgroups
 from tests.koordlet.qosmanager.test_blkio import (
     CID,
     UID,
@@ -26,9 +26,9 @@ from tests.koordlet.qosmanager.test_blkio import (
     check_an_operators_cost_qos_line_survives,
     read_rate,
 )
-from tests.support.v2guest import attached_disk
+from tests.support.v2guest import V2_ROOT, attached_disk, skip_unless_v2_writable
 
-pytestmark = pytest.mark.cgroupv2
+pytestmark = [pytest.mark.cgroupv2, pytest.mark.alone]  # alone: read rates follow how fast the emulated guest runs
 
 MiB = 1 << 20
 
@@ -74,10 +74,12 @@ def test_v2_guest_be_pod_on_an_attached_disk_is_throttled_hierarchically(guest_d
         print(f"\nblkio v2 {guest_disk} ({number}): unthrottled {free / MiB:.1f} MiB/s; beClass 1 MiB/s → "
               f"{class_rate / MiB:.2f} MiB/s; pod annotation 2 MiB/s → {pod_rate / MiB:.2f} MiB/s")
         # Never above the limit; under qemu's emulation (TCG) each request's own time adds to the throttle's waits,
-        # so the rate lands at ~80 % of it (measured 0.77 and 1.54 MiB/s), far below the unthrottled rate.
+        # so the rate lands at ~80 % of it (measured 0.77 and 1.54 MiB/s), far below the unthrottled rate. That one
+        # moves with how much CPU the host gives the VM (8.3 MiB/s measured beside the host stage): it must
+        # be well above both limits for them to be what held the reads.
         assert 0.6 * MiB <= class_rate <= 1.15 * MiB
         assert 0.6 * 2 * MiB <= pod_rate <= 1.15 * 2 * MiB
-        assert free > 5 * 2 * MiB
+        assert free > 2 * 2 * MiB
         _tick(executor, layout, _spec({"enable": False}), (_pod(""),))
         assert _io_max(cgroups.path("", pod_dir), number) == ""
     finally:

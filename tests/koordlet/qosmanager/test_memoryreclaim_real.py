@@ -23,9 +23,9 @@ from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
 from koordlet.qosmanager.memoryreclaim import ReclaimMemo
 from koordlet.system.cgroup_stats import parse_memory_stat
 from koordlet.system.procfs import parse_meminfo
-from tests.koordlet.qosmanager.realnode import RealNode, skip_unless_v2_writable
+from tests.koordlet.qosmanager.realnode import RealNode
 from tests.support.apiserver import ApiServer, kube_api_client
-from tests.support.v2guest import KERNEL_LACKS, attached_disk
+from tests.support.v2guest import KERNEL_LACKS, attached_disk, skip_unless_v2_writable
 from tests.support.waiting import wait_for
 
 PODS = (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT))

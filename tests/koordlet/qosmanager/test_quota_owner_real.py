@@ -36,7 +36,8 @@ from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
 from koordlet.runtimehooks.reconciler import Reconciler
 from koordlet.system.cgroup import CgroupVersion
 from koordlet.system.cgroup_stats import cpu_stat_counters, read_cfs_quota
-from tests.koordlet.qosmanager.realnode import BURN, RealNode, skip_unless_v2_writable
+from tests.koordlet.qosmanager.realnode import BURN, RealNode
+from tests.support.v2guest import skip_unless_v2_writable
 from tests.support.waiting import wait_for
 
 CONTAINER = ContainerMeta("app", container_id="0123456789ab", requests={"cpu": 100}, limits={"cpu": 200})

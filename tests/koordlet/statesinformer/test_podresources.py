@@ -6,6 +6,7 @@ fillPodDevicesAllocatedByKoord), kubelet's own fields and unknown fields kept, k
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +50,14 @@ def _kubelets_view() -> list[pb.PodResources]:
     web = pb.PodResources(name="web", namespace="shop", containers=[pb.ContainerResources(name="nginx")])
     no_containers = pb.PodResources(name="trainer-init-only", namespace="ml")
     return [trainer, plugin_gpu, broken, web, no_containers]
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short dir for this module's unix sockets, which must fit in 107 bytes: pytest's own temp path is long (an
+    xdist worker's adds ``popen-gw1/``, a long user name or run number more)."""
+    with tempfile.TemporaryDirectory(prefix="kpy-podres-") as short:
+        yield Path(short)
 
 
 @pytest.fixture

@@ -2,87 +2,61 @@
 on, no proxy, pods started straight on its CRI, the hook values read back from the v2 files. In the systemd
 guest (``KPY_CGROUP_DRIVER=systemd``, ``CTRD_SYSTEMD_CGROUP=1``) that is the stack a current node runs:
 cgroup v2, containerd's and kubelet's systemd driver (``kubepods.slice/.../cri-containerd-<id>.scope``) and
-containerd 2.x; in the cgroupfs guest the same on the cgroupfs layout. The test starts its own containerd
-2.1 (NRI on, its own socket) beside the session's. Every test here runs in the guest only (``cgroupv2``).
+containerd 2.x; in the cgroupfs guest the same on the cgroupfs layout. The containerd is the guest session's (it
+serves NRI in a guest: tests/support/v2stack.py); koordlet registers as its NRI plugin for this module's tests only,
+so the proxy's pods of other modules never meet it. Every test here runs in the guest only (``cgroupv2``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from koordlet.api.qos import KubeQoS
-from koordlet.executor import ResourceExecutor
-from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
-from koordlet.runtimehooks.nri import NriConfig
-from koordlet.statesinformer.api import NodeInfo, StaticStates
-from koordlet.system.cgroup import CgroupFS, CgroupVersion
+from koordlet.runtimehooks import RuntimeHooks
 from koordlet.system.resources import cpu_shares_to_weight
-from tests.koordlet.qosmanager.realnode import skip_unless_v2_writable
-from tests.koordlet.test_pod_story_v2 import LAYOUT
-from tests.koordlet.test_pod_story_v2 import _sandbox as kubelet_sandbox  # the driver's cgroup parent, as kubelet's
 from tests.support.cri import CriClient, PodFactory, container_config
-from tests.support.nri import NriContainerd, clean_up_dead_instances, oci_spec
+from tests.support.nri import oci_spec
+from tests.support.v2stack import STARTUP_TIMEOUT_S, V2, V2Stack, kubelet_sandbox, pod_dirs
 from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
 
 pytestmark = [pytest.mark.cgroupv2, pytest.mark.containerd]
 
-V2 = Path("/sys/fs/cgroup")
 MiB = 1 << 20
-STARTUP_TIMEOUT_S = 120.0  # an emulated guest is slow to start pods
-GATES = {"BatchResource": True, "CPUSetAllocator": True, "GroupIdentity": True}
 SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi"},
                                "limits": {"kubernetes.io/batch-cpu": "1500", "kubernetes.io/batch-memory": "96Mi"}}}}
 BE_LABELS = {"koordinator.sh/qosClass": "BE"}
 BE_ANNOTATIONS = {"node.koordinator.sh/extended-resource-spec": json.dumps(SPEC)}
 
 
-def _dirs(sandbox: cri.PodSandboxConfig, container_id: str) -> tuple[Path, Path]:
-    pod_dir = LAYOUT.dir_from_cgroup_parent(sandbox.linux.cgroup_parent)
-    return V2 / pod_dir, V2 / LAYOUT.container_dir(pod_dir, container_id)
-
-
 @pytest.fixture(scope="module")
-def nri_21() -> Iterator[NriContainerd]:
-    skip_unless_v2_writable()
-    clean_up_dead_instances()
-    runtime = NriContainerd.for_process("2.1").up()
-    try:
-        yield runtime
-    finally:
-        runtime.down()
+def koordlet(v2_stack: V2Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeHooks]:
+    """koordlet's hooks registered as an NRI plugin of the session's containerd, for this module's tests."""
+    with v2_stack.nri_plugin(tmp_path_factory.mktemp("nri-koordlet")) as hooks:
+        yield hooks
 
 
 @pytest.fixture()
-def koordlet(nri_21: NriContainerd, tmp_path: Path) -> Iterator[RuntimeHooks]:
-    fs = CgroupFS.detect()
-    assert fs.version is CgroupVersion.V2
-    config = RuntimeHooksConfig(socket_path=str(tmp_path / "koordlet.sock"), config_dir=str(tmp_path / "hooks.d"),
-                                reconcile_interval_s=3600, feature_gates=GATES, serve_hooks=False,
-                                nri=NriConfig(socket_path=nri_21.nri_socket, socket_poll_s=0.2))
-    hooks = RuntimeHooks(config, StaticStates(node=NodeInfo("v2-node")), ResourceExecutor(fs), LAYOUT)
-    hooks.start()
+def client(v2_stack: V2Stack, koordlet: RuntimeHooks) -> Iterator[CriClient]:
+    """containerd's own CRI, as kubelet calls it on a node without the proxy."""
+    client = CriClient(v2_stack.containerd_socket)
     try:
-        assert hooks.nri is not None and hooks.nri.registered.wait(30), "koordlet did not register with NRI"
-        yield hooks
+        yield client
     finally:
-        hooks.stop()
+        client.close()
 
 
-def test_v2_nri_be_pod_gets_its_batch_values_in_the_v2_files_and_an_update_lands(
-        nri_21: NriContainerd, koordlet: RuntimeHooks) -> None:
-    client = CriClient(nri_21.socket)
+def test_v2_nri_be_pod_gets_its_batch_values_in_the_v2_files_and_an_update_lands(client: CriClient) -> None:
     pods = PodFactory(client)
     try:
         sandbox = kubelet_sandbox("job", KubeQoS.BESTEFFORT, BE_LABELS, BE_ANNOTATIONS)
         sid = pods.run_pod(sandbox, timeout=STARTUP_TIMEOUT_S)
         cid = pods.create_container(sid, sandbox, container_config("job"), timeout=STARTUP_TIMEOUT_S)
         client.runtime.StartContainer(cri.StartContainerRequest(container_id=cid), timeout=STARTUP_TIMEOUT_S)
-        pod_dir, container_dir = _dirs(sandbox, cid)
+        pod_dir, container_dir = pod_dirs(sandbox, cid)
         read = lambda d, name: (d / name).read_text().strip()  # noqa: E731
         # the CreateContainer adjustment, as runc wrote it on v2: shares 512 as weight, quota, memory limit
         assert read(container_dir, "cpu.weight") == str(cpu_shares_to_weight(512))
@@ -101,11 +75,9 @@ def test_v2_nri_be_pod_gets_its_batch_values_in_the_v2_files_and_an_update_lands
         assert read(container_dir, "memory.max") == str(96 * MiB)
     finally:
         pods.cleanup()
-        client.close()
 
 
-def test_v2_nri_bound_ls_pod_gets_its_cpuset_and_no_quota(nri_21: NriContainerd, koordlet: RuntimeHooks) -> None:
-    client = CriClient(nri_21.socket)
+def test_v2_nri_bound_ls_pod_gets_its_cpuset_and_no_quota(client: CriClient) -> None:
     pods = PodFactory(client)
     try:
         online = (V2 / "cpuset.cpus.effective").read_text().strip()
@@ -117,9 +89,8 @@ def test_v2_nri_bound_ls_pod_gets_its_cpuset_and_no_quota(nri_21: NriContainerd,
         cid = pods.create_container(sid, sandbox, container_config("app", resources=resources),
                                     timeout=STARTUP_TIMEOUT_S)
         client.runtime.StartContainer(cri.StartContainerRequest(container_id=cid), timeout=STARTUP_TIMEOUT_S)
-        _, container_dir = _dirs(sandbox, cid)
+        _, container_dir = pod_dirs(sandbox, cid)
         assert (container_dir / "cpuset.cpus").read_text().strip() == cpus
         assert (container_dir / "cpu.max").read_text().strip() == "max 100000"  # bound: not throttled
     finally:
         pods.cleanup()
-        client.close()
