@@ -41,7 +41,7 @@ case "$mode" in
     # of emulation).
     if [ $# -eq 0 ]; then
       skip=$(tr ' ' '\n' <<< "${KPY_V2_SKIP:-none}")
-      mapfile -t files < <(grep -rlE --include='test_*.py' 'mark\.cgroupv2' tests | grep -vxF "$skip" | sort)
+      mapfile -t files < <(grep -rlE --include='test_*.py' 'mark\.cgroupv2|BOTH_VERSIONS' tests | grep -vxF "$skip" | sort)
       [ ${#files[@]} -gt 0 ] || { log "no module marks a test cgroupv2"; finish 1; }
       set -- "${files[@]}"
     fi

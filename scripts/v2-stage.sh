@@ -93,7 +93,7 @@ release=${kernel##*/vmlinuz-}
 # (a collection of the cgroupv2 modules writes them, and says early when one does not import).
 "$venv/bin/python" -m compileall -q -j 0 "$here/koordlet" "$here/runtimeproxy" "$here/hooks" "$here/wire" \
   "$here/demo" "$here/tests" >/dev/null || die "compileall failed"
-mapfile -t guest_modules < <(cd "$here" && grep -rlE --include='test_*.py' 'mark\.cgroupv2' tests | sort)
+mapfile -t guest_modules < <(cd "$here" && grep -rlE --include='test_*.py' 'mark\.cgroupv2|BOTH_VERSIONS' tests | sort)
 (cd "$here" && "$venv/bin/python" -m pytest -q --collect-only -p no:cacheprovider -m cgroupv2 "${guest_modules[@]}" \
   >"$out/.collect.log" 2>&1) || { cat "$out/.collect.log" >&2; die "the cgroupv2 modules do not collect"; }
 

@@ -15,8 +15,9 @@ from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 # The guest collects only these modules (scripts/v2-guest.sh); importing the whole tree under emulation costs
-# ~100 s. The same pattern as the script's grep.
-MARK = re.compile(r"mark\.cgroupv2")
+# ~100 s. The same pattern as the script's grep: a cgroupv2 mark, or the v1-and-v2 parameters of
+# tests/koordlet/qosmanager/realnode.py (BOTH_VERSIONS), which carry it.
+MARK = re.compile(r"mark\.cgroupv2|BOTH_VERSIONS")
 
 
 def _pytest(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -25,7 +26,7 @@ def _pytest(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproc
 
 
 def test_the_guests_module_selection_finds_every_cgroupv2_test() -> None:
-    grep = subprocess.run(["grep", "-rlE", "--include=test_*.py", r"mark\.cgroupv2", "tests"], cwd=REPO,
+    grep = subprocess.run(["grep", "-rlE", "--include=test_*.py", MARK.pattern, "tests"], cwd=REPO,
                           capture_output=True, text=True, check=True).stdout.split()
     collected = _pytest("--collect-only", "-q", "-m", "cgroupv2", cwd=REPO)
     assert collected.returncode == 0, collected.stdout[-2000:]
