@@ -8,6 +8,8 @@
 #      another (they touch node state with a fixed name: tests/support/nodestate.py);
 #   3. the runtime-facing subset on containerd 1.7, then on 1.6, the same two sessions each;
 #   4. once the VM is done: the tests marked `alone` (they measure CPU shares), with nothing beside them.
+# The VM is niced, so that the host tests keep the cores they need; the guests' own tests marked alone wait until
+# the host sessions are done (out/v2/host-done).
 # Every stage runs even when an earlier one fails; the command fails when any does, and ends with one line per
 # stage, the time of each, and one line that adds them up.
 #   PYTEST_ARGS=...     extra pytest arguments for the host sessions on the default generation
@@ -48,8 +50,8 @@ host_sessions() {
   KPY_CONTAINERD=$gen "$py" -m pytest -q -rs -m "serial and not alone and not cgroupv2" \
     --junitxml="out/host-$name-serial-junit.xml" "$@" >"out/host-$name-serial.log" 2>&1 &
   local serial_pid=$!
-  KPY_CONTAINERD=$gen "$py" -m pytest -q -rs -n "$workers" --dist worksteal -m "not serial and not alone and not cgroupv2" \
-    --junitxml="out/host-$name-junit.xml" "$@"
+  KPY_CONTAINERD=$gen "$py" -m pytest -q -rs -n "$workers" --dist worksteal \
+    -m "not serial and not alone and not cgroupv2" --junitxml="out/host-$name-junit.xml" "$@"
   ok $? || host_rc=1
   wait "$serial_pid"
   ok $? || host_rc=1

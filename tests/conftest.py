@@ -51,15 +51,16 @@ def containerd_socket() -> str:
 
 
 @pytest.fixture(scope="session")
-def v2_stack(containerd_socket: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Stack]:
+def v2_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Stack]:
     """The node stack of a cgroup v2 guest session, started once (tests/support/v2stack.py): the session's containerd
     (with NRI in a guest), koordlet's runtime hooks and koord-runtime-proxy in front of containerd. Skips where
-    /sys/fs/cgroup is no writable cgroup v2 root (this host)."""
+    /sys/fs/cgroup is no writable cgroup v2 root (this host), before starting anything."""
     from tests.support.v2guest import skip_unless_v2_writable
 
     skip_unless_v2_writable()
     from tests.support.v2stack import V2Stack
 
+    containerd_socket = request.getfixturevalue("containerd_socket")
     nri_socket = session_containerd().nri_socket
     with V2Stack.running(containerd_socket, nri_socket, tmp_path_factory.mktemp("v2stack")) as stack:
         yield stack
