@@ -1,7 +1,8 @@
 """BlkIOReconcile on real cgroup v2 (the VM stage: scripts/v2-stage.sh attaches a 64 MiB disk image to the guest
 as a virtio disk and names it in KPY_V2_DISK). The beClass limit lands in the besteffort dir's io.max and holds
 a BE pod's container below it (v2 limits are hierarchical), the annotation's in the pod dir, blk-iocost on the
-root; each measured or read back, and all of it removed again."""
+root; each measured or read back, and all of it removed again, by the strategy or, with its gate off after a restart,
+by the node-state collector."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from koordlet.collector import CollectorConfig, NodeStateCollector
 from koordlet.executor import ResourceExecutor
 from koordlet.executor.records import NodeRecords
+from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.kubepods import KubeCgroupLayout
 from tests.koordlet.qosmanager.realnode import V2TestCgroups
@@ -131,9 +134,6 @@ def test_v2_guest_after_a_restart_with_the_gate_off_the_collector_puts_each_io_m
     besteffort dir's writes; koordlet's beClass block then sets every throttle of that disk (its read limit, no limit
     on the rest). koordlet restarts with BlkIOReconcile off: the node-state collector, from the record the agent before
     it left, puts each key back as it was before koordlet, the operator's write limit included."""
-    from koordlet.collector import CollectorConfig, NodeStateCollector
-    from koordlet.statesinformer.api import NodeInfo, StaticStates
-
     cgroups = V2TestCgroups("blkio-collect", delegate=("io", "memory"))
     number = (Path("/sys/class/block") / Path(guest_disk).name / "dev").read_text().strip()
     record = str(tmp_path / "run" / "system-config-originals.json")
