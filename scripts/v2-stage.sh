@@ -220,11 +220,12 @@ boot() {
 }
 
 # What the systemd guest runs: the stack a current node runs (kubelet's systemd layout, containerd 2.1, the
-# proxy and koordlet as an NRI plugin). The cgroupfs guest runs every other cgroupv2 module.
+# proxy and koordlet as an NRI plugin), and every hook plugin through both on the session's one containerd. The
+# cgroupfs guest runs every other cgroupv2 module.
 # The proxy restarted 10 times by systemd while a client calls it needs systemd itself: it runs in that guest only.
 systemd_only_modules=(tests/runtimeproxy/test_restart_systemd_v2.py)
 systemd_modules=(tests/koordlet/test_pod_story_v2.py tests/koordlet/runtimehooks/nri/test_containerd_v2.py
-                 "${systemd_only_modules[@]}")
+                 tests/koordlet/runtimehooks/test_hook_plugins_v2.py "${systemd_only_modules[@]}")
 started=$(date +%s)
 rc=0
 if [ "$mode" = bench ]; then
