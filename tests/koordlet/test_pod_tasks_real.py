@@ -49,11 +49,7 @@ RESCTRL_ON = parse_node_slo_spec({"resourceQOSStrategy": {"lsClass": {"resctrlQO
 
 @pytest.fixture(params=BOTH_VERSIONS)
 def node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
-    real = RealNode.of_version(request.param, "tasks", PODS)
-    try:
-        yield real
-    finally:
-        real.close()
+    yield from RealNode.of_version_closed_after(request.param, "tasks", PODS)
 
 
 def _threaded_container(node: RealNode, pod_name: str, container_id: str) -> tuple[subprocess.Popen[bytes], tuple]:

@@ -110,6 +110,16 @@ class RealNode:
             cls.skip_unless_possible()
         return cls(name, pods, v2=version == "v2")
 
+    @classmethod
+    def of_version_closed_after(cls, version: str, name: str,
+                                pods: Sequence[tuple[str, QoSClass, KubeQoS]]) -> Iterator[RealNode]:
+        """Generator body of a fixture over :data:`BOTH_VERSIONS`: :meth:`of_version`, closed after the test."""
+        real = cls.of_version(version, name, pods)
+        try:
+            yield real
+        finally:
+            real.close()
+
     def __init__(self, name: str, pods: Sequence[tuple[str, QoSClass, KubeQoS]], collect_interval_s: float = 1.0,
                  node_name: str = "node-1", v2: bool = False) -> None:
         self.groups: V1TestCgroups | V2TestCgroups = V2TestCgroups(name) if v2 else V1TestCgroups(name, CONTROLLERS)

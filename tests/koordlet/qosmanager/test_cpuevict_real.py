@@ -34,11 +34,7 @@ GATES = {"BECPUEvict": True, "BECPUSuppress": False, "CPUBurst": False, "RdtResc
 
 @pytest.fixture(params=BOTH_VERSIONS)
 def node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
-    real = RealNode.of_version(request.param, "cpu-evict", PODS)
-    try:
-        yield real
-    finally:
-        real.close()
+    yield from RealNode.of_version_closed_after(request.param, "cpu-evict", PODS)
 
 
 def _starve_besteffort(node: RealNode) -> None:
