@@ -286,7 +286,12 @@ def test_a_host_application_without_its_cgroup_is_said_once_and_counted_as_syste
 # ------------------------------------------------------------------------- real cgroups: v1 here, v2 in the VM
 
 
-@pytest.fixture(params=BOTH_VERSIONS)
+# In the v2 guest these run alone: the burner's share of a core there follows what the niced VM gets beside the host
+# stage, and the test wants at least a quarter of one.
+V1_HERE_V2_ALONE = (BOTH_VERSIONS[0], pytest.param("v2", marks=(pytest.mark.cgroupv2, pytest.mark.alone)))
+
+
+@pytest.fixture(params=V1_HERE_V2_ALONE)
 def real(request: pytest.FixtureRequest) -> Iterator[V1TestCgroups]:
     yield from cgroups_of_version(request.param, "collector")
 
