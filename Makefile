@@ -11,7 +11,8 @@ deps:
 demo: deps
 	$(PY) -m demo
 
-# The host suite, then the cgroup v2 stage in a VM (scripts/test-all.sh); one total line at the end.
+# The host suite in parallel beside the cgroup v2 stage in a VM (scripts/test-all.sh, docs/testing.md); one total
+# line at the end.
 test: deps
 	bash scripts/test-all.sh
 

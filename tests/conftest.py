@@ -17,13 +17,14 @@ if TYPE_CHECKING:  # imported by the fixtures that use them: the kubernetes clie
     from tests.support.apiserver import ApiServer
     from tests.support.v2stack import V2Stack
 
-# In the cgroup v2 VM stage a skipped cgroupv2 test is a failure unless the kernel lacks the feature.
+# In the cgroup v2 VM stage a skipped cgroupv2 test is a failure unless the kernel lacks the feature; no test
+# writes into the node's own koordlet paths unless it is marked as owning them (tests.support.nodepaths).
 # The host stage runs in parallel (pytest-xdist, scripts/test-all.sh): a test that touches node state with a fixed
 # name (a host path such as /var/run/koordlet or /etc/runtime/hookserver.d, a port such as 9316, a sysctl) is marked
 # `@pytest.mark.serial` and runs in the one serial worker; a test that measures CPU shares is marked
 # `@pytest.mark.alone` and runs in the last pass, with nothing beside it. tests.support.nodestate fails a test that
 # touches such state without the marker (docs/testing.md, "Running in parallel").
-pytest_plugins = ["tests.support.v2guest", "tests.support.nodestate"]
+pytest_plugins = ["tests.support.v2guest", "tests.support.nodepaths", "tests.support.nodestate"]
 
 
 def _can_run_containerd() -> str | None:

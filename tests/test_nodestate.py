@@ -112,5 +112,9 @@ def test_a_command_line_is_judged_by_what_it_names() -> None:
         "the proxy's -metrics-bind-address [::]:9318 (a fixed port)"]
     assert touched_by_command(["ctr", "--address", "/run/containerd/containerd.sock", "version"]) == [
         "its command line names /run/containerd/containerd.sock"]
+    assert touched_by_command(["/x/.tools/bin/helm", "template", "r", "chart", "--set",
+                               "koordlet.tls.certFile=/var/lib/kubelet/pki/kubelet.crt"]) == []
+    assert touched_by_command(["helm", "install", "r", "chart", "--set", "hostDir=/var/run/koordlet"]) == [
+        "its command line names /var/run/koordlet"]
     assert touched_by_command(["bash", str(REPO / "scripts/build-image.sh")]) == [
         f"it runs {REPO / 'scripts/build-image.sh'}"]

@@ -112,6 +112,7 @@ def _cores(groups: V1TestCgroups, rel: str, seconds: float = 1.0) -> float:
     return (usage() - start) / 1e9 / (time.monotonic() - started)
 
 
+@pytest.mark.alone  # the BE burner's share before and after suppression: no other test's load beside it
 def test_a_real_koordlet_suppresses_be_under_ls_load_once_the_example_is_applied(
         cgroups: V1TestCgroups, tmp_path: Path) -> None:
     example = _one_node_slo()

@@ -191,6 +191,7 @@ def _import(containerd_socket: str, archive: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.owns_node_paths
 def test_the_containerised_koordlet_serves_health_and_hooks_on_the_host_paths(
         image_archive: Path, containerd_socket: str, host_dirs: None, tmp_path: Path) -> None:
     _import(containerd_socket, image_archive)

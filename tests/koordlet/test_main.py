@@ -146,6 +146,7 @@ def test_missing_node_name_exits_2_with_a_clear_message() -> None:
     assert "NODE_NAME" in out.stderr
 
 
+@pytest.mark.serial  # a koordlet on its default port and hook socket (it exits on the flag before binding them)
 def test_a_flag_error_prints_gos_message_then_the_usage_on_stderr_and_exits_2() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "NODE_NAME": "n1"}
     out = subprocess.run([sys.executable, "-m", "koordlet.main", "-kube-api-qps=0x1.8"], cwd=REPO, env=env,

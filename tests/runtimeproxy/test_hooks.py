@@ -261,6 +261,7 @@ def test_kill_9_between_create_and_start_keeps_the_start_hook_complete(
         second.proc.wait(10)
 
 
+@pytest.mark.alone  # a one-second bound on the proxy's reload and a pod start: no other test's load beside it
 def test_registration_files_take_effect_within_a_second(start_proxy, hook_server, client_pods, state) -> None:
     server = hook_server()
     hook_dir = state / "hookserver.d"

@@ -13,7 +13,9 @@ import pytest
 from tests.support import hostile
 from tests.support.proxy import ProxyProcess
 
-pytestmark = pytest.mark.containerd
+# serial: the module's tests share one proxy, and test_refusals_are_counted reads the refusals the others made on it
+# (a worker of the parallel session would get only some of them); one process runs them in order.
+pytestmark = [pytest.mark.containerd, pytest.mark.serial]
 
 RSS_BOUND_MIB = 32
 

@@ -81,6 +81,7 @@ def test_off_by_default_no_per_cpu_series(tmp_path: Path) -> None:
         collector.close()
 
 
+@pytest.mark.alone  # the pinned burner must get most of its CPU: no other test's load beside it
 def test_this_machines_busy_cpu_shows_in_the_cache_and_on_prometheus() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     busy_cpu = cpus[-1]

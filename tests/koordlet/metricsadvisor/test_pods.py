@@ -286,12 +286,7 @@ def test_a_host_application_without_its_cgroup_is_said_once_and_counted_as_syste
 # ------------------------------------------------------------------------- real cgroups: v1 here, v2 in the VM
 
 
-# In the v2 guest these run alone: the burner's share of a core there follows what the niced VM gets beside the host
-# stage, and the test wants at least a quarter of one.
-V1_HERE_V2_ALONE = (BOTH_VERSIONS[0], pytest.param("v2", marks=(pytest.mark.cgroupv2, pytest.mark.alone)))
-
-
-@pytest.fixture(params=V1_HERE_V2_ALONE)
+@pytest.fixture(params=BOTH_VERSIONS)
 def real(request: pytest.FixtureRequest) -> Iterator[V1TestCgroups]:
     yield from cgroups_of_version(request.param, "collector")
 
@@ -301,6 +296,8 @@ def _real_pod(groups: V1TestCgroups, name: str) -> PodCgroup:
     return PodCgroup(name, pod_rel, (ContainerCgroup(f"ctr-{name}", f"{pod_rel}/ctr"),), "LS")
 
 
+@pytest.mark.alone  # the burner must get at least a quarter core: no other test's load beside it (nor, in the v2
+# guest, the host stage beside the niced VM)
 def test_real_burning_process_shows_about_one_core_within_two_ticks(real: V1TestCgroups) -> None:
     real.make("podburn/ctr")
     pod = _real_pod(real, "burn")

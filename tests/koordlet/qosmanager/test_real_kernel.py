@@ -26,7 +26,9 @@ from tests.koordlet.qosmanager.realnode import RealNode
 from tests.support.apiserver import ApiServer, kube_api_client
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.cgroupv1
+# alone: suppression has something to show only when the LS burner moves the node's use, and the BE burner's share
+# before and after is compared; other tests' load beside them would move both.
+pytestmark = [pytest.mark.cgroupv1, pytest.mark.alone]
 
 PODS = (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT))
 
