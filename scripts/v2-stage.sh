@@ -13,9 +13,9 @@
 #   V2_TIMEOUT=900       seconds before a guest is killed (boot + tests; each guest measures ~4 min alone)
 #   V2_KERNEL=           a kernel image; default: the newest /boot/vmlinuz-*
 #   V2_OUT=out/v2        results: <driver>/{junit.xml,rc,guest.log,wall_seconds}; the guests write there
-#   V2_DRIVERS="systemd cgroupfs"   the guests to boot, in this order: systemd (systemd as PID 1: the pod story
-#                        and NRI on kubelet's systemd layout, the proxy restarted by systemctl) and cgroupfs
-#                        (virtme-ng's init; every cgroupv2 test but the pod story, which it runs only when it
+#   V2_DRIVERS="systemd cgroupfs"   the guests to boot, in this order: systemd (systemd as PID 1: the pod story,
+#                        NRI and the hook plugins on kubelet's systemd layout, the proxy restarted by systemctl) and
+#                        cgroupfs (virtme-ng's init; every cgroupv2 test but those, which it runs only when it
 #                        boots alone, and the proxy's restarts under systemd, never)
 #   V2_MODE=tests        or `bench`: run a benchmark's --v2-guest part in the cgroupfs guest (make bench-v2)
 #   V2_BENCH=bench/qos_reaction.py   the benchmark V2_MODE=bench runs (its other arguments: this script's)
