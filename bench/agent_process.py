@@ -16,9 +16,10 @@ koordlet by PID, and removes its cgroup root. Roughly 1 s per pod to create and 
     .venv/bin/python bench/agent_process.py [--counts 10,50,150] [--seconds 30] [--json]
 
 Before and after a change, side by side on the same pods (the machine's speed drifts by tens of percent
-over minutes, so only an interleaved comparison says anything): ``--before DIR`` runs the koordlet of the
-tree in DIR (e.g. ``git worktree add /tmp/before <commit>``) and this tree's alternately, ``--rounds``
-times each per count, in alternating order, and prints each one's runs and medians.
+over minutes, so only an interleaved comparison says anything): ``--before DIR`` (or ``--base-tree DIR``, as
+bench/nri.py spells it) runs the koordlet of the tree in DIR (e.g. ``git worktree add /tmp/before <commit>``) and
+this tree's alternately, ``--rounds`` times each per count, in alternating order, and prints each one's runs and
+medians, after/before at each count, and how each tree's CPU grows from one count to the next.
 
 ``--all-gates`` runs the koordlet with every feature gate on (``AllAlpha=true,AllBeta=true``), the audit log,
 the pod-resources proxy and Terway's QoS files in the run's dir, ``-enable-resctrl-collector``, and a NodeSLO
@@ -30,6 +31,7 @@ the default gates and every gate interleaved on the same pods (with ``--before``
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -191,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counts", default="10,50,150", help="pod counts, ascending, comma separated")
     parser.add_argument("--seconds", type=float, default=30.0, help="measuring time per count")
-    parser.add_argument("--before", help="a tree of an earlier commit, measured interleaved with this one")
+    parser.add_argument("--before", "--base-tree", dest="before",
+                        help="a tree of an earlier commit, measured interleaved with this one")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each tree per count with --before")
     parser.add_argument("--json", action="store_true", help="print one JSON object keyed by count")
     parser.add_argument("--all-gates", dest="gates", action="store_const", const="all", default="default",
@@ -271,6 +274,13 @@ def _print_compared(compared: dict[int, dict[str, list[Result]]], as_json: bool)
         for (first, before), (second, after) in zip(medians[::2], medians[1::2], strict=True):
             if before > 0:
                 print(f"{count:>6} cpu {second}/{first} {after / before:.2f}")
+    # How each tree's CPU grows with the pods: the median at each count over the one at the count before.
+    counts = list(summary)
+    for smaller, larger in itertools.pairwise(counts):
+        for name, figures in summary[larger].items():
+            base = summary[smaller][name]["cpu_pct_median"]
+            if base > 0:
+                print(f"{name or 'cpu'}: {larger}/{smaller} pods, cpu x{figures['cpu_pct_median'] / base:.2f}")
     return 0
 
 

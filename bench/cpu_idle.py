@@ -34,54 +34,12 @@ from hooks.protocol import NodeContext  # noqa: E402
 from koordlet.api.nodeslo import default_node_slo_spec, parse_node_slo_spec  # noqa: E402
 from koordlet.api.qos import KubeQoS, QoSClass  # noqa: E402
 from koordlet.runtimehooks.reconciler import Reconciler  # noqa: E402
-from koordlet.system.cgroup import CgroupVersion  # noqa: E402
-from tests.koordlet.qosmanager.realnode import BURN, RealNode, skip_unless_v2_writable  # noqa: E402
+from tests.koordlet.qosmanager.realnode import BURN, WAKE_PROBE, RealNode, skip_unless_v2_writable  # noqa: E402
 from tests.support.v2guest import run_bench_in_v2_guest  # noqa: E402
 
 PODS = (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT))
 BE_IDLE = parse_node_slo_spec({"resourceQOSStrategy": {
     "policies": {"cpuPolicy": "coreSched"}, "beClass": {"cpuQOS": {"enable": True, "schedIdle": 1}}}})
-
-# The LS probe: {seconds} of sleep 1 ms / wake / 100 µs of work; prints its lateness samples (µs) and counters.
-PROBE = """
-import json, time
-def schedstat():
-    with open('/proc/self/schedstat') as f:
-        run_ns, wait_ns, slices = f.read().split()
-    return int(wait_ns), int(slices)
-period, work, end = 0.001, 0.0001, time.monotonic() + {seconds}
-late, wakeups = [], 0
-wait0, slices0 = schedstat()
-started = time.monotonic()
-while time.monotonic() < end:
-    asked = time.monotonic()
-    time.sleep(period)
-    woke = time.monotonic()
-    late.append((woke - asked - period) * 1e6)
-    spin_until = woke + work
-    while time.monotonic() < spin_until:
-        pass
-    wakeups += 1
-elapsed = time.monotonic() - started
-wait1, slices1 = schedstat()
-print(json.dumps({{"late_us": late, "wakeups_per_s": wakeups / elapsed,
-                  "run_delay_us_per_wakeup": (wait1 - wait0) / 1e3 / max(wakeups, 1)}}))
-"""
-
-
-def _weight_file(node: RealNode) -> str:
-    return "cpu.weight" if node.fs.version is CgroupVersion.V2 else "cpu.shares"
-
-
-def _kubelet_weights(node: RealNode) -> None:
-    """kubelet's weights on the QoS and pod dirs (v2: its shares → cpu.weight mapping)."""
-    burstable = node.layout.qos_dir(KubeQoS.BURSTABLE)
-    for cgroup_dir, shares in ((node.be_dir, 2), (node.pod_dir(node.pod("be")), 2), (burstable, 1024),
-                               (node.pod_dir(node.pod("ls")), 1024)):
-        value = 1 + ((shares - 2) * 9999) // 262142 if node.fs.version is CgroupVersion.V2 else shares
-        with open(os.path.join(node.fs.cgroup_dir("cpu", cgroup_dir), _weight_file(node)), "w") as f:
-            f.write(str(value))
-
 
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -89,7 +47,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _probe(node: RealNode, seconds: float) -> dict[str, float]:
-    child = node.spawn("ls", PROBE.format(seconds=seconds))
+    child = node.spawn("ls", WAKE_PROBE.format(seconds=seconds))
     out, _ = child.communicate(timeout=seconds + 60)
     result = json.loads(out.decode().strip().splitlines()[-1])
     late = result.pop("late_us")
@@ -102,7 +60,7 @@ def run(rounds: int, seconds: float, v2: bool = False) -> dict[str, object]:
     try:
         if not os.path.exists(node.fs.cgroup_dir("cpu", os.path.join(node.be_dir, "cpu.idle"))):
             raise SystemExit(f"this kernel ({os.uname().release}) has no cpu.idle")
-        _kubelet_weights(node)
+        node.kubelet_weights()
         plugins = registry.enabled({"CoreSched": True})
         reconciler = Reconciler(node.states.pods, lambda: NodeContext(node_slo=node.states.node_slo()),
                                 lambda: plugins, node.executor, node.layout)

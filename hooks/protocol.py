@@ -94,6 +94,7 @@ class NodeContext:
     cpuset_allocator: bool = True  # gate CPUSetAllocator: the cpuset hook owns bound pods' quotas (api/cfsquota.py)
     cpu_burst: bool = False  # gate CPUBurst: the burst strategy owns running LS containers' quotas (api/cfsquota.py)
     be_cpu_suppress: bool = False  # gate BECPUSuppress: CPU suppress owns the besteffort dir's quota (api/cfsquota.py)
+    be_psi_throttle: bool = False  # gate BEPSIThrottle on a cgroup v2 node: it may own that quota (api/cfsquota.py)
     rdma: RDMANode | None = None  # gate RDMADeviceInject: the node's RDMA device nodes
     hami_core_library: str = "/usr/local/vgpu/libvgpu.so"  # -hami-core-library-directory-path
     keep_cpuset_pod_quota: bool = False  # -disable-unset-cpu-quota: a pod bound to CPUs keeps its CFS quota

@@ -14,7 +14,9 @@ per item (reason ``NodeStateCollect``, the why naming what no longer asks for it
   manager off, the NodeSLO's ``resctrlQOS`` off in every class, the node without RDT);
 - every blkio line the blkio strategy wrote while that strategy is off (gate ``BlkIOReconcile``, or the QoS
   manager), put back as it was before koordlet (:mod:`koordlet.executor.lines`). While it is on, the strategy
-  puts back each tick what it no longer asks for;
+  puts back each tick what it no longer asks for. The besteffort dir's ``io.weight`` default line BE PSI throttle
+  wrote (kept in the same record) goes back the same way while that strategy is off (gate ``BEPSIThrottle``, or the
+  QoS manager);
 - every sysctl the SystemConfig strategy changed while that strategy is off (its gate, or the QoS manager; the QoS
   manager also puts them back when it starts with the gate off), put back as it was before koordlet. The record is
   shared with the cold page collector's kidled settings: only the keys :func:`sysreconcile.owns` names are the
@@ -54,6 +56,7 @@ from koordlet.qosmanager import sysreconcile
 from koordlet.qosmanager.resctrl import GROUPS as CLASS_GROUPS
 from koordlet.qosmanager.resctrl import ResctrlConfig
 from koordlet.statesinformer.api import StatesProvider
+from koordlet.system.blkiolines import IO_WEIGHT_DEFAULT_LINE
 from koordlet.system.resctrl import ResctrlInfoError, read_resctrl_info
 from koordlet.ticker import PeriodicThread
 
@@ -85,6 +88,7 @@ class CollectorConfig:
     host_dir_root: str | None = None  # below which koordlet makes host dirs (the HAMi-core cache root)
     interval_s: float = COLLECT_INTERVAL_S
     grace_s: float = FRESH_GROUP_GRACE_S
+    psi_throttle: bool = False  # gate BEPSIThrottle with the QoS manager
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,10 +164,14 @@ def collect(made: Made, wants: Wants, now: float) -> list[Plan]:
         if why is not None:
             plans.append(Plan(resctrl=(ResctrlRemoveGroup(group),), reason=AUDIT_REASON,
                               why=f"resctrl group {group}: {why}"))
-    if made.lines and not wants.config.blkio:
-        why = "the BlkIOReconcile strategy is off (its feature gate, or the QoS manager)"
-        plans.append(Plan(lines=tuple(LineRestore(k.resource, k.cgroup_dir, k.device, why) for k in made.lines),
-                          reason=AUDIT_REASON, why=why))
+    for owned, on, strategy in ((lambda k: k.resource != IO_WEIGHT_DEFAULT_LINE, wants.config.blkio, "BlkIOReconcile"),
+                                (lambda k: k.resource == IO_WEIGHT_DEFAULT_LINE, wants.config.psi_throttle,
+                                 "BEPSIThrottle")):
+        lines = [k for k in made.lines if owned(k)]
+        if lines and not on:
+            why = f"the {strategy} strategy is off (its feature gate, or the QoS manager)"
+            plans.append(Plan(lines=tuple(LineRestore(k.resource, k.cgroup_dir, k.device, why) for k in lines),
+                              reason=AUDIT_REASON, why=why))
     sysctls = tuple(key for key in made.sysctls if sysreconcile.owns(key))
     if sysctls and not wants.config.system_config:
         why = "the SystemConfig strategy is off (its feature gate, or the QoS manager)"

@@ -145,6 +145,7 @@ class KoordletConfig:
     node_topology_min_update_interval_s: float
     # metrics advisor (docs/koordinator.md §7.1) and cache
     collect_res_used_interval_s: float
+    collect_pod_res_used_interval_s: float  # our own: pods no strategy reads every tick (metricsadvisor/pods.py)
     psi_collector_interval_s: float
     enable_pagecache_collector: bool
     # qos manager (docs/koordinator.md §4.1)
@@ -229,6 +230,8 @@ class KoordletConfig:
     disable_unset_cpu_quota: bool = False
     enable_pod_taskids: bool = False
     qos_extension_plugins: Mapping[str, bool] = field(default_factory=lambda: MappingProxyType({}))
+    # cgroup v2 nodes of Kubernetes 1.35-1.37 (docs/koordinator.md "Where koordlet-py differs")
+    cgroup_v2_weight_formula: str = "auto"
 
     def gate(self, name: str) -> bool:
         return bool(self.feature_gates.get(name, False))
@@ -270,6 +273,12 @@ class KoordletConfig:
         """(certificate, key) files to serve ``-addr`` over TLS with (``-tls-cert-file``,
         ``-tls-private-key-file``); None: plain HTTP, as Koordinator's koordlet."""
         return (self.tls_cert_file, self.tls_private_key_file) if self.tls_cert_file else None
+
+
+def _weight_formula(text: str) -> str:
+    if text not in ("auto", "linear", "quadratic"):
+        raise ConfigError(f"cgroup v2 weight formula must be auto, linear or quadratic, got {text!r}")
+    return text
 
 
 def _policy(text: str) -> str:
@@ -340,6 +349,9 @@ def _host_and_kubelet_flags(flag: _AddFlag, switch: _AddSwitch, path: _ModePath)
     flag("kubelet-cgroup-root", _STR, "/", "kubelet --cgroup-root (pods live under <this>/kubepods)")
     flag("containerd-endpoint", _STR, "", "containerd socket (eviction kill path)")
     flag("default-runtime-type", _STR, "containerd", "runtime of bare container ids")
+    flag("cgroup-v2-weight-formula", _weight_formula, "auto",
+         "cpu.shares -> cpu.weight on cgroup v2: linear (runc <= 1.3.1), quadratic (runc >= 1.3.2, crun >= 1.23), "
+         "or auto: the runtime's own, read from the weights it wrote")
     flag("kubelet-preferred-address-type", _STR, "InternalIP", "node address type used to reach kubelet")
     flag("kubelet-sync-interval", _DURATION, 10.0, "kubelet /pods poll period")
     flag("kubelet-sync-timeout", _DURATION, 3.0, "kubelet /pods request timeout")
@@ -359,6 +371,9 @@ def _collection_qos_and_hook_flags(flag: _AddFlag, switch: _AddSwitch, path: _Mo
     flag("node-topology-min-update-interval", _DURATION, 10.0,
          "NodeResourceTopology: least time between two updates of the object")
     flag("collect-res-used-interval", _DURATION, 1.0, "node/pod usage collection period")
+    flag("collect-pod-res-used-interval", _DURATION, 10.0,
+         "period of the pods and containers no QoS strategy reads every collection (at least "
+         "-collect-res-used-interval)")
     flag("psi-collector-interval", _DURATION, 10.0, "PSI collection period")
     flag("collect-node-cpu-info-interval", _DURATION, 60.0,
          "period of the node info collector (CPU topology and NUMA nodes into the metric cache)")
@@ -554,6 +569,7 @@ def parse_config(argv: Sequence[str], environ: Mapping[str, str]) -> KoordletCon
 # Durations that must be positive (their flags: the name without "_s", dashes for underscores).
 _POSITIVE_DURATIONS = (
     "kubelet_sync_interval_s", "kubelet_sync_timeout_s", "collect_res_used_interval_s", "node_topology_sync_interval_s",
+    "collect_pod_res_used_interval_s",
     "report_interval_s", "stop_timeout_s", "runtime_hooks_reconcile_interval_s",
     "runtime_hooks_nri_connect_timeout_s", "runtime_hooks_nri_backoff_duration_s", "runtime_hooks_nri_backoff_cap_s",
     "cpi_collector_interval_s", "collect_cpi_timewindow_s", "coldpage_collector_interval_s",

@@ -1,5 +1,5 @@
-"""Koordinator's koordlet feature gates (docs/koordinator.md §9.2): the one table of every gate koordlet accepts,
-its default, and whether (and where) koordlet-py acts on it.
+"""Koordinator's koordlet feature gates (docs/koordinator.md §9.2), and koordlet-py's own (``koordinator=False``): the
+one table of every gate koordlet accepts, its default, and whether (and where) koordlet-py acts on it.
 
 Every gate Koordinator's koordlet knows is accepted on ``-feature-gates`` so that a DaemonSet written for it
 runs unchanged; a gate koordlet-py does not implement is accepted and does nothing. Such gates are not
@@ -36,6 +36,7 @@ class Gate:
     where: tuple[str, ...] = ()  # the modules (repo-relative paths) that read the gate
     note: str = ""
     verified: str = ""  # where its tests ran: real kernel (v1 host, v2 guest) or fixture laid out as …
+    koordinator: bool = True  # False: koordlet-py's own gate, which Koordinator's koordlet does not know
 
     @property
     def default(self) -> bool:
@@ -133,10 +134,18 @@ GATES: tuple[Gate, ...] = (
          verified="fixture: resctrl of an Intel RDT machine (no RDT here)"),
     Gate("OOMScoreAdj", ALPHA, YES, ("hooks/oomscore.py",),
          verified="v1 host: real containerd (raise; lowering needs CAP_SYS_RESOURCE); v2 guest: lowering"),
+    # koordlet-py's own: off by default
+    Gate("BEPSIThrottle", ALPHA, YES, (_QOS, "koordlet/runtimehooks/__init__.py"),
+         note="koordlet-py's own (not Koordinator's): LS pods' CPU and IO pressure step BE's cpu.max and io.weight "
+              "(cgroup v2)",
+         verified="v2 guest: an LS probe's real CPU pressure beside a BE CPU burner; the io.weight line written and "
+                  "put back",
+         koordinator=False),
 )
 BY_NAME: Mapping[str, Gate] = MappingProxyType({gate.name: gate for gate in GATES})
 BETA_GATES: tuple[str, ...] = tuple(g.name for g in GATES if g.stage == BETA)
-ALPHA_GATES: tuple[str, ...] = tuple(g.name for g in GATES if g.stage == ALPHA)
+# AllAlpha switches Koordinator's Alpha gates, as in Koordinator: not koordlet-py's own, which are named one by one
+ALPHA_GATES: tuple[str, ...] = tuple(g.name for g in GATES if g.stage == ALPHA and g.koordinator)
 DEFAULTS: Mapping[str, bool] = MappingProxyType({g.name: g.default for g in GATES})
 
 

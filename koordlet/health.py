@@ -10,6 +10,11 @@ fails when any part it watches is stale past a bound that follows the part's own
 - ``nri`` (NRI on): the runtime's NRI socket is there and koordlet has not been registered for longer than its
   backoff cap + connect timeout + grace, or its connection loop ended.
 
+A refusal (a 401 or 403 of the API server or kubelet, koordlet.access) is different: a restart does not change
+RBAC or a credential. So ``/healthz`` names it, ``[!]access: kubelet refused GET …/pods/ (403): … the rule that
+allows it: …``, but does not fail for it (the ``states`` check of an informer kept from syncing by a refusal says
+so, and passes); ``/readyz`` fails while one is in force. koordlet stays up, unready, and says why.
+
 The grace (:data:`DEFAULT_GRACE_S`) covers one slow tick on a loaded node; the factor 3 a loop that missed two
 periods. A node without an NRI socket (containerd 1.6, NRI switched off) is no failure: the proxy serves there.
 
@@ -26,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from koordlet.access import Refusals
 from koordlet.metrics import Reply
 from koordlet.ticker import TickerThread
 
@@ -44,6 +50,7 @@ class CheckResult:
     name: str
     ok: bool
     detail: str
+    noted: bool = False  # passes, but has something to say in every answer (a refusal)
 
 
 Check = Callable[[], tuple[bool, str]]  # (passes, what it saw)
@@ -69,14 +76,19 @@ def loop_check(loop: TickerThread, grace_s: float) -> Check:
     return check
 
 
-def states_check(states: StatesInformer, grace_s: float, monotonic: Callable[[], float] = time.monotonic) -> Check:
+def states_check(states: StatesInformer, grace_s: float, monotonic: Callable[[], float] = time.monotonic,
+                 refused: Callable[[], bool] = lambda: False) -> Check:
     """Fails before the informer's first sync, and when its last pod list is older than 3 × its sync interval +
-    ``grace_s`` (kubelet or the CRI not answering: koordlet would act on pods that may be gone)."""
+    ``grace_s`` (kubelet or the CRI not answering: koordlet would act on pods that may be gone); passes while
+    ``refused()`` (kubelet or the API server refuses what the states need: a restart would not help, the access check
+    says why)."""
 
     def check() -> tuple[bool, str]:
         bound = STALE_PERIODS * states.sync_interval_s + grace_s
         last = states.last_pod_sync
         error = f": {states.last_pod_sync_error}" if states.last_pod_sync_error else ""
+        if refused():
+            return True, "a refusal keeps the states from syncing (see access)" + error
         if not states.has_synced():
             return False, "not synced" + error
         if last is None:
@@ -121,6 +133,7 @@ class Health:
         self._checks: dict[str, Check] = {}
         self._synced: Callable[[], bool] = lambda: False
         self._failing: frozenset[str] = frozenset()
+        self._refusals: Refusals | None = None
 
     def add(self, name: str, check: Check) -> None:
         self._checks[name] = check
@@ -129,8 +142,22 @@ class Health:
         self.add(name, loop_check(loop, self.grace_s))
 
     def watch_states(self, states: StatesInformer) -> None:
-        self.add("states", states_check(states, self.grace_s))
+        self.add("states", states_check(states, self.grace_s,
+                                        refused=lambda: bool(self._refusals and self._refusals.blocking_states())))
         self._synced = states.has_synced
+
+    def watch_access(self, refusals: Refusals) -> None:
+        """The refusals of the API server and kubelet: named by /healthz (without failing it), failing /readyz."""
+        self._refusals = refusals
+
+    def _access(self) -> list[CheckResult]:
+        if self._refusals is None:
+            return []
+        refused = self._refusals.current()
+        if not refused:
+            return [CheckResult("access", True, "neither the API server nor kubelet refuses koordlet")]
+        detail = "; ".join(refusal.describe() for refusal in refused)
+        return [CheckResult("access", True, detail + " (a restart does not help: grant the rule)", noted=True)]
 
     def watch_nri(self, plugin: NriPlugin, socket_present: Callable[[str], bool]) -> None:
         self.add("nri", nri_check(plugin, socket_present, self.grace_s))
@@ -144,7 +171,7 @@ class Health:
                 ok, detail = False, f"check raised {type(err).__name__}: {err}"
             results.append(CheckResult(name, ok, detail))
         self._log_changes(results)
-        return results
+        return results + self._access()
 
     def _log_changes(self, results: Sequence[CheckResult]) -> None:
         failing = frozenset(r.name for r in results if not r.ok)
@@ -164,13 +191,17 @@ class Health:
         results = [CheckResult("started", self._started(), "the start is complete" if self._started() else
                                "the start is not complete"),
                    CheckResult("states", self._synced(), "synced" if self._synced() else "not synced")]
+        if self._refusals is not None:
+            blocking = [r.describe() for r in self._refusals.current() if r.blocks_work]
+            results.append(CheckResult("access", not blocking, "; ".join(blocking) or "nothing refused"))
         return _reply(results, "readyz", query)
 
 
 def _reply(results: Sequence[CheckResult], what: str, query: Mapping[str, Sequence[str]]) -> Reply:
     passed = all(r.ok for r in results)
-    if passed and "verbose" not in query:
+    if passed and "verbose" not in query and not any(r.noted for r in results):
         return Reply.text(200, "ok")
-    lines = [f"[+]{r.name} ok: {r.detail}" if r.ok else f"[-]{r.name} failed: {r.detail}" for r in results]
+    lines = [f"[!]{r.name}: {r.detail}" if r.noted else f"[+]{r.name} ok: {r.detail}" if r.ok else
+             f"[-]{r.name} failed: {r.detail}" for r in results]
     lines.append(f"{what} check {'passed' if passed else 'failed'}")
     return Reply.text(200 if passed else 503, "\n".join(lines))

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from kubernetes.client.exceptions import ApiException
 
+from koordlet.access import API_SERVER, from_api_answer, refusals_of
 from koordlet.api.safeload import load_json
 
 if TYPE_CHECKING:
@@ -94,15 +96,31 @@ class _Client:
         ok = 200 <= response.status <= 299
         if not preload_content:
             if not ok:
-                response.read()
+                self._note_access(method, request[1], response.status, response.read())
                 raise ApiException.from_response(http_resp=response, body=None, data=None)
+            self._note_access(method, request[1], response.status, b"")
             return response.response
         data = response.read()
+        self._note_access(method, request[1], response.status, data)
         if not ok:
             raise ApiException.from_response(http_resp=response, body=data.decode("utf-8", "replace"), data=None)
         if not data:
             return None
         return load_json(data, f"answer to {method} {path}", max_bytes=MAX_API_BYTES)
+
+    def _note_access(self, method: str, url: str, status: int, data: bytes | None) -> None:
+        """A 401 or 403 goes to the agent's refusals (koordlet.access: logged with the rule that would allow the
+        call, counted, shown by the health endpoints); a success ends a refusal of that kind of call."""
+        refusals = refusals_of(self.api_client)
+        if refusals is None:
+            return
+        path = urlsplit(url).path
+        if 200 <= status <= 299:
+            refusals.allowed(API_SERVER, f"{method} {path}")
+            return
+        refusal = from_api_answer(method, path, status, (data or b"").decode("utf-8", "replace"))
+        if refusal is not None:
+            refusals.refused(refusal)
 
 
 class CoreV1(_Client):
@@ -179,6 +197,19 @@ class CoreV1(_Client):
         query = [("dryRun", dry_run), ("fieldManager", field_manager), ("fieldValidation", field_validation),
                  ("pretty", pretty)]
         return self._request("POST", "/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+                             {"name": name, "namespace": namespace}, query, body,
+                             preload_content=_preload_content, request_timeout=_request_timeout)
+
+    # ----------------------------------------------------------------------------------------- tokens
+
+    def create_namespaced_service_account_token(self, name: str, namespace: str, body: Any,
+                                                dry_run: str | None = None, field_manager: str | None = None,
+                                                field_validation: str | None = None, pretty: str | None = None, *,
+                                                _preload_content: bool = True, _request_timeout: Timeout = None) -> Any:
+        """TokenRequest: the next token of koordlet's own service account on bare metal (koordlet/credentials.py)."""
+        query = [("dryRun", dry_run), ("fieldManager", field_manager), ("fieldValidation", field_validation),
+                 ("pretty", pretty)]
+        return self._request("POST", "/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
                              {"name": name, "namespace": namespace}, query, body,
                              preload_content=_preload_content, request_timeout=_request_timeout)
 

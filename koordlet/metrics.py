@@ -29,6 +29,7 @@ from urllib.parse import parse_qs
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from koordlet.access import Refusal
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
 from koordlet.gonet import ListenAddress, client_host, listen
 from koordlet.gotext import CONTENT_TYPE, GoCounter, exposition
@@ -412,6 +413,10 @@ class KoordletMetrics:
             "koordlet_node_resource_priority_reclaimable_status",
             "Whether the reclaimable of a priority could be predicted at the last report (0 yes, 1 no)",
             ["node", "priority"], registry=self.registry)
+        # Ours (Prometheus naming: the counter is exported as ..._total): koordlet.access.
+        self.access_refused = Counter(
+            "koordlet_access_refused", "Calls the API server or kubelet refused (401, 403), by what was refused",
+            ["node", "source", "code", "verb", "resource"], registry=self.registry)
         self.xpu_device_info_problems = Counter(
             "koordlet_xpu_device_info_problems", "Device-info files or entries of -xpu-device-infos-dir refused "
             "(each problem counted once until a file changes)", ["node"], registry=self.registry)
@@ -529,6 +534,10 @@ class KoordletMetrics:
     def observe_kubelet_request(self, code: str, seconds: float) -> None:
         """One ``GET /pods/`` (the only kubelet call koordlet makes here)."""
         self.kubelet_request_duration.labels("GET", "/pods/", code).observe(seconds)
+
+    def observe_access_refused(self, refusal: Refusal) -> None:
+        self.access_refused.labels(self.node_name, refusal.source, str(refusal.code), refusal.verb,
+                                   refusal.resource).inc()
 
 
 

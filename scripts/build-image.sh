@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # build-image.sh — build the koordlet-py image (Containerfile) with no registry: `make image`.
 #
-#   bash scripts/build-image.sh                 # -> out/image/koordlet-py-<version>.oci.tar
+#   bash scripts/build-image.sh                 # -> out/image/koordlet-py-<version>.oci.tar (and
+#                                               #    koordlet-py-<version>.rootfs.tar.gz, its root tree)
 #   bash scripts/build-image.sh --context-only  # only the build context (Containerfile + wheelhouse), for
 #                                               # `docker build` / `podman build` elsewhere; prints its dir
 #
@@ -13,10 +14,12 @@
 #    localhost/koordlet-py-base:bookworm. Elsewhere pass BASE_IMAGE=docker.io/library/debian:bookworm-slim.
 # 3. `buildah bud` (chroot isolation, vfs storage under $KOORDLET_TOOLS/buildah: nothing of the host's
 #    container storage is touched), then an OCI archive that `ctr images import` and `skopeo` take.
+# 4. The image's root tree as a tar (install-baremetal.sh --rootfs: bare metal with no Python on the node).
 # The image is named koordlet-py:<version from pyproject.toml>, the name deploy/ and the chart use.
 #
 # Knobs: IMAGE_REPOSITORY (koordlet-py), BASE_IMAGE (local debootstrap base), KOORDLET_TOOLS (<repo>/.tools),
-#        IMAGE_OUT (<repo>/out/image). Needs root (debootstrap, buildah's chroot).
+#        IMAGE_OUT (<repo>/out/image), IMAGE_REBUILD=1 (build even when nothing changed since the last build).
+#        Needs root (debootstrap, buildah's chroot).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tools=${KOORDLET_TOOLS:-$here/.tools}
@@ -31,6 +34,24 @@ version=$("$py" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "r
   "$here/pyproject.toml")
 image=$repository:$version
 context=$out/context
+archive=$out/koordlet-py-$version.oci.tar
+rootfs=$out/koordlet-py-$version.rootfs.tar.gz
+
+# One build at a time in this output dir (the host suite's image test and the v2 stage may both ask for it); an image
+# already built from the same inputs (the checkout's files as they are now, the names and the base) is not built
+# again: IMAGE_REBUILD=1 builds it anyway.
+mkdir -p "$out"
+exec {build_lock}>"$out/.build.lock"
+flock "$build_lock"
+inputs=$( { (cd "$here" && git ls-files -z --cached --others --exclude-standard | xargs -0 sha256sum 2>/dev/null) || true
+           echo "$repository $version ${BASE_IMAGE:-debootstrap}"; } | sha256sum | cut -c1-64)
+if [ "${1:-}" != --context-only ] && [ "${IMAGE_REBUILD:-0}" != 1 ] && [ -s "$archive" ] && [ -s "$rootfs" ] &&
+   [ "$(cat "$out/.inputs" 2>/dev/null)" = "$inputs" ]; then
+  log "unchanged: $image was built from these inputs ($archive, $rootfs); IMAGE_REBUILD=1 builds it again"
+  echo "$archive"
+  exit 0
+fi
+rm -f "$out/.inputs"
 
 # ---- 1. context: Containerfile + wheelhouse --------------------------------------------------------
 # The wheelhouse is requirements.lock's (the versions a bare-metal node installs, each file checked against its
@@ -116,7 +137,6 @@ bah bud -q --pull=false --isolation chroot --network host --layers=false \
   --build-arg "BASE_IMAGE=$base" --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
   --build-arg "SOURCE=$source_url" -t "$image" -f "$context/Containerfile" "$context" >"$out/build.log" 2>&1 ||
   { tail -30 "$out/build.log" >&2; die "buildah bud failed (log: $out/build.log)"; }
-archive=$out/koordlet-py-$version.oci.tar
 rm -f "$archive"
 # The archive names the image as kubelet and containerd's CRI spell it: an image without a registry
 # (koordlet-py:0.1.0) is docker.io/library/koordlet-py:0.1.0 to them, so `ctr -n k8s.io images import`
@@ -130,4 +150,18 @@ bah push -q "$image" "oci-archive:$archive:$ref" >&2
 size=$(bah images --format '{{.Size}}' "$image" | head -1)
 echo "$size" > "$out/image-size"
 log "built $image in $(( $(date +%s) - started )) s: $size uncompressed, $(du -m "$archive" | cut -f1) MiB archive ($archive)"
+
+# ---- 4. the image's root tree, for bare metal ------------------------------------------------------
+# The same image as one root file system (its layers applied by buildah, whiteouts and all): what
+# `install-baremetal.sh --rootfs` unpacks on a node and runs under systemd with RootDirectory=, so the node needs
+# no Python of its own. gzip, because every node can unpack it.
+ctr=$(bah from -q --pull=false "$image")
+mnt=$(bah mount "$ctr")
+tar -C "$mnt" --numeric-owner --sort=name -cf - . | gzip -6 >"$rootfs.tmp" ||
+  { bah umount "$ctr" >/dev/null; bah rm "$ctr" >/dev/null; die "packing the root tree failed"; }
+bah umount "$ctr" >/dev/null
+bah rm "$ctr" >/dev/null
+mv "$rootfs.tmp" "$rootfs"
+log "root tree for bare metal: $(du -m "$rootfs" | cut -f1) MiB ($rootfs)"
+echo "$inputs" >"$out/.inputs"
 echo "$archive"

@@ -114,7 +114,7 @@ done
 for d in $busy; do log "cgroup $d could not be removed (no process inside, still busy after 10 s)"; done
 
 # 7. Files.
-rm -rf "$RUN/state" "$RUN/runc" "$RUN/cni-ipam" "$RUN/cni" "$SOCK" "$SOCK.ttrpc"
+rm -rf "$RUN/state" "$RUN/runc" "$RUN"/runc-* "$RUN/cni-ipam" "$RUN/cni" "$SOCK" "$SOCK.ttrpc"
 if [ -n "${CTRD_KEEP_ROOT:-}" ] && [ -n "$GRACEFUL" ]; then :; else rm -rf "$ROOT"; fi  # kept only if cleaned via API
 rmdir /run/containerd/s /run/containerd 2>/dev/null   # shim sockets' fixed home; only if empty
 log "down"

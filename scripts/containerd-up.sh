@@ -29,6 +29,11 @@
 #                                          (scripts/v2-stage.sh: the VM has no network)
 #   CTRD_NRI_SOCKET=                       containerd >= 1.7: NRI on, its socket at this path (unset: NRI off,
 #                                          so no test containerd ever listens on the host's /var/run/nri)
+#   CTRD_RUNC_HANDLERS=                    more runc generations, each a CRI runtime handler `runc-<gen>` beside the
+#                                          default `runc` (Debian 12's 1.1.5): 1.3 (Debian unstable's 1.3.6, the
+#                                          quadratic cpu.shares -> cpu.weight formula). Unpacked by
+#                                          scripts/apt-fetch.sh into $KOORDLET_TOOLS/runc-<gen> with the glibc it
+#                                          needs (2.38+, Debian 12 has 2.36), which patchelf makes its own
 set -euo pipefail
 
 RUN=${CTRD_RUN:-/run/koordlet-py/containerd}
@@ -75,6 +80,8 @@ command -v runc >/dev/null       || need+=(runc)
 if [ "$CNI" = bridge ] && { [ ! -x /usr/lib/cni/bridge ] || [ ! -x /usr/lib/cni/host-local ]; }; then
   need+=(containernetworking-plugins)
 fi
+read -r -a RUNC_HANDLERS <<< "${CTRD_RUNC_HANDLERS:-}"
+[ ${#RUNC_HANDLERS[@]} -eq 0 ] || command -v patchelf >/dev/null || need+=(patchelf)
 if [ ${#need[@]} -gt 0 ]; then
   [ -z "${CTRD_NO_INSTALL:-}" ] || die "missing packages: ${need[*]} (CTRD_NO_INSTALL set)"
   log "installing ${need[*]}"
@@ -100,6 +107,32 @@ case $GEN in
 esac
 have=$(containerd --version | awk '{print $3}')
 [[ $have == "$GEN".* || $have == v"$GEN".* ]] || die "containerd on PATH is $have, not $GEN"
+
+# ---- more runc generations (CTRD_RUNC_HANDLERS) ----------------------------------------------------
+# fetch_runc GEN: unpack that runc with its glibc and print the path of a runc that runs here. Debian unstable's
+# runc is built against glibc 2.38+: a copy of it gets the unpacked glibc's loader as its interpreter and library
+# path (a wrapper script would not do: runc re-executes /proc/self/exe for its container init).
+fetch_runc() {
+  local spec prefix bin
+  case $1 in
+    1.3) spec=(sid runc=1.3.6+ds1-1 libc6=2.43-7) ;;
+    *) die "CTRD_RUNC_HANDLERS=$1: known runc generations are 1.3" ;;
+  esac
+  prefix=$(bash "$HERE/apt-fetch.sh" "${spec[0]}" "${KOORDLET_TOOLS:-$HERE/../.tools}/runc-$1" "${spec[@]:1}") ||
+    die "could not fetch runc $1 (${spec[*]})"
+  bin=$prefix/runc
+  if [ ! -x "$bin" ]; then
+    cp "$prefix/usr/sbin/runc" "$bin.tmp"
+    patchelf --set-interpreter "$prefix/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \
+      --set-rpath "$prefix/usr/lib/x86_64-linux-gnu" "$bin.tmp" || die "patchelf failed on runc $1"
+    mv "$bin.tmp" "$bin"
+  fi
+  local version; version=$("$bin" --version 2>&1) || die "$bin does not run: $version"
+  [[ $version == "runc version $1."* ]] || die "$bin is not runc $1: ${version%%$'\n'*}"
+  echo "$bin"
+}
+declare -A RUNC_BIN=()
+for gen in "${RUNC_HANDLERS[@]}"; do RUNC_BIN[$gen]=$(fetch_runc "$gen"); done
 [ "${CTRD_FETCH_ONLY:-}" != 1 ] || exit 0
 
 # ---- stale instance (crashed / killed): clean it up first -------------------------------------
@@ -165,6 +198,17 @@ runc_runtime() {
           SystemdCgroup = $SYSTEMD_CGROUP
           Root = "$RUN/runc"
 EOF
+  local gen
+  for gen in "${RUNC_HANDLERS[@]}"; do
+    cat <<EOF
+      [plugins."$1".containerd.runtimes."runc-$gen"]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."$1".containerd.runtimes."runc-$gen".options]
+          SystemdCgroup = $SYSTEMD_CGROUP
+          Root = "$RUN/runc-$gen"
+          BinaryName = "${RUNC_BIN[$gen]}"
+EOF
+  done
 }
 if [ "$GEN" = 2.1 ]; then
   # containerd 2.x: config version 3. The CRI plugin is split: images (snapshotter, the pinned sandbox image),
@@ -230,7 +274,7 @@ fi
 # ---- start --------------------------------------------------------------------------------------
 if ! alive; then
   rm -f "$SOCK" "$SOCK.ttrpc"
-  log "starting containerd ($have, snapshotter=$SNAP, cni=$CNI, systemd cgroup=$SYSTEMD_CGROUP)"
+  log "starting containerd ($have, snapshotter=$SNAP, cni=$CNI, systemd cgroup=$SYSTEMD_CGROUP${CTRD_RUNC_HANDLERS:+, runc handlers $CTRD_RUNC_HANDLERS})"
   setsid containerd --config "$CONF" >"$RUN/containerd.log" 2>&1 < /dev/null &
   echo $! > "$PIDFILE"
   for _ in $(seq 1 100); do

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # uninstall.sh — take koordlet-py off a node that scripts/install-baremetal.sh set up, in the order that
 # never leaves kubelet without a runtime:
-#   1. the kubelet drop-in goes and systemd is reloaded, so kubelet's command line names containerd again;
+#   1. the one change the install made where kubelet reads its runtime endpoint (its config file's
+#      containerRuntimeEndpoint, KUBELET_EXTRA_ARGS in /etc/default/kubelet or /etc/sysconfig/kubelet, or the
+#      drop-in's) is put back as it was, the kubelet drop-in goes and systemd is reloaded;
 #   2. kubelet is restarted on containerd's own socket (running pods keep running; kubelet reconnects);
 #   3. only then the proxy and its socket are stopped and disabled, and koordlet.service (full installs) too;
 #   4. the units go; with --purge also the installed versions, the environment files and the proxy's checkpoint.
 # It refuses to stop the proxy while something else still points kubelet at it (its config file or
-# /etc/default/kubelet): fix that first, or kubelet would lose its runtime.
+# /etc/default/kubelet, other than the install's own recorded change), or when the line the install wrote was
+# changed since: fix that first, or kubelet would lose its runtime.
 #
 #   scripts/uninstall.sh [--dry-run] [--root DIR] [--prefix /opt/koordlet-py] [--purge]
 #
@@ -14,12 +17,14 @@
 #   --root DIR  remove the files under DIR instead of / (tests, images); no systemctl
 #   --prefix P  the install's prefix (P/versions, P/current, P/previous), as given to install-baremetal.sh
 #   --purge     also remove P/versions, P/current, P/previous (and P/venv of an older install),
-#               /etc/default/koordlet, /etc/default/koord-runtime-proxy and /var/lib/koord-runtimeproxy
+#               /etc/default/koordlet, /etc/default/koord-runtime-proxy, /var/lib/koord-runtimeproxy and koordlet's
+#               identity (/etc/koordlet/kubeconfig, /var/lib/koordlet/token; the service account and its RBAC stay
+#               in the cluster: kubectl delete -k deploy/baremetal/ once no bare-metal node is left)
 # SYSTEMCTL=CMD runs CMD instead of systemctl, also with --root (the tests record the order of the steps).
 set -euo pipefail
 
 dry_run=0 root="" prefix=/opt/koordlet-py purge=0
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -56,13 +61,33 @@ if [ -z "$root" ]; then
   if [ "$dry_run" = 0 ] && [ "$(id -u)" != 0 ]; then echo "uninstall: must run as root" >&2; exit 1; fi
 fi
 
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=scripts/kubelet-endpoint.sh
+. "$here/kubelet-endpoint.sh"
 PROXY_SOCKET=/var/run/koord-runtimeproxy/runtimeproxy.sock
-DROP_IN=/etc/systemd/system/kubelet.service.d/10-koord-runtime-proxy.conf
+DROP_IN=$KE_DROP_IN
 
-# 0. Nothing else may still send kubelet to the proxy once the drop-in is gone.
+# 0. Nothing but the install's own recorded change may still send kubelet to the proxy once that is put back, and
+# that change must still be as the install wrote it.
+ours_file="" ours_line=""
+if ke_recorded && [ "$ke_place" != drop-in ]; then
+  ours_file=$ke_file ours_line=$ke_after
+  if [ -f "$root$ke_file" ] && ! grep -qxF -- "$ke_after" "$root$ke_file" && grep -q koord-runtimeproxy "$root$ke_file"; then
+    echo "uninstall: $root$ke_file: the line the install wrote ('$ke_after') was changed since; set containerd's" \
+      "socket there by hand (it said '${ke_before:-nothing}'), then run this again. Nothing was changed." >&2
+    exit 1
+  fi
+fi
 still=()
-for f in /var/lib/kubelet/config.yaml /etc/kubernetes/kubelet.conf.d/*.conf /etc/default/kubelet /etc/sysconfig/kubelet; do
-  [ -f "$root$f" ] && grep -q 'koord-runtimeproxy' "$root$f" && still+=("$root$f")
+for f in /var/lib/kubelet/config.yaml /etc/kubernetes/kubelet.conf.d/*.conf /etc/default/kubelet /etc/sysconfig/kubelet \
+    ${ours_file:+"$ours_file"}; do
+  [ -f "$root$f" ] || continue
+  [[ " ${still[*]} " != *" $root$f "* ]] || continue
+  if [ "$f" = "$ours_file" ]; then
+    [ "$(grep -vxF -- "$ours_line" "$root$f" | grep -c 'koord-runtimeproxy' || true)" = 0 ] || still+=("$root$f")
+  else
+    grep -q 'koord-runtimeproxy' "$root$f" && still+=("$root$f")
+  fi
 done
 if [ ${#still[@]} -gt 0 ]; then
   echo "uninstall: ${still[*]} still point(s) kubelet at $PROXY_SOCKET; set containerd's socket" \
@@ -70,7 +95,8 @@ if [ ${#still[@]} -gt 0 ]; then
   exit 1
 fi
 
-# 1. the drop-in
+# 1. the install's change where kubelet reads its endpoint, put back; then the drop-in
+ke_revert || { echo "uninstall: $ke_error" >&2; exit 1; }
 remove "$DROP_IN"
 if [ "$live" = 1 ]; then
   run "$systemctl" daemon-reload
@@ -99,10 +125,17 @@ fi
 # 4. the units and, with --purge, what the install left for a reinstall
 remove /etc/systemd/system/koordlet.service /etc/systemd/system/koord-runtime-proxy.service \
   /etc/systemd/system/koord-runtime-proxy.socket
+# the drop-ins of a root-tree install (--rootfs), and their directories once empty
+for unit in koord-runtime-proxy.service koordlet.service; do
+  remove "/etc/systemd/system/$unit.d/50-root-tree.conf"
+  dir=/etc/systemd/system/$unit.d
+  [ ! -d "$root$dir" ] || [ -n "$(ls -A "$root$dir")" ] || remove "$dir"
+done
 [ "$live" = 1 ] && run "$systemctl" daemon-reload
 if [ "$purge" = 1 ]; then
   remove "$prefix/current" "$prefix/previous" "$prefix/versions" "$prefix/venv" /etc/default/koordlet \
-    /etc/default/koord-runtime-proxy /var/lib/koord-runtimeproxy
+    /etc/default/koord-runtime-proxy /var/lib/koord-runtimeproxy /etc/koordlet/kubeconfig /var/lib/koordlet/token
+  [ -d "$root/etc/koordlet" ] && [ -z "$(ls -A "$root/etc/koordlet")" ] && remove /etc/koordlet
   [ -d "$root$prefix" ] && [ -z "$(ls -A "$root$prefix")" ] && remove "$prefix"
   [ -d "$root/etc/runtime/hookserver.d" ] && [ -z "$(ls -A "$root/etc/runtime/hookserver.d")" ] &&
     remove /etc/runtime/hookserver.d

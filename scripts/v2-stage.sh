@@ -66,9 +66,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 [ -x "$venv/bin/vng" ] || die "no vng in $venv: virtme-ng comes with requirements-dev.lock (run: make deps)"
 mkdir -p "$out"
-# The guests' containerd (tests/support/containerd.py's default generation) is fetched here: the VM has no network.
-CTRD_VERSION=2.1 CTRD_FETCH_ONLY=1 CTRD_RUN="$out/.fetch" bash "$here/scripts/containerd-up.sh" ||
-  die "could not fetch containerd 2.1 for the guests"
+# The guests' containerd (tests/support/containerd.py's default generation) and the runc 1.3 its sessions add as the
+# runtime handler runc-1.3 are fetched here: the VM has no network.
+CTRD_VERSION=2.1 CTRD_RUNC_HANDLERS=1.3 CTRD_FETCH_ONLY=1 CTRD_RUN="$out/.fetch" bash "$here/scripts/containerd-up.sh" ||
+  die "could not fetch containerd 2.1 and runc 1.3 for the guests"
 # --numa SIZE,cpus=FIRST-LAST per node: the CPUs and the memory split evenly (tests/koordlet/metricsadvisor/test_numa.py).
 numa_opts=()
 if [ "$numa" -gt 1 ]; then

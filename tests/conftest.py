@@ -78,7 +78,7 @@ def server() -> Iterator[ApiServer]:
 
 @pytest.fixture
 def api_client(server: ApiServer) -> Iterator[kubernetes.client.ApiClient]:
-    """A real `kubernetes` client talking to ``server``."""
+    """A real `kubernetes` client talking to ``server`` as its admin (a client certificate in system:masters)."""
     from tests.support.apiserver import kube_api_client
 
     with kube_api_client(server) as client:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import kubernetes.client
 
+from koordlet.access import Refusals
 from koordlet.config import KoordletConfig
 from koordlet.executor import ResourceExecutor
 from koordlet.gpu.nvml import NvmlModule
@@ -24,6 +25,7 @@ from koordlet.gpu.service import GPUService
 from koordlet.health import Health
 from koordlet.metriccache import MetricCache
 from koordlet.metrics import KoordletMetrics
+from koordlet.metricsadvisor.pods import DemandBoard
 from koordlet.prediction.server import PredictServer
 from koordlet.reporters.nodemetric import NodeMetricReporter
 from koordlet.statesinformer.cpumanager import CPUManagerState, CPUManagerStateReader
@@ -61,6 +63,8 @@ class AgentContext:
     states_sync_timeout_s: float = STATES_SYNC_TIMEOUT_S
     abort: threading.Event = field(default_factory=threading.Event)  # a stop was asked for during the start
     health: Health = field(default_factory=lambda: Health(lambda: True))  # parts add their checks (/healthz)
+    refusals: Refusals = field(default_factory=Refusals)  # 401s and 403s of the API server and kubelet
+    usage_demand: DemandBoard = field(default_factory=DemandBoard)  # the pods read every collection (QoS → collector)
     # ---- built by the parts
     cgroup_fs: CgroupFS = field(init=False)
     executor: ResourceExecutor = field(init=False)

@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 import kubernetes.client
 from kubernetes.config.incluster_config import load_incluster_config
 
-from koordlet import audit, features
+from koordlet import audit, credentials, features
+from koordlet.access import Refusals, watch_client
 from koordlet.agent.context import STATES_SYNC_TIMEOUT_S, AgentContext, ComponentFactory
 from koordlet.agent.parts import agent_parts, default_components
 from koordlet.config import KoordletConfig
@@ -52,6 +53,7 @@ def new_api_client(config: KoordletConfig) -> kubernetes.client.ApiClient:
         from kubernetes.config.kube_config import new_client_from_config
 
         client = new_client_from_config(config_file=config.kubeconfig)
+        credentials.attach(client, config.kubeconfig)  # a tokenFile: read at each request, renewed when due
     else:
         load_incluster_config()
         client = kubernetes.client.ApiClient()
@@ -78,6 +80,8 @@ class Koordlet:
         self._abort = threading.Event()
         self.metrics = KoordletMetrics(config.node_name)
         self.health = Health(self.started.is_set, health_grace_s)
+        self.refusals = Refusals(self.metrics.observe_access_refused)
+        self.health.watch_access(self.refusals)
         self.ctx: AgentContext | None = None
         self.metrics_server: MetricsServer | None = None
 
@@ -149,8 +153,10 @@ class Koordlet:
         self.metrics_server = server
         self._started("metrics server", server.stop)
 
+        if client is not None:
+            watch_client(client, self.refusals)
         ctx = self.ctx = AgentContext(config, self.metrics, client, self._nvml, self._sync_timeout_s,
-                                      self._abort, self.health)
+                                      self._abort, self.health, self.refusals)
         for part in self._parts:
             component = part.build(ctx)
             if component is not None:

@@ -24,12 +24,14 @@ plugins' answer does not hang on the order they run in:
 
 At creation a container burst will own gets normalization's value, which is burst's base: the two agree.
 
-The besteffort QoS dir's quota is CPU suppress's: under its ``cfsQuota`` policy it is the BE pods' shared limit, and
-BE pods' own quotas are then unlimited (:func:`be_quota_suppressed`; cgroup v1 refuses a parent quota below a child's);
-under any other policy, or with suppress off, it is unlimited. So a BE pod's own quota needs the besteffort dir
-unlimited above it first: the runtime hooks' reconciler writes that −1 (suppress's own value then) ahead of the pod's
-quota in one leveled update, rather than leaving the pod unlimited until suppress's next tick and the reconciler's
-next pass.
+The besteffort QoS dir's quota has its own owner (:func:`be_quota_owner`): CPU suppress under its ``cfsQuota`` policy,
+where it is the BE pods' shared limit and BE pods' own quotas are unlimited (:func:`be_quota_suppressed`; cgroup v1
+refuses a parent quota below a child's); else BE PSI throttle (gate ``BEPSIThrottle``, cgroup v2) while its NodeSLO
+switch is on, stepping it by the LS pods' pressure; else CPU suppress, which keeps it unlimited. So a BE pod's own
+quota needs the besteffort dir unlimited above it first: the runtime hooks' reconciler writes that −1 (suppress's own
+value then) ahead of the pod's quota in one leveled update, rather than leaving the pod unlimited until suppress's
+next tick and the reconciler's next pass; never while PSI throttle owns the dir (cgroup v2 takes a child quota above
+its parent's).
 """
 
 from __future__ import annotations
@@ -91,6 +93,25 @@ def be_quota_suppressed(spec: NodeSLOSpec) -> bool:
     and the besteffort dir's quota is unlimited otherwise (module docstring)."""
     threshold = spec.resource_used_threshold_with_be
     return threshold.enable and threshold.cpu_suppress_policy == CPU_SUPPRESS_POLICY_CFS_QUOTA
+
+
+class BEQuotaOwner(enum.StrEnum):
+    """Who sets the besteffort QoS dir's quota (module docstring)."""
+
+    CPU_SUPPRESS = "BECPUSuppress"
+    PSI_THROTTLE = "BEPSIThrottle"
+    NOBODY = ""
+
+
+def be_quota_owner(spec: NodeSLOSpec, *, suppress: bool, psi_throttle: bool) -> BEQuotaOwner:
+    """The besteffort dir's quota owner, first match wins: CPU suppress under ``cfsQuota``; BE PSI throttle when it
+    can run (``psi_throttle``: its gate on, on cgroup v2) and its NodeSLO switch is on; CPU suppress (unlimited);
+    nobody (both gates off: left as it is)."""
+    if suppress and be_quota_suppressed(spec):
+        return BEQuotaOwner.CPU_SUPPRESS
+    if psi_throttle and spec.be_psi_throttle_strategy.enable:
+        return BEQuotaOwner.PSI_THROTTLE
+    return BEQuotaOwner.CPU_SUPPRESS if suppress else BEQuotaOwner.NOBODY
 
 
 def burst_eligible(pod: PodMeta) -> bool:

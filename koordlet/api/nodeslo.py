@@ -551,6 +551,41 @@ def _be_memory_reclaim(extensions: Mapping[str, object], errors: list[str]) -> B
     return strategy
 
 
+BE_PSI_THROTTLE_EXTENSION = "bePSIThrottleStrategy"
+
+
+@dataclass(frozen=True, slots=True)
+class BEPSIThrottleStrategy:
+    """``extensions.bePSIThrottleStrategy``: koordlet-py's extension (Koordinator has none; docs/colocation.md "BE CPU
+    and IO steered by the LS pods' pressure"), with the gate ``BEPSIThrottle`` (cgroup v2). Pressures are the
+    highest ``some avg10`` (percent) among the LS pods' ``cpu.pressure`` and ``io.pressure``; at or above its
+    threshold, the BE pods' CPU (the besteffort dir's ``cpu.max``) or IO (its ``io.weight``) goes one step down, at
+    most every ``stepIntervalSeconds``; below ``releasePercent`` of the threshold for ``releaseIntervalSeconds`` it
+    comes one step back."""
+
+    enable: bool = field(default=False, metadata=meta("enable", check_bool))
+    cpu_pressure_threshold_percent: int = field(default=10, metadata=meta("cpuPressureThresholdPercent",
+                                                                         check_int(1, 100)))
+    io_pressure_threshold_percent: int = field(default=10, metadata=meta("ioPressureThresholdPercent",
+                                                                        check_int(1, 100)))
+    # the hysteresis: a pressure below this percent of its threshold counts as gone
+    release_percent: int = field(default=50, metadata=meta("releasePercent", check_int(0, 99)))
+    step_interval_seconds: int = field(default=4, metadata=meta("stepIntervalSeconds", check_int(1, 3600)))
+    release_interval_seconds: int = field(default=10, metadata=meta("releaseIntervalSeconds", check_int(1, 3600)))
+    # each CPU step takes this percent of the node's CPUs off the BE pods' limit, which never goes below
+    # cpuMinPercent of them
+    cpu_step_percent: int = field(default=25, metadata=meta("cpuStepPercent", check_int(1, 100)))
+    cpu_min_percent: int = field(default=25, metadata=meta("cpuMinPercent", check_int(1, 100)))
+    # each IO step halves the besteffort dir's io.weight (100, the kernel's default, when not throttled), down to this
+    io_min_weight: int = field(default=1, metadata=meta("ioMinWeight", check_int(1, 100)))
+
+
+def _be_psi_throttle(extensions: Mapping[str, object], errors: list[str]) -> BEPSIThrottleStrategy:
+    where = f"extensions.{BE_PSI_THROTTLE_EXTENSION}"
+    return apply(BEPSIThrottleStrategy(),
+                 collect(BEPSIThrottleStrategy, extensions.get(BE_PSI_THROTTLE_EXTENSION), where, errors))
+
+
 def _check_extensions(value: object) -> Mapping[str, object]:
     if not isinstance(value, Mapping):
         raise FieldError(f"expected an object, got {show(value)}")
@@ -576,8 +611,10 @@ class NodeSLOSpec:
     extensions: Mapping[str, object] = field(
         default_factory=lambda: MappingProxyType({}), metadata=meta("extensions", _check_extensions)
     )
-    # ``extensions.beMemoryReclaimStrategy``, read from ``extensions`` by parse_node_slo_spec
+    # ``extensions.beMemoryReclaimStrategy`` and ``extensions.bePSIThrottleStrategy``, read from ``extensions`` by
+    # parse_node_slo_spec
     be_memory_reclaim_strategy: BEMemoryReclaimStrategy = BEMemoryReclaimStrategy()
+    be_psi_throttle_strategy: BEPSIThrottleStrategy = BEPSIThrottleStrategy()
 
 
 def _disable_to_none(resource_qos: ResourceQOS) -> ResourceQOS:
@@ -617,9 +654,10 @@ def parse_node_slo_spec(spec: object) -> NodeSLOSpec:
     merged = apply(_UNRESOLVED_DEFAULTS, overrides)
     _check_cross_fields(merged, errors)
     reclaim = _be_memory_reclaim(merged.extensions, errors)
+    throttle = _be_psi_throttle(merged.extensions, errors)
     if errors:
         raise NodeSLOError(errors)
-    merged = replace(merged, be_memory_reclaim_strategy=reclaim)
+    merged = replace(merged, be_memory_reclaim_strategy=reclaim, be_psi_throttle_strategy=throttle)
     strategy = merged.resource_qos_strategy
     resolved = replace(
         strategy,

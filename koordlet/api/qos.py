@@ -75,12 +75,13 @@ _QOS_FOR_KUBE_QOS = {
 }
 
 
+# A dict lookup, not QoSClass(value): the strategies ask for every pod's label several times a second.
+_QOS_CLASS_OF_LABEL: Mapping[str, QoSClass] = {qos.value: qos for qos in QoSClass}
+
+
 def qos_class_from_labels(labels: Mapping[str, str]) -> QoSClass:
     """The raw ``koordinator.sh/qosClass`` label; missing or unknown values are NONE."""
-    try:
-        return QoSClass(labels.get(LABEL_QOS_CLASS, ""))
-    except ValueError:
-        return QoSClass.NONE
+    return _QOS_CLASS_OF_LABEL.get(labels.get(LABEL_QOS_CLASS, ""), QoSClass.NONE)
 
 
 def qos_class_for_pod(labels: Mapping[str, str], kube_qos: KubeQoS | None) -> QoSClass:

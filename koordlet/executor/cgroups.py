@@ -50,7 +50,13 @@ from koordlet.executor.files import RealRoots, read_current, write_file
 from koordlet.executor.updates import BatchResult, ResourceUpdate, UpdateFailure
 from koordlet.system import kernfs
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
-from koordlet.system.resources import CgroupResource, InvalidCgroupValueError, device_of, get_resource
+from koordlet.system.resources import (
+    CgroupResource,
+    InvalidCgroupValueError,
+    WeightFormula,
+    device_of,
+    get_resource,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +104,9 @@ class CgroupFiles:
         self._lock = lock
         self._roots = roots
         self._clock = clock
+        # The runtime's cpu.shares → cpu.weight formula (v2): replaced whole by the one thread that learns it (the
+        # reconciler's, koordlet/runtimehooks/weightformula.py), read at each write.
+        self.weight_formula = WeightFormula.LINEAR
         self._warned_unsupported: set[tuple[str, str]] = set()
         # Path checks resolve every component (realpath): their verdicts are kept as long as written values
         # are, so a reconcile pass over unchanged pods does not stat each directory of each path every time.
@@ -244,9 +253,9 @@ class CgroupFiles:
         """Translate, consult the cache (and with ``verify`` the file), write. Caller holds the lock."""
         content = v1_value
         resource = target.resource
-        if self.cgroup_fs.version is CgroupVersion.V2 and resource.to_v2 is not None:
+        if self.cgroup_fs.version is CgroupVersion.V2 and (resource.to_v2 is not None or resource.shares_to_weight):
             current = read_current(target.path) if resource.v2_needs_current else None
-            content = resource.to_file_value(v1_value, CgroupVersion.V2, current)
+            content = resource.to_file_value(v1_value, CgroupVersion.V2, current, self.weight_formula)
         now = self._clock()
         # A per-device file (blkio) holds one line per device, and on v2 io.max holds four resources: each
         # (resource, device) is cached on its own, and "verify" cannot compare a line with the whole file.

@@ -34,7 +34,7 @@ from koordlet.executor.records import NodeRecords
 from koordlet.executor.resctrl import ResctrlGroups
 from koordlet.executor.updates import BatchResult, ResourceUpdate
 from koordlet.system.cgroup import CgroupFS
-from koordlet.system.resources import CgroupResource
+from koordlet.system.resources import CgroupResource, WeightFormula
 
 
 class ResourceExecutor:
@@ -66,6 +66,15 @@ class ResourceExecutor:
         self._resctrl = ResctrlGroups(resctrl_root, lock, roots, self.records.resctrl_groups)
         self._node = NodeFiles({"proc": proc_dir, "sys": sys_dir}, Originals(originals_file), cache, lock, roots,
                                clock)
+
+    @property
+    def weight_formula(self) -> WeightFormula:
+        """The runtime's cpu.shares → cpu.weight formula every cpu.shares write on v2 uses (system/resources.py)."""
+        return self._cgroups.weight_formula
+
+    @weight_formula.setter
+    def weight_formula(self, formula: WeightFormula) -> None:
+        self._cgroups.weight_formula = formula
 
     @property
     def originals(self) -> Originals:

@@ -39,6 +39,14 @@ POD_WINDOW_CAPACITY = 600  # 10 min at 1 s
 # avg10/avg60/avg300 already are windows. 18 series per cgroup: at 150 pods 60 samples each cost ~5 MiB.
 PSI_WINDOW_CAPACITY = 3
 PER_CPU_WINDOW_CAPACITY = 300  # 5 min at 1 s per CPU: 256 CPUs stay near 1.2 MiB
+# Pod and container usage: most pods are read once a fan-out interval (10 s), a few every second
+# (metricsadvisor/pods.py): each keeps 10 min, in as many slots as that takes.
+POD_WINDOW_RETENTION_S = 600.0
+_RETAINED_POD_KINDS = (
+    MetricKind.POD_CPU_USAGE, MetricKind.POD_MEMORY_USAGE, MetricKind.POD_MEMORY_USAGE_WITH_PAGE_CACHE,
+    MetricKind.POD_CPU_THROTTLED, MetricKind.CONTAINER_CPU_USAGE, MetricKind.CONTAINER_MEMORY_USAGE,
+    MetricKind.CONTAINER_MEMORY_USAGE_WITH_PAGE_CACHE, MetricKind.CONTAINER_CPU_THROTTLED,
+)
 # The Alpha collectors' kinds keep about 10 min at their default intervals (CPI 60 s, resctrl 10 s, cold
 # pages 5 s): what their consumers look at, and a bounded share of the agent's memory at 150 pods.
 CPI_WINDOW_CAPACITY = 10
@@ -60,6 +68,9 @@ DEFAULT_CAPACITY_BY_KIND: Mapping[str, int] = {
     MetricKind.RESCTRL_MB.value: RESCTRL_WINDOW_CAPACITY,
     **{kind.value: COLD_PAGE_WINDOW_CAPACITY for kind in _COLD_PAGE_KINDS},
 }
+
+
+DEFAULT_RETENTION_BY_KIND: Mapping[str, float] = {kind.value: POD_WINDOW_RETENTION_S for kind in _RETAINED_POD_KINDS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,37 +116,47 @@ class Aggregate:
 class _Ring:
     """Ring of at most ``capacity`` (timestamp, value), timestamps strictly increasing.
 
-    The arrays grow as samples arrive (amortized appends) until they hold ``capacity``, and only then wrap:
-    a series seen for a minute costs a minute of samples, not a full window preallocated."""
+    Every slot holds a sample (``size`` is the arrays' length); ``head`` is the oldest, the next one overwritten. The
+    arrays grow as samples arrive until they hold ``capacity``, and only then wrap: a series seen for a minute costs a
+    minute of samples, not a full window preallocated. With ``retention_s`` they stop growing once the oldest sample is
+    that old, and wrap there: a series written every 10 s keeps its ``retention_s`` in a tenth of the slots of one
+    written every second (and grows again, up to ``capacity``, if it is written more often later)."""
 
-    __slots__ = ("capacity", "head", "size", "timestamps", "values")
+    __slots__ = ("capacity", "head", "retention_s", "size", "timestamps", "values")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, retention_s: float | None = None) -> None:
         self.capacity = capacity
+        self.retention_s = retention_s
         self.timestamps = array("d")
         self.values = array("d")
-        self.head = 0  # next slot to write
+        self.head = 0  # the oldest sample: the next slot overwritten once the ring wraps
         self.size = 0
 
     def last_index(self) -> int:
-        return (self.head - 1) % self.capacity
+        return (self.head - 1) % self.size
 
     def append(self, timestamp: float, value: float) -> bool:
-        if self.size and timestamp <= self.timestamps[self.last_index()]:
+        size, head = self.size, self.head
+        if size and timestamp <= self.timestamps[(head - 1) % size]:
             return False
-        if len(self.timestamps) < self.capacity:  # still growing: head == size == len
-            self.timestamps.append(timestamp)
-            self.values.append(value)
+        retention = self.retention_s
+        if size < self.capacity and (retention is None or not size or self.timestamps[head] >= timestamp - retention):
+            if head == 0:  # growing at the end: the oldest stays first
+                self.timestamps.append(timestamp)
+                self.values.append(value)
+            else:  # a wrapped ring grows between its newest and its oldest
+                self.timestamps.insert(head, timestamp)
+                self.values.insert(head, value)
+                self.head = head + 1
+            self.size = size + 1
         else:
-            self.timestamps[self.head] = timestamp
-            self.values[self.head] = value
-        self.head = (self.head + 1) % self.capacity
-        if self.size < self.capacity:
-            self.size += 1
+            self.timestamps[head] = timestamp
+            self.values[head] = value
+            self.head = (head + 1) % size
         return True
 
     def _physical(self, logical: int) -> int:
-        return (self.head - self.size + logical) % self.capacity
+        return (self.head + logical) % self.size
 
     def _lower_bound(self, timestamp: float) -> int:
         """First logical index whose timestamp is >= timestamp."""
@@ -195,7 +216,11 @@ class MetricCache:
         self,
         default_capacity: int = NODE_WINDOW_CAPACITY,
         capacity_by_kind: Mapping[str, int] | None = None,
+        retention_by_kind: Mapping[str, float] | None = None,
     ) -> None:
+        """``capacity_by_kind``: the most samples a series of each kind keeps (``default_capacity`` for the rest);
+        ``retention_by_kind``: how long back a series of each kind keeps samples when fewer slots hold that (the
+        rest: up to their capacity)."""
         if default_capacity < 1:
             raise ValueError("capacity must be at least 1")
         by_kind = dict(DEFAULT_CAPACITY_BY_KIND if capacity_by_kind is None else capacity_by_kind)
@@ -204,6 +229,7 @@ class MetricCache:
             raise ValueError(f"capacities must be at least 1: {bad}")
         self._default_capacity = default_capacity
         self._capacity_by_kind = by_kind
+        self._retention_by_kind = dict(DEFAULT_RETENTION_BY_KIND if retention_by_kind is None else retention_by_kind)
         # Series by kind: the readers that scan (last_values, last_by_key, keys) visit one kind's series only,
         # not every series of the node (with every gate on, 18 PSI series per pod and container alone).
         self._series: dict[str, dict[SeriesKey, _Ring]] = {}
@@ -245,7 +271,7 @@ class MetricCache:
             of_kind = self._series[key.kind] = {}
         ring = of_kind.get(key)
         if ring is None:
-            ring = of_kind[key] = _Ring(self.capacity_of(key.kind))
+            ring = of_kind[key] = _Ring(self.capacity_of(key.kind), self._retention_by_kind.get(key.kind))
         return ring
 
     def _ring(self, key: SeriesKey) -> _Ring | None:
@@ -317,6 +343,20 @@ class MetricCache:
                 value = ring.last_in(start, end)
                 if value is not None:
                     out[ident] = value
+        return out
+
+    def last_values_of(self, keys: Mapping[str, SeriesKey], start: float, end: float) -> dict[str, float]:
+        """{name: newest value with start <= timestamp <= end} of the series ``keys`` names, those that have one: a
+        lookup each, not a pass over every series of a kind (for the few wanted of many)."""
+        out: dict[str, float] = {}
+        with self._lock:
+            series = self._series
+            for name, key in keys.items():
+                of_kind = series.get(key.kind)
+                ring = of_kind.get(key) if of_kind is not None else None
+                value = ring.last_in(start, end) if ring is not None else None
+                if value is not None:
+                    out[name] = value
         return out
 
     def last_by_key(self, kind: str, start: float, end: float) -> dict[SeriesKey, float]:

@@ -22,6 +22,12 @@ class MetricKind(StrEnum):
     SYS_MEMORY_USAGE = "sys_memory_usage"  # bytes, node − Σ pods
     SYS_NUMA_CPU_USAGE = "sys_numa_cpu_usage"  # cores, label numa_node_id
     SYS_NUMA_MEMORY_USAGE = "sys_numa_memory_usage"  # bytes, label numa_node_id
+    # The kubepods dir: every pod together, read every collection (Koordinator has no such series; it sums the pods
+    # it reads each second). What "Σ pods" is for system usage, CPU suppress and CPU burst's share pool, now that the
+    # pods no strategy asks for are read less often (koordlet/metricsadvisor/pods.py).
+    KUBEPODS_CPU_USAGE = "kubepods_cpu_usage"  # cores
+    KUBEPODS_MEMORY_USAGE = "kubepods_memory_usage"  # bytes, anon + unevictable
+    KUBEPODS_MEMORY_USAGE_WITH_PAGE_CACHE = "kubepods_memory_usage_with_page_cache"  # bytes, + file LRU
     POD_CPU_USAGE = "pod_cpu_usage"  # cores
     POD_MEMORY_USAGE = "pod_memory_usage"  # bytes, anon + unevictable
     POD_MEMORY_USAGE_WITH_PAGE_CACHE = "pod_memory_usage_with_page_cache"  # bytes, + file LRU

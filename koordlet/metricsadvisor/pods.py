@@ -1,19 +1,32 @@
 """Pod and container resource collector, BE aggregate and system usage, in one pass per tick.
 
-Each tick reads, for every pod dir and every container dir the pod source returns (docs/koordinator.md §7.1):
+What it reads of a pod dir or a container dir the pod source returns (docs/koordinator.md §7.1):
   CPU        v1 ``cpuacct.usage`` / v2 ``cpu.stat`` usage_usec; cores = Δns / Δt_ns (first sighting primes)
   throttling ``cpu.stat``; ratio = Δnr_throttled / Δnr_periods (0 when no period elapsed)
   memory     ``memory.stat``: anon + unevictable ("usage"); optionally + file LRU ("with page cache")
-and then
+and every tick
+  kubepods   the same three of the kubepods dir, which holds every pod: ``kubepods_cpu_usage`` and
+             ``kubepods_memory_usage`` ("Σ pods" as the kernel counts it, hierarchically)
   BE         the besteffort dir's CPU Δ in milli-cores, its real limit = min(cpuset size × 1000,
              quota × 1000 / period when quota ≠ −1), and Σ batch-cpu requests of BE pods
   host apps  CPU and memory of NodeSLO ``hostApplications`` (out-of-band processes in their own cgroups)
-  system     node − Σ pods − Σ host apps, clamped at 0, from the node collector's reading of the same tick;
-             per NUMA node (Koordinator #3138): memory = the node's − the pods' memory on it, CPU = the system CPU
-             shared out by the NUMA nodes' CPU use. With one NUMA node the pods' memory is Σ pods (all on it);
-             with more, the ``memory.numa_stat`` of the kubepods dir, which holds every pod's: one read a tick
-             where Koordinator reads each pod's (the same sum; 150 pod reads cost +50 % of the tick, measured
-             by bench/numa_usage.py). Host applications are not taken out, as in Koordinator.
+  system     node − kubepods − Σ host apps outside kubepods, clamped at 0, from the node collector's reading of the
+             same tick; per NUMA node (Koordinator #3138): memory = the node's − the pods' memory on it, CPU = the
+             system CPU shared out by the NUMA nodes' CPU use. With one NUMA node the pods' memory is the kubepods
+             dir's; with more, the ``memory.numa_stat`` of the kubepods dir, which holds every pod's: one read a tick
+             where Koordinator reads each pod's (the same sum; 150 pod reads cost +50 % of the tick, measured by
+             bench/numa_usage.py). Host applications are not taken out, as in Koordinator.
+
+**How often each pod is read.** Koordinator reads every pod and container every ``-collect-res-used-interval``
+(1 s), and its CPU cost grows with the pods. Here a pod is read every tick only while something decides on its
+usage every tick: the QoS strategies that are on say which pods (:class:`UsageDemand`, published by the QoS
+manager). Every other pod and its containers are read once every ``fanout_interval_s``
+(``-collect-pod-res-used-interval``, 10 s: Koordinator's ``-collect-sys-metric-outdated-interval``, the age up to
+which its consumers take a pod's usage as current), each pod at its own phase of that period so that the reads
+spread evenly over the ticks; a new pod is read at once and again at the next tick, so it has a CPU rate within
+one interval. What reads the per-pod series of those (the NodeMetric report's averages over its aggregation
+window, the peak predictor's per-minute p90) gets one sample per period, each the average over it. With
+``fanout_interval_s`` equal to the interval every pod is read every tick, as in Koordinator.
 
 Pods and containers come from a callable (the states informer provides it), as dirs relative to the
 cgroup hierarchy root (``kubepods/besteffort/pod<uid>``); :class:`koordlet.system.cgroup.CgroupFS`
@@ -26,8 +39,11 @@ cost at 150 containers; give the agent a RLIMIT_NOFILE of a few thousand to keep
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -75,6 +91,46 @@ class HostAppCgroup:
 
 
 HostAppSource = Callable[[], Sequence[HostAppCgroup]]
+
+
+@dataclass(frozen=True, slots=True)
+class UsageDemand:
+    """The pods whose usage is read at every collection, by pod uid: ``pods`` their own, ``containers`` their
+    containers' (and their own). The QoS manager publishes the union of what its strategies that are on decide on;
+    every other pod is read once every fan-out interval."""
+
+    pods: frozenset[str] = frozenset()
+    containers: frozenset[str] = frozenset()
+
+
+NO_DEMAND = UsageDemand()
+DemandSource = Callable[[], UsageDemand]
+
+
+@functools.lru_cache(maxsize=8192)  # above a node's pods and containers: churn replaces entries
+def _phase(ident: str) -> float:
+    return zlib.crc32(ident.encode()) / 2**32
+
+
+def fanout_turn(ident: str, t: float, period: float) -> int:
+    """Which turn of a ``period`` long round ``t`` (seconds) falls in for the pod (or container) ``ident``: each has
+    its own phase in the round, fixed by its name, so that work done once a turn (a fan-out read, CPU burst's visit
+    of an idle pod) spreads evenly over the round."""
+    return math.floor(t / period + _phase(ident))
+
+
+class DemandBoard:
+    """Where the QoS manager's thread leaves the :class:`UsageDemand` and the collector's thread takes it: a whole
+    value replaced in one assignment (ARCHITECTURE.md, one owner)."""
+
+    def __init__(self) -> None:
+        self._demand = NO_DEMAND
+
+    def get(self) -> UsageDemand:
+        return self._demand
+
+    def set(self, demand: UsageDemand) -> None:
+        self._demand = demand
 
 
 # Not frozen: built for every cgroup every tick, and a frozen dataclass's __init__ sets each field through
@@ -129,6 +185,13 @@ _HOST_APP_KINDS = _Kinds(
     MetricKind.HOST_APP_MEMORY_USAGE_WITH_PAGE_CACHE,
     None,
 )
+_KUBEPODS_KINDS = _Kinds(
+    MetricKind.KUBEPODS_CPU_USAGE,
+    MetricKind.KUBEPODS_MEMORY_USAGE,
+    MetricKind.KUBEPODS_MEMORY_USAGE_WITH_PAGE_CACHE,
+    None,
+)
+_KUBEPODS = "kubepods"  # the ident of the kubepods dir among the pods' and containers'
 
 
 def _be_key(allocation: str) -> SeriesKey:
@@ -140,6 +203,7 @@ BE_CPU_REQUEST = _be_key(BE_ALLOCATION_REQUEST)
 BE_CPU_REAL_LIMIT = _be_key(BE_ALLOCATION_REAL_LIMIT)
 SYS_CPU = SeriesKey.of(MetricKind.SYS_CPU_USAGE)
 SYS_MEMORY = SeriesKey.of(MetricKind.SYS_MEMORY_USAGE)
+KUBEPODS_CPU = SeriesKey.of(MetricKind.KUBEPODS_CPU_USAGE)
 
 
 class PodResourceCollector:
@@ -156,27 +220,44 @@ class PodResourceCollector:
         monotonic_ns: Callable[[], int] = time.monotonic_ns,
         host_apps: HostAppSource | None = None,
         kubepods_dir: str | None = None,
+        fanout_interval_s: float | None = None,
+        demand: DemandSource | None = None,
     ) -> None:
         """``cgroup_fs``: where the hierarchies are (detected from /proc/self/mountinfo if None);
         ``be_cgroup_dir``: the besteffort QoS dir relative to the hierarchy root (no BE samples if None);
         ``node``: the node collector whose reading of the same tick gives system usage (none if None);
         ``host_apps``: the host applications to read (none if None); ``kubepods_dir``: the dir holding every pod
-        (relative to the hierarchy root), whose memory.numa_stat gives the pods' memory per NUMA node."""
+        (relative to the hierarchy root), read every tick for Σ pods (and its memory.numa_stat for the pods' memory
+        per NUMA node); ``fanout_interval_s``: how often a pod no one demands is read (default: every tick);
+        ``demand``: the pods read every tick (none if None)."""
         self.interval_s = interval_s
+        fanout_s = interval_s if fanout_interval_s is None else fanout_interval_s
+        if fanout_s < interval_s:
+            raise ValueError(f"fan-out interval {fanout_s} s is shorter than the collect interval {interval_s} s")
+        self.fanout_interval_s = fanout_s
+        self._every_tick = fanout_s <= interval_s
         self._pods = pods
+        self._demand = demand
         self._host_apps = host_apps
         self._missing_apps: set[str] = set()  # host apps whose cgroup was not there, said once each
         self._fs = cgroup_fs if cgroup_fs is not None else CgroupFS.detect()
         self._be_dir = be_cgroup_dir
+        self._kubepods_dir = kubepods_dir
         self._node = node
         self._collect_page_cache = collect_page_cache
         self._monotonic_ns = monotonic_ns
         self._prev: dict[str, _CgroupReading] = {}
         self._targets: dict[str, _Target] = {}
+        # pod ident → the fan-out turn it was last read in (absent: not read twice yet, so read at the next tick)
+        self._turns: dict[str, int] = {}
+        # the pod and host app lists the state was last pruned to
+        self._listed: tuple[tuple[PodCgroup, ...], tuple[HostAppCgroup, ...]] | None = None
+        self._be_request_milli = 0  # Σ batch-cpu requests of the BE pods listed
         self._files = KeptFiles()
         self._prev_be: tuple[int, int] | None = None  # (monotonic ns, usage ns)
         self._kubepods_numa_stat = (cgroup_stats.numa_stat_path(self._fs.cgroup_dir("memory", kubepods_dir))
                                     if kubepods_dir is not None else None)
+        self._kubepods_failing = False
         self.read_errors = 0
 
     def enabled(self) -> bool:
@@ -241,7 +322,6 @@ class PodResourceCollector:
         kinds: _Kinds,
         labels: tuple[tuple[str, str], ...],
         now: float,
-        seen: dict[str, _CgroupReading],
         samples: list[Sample],
     ) -> tuple[float | None, int] | None:
         """Reads one cgroup and appends its samples; (CPU cores or None on first sighting, memory bytes),
@@ -250,18 +330,20 @@ class PodResourceCollector:
         try:
             reading = self._read(target)
         except FileNotFoundError:
+            self._forget(ident)
             return None  # deleted since it was listed
         except (OSError, ProcParseError) as err:
+            self._forget(ident)
             self.read_errors += 1
             logger.debug("cannot read cgroup %s: %s", rel, err)
             return None
-        seen[ident] = reading
+        prev = self._prev.get(ident)
+        self._prev[ident] = reading
         cpu_key, memory_key, memory_cache_key, throttled_key = target.keys
         samples.append(Sample(memory_key, now, float(reading.memory_bytes)))
         if self._collect_page_cache:
             samples.append(Sample(memory_cache_key, now, float(reading.memory_with_cache_bytes)))
         cores: float | None = None
-        prev = self._prev.get(ident)
         if prev is not None:
             elapsed_ns = reading.monotonic_ns - prev.monotonic_ns
             if elapsed_ns > 0 and reading.usage_ns >= prev.usage_ns:
@@ -274,46 +356,34 @@ class PodResourceCollector:
                 samples.append(Sample(throttled_key, now, ratio))
         return cores, reading.memory_bytes
 
+    def _forget(self, ident: str) -> None:
+        """Close a cgroup's kept files and drop its last reading (it is read again from scratch, when it is)."""
+        target = self._targets.pop(ident, None)
+        if target is not None:
+            self._files.forget(target.paths)
+        self._prev.pop(ident, None)
+
     # ------------------------------------------------------------------------------------- collect
 
     def collect(self, now: float) -> list[Sample]:
         samples: list[Sample] = []
-        seen: dict[str, _CgroupReading] = {}
-        accounted_cpu_cores = 0.0
-        accounted_memory_bytes = 0
-        be_request_milli = 0
         numa = self._node.last_numa if self._node is not None else None
-        pods_memory_bytes = 0
-        for pod in self._pods():
-            if pod.qos == QOS_BE:
-                be_request_milli += pod.batch_cpu_request_milli
-            pod_ident = "pod/" + pod.pod_uid
-            observed = self._observe(
-                pod_ident, pod.cgroup_dir, _POD_KINDS, ((Label.POD_UID, pod.pod_uid),), now, seen, samples
-            )
-            if observed is None:
-                continue
-            # A pod seen for the first time has no CPU rate yet and counts 0 towards Σ pods this tick.
-            accounted_cpu_cores += observed[0] or 0.0
-            accounted_memory_bytes += observed[1]
-            pods_memory_bytes += observed[1]
-            for container in pod.containers:
-                self._observe(
-                    "ctr/" + container.container_id,
-                    container.cgroup_dir,
-                    _CONTAINER_KINDS,
-                    ((Label.POD_UID, pod.pod_uid), (Label.CONTAINER_ID, container.container_id)),
-                    now,
-                    seen,
-                    samples,
-                )
-        app_cpu_cores, app_memory_bytes = self._collect_host_apps(now, seen, samples)
-        accounted_cpu_cores += app_cpu_cores
-        accounted_memory_bytes += app_memory_bytes
-        self._forget_gone(seen)
+        pods = self._pods()
+        host_apps = self._host_apps() if self._host_apps is not None else ()
+        listed = (tuple(pods), tuple(host_apps))
+        if listed != self._listed:
+            self._forget_gone(listed)
+        read_cpu_cores, read_memory_bytes = self._collect_pods(pods, now, samples)
+        app_cpu_cores, app_memory_bytes = self._collect_host_apps(host_apps, now, samples)
+        pods_usage = self._collect_kubepods(now, samples)
+        if pods_usage is None and self._every_tick:
+            pods_usage = (read_cpu_cores, read_memory_bytes)
         if self._be_dir is not None:
-            samples.extend(self._collect_be(self._be_dir, now, be_request_milli))
-        system = self._system_usage(now, accounted_cpu_cores, accounted_memory_bytes)
+            samples.extend(self._collect_be(self._be_dir, now, self._be_request_milli))
+        if pods_usage is None:
+            return samples  # Σ pods not known this tick: no system usage
+        pods_cpu_cores, pods_memory_bytes = pods_usage
+        system = self._system_usage(now, pods_cpu_cores, app_cpu_cores, pods_memory_bytes + app_memory_bytes)
         samples.extend(system)
         if numa is not None and abs(numa.timestamp - now) <= self.interval_s:
             on_nodes = (self._kubepods_numa_memory() if len(numa.memory_bytes) > 1
@@ -322,17 +392,76 @@ class PodResourceCollector:
             samples.extend(self._system_numa_usage(now, numa, on_nodes, system_cpu))
         return samples
 
-    def _collect_host_apps(self, now: float, seen: dict[str, _CgroupReading],
-                           samples: list[Sample]) -> tuple[float, int]:
-        """The host applications' samples; their CPU cores and memory bytes together."""
+    def _collect_pods(self, pods: Sequence[PodCgroup], now: float, samples: list[Sample]) -> tuple[float, int]:
+        """The samples of the pods (and their containers) due this tick: those demanded, and those whose fan-out
+        turn it is; (Σ CPU cores and Σ memory bytes of the pods read)."""
+        every_tick, period = self._every_tick, self.fanout_interval_s
+        demand = self._demand() if self._demand is not None else NO_DEMAND
+        now_s = self._monotonic_ns() / 1e9
+        turns = self._turns
         cpu_cores, memory_bytes = 0.0, 0
-        for app in self._host_apps() if self._host_apps is not None else ():
+        for pod in pods:
+            uid = pod.pod_uid
+            pod_ident = "pod/" + uid
+            containers_wanted = uid in demand.containers
+            turn = 0 if every_tick else fanout_turn(pod_ident, now_s, period)
+            fanout = every_tick or turns.get(pod_ident) != turn
+            if not (fanout or containers_wanted or uid in demand.pods):
+                continue
+            had_reading = pod_ident in self._prev
+            observed = self._observe(pod_ident, pod.cgroup_dir, _POD_KINDS, ((Label.POD_UID, uid),), now, samples)
+            if observed is None:  # gone (or going): its containers' files are closed too
+                for container in pod.containers:
+                    self._forget("ctr/" + container.container_id)
+                continue
+            if fanout and had_reading and not every_tick:
+                turns[pod_ident] = turn  # a new pod's first reading primes: its second comes at the next tick
+            # A pod seen for the first time has no CPU rate yet and counts 0 towards Σ pods this tick.
+            cpu_cores += observed[0] or 0.0
+            memory_bytes += observed[1]
+            if not (fanout or containers_wanted):
+                continue
+            for container in pod.containers:
+                self._observe(
+                    "ctr/" + container.container_id,
+                    container.cgroup_dir,
+                    _CONTAINER_KINDS,
+                    ((Label.POD_UID, uid), (Label.CONTAINER_ID, container.container_id)),
+                    now,
+                    samples,
+                )
+        return cpu_cores, memory_bytes
+
+    def _collect_kubepods(self, now: float, samples: list[Sample]) -> tuple[float | None, int] | None:
+        """The kubepods dir's samples; its (CPU cores, None until two readings; memory bytes), or None without a
+        kubepods dir or when it cannot be read (said once until it can)."""
+        if self._kubepods_dir is None:
+            return None
+        observed = self._observe(_KUBEPODS, self._kubepods_dir, _KUBEPODS_KINDS, (), now, samples)
+        if observed is None:
+            if not self._kubepods_failing:
+                logger.info("cannot read the kubepods dir %s: no system usage until it can be read, unless every "
+                            "pod is read every tick", self._kubepods_dir)
+            self._kubepods_failing = True
+        elif self._kubepods_failing:
+            logger.info("kubepods dir %s readable again", self._kubepods_dir)
+            self._kubepods_failing = False
+        return observed
+
+    def _collect_host_apps(self, apps: Sequence[HostAppCgroup], now: float,
+                           samples: list[Sample]) -> tuple[float, int]:
+        """The host applications' samples; the CPU cores and memory bytes of those that system usage leaves out
+        apart from the pods (those outside the kubepods dir, when that is read)."""
+        cpu_cores, memory_bytes = 0.0, 0
+        inside = None if self._kubepods_dir is None else self._kubepods_dir.rstrip("/") + "/"
+        for app in apps:
             # Counted apart from pods: system usage leaves both out (docs/koordinator.md §7.1).
             observed = self._observe("app/" + app.name, app.cgroup_dir, _HOST_APP_KINDS,
-                                     ((Label.HOST_APP_NAME, app.name),), now, seen, samples)
+                                     ((Label.HOST_APP_NAME, app.name),), now, samples)
             if observed is not None:
-                cpu_cores += observed[0] or 0.0
-                memory_bytes += observed[1]
+                if inside is None or not app.cgroup_dir.startswith(inside):  # else counted in kubepods already
+                    cpu_cores += observed[0] or 0.0
+                    memory_bytes += observed[1]
                 self._missing_apps.discard(app.name)
             elif app.name not in self._missing_apps:
                 self._missing_apps.add(app.name)
@@ -340,14 +469,22 @@ class PodResourceCollector:
                                "its usage counts as system usage until it can be read", app.name, app.cgroup_dir)
         return cpu_cores, memory_bytes
 
-    def _forget_gone(self, seen: dict[str, _CgroupReading]) -> None:
-        """Forget pods, containers and host apps that are gone: state stays bounded by the live population."""
-        self._prev = seen
-        if len(self._targets) > len(seen):
-            gone = [ident for ident in self._targets if ident not in seen]
-            for ident in gone:
-                target = self._targets.pop(ident)
-                self._files.forget(target.paths)
+    def _forget_gone(self, listed: tuple[tuple[PodCgroup, ...], tuple[HostAppCgroup, ...]]) -> None:
+        """Forget pods, containers and host apps no longer listed: state stays bounded by the live population (run
+        when a list changes; the pod source hands back the very same tuple while nothing changed)."""
+        self._listed = listed
+        pods, apps = listed
+        self._be_request_milli = sum(pod.batch_cpu_request_milli for pod in pods if pod.qos == QOS_BE)
+        live = {_KUBEPODS}
+        for pod in pods:
+            live.add("pod/" + pod.pod_uid)
+            live.update("ctr/" + c.container_id for c in pod.containers)
+        live.update("app/" + app.name for app in apps)
+        for ident in [ident for ident in self._targets if ident not in live]:
+            self._forget(ident)
+        for state in (self._prev, self._turns):
+            for ident in [ident for ident in state if ident not in live]:
+                del state[ident]
 
     def _kubepods_numa_memory(self) -> dict[int, int] | None:
         """The pods' memory per NUMA node: the kubepods dir's memory.numa_stat (None without one, or unreadable:
@@ -408,15 +545,16 @@ class PodResourceCollector:
         samples.append(Sample(BE_CPU_REAL_LIMIT, now, limit_milli))
         return samples
 
-    def _system_usage(self, now: float, accounted_cpu_cores: float, accounted_memory_bytes: int) -> list[Sample]:
-        """node − Σ pods − Σ host apps (summed by the caller), clamped at 0 (docs/koordinator.md §7.1), only against
-        a node reading of this tick."""
+    def _system_usage(self, now: float, pods_cpu_cores: float | None, apps_cpu_cores: float,
+                      accounted_memory_bytes: int) -> list[Sample]:
+        """node − Σ pods − Σ host apps (memory summed by the caller), clamped at 0 (docs/koordinator.md §7.1), only
+        against a node reading of this tick; no CPU while Σ pods has no rate yet."""
         if self._node is None:
             return []
         usage = self._node.last_usage
         if usage is None or abs(usage.timestamp - now) > self.interval_s:
             return []
         samples = [Sample(SYS_MEMORY, now, float(max(usage.memory_bytes - accounted_memory_bytes, 0)))]
-        if usage.cpu_cores is not None:
-            samples.append(Sample(SYS_CPU, now, max(usage.cpu_cores - accounted_cpu_cores, 0.0)))
+        if usage.cpu_cores is not None and pods_cpu_cores is not None:
+            samples.append(Sample(SYS_CPU, now, max(usage.cpu_cores - pods_cpu_cores - apps_cpu_cores, 0.0)))
         return samples

@@ -19,9 +19,11 @@ from dataclasses import replace
 from typing import Any
 
 from koordlet.actuator import PlanRunner
+from koordlet.api.kubeletmemqos import KubeletMemoryQoS
 from koordlet.eviction import Evictor
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
+from koordlet.metricsadvisor.pods import UsageDemand
 from koordlet.plan import Plan, SystemRestore
 from koordlet.qosmanager import (
     blkio,
@@ -31,6 +33,7 @@ from koordlet.qosmanager import (
     memoryevict,
     memoryqos,
     memoryreclaim,
+    psithrottle,
     resctrl,
     sysreconcile,
 )
@@ -63,6 +66,7 @@ STRATEGIES: tuple[Strategy, ...] = (
     cpuevict.STRATEGY,
     sysreconcile.STRATEGY,
     blkio.STRATEGY,
+    psithrottle.STRATEGY,
 )
 _EVICTIONS = (memoryevict.STRATEGY.name, cpuevict.STRATEGY.name)
 
@@ -90,6 +94,8 @@ def new_qos_manager(
     cpu_manager: Callable[[], Any] | None = None,
     observe_storage: Callable[[bool], None] | None = None,
     extensions: tuple[Strategy, ...] = (),
+    publish_demand: Callable[[UsageDemand], None] | None = None,
+    kubelet_memory_qos: Callable[[], KubeletMemoryQoS] | None = None,
 ) -> QoSManager:
     """The manager with every strategy; eviction strategies only when an ``evictor`` is given.
 
@@ -98,7 +104,9 @@ def new_qos_manager(
     start (BECPUEvict rests 20 s after it; default now); ``cpu_manager``: kubelet's CPU manager state
     (statesinformer.cpumanager), for CPU suppress's static-policy rules; ``observe_storage``: told whether each
     reading of the block devices worked; ``extensions``: out-of-tree strategies (koordlet.extensions), run after
-    the built-in ones behind their own gates.
+    the built-in ones behind their own gates; ``publish_demand``: told which pods' usage the strategies that are on
+    read every tick (the collector's :class:`~koordlet.metricsadvisor.pods.DemandBoard`; None: every pod's);
+    ``kubelet_memory_qos``: what kubelet's own memory QoS writes (memory QoS leaves those files to it).
     """
     config = config or QoSManagerConfig()
     config = replace(config, started_at=time.time() if started_at is None else started_at)
@@ -109,7 +117,8 @@ def new_qos_manager(
             logger.warning("no CPU topology (%s); the cpuset suppress policy will not pick CPUs", exc)
             cpus = ()
     builder = SnapshotBuilder(states, cache, cpus, config.collect_res_used_interval_s, reader=executor,
-                              layout=layout, cpu_manager=cpu_manager, sys_dir=sys_dir, observe_storage=observe_storage)
+                              layout=layout, cpu_manager=cpu_manager, sys_dir=sys_dir, observe_storage=observe_storage,
+                              kubelet_memory_qos=kubelet_memory_qos)
     strategies: list[Strategy] = []
     if config.gate(GATE_BE_CPU_MANAGER):
         # docs/koordinator.md §4.2: with the BE CPU manager, suppress stands down and keeps the BE cpusets on the
@@ -127,7 +136,7 @@ def new_qos_manager(
     runner = PlanRunner(executor, evictor, GAUGES)
     _restore_system_config(config, executor, runner)
     return QoSManager(states, strategies, config, phase_source=builder.latest_collection, builder=builder,
-                      runner=runner)
+                      runner=runner, publish_demand=publish_demand)
 
 
 def _restore_system_config(config: QoSManagerConfig, executor: ResourceExecutor, runner: PlanRunner) -> None:

@@ -63,7 +63,7 @@ from koordlet.qosmanager.snapshot import (
     container_cgroup_dir,
     pod_cgroup_dir,
 )
-from koordlet.system.blkiolines import holds
+from koordlet.system.blkiolines import IO_WEIGHT_DEFAULT_LINE, holds
 from koordlet.system.blockdev import BlockResolveError, StorageInfo
 from koordlet.system.resources import device_of
 
@@ -105,7 +105,8 @@ class BlkIOConfig:
         return _NEEDS
 
 
-_NEEDS = Needs(cgroup_reads=_READS, storage=True, kernel_files=(IO_WEIGHT,), device_lines=True)
+_NEEDS = Needs(cgroup_reads=_READS, storage=True, kernel_files=(IO_WEIGHT,), device_lines=True, pod_usage=None,
+               container_usage=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +253,8 @@ def decide(snapshot: Snapshot, config: BlkIOConfig) -> Plan:
     restores = tuple(LineRestore(key.resource, key.cgroup_dir, key.device,
                                  f"no block configures {key.device} for {key.cgroup_dir or 'the root'} any more")
                      for key in sorted(snapshot.lines_recorded - wanted, key=LineKey.text)
-                     if key.cgroup_dir not in kept)
+                     if key.cgroup_dir not in kept and key.resource != IO_WEIGHT_DEFAULT_LINE)  # that one is BE PSI
+    # throttle's (psithrottle.py), recorded beside these
     return Plan(lines=tuple(writes) + restores, report=BlkIODecision(tuple(configured), tuple(problems)))
 
 

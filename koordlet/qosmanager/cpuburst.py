@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import logging
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -42,11 +42,12 @@ from koordlet.api.nodeslo import (
     CPU_BURST_POLICY_AUTO,
     CPU_BURST_POLICY_CFS_QUOTA_BURST_ONLY,
     CPU_BURST_POLICY_CPU_BURST_ONLY,
+    CPU_BURST_POLICY_NONE,
     CPUBurstStrategy,
     NodeSLOSpec,
 )
 from koordlet.api.pod import ContainerMeta, PodMeta, aggregate_request
-from koordlet.api.qos import QoSClass
+from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.plan import CgroupWrite, GaugeSet, Plan, WriteStep
 from koordlet.qosmanager import metrics
@@ -61,6 +62,7 @@ from koordlet.qosmanager.snapshot import (
     container_resource,
     parse_quota_us,
     pod_cgroup_dir,
+    pod_kube_qos,
 )
 from koordlet.system.kubepods import KubeCgroupLayout
 
@@ -180,16 +182,18 @@ _BURST_ALONE = QuotaGates(cpu_burst=True)  # no other quota writer's gate on
 
 
 def eligible_containers(snapshot: Snapshot, layout: KubeCgroupLayout, gates: QuotaGates = _BURST_ALONE,
-                        ratio: float | None = None) -> tuple[BurstContainer, ...]:
+                        ratio: float | None = None,
+                        visit: Callable[[PodMeta, str], bool] | None = None) -> tuple[BurstContainer, ...]:
     """Containers of running/pending pods whose qosClass label is not LSR/LSE/BE (docs/koordinator.md §4.3), with
-    the base of their quota given the other quota writers' ``gates`` and the node's normalization ``ratio``."""
+    the base of their quota given the other quota writers' ``gates`` and the node's normalization ``ratio``; with
+    ``visit``, of the pods it accepts (given the pod and its dir) only."""
     node_strategy = snapshot.node_slo.cpu_burst_strategy
     found: list[BurstContainer] = []
     for pod in snapshot.pods:
         if not is_eligible(pod):
             continue
         pod_dir = pod_cgroup_dir(layout, pod)
-        if pod_dir is None:
+        if pod_dir is None or (visit is not None and not visit(pod, pod_dir)):
             continue
         config = pod_burst_config(pod, node_strategy)
         owns = quota_owner(pod, gates, running=True, ratio=ratio) is QuotaOwner.BURST
@@ -204,22 +208,45 @@ def eligible_containers(snapshot: Snapshot, layout: KubeCgroupLayout, gates: Quo
     return tuple(found)
 
 
+_OUT_OF_POOL = (QoSClass.LSE, QoSClass.LSR, QoSClass.BE)  # the labels whose pods' usage is not the share pool's
+
+
+def _sorted_apart(pod: PodMeta) -> bool:
+    """A pod the besteffort dir's usage sorts wrong for the share pool: labelled LSE/LSR/BE outside it, or in it
+    (BestEffort) without such a label."""
+    return (pod.qos_label in _OUT_OF_POOL) != (pod_kube_qos(pod) is KubeQoS.BESTEFFORT)
+
+
+def _out_of_pool_used(snapshot: Snapshot) -> float | None:
+    """The average CPU of the LSE/LSR/BE-labelled pods: the besteffort dir's with the pods it sorts wrong
+    (:func:`_sorted_apart`) moved over; without its average, the sum over the pods when the snapshot holds every
+    pod's usage; None when it cannot be told."""
+    averages = snapshot.pod_cpu_avg_cores
+    if snapshot.besteffort_cpu_avg_cores is not None:
+        used = snapshot.besteffort_cpu_avg_cores
+        for pod in snapshot.pods:
+            if _sorted_apart(pod):
+                used += averages.get(pod.uid, 0.0) * (1 if pod.qos_label in _OUT_OF_POOL else -1)
+        return max(used, 0.0)
+    if not snapshot.usage_of_every_pod:
+        return None
+    return sum(averages.get(pod.uid, 0.0) for pod in snapshot.pods if pod.qos_label in _OUT_OF_POOL)
+
+
 def share_pool_state(snapshot: Snapshot, threshold_percent: int) -> SharePoolState:
     """Node share-pool state from averages (docs/koordinator.md §4.3).
 
     total = #CPUs − Σ LSE/LSR requests, used = node used − usage of LSE/LSR/BE pods; ratio ≥ threshold →
     overload, ≥ 0.9 × threshold → cooling, else idle."""
     node_used = snapshot.node_cpu_avg_cores
-    if node_used is None:
+    out_of_pool = _out_of_pool_used(snapshot)
+    if node_used is None or out_of_pool is None:
         return SharePoolState.UNKNOWN
     total = float(snapshot.num_cpus)
-    used = node_used
+    used = node_used - out_of_pool
     for pod in snapshot.pods:
-        label = pod.qos_label
-        if label in (QoSClass.LSE, QoSClass.LSR):
+        if pod.qos_label in (QoSClass.LSE, QoSClass.LSR):
             total -= aggregate_request(pod, RESOURCE_CPU, lambda c: container_resource(c, RESOURCE_CPU)) / 1000.0
-        if label in (QoSClass.LSE, QoSClass.LSR, QoSClass.BE):
-            used -= snapshot.pod_cpu_avg_cores.get(pod.uid, 0.0)
     if total <= 0:
         return SharePoolState.UNKNOWN
     ratio = used / total
@@ -408,6 +435,29 @@ def decide_burst(
 
 
 @dataclass(frozen=True, slots=True)
+class _QuotaBursting:
+    """The pods whose containers' quota burst scales (a policy with quota burst, the node's or the pod's own):
+    those whose containers' usage and throttling it reads every tick."""
+
+    node_strategy: CPUBurstStrategy
+
+    def __call__(self, pod: PodMeta) -> bool:
+        return is_eligible(pod) and pod_burst_config(pod, self.node_strategy).policy in _QUOTA_BURST_POLICIES
+
+
+@dataclass(frozen=True, slots=True)
+class _Bursting:
+    """The pods burst acts on every tick: those with a policy other than ``none`` (the node's or the pod's own). The
+    others (idle) only have their static burst kept at 0 and their quota at its base: looked after once a fan-out
+    interval (``BurstConfig.idle_every_s``)."""
+
+    node_strategy: CPUBurstStrategy
+
+    def __call__(self, pod: PodMeta) -> bool:
+        return pod_burst_config(pod, self.node_strategy).policy != CPU_BURST_POLICY_NONE
+
+
+@dataclass(frozen=True, slots=True)
 class BurstConfig:
     """Burst reads its per-pod config from the snapshot (node strategy + pod annotation), so it is always on:
     pods can turn burst on by annotation even when the node policy is none."""
@@ -415,20 +465,30 @@ class BurstConfig:
     window_s: float = node_state_window_s(1.0)  # of the share-pool averages
     enabled: bool = True
     quota_gates: QuotaGates = _BURST_ALONE  # the other quota writers that are on
+    node_strategy: CPUBurstStrategy = field(default_factory=CPUBurstStrategy)  # the NodeSLO's (for ``needs``)
+    idle_every_s: float | None = None  # idle pods (``_Bursting``) looked after this often; None: every tick
 
     @classmethod
     def from_node_slo(cls, spec: NodeSLOSpec, flags: QoSManagerConfig | None = None) -> BurstConfig:
         if flags is None:
-            return cls()
+            return cls(node_strategy=spec.cpu_burst_strategy)
         gates = QuotaGates(cpuset=flags.gate("CPUSetAllocator"), cpu_burst=True,
                            normalization=flags.gate("CPUNormalization"))
-        return cls(window_s=node_state_window_s(flags.reconcile_interval_s), quota_gates=gates)
+        idle_every_s = flags.fanout_interval_s if flags.fanout_interval_s > flags.reconcile_interval_s else None
+        return cls(window_s=node_state_window_s(flags.reconcile_interval_s), quota_gates=gates,
+                   node_strategy=spec.cpu_burst_strategy, idle_every_s=idle_every_s)
 
     @property
     def needs(self) -> Needs:
+        # The share pool reads every pod at once through the besteffort dir's usage, and one pod at a time those it
+        # sorts wrong; the quotas scale on their containers' usage and throttling; the quotas of idle pods are read in
+        # their turn.
+        acting = _Bursting(self.node_strategy)
         return Needs(node_cpu_avg_window_s=self.window_s,
-                     cgroup_reads=(CgroupRead("cpu.cfs_quota_us", Scope.PODS, is_eligible),
-                                   CgroupRead("cpu.cfs_quota_us", Scope.APP_CONTAINERS, is_eligible)))
+                     cgroup_reads=(CgroupRead("cpu.cfs_quota_us", Scope.PODS, is_eligible, self.idle_every_s, acting),
+                                   CgroupRead("cpu.cfs_quota_us", Scope.APP_CONTAINERS, is_eligible,
+                                              self.idle_every_s, acting)),
+                     pod_usage=_sorted_apart, container_usage=_QuotaBursting(self.node_strategy))
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,10 +538,13 @@ def refresh_buckets(
 
 def _gauges(
     node: str, containers: tuple[BurstContainer, ...], decision: BurstDecision,
-    previous: Mapping[str, tuple[tuple[str, str], ...]],
+    previous: Mapping[str, tuple[tuple[str, str], ...]], unvisited: frozenset[str] = frozenset(),
 ) -> tuple[tuple[GaugeSet, ...], dict[str, tuple[tuple[str, str], ...]]]:
+    """The containers' gauges of this tick; ``unvisited``: containers of pods left for another tick, whose series
+    stay as they are."""
     gauges: list[GaugeSet] = []
-    labelled: dict[str, tuple[tuple[str, str], ...]] = {}
+    labelled: dict[str, tuple[tuple[str, str], ...]] = {cid: labels for cid, labels in previous.items()
+                                                        if cid in unvisited}
     for entry in containers:
         cid = entry.container.container_id
         labels = (("node", node), ("pod_namespace", entry.pod.namespace), ("pod_name", entry.pod.name),
@@ -509,19 +572,39 @@ def _normalization_ratio(snapshot: Snapshot) -> float | None:
         return None
 
 
+def _visits(snapshot: Snapshot, config: BurstConfig) -> tuple[Callable[[PodMeta, str], bool] | None, set[str]]:
+    """Which pods this tick looks after: with ``idle_every_s``, those burst acts on and the idle ones whose quota was
+    read this tick (their turn); and the containers of the eligible pods it leaves for another tick (filled in as
+    ``visit`` is asked)."""
+    later: set[str] = set()
+    if config.idle_every_s is None:
+        return None, later
+    acting = _Bursting(config.node_strategy)
+
+    def visit(pod: PodMeta, pod_dir: str) -> bool:
+        if acting(pod) or snapshot.cgroup_value("cpu.cfs_quota_us", pod_dir) is not None:
+            return True
+        later.update(c.container_id for c in pod.containers)
+        return False
+
+    return visit, later
+
+
 def decide(snapshot: Snapshot, config: BurstConfig) -> Plan:
     """Burst's plan for the eligible containers of the snapshot, with their quotas as read back."""
     memo = snapshot.memo if isinstance(snapshot.memo, BurstMemo) else BurstMemo()
     if not config.enabled:
         return Plan(memo=BurstMemo(labelled=memo.labelled))
-    containers = eligible_containers(snapshot, snapshot.layout, config.quota_gates, _normalization_ratio(snapshot))
+    visit, later = _visits(snapshot, config)
+    containers = eligible_containers(snapshot, snapshot.layout, config.quota_gates, _normalization_ratio(snapshot),
+                                     visit)
     current = BurstCurrent(
         container_quota_us={e.container.container_id: _quota(snapshot, e.container_dir) for e in containers},
         pod_quota_us={e.pod.uid: _quota(snapshot, e.pod_dir) for e in containers},
     )
     buckets = refresh_buckets(containers, memo.buckets, snapshot.timestamp)
     decision = decide_burst(snapshot, containers, current, buckets)
-    gauges, labelled = _gauges(snapshot.node.name, containers, decision, memo.labelled)
+    gauges, labelled = _gauges(snapshot.node.name, containers, decision, memo.labelled, frozenset(later))
     return Plan(decision.steps, gauges=gauges,
                 memo=BurstMemo(MappingProxyType({**buckets, **decision.buckets}), labelled), report=decision)
 

@@ -47,7 +47,14 @@ from koordlet.qosmanager.framework import (
     QoSManagerConfig,
     Strategy,
 )
-from koordlet.qosmanager.snapshot import BECPUWindow, Needs, Snapshot, is_be, pod_batch_cpu_request_milli
+from koordlet.qosmanager.snapshot import (
+    BECPUWindow,
+    Needs,
+    Snapshot,
+    every_pod,
+    is_be,
+    pod_batch_cpu_request_milli,
+)
 from koordlet.qosmanager.victims import (
     allocatable_invalid,
     allocatable_tasks,
@@ -110,8 +117,11 @@ class CPUEvictConfig:
     @property
     def needs(self) -> Needs:
         window = self.window_s(self.collect_interval_s)
+        # The victims are sorted by their CPU: BE pods, and with the features that may take any pod, every pod.
         return Needs(be_window_s=window if GATE_BE_CPU_EVICT in self.features else None,
-                     node_cpu_avg_window_s=window if GATE_CPU_EVICT in self.features else None)
+                     node_cpu_avg_window_s=window if GATE_CPU_EVICT in self.features else None,
+                     pod_usage=is_be if set(self.features) <= {GATE_BE_CPU_EVICT} else every_pod,
+                     container_usage=None)
 
     @property
     def effective_lower_percent_usage(self) -> int | None:

@@ -30,13 +30,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from koordlet.api.annotations import AnnotationError, NodeReservation, parse_resource_status
+from koordlet.api.cfsquota import BEQuotaOwner, be_quota_owner
 from koordlet.api.cpupools import KUBELET_POLICY_STATIC, CPUPools, compute_cpu_pools
 from koordlet.api.cpuset import format_cpu_list, parse_cpu_list
 from koordlet.api.keys import ANNOTATION_RESOURCE_STATUS, RESOURCE_CPU
 from koordlet.api.nodeslo import (
+    CGROUP_BASE_KUBEPODS,
     CGROUP_BASE_KUBEPODS_BESTEFFORT,
+    CGROUP_BASE_KUBEPODS_BURSTABLE,
     CPU_SUPPRESS_POLICY_CFS_QUOTA,
     CPU_SUPPRESS_POLICY_CPUSET,
+    HostApplication,
     NodeSLOSpec,
 )
 from koordlet.api.pod import PodMeta
@@ -44,7 +48,13 @@ from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
 from koordlet.plan import CgroupWrite, GaugeSet, Plan, WriteStep
 from koordlet.qosmanager import metrics
-from koordlet.qosmanager.framework import GATE_BE_CPU_MANAGER, GATE_BE_CPU_SUPPRESS, QoSManagerConfig, Strategy
+from koordlet.qosmanager.framework import (
+    GATE_BE_CPU_MANAGER,
+    GATE_BE_CPU_SUPPRESS,
+    GATE_BE_PSI_THROTTLE,
+    QoSManagerConfig,
+    Strategy,
+)
 from koordlet.qosmanager.snapshot import (
     CgroupRead,
     Needs,
@@ -53,6 +63,7 @@ from koordlet.qosmanager.snapshot import (
     container_cgroup_dir,
     parse_quota_us,
     pod_cgroup_dir,
+    pod_kube_qos,
 )
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.sysfs import CPUInfo
@@ -64,6 +75,7 @@ CPUSET_GROWTH_RATIO = 0.1  # growth per tick, of the node's CPUs
 CFS_QUOTA_MIN_US = 2000
 CFS_QUOTA_SKIP_RATIO = 0.01  # changes below 1 % of capacity are not written
 CFS_QUOTA_INCREASE_RATIO = 0.1  # increases capped at 10 % of capacity per tick
+_KUBEPODS_BASES = (CGROUP_BASE_KUBEPODS, CGROUP_BASE_KUBEPODS_BURSTABLE, CGROUP_BASE_KUBEPODS_BESTEFFORT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,17 +85,22 @@ class SuppressConfig:
     policy: str = CPU_SUPPRESS_POLICY_CPUSET
     enabled: bool = True  # resourceUsedThresholdWithBE.enable (always with the BE CPU manager)
     be_cpu_manager: bool = False  # gate BECPUManager: suppress stands down, BE cpusets go to the share pool
+    # BE PSI throttle owns the besteffort quota on cgroup v2 (api/cfsquota.be_quota_owner): suppress leaves it alone
+    psi_throttle_owns_quota: bool = False
 
     @classmethod
     def from_node_slo(cls, spec: NodeSLOSpec, flags: QoSManagerConfig | None = None) -> SuppressConfig:
         threshold = spec.resource_used_threshold_with_be
         manager = flags is not None and flags.gate(GATE_BE_CPU_MANAGER)
+        psi = flags is not None and flags.gate(GATE_BE_PSI_THROTTLE)
         return cls(
             threshold_percent=threshold.cpu_suppress_threshold_percent,
             min_percent=threshold.cpu_suppress_min_percent,
             policy=threshold.cpu_suppress_policy,
             enabled=threshold.enable or manager,
             be_cpu_manager=manager,
+            psi_throttle_owns_quota=be_quota_owner(spec, suppress=True, psi_throttle=psi)
+            is BEQuotaOwner.PSI_THROTTLE,
         )
 
     @property
@@ -91,9 +108,22 @@ class SuppressConfig:
         return _NEEDS
 
 
+def _counts_as_be(pod: PodMeta) -> bool:
+    # docs/koordinator.md §4.2 filters on the raw label or the kube QoS, not on the derived class.
+    return pod.qos_label is QoSClass.BE or pod.effective_kube_qos is KubeQoS.BESTEFFORT
+
+
+def _be_outside_besteffort(pod: PodMeta) -> bool:
+    """A pod that counts as BE but whose cgroup is not under the besteffort dir (a BE label on a Burstable pod): the
+    one kind of BE pod the besteffort dir's usage does not hold."""
+    return _counts_as_be(pod) and pod_kube_qos(pod) is not KubeQoS.BESTEFFORT
+
+
+# The budget reads every pod at once through the kubepods and besteffort dirs' usage; one pod at a time only those
+# two dirs do not sort right.
 _NEEDS = Needs(cgroup_reads=(CgroupRead("cpuset.cpus", Scope.BESTEFFORT),
                              CgroupRead("cpu.cfs_quota_us", Scope.BESTEFFORT)),
-               kubelet_cpu_manager=True)
+               kubelet_cpu_manager=True, pod_usage=_be_outside_besteffort, container_usage=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +163,6 @@ class SuppressDecision:
 # ---------------------------------------------------------------------------------------- the budget
 
 
-def _counts_as_be(pod: PodMeta) -> bool:
-    # docs/koordinator.md §4.2 filters on the raw label or the kube QoS, not on the derived class.
-    return pod.qos_label is QoSClass.BE or pod.effective_kube_qos is KubeQoS.BESTEFFORT
-
-
 def node_cpu_pools(snapshot: Snapshot) -> CPUPools:
     """The node's CPU pools from the snapshot, by the rules the NRT reporter publishes (koordlet/api/cpupools.py):
     computed once per tick, for the cpuset candidates and for the budget's node reservation."""
@@ -153,18 +178,33 @@ def _node_reserved_cores(snapshot: Snapshot, reservation: NodeReservation | None
     return reserved_milli / 1000.0
 
 
-def suppress_budget(snapshot: Snapshot, config: SuppressConfig, pools: CPUPools | None = None) -> SuppressBudget | None:
-    """Cores left to BE pods (docs/koordinator.md §4.2); None without a node CPU sample.
+def _app_base(app: HostApplication) -> str | None:
+    return app.cgroup_path.base if app.cgroup_path is not None else None
 
-    ``pools``: :func:`node_cpu_pools` of the snapshot when the caller has them (the node reservation comes
-    from there)."""
-    node_used = snapshot.node_cpu_cores
-    if node_used is None:
-        return None
-    if pools is None:
-        pools = node_cpu_pools(snapshot)
-    capacity_cores = snapshot.capacity_cpu_milli / 1000.0
+
+def pods_cpu_used(snapshot: Snapshot) -> tuple[float, float, float] | None:
+    """(all pods, non-BE pods, BE pods) CPU in cores: a BE pod is a BE-labelled or BestEffort one (docs/koordinator.md
+    §4.2), pods with usage but no meta count as non-BE. From the kubepods and besteffort dirs (a pod is in the
+    besteffort dir exactly when it is BestEffort) with the host applications that live inside them taken out and the
+    BE-labelled pods outside the besteffort dir moved over; without those two, the sum over the pods, when the
+    snapshot holds every pod's usage. None when it cannot be told."""
     pods_by_uid = {pod.uid: pod for pod in snapshot.pods}
+    kubepods, besteffort = snapshot.kubepods_cpu_cores, snapshot.besteffort_cpu_cores
+    if kubepods is not None and besteffort is not None:
+        for app in snapshot.node_slo.host_applications:
+            base = _app_base(app)
+            used = snapshot.host_app_cpu_cores.get(app.name, 0.0)
+            if base in _KUBEPODS_BASES:
+                kubepods -= used
+            if base == CGROUP_BASE_KUBEPODS_BESTEFFORT:
+                besteffort -= used
+        be_used = max(besteffort, 0.0) + sum(used for uid, used in snapshot.pod_cpu_cores.items()
+                                             if (pod := pods_by_uid.get(uid)) is not None
+                                             and _be_outside_besteffort(pod))
+        all_pods_used = max(kubepods, be_used)
+        return all_pods_used, all_pods_used - be_used, be_used
+    if not snapshot.usage_of_every_pod:
+        return None
     all_pods_used = non_be_used = be_used = 0.0
     for uid, used in snapshot.pod_cpu_cores.items():
         all_pods_used += used
@@ -173,14 +213,31 @@ def suppress_budget(snapshot: Snapshot, config: SuppressConfig, pools: CPUPools 
             be_used += used
         else:
             non_be_used += used  # includes pods with metrics but no meta
+    return all_pods_used, non_be_used, be_used
+
+
+def suppress_budget(snapshot: Snapshot, config: SuppressConfig, pools: CPUPools | None = None) -> SuppressBudget | None:
+    """Cores left to BE pods (docs/koordinator.md §4.2); None without a node CPU sample or the pods' usage.
+
+    ``pools``: :func:`node_cpu_pools` of the snapshot when the caller has them (the node reservation comes
+    from there)."""
+    node_used = snapshot.node_cpu_cores
+    if node_used is None:
+        return None
+    if pools is None:
+        pools = node_cpu_pools(snapshot)
+    pods_used = pods_cpu_used(snapshot)
+    if pods_used is None:
+        return None
+    all_pods_used, non_be_used, be_used = pods_used
+    capacity_cores = snapshot.capacity_cpu_milli / 1000.0
     host_apps_used = host_apps_non_be = 0.0
     for app in snapshot.node_slo.host_applications:
         used = snapshot.host_app_cpu_cores.get(app.name)
         if used is None:
             continue
         host_apps_used += used
-        in_be_cgroup = app.cgroup_path is not None and app.cgroup_path.base == CGROUP_BASE_KUBEPODS_BESTEFFORT
-        if not (app.qos is QoSClass.BE and in_be_cgroup):
+        if not (app.qos is QoSClass.BE and _app_base(app) == CGROUP_BASE_KUBEPODS_BESTEFFORT):
             host_apps_non_be += used
     node_reserved = _node_reserved_cores(snapshot, pools.node_reservation)
     system_used = max(max(node_used - all_pods_used - host_apps_used, 0.0), node_reserved)
@@ -368,7 +425,10 @@ def decide_suppress(
     switched = previous_policy is not None and previous_policy != config.policy
     if switched and config.policy == CPU_SUPPRESS_POLICY_CFS_QUOTA and buckets.all_ids:
         steps.extend(_cpuset_steps(layout, snapshot.pods, buckets.all_ids, buckets.all_ids, static))
-    if switched and config.policy == CPU_SUPPRESS_POLICY_CPUSET:
+    # Into the cpuset policy, and at the first tick under it: the quota suppress owns is unlimited (a limit left by
+    # the cfsQuota policy, or by BE PSI throttle before its gate went off, goes)
+    first = previous_policy is None and current.be_cfs_quota_us != UNLIMITED
+    if (switched or first) and config.policy == CPU_SUPPRESS_POLICY_CPUSET:
         steps.append(WriteStep((CgroupWrite("cpu.cfs_quota_us", be_qos_dir, UNLIMITED),)))
     if budget is None:
         return SuppressDecision(None, config.policy, tuple(steps), reason="no node CPU sample")
@@ -484,18 +544,32 @@ def budget_why(snapshot: Snapshot, config: SuppressConfig, decision: SuppressDec
     return text
 
 
+def _without_be_quota(steps: tuple[WriteStep, ...], layout: KubeCgroupLayout) -> tuple[WriteStep, ...]:
+    """``steps`` less the besteffort quota writes (BE PSI throttle owns that quota)."""
+    be_dir = layout.qos_dir(KubeQoS.BESTEFFORT)
+    kept = (WriteStep(tuple(w for w in step.writes if (w.resource, w.cgroup_dir) != ("cpu.cfs_quota_us", be_dir)),
+                      step.leveled, step.reason, step.why) for step in steps)
+    return tuple(step for step in kept if step.writes)
+
+
 def decide(snapshot: Snapshot, config: SuppressConfig) -> Plan:
     """Suppress's plan: the policy's limit (plus the restore of the other policy's after a switch); with
-    suppress switched off, the restore of both."""
+    suppress switched off, the restore of both. The besteffort quota is left to BE PSI throttle where that owns it
+    (cgroup v2, koordlet/api/cfsquota.py)."""
+    yields = config.psi_throttle_owns_quota and snapshot.cgroup_v2
     if config.be_cpu_manager:
-        return Plan(decide_be_cpu_manager(snapshot, snapshot.layout), memo=SuppressMemo())
+        steps = decide_be_cpu_manager(snapshot, snapshot.layout)
+        return Plan(_without_be_quota(steps, snapshot.layout) if yields else steps, memo=SuppressMemo())
     if not config.enabled:
-        return Plan(decide_restore(snapshot, snapshot.layout), memo=SuppressMemo(), reason=AUDIT_REASON,
-                    why="suppress off (resourceUsedThresholdWithBE.enable false): BE limits restored")
+        steps = decide_restore(snapshot, snapshot.layout)
+        return Plan(_without_be_quota(steps, snapshot.layout) if yields else steps, memo=SuppressMemo(),
+                    reason=AUDIT_REASON, why="suppress off (resourceUsedThresholdWithBE.enable false): BE limits "
+                                             "restored")
     memo = snapshot.memo if isinstance(snapshot.memo, SuppressMemo) else SuppressMemo()
     decision = decide_suppress(snapshot, config, current_of(snapshot), snapshot.layout, memo.last_policy)
-    why = budget_why(snapshot, config, decision) if decision.steps else ""
-    return Plan(decision.steps, gauges=_gauges(snapshot.node.name, decision), memo=SuppressMemo(config.policy),
+    steps = _without_be_quota(decision.steps, snapshot.layout) if yields else decision.steps
+    why = budget_why(snapshot, config, decision) if steps else ""
+    return Plan(steps, gauges=_gauges(snapshot.node.name, decision), memo=SuppressMemo(config.policy),
                 report=decision, reason=AUDIT_REASON, why=why)
 
 

@@ -30,9 +30,10 @@ from koordlet import features
 from koordlet.actuator import PlanRecord, PlanRunner
 from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.metriccache import MetricCache
+from koordlet.metricsadvisor.pods import UsageDemand
 from koordlet.plan import Plan
 from koordlet.qosmanager import metrics
-from koordlet.qosmanager.snapshot import Needs, Snapshot, SnapshotBuilder
+from koordlet.qosmanager.snapshot import Needs, Snapshot, SnapshotBuilder, usage_demand
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.ticker import TickerThread
 
@@ -54,13 +55,14 @@ GATE_MEMORY_EVICT = "MemoryEvict"
 GATE_MEMORY_ALLOCATABLE_EVICT = "MemoryAllocatableEvict"
 GATE_SYSTEM_CONFIG = "SystemConfig"
 GATE_BLKIO_RECONCILE = "BlkIOReconcile"
+GATE_BE_PSI_THROTTLE = "BEPSIThrottle"  # koordlet-py's own (koordlet/features.py)
 
 DEFAULT_FEATURE_GATES: Mapping[str, bool] = MappingProxyType({  # defaults from the one table (koordlet.features)
     name: features.DEFAULTS[name] for name in (GATE_BE_CPU_SUPPRESS, GATE_CPU_BURST, GATE_RDT_RESCTRL,
                                                GATE_BE_CPU_EVICT, GATE_BE_MEMORY_EVICT, GATE_CGROUP_RECONCILE,
                                                GATE_BE_CPU_MANAGER, GATE_CPU_EVICT, GATE_CPU_ALLOCATABLE_EVICT,
                                                GATE_MEMORY_EVICT, GATE_MEMORY_ALLOCATABLE_EVICT, GATE_SYSTEM_CONFIG,
-                                               GATE_BLKIO_RECONCILE)
+                                               GATE_BLKIO_RECONCILE, GATE_BE_PSI_THROTTLE)
 })
 
 
@@ -84,6 +86,9 @@ class QoSManagerConfig:
     memory_evict_cool_time_s: float = 4.0
     cpu_evict_cool_time_s: float = 20.0
     started_at: float | None = None  # the agent's wall-clock start (BECPUEvict rests its cool time after it)
+    # -collect-pod-res-used-interval: how often a pod no strategy acts on every tick is looked at (CPU burst's idle
+    # pods); at most the reconcile interval means every tick
+    fanout_interval_s: float = 1.0
     feature_gates: Mapping[str, bool] = field(default_factory=lambda: DEFAULT_FEATURE_GATES)
 
     def gate(self, name: str) -> bool:
@@ -177,11 +182,16 @@ class QoSManager(TickerThread):
         *,
         builder: SnapshotBuilder | None = None,
         runner: PlanRunner | None = None,
+        publish_demand: Callable[[UsageDemand], None] | None = None,
     ) -> None:
         """``phase_source``: wall-clock time of the newest collection, or None before the first one (default:
         the builder's). ``builder``/``runner``: where snapshots come from and who carries plans out (default:
         a builder on ``states`` and an empty metric cache; a runner that cannot write — tests of the
-        schedule)."""
+        schedule). ``publish_demand``: told, before each tick, which pods' usage the strategies that are on read
+        (the collector reads those every tick, the others less often); the snapshots then hold only those. None:
+        the collector reads every pod every tick."""
+        self._publish_demand = publish_demand
+        self._demand_of: tuple[object, tuple[object, ...]] | None = None  # (pods, configs) the demand is of
         self._config = config or QoSManagerConfig()
         self._builder = builder or SnapshotBuilder(states, MetricCache(),
                                                    collect_interval_s=self._config.collect_res_used_interval_s)
@@ -242,7 +252,9 @@ class QoSManager(TickerThread):
 
     def run_strategy(self, name: str) -> bool:
         """Run one strategy now (tests, benchmarks); True when it ran without error."""
-        return self._run(self._entry(name), self._wall_clock())
+        entry = self._entry(name)
+        self._update_demand()
+        return self._run(entry, self._wall_clock())
 
     def _tick_once(self, entry: _Scheduled, config: Any, now: float) -> None:
         snapshot = self._builder.build(config.needs, now=now, memo=entry.memo, last=entry.record)
@@ -305,6 +317,7 @@ class QoSManager(TickerThread):
         if self._woken:
             self._woken = False
             self._run_switched(now)
+        self._update_demand()
         for entry in self._entries:
             if entry.next_due <= monotonic_now:
                 self._run(entry, now)
@@ -313,6 +326,28 @@ class QoSManager(TickerThread):
                 if entry.next_due <= monotonic_now:
                     entry.next_due = monotonic_now + interval  # fell behind: skip, never catch up in a burst
         return min((entry.next_due for entry in self._entries), default=monotonic_now + 1.0)
+
+    def _update_demand(self) -> None:
+        """Publish the pods whose usage the strategies that are on read, and have the snapshots hold only those;
+        worked out again when the pods or a strategy's config changed."""
+        if self._publish_demand is None or not self._states.has_synced():
+            return
+        spec, pods = self._states.node_slo(), self._states.pods()
+        configs: list[Any] = []
+        for entry in self._entries:
+            try:
+                config = entry.strategy.configure(spec, self._config)
+            except Exception:  # noqa: BLE001 - its own tick reports a bad config
+                continue
+            if config.enabled:
+                configs.append(config)
+        key = (pods, tuple(configs))
+        if self._demand_of is not None and self._demand_of[0] is pods and self._demand_of[1] == key[1]:
+            return
+        self._demand_of = key
+        demand = usage_demand(pods, [config.needs for config in configs])
+        self._builder.restrict(demand)
+        self._publish_demand(demand)
 
     def _run_switched(self, now: float) -> None:
         if not self._states.has_synced():

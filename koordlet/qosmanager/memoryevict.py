@@ -83,7 +83,8 @@ class MemoryEvictConfig:
 
     @property
     def needs(self) -> Needs:
-        return _NEEDS
+        # The victims are sorted by their memory: BE pods, and with the features that may take any pod, every pod.
+        return _NEEDS if set(self.features) <= {GATE_BE_MEMORY_EVICT} else _NEEDS_EVERY_POD
 
     def invalid(self, feature: str) -> str | None:
         """Why ``feature`` cannot run with this config (Koordinator's config checks); None when it can."""
@@ -97,7 +98,8 @@ class MemoryEvictConfig:
         return None
 
 
-_NEEDS = Needs()
+_NEEDS = Needs(pod_usage=is_be, container_usage=None)
+_NEEDS_EVERY_POD = Needs(container_usage=None)
 
 
 @dataclass(frozen=True, slots=True)

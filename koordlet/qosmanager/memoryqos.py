@@ -14,6 +14,10 @@ Per pod: the class config from the merged NodeSLO, then the pod annotation ``koo
 A pod whose source does not know its requests (``requests_known`` False: the CRI pod source of local mode)
 is left as it is, pod and containers, and so are min/low of its QoS dir and of the kubepods dir: a sum
 without its request would lower them. (The CRI source says so once at start-up.)
+kubelet's own memory QoS (KEP-2570; ``snapshot.kubelet_memory_qos``, from its KubeletConfiguration) writes some of
+the same files: each file it writes, at that level for that kube QoS class (koordlet/api/kubeletmemqos.py), is left
+to kubelet, and kubelet's value (the request) counts where koordlet sums pods into their QoS dir and the QoS dirs into
+kubepods. The change of what kubelet writes is logged (the strategy's memo).
 min/low/high go through the executor's leveled update (parents raised first, exact values children
 first). Files the kernel lacks are dropped once, at the first tick, with one log line; a kernel without
 any of them (plain cgroup v1) makes the strategy a no-op.
@@ -26,6 +30,15 @@ from dataclasses import dataclass
 
 from koordlet.api.annotations import AnnotationError, parse_memory_qos
 from koordlet.api.keys import ANNOTATION_MEMORY_QOS, RESOURCE_BATCH_MEMORY, RESOURCE_MEMORY
+from koordlet.api.kubeletmemqos import (
+    MEMORY_HIGH,
+    MEMORY_LOW,
+    MEMORY_MIN,
+    KubeletMemoryQoS,
+    Level,
+    kubelet_value,
+    kubelet_writes,
+)
 from koordlet.api.nodeslo import MemoryQOS, NodeSLOSpec, recommended_memory_qos
 from koordlet.api.pod import PodMeta
 from koordlet.api.qos import KubeQoS, QoSClass
@@ -62,10 +75,11 @@ _QOS_DIR_CLASS = {KubeQoS.GUARANTEED: QoSClass.LSR, KubeQoS.BURSTABLE: QoSClass.
 
 @dataclass(frozen=True, slots=True)
 class MemoryValues:
-    """What one cgroup dir gets. ``high`` None: not written at this level."""
+    """What one cgroup dir gets. None: not written (``high`` at this level; min and low where a request under the dir
+    is unknown, or where kubelet's memory QoS owns the file)."""
 
     cgroup_dir: str
-    min_bytes: int | None  # None (with low): not written, a request under this dir is unknown
+    min_bytes: int | None
     low_bytes: int | None
     high_bytes: int | None = None
     qos: MemoryQOS | None = None  # source of the Anolis values; None: not written
@@ -100,11 +114,23 @@ def memory_high(request_bytes: int, limit_bytes: int, min_bytes: int, config: Me
     return max(high, min_bytes)
 
 
+def _owned(file: str, level: Level, kube_qos: KubeQoS, koordlet: int | None, request: int,
+           kubelet: KubeletMemoryQoS) -> tuple[int | None, int]:
+    """(what koordlet writes, None where kubelet owns the file; the value the dir holds, for its parent's sum)."""
+    if kubelet_writes(file, level, kube_qos, kubelet):
+        return None, kubelet_value(file, level, kube_qos, request, kubelet)
+    return koordlet, koordlet or 0
+
+
 def decide_values(snapshot: Snapshot, layout: KubeCgroupLayout, page_size: int) -> tuple[MemoryValues, ...]:
-    """Values for the kubeQoS dirs, then every pod and its containers."""
+    """Values for the kubeQoS dirs, then every pod and its containers; a file kubelet's own memory QoS writes
+    (``snapshot.kubelet_memory_qos``, koordlet/api/kubeletmemqos.py) is left to kubelet, and its value counts in the
+    parent's sum."""
     spec = snapshot.node_slo
+    kubelet = snapshot.kubelet_memory_qos
     allocatable = int(snapshot.node.allocatable.get(RESOURCE_MEMORY, 0))
     sums: dict[KubeQoS, tuple[int, int]] = dict.fromkeys(KubeQoS, (0, 0))
+    requests: dict[KubeQoS, int] = dict.fromkeys(KubeQoS, 0)
     unknown: set[KubeQoS] = set()  # QoS dirs holding a pod whose requests are not known
     pod_values: list[MemoryValues] = []
     for pod in snapshot.pods:
@@ -115,10 +141,14 @@ def decide_values(snapshot: Snapshot, layout: KubeCgroupLayout, page_size: int) 
         if pod_dir is None:
             continue
         config = pod_memory_qos(pod, spec)
-        pod_min, pod_low = min_low(pod_memory_request_bytes(pod), config)
         kube_qos = pod_kube_qos(pod)
+        request = pod_memory_request_bytes(pod)
+        koord_min, koord_low = min_low(request, config)
+        pod_min, held_min = _owned(MEMORY_MIN, Level.POD, kube_qos, koord_min, request, kubelet)
+        pod_low, held_low = _owned(MEMORY_LOW, Level.POD, kube_qos, koord_low, request, kubelet)
         qos_min, qos_low = sums[kube_qos]
-        sums[kube_qos] = (qos_min + pod_min, qos_low + pod_low)
+        sums[kube_qos] = (qos_min + held_min, qos_low + held_low)
+        requests[kube_qos] += request
         pod_values.append(MemoryValues(pod_dir, pod_min, pod_low, None, config))
         resource = RESOURCE_BATCH_MEMORY if is_be(pod) else RESOURCE_MEMORY
         for container in pod.containers:
@@ -129,19 +159,29 @@ def decide_values(snapshot: Snapshot, layout: KubeCgroupLayout, page_size: int) 
             limit = container_limit_of(pod, container, resource) or allocatable
             c_min, c_low = min_low(request, config)
             high = memory_high(request, limit, c_min, config, page_size)
-            pod_values.append(MemoryValues(container_dir, c_min, c_low, high, config))
+            pod_values.append(MemoryValues(
+                container_dir, _owned(MEMORY_MIN, Level.CONTAINER, kube_qos, c_min, request, kubelet)[0],
+                _owned(MEMORY_LOW, Level.CONTAINER, kube_qos, c_low, request, kubelet)[0],
+                _owned(MEMORY_HIGH, Level.CONTAINER, kube_qos, high, request, kubelet)[0], config))
     qos_values = []
     for kube_qos in (KubeQoS.BURSTABLE, KubeQoS.BESTEFFORT):
         qos_min, qos_low = sums[kube_qos]
         qos_config = spec.resource_qos_strategy.for_class(_QOS_DIR_CLASS[kube_qos]).memory_qos
         if kube_qos in unknown:
             qos_values.append(MemoryValues(layout.qos_dir(kube_qos), None, None, None, qos_config))
-        else:
-            qos_values.append(MemoryValues(layout.qos_dir(kube_qos), qos_min, qos_low, None, qos_config))
+            continue
+        written_min, held_min = _owned(MEMORY_MIN, Level.QOS, kube_qos, qos_min, requests[kube_qos], kubelet)
+        written_low, held_low = _owned(MEMORY_LOW, Level.QOS, kube_qos, qos_low, requests[kube_qos], kubelet)
+        sums[kube_qos] = (held_min, held_low)  # what the QoS dir holds, for the kubepods dir above it
+        qos_values.append(MemoryValues(layout.qos_dir(kube_qos), written_min, written_low, None, qos_config))
     total_min = sum(v[0] for v in sums.values()) if not unknown else None
     total_low = sum(v[1] for v in sums.values()) if not unknown else None
     guaranteed = spec.resource_qos_strategy.for_class(QoSClass.LSR).memory_qos
-    qos_values.insert(0, MemoryValues(layout.qos_dir(KubeQoS.GUARANTEED), total_min, total_low, None, guaranteed))
+    both = requests[KubeQoS.GUARANTEED] + requests[KubeQoS.BURSTABLE]  # kubelet's kubepods memory.min
+    kubepods_min = _owned(MEMORY_MIN, Level.QOS, KubeQoS.GUARANTEED, total_min, both, kubelet)[0]
+    kubepods_low = _owned(MEMORY_LOW, Level.QOS, KubeQoS.GUARANTEED, total_low, both, kubelet)[0]
+    qos_values.insert(0, MemoryValues(layout.qos_dir(KubeQoS.GUARANTEED), kubepods_min, kubepods_low, None,
+                                      guaranteed))
     return tuple(qos_values + pod_values)
 
 
@@ -168,8 +208,9 @@ def decide_steps(
     leveled: list[CgroupWrite] = []
     plain: list[CgroupWrite] = []
     for value in values:
-        if value.min_bytes is not None and value.low_bytes is not None:
+        if value.min_bytes is not None:
             leveled.append(CgroupWrite("memory.min", value.cgroup_dir, value.min_bytes))
+        if value.low_bytes is not None:
             leveled.append(CgroupWrite("memory.low", value.cgroup_dir, value.low_bytes))
         if value.high_bytes is not None:
             leveled.append(CgroupWrite("memory.high", value.cgroup_dir, value.high_bytes))
@@ -200,7 +241,7 @@ class MemoryQoSConfig:
         return _NEEDS
 
 
-_NEEDS = Needs(kernel_files=ALL_RESOURCES)
+_NEEDS = Needs(kernel_files=ALL_RESOURCES, pod_usage=None, container_usage=None, kubelet_memory_qos=True)
 
 
 def _log_missing(supported: frozenset[str]) -> None:
@@ -217,9 +258,12 @@ def decide(snapshot: Snapshot, config: MemoryQoSConfig) -> Plan:
     supported = snapshot.kernel_files
     if snapshot.memo is None:
         _log_missing(supported)
+    kubelet = snapshot.kubelet_memory_qos
+    if snapshot.memo != kubelet and (supported or snapshot.memo is not None):
+        logger.info("memory QoS: %s; the files it writes are kubelet's (docs/colocation.md)", kubelet.describe())
     if not supported or not config.enabled:
-        return Plan(memo=True)
-    return Plan(decide_steps(snapshot, snapshot.layout, snapshot.page_size, supported), memo=True,
+        return Plan(memo=kubelet)
+    return Plan(decide_steps(snapshot, snapshot.layout, snapshot.page_size, supported), memo=kubelet,
                 reason="CgroupReconcile",
                 why="memory QoS of the pod's class (NodeSLO resourceQOSStrategy memoryQOS, pod annotation "
                     "koordinator.sh/memoryQOS): min/low = request x min/lowLimitPercent, high = request + "

@@ -49,10 +49,10 @@ from koordlet.qosmanager.snapshot import (
     Snapshot,
     container_cgroup_dir,
     is_be,
+    ls_pressure,
     pod_cgroup_dir,
 )
 from koordlet.system.cgroup_stats import CgroupStatError, MemoryStat, parse_memory_stat
-from koordlet.system.procfs import ProcParseError, parse_psi
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ _NEEDS = Needs(cgroup_reads=(CgroupRead("memory.stat", Scope.PODS, is_be),
                              *(CgroupRead(name, scope, is_be) for name in _SWAP_FILES
                                for scope in (Scope.PODS, Scope.APP_CONTAINERS)),
                              CgroupRead("memory.pressure", Scope.PODS, lambda pod: not is_be(pod))),
-               kernel_files=(RECLAIM,))
+               kernel_files=(RECLAIM,), pod_usage=None, container_usage=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,24 +139,6 @@ class ReclaimDecision:
     step_why: str
     ls_pressure: float | None
     asked: tuple[tuple[Reclaimable, int], ...]  # (pod, bytes asked), largest reclaimable first
-
-
-def _ls_pressure(snapshot: Snapshot) -> float | None:
-    """The highest ``some avg10`` among the LS (non-BE) pods' memory.pressure; None when none was read."""
-    worst: float | None = None
-    for pod in snapshot.pods:
-        if is_be(pod) or (pod_dir := pod_cgroup_dir(snapshot.layout, pod)) is None:
-            continue
-        raw = snapshot.cgroup_value("memory.pressure", pod_dir)
-        if raw is None:
-            continue
-        try:
-            some = parse_psi(raw.encode()).some.avg10
-        except ProcParseError as exc:
-            logger.debug("cannot parse the memory pressure of %s: %s", pod.key, exc)
-            continue
-        worst = some if worst is None else max(worst, some)
-    return worst
 
 
 def _memory_stat(snapshot: Snapshot, cgroup_dir: str) -> MemoryStat | None:
@@ -235,8 +217,9 @@ def decide_reclaim(snapshot: Snapshot, config: ReclaimConfig, memo: ReclaimMemo)
     use_percent = use * 100 / capacity
     if use_percent < config.threshold_percent:
         return None
-    ls_pressure = _ls_pressure(snapshot)
-    step, why = _step(config, memo, use, ls_pressure)
+    worst = ls_pressure(snapshot, "memory.pressure")
+    pressure = worst.percent if worst is not None else None
+    step, why = _step(config, memo, use, pressure)
     need = int(use - capacity * config.lower_percent / 100)
     left = min(need, step)
     asked: list[tuple[Reclaimable, int]] = []
@@ -248,7 +231,7 @@ def decide_reclaim(snapshot: Snapshot, config: ReclaimConfig, memo: ReclaimMemo)
         amount = min(candidate.bytes, left)
         asked.append((candidate, amount))
         left -= amount
-    return ReclaimDecision(use_percent, need, step, why, ls_pressure, tuple(asked))
+    return ReclaimDecision(use_percent, need, step, why, pressure, tuple(asked))
 
 
 def _off(snapshot: Snapshot, config: ReclaimConfig) -> str:

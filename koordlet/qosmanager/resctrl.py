@@ -73,7 +73,7 @@ class ResctrlConfig:
         return _NEEDS
 
 
-_NEEDS = Needs(resctrl=True)
+_NEEDS = Needs(resctrl=True, pod_usage=None, container_usage=None)
 
 
 @dataclass(frozen=True, slots=True)

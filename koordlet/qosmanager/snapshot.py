@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -36,6 +36,7 @@ from koordlet.api.keys import (
     RESOURCE_MEMORY,
     canonical_resource_name,
 )
+from koordlet.api.kubeletmemqos import KubeletMemoryQoS
 from koordlet.api.nodeslo import NodeSLOSpec
 from koordlet.api.pod import ContainerMeta, PodMeta, container_limit, pod_level_amount
 from koordlet.api.qos import KubeQoS, QoSClass
@@ -47,7 +48,14 @@ from koordlet.metriccache import (
     MetricKind,
     SeriesKey,
 )
-from koordlet.metricsadvisor.pods import BE_CPU_REAL_LIMIT, BE_CPU_REQUEST, BE_CPU_USAGE
+from koordlet.metricsadvisor.pods import (
+    BE_CPU_REAL_LIMIT,
+    BE_CPU_REQUEST,
+    BE_CPU_USAGE,
+    KUBEPODS_CPU,
+    UsageDemand,
+    fanout_turn,
+)
 from koordlet.plan import LineKey
 from koordlet.statesinformer.api import NodeInfo, StatesProvider
 from koordlet.system.blockdev import StorageInfo, read_storage_info
@@ -58,6 +66,7 @@ from koordlet.system.kubepods import (
     KubeCgroupLayout,
     pod_cgroup_dir,  # noqa: F401 - the strategies import it from here
 )
+from koordlet.system.procfs import ProcParseError, parse_psi
 from koordlet.system.resctrl import ResctrlInfo, ResctrlInfoError, read_resctrl_info
 from koordlet.system.sysfs import CPUInfo
 
@@ -65,6 +74,7 @@ logger = logging.getLogger(__name__)
 
 HOST_APP_CPU_USAGE = MetricKind.HOST_APP_CPU_USAGE
 STORAGE_REFRESH_S = 5.0  # Koordinator collects node storage every second; devices change far less often
+_READS_KEPT = 16  # selections with ``every_s`` whose last build is remembered, before those out of date are dropped
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
 _EMPTY_VALUES: Mapping[tuple[str, str], str] = MappingProxyType({})
@@ -103,16 +113,38 @@ class Scope(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class CgroupRead:
     """Read ``resource`` of every dir in ``scope`` into the snapshot (``Snapshot.cgroup_value``); with
-    ``pods``, only of the pods it accepts (a strategy reads what it decides on, not every pod's files)."""
+    ``pods``, only of the pods it accepts (a strategy reads what it decides on, not every pod's files).
+
+    With ``every_s``, each pod's once every ``every_s`` (in its own turn, :func:`fanout_turn`: spread over the
+    ticks), but every tick those ``always`` accepts: for a strategy that acts on a few pods every tick and only looks
+    after the others now and then. All of them at the first build after a pause of ``every_s`` or more (at start, when
+    the strategy comes back on, when its config changed: a new read)."""
 
     resource: str
     scope: Scope
     pods: Callable[[PodMeta], bool] | None = None
+    every_s: float | None = None
+    always: Callable[[PodMeta], bool] | None = None
+
+
+PodFilter = Callable[[PodMeta], bool]
+_Selection = tuple[PodFilter | None, float, PodFilter | None]  # a CgroupRead's pods, every_s and always
+
+
+def every_pod(pod: PodMeta) -> bool:  # noqa: ARG001 - the filter that takes every pod
+    return True
 
 
 @dataclass(frozen=True, slots=True)
 class Needs:
-    """What a strategy's ``decide`` reads beyond the node, NodeSLO, pods and latest metrics (its config says)."""
+    """What a strategy's ``decide`` reads beyond the node, NodeSLO, pods and latest metrics (its config says).
+
+    ``pod_usage`` and ``container_usage``: the pods whose own latest usage (``pod_cpu_cores``, ``pod_memory_bytes``,
+    ``pod_cpu_avg_cores``), and whose containers' (``container_cpu_cores``, ``container_throttled_ratio``), ``decide``
+    reads; None: none. The QoS manager has the collector read those pods every tick and the others once every
+    fan-out interval (koordlet/metricsadvisor/pods.py), and the snapshot holds only the pods some strategy that is on
+    asks for. Every pod by default, so that a strategy that does not say (an out-of-tree one) sees what it saw before;
+    the built-in ones say."""
 
     node_cpu_avg_window_s: float | None = None  # averages of node and pod CPU over this window
     be_window_s: float | None = None  # node_be CPU series over this window
@@ -123,6 +155,9 @@ class Needs:
     system_files: tuple[str, ...] = ()  # node-wide kernel files (koordlet.system.sysctl names) to read
     storage: bool = False  # the node's block devices (koordlet.system.blockdev), refreshed every few seconds
     device_lines: bool = False  # the per-device blkio lines koordlet wrote (the executor's record)
+    pod_usage: PodFilter | None = every_pod
+    container_usage: PodFilter | None = every_pod
+    kubelet_memory_qos: bool = False  # what kubelet's own memory QoS writes (its KubeletConfiguration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +179,16 @@ class Snapshot:
     container_cpu_cores: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     container_throttled_ratio: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     host_app_cpu_cores: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    # Every pod together (the kubepods dir) and the besteffort dir, latest, in cores: what "Σ pods" and "Σ BE pods"
+    # are while most pods are read only once every fan-out interval (None without a fresh sample).
+    kubepods_cpu_cores: float | None = None
+    besteffort_cpu_cores: float | None = None
+    # The pod and container maps hold every pod with a fresh sample (True), or only those the strategies that are on
+    # asked for (False: Σ over them is not Σ pods).
+    usage_of_every_pod: bool = True
     node_cpu_avg_cores: float | None = None  # average over the window the builder was asked for
     pod_cpu_avg_cores: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # same window
+    besteffort_cpu_avg_cores: float | None = None  # same window
     be_cpu: BECPUWindow | None = None
     layout: KubeCgroupLayout = field(default_factory=KubeCgroupLayout)
     page_size: int = 4096
@@ -160,6 +203,7 @@ class Snapshot:
     storage: StorageInfo | None = None  # ``Needs.storage``
     lines_recorded: frozenset[LineKey] = frozenset()  # ``Needs.device_lines``: the lines koordlet may put back
     cgroup_v2: bool = False  # the node's cgroup version (the executor's)
+    kubelet_memory_qos: KubeletMemoryQoS = KubeletMemoryQoS()  # ``Needs.kubelet_memory_qos``; default: writes nothing
     memo: Any = None  # the strategy's ``Plan.memo`` of its previous tick
     last: PlanRecord | None = None  # what the runner did with the strategy's previous plan
 
@@ -193,6 +237,34 @@ class Snapshot:
 def is_be(pod: PodMeta) -> bool:
     """A BE pod: the qosClass label BE, or no label and kube QoS BestEffort (docs/koordinator.md §12)."""
     return pod.qos_class is QoSClass.BE
+
+
+@dataclass(frozen=True, slots=True)
+class LSPressure:
+    """The highest ``some avg10`` (percent) among the LS pods' pressure files of one resource, and whose it is."""
+
+    percent: float
+    pod: str  # namespace/name
+
+
+def ls_pressure(snapshot: Snapshot, resource_file: str) -> LSPressure | None:
+    """The highest ``some avg10`` of ``resource_file`` (``cpu.pressure``, ``io.pressure``, ``memory.pressure``)
+    among the LS (non-BE) pods whose file the snapshot read (``Needs.cgroup_reads``); None when none was."""
+    worst: LSPressure | None = None
+    for pod in snapshot.pods:
+        if is_be(pod) or (pod_dir := pod_cgroup_dir(snapshot.layout, pod)) is None:
+            continue
+        raw = snapshot.cgroup_value(resource_file, pod_dir)
+        if raw is None:
+            continue
+        try:
+            some = parse_psi(raw.encode()).some.avg10
+        except ProcParseError as exc:
+            logger.debug("cannot parse the %s of %s: %s", resource_file, pod.key, exc)
+            continue
+        if worst is None or some > worst.percent:
+            worst = LSPressure(some, pod.key)
+    return worst
 
 
 def container_resource(container: ContainerMeta, resource: str, limits: bool = False) -> int:
@@ -253,13 +325,29 @@ def pod_kube_qos(pod: PodMeta) -> KubeQoS:
 
 
 # The latest-sample maps every snapshot holds: (field, metric kind, the label that keys it).
-_LATEST_MAPS = (
+_POD_MAPS = (
     ("pod_cpu_cores", MetricKind.POD_CPU_USAGE, Label.POD_UID),
     ("pod_memory_bytes", MetricKind.POD_MEMORY_USAGE, Label.POD_UID),
+)
+_CONTAINER_MAPS = (
     ("container_cpu_cores", MetricKind.CONTAINER_CPU_USAGE, Label.CONTAINER_ID),
     ("container_throttled_ratio", MetricKind.CONTAINER_CPU_THROTTLED, Label.CONTAINER_ID),
-    ("host_app_cpu_cores", HOST_APP_CPU_USAGE, Label.HOST_APP_NAME),
 )
+_HOST_APP_MAP = ("host_app_cpu_cores", HOST_APP_CPU_USAGE, Label.HOST_APP_NAME)
+_LATEST_MAPS = (*_POD_MAPS, *_CONTAINER_MAPS, _HOST_APP_MAP)
+
+
+def usage_demand(pods: tuple[PodMeta, ...], needs: Iterable[Needs]) -> UsageDemand:
+    """The pods whose usage ``needs`` (those of the strategies that are on) read: the collector reads them every
+    tick, and the snapshot holds them."""
+    pod_filters = [n.pod_usage for n in needs if n.pod_usage is not None]
+    container_filters = [n.container_usage for n in needs if n.container_usage is not None]
+    if not pod_filters and not container_filters:
+        return UsageDemand()
+    return UsageDemand(
+        pods=frozenset(p.uid for p in pods if any(wanted(p) for wanted in pod_filters)),
+        containers=frozenset(p.uid for p in pods if any(wanted(p) for wanted in container_filters)),
+    )
 
 
 # ----------------------------------------------------------------------------------------- the builder
@@ -284,13 +372,16 @@ class SnapshotBuilder:
         cpu_manager: Callable[[], Any] | None = None,
         sys_dir: str | None = None,
         observe_storage: Callable[[bool], None] | None = None,
+        kubelet_memory_qos: Callable[[], KubeletMemoryQoS] | None = None,
     ) -> None:
         """``reader``: the executor whose reads fill ``Needs.cgroup_reads``, ``kernel_files`` and ``resctrl``
         (without it those stay empty); ``layout``: kubelet's cgroup layout the dirs are built with;
         ``cpu_manager``: kubelet's CPU manager state (``Needs.kubelet_cpu_manager``), None when unknown;
         ``observe_storage``: told whether each reading of the block devices worked (Koordinator's
-        collect_node_local_storage_info_status)."""
+        collect_node_local_storage_info_status); ``kubelet_memory_qos``: what kubelet's own memory QoS writes
+        (``Needs.kubelet_memory_qos``; without it: nothing)."""
         self._cpu_manager = cpu_manager
+        self._kubelet_memory_qos = kubelet_memory_qos
         self._observe_storage = observe_storage
         self._sys_dir = sys_dir  # ``Needs.storage``: the block devices under <sys_dir>/class/block
         self._storage: tuple[float, StorageInfo] | None = None
@@ -307,6 +398,19 @@ class SnapshotBuilder:
         self._resctrl: ResctrlInfo | None = None
         self._resctrl_probed = False
         self._maps_at: tuple[float, dict[str, Mapping[str, float]]] | None = None  # (now, the latest-sample maps)
+        self._demand: UsageDemand | None = None  # the pods the usage maps hold (None: every pod)
+        # the newest build of each selection with ``every_s`` (which pods, how often, which always) and what it
+        # selected: builds at one ``now`` (the reads of one strategy, the strategies of one tick) select the same pods,
+        # once
+        self._selections: dict[_Selection, tuple[float, tuple[PodMeta, ...]]] = {}
+
+    def restrict(self, demand: UsageDemand | None) -> None:
+        """Hold only these pods' usage in the snapshots (the manager's :func:`usage_demand`, set before each tick):
+        the others are read once every fan-out interval, and a sample of those that happens to be fresh says
+        nothing of the rest. None: every pod with a fresh sample."""
+        if demand != self._demand:
+            self._demand = demand
+            self._maps_at = None
 
     def latest_collection(self) -> float | None:
         """Wall-clock time of the newest node memory sample (every node collection writes one)."""
@@ -316,17 +420,46 @@ class SnapshotBuilder:
     def _latest(self, key: SeriesKey, now: float) -> float | None:
         return self._cache.last_value(key, now - 2 * self._interval_s, now)
 
-    def _latest_maps(self, now: float) -> dict[str, Mapping[str, float]]:
+    def _latest_maps(self, now: float, pods: tuple[PodMeta, ...]) -> dict[str, Mapping[str, float]]:
         """The latest-sample maps at ``now``, copied out of the cache once per ``now``: the strategies of one
         manager tick share them (the manager hands every strategy of a tick the same ``now``)."""
         taken = self._maps_at
         if taken is not None and taken[0] == now:
             return taken[1]
-        start = now - 2 * self._interval_s
-        maps = {name: MappingProxyType(self._cache.last_values(kind, label, start, now))
-                for name, kind, label in _LATEST_MAPS}
+        start, demand, cache = now - 2 * self._interval_s, self._demand, self._cache
+        if demand is None:
+            maps = {name: MappingProxyType(cache.last_values(kind, label, start, now))
+                    for name, kind, label in _LATEST_MAPS}
+        else:
+            name, kind, label = _HOST_APP_MAP
+            maps = {name: MappingProxyType(cache.last_values(kind, label, start, now))}
+            wanted = demand.pods | demand.containers
+            for name, kind, _label in _POD_MAPS:
+                keys = {uid: SeriesKey(str(kind), ((Label.POD_UID.value, uid),)) for uid in wanted}
+                maps[name] = MappingProxyType(cache.last_values_of(keys, start, now))
+            containers = [(pod.uid, c.container_id) for pod in pods if pod.uid in demand.containers
+                          for c in pod.containers if c.container_id]
+            for name, kind, _label in _CONTAINER_MAPS:
+                keys = {cid: SeriesKey.of(kind, **{Label.POD_UID: uid, Label.CONTAINER_ID: cid})
+                        for uid, cid in containers}
+                maps[name] = MappingProxyType(cache.last_values_of(keys, start, now))
         self._maps_at = (now, maps)  # one assignment: a reader sees the old pair or the new one
         return maps
+
+    def _pod_cpu_averages(self, start: float, now: float) -> Mapping[str, float]:
+        """Each pod's CPU average over [start, now]: of the pods the snapshot holds (every pod without a demand)."""
+        if self._demand is None:
+            keys = {uid: key for key in self._cache.keys(MetricKind.POD_CPU_USAGE)
+                    if (uid := key.label(Label.POD_UID)) is not None}
+        else:
+            keys = {uid: SeriesKey(MetricKind.POD_CPU_USAGE.value, ((Label.POD_UID.value, uid),))
+                    for uid in self._demand.pods | self._demand.containers}
+        averages: dict[str, float] = {}
+        for uid, key in keys.items():
+            aggregate = self._cache.query(key, start, now)
+            if aggregate is not None:
+                averages[uid] = aggregate.avg
+        return MappingProxyType(averages)
 
     def build(
         self,
@@ -345,19 +478,17 @@ class SnapshotBuilder:
             return None
         now = self._clock() if now is None else now
         node_cpu_avg: float | None = None
+        besteffort_cpu_avg: float | None = None
         pod_cpu_avg: Mapping[str, float] = _EMPTY
         if needs.node_cpu_avg_window_s is not None:
             start = now - needs.node_cpu_avg_window_s
             aggregate = self._cache.query(SeriesKey.of(MetricKind.NODE_CPU_USAGE), start, now)
             node_cpu_avg = None if aggregate is None else aggregate.avg
-            averages: dict[str, float] = {}
-            for key in self._cache.keys(MetricKind.POD_CPU_USAGE):
-                uid = key.label(Label.POD_UID)
-                pod_aggregate = self._cache.query(key, start, now) if uid is not None else None
-                if uid is not None and pod_aggregate is not None:
-                    averages[uid] = pod_aggregate.avg
-            pod_cpu_avg = MappingProxyType(averages)
+            besteffort = self._cache.query(BE_CPU_USAGE_KEY, start, now)
+            besteffort_cpu_avg = None if besteffort is None else besteffort.avg / 1000.0
+            pod_cpu_avg = self._pod_cpu_averages(start, now)
         pods = self._states.pods()
+        besteffort_milli = self._latest(BE_CPU_USAGE_KEY, now)
         return Snapshot(
             timestamp=now,
             node=node,
@@ -370,13 +501,17 @@ class SnapshotBuilder:
             node_memory_with_page_cache_bytes=self._latest(
                 SeriesKey.of(MetricKind.NODE_MEMORY_USAGE_WITH_PAGE_CACHE), now),
             node_swap_free_bytes=self._latest(SeriesKey.of(MetricKind.NODE_SWAP_FREE), now),
-            **self._latest_maps(now),
+            **self._latest_maps(now, pods),
+            kubepods_cpu_cores=self._latest(KUBEPODS_CPU, now),
+            besteffort_cpu_cores=None if besteffort_milli is None else besteffort_milli / 1000.0,
+            usage_of_every_pod=self._demand is None,
             node_cpu_avg_cores=node_cpu_avg,
             pod_cpu_avg_cores=pod_cpu_avg,
+            besteffort_cpu_avg_cores=besteffort_cpu_avg,
             be_cpu=None if needs.be_window_s is None else self._be_window(needs.be_window_s, now),
             layout=self._layout,
             page_size=self._page_size,
-            cgroup_values=self._read_cgroups(needs.cgroup_reads, pods),
+            cgroup_values=self._read_cgroups(needs.cgroup_reads, pods, now),
             kernel_files=self._probe(needs.kernel_files),
             resctrl=self._resctrl_info() if needs.resctrl else None,
             kubelet_cpu_manager=self._cpu_manager() if needs.kubelet_cpu_manager and self._cpu_manager else None,
@@ -386,6 +521,8 @@ class SnapshotBuilder:
             lines_recorded=frozenset(recorded_lines(self._reader.records)) if needs.device_lines and self._reader
             else frozenset(),
             cgroup_v2=self._reader is not None and self._reader.cgroup_fs.version is CgroupVersion.V2,
+            kubelet_memory_qos=self._kubelet_memory_qos() if needs.kubelet_memory_qos and self._kubelet_memory_qos
+            else KubeletMemoryQoS(),
             memo=memo,
             last=last,
         )
@@ -411,12 +548,32 @@ class SnapshotBuilder:
                             if not c.is_init and (d := container_cgroup_dir(layout, pod_dir, c)) is not None)
         return dirs
 
-    def _read_cgroups(self, reads: tuple[CgroupRead, ...], pods: tuple[PodMeta, ...]) -> Mapping[tuple[str, str], str]:
+    def _selected(self, read: CgroupRead, pods: tuple[PodMeta, ...], now: float) -> tuple[PodMeta, ...]:
+        """The pods ``read`` reads at ``now`` (see :class:`CgroupRead`)."""
+        if read.every_s is None:
+            return pods if read.pods is None else tuple(p for p in pods if read.pods(p))
+        key = (read.pods, read.every_s, read.always)
+        at = self._selections.get(key)
+        if at is not None and at[0] == now:
+            return at[1]
+        last = None if at is None else at[0]
+        if len(self._selections) > _READS_KEPT:  # selections of configs long gone
+            self._selections = {k: a for k, a in self._selections.items() if now - a[0] < k[1]}
+        selected = pods if read.pods is None else tuple(p for p in pods if read.pods(p))
+        every, always = read.every_s, read.always
+        if last is not None and 0 <= now - last < every:
+            selected = tuple(p for p in selected if (always is not None and always(p))
+                             or fanout_turn(p.uid, now, every) != fanout_turn(p.uid, last, every))
+        self._selections[key] = (now, selected)
+        return selected
+
+    def _read_cgroups(self, reads: tuple[CgroupRead, ...], pods: tuple[PodMeta, ...],
+                      now: float) -> Mapping[tuple[str, str], str]:
         if not reads or self._reader is None:
             return _EMPTY_VALUES
         values: dict[tuple[str, str], str] = {}
         for read in reads:
-            selected = pods if read.pods is None else tuple(p for p in pods if read.pods(p))
+            selected = self._selected(read, pods, now)
             for cgroup_dir in self.scope_dirs(read.scope, selected):
                 try:
                     values[(read.resource, cgroup_dir)] = self._reader.read(read.resource, cgroup_dir,

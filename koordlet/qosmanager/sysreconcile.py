@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 _FILES = (MIN_FREE_KBYTES, WATERMARK_SCALE_FACTOR, MEMCG_REAP_BACKGROUND, SCHED_GROUP_IDENTITY_ENABLED,
           SCHED_IDLE_SAVER_WMARK, PAGECACHE_LIMIT_ENABLED, SCHED_FEATURES)
-_NEEDS = Needs(system_files=_FILES)
+_NEEDS = Needs(system_files=_FILES, pod_usage=None, container_usage=None)
 
 
 def owns(key: str) -> bool:

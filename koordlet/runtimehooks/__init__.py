@@ -26,6 +26,7 @@ from koordlet.history.answers import HookAnswers
 from koordlet.statesinformer.api import CallbackKind, StatesProvider
 from koordlet.statesinformer.cpumanager import CPUManagerState
 from koordlet.statesinformer.enacted import LinuxResources
+from koordlet.system.cgroup import CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout
 from koordlet.system.procfs import read_meminfo
 from koordlet.system.rdma import DeviceNode, rdma_device_nodes
@@ -42,6 +43,7 @@ from .nri import NriConfig, NriHandlers, NriPlugin
 from .reconciler import Reconciler
 from .registration import remove_registration, write_registration
 from .server import HookService, serve
+from .weightformula import WeightFormulaSource
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class RuntimeHooksConfig:
     hami_core_library: str = "/usr/local/vgpu/libvgpu.so"  # -hami-core-library-directory-path
     disable_unset_cpu_quota: bool = False  # -disable-unset-cpu-quota: the cpuset hook keeps bound pods' quota
     node_name: str = ""  # the ``node`` label of the runtime hook metrics
+    weight_formula: str = "auto"  # -cgroup-v2-weight-formula: auto, linear or quadratic (weightformula.py)
 
 
 def node_capacity(sys_dir: str, proc_dir: str) -> tuple[frozenset[int], int]:
@@ -157,6 +160,7 @@ class RuntimeHooks:
         zero_counts(self.plugins)
         self._resctrl = read_resctrl_node(config.resctrl_dir) if config.feature_gates.get("Resctrl") else None
         self._bvt = group_identity_supported(executor, layout)
+        self._v2 = executor.cgroup_fs.version is CgroupVersion.V2
         self._online_cpus, self._memory_bytes = node_capacity(config.sys_dir, config.proc_dir)
         self._cpu_manager = cpu_manager
         try:
@@ -170,8 +174,10 @@ class RuntimeHooks:
         self._rdma = _RDMANodes(config.sys_dir, config.dev_dir) if gates.get("RDMADeviceInject") else None
         rejects = RejectedValues(warn)
         self.answers = HookAnswers()  # what the plugins answered at each pod's creation (/debug/pods)
+        self.weight_formula = WeightFormulaSource(config.weight_formula, executor, layout)
         self.reconciler = Reconciler(states.pods, self.node_context, lambda: self.plugins, executor, layout,
-                                     config.reconcile_interval_s, rejects, self.answers, task_ids)
+                                     config.reconcile_interval_s, rejects, self.answers, task_ids,
+                                     self.weight_formula)
         # both front doors: the hook server's decisions, remembered for the NRI plugin to take
         self.decisions = Decisions() if config.nri is not None and config.serve_hooks else None
         self.service = HookService(lambda: self.plugins, self.node_context, self._known_pod, executor, layout,
@@ -199,6 +205,7 @@ class RuntimeHooks:
                            cpuset_allocator=self.config.feature_gates.get("CPUSetAllocator", False),
                            cpu_burst=self.config.feature_gates.get("CPUBurst", False),
                            be_cpu_suppress=self.config.feature_gates.get("BECPUSuppress", False),
+                           be_psi_throttle=self._v2 and self.config.feature_gates.get("BEPSIThrottle", False),
                            rdma=self._rdma.get() if self._rdma is not None else None,
                            hami_core_library=self.config.hami_core_library,
                            keep_cpuset_pod_quota=self.config.disable_unset_cpu_quota)

@@ -15,7 +15,7 @@ from hooks.registry import EXPECTED_ERRORS
 from hooks.validate import Rejected
 from koordlet import audit
 from koordlet.actuator import PlanRunner
-from koordlet.api.cfsquota import be_quota_suppressed
+from koordlet.api.cfsquota import BEQuotaOwner, be_quota_owner, be_quota_suppressed
 from koordlet.api.pod import ContainerMeta, PodMeta, container_limit
 from koordlet.api.qos import KubeQoS, QoSClass
 from koordlet.api.units import CFS_PERIOD_US, UNLIMITED
@@ -136,12 +136,14 @@ def effective_quota_reader(executor: ResourceExecutor, cgroup_dir: str, planned:
 
 
 def besteffort_unlimited_first(layout: KubeCgroupLayout, pod_dir: str, node: NodeContext) -> str:
-    """The besteffort QoS dir when it is ``pod_dir``'s parent and CPU suppress, which owns its quota, keeps that
-    unlimited under this NodeSLO (any policy but cfsQuota): a BE pod's own quota is then planned with a −1 on that
-    dir ahead of it (:func:`unlimited_parent_write`), so a switch away from cfsQuota gives the BE pods their quotas
-    back in one reconciler pass, before suppress's next tick (koordlet/api/cfsquota.py). "" otherwise."""
+    """The besteffort QoS dir when it is ``pod_dir``'s parent and CPU suppress owns its quota and keeps it unlimited
+    under this NodeSLO (any policy but cfsQuota, and BE PSI throttle not steering it): a BE pod's own quota is then
+    planned with a −1 on that dir ahead of it (:func:`unlimited_parent_write`), so a switch away from cfsQuota gives
+    the BE pods their quotas back in one reconciler pass, before suppress's next tick (koordlet/api/cfsquota.py).
+    "" otherwise."""
     qos_dir = posixpath.dirname(pod_dir.rstrip("/"))
-    if node.be_cpu_suppress and not be_quota_suppressed(node.node_slo) and qos_dir == layout.qos_dir(
+    owner = be_quota_owner(node.node_slo, suppress=node.be_cpu_suppress, psi_throttle=node.be_psi_throttle)
+    if owner is BEQuotaOwner.CPU_SUPPRESS and not be_quota_suppressed(node.node_slo) and qos_dir == layout.qos_dir(
             KubeQoS.BESTEFFORT):
         return qos_dir
     return ""

@@ -41,6 +41,7 @@ from .apply import (
     suppressed_quota_why,
     unlimited_parent_write,
 )
+from .weightformula import WeightFormulaSource
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,15 @@ class Reconciler:
                  plugins: Callable[[], list[registry.Plugin]], executor: ResourceExecutor,
                  layout: KubeCgroupLayout, interval_s: float = 10.0, rejects: RejectedValues | None = None,
                  answers: HookAnswers | None = None,
-                 task_ids: Callable[[str], Mapping[str, tuple[int, ...]]] | None = None) -> None:
+                 task_ids: Callable[[str], Mapping[str, tuple[int, ...]]] | None = None,
+                 weight_formula: WeightFormulaSource | None = None) -> None:
         """``answers``: where the plugins' answer for a pod or container that has none yet (created before koordlet
         started, or with no front door) is kept for ``/debug/pods``. ``task_ids``: pod UID → each container's (and
         the sandbox's) thread ids as the states informer last read them (``-enable-pod-taskids``); they are moved
-        into the pod's resctrl group with its processes."""
+        into the pod's resctrl group with its processes. ``weight_formula``: learns the runtime's cpu.shares →
+        cpu.weight formula from its own writes before each pass's writes (cgroup v2, weightformula.py)."""
         self._pods = pods
+        self._weight_formula = weight_formula
         self._answers = answers
         self._task_ids = task_ids
         self._executor = executor
@@ -170,7 +174,10 @@ class Reconciler:
         node, plugins = self._node(), self._plugins()
         failed = 0
         gauged, self._gauged = self._gauged, set()
-        for pod in self._pods():
+        pods = self._pods()
+        if self._weight_formula is not None:
+            self._weight_formula.update(pods)
+        for pod in pods:
             if pod.phase in _TERMINAL_PHASES or skips_hooks(pod.labels):
                 continue
             try:

@@ -38,6 +38,7 @@ class NodeInfo:
     annotations: Mapping[str, str] = field(default_factory=dict)
     capacity: Mapping[str, int] = field(default_factory=dict)
     allocatable: Mapping[str, int] = field(default_factory=dict)
+    kubelet_version: str = ""  # status.nodeInfo.kubeletVersion ("" when not known: local mode)
 
 
 @dataclass(frozen=True, slots=True)

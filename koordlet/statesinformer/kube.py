@@ -178,6 +178,7 @@ def node_info_from_node(node: Mapping[str, Any]) -> NodeInfo:
         annotations=dict(metadata.get("annotations") or {}),
         capacity=amounts(status.get("capacity")),
         allocatable=amounts(status.get("allocatable")),
+        kubelet_version=str((status.get("nodeInfo") or {}).get("kubeletVersion") or ""),
     )
 
 

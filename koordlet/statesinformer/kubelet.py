@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from koordlet.access import KUBELET, Refusals, from_kubelet_answer
 from koordlet.api.pod import ContainerMeta, PodMeta, is_pod_level_resource, split_container_id
 from koordlet.api.qos import KubeQoS, parse_kube_qos
 from koordlet.api.quantity import QuantityError, parse_resource_quantity
@@ -28,6 +29,13 @@ from koordlet.system.kubepods import CgroupPathError, KubeCgroupLayout
 logger = logging.getLogger(__name__)
 
 DEFAULT_KUBELET_PORT = 10250
+PODS_PATH = "/pods/"
+CONFIGZ_PATH = "/configz"
+# Every call koordlet makes to kubelet's API, (method, path): tests/deploy/test_rbac.py derives the RBAC it needs
+# from kubelet's own mapping of paths to nodes/<subresource> (GET /pods/: nodes/pods, GET /configz: nodes/configz,
+# each falling back to nodes/proxy). /configz is asked only for kubelet's memory QoS, and not at all with
+# -disable-query-kubelet-config or -kubelet-config-file.
+KUBELET_CALLS = (("GET", PODS_PATH), ("GET", CONFIGZ_PATH))
 _MAX_BODY_BYTES = 256 << 20
 
 
@@ -226,11 +234,18 @@ class KubeletPodSource:
         ca_file: str = "",
         default_runtime: str = "containerd",
         observe: Callable[[str, float], None] | None = None,
+        refusals: Refusals | None = None,
+        token: Callable[[], str] | None = None,
     ) -> None:
+        """``refusals``: where a 401 or 403 of kubelet goes (koordlet.access), and a success ends it. ``token``: asked
+        for the bearer token at each request instead of reading ``token_file`` (koordlet/credentials.py, which renews
+        a due token)."""
         self._base_url = base_url if callable(base_url) else (lambda: base_url)
+        self._refusals = refusals
         self._layout = layout
         self._timeout_s = timeout_s
         self._token_file = token_file
+        self._token_provider = token
         self._default_runtime = default_runtime
         self._observe = observe
         context = ssl.create_default_context(cafile=ca_file or None)
@@ -242,6 +257,8 @@ class KubeletPodSource:
         self._ssl = context
 
     def _token(self) -> str:
+        if self._token_provider is not None:
+            return self._token_provider()
         if not self._token_file:
             return ""
         try:
@@ -250,8 +267,8 @@ class KubeletPodSource:
         except OSError:
             return ""
 
-    def fetch(self) -> list[dict[str, Any]]:
-        """The raw pod items of ``/pods``; raises PodSourceError."""
+    def _get(self, path: str) -> bytes:
+        """The body of kubelet's ``GET <path>`` (200 only); raises PodSourceError."""
         base = self._base_url()
         if not base:
             raise PodSourceError("kubelet address not known yet")
@@ -268,27 +285,55 @@ class KubeletPodSource:
         started = time.perf_counter()
         code = "error"
         try:
-            conn.request("GET", parts.path.rstrip("/") + "/pods/", headers=headers)
+            conn.request("GET", parts.path.rstrip("/") + path, headers=headers)
             response = conn.getresponse()
             code = str(response.status)
             body = response.read(_MAX_BODY_BYTES + 1)
         except (OSError, http.client.HTTPException) as err:
-            raise PodSourceError(f"GET {base}/pods/: {err}") from err
+            raise PodSourceError(f"GET {base}{path}: {err}") from err
         finally:
             conn.close()
             if self._observe is not None:
                 self._observe(code, time.perf_counter() - started)
+        self._check_access(f"{base}{path}", response.status, body)
         if response.status != 200:
-            raise PodSourceError(f"GET {base}/pods/: HTTP {response.status}: {body[:200]!r}")
+            raise PodSourceError(f"GET {base}{path}: HTTP {response.status}: {body[:200]!r}")
         if len(body) > _MAX_BODY_BYTES:
-            raise PodSourceError(f"GET {base}/pods/: answer larger than {_MAX_BODY_BYTES} bytes")
+            raise PodSourceError(f"GET {base}{path}: answer larger than {_MAX_BODY_BYTES} bytes")
+        return body
+
+    def fetch(self) -> list[dict[str, Any]]:
+        """The raw pod items of ``/pods``; raises PodSourceError."""
+        body = self._get("/pods/")
         try:
-            items = load_json(body, f"GET {base}/pods/", max_bytes=_MAX_BODY_BYTES).get("items")
+            items = load_json(body, "GET /pods/", max_bytes=_MAX_BODY_BYTES).get("items")
         except (ValueError, AttributeError) as err:
-            raise PodSourceError(f"GET {base}/pods/: not a PodList: {err}") from err
+            raise PodSourceError(f"GET /pods/: not a PodList: {err}") from err
         if not isinstance(items, list) or not items:
-            raise PodSourceError(f"GET {base}/pods/: empty pod list (kubelet restarting?)")
+            raise PodSourceError("GET /pods/: empty pod list (kubelet restarting?)")
         return items
+
+    def kubelet_config(self) -> dict[str, Any]:
+        """kubelet's KubeletConfiguration in effect, from ``GET /configz`` (``{"kubeletconfig": {...}}``, what
+        Koordinator's koordlet reads too); raises PodSourceError."""
+        try:
+            config = load_json(self._get(CONFIGZ_PATH), "GET /configz", max_bytes=_MAX_BODY_BYTES).get("kubeletconfig")
+        except (ValueError, AttributeError) as err:
+            raise PodSourceError(f"GET /configz: not kubelet's configz: {err}") from err
+        if not isinstance(config, dict):
+            raise PodSourceError("GET /configz: no kubeletconfig object")
+        return config
+
+    def _check_access(self, call: str, status: int, body: bytes) -> None:
+        """A 401 or 403 is a refusal (koordlet.access: the rule that would allow the call); a 200 ends one."""
+        refusal = from_kubelet_answer("GET", call, status, body[:1024].decode("utf-8", "replace"))
+        if self._refusals is not None:
+            if refusal is not None:
+                self._refusals.refused(refusal)
+            elif status == 200:
+                self._refusals.allowed(KUBELET, f"GET {call}")
+        if refusal is not None:
+            raise PodSourceError(refusal.describe())
 
     def list_pods(self) -> tuple[PodMeta, ...]:
         pods = []

@@ -7,7 +7,8 @@ kernel lists differs by file and version:
 - v1 ``blkio.throttle.*_device``: ``MAJ:MIN N`` for each device with a limit (no line: no limit);
 - v2 ``io.max``: ``MAJ:MIN rbps=N wbps=max riops=max wiops=max`` (one line for the four throttles, ``max`` = no
   limit);
-- ``io.weight`` (v2) and ``blkio.cost.weight`` (Anolis v1): ``default N`` and ``MAJ:MIN N`` per device;
+- ``io.weight`` (v2) and ``blkio.cost.weight`` (Anolis v1): ``default N`` and ``MAJ:MIN N`` per device (the
+  ``default`` line is the registry's ``io.weight.default``, its "device" ``default``);
 - ``io.cost.qos``/``io.cost.model`` (v2, root only; ``blkio.cost.*`` on Anolis v1): ``MAJ:MIN enable=1 ctrl=user
   rpct=95.00 …`` with every key the kernel keeps, numbers printed with two decimals.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 from koordlet.system.resources import IO_MAX_KEYS, device_of
 
 IO_WEIGHT = "blkio.cost.weight"
+IO_WEIGHT_DEFAULT_LINE = "io.weight.default"  # io.weight's "default N" line, as the line of the device "default"
 IO_COST_QOS = "blkio.cost.qos"
 IO_COST_MODEL = "blkio.cost.model"
 _COST_FILES = (IO_COST_QOS, IO_COST_MODEL)
@@ -80,6 +82,6 @@ def absent_value(resource: str, device: str) -> str:
         return f"{device} enable=0"
     if resource == IO_COST_MODEL:
         return f"{device} ctrl=auto"
-    if resource == IO_WEIGHT:
+    if resource in (IO_WEIGHT, IO_WEIGHT_DEFAULT_LINE):
         return f"{device} {DEFAULT_WEIGHT}"
     return f"{device} 0"

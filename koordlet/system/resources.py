@@ -7,16 +7,20 @@ value check read too.
 Values are given in v1 terms (``cpu.cfs_quota_us = -1``, ``cpu.shares = 1024``) everywhere in koordlet;
 :meth:`CgroupResource.to_file_value` turns them into what the file of the running version takes.
 
-cpu.shares → cpu.weight uses the linear kubelet/runc ≤ 1.3.1 mapping of docs/koordinator.md §10,
-``weight = 1 + (shares − 2) × 9999 / 262142`` (integer division; 1024 → 39), not the newer quadratic one
-(docs/node-interfaces.md §9.1). Reasons: it is the mapping Koordinator writes, and the one the runc on our target nodes
-(runc 1.1.5 with containerd 1.6) writes for the same CRI ``cpu_shares``; using the other one would make
-the reconciler and the runtime rewrite each other's value forever.
+cpu.shares → cpu.weight uses the formula of the runtime on the node (:class:`WeightFormula`, docs/node-interfaces.md
+§9.1): the linear ``weight = 1 + (shares − 2) × 9999 / 262142`` (integer division; 1024 → 39) of runc ≤ 1.3.1 and
+crun < 1.23 (Debian 12's runc 1.1.5; the one Koordinator always writes), or the quadratic one of runc ≥ 1.3.2 and
+crun ≥ 1.23 (1024 → 100). The runtime writes a container's weight from the CRI ``cpu_shares`` and koordlet writes the
+same file from the same shares, so the two must use one formula, or each would rewrite the other's value whenever it
+writes. Which one the runtime uses is the executor's to hold (``ResourceExecutor.weight_formula``: the
+``-cgroup-v2-weight-formula`` flag, or observed from the runtime's own writes, koordlet/runtimehooks/weightformula.py);
+the translation here takes it as an argument.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -88,6 +92,8 @@ class CgroupResource:
     # Write-only: each write asks the kernel to act (memory.reclaim), so it is never cached or read back, and the
     # kernel may do less than asked (EAGAIN).
     action: bool = False
+    # cpu.shares: its v2 file is cpu.weight, by the runtime's formula (to_file_value's weight_formula)
+    shares_to_weight: bool = False
 
     @property
     def writable(self) -> bool:
@@ -108,9 +114,15 @@ class CgroupResource:
         except InvalidCgroupValueError as exc:
             raise InvalidCgroupValueError(f"{self.name}: {exc}") from exc
 
-    def to_file_value(self, value: str, version: CgroupVersion, current_v2: str | None = None) -> str:
-        """What to write to the file of ``version`` for the validated v1 ``value``."""
-        if version is CgroupVersion.V2 and self.to_v2 is not None:
+    def to_file_value(self, value: str, version: CgroupVersion, current_v2: str | None = None,
+                      weight_formula: WeightFormula | None = None) -> str:
+        """What to write to the file of ``version`` for the validated v1 ``value``; ``weight_formula``: the runtime's
+        shares → weight formula (cpu.shares on v2 only; default linear)."""
+        if version is not CgroupVersion.V2:
+            return value
+        if self.shares_to_weight:
+            return str(cpu_shares_to_weight(int(value), weight_formula or WeightFormula.LINEAR))
+        if self.to_v2 is not None:
             return self.to_v2(value, current_v2)
         return value
 
@@ -152,10 +164,33 @@ def _cpu_list(text: str) -> str:
 # ------------------------------------------------------------------------------------- v2 translations
 
 
-def cpu_shares_to_weight(shares: int) -> int:
-    """Linear kubelet/runc mapping of docs/koordinator.md §10 (see module docstring), clamped to cpu.weight's range."""
+class WeightFormula(enum.StrEnum):
+    """The cpu.shares → cpu.weight mapping of a container runtime (docs/node-interfaces.md §9.1)."""
+
+    LINEAR = "linear"  # runc ≤ 1.3.1, crun < 1.23: 1 + (shares − 2) × 9999 / 262142; Koordinator's
+    QUADRATIC = "quadratic"  # runc ≥ 1.3.2 (opencontainers/cgroups ≥ 0.0.3), crun ≥ 1.23: 1024 → 100
+
+
+def cpu_shares_to_weight(shares: int, formula: WeightFormula = WeightFormula.LINEAR) -> int:
+    """The weight ``formula`` gives ``shares``, clamped to cpu.weight's range. The quadratic one is runc's
+    (opencontainers/cgroups ConvertCPUSharesToCgroupV2Value): with L = log2(shares), the exponent
+    (L² + 125·L) / 612 − 7/34 fits 2 → 1, 1024 → 100 and 262144 → 10000, and the weight is 10 to that power,
+    rounded up."""
+    if formula is WeightFormula.QUADRATIC:
+        if shares <= CPU_SHARES_MIN:
+            return CPU_WEIGHT_MIN
+        if shares >= CPU_SHARES_MAX:
+            return CPU_WEIGHT_MAX
+        log2 = math.log2(shares)
+        return math.ceil(math.pow(10, (log2 * log2 + 125 * log2) / 612.0 - 7.0 / 34.0))
     shares = min(max(shares, CPU_SHARES_MIN), CPU_SHARES_MAX)
     return CPU_WEIGHT_MIN + (shares - CPU_SHARES_MIN) * 9999 // (CPU_SHARES_MAX - CPU_SHARES_MIN)
+
+
+def formulas_giving(shares: int, weight: int) -> frozenset[WeightFormula]:
+    """The formulas that map ``shares`` to ``weight`` (both for 2 and 262144, where they agree; none for a weight
+    neither gives: set by hand, or by a runtime with a third formula)."""
+    return frozenset(f for f in WeightFormula if cpu_shares_to_weight(shares, f) == weight)
 
 
 def _split_cpu_max(current: str | None) -> tuple[str, str]:
@@ -177,10 +212,6 @@ def _period_to_cpu_max(value: str, current: str | None) -> str:
 
 def _unlimited_to_max(value: str, current: str | None) -> str:
     return "max" if value == "-1" else value
-
-
-def _shares_to_weight(value: str, current: str | None) -> str:
-    return str(cpu_shares_to_weight(int(value)))
 
 
 # --------------------------------------------------------------------------------------------- blkio
@@ -233,6 +264,18 @@ def _same(value: str, current: str | None) -> str:
     return value
 
 
+def _default_weight(text: str) -> str:
+    """``"default N"``, N in [1, 10000]: io.weight's default line, kept with the per-device lines as the line of the
+    "device" ``default`` (:func:`device_of`)."""
+    head, _, value = text.strip().partition(" ")
+    if head != "default":
+        raise InvalidCgroupValueError(f"expected 'default N', got {text[:40]!r}")
+    number = _parse_int(value)
+    if not CPU_WEIGHT_MIN <= number <= CPU_WEIGHT_MAX:
+        raise InvalidCgroupValueError(f"{number} outside [{CPU_WEIGHT_MIN}, {CPU_WEIGHT_MAX}]")
+    return f"default {number}"
+
+
 # ---------------------------------------------------------------------------------- leveled-batch merges
 
 
@@ -275,6 +318,7 @@ def _rw(
     merge: Merger | None = None,
     kind: ValueKind = ValueKind.INT_RANGE,
     description: str = "",
+    shares_to_weight: bool = False,
 ) -> CgroupResource:
     shares_v2_file = to_v2 in (_quota_to_cpu_max, _period_to_cpu_max)
     return CgroupResource(
@@ -288,6 +332,7 @@ def _rw(
         merge=merge,
         description=description,
         v2_needs_current=shares_v2_file,
+        shares_to_weight=shares_to_weight,
     )
 
 
@@ -311,8 +356,8 @@ _RESOURCES = (
         "cpu",
         _int_range(CPU_SHARES_MIN, CPU_SHARES_MAX),
         v2_file="cpu.weight",
-        to_v2=_shares_to_weight,
-        description="CPU weight; v2 cpu.weight by the linear docs/koordinator.md §10 mapping",
+        shares_to_weight=True,
+        description="CPU weight; v2 cpu.weight by the runtime's formula (WeightFormula)",
     ),
     _rw(
         "cpu.cfs_quota_us",
@@ -373,6 +418,10 @@ _RESOURCES = (
       for name, key in IO_MAX_KEYS.items()),
     CgroupResource("blkio.cost.weight", "blkio", "blkio.cost.weight", "io.weight", ValueKind.INT_RANGE,
                    _device_int(1, 100), _same, per_device=True, description="blk-iocost weight (Anolis v1; v2)"),
+    # v2 only: io.weight's default line, the weight of every device without a line of its own (the per-device lines
+    # above are the blkio strategy's; BE PSI throttle steers this one)
+    CgroupResource("io.weight.default", "blkio", None, "io.weight", ValueKind.INT_RANGE, _default_weight, _same,
+                   per_device=True, description="v2 io.weight's default line, 'default N' (blk-iocost)"),
     CgroupResource("blkio.cost.qos", "blkio", "blkio.cost.qos", "io.cost.qos", ValueKind.INT_RANGE, _device_cost,
                    _same, per_device=True, description="blk-iocost QoS, root cgroup only (Anolis v1; v2)"),
     CgroupResource("blkio.cost.model", "blkio", "blkio.cost.model", "io.cost.model", ValueKind.INT_RANGE,

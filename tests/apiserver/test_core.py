@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.support.apiserver import ApiServer
+from tests.support.apiserver import MAX_REQUEST_BYTES, ApiServer, ssl_context
 
 
 def _node(name: str) -> dict:
@@ -174,6 +176,43 @@ def test_seed_stores_objects_with_status_and_helpers_read_them(server: ApiServer
 def test_unknown_paths_and_verbs_answer_a_status_error(server: ApiServer, method: str, path: str,
                                                        code: int) -> None:
     with pytest.raises(urllib.error.HTTPError) as caught:
-        urllib.request.urlopen(urllib.request.Request(server.url + path, method=method), timeout=5)
+        urllib.request.urlopen(urllib.request.Request(server.url + path, method=method), timeout=5,
+                               context=ssl_context(server))
     assert caught.value.code == code
     assert json.loads(caught.value.read())["kind"] == "Status"
+
+
+def _post_chunked(server: ApiServer, path: str, chunks: list[bytes]) -> tuple[int, bytes]:
+    """POST ``chunks`` as they go on the wire after the headers (Transfer-Encoding: chunked, as Go's client sends a
+    body of unknown length, e.g. `kubectl create --raw -f FILE`)."""
+    address = urllib.parse.urlsplit(server.url)
+    connection = http.client.HTTPSConnection(address.hostname, address.port, timeout=10, context=ssl_context(server))
+    try:
+        connection.putrequest("POST", path)
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Transfer-Encoding", "chunked")
+        connection.endheaders()
+        for chunk in chunks:
+            connection.send(chunk)
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+    finally:
+        connection.close()
+
+
+def _chunked(body: bytes, size: int) -> list[bytes]:
+    pieces = [body[i:i + size] for i in range(0, len(body), size)]
+    return [b"%x;ext=1\r\n%s\r\n" % (len(piece), piece) for piece in pieces] + [b"0\r\nTrailer: x\r\n\r\n"]
+
+
+def test_a_chunked_request_body_is_read_whole_and_a_bad_or_oversized_one_is_refused(server: ApiServer) -> None:
+    body = json.dumps(_node("chunked")).encode()
+    status, answer = _post_chunked(server, "/api/v1/nodes", _chunked(body, 7))
+    assert status == 201, answer
+    assert server.get_object("nodes", "chunked")["metadata"]["labels"] == {"zone": "a"}
+    # Each refused at its chunk-size line, before anything else is sent: nothing is left unread when the server closes.
+    status, answer = _post_chunked(server, "/api/v1/nodes", [b"zz\r\n"])
+    assert status == 400 and b"bad chunk size" in answer
+    status, answer = _post_chunked(server, "/api/v1/nodes", [b"%x\r\n" % (MAX_REQUEST_BYTES + 1)])
+    assert status == 413 and str(MAX_REQUEST_BYTES).encode() in answer
+    assert [node["metadata"]["name"] for node in server.list_objects("nodes")] == ["chunked"]

@@ -69,20 +69,22 @@ def test_concurrent_clients_get_distinct_increasing_resource_versions(
     assert len(set(versions)) == 32 and versions[-1] <= server.resource_version
 
 
-def test_with_a_token_only_requests_bearing_it_are_served_and_headers_are_recorded() -> None:
-    from tests.support.apiserver import kube_client_config
+def test_requests_are_recorded_with_their_headers_and_the_user_the_server_saw(server: ApiServer) -> None:
+    from tests.support.apiserver import Credentials, kube_client_config
 
-    with ApiServer(token="s3cret") as server:
-        config = kube_client_config(server)
-        with kubernetes.client.ApiClient(config) as anonymous:
-            with pytest.raises(ApiException) as caught:
-                kubernetes.client.CoreV1Api(anonymous).list_node()
-            assert caught.value.status == 401 and '"reason": "Unauthorized"' in caught.value.body
-        config.api_key = {"authorization": "Bearer s3cret"}
-        with kubernetes.client.ApiClient(config) as authorized:
-            authorized.user_agent = "probe/1"
-            assert kubernetes.client.CoreV1Api(authorized).list_node().items == []
-        denied, served = server.requests("GET", r"/nodes$")
-        assert (denied.status, served.status) == (401, 200)
-        assert "Authorization" not in denied.headers
-        assert served.headers["Authorization"] == "Bearer s3cret" and served.headers["User-Agent"] == "probe/1"
+    config = kube_client_config(server, Credentials("nobody"))  # neither a certificate nor a token
+    with kubernetes.client.ApiClient(config) as anonymous:
+        with pytest.raises(ApiException) as caught:
+            kubernetes.client.CoreV1Api(anonymous).list_node()
+        assert caught.value.status == 401 and '"reason": "Unauthorized"' in caught.value.body
+    server.add_token("s3cret", "probe")
+    config = kube_client_config(server, Credentials("probe", token="s3cret"))
+    with kubernetes.client.ApiClient(config) as authorized:
+        authorized.user_agent = "probe/1"
+        with pytest.raises(ApiException) as caught:
+            kubernetes.client.CoreV1Api(authorized).list_node()
+        assert caught.value.status == 403
+    denied, refused = server.requests("GET", r"/nodes$")
+    assert (denied.status, denied.user) == (401, "") and "Authorization" not in denied.headers
+    assert (refused.status, refused.user) == (403, "probe")
+    assert refused.headers["Authorization"] == "Bearer s3cret" and refused.headers["User-Agent"] == "probe/1"

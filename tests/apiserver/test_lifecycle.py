@@ -8,7 +8,7 @@ from pathlib import Path
 import kubernetes.client
 import kubernetes.config
 
-from tests.support.apiserver import ApiServer, kube_api_client, write_kubeconfig
+from tests.support.apiserver import ApiServer, Credentials, kube_api_client, write_kubeconfig
 
 
 def _handler_threads() -> list[threading.Thread]:
@@ -38,14 +38,22 @@ def test_stop_is_idempotent_and_safe_without_start() -> None:
     server.stop()
 
 
-def test_two_servers_listen_on_distinct_loopback_ports() -> None:
+def test_two_servers_listen_on_distinct_loopback_ports_over_https() -> None:
     with ApiServer() as first, ApiServer() as second:
-        assert first.url.startswith("http://127.0.0.1:") and first.url != second.url
+        assert first.url.startswith("https://127.0.0.1:") and first.url != second.url
 
 
-def test_written_kubeconfig_is_loadable_by_the_client(server: ApiServer, tmp_path: Path) -> None:
-    path = write_kubeconfig(server, tmp_path / "kubeconfig")
-    config = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(config_file=str(path), client_configuration=config)
-    with kubernetes.client.ApiClient(config) as client:
-        assert kubernetes.client.CoreV1Api(client).read_namespace("default").status.phase == "Active"
+def test_written_kubeconfig_is_loadable_by_the_client_as_the_admin_or_a_token(server: ApiServer,
+                                                                                tmp_path: Path) -> None:
+    server.seed({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader", "namespace": "default"}})
+    token = Credentials("reader", token=server.service_account_token("default", "reader"))
+    for credentials, phase in ((None, "Active"), (token, None)):
+        path = write_kubeconfig(server, tmp_path / "kubeconfig", credentials)
+        assert path.stat().st_mode & 0o077 == 0  # it holds a key or a token
+        config = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=str(path), client_configuration=config)
+        with kubernetes.client.ApiClient(config) as client:
+            try:
+                assert kubernetes.client.CoreV1Api(client).read_namespace("default").status.phase == phase
+            except kubernetes.client.ApiException as refused:  # the service account may not read namespaces
+                assert (phase, refused.status) == (None, 403)

@@ -1,5 +1,6 @@
 """TokenReview and SubjectAccessReview of the project's API server, asked by the real kubernetes client: tokens the
-test registers authenticate, others do not; access is RBAC over the stored ClusterRoles and ClusterRoleBindings."""
+test registers authenticate, others do not; access is decided by the authorizers every request meets (RBAC over the
+stored roles and bindings, the Node authorizer, system:masters)."""
 
 from __future__ import annotations
 
@@ -72,11 +73,17 @@ def test_access_follows_cluster_role_bindings_of_users_groups_and_service_accoun
     assert _may(api_client, "root", ["system:masters"], NODE_PROXY)["allowed"] is True
 
 
-def test_resource_names_and_wildcards(server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:
-    _grant(server, "one-node", [{"apiGroups": [""], "resources": ["nodes/*"], "verbs": ["*"],
+def test_resource_names_and_wildcards_as_rbac_matches_them(server: ApiServer,
+                                                          api_client: kubernetes.client.ApiClient) -> None:
+    _grant(server, "one-node", [{"apiGroups": [""], "resources": ["*/proxy"], "verbs": ["*"],
                                  "resourceNames": [NODE]}], [{"kind": "User", "name": "carol"}])
     assert _may(api_client, "carol", [], NODE_PROXY)["allowed"] is True
     assert _may(api_client, "carol", [], {**NODE_PROXY, "name": "node-2"})["allowed"] is False
+    assert _may(api_client, "carol", [], {**NODE_PROXY, "subresource": "stats"})["allowed"] is False
+    # "resource/*" is no wildcard in RBAC: only "*" and "*/subresource" are.
+    _grant(server, "not-a-wildcard", [{"apiGroups": [""], "resources": ["nodes/*"], "verbs": ["*"]}],
+           [{"kind": "User", "name": "dave"}])
+    assert _may(api_client, "dave", [], NODE_PROXY)["allowed"] is False
 
 
 def test_a_review_without_a_subject_is_invalid(server: ApiServer, api_client: kubernetes.client.ApiClient) -> None:

@@ -8,6 +8,11 @@ resource[/subresource], verb) from the method name (``create_namespaced_pod_evic
 ``**kwargs`` needs ``watch`` too. For custom objects the group and
 plural are the call's arguments, evaluated in the calling module (constants such as ``api.DEVICE_PLURAL``).
 Anything the scan cannot map is reported, so a new kind of call fails loudly instead of slipping by.
+
+Calls to kubelet's API (``KUBELET_CALLS`` of koordlet/statesinformer/kubelet.py) need ``nodes/<subresource>`` as
+kubelet maps the path (tests/support/kubelet.py, from pkg/kubelet/server/auth.go): :func:`kubelet_permissions`
+gives the fine-grained one kubelet 1.33+ asks first (``nodes/pods`` for ``/pods/``), or the one older kubelets ask
+alone (``nodes/proxy``).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ _RESOURCES = {
     "config_map": "configmaps",
     "secret": "secrets",
     "service": "services",
+    "service_account": "serviceaccounts",
     "persistent_volume_claim": "persistentvolumeclaims",
     "persistent_volume": "persistentvolumes",
     "pod_disruption_budget": "poddisruptionbudgets",
@@ -224,6 +230,18 @@ def scan_package(root: Path, package: str) -> tuple[list[Call], list[str]]:
         calls.extend(found)
         problems.extend(bad)
     return calls, problems
+
+
+_KUBELET_VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def kubelet_permissions(calls: tuple[tuple[str, str], ...], fine_grained_authz: bool = True) -> set[Permission]:
+    """What each kubelet call needs: the first subresource kubelet asks about for its path (with
+    ``fine_grained_authz``, kubelet 1.33+), or the only one older kubelets ask about."""
+    from tests.support.kubelet import subresources_for
+
+    return {("", f"nodes/{subresources_for(path, fine_grained_authz)[0]}", _KUBELET_VERBS[method])
+            for method, path in calls}
 
 
 def role_permissions(cluster_role: dict[str, Any]) -> set[Permission]:

@@ -81,6 +81,12 @@ def test_default_render_is_the_same_objects_kustomize_builds(kubectl: str) -> No
     assert _sorted(koordlet) == _sorted(base_documents())
     assert {d["kind"] for d in crds} == {"CustomResourceDefinition"} and [d["kind"] for d in config] == ["ConfigMap"]
     assert _sorted(koordlet + crds + config) == _sorted(rendered)
+    # For kubelets before 1.33: deploy/kubelet-proxy/ beside them is the render with koordlet.kubeletNodesProxy=true.
+    proxy = _kustomize(kubectl, DEPLOY / "kubelet-proxy")
+    assert [(d["kind"], d["metadata"]["name"]) for d in proxy] == [("ClusterRole", "koordlet-py-kubelet-proxy"),
+                                                                  ("ClusterRoleBinding", "koordlet-py-kubelet-proxy")]
+    with_proxy = [without_helm_labels(doc) for doc in chart_documents("--set", "koordlet.kubeletNodesProxy=true")]
+    assert _sorted(koordlet + proxy + crds + config) == _sorted(with_proxy)
 
 
 def test_every_object_carries_the_standard_labels_and_the_release_name() -> None:
@@ -207,6 +213,7 @@ EVERY_VALUE: dict[str, Any] = {
         "extraEnv": [{"name": "KOORDLET_LOG_LEVEL", "value": "DEBUG"},
                      {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],
         "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+        "kubeletNodesProxy": True,
         "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
     },
     "sloControllerConfig": {"create": True, "data": {
@@ -223,12 +230,24 @@ def _every_value_docs(tmp_path: Path) -> list[dict[str, Any]]:
     return chart_documents("--namespace", "qos-system", "--values", str(values_file))
 
 
+def _without_kubelet_proxy(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``docs`` without the two objects koordlet.kubeletNodesProxy adds, checked: nodes/proxy, bound to koordlet."""
+    proxy = [d for d in docs if d["metadata"]["name"] == "edge-qos-kubelet-proxy"]
+    assert [d["kind"] for d in proxy] == ["ClusterRole", "ClusterRoleBinding"]
+    assert proxy[0]["rules"] == [{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}]
+    assert proxy[1]["roleRef"]["name"] == "edge-qos-kubelet-proxy"
+    assert proxy[1]["subjects"] == [{"kind": "ServiceAccount", "name": "edge-qos", "namespace": "qos-system"}]
+    return [d for d in docs if d not in proxy]
+
+
 def test_every_documented_value_is_rendered(tmp_path: Path) -> None:
     assert _leaves(EVERY_VALUE) == _leaves(VALUES), "set every value of values.yaml here (a new value needs a test)"
     docs = _every_value_docs(tmp_path)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
-                            "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule"])
+                            "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule",
+                            "ClusterRole", "ClusterRoleBinding"])  # kubeletNodesProxy: nodes/proxy, on its own
+    docs = _without_kubelet_proxy(docs)
     namespace = _of_kind(docs, "Namespace")
     assert namespace["metadata"]["name"] == "qos-system"
     assert namespace["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}

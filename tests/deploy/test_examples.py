@@ -24,8 +24,8 @@ from koordlet.config import parse_config
 from koordlet.system.kubepods import KubeCgroupLayout
 from tests.deploy.tools import DEPLOY, ROOT, tool
 from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups, skip_unless_v1_writable
-from tests.koordlet.statesinformer.kubelet_server import FakeKubelet, make_certs, serve
 from tests.support.apiserver import ApiServer, kube_api_client, write_kubeconfig
+from tests.support.kubelet import Kubelet, grant_kubelet_access
 from tests.support.waiting import wait_for
 
 EXAMPLES = DEPLOY / "examples"
@@ -125,19 +125,16 @@ def test_a_real_koordlet_suppresses_be_under_ls_load_once_the_example_is_applied
            (("ls", ls_dir), ("be", be_dir), ("be-qos", be_qos_dir))}
     for name in ("ls", "be"):
         cgroups.make(rel[name])
-    kubelet = FakeKubelet(payload={"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [
-        _pod("web", uids["ls"], "LS", "Burstable", node), _pod("batch", uids["be"], "BE", "BestEffort", node)]})
-    certs = make_certs(tmp_path)
-    serving = serve(kubelet, certs)
-    port = int(next(serving).rsplit(":", 1)[1])
+    payload = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [
+        _pod("web", uids["ls"], "LS", "Burstable", node), _pod("batch", uids["be"], "BE", "BestEffort", node)]}
     token = tmp_path / "token"
-    token.write_text("examples")
     state = Path(tempfile.mkdtemp(prefix="kex-", dir="/tmp"))  # short: unix socket paths
     cpus = os.cpu_count() or 1
     agent = None
     try:
-        with ApiServer() as server, kube_api_client(server) as api:
-            server.seed(_node(node, cpus, port))
+        with ApiServer() as server, kube_api_client(server) as api, Kubelet(server, node, payload) as kubelet:
+            token.write_text(grant_kubelet_access(server))
+            server.seed(_node(node, cpus, kubelet.port))
             config = parse_config([
                 f"-kubelet-cgroup-root=/{cgroups.prefix}", f"-kubelet-token-file={token}", "-addr=127.0.0.1:0",
                 f"-var-lib-kubelet-dir={state}/kubelet", f"-sys-fs-root-dir={state}",
@@ -164,5 +161,4 @@ def test_a_real_koordlet_suppresses_be_under_ls_load_once_the_example_is_applied
     finally:
         if agent is not None:
             agent.stop(5.0)
-        serving.close()
         subprocess.run(["rm", "-rf", str(state)], check=False)

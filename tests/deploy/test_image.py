@@ -3,9 +3,11 @@
 The image is built here with no registry (scripts/build-image.sh), imported into the project's containerd
 and started as the chart's DaemonSet pod would be: the host paths its manifest mounts, host PID and network,
 privileged, ``NODE_NAME`` from the node, the service account's token and CA, and the in-cluster API server
-address. The API server is the project's own (HTTPS, token), kubelet's /pods a small HTTPS server. The
-containerised koordlet must answer /healthz on the node's address, serve its hook socket on the host path
-and register it, and a BE pod started through koord-runtime-proxy on the host then gets its hook values.
+address. The API server is the project's own with the chart's RBAC applied, and kubelet's /pods the project's
+kubelet: both authorize the service account's token as real ones do (tests/support/apiserver.py, kubelet.py). The
+containerised koordlet must answer /healthz on the node's address, sync its pods, write its NodeMetric and make its
+NodeResourceTopology with nothing refused, serve its hook socket on the host path and register it, and a BE pod
+started through koord-runtime-proxy on the host then gets its hook values.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
+import re
 import subprocess
 import tarfile
 import tomllib
@@ -25,11 +27,12 @@ from typing import Any
 
 import pytest
 
+from tests.deploy.deploy_paths import service_account_volume
 from tests.deploy.tools import ROOT, chart_documents
-from tests.koordlet.statesinformer.kubelet_server import FakeKubelet, make_certs, serve
-from tests.support.apiserver import ApiServer
+from tests.support.apiserver import ApiServer, create_objects
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory, container_config, sandbox_config
+from tests.support.kubelet import Kubelet
 from tests.support.proxy import ProxyProcess, free_port
 from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
@@ -41,7 +44,6 @@ pytestmark = [pytest.mark.containerd, pytest.mark.serial]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"koordlet-py:{VERSION}"
 NODE = "image-test-node"
-TOKEN = "image-test-token"
 # The host paths the DaemonSet mounts that are not kernel roots: the test makes them and removes them after.
 HOST_DIRS = ("/var/run/koordlet", "/etc/runtime/hookserver.d")
 SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi"},
@@ -89,13 +91,6 @@ def test_the_image_carries_oci_labels_and_runs_koordlet(image_archive: Path) -> 
     # Named as the CRI resolves the DaemonSet's `koordlet-py:<version>`, so an imported archive is found.
     assert index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"] == \
         f"docker.io/library/koordlet-py:{VERSION}"
-
-
-def _kube_objects(kubelet_port: int) -> list[dict[str, Any]]:
-    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
-            "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-                       "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}}}}
-    return [node]
 
 
 def _koordlet_pod(docs: list[dict[str, Any]], api_port: int, service_account: Path, log_dir: Path,
@@ -195,28 +190,26 @@ def _import(containerd_socket: str, archive: Path) -> None:
 def test_the_containerised_koordlet_serves_health_and_hooks_on_the_host_paths(
         image_archive: Path, containerd_socket: str, host_dirs: None, tmp_path: Path) -> None:
     _import(containerd_socket, image_archive)
-    certs = make_certs(tmp_path)
-    service_account = tmp_path / "serviceaccount"
-    service_account.mkdir()
-    (service_account / "token").write_text(TOKEN)
-    shutil.copy(certs.server_cert, service_account / "ca.crt")
-    (service_account / "namespace").write_text("koordinator-system")
     metrics_port = free_port()
-    docs = chart_documents("--set", f"koordlet.metrics.port={metrics_port}",
-                           "--set", f"koordlet.extraArgs={{-kubelet-cgroup-root={CGROUP_ROOT}}}")
+    # Our chart alone has no koord-manager to make the NodeMetric: koordlet makes it (the role's create), and reports
+    # soon rather than after the default minute.
+    docs = chart_documents("--set", f"koordlet.metrics.port={metrics_port}", "--set",
+                           f"koordlet.extraArgs={{-kubelet-cgroup-root={CGROUP_ROOT},-create-node-metric,"
+                           "-report-interval=5s}")
     # A real kubelet lists at least the koordlet's own DaemonSet pod; an empty list is what a restarting kubelet
     # answers, and the states informer (as Koordinator's) does not count it as a sync, so /healthz stays unready.
-    kubelet = FakeKubelet(payload={"kind": "PodList", "apiVersion": "v1", "metadata": {},
-                                   "items": [_own_pod()]})
-    serving = serve(kubelet, certs)
-    kubelet_port = int(next(serving).rsplit(":", 1)[1])
+    payload = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": [_own_pod()]}
     runtime = CriClient(containerd_socket)
     koordlet_pods = PodFactory(runtime)
     proxy = None
     try:
-        with ApiServer(tls=(certs.server_cert, certs.server_key), token=TOKEN) as api:
-            for obj in _kube_objects(kubelet_port):
-                api.seed(obj)
+        with ApiServer() as api, Kubelet(api, NODE, payload) as kubelet:
+            create_objects(api, [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole",
+                                                                  "ClusterRoleBinding")])
+            [account] = [d for d in docs if d["kind"] == "ServiceAccount"]
+            service_account = service_account_volume(api, account["metadata"]["namespace"],
+                                                      account["metadata"]["name"], tmp_path / "serviceaccount")
+            api.seed(kubelet.node_object())
             api_port = int(api.url.rsplit(":", 1)[1])
             sandbox, config = _koordlet_pod(docs, api_port, service_account, tmp_path / "logs")
             sid = koordlet_pods.run_pod(sandbox)
@@ -228,10 +221,17 @@ def test_the_containerised_koordlet_serves_health_and_hooks_on_the_host_paths(
             registration = Path("/etc/runtime/hookserver.d/koordlet.json")
             assert wait_for(lambda: sock.is_socket() and registration.is_file(), 30), logs()
             assert json.loads(registration.read_text())["remote-endpoint"] == str(sock)
-            assert any(r.verb == "GET" and r.path.startswith("/api/v1/nodes") for r in api.requests()), \
-                "koordlet never reached the API server with its service account"
-            assert wait_for(lambda: kubelet.authorizations, 30), f"koordlet never asked kubelet for /pods:\n{logs()}"
-            assert kubelet.authorizations[0] == f"Bearer {TOKEN}"
+            user = "system:serviceaccount:koordinator-system:koordlet-py"
+            assert any(r.verb == "GET" and r.path.startswith("/api/v1/nodes") and r.user == user
+                       for r in api.requests()), "koordlet never reached the API server with its service account"
+            assert wait_for(lambda: kubelet.requests, 30), f"koordlet never asked kubelet for /pods:\n{logs()}"
+            assert (kubelet.requests[0].user, kubelet.requests[0].status) == (user, 200)
+            assert kubelet.authorizations[0] == f"Bearer {(service_account / 'token').read_text()}"
+            assert wait_for(lambda: ((api.get_object("nodemetrics", NODE) or {}).get("status") or {})
+                            .get("nodeMetric"), 60), logs()
+            assert wait_for(lambda: api.get_object("noderesourcetopologies", NODE), 60), logs()
+            assert [(r.verb, r.path) for r in api.requests() if r.status in (401, 403)] == []
+            assert kubelet.refusals() == [] and re.search(r"\((401|403)\)|HTTP 40[13]", logs()) is None, logs()
 
             proxy = ProxyProcess(str(tmp_path / "proxy.sock"), containerd_socket, "--runtime-hook-config-dir",
                                  str(registration.parent), state_dir=str(tmp_path)).start()
@@ -241,7 +241,6 @@ def test_the_containerised_koordlet_serves_health_and_hooks_on_the_host_paths(
             proxy.terminate()
         koordlet_pods.cleanup()
         runtime.close()
-        serving.close()
 
 
 def _container_log(runtime: CriClient, cid: str) -> str:

@@ -10,8 +10,8 @@ DaemonSet's command, args, env and mounts against the project's API server over 
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -28,7 +28,6 @@ import pytest
 
 from koordlet.config import parse_config
 from tests.deploy import koordinator_v1_8_0 as koord
-from tests.deploy.koordinator_crds import crd_documents
 from tests.deploy.rbac_scan import scan_package
 from tests.deploy.tools import ROOT
 
@@ -200,19 +199,28 @@ def test_the_device_plugin_dir_is_read_only_there_and_the_pod_resources_proxy_is
 
 
 def test_koordinators_role_allows_every_call_koordlet_makes() -> None:
+    """Matched as RBAC matches (tests/support/authz.py): every API call but the /debug guard's reviews, and kubelet's
+    pod list through nodes/proxy on every kubelet (nodes/pods, which kubelet 1.33+ asks first, it does not grant)."""
+    from koordlet.statesinformer.kubelet import KUBELET_CALLS
+    from tests.deploy.rbac_scan import kubelet_permissions
+    from tests.support.authn import UserInfo
+    from tests.support.authz import Attributes, rules_allow
+
     calls, problems = scan_package(ROOT, "koordlet")
     assert calls and problems == []
 
     def allowed(group: str, resource: str, verb: str) -> bool:
-        return any((group in rule["apiGroups"] or "*" in rule["apiGroups"])
-                   and (resource in rule["resources"] or "*" in rule["resources"])
-                   and (verb in rule["verbs"] or "*" in rule["verbs"]) for rule in koord.KOORDLET_ROLE_RULES)
+        name, _, subresource = resource.partition("/")
+        return rules_allow(koord.KOORDLET_ROLE_RULES, Attributes(UserInfo("koordlet"), verb, True, "", group, "v1",
+                                                                 name, subresource, "", "node-1"))
 
     missing = sorted({f"{g or 'core'} {r} {v}" for call in calls for g, r, v in call.permissions
                       if not allowed(g, r, v)})
     # Only the guard of /events and /debug/* reviews tokens (koordlet/debug/authz.py). Koordinator's role cannot, so
     # under its chart those endpoints refuse every caller (fail closed, 503 with the reason); nothing else needs them.
     assert missing == ["authentication.k8s.io tokenreviews create", "authorization.k8s.io subjectaccessreviews create"]
+    assert not any(allowed(*perm) for perm in kubelet_permissions(KUBELET_CALLS))  # nodes/pods
+    assert all(allowed(*perm) for perm in kubelet_permissions(KUBELET_CALLS, fine_grained_authz=False))  # nodes/proxy
 
 
 # ------------------------------------------------------------------------------------------ the README's command
@@ -295,7 +303,6 @@ def test_the_readmes_koordinator_chart_command_sets_values_the_chart_has_and_nam
 
 # -------------------------------------------------------------------------- the image under Koordinator's chart
 NODE = "koordinator-node"
-TOKEN = "koordinator-chart-token"
 NRI_SOCKET = "/var/run/nri/nri.sock"
 SA_NAMESPACE = koord.VALUES["installation"]["namespace"]
 
@@ -412,20 +419,11 @@ def _metric(text: str, name: str) -> float | None:
     return None
 
 
-def write_kubeconfig(path: Path, server_url: str, ca: Path, token: str) -> Path:
-    """A kubeconfig for the project's API server over TLS with a bearer token."""
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": server_url, "certificate-authority": str(ca)}}],
-        "users": [{"name": "u", "user": {"token": token}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
-    return path
-
-
 @dataclass
 class _Cluster:
     """What the koordlet pod meets on its node: containerd 2.1 with NRI at the host's /var/run/nri/nri.sock, the
-    project's API server (TLS, a service-account token, Koordinator's CRDs from the facts) and kubelet's /pods."""
+    project's API server with what Koordinator's chart applies (its CRDs from the facts, its koordlet's service account,
+    koordlet-role and binding), and kubelet's /pods, both authorizing koordlet's service-account token."""
 
     tmp_path: Path
     api: Any = None
@@ -434,13 +432,16 @@ class _Cluster:
     pods: Any = None
     service_account: Path = field(init=False)
 
-    def seed(self, kubelet_port: int) -> None:
-        _serve_koordinators_crds(self.api)
-        self.api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
-                       "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-                                  "capacity": {"cpu": "2", "memory": "8Gi"},
-                                  "allocatable": {"cpu": "2", "memory": "8Gi"},
-                                  "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}}}})
+    def seed(self) -> None:
+        from tests.deploy.deploy_paths import koordinators_chart, service_account_volume
+        from tests.support.apiserver import create_objects
+
+        path = koordinators_chart()
+        create_objects(self.api, path.crds)
+        create_objects(self.api, path.rbac)
+        self.service_account = service_account_volume(self.api, *path.account, self.tmp_path / "serviceaccount")
+        self.api.seed(self.kubelet.node_object({"capacity": {"cpu": "2", "memory": "8Gi"},
+                                                "allocatable": {"cpu": "2", "memory": "8Gi"}}))
         # koord-manager makes the NodeMetric; koordlet fills its status
         self.api.seed({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric", "metadata": {"name": NODE},
                        "spec": {"metricCollectPolicy": {"aggregateDurationSeconds": 60, "reportIntervalSeconds": 10}}})
@@ -449,38 +450,29 @@ class _Cluster:
 @contextmanager
 def _koordinators_node(tmp_path: Path) -> Iterator[_Cluster]:
     from tests.deploy.test_image import _import, build_image_archive
-    from tests.koordlet.statesinformer.kubelet_server import FakeKubelet, make_certs, serve
     from tests.support.apiserver import ApiServer
     from tests.support.containerd import Containerd
     from tests.support.cri import CriClient, PodFactory
+    from tests.support.kubelet import Kubelet
 
     archive = build_image_archive()
     containerd = Containerd(run_dir=f"/run/koordlet-py/dropin-{os.getpid()}/containerd",
                             root_dir=f"/var/lib/koordlet-py/dropin-{os.getpid()}/containerd", version="2.1",
                             nri_socket=NRI_SOCKET)
     containerd.up()
-    certs = make_certs(tmp_path)
     cluster = _Cluster(tmp_path)
-    cluster.service_account = tmp_path / "serviceaccount"
-    cluster.service_account.mkdir()
-    (cluster.service_account / "token").write_text(TOKEN)
-    (cluster.service_account / "ca.crt").write_bytes(certs.server_cert.read_bytes())
-    (cluster.service_account / "namespace").write_text(SA_NAMESPACE)
-    cluster.kubelet = FakeKubelet(payload={"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []})
-    serving = serve(cluster.kubelet, certs)
-    kubelet_port = int(next(serving).rsplit(":", 1)[1])
     cluster.client = CriClient(containerd.socket)
     cluster.pods = PodFactory(cluster.client)
     try:
         _import(containerd.socket, archive)
-        with ApiServer(crd_dir=None, tls=(certs.server_cert, certs.server_key), token=TOKEN) as api:
-            cluster.api = api
-            cluster.seed(kubelet_port)
+        with ApiServer(crd_dir=None) as api, Kubelet(api, NODE, {"kind": "PodList", "apiVersion": "v1",
+                                                                 "metadata": {}, "items": []}) as kubelet:
+            cluster.api, cluster.kubelet = api, kubelet
+            cluster.seed()
             yield cluster
     finally:
         cluster.pods.cleanup()
         cluster.client.close()
-        serving.close()
         containerd.down()
         containerd.remove_dirs()
 
@@ -520,6 +512,12 @@ def test_the_image_runs_as_koordinators_koordlet_with_exactly_its_chart(
                         .get("nodeMetric"), 90), logs()
         assert wait_for(lambda: api.get_object("noderesourcetopologies", NODE), 60), logs()
         assert [(r.verb, r.path) for r in api.requests() if r.status == 422] == []
+        # Koordinator's role, nothing else: kubelet let /pods through nodes/proxy, nothing was refused
+        account = "system:serviceaccount:koordinator-system:koordlet"
+        assert node.kubelet.requests[-1].user == account and node.kubelet.refusals() == []
+        assert [(r.verb, r.path) for r in api.requests() if r.status in (401, 403)] == []
+        assert {r.user for r in api.requests() if r.user != "kubernetes-admin"} == {account, f"system:node:{NODE}"}
+        assert re.search(r"\((401|403)\)|HTTP 40[13]", logs()) is None, logs()
         status = client.runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=cid), timeout=10).status
         assert status.state == cri.CONTAINER_RUNNING, logs()
         assert "accepted but not used" not in logs()  # the chart passes no flag we leave unused
@@ -528,54 +526,35 @@ def test_the_image_runs_as_koordinators_koordlet_with_exactly_its_chart(
               f"ran {time.monotonic() - started:.0f} s, still running")
 
 
-def _serve_koordinators_crds(api: Any) -> None:
-    """Koordinator v1.8.0's CRDs, from the recorded facts, created through the API as its chart would."""
-    import kubernetes.client
-
-    from tests.support.apiserver import kube_client_config
-
-    config = kube_client_config(api)
-    config.api_key = {"authorization": f"Bearer {TOKEN}"}
-    with kubernetes.client.ApiClient(config) as client:
-        for crd in crd_documents():
-            request = client.param_serialize("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                                             header_params={"Content-Type": "application/json",
-                                                            "Authorization": f"Bearer {TOKEN}"}, body=crd)
-            response = client.call_api(*request)
-            response.read()
-            assert response.status == 201, crd["metadata"]["name"]
-
-
 def test_the_device_object_of_a_gpu_node_validates_against_koordinators_crd(tmp_path: Path) -> None:
     """The image has no GPU, so the Device object is shown here: koordlet with the tests' fake NVML (two H100s,
     demo/fake_gpu_koordlet.py) in a process on this host, the chart's args, kubelet's dir read-only as the chart
     mounts it, against the API server serving Koordinator v1.8.0's CRDs from the recorded facts."""
     import sys
 
-    from tests.koordlet.statesinformer.kubelet_server import FakeKubelet, kubelet_pod_list, make_certs, serve
-    from tests.support.apiserver import ApiServer
+    from tests.deploy.deploy_paths import koordinators_chart
+    from tests.support.apiserver import ApiServer, Credentials, create_objects, write_kubeconfig
     from tests.support.containerd import CGROUP_ROOT
+    from tests.support.kubelet import Kubelet
     from tests.support.proxy import free_port
     from tests.support.waiting import wait_for
 
     if os.geteuid() != 0:
         pytest.skip("needs root to mount kubelet's dir read-only")
-    certs = make_certs(tmp_path)
-    kubelet = FakeKubelet(payload=kubelet_pod_list())
-    serving = serve(kubelet, certs)
-    kubelet_port = int(next(serving).rsplit(":", 1)[1])
     kubelet_dir = tmp_path / "var-lib-kubelet"
     (kubelet_dir / "device-plugins").mkdir(parents=True)
     subprocess.run(["mount", "--bind", str(kubelet_dir), str(kubelet_dir)], check=True, timeout=30)
     proc = None
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(kubelet_dir)], check=True, timeout=30)
-        with ApiServer(crd_dir=None, tls=(certs.server_cert, certs.server_key), token=TOKEN) as api:
-            _serve_koordinators_crds(api)
-            api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": str(uuid.uuid4())},
-                      "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-                                 "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}}}})
-            kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url, certs.server_cert, TOKEN)
+        with ApiServer(crd_dir=None) as api, Kubelet(api, NODE) as kubelet:
+            path = koordinators_chart()
+            create_objects(api, path.crds + path.rbac)
+            api.seed(kubelet.node_object())
+            namespace, account = path.account
+            token = api.service_account_token(namespace, account)
+            kubeconfig = write_kubeconfig(api, tmp_path / "kubeconfig", Credentials(account, token=token))
+            (tmp_path / "token").write_text(token)
             (tmp_path / "hooks").mkdir()
             args = [sys.executable, "-m", "demo.fake_gpu_koordlet", *CONTAINER["args"],
                     "-cgroup-root-dir=/sys/fs/cgroup/", f"-kubelet-cgroup-root={CGROUP_ROOT}",
@@ -583,7 +562,8 @@ def test_the_device_object_of_a_gpu_node_validates_against_koordinators_crd(tmp_
                     f"-var-lib-kubelet-dir={kubelet_dir}", f"-runtime-hooks-addr={tmp_path / 'koordlet.sock'}",
                     f"-runtime-hooks-config-path={tmp_path / 'hooks'}",
                     f"-prediction-checkpoint-filepath={tmp_path / 'prediction'}",
-                    f"-system-config-record-file={tmp_path / 'originals.json'}"]
+                    f"-system-config-record-file={tmp_path / 'originals.json'}",
+                    f"-kubelet-token-file={tmp_path / 'token'}"]
             env = {**os.environ, "NODE_NAME": NODE, "agent_mode": "hostMode", "PYTHONPATH": str(ROOT)}
             log_path = tmp_path / "koordlet.log"
             with open(log_path, "wb") as log:
@@ -600,7 +580,6 @@ def test_the_device_object_of_a_gpu_node_validates_against_koordinators_crd(tmp_
             proc.terminate()
             proc.wait(30)
         subprocess.run(["umount", str(kubelet_dir)], check=False, timeout=30)
-        serving.close()
 
 
 def test_the_readmes_command_on_koordinators_chart_renders_the_recorded_pod_with_our_image(

@@ -13,6 +13,7 @@ import pytest
 
 from koordlet.api.nodeslo import NodeSLOSpec, parse_node_slo_spec
 from koordlet.api.quantity import parse_quantity
+from tests.deploy.baremetal_cluster import ACCOUNT, baremetal_documents
 from tests.deploy.kube_schema import SchemaError, validate
 from tests.deploy.tools import DEPLOY, base_documents, kustomization_documents
 
@@ -142,3 +143,18 @@ def test_daemonset_mounts_the_nri_socket_dir_where_koordlet_dials_it() -> None:
     volumes = {v["name"]: v["hostPath"] for v in pod["volumes"]}
     mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
     assert mounts[socket_dir] == {"path": socket_dir, "type": "DirectoryOrCreate"}
+
+
+def test_the_bare_metal_overlay_is_deploys_rbac_under_its_own_names_and_validates_strictly() -> None:
+    docs = baremetal_documents()  # kubectl kustomize deploy/baremetal/, as `kubectl apply -k` sends it
+    for doc in docs:
+        validate(doc)
+    names = sorted((doc["kind"], doc["metadata"]["name"]) for doc in docs)
+    assert names == sorted([("ServiceAccount", ACCOUNT), ("ClusterRole", ACCOUNT), ("ClusterRoleBinding", ACCOUNT),
+                            ("Role", "koordlet-py-token-baremetal"), ("RoleBinding", "koordlet-py-token-baremetal")])
+    by_kind = _by_kind(docs)
+    assert by_kind["ClusterRole"]["rules"] == _by_kind(base_documents())["ClusterRole"]["rules"]
+    for binding in (by_kind["ClusterRoleBinding"], by_kind["RoleBinding"]):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": "koordinator-system"}]
+    assert by_kind["Role"]["rules"] == [{"apiGroups": [""], "resources": ["serviceaccounts/token"],
+                                         "resourceNames": [ACCOUNT], "verbs": ["create"]}]

@@ -32,6 +32,8 @@ RUNBOOK_BASE = "https://koordlet-py.invalid/docs/operations.md"  # the rules fil
 # targets describe (# HELP / # TYPE lines).
 NO_SAMPLES_HERE = {
     "koordlet_kubelet_request_duration_seconds": "local mode reads pods from the CRI, not from kubelet",
+    "koordlet_access_refused_total": "local mode calls neither the API server nor kubelet (tests/deploy/"
+                                     "test_access_paths.py shows the refusals)",
 }
 _MATCHERS = re.compile(r"(?<=[a-z0-9_])\{[^}]*\}")  # a selector's {label matchers}
 _COMPARISON = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*[0-9.]+\s*$")
@@ -318,25 +320,32 @@ def test_prometheus_finds_the_proxy_through_the_nodes_and_sees_it_go_down(contai
                                                                            tmp_path: Path) -> None:
     """runtime-proxy-scrape.yaml's job as written (only the API server and its credentials added, as outside a cluster)
     in a real Prometheus with Kubernetes service discovery: it lists and watches the Nodes of the project's API server
-    (HTTPS, a bearer token), scrapes port 9318 of the node's address, where a running proxy serves, and labels the
+    (HTTPS, the token of a service account that may get, list and watch nodes, as kube-prometheus-stack's may),
+    scrapes port 9318 of the node's address, where a running proxy serves, and labels the
     series with the node. When the proxy stops, KoordRuntimeProxyDown's expression holds and the alert is pending.
     The node's address is a loopback address of this test's own, so port 9318 on it is no one else's."""
     import random
 
-    from tests.koordlet.statesinformer.kubelet_server import make_certs
-    from tests.support.apiserver import ApiServer
+    from tests.support.apiserver import ApiServer, create_objects
     from tests.support.prometheus import PrometheusServer
     from tests.support.proxy import ProxyProcess
     from tests.support.waiting import wait_for
 
     address = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(1, 254)}"
-    certs = make_certs(tmp_path)
     token = tmp_path / "prometheus.token"
-    token.write_text("prometheus-sd-token")
     job = yaml.safe_load(PROXY_SCRAPE.read_text())["scrape_configs"][0]
     with contextlib.ExitStack() as stack:
-        api = stack.enter_context(ApiServer(crd_dir=None, tls=(certs.server_cert, certs.server_key),
-                                            token="prometheus-sd-token"))
+        api = stack.enter_context(ApiServer(crd_dir=None))
+        rbac = "rbac.authorization.k8s.io/v1"
+        create_objects(api, [
+            {"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": "prometheus", "namespace": "monitoring"}},
+            {"apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": "prometheus-nodes"},
+             "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]},
+            {"apiVersion": rbac, "kind": "ClusterRoleBinding", "metadata": {"name": "prometheus-nodes"},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "prometheus-nodes"},
+             "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}]}])
+        token.write_text(api.service_account_token("monitoring", "prometheus"))
         api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
                   "status": {"addresses": [{"type": "InternalIP", "address": address},
                                            {"type": "Hostname", "address": "node-a"}],
@@ -344,7 +353,7 @@ def test_prometheus_finds_the_proxy_through_the_nodes_and_sees_it_go_down(contai
         proxy = ProxyProcess(str(tmp_path / "proxy.sock"), containerd_socket, state_dir=str(tmp_path),
                              metrics_address=(address, 9318)).start()
         stack.callback(lambda: proxy.proc is not None and proxy.terminate())
-        job["kubernetes_sd_configs"][0].update(api_server=api.url, tls_config={"ca_file": str(certs.server_cert)},
+        job["kubernetes_sd_configs"][0].update(api_server=api.url, tls_config={"ca_file": str(api.ca_file)},
                                                authorization={"credentials_file": str(token)})
         prometheus = PrometheusServer(tmp_path, {}, rule_files=[RULES], scrape_configs=[job],
                                       binary="prometheus-2.53").start()
@@ -358,7 +367,7 @@ def test_prometheus_finds_the_proxy_through_the_nodes_and_sees_it_go_down(contai
         # What service discovery asked of the API server: a list, then a watch, of Nodes, with its token.
         nodes = api.requests("GET", r"^/api/v1/nodes$")
         assert [r.query.get("watch") for r in nodes][:2] == [None, "true"]
-        assert {r.headers.get("Authorization") for r in nodes} == {"Bearer prometheus-sd-token"}
+        assert {(r.user, r.status) for r in nodes} == {("system:serviceaccount:monitoring:prometheus", 200)}
 
         proxy.terminate()
         down = next(rule["expr"] for rule in alerts() if rule["alert"] == "KoordRuntimeProxyDown")

@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -159,6 +160,24 @@ def test_units_and_drop_in_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     assert ours == [], "systemd-analyze complained:\n" + "\n".join(ours)
 
 
+def test_the_root_tree_drop_ins_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    # systemd-analyze looks for ExecStart on the host, not in RootDirectory=: the units keep this venv's commands and
+    # the drop-ins point at an existing directory, so what is checked is that systemd knows every setting.
+    directory = _verify_dir(tmp_path)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for unit in ("koord-runtime-proxy", "koordlet"):
+        (directory / f"{unit}.service.d").mkdir()
+        text = (SYSTEMD / f"{unit}-root-tree.conf").read_text().replace(f"{UNIT_PREFIX}/current", str(tree))
+        (directory / f"{unit}.service.d" / "50-root-tree.conf").write_text(text + "\n")
+    output = _systemd_analyze_verify(directory)
+    assert output.startswith("rc=0"), output
+    assert [line for line in output.splitlines()[1:] if str(tmp_path) in line] == [], output
+    broken = directory / "koordlet.service.d" / "50-root-tree.conf"
+    broken.write_text(broken.read_text() + "RootDirectoryy=/\n")
+    assert "RootDirectoryy" in _systemd_analyze_verify(directory)
+
+
 def test_verify_really_reads_the_drop_in(tmp_path: Path) -> None:
     directory = _verify_dir(tmp_path)
     drop_in = directory / "kubelet.service.d" / "10-koord-runtime-proxy.conf"
@@ -222,14 +241,6 @@ def test_install_into_a_root_is_idempotent_and_follows_the_prefix(tmp_path: Path
     assert second.stdout.count("unchanged:") == 5  # socket, service, drop-in, the proxy's env file, koordlet
 
 
-def test_warns_when_etc_default_kubelet_would_override_the_drop_in(tmp_path: Path) -> None:
-    (tmp_path / "etc/default").mkdir(parents=True)
-    (tmp_path / "etc/default/kubelet").write_text('KUBELET_EXTRA_ARGS="--node-ip=10.0.0.1"\n')
-    done = _install("--no-venv", "--root", str(tmp_path))
-    assert done.returncode == 0, done.stderr
-    assert "WARNING" in done.stdout and "--container-runtime-endpoint=unix://" in done.stdout
-
-
 def _defaults(root: Path) -> dict[str, str]:
     """/etc/default/koordlet as systemd's EnvironmentFile reads it."""
     out = {}
@@ -275,12 +286,14 @@ def test_without_a_kubeconfig_koordlet_service_runs_in_local_mode(tmp_path: Path
     assert config.local_mode and config.cri_endpoint == "/var/run/containerd/containerd.sock"
 
 
-def test_kubelets_kubeconfig_is_found_and_an_explicit_one_must_exist(tmp_path: Path) -> None:
+def test_kubelets_kubeconfig_is_not_koordlets_identity_and_an_explicit_one_must_exist(tmp_path: Path) -> None:
+    # kubelet.conf is the node (system:node:<name>): RBAC and the Node authorizer refuse it koordlet's objects
     (tmp_path / "etc/kubernetes").mkdir(parents=True)
     (tmp_path / "etc/kubernetes/kubelet.conf").write_text("apiVersion: v1\nkind: Config\n")
     done = _install("--no-venv", "--root", str(tmp_path))
     assert done.returncode == 0, done.stderr
-    assert _defaults(tmp_path)["KUBECONFIG"] == "/etc/kubernetes/kubelet.conf"
+    assert "KUBECONFIG" not in _defaults(tmp_path) and "-local-mode" in _defaults(tmp_path)["KOORDLET_ARGS"]
+    assert "kubelet's kubeconfig is there but not used" in done.stdout and "--admin-kubeconfig" in done.stdout
     other = tmp_path / "other"
     missing = _install("--no-venv", "--root", str(other), "--kubeconfig", "/etc/koordlet/kubeconfig")
     assert missing.returncode == 2 and "no such readable file" in missing.stderr
@@ -552,3 +565,23 @@ def test_restart_kubelet_fails_loudly_when_kubelet_never_reaches_the_proxy(
     for hint in ("systemctl cat kubelet.service", "KUBELET_EXTRA_ARGS", "containerRuntimeEndpoint",
                  "journalctl -u kubelet"):
         assert hint in done.stderr
+
+
+def test_a_proxy_that_keeps_failing_to_start_ends_the_install_with_why_instead_of_a_wait_for_ever(
+        tmp_path: Path) -> None:
+    # systemctl's start job of a unit with Restart=always that fails while starting never ends: the stand-in waits so
+    record = tmp_path / "systemctl-calls"
+    fake = tmp_path / "systemctl-hangs"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {record}\n'
+                    '[ "$*" = "start koord-runtime-proxy.service" ] && exec sleep 120\nexit 0\n')
+    fake.chmod(0o755)
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(INSTALL), "--proxy-only", "--no-venv", "--root", str(tmp_path / "root")],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SYSTEMCTL": str(fake), "START_TIMEOUT": "2"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert time.monotonic() - started < 30
+    assert (f"'{fake} start koord-runtime-proxy.service' did not finish within 2s (START_TIMEOUT): "
+            "koord-runtime-proxy.service keeps failing while it starts") in done.stderr
+    assert "journalctl -u koord-runtime-proxy.service" in done.stderr
+    assert _calls(record)[-1] == "start koord-runtime-proxy.service"  # nothing after it: kubelet left alone

@@ -82,6 +82,19 @@ def test_recorded_blkio_lines_and_sysctls_go_back_only_while_their_strategy_is_o
     assert collect(Made({}, (), (KIDLED_SCAN_PERIOD,)), _wants(config=CollectorConfig()), NOW) == []
 
 
+def test_the_besteffort_io_weight_line_of_psi_throttle_goes_back_only_while_that_strategy_is_off() -> None:
+    """BE PSI throttle's io.weight default line shares the blkio record, not the blkio strategy's fate."""
+    blkio = LineKey("blkio.cost.weight", "kubepods/besteffort", "8:0")
+    psi = LineKey("io.weight.default", "kubepods/besteffort", "default")
+    made = Made({}, (blkio, psi))
+    assert collect(made, _wants(config=CollectorConfig(blkio=True, psi_throttle=True)), NOW) == []
+    (plan,) = collect(made, _wants(config=CollectorConfig(blkio=True)), NOW)
+    assert plan.lines == (LineRestore(psi.resource, psi.cgroup_dir, psi.device, plan.why),)
+    assert "BEPSIThrottle strategy is off" in plan.why
+    (plan,) = collect(made, _wants(config=CollectorConfig(psi_throttle=True)), NOW)
+    assert [line.resource for line in plan.lines] == ["blkio.cost.weight"]
+
+
 # ------------------------------------------------------------------------------------ the pass, on fixture trees
 
 

@@ -23,7 +23,8 @@ def _literal(name: str) -> re.Pattern[str]:
 
 def test_every_koordinator_gate_is_in_the_table_once_with_its_stage() -> None:
     names = [g.name for g in features.GATES]
-    assert len(names) == len(set(names)) == 39
+    assert len(names) == len(set(names)) == 40
+    assert [g.name for g in features.GATES if not g.koordinator] == ["BEPSIThrottle"]  # koordlet-py's own
     assert set(features.BETA_GATES) == {"BECPUSuppress", "CPUBurst", "RdtResctrl", "NodeTopologyReport",
                                         "GroupIdentity", "CPUSetAllocator", "BatchResource"}
     assert dict(DEFAULT_FEATURE_GATES) == {g.name: g.default for g in features.GATES}
@@ -68,6 +69,12 @@ def test_only_gates_that_are_on_and_inert_are_named() -> None:
         assert features.inert_message(gates) == ("feature gates on but not implemented by koordlet-py "
                                                   f"(accepted, no effect): {', '.join(inert[:2])}")
     assert features.inert_message(parse_feature_gates(f"NodeTopologyReport=false,{acting_alpha}=true")) is None
+
+
+def test_all_alpha_switches_koordinators_alpha_gates_but_not_koordlet_pys_own() -> None:
+    config = parse_config(["-feature-gates=AllAlpha=true"], {"NODE_NAME": "n"})
+    assert config.gate("BEMemoryEvict") and not config.gate("BEPSIThrottle")
+    assert parse_config(["-feature-gates=AllAlpha=true,BEPSIThrottle=true"], {"NODE_NAME": "n"}).gate("BEPSIThrottle")
 
 
 def test_all_alpha_names_every_inert_alpha_gate() -> None:

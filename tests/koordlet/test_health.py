@@ -164,31 +164,32 @@ def test_a_stopped_loop_fails_healthz(served) -> None:
 
 
 def test_an_informer_whose_kubelet_stops_answering_goes_stale_past_three_sync_intervals(served, tmp_path: Path) -> None:
-    from tests.koordlet.statesinformer.kubelet_server import FakeKubelet, make_certs, serve
+    from tests.support.apiserver import ApiServer
+    from tests.support.kubelet import Kubelet, grant_kubelet_access
 
     health, port = served
-    kubelet = FakeKubelet()
-    serving = serve(kubelet, make_certs(tmp_path))
-    base = next(serving)
-    states = StatesInformer(KubeletPodSource(lambda: base, KubeCgroupLayout(), timeout_s=1.0), sync_interval_s=0.1,
-                            needs_node=False, needs_node_slo=False)
-    health.watch_states(states)
-    try:
-        assert fetch(port, "/readyz")[0] == 503
-        states.start()
-        assert wait_for(lambda: fetch(port, "/readyz") == (200, "ok\n"), 5.0)
-        assert fetch(port, "/healthz") == (200, "ok\n")
-        kubelet.status = 500
-        bound = 3 * 0.1 + GRACE_S
-        status, body = until_failing(port)
-        assert "[-]states failed: last pod list " in body and f"(bound {bound:.1f} s): " in body
-        assert "500" in body  # the last error says what the kubelet answered
-        assert fetch(port, "/readyz")[0] == 200  # synced once: still ready, no longer live
-        kubelet.status = 200
-        assert wait_for(lambda: fetch(port, "/healthz") == (200, "ok\n"), 5.0)
-    finally:
-        states.stop(2.0)
-        serving.close()
+    with ApiServer() as api, Kubelet(api, "node-1") as kubelet:
+        token = tmp_path / "token"
+        token.write_text(grant_kubelet_access(api))
+        states = StatesInformer(KubeletPodSource(lambda: kubelet.url, KubeCgroupLayout(), timeout_s=1.0,
+                                                 token_file=str(token)),
+                                sync_interval_s=0.1, needs_node=False, needs_node_slo=False)
+        health.watch_states(states)
+        try:
+            assert fetch(port, "/readyz")[0] == 503
+            states.start()
+            assert wait_for(lambda: fetch(port, "/readyz") == (200, "ok\n"), 5.0)
+            assert fetch(port, "/healthz") == (200, "ok\n")
+            kubelet.status = 500
+            bound = 3 * 0.1 + GRACE_S
+            status, body = until_failing(port)
+            assert "[-]states failed: last pod list " in body and f"(bound {bound:.1f} s): " in body
+            assert "500" in body  # the last error says what the kubelet answered
+            assert fetch(port, "/readyz")[0] == 200  # synced once: still ready, no longer live
+            kubelet.status = 200
+            assert wait_for(lambda: fetch(port, "/healthz") == (200, "ok\n"), 5.0)
+        finally:
+            states.stop(2.0)
 
 
 def test_an_informer_that_never_syncs_fails_healthz_and_readyz(tmp_path: Path) -> None:
@@ -236,7 +237,7 @@ def test_the_running_agent_watches_its_loops_its_states_and_nri(containerd_socke
         status, body = fetch(port, "/healthz?verbose")
         assert status == 200, body
         names = [line[3:].split(" ", 1)[0] for line in body.splitlines()[:-1]]
-        assert sorted(names) == ["collectors", "nri", "qosmanager", "reconciler", "states"], body
+        assert sorted(names) == ["access", "collectors", "nri", "qosmanager", "reconciler", "states"], body
         assert "(bound 33.0 s)" in body  # 3 × the 1 s collect interval + the 30 s grace
         assert fetch(port, "/readyz") == (200, "ok\n")
     finally:

@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import (
 from kubernetes.watch.watch import iter_resp_lines
 
 from koordlet.kubeapi import AuthV1, CoreV1, CustomObjects, section
-from tests.support.apiserver import ApiServer, RecordedRequest, kube_client_config, kubeconfig
+from tests.support.apiserver import ApiServer, Credentials, RecordedRequest, kube_client_config, write_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "node-1"
@@ -91,14 +91,15 @@ def drain(response: Any) -> bytes:
 
 @pytest.fixture
 def token_server() -> Iterator[ApiServer]:
-    with ApiServer(token=TOKEN) as running:
+    """A server where TOKEN is a static token of a user who may do anything (the wire is what is compared)."""
+    with ApiServer() as running:
+        running.add_token(TOKEN, "koordlet", ("system:masters",))
         yield running
 
 
 @pytest.fixture
 def token_client(token_server: ApiServer) -> Iterator[kubernetes.client.ApiClient]:
-    config = kube_client_config(token_server)
-    config.api_key = {"authorization": f"Bearer {TOKEN}"}
+    config = kube_client_config(token_server, Credentials("koordlet", token=TOKEN))
     with kubernetes.client.ApiClient(config) as client:
         client.user_agent = "koordlet"
         yield client
@@ -191,7 +192,7 @@ def test_patch_content_types(server: ApiServer, core: CoreV1) -> None:
 
 def test_without_the_token_the_server_answers_401(token_server: ApiServer) -> None:
     token_server.seed(node_object())
-    with kubernetes.client.ApiClient(kube_client_config(token_server)) as anonymous:
+    with kubernetes.client.ApiClient(kube_client_config(token_server, Credentials("anonymous"))) as anonymous:
         with pytest.raises(UnauthorizedException) as caught:
             CoreV1(anonymous).read_node(NODE)
     assert caught.value.status == 401
@@ -515,11 +516,9 @@ _AGENT_CALLS = textwrap.dedent(
 
 
 def test_the_agent_never_loads_the_generated_api_classes_or_models(tmp_path: Path) -> None:
-    with ApiServer(token=TOKEN) as server:
-        config = kubeconfig(server)
-        config["users"][0]["user"]["token"] = TOKEN  # the bearer token must reach the server
-        path = tmp_path / "kubeconfig"
-        path.write_text(json.dumps(config))
+    with ApiServer() as server:
+        server.add_token(TOKEN, "koordlet", ("system:masters",))
+        path = write_kubeconfig(server, tmp_path / "kubeconfig", Credentials("koordlet", token=TOKEN))
         server.seed(node_object())
         server.seed({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO", "metadata": {"name": NODE},
                      "spec": {"resourceQOSStrategy": {"beClass": {"resctrlQOS": {"catRangeStartPercent": 80,

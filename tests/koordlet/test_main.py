@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from koordlet import features
 from koordlet.agent.context import AgentContext
 from koordlet.agent.lifecycle import Koordlet
 from koordlet.config import parse_config
@@ -268,22 +269,16 @@ def test_api_server_mode_watches_node_and_slo_lists_kubelet_pods_and_reports_sta
     import kubernetes.client
 
     from tests.koordlet.gpu.fake_nvml import FakeNvml, h100_gpus
-    from tests.koordlet.statesinformer.kubelet_server import FakeKubelet, make_certs, serve
     from tests.support.apiserver import ApiServer, kube_api_client
+    from tests.support.kubelet import Kubelet, grant_kubelet_access
 
-    certs = make_certs(tmp_path)
-    kubelet = FakeKubelet()
-    serving = serve(kubelet, certs)
-    kubelet_base = next(serving)
-    token = tmp_path / "token"
-    token.write_text("abc")
     # Accelerators starts the GPU device plugin in <-var-lib-kubelet-dir>/device-plugins: a short dir of our own.
     kubelet_dir = tempfile.mkdtemp(prefix="kdm-", dir="/tmp")
-    with ApiServer() as server, kube_api_client(server) as api:
-        server.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
-                     "status": {"capacity": {"cpu": "4", "memory": "8Gi"}, "allocatable": {"cpu": "4", "memory": "8Gi"},
-                                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-                                "daemonEndpoints": {"kubeletEndpoint": {"Port": int(kubelet_base.rsplit(":", 1)[1])}}}})
+    with ApiServer() as server, kube_api_client(server) as api, Kubelet(server, NODE) as kubelet:
+        token = tmp_path / "token"
+        token.write_text(grant_kubelet_access(server))
+        server.seed(kubelet.node_object({"capacity": {"cpu": "4", "memory": "8Gi"},
+                                         "allocatable": {"cpu": "4", "memory": "8Gi"}}))
         server.seed({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeSLO", "metadata": {"name": NODE},
                      "spec": {"resourceUsedThresholdWithBE": {"enable": True, "cpuSuppressThresholdPercent": 45}}})
         server.seed({"apiVersion": "slo.koordinator.sh/v1alpha1", "kind": "NodeMetric", "metadata": {"name": NODE},
@@ -302,7 +297,7 @@ def test_api_server_mode_watches_node_and_slo_lists_kubelet_pods_and_reports_sta
             assert states.node() is not None and states.node().capacity["cpu"] == 4000
             assert states.node_slo().resource_used_threshold_with_be.cpu_suppress_threshold_percent == 45
             assert sorted(p.name for p in states.pods()) == ["spark-1", "web-0"]
-            assert kubelet.authorizations[0] == "Bearer abc"
+            assert kubelet.authorizations[0] == f"Bearer {token.read_text()}"
 
             def reported() -> dict | None:
                 obj = server.get_object("nodemetrics", NODE) or {}
@@ -329,7 +324,6 @@ def test_api_server_mode_watches_node_and_slo_lists_kubelet_pods_and_reports_sta
             started = time.monotonic()
             agent.stop(5.0)
             assert time.monotonic() - started < 5.0
-            serving.close()
             shutil.rmtree(kubelet_dir, ignore_errors=True)
 
 
@@ -399,7 +393,7 @@ def test_start_logs_no_inert_gate_now_that_every_gate_acts_and_exports_every_gat
     assert inert == []  # every gate acts (docs/feature-gates.md); the line names any that one day does not
     assert status == 200
     lines = [line for line in text.splitlines() if line.startswith("koordlet_feature_gate{")]
-    assert len(lines) == 39
+    assert len(lines) == len(features.GATES) == 40  # Koordinator's 39 and BEPSIThrottle
     def value(name: str) -> str:
         [line] = [x for x in lines if f'name="{name}"' in x]
         assert f'node="{NODE}"' in line

@@ -26,13 +26,14 @@ import pytest
 from koordlet.api.cpuset import format_cpu_list, parse_cpu_list
 from koordlet.api.keys import ANNOTATION_RESOURCE_STATUS, LABEL_QOS_CLASS
 from koordlet.api.qos import KubeQoS
-from koordlet.metriccache import MetricCache
+from koordlet.metriccache import MetricCache, MetricKind, SeriesKey
 from koordlet.metricsadvisor import CollectorRunner, NodeResourceCollector, PodCgroup
-from koordlet.metricsadvisor.pods import ContainerCgroup, PodResourceCollector
+from koordlet.metricsadvisor.pods import BE_CPU_USAGE, KUBEPODS_CPU, ContainerCgroup, DemandBoard, PodResourceCollector
 from koordlet.metricsadvisor.psi import PodPsiCollector
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.cgroup_stats import read_cfs_quota
 from koordlet.system.resources import cpu_shares_to_weight
+from tests.koordlet.metricsadvisor.test_fanout import collect_two_turns, pod_in_turns_against_kubepods
 from tests.support.cri import CriClient, PodFactory, container_config
 from tests.support.v2stack import LAYOUT, RECONCILE_INTERVAL_S, STARTUP_TIMEOUT_S, V2, V2Pod, V2Stack
 from tests.support.v2stack import kubelet_sandbox as _sandbox
@@ -44,6 +45,7 @@ from wire import cri_pb2 as cri
 pytestmark = [pytest.mark.cgroupv2, pytest.mark.containerd, pytest.mark.alone]
 
 MiB = 1 << 20
+FANOUT_S = 3.0  # pods no strategy reads every tick: read once in 3 s here (koordlet: -collect-pod-res-used-interval)
 BE_SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi"},
                                   "limits": {"kubernetes.io/batch-cpu": "1500", "kubernetes.io/batch-memory": "96Mi"}}}}
 BE_LABELS = {LABEL_QOS_CLASS: "BE"}
@@ -121,9 +123,11 @@ def test_v2_reconciler_sets_the_pod_level_and_restores_a_hand_changed_value(
     assert wait_for(lambda: be.read("cpu.weight") == "20", RECONCILE_INTERVAL_S + 3.0)
 
 
-def _manager(story: Story, slo_spec: dict, gates: dict[str, bool], cache: MetricCache | None = None):  # noqa: ANN202
-    """A QoS manager over the story's pods with only ``gates`` on; ``cache``: where collectors put usage."""
-    return story.stack.manager(slo_spec, gates, cache)
+def _manager(story: Story, slo_spec: dict, gates: dict[str, bool], cache: MetricCache | None = None,  # noqa: ANN202
+             demand: DemandBoard | None = None):
+    """A QoS manager over the story's pods with only ``gates`` on; ``cache``: where collectors put usage; ``demand``:
+    where it tells the collector which pods to read every tick (as koordlet runs it)."""
+    return story.stack.manager(slo_spec, gates, cache, demand=demand, fanout_interval_s=FANOUT_S)
 
 
 def test_v2_memory_qos_writes_min_low_high_on_pods_containers_and_the_kubepods_qos_dirs(story: Story) -> None:
@@ -218,17 +222,21 @@ def _pod_cgroups(story: Story) -> list[PodCgroup]:
 
 
 def test_v2_suppress_shrinks_the_besteffort_cpu_max_of_real_pods_and_gives_it_back(story: Story) -> None:
+    """As koordlet runs it: the budget takes every pod from the kubepods and besteffort dirs, read every tick, while
+    the pods themselves are read once a fan-out interval."""
     cores = os.cpu_count() or 2
     besteffort = V2 / LAYOUT.qos_dir(KubeQoS.BESTEFFORT)
     quota = lambda: read_cfs_quota(str(besteffort), CgroupVersion.V2).quota_us  # noqa: E731
     node = NodeResourceCollector(interval_s=1.0)
+    demand = DemandBoard()
     pods = PodResourceCollector(lambda: _pod_cgroups(story), CgroupFS.detect(), interval_s=1.0,
-                                be_cgroup_dir=LAYOUT.qos_dir(KubeQoS.BESTEFFORT), node=node)
+                                be_cgroup_dir=LAYOUT.qos_dir(KubeQoS.BESTEFFORT), node=node,
+                                kubepods_dir=LAYOUT.kubepods_dir(), fanout_interval_s=FANOUT_S, demand=demand.get)
     cache = MetricCache()
     runner = CollectorRunner(cache, [node, pods])
     manager = _manager(story, {"resourceUsedThresholdWithBE": {
         "enable": True, "cpuSuppressThresholdPercent": 60, "cpuSuppressPolicy": "cfsQuota"}}, {"BECPUSuppress": True},
-        cache)
+        cache, demand)
     # One BE loop is enough to be throttled (the budget does not count BE use); more would only starve the
     # emulated guest's containerd and runc, which the burners' own stop needs.
     be_burn = _burn(story, story.be, 1, "be-burn")
@@ -251,6 +259,39 @@ def test_v2_suppress_shrinks_the_besteffort_cpu_max_of_real_pods_and_gives_it_ba
         node.close()
         _stop(story, be_burn)
         (besteffort / "cpu.max").write_text("max")  # as kubelet leaves it, for the tests after this one
+
+
+def _usage_usec(pod: V2Pod) -> int:
+    return int(dict(line.split() for line in pod.read("cpu.stat", container=False).splitlines())["usage_usec"])
+
+
+def test_v2_kubepods_dir_counts_every_pod_and_an_undemanded_pod_is_read_in_its_turn(story: Story) -> None:
+    """The collector as koordlet runs it, on the real pods: the BE pod's burner shows in the kubepods and besteffort
+    dirs' usage, read every tick, and in the pod's own, read once a turn with its CPU over the turn."""
+    cid = _burn(story, story.be, 1, "turn-burn")
+    pods = PodResourceCollector(lambda: _pod_cgroups(story), CgroupFS.detect(), interval_s=1.0,
+                                be_cgroup_dir=LAYOUT.qos_dir(KubeQoS.BESTEFFORT), kubepods_dir=LAYOUT.kubepods_dir(),
+                                fanout_interval_s=FANOUT_S)
+    cache = MetricCache()
+    runner = CollectorRunner(cache, [pods])
+    try:
+        ticks, kernel_cores = collect_two_turns(runner, lambda: _usage_usec(story.be) / 1e6)
+        assert pods.read_errors == 0
+    finally:
+        pods.close()
+        _stop(story, cid)
+    kubepods = cache.query(KUBEPODS_CPU, ticks[0] + 0.5, ticks[-1] + 0.5)
+    be_dir = cache.query(BE_CPU_USAGE, ticks[0] + 0.5, ticks[-1] + 0.5)
+    assert kubepods is not None and be_dir is not None and kubepods.count == be_dir.count == 6  # every tick
+    assert kernel_cores > 0.5
+    # The emulated guest's ticks wander: within a quarter of the kernel's own count over the same time.
+    assert be_dir.avg / 1000 == pytest.approx(kernel_cores, rel=0.25)  # milli-cores
+    assert kernel_cores * 0.75 <= kubepods.avg <= kernel_cores * 1.25 + 0.2  # and the idle LS pod
+    # The BE pod once a turn, its CPU over the 3 s since its last reading: what the kubepods dir saw over them.
+    pairs = pod_in_turns_against_kubepods(cache, SeriesKey.of(MetricKind.POD_CPU_USAGE, pod_uid=story.be.uid), ticks)
+    assert len(pairs) in (2, 3)  # a turn every 3 s over 6 ticks of a little over 1 s
+    for in_turn, kubepods_avg in pairs:
+        assert in_turn == pytest.approx(kubepods_avg, rel=0.15, abs=0.1)
 
 
 def test_v2_pod_psi_and_usage_are_read_from_the_pods_own_files(story: Story) -> None:
@@ -281,16 +322,13 @@ def test_v2_pod_psi_and_usage_are_read_from_the_pods_own_files(story: Story) -> 
         # The same pods through the resource collector's v2 path (cpu.stat usage_usec, memory.stat), against
         # the kernel's own count over the same window. (The burner has no limit, so the hook has unbound the
         # BE pod's quota: a container without a limit makes the pod unlimited.)
-        def usage_usec(pod: V2Pod) -> int:
-            return int(dict(line.split() for line in pod.read("cpu.stat", container=False).splitlines())["usage_usec"])
-
         resources = PodResourceCollector(pods, CgroupFS.detect(), interval_s=1.0)
         try:
             resources.collect(time.time())
-            be_start, started = usage_usec(be), time.monotonic()
+            be_start, started = _usage_usec(be), time.monotonic()
             time.sleep(3.0)
             usage = {(s.key.kind, s.key.label("pod_uid")): s.value for s in resources.collect(time.time())}
-            kernel_cores = (usage_usec(be) - be_start) / 1e6 / (time.monotonic() - started)
+            kernel_cores = (_usage_usec(be) - be_start) / 1e6 / (time.monotonic() - started)
         finally:
             resources.close()
         assert kernel_cores > 0.5

@@ -1,11 +1,31 @@
 """A small, real Kubernetes API server for tests and the local demo.
 
-It speaks the real REST paths and JSON of the API server so the real `kubernetes` client (and any
-other HTTP client) can talk to it; no API server binary can be installed here (docs/design.md §7).
+It speaks the real REST paths and JSON of the API server so the real `kubernetes` client, kubectl and any other
+HTTP client can talk to it; no API server binary can be installed here (docs/design.md §7). Like kube-apiserver it
+serves HTTPS only, and every request goes through one pipeline: **authenticate → authorize → admit → handle**.
+
+- **Authentication** (tests/support/authn.py): a client certificate the cluster CA signed (CN the user, O the
+  groups; tests/support/pki.py), a service-account token the server issued (TokenRequest), or a static token the test
+  registered (``add_token``, as ``--token-auth-file``). A request with none of them, or with a token that is not
+  good (expired, wrong audience, its service account or bound pod deleted), is 401 with a Status body.
+- **Authorization** (tests/support/authz.py): ``system:masters``, then the Node authorizer for
+  ``system:node:<name>``, then RBAC over the Roles, ClusterRoles, RoleBindings and ClusterRoleBindings stored here
+  (the real server's bootstrap roles are there from the start: cluster-admin bound to ``system:masters``,
+  system:discovery, system:basic-user and system:public-info-viewer bound to the authenticated). A refusal is 403
+  with Kubernetes' Forbidden Status: ``nodemetrics.slo.koordinator.sh "n1" is forbidden: User "…" cannot update
+  resource "nodemetrics/status" in API group "slo.koordinator.sh" at the cluster scope``, details {name, group,
+  kind}.
+- **Admission**: NodeRestriction (a node writes only its own Node and the pods bound to it), then the CRDs' schemas.
+- **The identities a test uses**: :attr:`ApiServer.admin` (a client certificate in ``system:masters``, kubeadm's
+  admin.conf; what :func:`kube_api_client` uses unless told otherwise), :meth:`ApiServer.client_credentials` (any
+  user and groups, e.g. :meth:`ApiServer.node_credentials`), :meth:`ApiServer.service_account_token` (a bound,
+  expiring token from the TokenRequest API, asked as the admin) and :meth:`ApiServer.add_token`.
 
 Served (everything in memory, one lock, thread-safe):
 - core/v1 nodes, pods, events, namespaces (implicit: any namespace exists, and is listed once
-  used), policy/v1 poddisruptionbudgets, events.k8s.io/v1 events;
+  used), serviceaccounts (with the ``token`` subresource: TokenRequest), configmaps, services,
+  policy/v1 poddisruptionbudgets, events.k8s.io/v1 events, apps/v1 daemonsets, rbac.authorization.k8s.io/v1 roles,
+  rolebindings, clusterroles and clusterrolebindings;
 - the CRDs of deploy/chart/koordlet-py/files/crds (NodeSLO, NodeMetric, Device, NodeResourceTopology): objects are
   defaulted, pruned of unknown fields (reported in a `Warning` header; `?fieldValidation=Strict` rejects them with
   400 instead) and validated against the CRD's openAPIV3Schema (422 Invalid with field causes);
@@ -21,27 +41,39 @@ Served (everything in memory, one lock, thread-safe):
 - resourceVersion on every object from one increasing counter; a PUT or a patch whose body
   carries a stale metadata.resourceVersion fails 409 Conflict;
 - discovery (/api, /apis, /apis/<group>, /apis/<group>/<version>), /version, /healthz;
-- TokenReview (the tokens a test registers with ``add_token``) and SubjectAccessReview (RBAC over the stored
-  ClusterRoles and ClusterRoleBindings), tests/support/authreview.py.
+- TokenReview (the server's own authenticators, with the review's audiences), SubjectAccessReview (the same
+  authorizers a request meets), TokenRequest (``expirationSeconds`` at least ``min_token_expiration_s``, 10 minutes
+  as the real server; ``boundObjectRef`` to a Pod or Node; the expiry and the binding enforced on every use).
 
-Deliberate simplifications: no authentication (unless a bearer token is given: then a request
-without `Authorization: Bearer <token>` is 401 Unauthorized); deletes are immediate (no kubelet, no grace
-period) unless finalizers remain; PodDisruptionBudget status is computed by the server at
-eviction time (it plays the disruption controller; pods it evicted stay "expected", as if a
-controller would recreate them); a Running pod without a Ready condition
-counts as healthy; `limit`/`continue` are ignored (lists are complete); server-side apply is not
-supported (415).
+Deviations left, and why:
+- One cluster CA per test process (tests/support/pki.py): making certificates is the slow part of a start, and no
+  test needs two servers that distrust each other.
+- A client certificate the CA did not sign fails the TLS handshake instead of getting a 401: Python's ssl module
+  has no mode that asks for a client certificate without verifying it.
+- Service-account tokens are HMAC-signed (HS256) by a key only the server holds, not RS256 with a published key:
+  nothing outside the server verifies them here. ``min_token_expiration_s`` may be set below the real 10 minutes so
+  that a test can watch a token expire.
+- No privilege-escalation check on RBAC writes (only the admin writes RBAC here); the Node authorizer's graph knows
+  only what this server stores (pods, configmaps, service accounts: no secrets, PVCs or volume attachments).
+- ``seed``, ``get_object`` and ``list_objects`` read and write the store directly: they stand for what controllers
+  and the test's own eyes do, never for a client's request.
+- No impersonation headers, no API Priority and Fairness (``fail_next`` injects its answers), no audit log.
+- Deletes are immediate (no kubelet, no grace period) unless finalizers remain; PodDisruptionBudget status is
+  computed by the server at eviction time (it plays the disruption controller; pods it evicted stay "expected", as
+  if a controller would recreate them); a Running pod without a Ready condition counts as healthy; `limit`/
+  `continue` are ignored (lists are complete); server-side apply is not supported (415).
 
 Use:
     with ApiServer() as server:
-        api = kubernetes.client.CoreV1Api(kube_api_client(server))
+        api = kubernetes.client.CoreV1Api(kube_api_client(server))  # the admin
+        token = server.service_account_token("koordinator-system", "koordlet-py")
         server.fail_next("PATCH", r"/nodemetrics/node-1/status$", status=409, count=2)
         ...
         assert server.requests("PATCH", r"/status$")
 """
-
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import logging
@@ -54,7 +86,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,7 +96,17 @@ from urllib.parse import parse_qs, urlsplit
 
 import kubernetes.client
 
-from tests.support import authreview
+from tests.support import authz
+from tests.support.authn import (
+    API_AUDIENCES,
+    AuthenticationError,
+    BoundObject,
+    ServiceAccountTokens,
+    UserInfo,
+    bearer_token,
+    user_of_certificate,
+    with_authenticated,
+)
 from tests.support.kube import (
     FieldError,
     PatchError,
@@ -81,6 +123,7 @@ from tests.support.kube import (
     strategic_merge_patch,
     validate_schema,
 )
+from tests.support.pki import KeyPair, cluster_ca, serving_sans, subject_fields
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +133,16 @@ WATCH_LOG_SIZE = 4096
 WATCH_POLL_SECONDS = 0.5
 MAX_WATCH_SECONDS = 1800
 IDLE_CONNECTION_SECONDS = 60
+MIN_TOKEN_EXPIRATION_S = 600  # the real TokenRequest validation: "may not specify a duration less than 10 minutes"
+MAX_TOKEN_EXPIRATION_S = 1 << 32
+MAX_REQUEST_BYTES = 3 << 20  # kube-apiserver's --max-request-bytes for a write (3 MiB)
+DEFAULT_TOKEN_EXPIRATION_S = 3600
+ADMIN_USER, ADMIN_GROUPS = "kubernetes-admin", ("system:masters",)
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
-_REASONS = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
-            410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests",
+_REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
+            409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests",
             500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 
 
@@ -141,6 +191,8 @@ BUILTIN_RESOURCES = (
     ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False, False, "clusterrole"),
     ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False, False,
                  "clusterrolebinding"),
+    ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True, False, "role"),
+    ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, False, "rolebinding"),
     # A created CRD is checked (structural schema, names) and its versions are served from then on.
     ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
                  True, "customresourcedefinition", short_names=("crd", "crds")),
@@ -227,6 +279,7 @@ class RecordedRequest:
     body: JSON
     status: int
     headers: dict[str, str] = field(default_factory=dict)  # as sent, names in canonical form (Content-Type)
+    user: str = ""  # who the server authenticated ("" when it did not)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,10 +306,47 @@ class _Route:
     subresource: str | None
 
 
-def _bearer_matches(authorization: str, token: str) -> bool:
-    """The auth scheme is case-insensitive (RFC 7235): the client's in-cluster config sends ``bearer <token>``."""
-    scheme, _, credentials = authorization.partition(" ")
-    return scheme.lower() == "bearer" and credentials == token
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """How a client proves who it is to the server: a client certificate, or a bearer token."""
+
+    user: str
+    cert: KeyPair | None = None
+    token: str | None = None
+
+
+def _bootstrap_rbac() -> list[dict]:
+    """The real server's default roles that matter to a client (plugin/pkg/auth/authorizer/rbac/bootstrappolicy), and
+    their bindings."""
+    def role(name: str, rules: list[dict]) -> dict:
+        return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                "rules": rules}
+
+    def binding(name: str, groups: tuple[str, ...]) -> dict:
+        return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": g} for g in groups]}
+
+    public = ["/livez", "/readyz", "/healthz", "/version", "/version/"]
+    return [
+        role("cluster-admin", [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+                               {"nonResourceURLs": ["*"], "verbs": ["*"]}]),
+        binding("cluster-admin", ("system:masters",)),
+        role("system:discovery", [{"nonResourceURLs": [*public, "/openapi", "/openapi/*", "/api", "/api/*", "/apis",
+                                                       "/apis/*"], "verbs": ["get"]}]),
+        binding("system:discovery", ("system:authenticated",)),
+        role("system:basic-user", [{"apiGroups": ["authorization.k8s.io"], "verbs": ["create"],
+                                    "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"]}]),
+        binding("system:basic-user", ("system:authenticated",)),
+        role("system:public-info-viewer", [{"nonResourceURLs": public, "verbs": ["get"]}]),
+        binding("system:public-info-viewer", ("system:authenticated", "system:unauthenticated")),
+        role("system:kubelet-api-admin", [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "proxy"]},
+            {"apiGroups": [""], "resources": ["nodes/log", "nodes/metrics", "nodes/proxy", "nodes/stats"],
+             "verbs": ["*"]}]),
+    ]
 
 
 def _now() -> str:
@@ -299,40 +389,66 @@ def _pod_qos_class(pod: dict) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
+def _subresources(rtype: ResourceType) -> list[dict]:
+    """The discovery entries of ``rtype``'s subresources."""
+    entries = []
+    if rtype.status_subresource:
+        entries.append({"name": f"{rtype.plural}/status", "singularName": "", "namespaced": rtype.namespaced,
+                        "kind": rtype.kind, "verbs": ["get", "patch", "update"]})
+    if rtype.plural == "pods":
+        entries.append({"name": "pods/eviction", "singularName": "", "namespaced": True, "group": "policy",
+                        "version": "v1", "kind": "Eviction", "verbs": ["create"]})
+    if rtype.plural == "serviceaccounts" and not rtype.group:
+        entries.append({"name": "serviceaccounts/token", "singularName": "", "namespaced": True,
+                        "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest",
+                        "verbs": ["create"]})
+    return entries
+
+
 class ApiServer:
     """The in-memory API server, its HTTP front end on 127.0.0.1 and its serving thread."""
 
     def __init__(self, crd_dir: Path | None = DEFAULT_CRD_DIR, host: str = "127.0.0.1", port: int = 0,
-                 watch_log_size: int = WATCH_LOG_SIZE, token: str | None = None,
-                 tls: tuple[Path, Path] | None = None) -> None:
-        """``tls``: (certificate, key) to serve HTTPS, as in-cluster clients (a pod's service account) need."""
-        self._token = token
-        self.tls = tls
+                 watch_log_size: int = WATCH_LOG_SIZE, *, clock: Callable[[], float] = time.time,
+                 min_token_expiration_s: int = MIN_TOKEN_EXPIRATION_S) -> None:
+        """``clock``: Unix seconds, what token expiry is measured by; ``min_token_expiration_s``: the shortest
+        ``expirationSeconds`` a TokenRequest may ask for (the real server's 10 minutes unless a test lowers it)."""
+        self._pki = cluster_ca()
+        self.ca_file = self._pki.ca.cert  # what clients verify the server by (a pod's ca.crt)
+        self._clock = clock
+        self._min_token_expiration_s = min_token_expiration_s
         self._types = list(BUILTIN_RESOURCES) + resource_types_from_crds(crd_dir)
         self._cond = threading.Condition(threading.RLock())
         self._objects: dict[tuple[str, str, str], dict] = {}  # (qualified plural, namespace, name)
         self._resource_version = 0
         self._events: deque[_WatchEvent] = deque(maxlen=watch_log_size)  # for watches that resume
         self._failures: list[InjectedFailure] = []
-        self._users: dict[str, dict] = {}  # bearer token -> the user a TokenReview names (add_token)
+        self._static_tokens: dict[str, UserInfo] = {}  # --token-auth-file (add_token)
+        self._account_tokens = ServiceAccountTokens(clock)
+        self._rbac: authz.RbacObjects | None = None  # the RBAC objects, read again after an RBAC write
         self._requests: list[RecordedRequest] = []
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()
         self._httpd = _HttpServer((host, port), _Handler, self)
-        if tls is not None:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(*tls)
-            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        serving = self._pki.serving("kube-apiserver", serving_sans(host))
+        context.load_cert_chain(serving.cert, serving.key)
+        context.verify_mode = ssl.CERT_OPTIONAL  # a client certificate, when one is sent, must be the CA's
+        context.load_verify_locations(self._pki.ca.cert)
+        # The handshake is each connection's own (in its handler thread), so one slow client never holds up accept.
+        self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True, do_handshake_on_connect=False)
         self._thread: threading.Thread | None = None
         for namespace in ("default", "kube-system"):
             self._ensure_namespace(namespace)
+        for obj in _bootstrap_rbac():
+            self.seed(obj)
 
     # ------------------------------------------------------------ lifecycle
 
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"{'https' if self.tls else 'http'}://{host}:{port}"
+        return f"https://{host}:{port}"
 
     def start(self) -> Self:
         if self._thread is None:
@@ -380,10 +496,43 @@ class ApiServer:
         return failure
 
     def add_token(self, token: str, username: str, groups: tuple[str, ...] = ("system:authenticated",),
-                  uid: str = "") -> None:
-        """Make TokenReviews of ``token`` authenticate as ``username`` in ``groups``."""
+                  uid: str = "") -> Credentials:
+        """A static token (``--token-auth-file``): ``token`` authenticates as ``username`` in ``groups`` (and
+        ``system:authenticated``), in requests and TokenReviews alike."""
         with self._cond:
-            self._users[token] = {"username": username, "uid": uid or str(uuid.uuid4()), "groups": list(groups)}
+            self._static_tokens[token] = with_authenticated(UserInfo(username, uid or str(uuid.uuid4()),
+                                                                     tuple(groups)))
+        return Credentials(username, token=token)
+
+    @property
+    def admin(self) -> Credentials:
+        """The cluster admin: a client certificate in ``system:masters`` (kubeadm's admin.conf)."""
+        return self.client_credentials(ADMIN_USER, ADMIN_GROUPS)
+
+    def client_credentials(self, user: str, groups: tuple[str, ...] = ()) -> Credentials:
+        """A client certificate of ``user`` in ``groups``, signed by the cluster CA."""
+        return Credentials(user, cert=self._pki.client(user, groups))
+
+    def node_credentials(self, node: str) -> Credentials:
+        """Kubelet's own identity on ``node`` (its kubelet.conf): ``system:node:<node>`` in ``system:nodes``."""
+        return self.client_credentials(f"{authz.NODE_USER_PREFIX}{node}", (authz.NODES_GROUP,))
+
+    def service_account_token(self, namespace: str, name: str, expiration_seconds: int = DEFAULT_TOKEN_EXPIRATION_S,
+                              audiences: tuple[str, ...] = (), bound_pod: tuple[str, str] | None = None) -> str:
+        """A token of the service account ``namespace/name`` from the TokenRequest API, asked as the admin (as
+        kubelet asks for a pod's projected token); ``bound_pod`` (name, uid) binds it to that pod."""
+        spec: dict[str, Any] = {"expirationSeconds": expiration_seconds, "audiences": list(audiences)}
+        if bound_pod is not None:
+            spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": bound_pod[0], "uid": bound_pod[1]}
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+        with kube_api_client(self) as client:
+            request = client.param_serialize("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+                                             header_params={"Content-Type": "application/json"}, body=body)
+            response = client.call_api(*request)
+            answer = json.loads(response.read() or b"{}")
+        if response.status != 201:
+            raise ApiStatusError(response.status, str(answer.get("message") or answer))
+        return str(answer["status"]["token"])
 
     def clear_failures(self) -> None:
         with self._cond:
@@ -429,24 +578,28 @@ class ApiServer:
     # ------------------------------------------------------------ request entry
 
     def handle(self, verb: str, raw_path: str, content_type: str, raw_body: bytes,
-               headers: dict[str, str] | None = None) -> _Response | Iterator[bytes]:
-        """Answer one request: a response, or for a watch an iterator of JSON lines."""
+               headers: dict[str, str] | None = None, peer_cert: dict | None = None) -> _Response | Iterator[bytes]:
+        """Answer one request: a response, or for a watch an iterator of JSON lines. ``peer_cert``: the client
+        certificate TLS verified (``getpeercert()``), if the client sent one."""
         headers = {name.title(): value for name, value in (headers or {}).items()}  # canonical, as Go's http.Header
         parts = urlsplit(raw_path)
         path = parts.path.rstrip("/") or "/"
         query = {key: values[-1] for key, values in parse_qs(parts.query, keep_blank_values=True).items()}
         body: JSON = None
         sent: JSON = None  # the body as the client sent it (handling may fill in the parsed one)
+        user: UserInfo | None = None
         try:
-            if self._token is not None and not _bearer_matches(headers.get("Authorization", ""), self._token):
-                raise ApiStatusError(401, "Unauthorized")
+            user = self._authenticate(headers.get("Authorization", ""), peer_cert)
             if raw_body:
                 try:
                     body = json.loads(raw_body)
                 except ValueError as exc:
                     raise ApiStatusError(400, f"request body is not JSON: {exc}") from exc
                 sent = copy.deepcopy(body)
-            self._raise_injected_failure(verb, path)
+            self._raise_injected_failure(verb, path)  # where API Priority and Fairness answers: after authn
+            attributes = authz.request_attributes(user, verb, path, query)
+            self._authorize(attributes)
+            self._admit_node(attributes, body)
             result: _Response | Iterator[bytes] = self._route_request(verb, path, query, content_type, body)
         except ApiStatusError as error:
             result = _Response(error.code, error.status(), error.headers)
@@ -455,8 +608,77 @@ class ApiServer:
             result = _Response(500, ApiStatusError(500, f"internal error: {exc!r}").status())
         code = result.code if isinstance(result, _Response) else 200
         with self._cond:
-            self._requests.append(RecordedRequest(verb, path, query, content_type, sent, code, headers))
+            self._requests.append(RecordedRequest(verb, path, query, content_type, sent, code, headers,
+                                                  user.name if user is not None else ""))
         return result
+
+    # ------------------------------------------------------------ authentication, authorization, admission
+
+    def _authenticate(self, authorization: str, peer_cert: dict | None) -> UserInfo:
+        """The request's user, as the real union authenticator finds it; 401 without one."""
+        if peer_cert:
+            return user_of_certificate(*subject_fields(peer_cert))
+        token = bearer_token(authorization)
+        if token is not None:
+            try:
+                found = self._token_user(token, API_AUDIENCES)
+            except AuthenticationError as err:
+                log.debug("Unable to authenticate the request: %s", err)
+                found = None
+            if found is not None:
+                return found[0]
+        raise ApiStatusError(401, "Unauthorized")
+
+    def _token_user(self, token: str, audiences: tuple[str, ...]) -> tuple[UserInfo, tuple[str, ...]] | None:
+        """(user, accepted audiences) of a bearer token; None for an unknown one; AuthenticationError for one of
+        ours that is no longer good."""
+        with self._cond:
+            static = self._static_tokens.get(token)
+        if static is not None:
+            return static, audiences
+        return self._account_tokens.authenticate(token, audiences, self._account_uid, self._object_uid)
+
+    def _account_uid(self, namespace: str, name: str) -> str | None:
+        return self._stored_uid("serviceaccounts", namespace, name)
+
+    def _object_uid(self, kind: str, namespace: str, name: str) -> str | None:
+        return self._stored_uid("pods" if kind == "Pod" else "nodes", namespace, name)
+
+    def _stored_uid(self, qualified: str, namespace: str, name: str) -> str | None:
+        """The uid of a stored core object (no copy: every request with a token asks)."""
+        with self._cond:
+            stored = self._objects.get((qualified, namespace, name))
+            return _meta(stored).get("uid") if stored is not None else None
+
+    def _decide(self, attributes: authz.Attributes) -> authz.Decision:
+        with self._cond:
+            if self._rbac is None:
+                self._rbac = authz.RbacObjects.of(
+                    (qualified.split(".", 1)[0], obj) for (qualified, _, _), obj in self._objects.items()
+                    if qualified.endswith("." + authz.RBAC_GROUP))
+            rbac = self._rbac
+        return authz.authorize(rbac, authz.NodeGraph(self._pods_on), attributes)
+
+    def _pods_on(self, node: str) -> list[dict]:
+        with self._cond:
+            return [obj for (qualified, _, _), obj in self._objects.items()
+                    if qualified == "pods" and (obj.get("spec") or {}).get("nodeName") == node]
+
+    def _authorize(self, attributes: authz.Attributes) -> None:
+        decision = self._decide(attributes)
+        if not decision.allowed:
+            message, details = authz.forbidden_status(attributes, decision.reason)
+            raise ApiStatusError(403, message, reason="Forbidden", details=details)
+
+    def _admit_node(self, attributes: authz.Attributes, body: JSON) -> None:
+        """NodeRestriction: a node writes only its own Node and the pods bound to it."""
+        def existing() -> dict | None:
+            return self.get_object("pods", attributes.name, attributes.namespace or None)
+
+        refusal = authz.node_admission(attributes, existing, body)
+        if refusal is not None:
+            message, details = authz.forbidden_error(attributes, refusal)
+            raise ApiStatusError(403, message, reason="Forbidden", details=details)
 
     def _raise_injected_failure(self, verb: str, path: str) -> None:
         with self._cond:
@@ -476,10 +698,10 @@ class ApiServer:
         fixed = self._fixed_response(path)
         if fixed is not None:
             return fixed
-        if path in (authreview.TOKEN_REVIEWS, authreview.ACCESS_REVIEWS):
+        if path in (TOKEN_REVIEWS, ACCESS_REVIEWS):
             return self._review(verb, path, body)
         route = self._parse_route(path)
-        if route.subresource == "eviction" and verb != "POST":
+        if route.subresource in ("eviction", "token") and verb != "POST":
             raise ApiStatusError(405, f"{verb} is not supported on {path}")
         if verb == "GET":
             if route.name is None:
@@ -495,17 +717,104 @@ class ApiServer:
     def _review(self, verb: str, path: str, body: JSON) -> _Response:
         if verb != "POST":
             raise ApiStatusError(405, f"{verb} is not supported on {path}")
+        if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
+            raise ApiStatusError(400, f"a {'TokenReview' if path == TOKEN_REVIEWS else 'SubjectAccessReview'} needs "
+                                      "a spec object")
+        spec = body["spec"]
+        review = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                  "metadata": {"creationTimestamp": None}, "spec": copy.deepcopy(spec)}
+        if path == TOKEN_REVIEWS:
+            return _Response(201, {**review, "status": self._token_review_status(spec)})
+        return _Response(201, {**review, "status": self._access_review_status(spec)})
+
+    def _token_review_status(self, spec: dict) -> dict:
+        """What the server's authenticators say of ``spec.token`` for ``spec.audiences`` (its own when none)."""
+        token = spec.get("token")
+        if not isinstance(token, str) or not token:
+            raise ApiStatusError(422, 'TokenReview.authentication.k8s.io "" is invalid: spec.token: Required value')
+        wanted = tuple(spec.get("audiences") or ()) or API_AUDIENCES
+        try:
+            found = self._token_user(token, wanted)
+        except AuthenticationError as err:
+            return {"user": {}, "error": f"[{err}]"}
+        if found is None:
+            return {"user": {}, "error": "[invalid bearer token, token lookup failed]"}
+        user, accepted = found
+        return {"authenticated": True, "user": user.as_review(), "audiences": list(accepted)}
+
+    def _access_review_status(self, spec: dict) -> dict:
+        """The decision of the same authorizers a request meets, for the user and attributes of ``spec``."""
+        groups = tuple(str(g) for g in spec.get("groups") or ())
+        name = str(spec.get("user") or "")
+        resource, non_resource = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+        if not name and not groups:
+            raise ApiStatusError(422, "SubjectAccessReview.authorization.k8s.io is invalid: spec.user: Invalid value: "
+                                      '"": at least one of user or group must be specified')
+        if (resource is None) == (non_resource is None):
+            raise ApiStatusError(422, "SubjectAccessReview.authorization.k8s.io is invalid: spec.resourceAttributes: "
+                                      "Invalid value: exactly one of nonResourceAttributes or resourceAttributes "
+                                      "must be specified")
+        extra = {str(k): tuple(v) for k, v in (spec.get("extra") or {}).items()}
+        user = UserInfo(name, str(spec.get("uid") or ""), groups, extra)
+        if resource is not None:
+            attributes = authz.Attributes(
+                user, str(resource.get("verb", "")), True, "", str(resource.get("group", "")),
+                str(resource.get("version", "")), str(resource.get("resource", "")),
+                str(resource.get("subresource", "")), str(resource.get("namespace", "")),
+                str(resource.get("name", "")), str((resource.get("fieldSelector") or {}).get("rawSelector", "")))
+        else:
+            attributes = authz.Attributes(user, str(non_resource.get("verb", "")), False,
+                                          str(non_resource.get("path", "")))
+        decision = self._decide(attributes)
+        status: dict[str, Any] = {"allowed": decision.allowed}
+        if decision.reason:
+            status["reason"] = decision.reason
+        return status
+
+    def _token_request(self, route: _Route, body: JSON) -> dict:
+        """TokenRequest: a token of the service account ``route.name``, bound and expiring as asked."""
         with self._cond:
-            try:
-                if path == authreview.TOKEN_REVIEWS:
-                    return _Response(201, authreview.token_review(body, self._users))
-                roles = {obj["metadata"]["name"]: obj for (plural, _, _), obj in self._objects.items()
-                         if plural == "clusterroles.rbac.authorization.k8s.io"}
-                bindings = [obj for (plural, _, _), obj in self._objects.items()
-                            if plural == "clusterrolebindings.rbac.authorization.k8s.io"]
-                return _Response(201, authreview.access_review(body, roles, bindings))
-            except authreview.ReviewError as err:
-                raise ApiStatusError(err.code, str(err)) from err
+            account = self._existing(_Route(route.rtype, route.namespace, route.name, None))
+        spec = (body or {}).get("spec") if isinstance(body, dict) else None
+        if not isinstance(spec, dict):
+            raise ApiStatusError(400, "the body of a token request must be an authentication.k8s.io TokenRequest")
+        expiration = spec.get("expirationSeconds") or DEFAULT_TOKEN_EXPIRATION_S
+        invalid = f'TokenRequest.authentication.k8s.io "{route.name}" is invalid: spec.expirationSeconds: Invalid ' \
+                  f"value: {expiration}: "
+        if not isinstance(expiration, int) or expiration < self._min_token_expiration_s:
+            raise ApiStatusError(422, invalid + f"may not specify a duration less than "
+                                                f"{self._min_token_expiration_s // 60} minutes")
+        if expiration > MAX_TOKEN_EXPIRATION_S:
+            raise ApiStatusError(422, invalid + "may not specify a duration larger than 2^32 seconds")
+        bound = self._bound_object(route.namespace or "", spec.get("boundObjectRef"))
+        audiences = tuple(spec.get("audiences") or ()) or API_AUDIENCES
+        issued = self._account_tokens.issue(route.namespace or "", route.name or "", _meta(account)["uid"],
+                                            audiences, expiration, bound)
+        expires = datetime.fromtimestamp(issued.expires_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        out_spec = {**spec, "audiences": list(audiences), "expirationSeconds": expiration}
+        return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "metadata": {"name": route.name, "namespace": route.namespace, "creationTimestamp": _now()},
+                "spec": out_spec, "status": {"token": issued.token, "expirationTimestamp": expires}}
+
+    def _bound_object(self, namespace: str, ref: Any) -> BoundObject | None:
+        if not ref:
+            return None
+        kind, name = (ref.get("kind"), ref.get("name")) if isinstance(ref, dict) else (None, None)
+        if kind not in ("Pod", "Node"):
+            raise ApiStatusError(422, f'spec.boundObjectRef.kind: Unsupported value: "{kind}": supported values: '
+                                      '"Pod", "Node"')
+        if not name:
+            raise ApiStatusError(422, "spec.boundObjectRef.name: Required value")
+        obj = self.get_object("pods" if kind == "Pod" else "nodes", name, namespace if kind == "Pod" else None)
+        if obj is None:
+            raise ApiStatusError(404, f'{"pods" if kind == "Pod" else "nodes"} "{name}" not found',
+                                 reason="NotFound")
+        uid = _meta(obj).get("uid", "")
+        if ref.get("uid") and ref["uid"] != uid:
+            raise ApiStatusError(409, f"the UID in the bound object reference ({ref['uid']}) does not match the "
+                                      f"UID in record. The object might have been deleted and then recreated",
+                                 reason="Conflict")
+        return BoundObject(kind, name, uid)
 
     def _fixed_response(self, path: str) -> _Response | None:
         """Health, version and discovery: answers that name no resource."""
@@ -527,6 +836,8 @@ class ApiServer:
                 return self._create_response(route, query, body)
             if route.rtype.plural == "pods" and route.subresource == "eviction":
                 return _Response(201, self._evict(route, body))
+            if route.rtype.plural == "serviceaccounts" and route.subresource == "token":
+                return _Response(201, self._token_request(route, body))
         if verb in ("PUT", "PATCH") and route.name is not None and route.subresource in (None, "status"):
             if verb == "PUT":
                 return self._updated_response(self._replace(route, body, query))
@@ -564,7 +875,8 @@ class ApiServer:
                       if (t.group, t.version, t.plural) == (group, version, rest[0])), None)
         subresource = rest[2] if len(rest) > 2 else None
         known_subresources = {None} | ({"status"} if rtype and rtype.status_subresource else set()) | (
-            {"eviction"} if rtype and rtype.plural == "pods" else set())
+            {"eviction"} if rtype and rtype.plural == "pods" else set()) | (
+            {"token"} if rtype and rtype.plural == "serviceaccounts" and not rtype.group else set())
         if rtype is None or len(rest) > 3 or (namespace is not None and not rtype.namespaced) or \
                 subresource not in known_subresources:
             raise ApiStatusError(404, "the server could not find the requested resource")
@@ -602,14 +914,7 @@ class ApiServer:
                 resources.append({"name": rtype.plural, "singularName": rtype.singular,
                                   "namespaced": rtype.namespaced, "kind": rtype.kind, "verbs": verbs,
                                   **({"shortNames": list(rtype.short_names)} if rtype.short_names else {})})
-                if rtype.status_subresource:
-                    resources.append({"name": f"{rtype.plural}/status", "singularName": "",
-                                      "namespaced": rtype.namespaced, "kind": rtype.kind,
-                                      "verbs": ["get", "patch", "update"]})
-                if rtype.plural == "pods":
-                    resources.append({"name": "pods/eviction", "singularName": "", "namespaced": True,
-                                      "group": "policy", "version": "v1", "kind": "Eviction",
-                                      "verbs": ["create"]})
+                resources.extend(_subresources(rtype))
             return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
                     "resources": resources}
         return None
@@ -628,6 +933,8 @@ class ApiServer:
         return stored
 
     def _record(self, event_type: str, rtype: ResourceType, old: dict | None, new: dict) -> None:
+        if rtype.group == authz.RBAC_GROUP:
+            self._rbac = None  # read the RBAC objects again at the next decision
         self._events.append(_WatchEvent(self._resource_version, event_type, rtype, old, copy.deepcopy(new)))
         self._cond.notify_all()
 
@@ -1088,6 +1395,11 @@ class _HttpServer(ThreadingHTTPServer):
         self.api = api
         super().__init__(address, handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that fails the TLS handshake (a certificate the CA did not sign, plain HTTP) or goes away is
+        that client's problem, logged, not a traceback on the test's stderr."""
+        log.debug("connection from %s ended", client_address, exc_info=True)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -1098,6 +1410,8 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HttpServer
 
     def setup(self) -> None:
+        self.request.settimeout(IDLE_CONNECTION_SECONDS)
+        self.request.do_handshake()  # here, in the connection's thread (see ApiServer.__init__)
         super().setup()
         with self.server.api._cond:
             self.server.api._connections.add(self.connection)
@@ -1113,11 +1427,38 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
+    def _read_chunked(self) -> bytes | tuple[int, str]:
+        """A request body in HTTP/1.1 chunks (RFC 9112 §7.1), or the error to answer: 413 past MAX_REQUEST_BYTES, the
+        real server's limit, 400 for a chunk size that is no hex number. Chunk extensions and trailers are read past."""
+        body = bytearray()
+        while True:
+            line = self.rfile.readline(1024)
+            try:
+                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+            except ValueError:
+                self.close_connection = True  # where the next request would start is unknown
+                return 400, f"bad chunk size {line[:40]!r}"
+            if size == 0:
+                while self.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+                    pass
+                return bytes(body)
+            if len(body) + size > MAX_REQUEST_BYTES:
+                self.close_connection = True  # the rest of the body is not read
+                return 413, f"Request entity too large: limit is {MAX_REQUEST_BYTES}"
+            body += self.rfile.read(size)
+            self.rfile.readline(8)  # the CRLF after the chunk
+
     def _serve(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw_body = self.rfile.read(length) if length else b""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            raw_body = self._read_chunked()  # `kubectl create --raw -f FILE` sends its body so, as Go's client may
+            if isinstance(raw_body, tuple):
+                self.send_error(*raw_body)
+                return
+        else:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw_body = self.rfile.read(length) if length else b""
         result = self.server.api.handle(self.command, self.path, self.headers.get("Content-Type", ""), raw_body,
-                                        dict(self.headers.items()))
+                                        dict(self.headers.items()), self.connection.getpeercert() or None)
         if isinstance(result, _Response):
             payload = result.body.encode() if isinstance(result.body, str) else json.dumps(result.body).encode()
             self.send_response(result.code)
@@ -1151,32 +1492,82 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 
 
-def kubeconfig(server: ApiServer, context: str = "koordlet-py-test") -> dict:
-    """A kubeconfig document for `server` (write it as YAML or JSON for a subprocess's KUBECONFIG)."""
+def _pem_data(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def kubeconfig(server: ApiServer, credentials: Credentials | None = None, context: str = "koordlet-py-test") -> dict:
+    """A kubeconfig document for `server` as ``credentials`` (the admin unless given), with the CA and the
+    certificate or token inline (write it as YAML or JSON for a subprocess's KUBECONFIG)."""
+    credentials = credentials or server.admin
+    user: dict[str, str] = {}
+    if credentials.cert is not None:
+        user = {"client-certificate-data": _pem_data(credentials.cert.cert),
+                "client-key-data": _pem_data(credentials.cert.key)}
+    if credentials.token is not None:
+        user["token"] = credentials.token
     return {"apiVersion": "v1", "kind": "Config", "current-context": context,
-            "clusters": [{"name": context, "cluster": {"server": server.url}}],
-            "users": [{"name": context, "user": {}}],
-            "contexts": [{"name": context, "context": {"cluster": context, "user": context}}]}
+            "clusters": [{"name": context, "cluster": {"server": server.url,
+                                                       "certificate-authority-data": _pem_data(server.ca_file)}}],
+            "users": [{"name": credentials.user, "user": user}],
+            "contexts": [{"name": context, "context": {"cluster": context, "user": credentials.user}}]}
 
 
-def write_kubeconfig(server: ApiServer, path: Path) -> Path:
-    """Write kubeconfig(server) to `path` (JSON, which every YAML reader accepts); returns `path`."""
-    path.write_text(json.dumps(kubeconfig(server), indent=2), encoding="utf-8")
+def write_kubeconfig(server: ApiServer, path: Path, credentials: Credentials | None = None) -> Path:
+    """Write kubeconfig(server, credentials) to `path` (JSON, which every YAML reader accepts); returns `path`."""
+    path.write_text(json.dumps(kubeconfig(server, credentials), indent=2), encoding="utf-8")
+    path.chmod(0o600)
     return path
 
 
-def kube_client_config(server: ApiServer) -> kubernetes.client.Configuration:
-    """A kubernetes client Configuration that talks to `server`."""
+def kube_client_config(server: ApiServer, credentials: Credentials | None = None) -> kubernetes.client.Configuration:
+    """A kubernetes client Configuration that talks to `server` as ``credentials`` (the admin unless given)."""
+    credentials = credentials or server.admin
     config = kubernetes.client.Configuration()
     config.host = server.url
-    if server.tls is not None:
-        config.ssl_ca_cert = str(server.tls[0])  # the self-signed certificate is its own CA
+    config.ssl_ca_cert = str(server.ca_file)
+    if credentials.cert is not None:
+        config.cert_file, config.key_file = str(credentials.cert.cert), str(credentials.cert.key)
+    if credentials.token is not None:
+        config.api_key = {"authorization": f"Bearer {credentials.token}"}
     return config
 
 
-def kube_api_client(server: ApiServer) -> kubernetes.client.ApiClient:
-    """An ApiClient for `server`; close it (or use it as a context manager) when done."""
-    return kubernetes.client.ApiClient(kube_client_config(server))
+def ssl_context(server: ApiServer, credentials: Credentials | None = None) -> ssl.SSLContext:
+    """A client TLS context for plain HTTP clients (urllib, http.client): the cluster CA, and the client
+    certificate of ``credentials`` (the admin unless given; a token is the caller's to send)."""
+    credentials = credentials or server.admin
+    context = ssl.create_default_context(cafile=str(server.ca_file))
+    if credentials.cert is not None:
+        context.load_cert_chain(credentials.cert.cert, credentials.cert.key)
+    return context
+
+
+def kube_api_client(server: ApiServer, credentials: Credentials | None = None) -> kubernetes.client.ApiClient:
+    """An ApiClient for `server` as ``credentials`` (the admin unless given); close it (or use it as a context
+    manager) when done."""
+    return kubernetes.client.ApiClient(kube_client_config(server, credentials))
+
+
+def create_objects(server: ApiServer, docs: list[dict], credentials: Credentials | None = None) -> list[dict]:
+    """POST each of ``docs`` to its collection as ``credentials`` (the admin unless given), as ``kubectl create -f``
+    does; the created objects, or ApiStatusError for the first refusal."""
+    created = []
+    with kube_api_client(server, credentials) as client:
+        for doc in docs:
+            rtype = server._type_for_object(doc)
+            namespace = _meta(doc).get("namespace") or ("default" if rtype.namespaced else None)
+            base = f"/apis/{rtype.api_version}" if rtype.group else "/api/v1"
+            path = f"{base}/namespaces/{namespace}/{rtype.plural}" if namespace else f"{base}/{rtype.plural}"
+            request = client.param_serialize("POST", path, header_params={"Content-Type": "application/json"},
+                                             body=doc, auth_settings=["BearerToken"])  # a token, when one is given
+            response = client.call_api(*request)
+            answer = json.loads(response.read() or b"{}")
+            if response.status != 201:
+                raise ApiStatusError(response.status, str(answer.get("message") or answer),
+                                     reason=answer.get("reason"))
+            created.append(answer)
+    return created
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1187,7 +1578,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--crd-dir", type=Path, default=DEFAULT_CRD_DIR)
-    parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the server here")
+    parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for the server's admin here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     stop = threading.Event()

@@ -36,6 +36,10 @@ CGROUP_ROOT = _session_cgroup_root()
 # runtime-facing subset, scripts/test-all.sh).
 GENERATIONS = ("1.6", "1.7", "2.1")
 DEFAULT_GENERATION = "2.1"
+# More runc generations as CRI runtime handlers ``runc-<gen>`` (scripts/containerd-up.sh CTRD_RUNC_HANDLERS): runc 1.3
+# (Debian unstable's 1.3.6, the quadratic cpu.weight formula) in the v2 guests, whose stage fetches it beforehand
+# (the guest has no network); the default handler ``runc`` is Debian 12's 1.1.5.
+RUNC_13_HANDLER = "runc-1.3"
 
 
 def generation() -> str:
@@ -53,6 +57,7 @@ class Containerd:
     cgroup_root: str = CGROUP_ROOT  # the kubelet --cgroup-root of the pods made against it (pruned on down)
     version: str = DEFAULT_GENERATION  # the generation (scripts/containerd-up.sh CTRD_VERSION: 2.1, 1.7, 1.6)
     nri_socket: str | None = None  # containerd >= 1.7: NRI on at this socket (CTRD_NRI_SOCKET)
+    runc_handlers: tuple[str, ...] = ()  # more runc generations as handlers runc-<gen> (CTRD_RUNC_HANDLERS)
 
     @property
     def socket(self) -> str:
@@ -69,7 +74,8 @@ class Containerd:
     def _env(self) -> dict[str, str]:
         return {**os.environ, "CTRD_RUN": self.run_dir, "CTRD_ROOT": self.root_dir, "CTRD_CNI": "none",
                 "CTRD_CGROUP_TOPS": self.cgroup_root.strip("/"), "CTRD_VERSION": self.version,
-                **({"CTRD_NRI_SOCKET": self.nri_socket} if self.nri_socket else {})}
+                **({"CTRD_NRI_SOCKET": self.nri_socket} if self.nri_socket else {}),
+                **({"CTRD_RUNC_HANDLERS": " ".join(self.runc_handlers)} if self.runc_handlers else {})}
 
     def up(self) -> str:
         out = subprocess.run(["bash", str(REPO / "scripts/containerd-up.sh")], env=self._env(),
@@ -101,9 +107,11 @@ def session_containerd(pid: int | None = None) -> Containerd:
     socket, so that the guest's NRI tests need no second containerd (tests/support/v2stack.py)."""
     pid = os.getpid() if pid is None else pid
     cgroup_root = CGROUP_ROOT if pid == os.getpid() else SESSION_CGROUP_ROOT.format(pid=pid)
-    nri = f"/run/koordlet-py/test-{pid}/nri/nri.sock" if os.environ.get("KPY_V2_GUEST") == "1" else None
+    in_v2_guest = os.environ.get("KPY_V2_GUEST") == "1"
+    nri = f"/run/koordlet-py/test-{pid}/nri/nri.sock" if in_v2_guest else None
     return Containerd(f"/run/koordlet-py/test-{pid}/containerd", f"/var/lib/koordlet-py/test-{pid}/containerd",
-                      cgroup_root=cgroup_root, version=generation(), nri_socket=nri)
+                      cgroup_root=cgroup_root, version=generation(), nri_socket=nri,
+                      runc_handlers=("1.3",) if in_v2_guest else ())
 
 
 def clean_up_dead_sessions() -> list[int]:

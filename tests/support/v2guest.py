@@ -11,6 +11,7 @@ Also the benchmarks' way into the guest (:func:`run_bench_in_v2_guest`)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -47,6 +48,44 @@ def run_bench_in_v2_guest(bench: str, out_name: str, args: Sequence[str], timeou
     except (OSError, ValueError):
         print(f"the v2 guest gave no results (exit {done.returncode}); see {out}/guest.log", file=sys.stderr)
         return None
+
+
+def guest_part(run: Callable[[], dict[str, object]], show: Callable[[dict[str, object]], None],
+               controllers: Sequence[str] | None = None) -> int:
+    """A benchmark's ``--v2-guest`` part: ``run`` where the cgroups it needs (``controllers``: delegated to the
+    pods) can be written, ``show`` its result, and write it to ``$KPY_V2_OUT/bench.json`` for
+    :func:`run_bench_in_v2_guest`; 2 (said on stderr) when it cannot run here."""
+    from tests.koordlet.qosmanager.realnode import skip_unless_v2_writable
+
+    try:
+        if controllers is None:
+            skip_unless_v2_writable()
+        else:
+            skip_unless_v2_writable(controllers)
+    except pytest.skip.Exception as exc:
+        print(f"cannot run: {exc}", file=sys.stderr)
+        return 2
+    result = run()
+    show(result)
+    with open(os.path.join(os.environ["KPY_V2_OUT"], "bench.json"), "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+def host_part(bench: str, out_name: str, args: argparse.Namespace, show: Callable[[dict[str, object]], None],
+              timeout_s: int, env: Mapping[str, str] | None = None, kept_here: Sequence[str] = ()) -> int:
+    """A benchmark's host part: its options (but ``--json`` and ``kept_here``) forwarded to its ``--v2-guest`` part
+    in the guest (:func:`run_bench_in_v2_guest`), the result shown (``--json``: as JSON); 1 without one."""
+    forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
+                 if k not in ("json", "v2_guest", *kept_here)]
+    result = run_bench_in_v2_guest(bench, out_name, forwarded, timeout_s, env)
+    if not isinstance(result, dict):
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        show(result)
+    return 0
 
 
 def in_v2_guest() -> bool:

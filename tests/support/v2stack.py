@@ -32,6 +32,7 @@ from koordlet.api.pod import ContainerMeta, PodMeta
 from koordlet.api.qos import KubeQoS
 from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
+from koordlet.metricsadvisor.pods import DemandBoard
 from koordlet.qosmanager import QoSManagerConfig, new_qos_manager
 from koordlet.runtimehooks import RuntimeHooks, RuntimeHooksConfig
 from koordlet.runtimehooks.nri import NriConfig
@@ -165,14 +166,18 @@ class V2Stack:
         self.states.set_node(_node())
         self.states.set_node_slo(default_node_slo_spec())
 
-    def manager(self, slo_spec: dict, gates: dict[str, bool], cache: MetricCache | None = None):  # noqa: ANN201
+    def manager(self, slo_spec: dict, gates: dict[str, bool], cache: MetricCache | None = None,  # noqa: ANN201
+                demand: DemandBoard | None = None, fanout_interval_s: float = 1.0):
         """A QoS manager over the stack's states with only ``gates`` on, NodeSLO ``slo_spec``; ``cache``: where
-        collectors put usage. The caller starts and stops it."""
+        collectors put usage; ``demand``: where it tells the collector which pods to read every tick (as koordlet
+        runs it), with pods read once in ``fanout_interval_s`` otherwise. The caller starts and stops it."""
         self.states.set_node_slo(parse_node_slo_spec(slo_spec))
         config = QoSManagerConfig(node_name=NODE, feature_gates={
-            "BECPUSuppress": False, "CPUBurst": False, "RdtResctrl": False, "CgroupReconcile": False, **gates})
+            "BECPUSuppress": False, "CPUBurst": False, "RdtResctrl": False, "CgroupReconcile": False, **gates},
+            fanout_interval_s=fanout_interval_s if demand is not None else 1.0)
         return new_qos_manager(self.states, cache or MetricCache(), ResourceExecutor(CgroupFS.detect()), LAYOUT,
-                               config=config, started_at=time.time() - 60)
+                               config=config, started_at=time.time() - 60,
+                               publish_demand=demand.set if demand is not None else None)
 
     @contextmanager
     def nri_plugin(self, state_dir: Path, gates: dict[str, bool] = GATES) -> Iterator[RuntimeHooks]:

@@ -71,6 +71,7 @@ def built_runtime_hooks(ctx: AgentContext) -> RuntimeHooks:
         disable_unset_cpu_quota=config.disable_unset_cpu_quota,
         node_name=config.node_name,
         nri=nri_config(config),
+        weight_formula=config.cgroup_v2_weight_formula,
     )
     warn = PodEvents(config.node_name, ctx.api_client).warning if ctx.api_client is not None else None
     task_ids = ctx.states.container_task_ids if config.enable_pod_taskids else None

@@ -46,7 +46,9 @@ def collectors(ctx: AgentContext) -> list[Collector]:
                              config.collect_res_used_interval_s, be_cgroup_dir=layout.qos_dir(KubeQoS.BESTEFFORT),
                              node=node_collector, collect_page_cache=config.enable_pagecache_collector,
                              host_apps=host_app_cgroup_source(states.node_slo, layout),
-                             kubepods_dir=layout.kubepods_dir()),
+                             kubepods_dir=layout.kubepods_dir(), demand=ctx.usage_demand.get,
+                             fanout_interval_s=max(config.collect_pod_res_used_interval_s,
+                                                   config.collect_res_used_interval_s)),
     ]
     if config.gate("PSICollector"):
         built.append(NodePsiCollector(ctx.dirs.proc_dir, config.psi_collector_interval_s))

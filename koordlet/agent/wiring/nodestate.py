@@ -18,6 +18,7 @@ def node_state_collector(ctx: AgentContext) -> Component | None:
     collector_config = CollectorConfig(pod_groups=config.gate("Resctrl"),
                                        class_groups=qos_manager and config.gate("RdtResctrl"),
                                        blkio=qos_manager and config.gate("BlkIOReconcile"),
+                                       psi_throttle=qos_manager and config.gate("BEPSIThrottle"),
                                        system_config=qos_manager and config.gate("SystemConfig"),
                                        resctrl_dir=ctx.dirs.resctrl_dir,
                                        host_dir_root=hami_cache_root(config.hami_core_library_directory_path))

@@ -8,7 +8,7 @@ import logging
 import os
 import time
 
-from koordlet import audit
+from koordlet import audit, credentials
 from koordlet.agent.context import AgentContext, Component, Running
 from koordlet.history.actions import RECENT
 from koordlet.kubeapi import CoreV1, CustomObjects
@@ -51,7 +51,8 @@ def states_informer_built(ctx: AgentContext) -> Component | None:
                                   token_file=config.kubelet_token_file, client_cert=config.kubelet_client_cert,
                                   client_key=config.kubelet_client_key,
                                   default_runtime=config.default_runtime_type,
-                                  observe=ctx.metrics.observe_kubelet_request)
+                                  observe=ctx.metrics.observe_kubelet_request, refusals=ctx.refusals,
+                                  token=credentials.token_source(ctx.api_client, config.kubelet_token_file))
     ctx.pod_source = source
     ctx.metrics.zero_states_errors((source.name, "nodeslo") if ctx.api_client is None else (source.name, "node",
                                                                                              "nodeslo"))
@@ -99,14 +100,16 @@ def audit_owners(ctx: AgentContext) -> Component | None:
 
 
 def states_synced(ctx: AgentContext) -> Component | None:
-    """Wait (bounded, cut short by a stop) until the informer has synced."""
+    """Wait (bounded, cut short by a stop, or by a refusal the states cannot sync for: waiting changes no RBAC) until
+    the informer has synced."""
     states, abort = ctx.states, ctx.abort
     deadline = time.monotonic() + ctx.states_sync_timeout_s
-    while not states.wait_synced(0.1) and time.monotonic() < deadline and not abort.is_set():
+    while not states.wait_synced(0.1) and time.monotonic() < deadline and not abort.is_set() \
+            and not ctx.refusals.blocking_states():
         pass
     if not states.has_synced() and not abort.is_set():
-        logger.warning("states informer not synced after %.0f s; starting the rest anyway",
-                       ctx.states_sync_timeout_s)
+        logger.warning("states informer not synced%s; starting the rest anyway", " (refused, see above)"
+                       if ctx.refusals.blocking_states() else f" after {ctx.states_sync_timeout_s:.0f} s")
     return None
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from koordlet.actuator import PlanRunner
 from koordlet.executor import (
     InvalidUpdateError,
     PartialWriteError,
@@ -21,6 +22,7 @@ from koordlet.executor import (
     ResourceUpdate,
     UnsupportedResourceError,
 )
+from koordlet.plan import LineRestore, LineWrite, Plan
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.resources import CGROUP_RESOURCES, ValueKind
 from tests.support.v2guest import skip_unless_v2_writable
@@ -53,7 +55,7 @@ TASKS = {"cgroup.procs", "tasks"}
 ACTIONS = {"memory.reclaim"}  # write-only: below
 # Per-device files (a device number in every value): written on the guest's attached disk by
 # tests/koordlet/qosmanager/test_blkio_v2.py (the io.max keys, the root's io.cost.qos and io.cost.model; io.weight
-# only by the host's unit tests).
+# only by the host's unit tests), io.weight's default line by tests/koordlet/qosmanager/test_psithrottle_v2.py.
 PER_DEVICE = {name for name, r in CGROUP_RESOURCES.items() if r.per_device}
 
 
@@ -84,7 +86,7 @@ def test_the_table_covers_every_writable_resource() -> None:
     writable = {name for name, r in CGROUP_RESOURCES.items() if r.writable}
     assert PER_DEVICE == {"blkio.throttle.read_bps_device", "blkio.throttle.write_bps_device",
                           "blkio.throttle.read_iops_device", "blkio.throttle.write_iops_device",
-                          "blkio.cost.weight", "blkio.cost.qos", "blkio.cost.model"}
+                          "blkio.cost.weight", "blkio.cost.qos", "blkio.cost.model", "io.weight.default"}
     assert writable == set(WRITES) | ANOLIS_ONLY | V1_ONLY | TASKS | PER_DEVICE | ACTIONS
 
 
@@ -109,6 +111,18 @@ def test_every_writable_v2_file_takes_the_executors_value(leaf: str) -> None:
             got[(name, value)] = (ROOT / leaf / resource.v2_file).read_text().strip()
     want = {(name, value): file_value for name, steps in WRITES.items() for value, file_value in steps}
     assert got == want, {k: (v, want[k]) for k, v in got.items() if v != want[k]}
+
+
+def test_io_weights_default_line_is_written_recorded_and_put_back(leaf: str) -> None:
+    """BE PSI throttle's line: "default N" through the plan runner's recorded lines, back to what was there."""
+    executor = ResourceExecutor(CgroupFS.detect())
+    runner = PlanRunner(executor)
+    assert executor.has("io.weight.default", leaf)
+    runner.run(Plan(lines=(LineWrite("io.weight.default", leaf, "default 25"),)), "test")
+    assert (ROOT / leaf / "io.weight").read_text().splitlines()[0] == "default 25"
+    assert executor.records.device_lines.get(f"io.weight.default@default@{leaf}") == "default 100"
+    runner.run(Plan(lines=(LineRestore("io.weight.default", leaf, "default"),)), "test")
+    assert (ROOT / leaf / "io.weight").read_text().splitlines()[0] == "default 100"
 
 
 def test_anolis_files_are_unsupported_and_v1_only_files_are_refused(leaf: str) -> None:

@@ -287,3 +287,39 @@ def test_rings_grow_as_samples_arrive_and_wrap_at_capacity() -> None:
     assert agg is not None and agg.count == capacity
     assert cache.latest(key) == (1_700_000_000.0 + capacity + 24, float(capacity + 24))
     assert cache.query(key, 1_700_000_000.0, 1_700_000_000.0 + 24) is None  # the first 25 were overwritten
+
+
+def test_a_pod_series_read_once_in_ten_seconds_keeps_ten_minutes_in_a_tenth_of_the_slots() -> None:
+    """Pods no strategy reads every tick are read once a fan-out interval (10 s): their rings stop growing once
+    they hold 10 min. Read every second later on (a strategy asks for the pod), the ring grows again, between its
+    newest and its oldest sample, up to its capacity; queries see every sample in time order throughout."""
+    cache = MetricCache()
+    key = SeriesKey.of(MetricKind.POD_CPU_USAGE, pod_uid="p")
+    t0 = 1_700_000_000.0
+    for n in range(200):  # 2000 s at one sample in 10 s
+        cache.append(key, t0 + 10 * n, float(n))
+    ring = cache._ring(key)
+    assert ring is not None and ring.size == 61  # 600 s back from the newest, both ends in
+    agg = cache.query(key, 0, 2e9)
+    assert agg is not None and agg.count == 61 and agg.first_timestamp == t0 + 1390 and agg.last == 199.0
+    last = t0 + 1990
+    for n in range(1, 701):  # then every second for 700 s
+        cache.append(key, last + n, 1000.0 + n)
+    assert ring.size == cache.capacity_of(key.kind) == 600
+    window = cache.query(key, last - 100, last + 700)
+    assert window is not None and window.count == 600 and window.first_timestamp == last + 101
+    assert window.avg == pytest.approx(1000.0 + (101 + 700) / 2)
+    # mid-way: while it grew inside the wrapped ring, the 10 s samples and the 1 s ones came out in order
+    grown = MetricCache()
+    for n in range(100):
+        grown.append(key, t0 + 10 * n, float(n))
+    for n in range(1, 31):
+        grown.append(key, t0 + 990 + n, 100.0 + n)
+    mixed = grown.query(key, t0 + 900, t0 + 1020)
+    assert mixed is not None and mixed.count == 10 + 30
+    assert (mixed.first_timestamp, mixed.last_timestamp, mixed.last) == (t0 + 900, t0 + 1020, 130.0)
+    assert list(mixed.sorted_values) == sorted([*map(float, range(90, 100)), *(100.0 + n for n in range(1, 31))])
+    ring = grown._ring(key)
+    assert ring is not None
+    stamps = [ring.timestamps[ring._physical(i)] for i in range(ring.size)]
+    assert stamps == sorted(stamps) and stamps[-1] - stamps[0] <= 600  # in order, and no more than 10 min

@@ -1,6 +1,7 @@
 """A small real node for the QoS tests and bench/qos_reaction.py: private cgroup dirs laid out like
 kubelet's (``<prefix>/kubepods/{burstable,besteffort}/pod<uid>``), real processes in them, the real
-collectors feeding a real metric cache, the real executor and the QoS manager.
+collectors feeding a real metric cache, the real executor and the QoS manager, wired as koordlet wires them: the
+kubepods dir read every collection, each pod every fan-out interval unless a strategy that is on asks for it.
 
 Everything lives under ``/sys/fs/cgroup/<ctrl>/koordlet-py-test-<pid>-<name>/`` on cgroup v1, or
 ``/sys/fs/cgroup/koordlet-py-test-<pid>-<name>/`` on cgroup v2 (:class:`V2TestCgroups`), which is the
@@ -31,6 +32,7 @@ from koordlet.metricsadvisor import (
     PodCgroup,
     PodResourceCollector,
 )
+from koordlet.metricsadvisor.pods import DemandBoard
 from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
 from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.statesinformer.cgroups import pod_cgroups
@@ -43,6 +45,33 @@ from tests.support.v2guest import V2_CONTROLLERS, V2_ROOT, skip_unless_v2_writab
 
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
 BURN = "while True:\n    pass\n"
+FANOUT_S = 10.0  # koordlet's -collect-pod-res-used-interval
+# An LS latency probe (bench/cpu_idle.py, bench/psi_throttle.py): {seconds} of sleep 1 ms / wake / 100 µs of work;
+# prints its lateness samples (µs, "late_us") and counters as one JSON line.
+WAKE_PROBE = """
+import json, time
+def schedstat():
+    with open('/proc/self/schedstat') as f:
+        run_ns, wait_ns, slices = f.read().split()
+    return int(wait_ns), int(slices)
+period, work, end = 0.001, 0.0001, time.monotonic() + {seconds}
+late, wakeups = [], 0
+wait0, slices0 = schedstat()
+started = time.monotonic()
+while time.monotonic() < end:
+    asked = time.monotonic()
+    time.sleep(period)
+    woke = time.monotonic()
+    late.append((woke - asked - period) * 1e6)
+    spin_until = woke + work
+    while time.monotonic() < spin_until:
+        pass
+    wakeups += 1
+elapsed = time.monotonic() - started
+wait1, slices1 = schedstat()
+print(json.dumps({{"late_us": late, "wakeups_per_s": wakeups / elapsed,
+                  "run_delay_us_per_wakeup": (wait1 - wait0) / 1e3 / max(wakeups, 1)}}))
+"""
 
 
 def memory_total() -> int:
@@ -121,8 +150,13 @@ class RealNode:
             real.close()
 
     def __init__(self, name: str, pods: Sequence[tuple[str, QoSClass, KubeQoS]], collect_interval_s: float = 1.0,
-                 node_name: str = "node-1", v2: bool = False) -> None:
-        self.groups: V1TestCgroups | V2TestCgroups = V2TestCgroups(name) if v2 else V1TestCgroups(name, CONTROLLERS)
+                 node_name: str = "node-1", v2: bool = False, fanout_s: float = FANOUT_S,
+                 delegate: Sequence[str] = V2_CONTROLLERS) -> None:
+        """``fanout_s``: how often the collector reads a pod no strategy asks for (at most ``collect_interval_s``:
+        every pod every collection); ``delegate``: on cgroup v2, the controllers enabled down to the pods (add ``io``
+        for io.weight)."""
+        self.groups: V1TestCgroups | V2TestCgroups = (V2TestCgroups(name, delegate) if v2
+                                                      else V1TestCgroups(name, CONTROLLERS))
         self.layout = KubeCgroupLayout(cgroup_root="/" + self.groups.prefix)
         self.fs = CgroupFS.detect()
         self.executor = ResourceExecutor(self.fs)
@@ -146,9 +180,12 @@ class RealNode:
         self.states = StaticStates(node=self.node, pods=tuple(self.pods))
         self.cache = MetricCache()
         self.node_collector = NodeResourceCollector(interval_s=collect_interval_s)
+        self.demand = DemandBoard()
         self.pod_collector = PodResourceCollector(
             self._pod_cgroups, self.fs, interval_s=collect_interval_s,
-            be_cgroup_dir=self.layout.qos_dir(KubeQoS.BESTEFFORT), node=self.node_collector)
+            be_cgroup_dir=self.layout.qos_dir(KubeQoS.BESTEFFORT), node=self.node_collector,
+            kubepods_dir=self.layout.kubepods_dir(), fanout_interval_s=max(fanout_s, collect_interval_s),
+            demand=self.demand.get)
         self.runner = CollectorRunner(self.cache, [self.node_collector, self.pod_collector])
         self.manager: QoSManager | None = None
 
@@ -206,6 +243,19 @@ class RealNode:
         ``pod_name`` holds its memory, whatever the rest of the machine does."""
         return self.anon_bytes(pod_name) * 100 // self.node.capacity["memory"]
 
+    def kubelet_weights(self, ls: str = "ls", be: str = "be") -> None:
+        """kubelet's CPU weights on the QoS dirs and on pods ``ls`` (1 CPU requested) and ``be`` (BestEffort): the
+        besteffort dir and a BestEffort pod 2 shares, the burstable dir and the LS pod 1024 (v2: kubelet's own
+        linear mapping to cpu.weight, pkg/kubelet/cm getCPUWeight)."""
+        v2 = self.fs.version is CgroupVersion.V2
+        burstable = self.layout.qos_dir(KubeQoS.BURSTABLE)
+        for cgroup_dir, shares in ((self.be_dir, 2), (self.pod_dir(self.pod(be)), 2), (burstable, 1024),
+                                   (self.pod_dir(self.pod(ls)), 1024)):
+            value = 1 + ((shares - 2) * 9999) // 262142 if v2 else shares
+            with open(os.path.join(self.fs.cgroup_dir("cpu", cgroup_dir), "cpu.weight" if v2 else "cpu.shares"),
+                      "w") as f:
+                f.write(str(value))
+
     def read(self, controller: str, cgroup_dir: str, filename: str) -> str:
         with open(os.path.join(self.fs.cgroup_dir(controller, cgroup_dir), filename)) as f:
             return f.read().strip()
@@ -234,9 +284,11 @@ class RealNode:
               config: QoSManagerConfig | None = None, cpu_manager=None) -> QoSManager:
         """``cpu_manager``: kubelet's CPU manager state provider (statesinformer.cpumanager), for suppress."""
         self.states.set_node_slo(node_slo)
+        config = replace(config or QoSManagerConfig(node_name=self.node.name),
+                         fanout_interval_s=self.pod_collector.fanout_interval_s)
         self.manager = new_qos_manager(self.states, self.cache, self.executor, self.layout, evictor=evictor,
-                                       config=config or QoSManagerConfig(node_name=self.node.name),
-                                       started_at=time.time() - 60, cpu_manager=cpu_manager)
+                                       config=config, started_at=time.time() - 60, cpu_manager=cpu_manager,
+                                       publish_demand=self.demand.set)
         self.runner.start()
         self.manager.start()
         return self.manager

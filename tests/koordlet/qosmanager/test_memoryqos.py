@@ -9,8 +9,10 @@ from dataclasses import replace
 import pytest
 
 from koordlet.api.keys import ANNOTATION_MEMORY_QOS
+from koordlet.api.kubeletmemqos import KubeletMemoryQoS
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import ContainerMeta
+from koordlet.api.qos import KubeQoS
 from koordlet.qosmanager import QoSManager, QoSManagerConfig
 from koordlet.qosmanager.memoryqos import HIERARCHICAL_RESOURCES, STRATEGY, decide_steps, decide_values
 from koordlet.qosmanager.snapshot import SnapshotBuilder
@@ -189,3 +191,61 @@ def test_after_a_resize_the_values_follow_the_amounts_the_container_has() -> Non
     key = "kubepods/burstable/poduid-ls/aaaaaaaaaaaa"
     assert (before[key].min_bytes, after[key].min_bytes) == (GiB // 2, GiB)
     assert after[key].high_bytes == (2 * GiB + 2 * GiB * 80 // 100) // PAGE * PAGE
+
+
+# ---- kubelet's own memory QoS (KEP-2570): the files it writes are kubelet's (koordlet/api/kubeletmemqos.py)
+
+LSR = pod("lsr", "LSR", KubeQoS.GUARANTEED, containers=(
+    ContainerMeta("db", container_id="cccccccccccc", requests={"memory": 2 * GiB}, limits={"memory": 2 * GiB}),))
+SLO_ALL = parse_node_slo_spec({"resourceQOSStrategy": {
+    "lsrClass": {"memoryQOS": {"enable": True, "minLimitPercent": 50, "lowLimitPercent": 80, "throttlingPercent": 80}},
+    "lsClass": {"memoryQOS": {"enable": True, "minLimitPercent": 50, "lowLimitPercent": 30, "throttlingPercent": 80}},
+    "beClass": {"memoryQOS": {"enable": True, "minLimitPercent": 100, "lowLimitPercent": 100}},
+}})
+
+
+def _kubelet_values(kubelet: KubeletMemoryQoS) -> dict[str, tuple[int | None, int | None, int | None]]:
+    snap = snapshot(node=node(8000, 16 * GiB, allocatable_memory=15 * GiB), node_slo=SLO_ALL, pods=(LSR, LS, BE),
+                    kubelet_memory_qos=kubelet)
+    return {v.cgroup_dir: (v.min_bytes, v.low_bytes, v.high_bytes) for v in decide_values(snap, LAYOUT, PAGE)}
+
+
+def test_with_kubelets_tiered_reservation_and_throttling_koordlet_writes_only_the_files_kubelet_does_not() -> None:
+    ours = _kubelet_values(KubeletMemoryQoS())
+    shared = _kubelet_values(KubeletMemoryQoS(True, 0.9, "TieredReservation"))
+    lsr_pod, lsr_c = "kubepods/poduid-lsr", "kubepods/poduid-lsr/cccccccccccc"
+    ls_pod, ls_c = "kubepods/burstable/poduid-ls", "kubepods/burstable/poduid-ls/aaaaaaaaaaaa"
+    be_pod_dir, be_c = "kubepods/besteffort/poduid-be", "kubepods/besteffort/poduid-be/bbbbbbbbbbbb"
+    # Guaranteed: memory.min is kubelet's (the request); low and high stay koordlet's
+    assert shared[lsr_pod] == (None, ours[lsr_pod][1], None) and shared[lsr_c] == (None, *ours[lsr_c][1:])
+    # Burstable: memory.low is kubelet's, and the container's memory.high; memory.min stays koordlet's
+    assert shared[ls_pod] == (ours[ls_pod][0], None, None) and shared[ls_c] == (ours[ls_c][0], None, None)
+    # BestEffort (Koordinator's BE): min and low koordlet's; the container's memory.high kubelet's
+    assert shared[be_pod_dir] == ours[be_pod_dir] and shared[be_c] == (*ours[be_c][:2], None)
+    # QoS dirs: kubepods' memory.min and burstable's memory.low are kubelet's; the sums koordlet still writes count
+    # kubelet's values (the requests) where kubelet protects the pods
+    assert shared["kubepods/burstable"] == (ours["kubepods/burstable"][0], None, None)
+    assert shared["kubepods/besteffort"] == ours["kubepods/besteffort"]
+    be_low = ours["kubepods/besteffort"][1]
+    assert shared["kubepods"] == (None, ours[lsr_pod][1] + GiB + be_low, None)  # LSR low + kubelet's LS low + BE
+
+
+def test_with_kubelet_before_1_36_memory_min_of_both_classes_is_kubelets_and_counts_as_the_request() -> None:
+    shared = _kubelet_values(KubeletMemoryQoS(True, None, "Legacy"))
+    assert shared["kubepods/burstable/poduid-ls"][0] is None and shared["kubepods/poduid-lsr"][0] is None
+    assert shared["kubepods/burstable"][0] is None and shared["kubepods"][0] is None
+    assert shared["kubepods/burstable/poduid-ls/aaaaaaaaaaaa"][2] is not None  # no factor: high stays koordlet's
+    assert shared["kubepods/besteffort"][0] == 512 * MiB
+
+
+def test_the_strategy_says_once_what_kubelet_writes_and_again_when_it_changes(caplog: pytest.LogCaptureFixture) -> None:
+    kubelet = KubeletMemoryQoS(True, 0.9, "TieredReservation", "file /etc/kubernetes/kubelet.yaml")
+    snap = snapshot(node=node(), node_slo=SLO_ALL, pods=(LS,), kubelet_memory_qos=kubelet,
+                    kernel_files=frozenset(HIERARCHICAL_RESOURCES))
+    caplog.set_level(logging.INFO)
+    first = STRATEGY.decide(snap, STRATEGY.config())
+    STRATEGY.decide(replace(snap, memo=first.memo), STRATEGY.config())
+    STRATEGY.decide(replace(snap, memo=first.memo, kubelet_memory_qos=KubeletMemoryQoS()), STRATEGY.config())
+    said = [r.getMessage() for r in caplog.records if "kubelet's memory QoS" in r.getMessage()]
+    assert len(said) == 2 and "memory.high at factor 0.9, reservation TieredReservation" in said[0]
+    assert "off" in said[1]

@@ -55,8 +55,10 @@ def _slo(policy: str):
 def node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
     v2 = request.param == "v2"
     skip_unless_v2_writable() if v2 else RealNode.skip_unless_possible()
+    # The strategy is run by hand, tick by tick, with no QoS manager loop to say which pods it reads: the collector
+    # reads every pod at each of the test's collections.
     real = RealNode("quota-owner", (("ls", QoSClass.LS, KubeQoS.BURSTABLE), ("be", QoSClass.BE, KubeQoS.BESTEFFORT)),
-                    v2=v2)
+                    v2=v2, fanout_s=1.0)
     try:
         yield real
     finally:

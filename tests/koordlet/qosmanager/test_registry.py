@@ -34,7 +34,8 @@ SLO = parse_node_slo_spec({
                                             {"name": "/dev/vdb", "type": "device", "ioCfg": {"readBPS": 1 << 20}}]}}},
     "cpuBurstStrategy": {"policy": "auto"},
     "systemStrategy": {"minFreeKbytesFactor": 100, "watermarkScaleFactor": 150},
-    "extensions": {"beMemoryReclaimStrategy": {"enable": True, "reclaimThresholdPercent": 50}},
+    "extensions": {"beMemoryReclaimStrategy": {"enable": True, "reclaimThresholdPercent": 50},
+                   "bePSIThrottleStrategy": {"enable": True}},
 })
 LS = pod("web", "LS", containers=(ContainerMeta("app", container_id="a" * 12, requests={"cpu": 1000, "memory": GiB},
                                                 limits={"cpu": 2000, "memory": 2 * GiB}),))
@@ -43,6 +44,8 @@ LS_DIR = "kubepods/burstable/poduid-web"
 BE_DIR = "kubepods/besteffort/poduid-batch"
 BE_MEMORY_STAT = ("anon 1073741824\nfile 2147483648\ninactive_anon 0\nactive_anon 1073741824\n"
                   "inactive_file 2147483648\nactive_file 0\nunevictable 0\n")
+PRESSURE = ("some avg10=30.00 avg60=10.00 avg300=2.00 total=9000000\n"
+            "full avg10=5.00 avg60=1.00 avg300=0.20 total=900000\n")
 ALL_ON = dict.fromkeys(DEFAULT_FEATURE_GATES, True)  # every strategy's every feature
 
 
@@ -57,9 +60,11 @@ def _snapshot():
                        ("cpu.cfs_quota_us", f"{LS_DIR}/{'a' * 12}"): "200000",
                        ("cpuset.cpus", "kubepods/besteffort"): "0-7",
                        ("cpu.cfs_quota_us", "kubepods/besteffort"): "-1",
-                       ("memory.stat", BE_DIR): BE_MEMORY_STAT},
+                       ("memory.stat", BE_DIR): BE_MEMORY_STAT,
+                       ("cpu.pressure", LS_DIR): PRESSURE, ("io.pressure", LS_DIR): PRESSURE},
         node_memory_with_page_cache_bytes=15 * GiB,
-        kernel_files=frozenset({"memory.min", "memory.low", "memory.high", "memory.reclaim"}),
+        kernel_files=frozenset({"memory.min", "memory.low", "memory.high", "memory.reclaim", "io.weight.default"}),
+        cgroup_v2=True,
         resctrl=ResctrlInfo(0x7FF, (0, 1), True),
         system_values={"min_free_kbytes": "67584", "watermark_scale_factor": "10"},
         storage=StorageInfo(MappingProxyType({"vdb": BlockDevice("vdb", "254:16", "vdb")})),

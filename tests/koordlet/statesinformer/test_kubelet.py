@@ -1,4 +1,5 @@
-"""KubeletPodSource against a real HTTPS server serving kubelet's /pods JSON (self-signed cert via openssl)."""
+"""KubeletPodSource against the project's HTTPS kubelet (tests/support/kubelet.py), which authenticates and
+authorizes koordlet's requests through the project's API server as a real kubelet does."""
 
 from __future__ import annotations
 
@@ -7,51 +8,39 @@ from pathlib import Path
 
 import pytest
 
+from koordlet.access import Refusals
 from koordlet.api.qos import KubeQoS, PriorityClass, QoSClass
 from koordlet.statesinformer.informer import PodSourceError
 from koordlet.statesinformer.kubelet import KubeletPodSource, PodParseError, kubelet_url, pod_meta_from_pod
 from koordlet.system.cgroup import CgroupDriver
 from koordlet.system.kubepods import KubeCgroupLayout
-from tests.koordlet.statesinformer.kubelet_server import (
-    BE_UID,
-    LS_UID,
-    Certs,
-    FakeKubelet,
-    kubelet_pod_list,
-    make_certs,
-    serve,
-)
+from tests.support.apiserver import ApiServer
+from tests.support.kubelet import BE_UID, LS_UID, Kubelet, grant_kubelet_access, kubelet_pod_list
 
 LAYOUT = KubeCgroupLayout(CgroupDriver.CGROUPFS, "/")
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    return make_certs(tmp_path_factory.mktemp("certs"))
+READER = "system:serviceaccount:default:kubelet-reader"
 
 
 @pytest.fixture
-def kubelet() -> FakeKubelet:
-    return FakeKubelet()
+def kubelet(server: ApiServer) -> Iterator[Kubelet]:
+    with Kubelet(server, "node-1") as running:
+        yield running
 
 
 @pytest.fixture
-def kubelet_url_token(kubelet: FakeKubelet, certs: Certs) -> Iterator[str]:
-    yield from serve(kubelet, certs)
+def token(server: ApiServer, kubelet: Kubelet, tmp_path: Path) -> str:
+    """A token file of a service account that may get nodes/pods (what kubelet asks first for /pods)."""
+    path = tmp_path / "token"
+    path.write_text(grant_kubelet_access(server) + "\n")
+    return str(path)
 
 
-@pytest.fixture
-def kubelet_url_mtls(kubelet: FakeKubelet, certs: Certs) -> Iterator[str]:
-    yield from serve(kubelet, certs, require_client_cert=True)
-
-
-def test_pods_from_kubelet_https_with_token_become_pod_metas(kubelet: FakeKubelet, kubelet_url_token: str,
-                                                              tmp_path: Path) -> None:
-    token = tmp_path / "token"
-    token.write_text("s3cr3t\n")
-    source = KubeletPodSource(kubelet_url_token, LAYOUT, token_file=str(token))
+def test_pods_from_kubelet_https_with_token_become_pod_metas(kubelet: Kubelet, token: str) -> None:
+    source = KubeletPodSource(kubelet.url, LAYOUT, token_file=token)
     web, spark = source.list_pods()
-    assert kubelet.authorizations == ["Bearer s3cr3t"]
+    [request] = kubelet.requests
+    assert (request.path, request.status, request.user) == ("/pods/", 200, READER)
+    assert request.authorization == f"Bearer {Path(token).read_text().strip()}"
     assert (web.namespace, web.name, web.uid, web.phase) == ("shop", "web-0", LS_UID, "Running")
     assert web.kube_qos is KubeQoS.GUARANTEED and web.qos_class is QoSClass.LSR
     assert web.priority == 9500 and web.priority_class is PriorityClass.PROD
@@ -69,28 +58,55 @@ def test_pods_from_kubelet_https_with_token_become_pod_metas(kubelet: FakeKubele
     assert web.ips == ("10.244.1.7", "fd00:10:244:1::7") and spark.ips == ()  # Pending: no IP yet
 
 
-def test_client_certificate_authenticates_to_kubelet(kubelet: FakeKubelet, kubelet_url_mtls: str,
-                                                      certs: Certs) -> None:
-    source = KubeletPodSource(kubelet_url_mtls, LAYOUT, token_file="",
-                              client_cert=str(certs.client_cert), client_key=str(certs.client_key))
+def test_client_certificate_authenticates_to_kubelet(server: ApiServer, kubelet: Kubelet) -> None:
+    server.seed({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                 "metadata": {"name": "koordlet-kubelet-api"},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                             "name": "system:kubelet-api-admin"}, "subjects": [{"kind": "User", "name": "koordlet"}]})
+    cert = server.client_credentials("koordlet").cert
+    assert cert is not None
+    source = KubeletPodSource(kubelet.url, LAYOUT, token_file="", client_cert=str(cert.cert),
+                              client_key=str(cert.key))
     assert len(source.list_pods()) == 2
-    assert kubelet.peer_subjects == ["koordlet"]
-    assert kubelet.authorizations == [""]
+    [request] = kubelet.requests
+    assert (request.client_cert_user, request.user, request.authorization) == ("koordlet", "koordlet", "")
 
 
-def test_empty_pod_list_is_a_failure(kubelet: FakeKubelet, kubelet_url_token: str) -> None:
+def test_empty_pod_list_is_a_failure(kubelet: Kubelet, token: str) -> None:
     kubelet.payload = {"kind": "PodList", "items": []}
     with pytest.raises(PodSourceError, match="empty pod list"):
-        KubeletPodSource(kubelet_url_token, LAYOUT).list_pods()
+        KubeletPodSource(kubelet.url, LAYOUT, token_file=token).list_pods()
 
 
-def test_http_error_and_timeout_are_failures(kubelet: FakeKubelet, kubelet_url_token: str) -> None:
-    kubelet.status = 401
-    with pytest.raises(PodSourceError, match="HTTP 401"):
-        KubeletPodSource(kubelet_url_token, LAYOUT).list_pods()
+def test_a_refusal_names_the_call_the_user_and_the_rule_and_ends_when_the_call_is_allowed(
+        server: ApiServer, kubelet: Kubelet, token: str, tmp_path: Path) -> None:
+    refusals = Refusals()
+    with pytest.raises(PodSourceError, match=r"^kubelet did not authenticate koordlet for GET "
+                                             r"https://127\.0\.0\.1:\d+/pods/ \(401\): kubelet did not accept"):
+        KubeletPodSource(kubelet.url, LAYOUT, refusals=refusals).list_pods()  # no credential at all
+    stats_only = tmp_path / "stats-only"
+    stats_only.write_text(grant_kubelet_access(server, account="stats-only", subresources=("stats",)))
+    source = KubeletPodSource(kubelet.url, LAYOUT, token_file=str(stats_only), refusals=refusals)
+    with pytest.raises(PodSourceError) as refused:
+        source.list_pods()
+    assert str(refused.value).startswith(
+        f"kubelet refused GET {kubelet.url}/pods/ (403): user system:serviceaccount:default:stats-only may not get "
+        'nodes/pods or nodes/proxy; the rule that allows it: {apiGroups: [""], resources: ["nodes/pods"], '
+        'verbs: ["get"]} on kubelet 1.33+ (KubeletFineGrainedAuthz), or {apiGroups: [""], resources: '
+        '["nodes/proxy"], verbs: ["get"]} on older kubelets')
+    [current] = refusals.current()
+    assert (current.source, current.code, current.resource) == ("kubelet", 403, "nodes/pods or nodes/proxy")
+    assert len(KubeletPodSource(kubelet.url, LAYOUT, token_file=token, refusals=refusals).list_pods()) == 2
+    assert refusals.current() == []
+
+
+def test_http_errors_and_timeouts_are_failures(kubelet: Kubelet, token: str) -> None:
+    kubelet.status = 500
+    with pytest.raises(PodSourceError, match="HTTP 500"):
+        KubeletPodSource(kubelet.url, LAYOUT, token_file=token).list_pods()
     kubelet.status, kubelet.delay_s = 200, 0.6
     with pytest.raises(PodSourceError, match="timed out"):
-        KubeletPodSource(kubelet_url_token, LAYOUT, timeout_s=0.2).list_pods()
+        KubeletPodSource(kubelet.url, LAYOUT, token_file=token, timeout_s=0.2).list_pods()
 
 
 def test_unknown_address_is_a_failure_not_a_crash() -> None:
@@ -98,9 +114,9 @@ def test_unknown_address_is_a_failure_not_a_crash() -> None:
         KubeletPodSource(lambda: None, LAYOUT).list_pods()
 
 
-def test_pod_with_bad_quantity_is_skipped_others_kept(kubelet: FakeKubelet, kubelet_url_token: str) -> None:
+def test_pod_with_bad_quantity_is_skipped_others_kept(kubelet: Kubelet, token: str) -> None:
     kubelet.payload["items"][1]["spec"]["containers"][0]["resources"]["requests"]["memory"] = "lots"
-    pods = KubeletPodSource(kubelet_url_token, LAYOUT).list_pods()
+    pods = KubeletPodSource(kubelet.url, LAYOUT, token_file=token).list_pods()
     assert [p.name for p in pods] == ["web-0"]
 
 
@@ -239,3 +255,40 @@ def test_pod_level_amounts_follow_what_kubelet_enacted() -> None:
 def test_a_pod_without_pod_level_resources_has_none() -> None:
     meta = pod_meta_from_pod(kubelet_pod_list()["items"][0], LAYOUT)
     assert (meta.pod_requests, meta.pod_limits) == ({}, {})
+
+
+def test_kubelets_configz_gives_its_memory_qos_and_the_last_good_answer_stays_through_a_failure(
+        server: ApiServer, kubelet: Kubelet, tmp_path: Path) -> None:
+    """kubelet's /configz as Koordinator's koordlet reads it, allowed by nodes/configz; asked again only once a
+    refresh is due."""
+    from koordlet.statesinformer.kubeletconfig import REFRESH_S, KubeletMemoryQoSSource
+
+    token = tmp_path / "token"
+    token.write_text(grant_kubelet_access(server, subresources=("pods", "configz")) + "\n")
+    kubelet.configz = {"memoryThrottlingFactor": 0.9, "memoryReservationPolicy": "TieredReservation"}
+    now = [0.0]
+    source = KubeletMemoryQoSSource(None, KubeletPodSource(kubelet.url, LAYOUT, token_file=str(token)).kubelet_config,
+                                    lambda: "v1.37.1", clock=lambda: now[0])
+    got = source()
+    assert (got.enabled, got.throttling_factor, got.reservation) == (True, 0.9, "TieredReservation")
+    assert "kubelet's /configz, kubelet v1.37.1" in got.source
+    kubelet.configz = None  # /configz answers 404 from now on
+    assert source() is got  # not asked again yet
+    now[0] += REFRESH_S
+    assert source() == got  # asked, failed: the last answer stays
+    assert [(r.path, r.status, r.user) for r in kubelet.requests] == [
+        ("/configz", 200, READER), ("/configz", 404, READER)]
+
+
+def test_a_refused_configz_is_named_and_does_not_hold_the_pod_list(kubelet: Kubelet, token: str) -> None:
+    """A role with nodes/pods alone: kubelet refuses /configz (nodes/configz, then nodes/proxy), koordlet names the
+    rule, and the refusal is not one the states informer waits for."""
+    refusals = Refusals()
+    source = KubeletPodSource(kubelet.url, LAYOUT, token_file=token, refusals=refusals)
+    kubelet.configz = {"memoryThrottlingFactor": 0.9}
+    with pytest.raises(PodSourceError, match=r"nodes/configz"):
+        source.kubelet_config()
+    [refused] = refusals.current()
+    assert refused.code == 403 and "nodes/configz" in refused.rule and "nodes/proxy" in refused.rule
+    assert refusals.blocking_states() == []
+    assert len(source.list_pods()) == 2

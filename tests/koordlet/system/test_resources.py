@@ -9,7 +9,9 @@ from koordlet.system.resources import (
     CGROUP_RESOURCES,
     InvalidCgroupValueError,
     UnknownCgroupResourceError,
+    WeightFormula,
     cpu_shares_to_weight,
+    formulas_giving,
     get_resource,
 )
 
@@ -124,7 +126,30 @@ def test_v2_translation_of_unlimited_memory_and_weight() -> None:
 
 @pytest.mark.parametrize(("shares", "weight"), [(2, 1), (1024, 39), (262144, 10000), (1, 1), (10**7, 10000)])
 def test_shares_to_weight_linear_kubelet_mapping(shares: int, weight: int) -> None:
-    assert cpu_shares_to_weight(shares) == weight
+    assert cpu_shares_to_weight(shares) == weight == cpu_shares_to_weight(shares, WeightFormula.LINEAR)
+
+
+# runc's own cases (opencontainers/cgroups TestConvertCPUSharesToCgroupV2Value), runc #4896's 2000 → 170 (77 linear),
+# and the BE pods' 512 (500 milli batch-cpu)
+@pytest.mark.parametrize(("shares", "weight"), [(1, 1), (2, 1), (3, 2), (512, 59), (1024, 100), (2000, 170),
+                                                 (262143, 10000), (262144, 10000), (262145, 10000)])
+def test_shares_to_weight_quadratic_is_runcs_newer_mapping(shares: int, weight: int) -> None:
+    assert cpu_shares_to_weight(shares, WeightFormula.QUADRATIC) == weight
+
+
+def test_the_cpu_shares_file_on_v2_takes_the_runtimes_formula() -> None:
+    shares = get_resource("cpu.shares")
+    assert shares.to_file_value("1024", V2, None, WeightFormula.QUADRATIC) == "100"
+    assert shares.to_file_value("1024", V2, None, WeightFormula.LINEAR) == "39"
+    assert shares.to_file_value("1024", V1, None, WeightFormula.QUADRATIC) == "1024"
+
+
+def test_the_formulas_agree_only_at_the_ends_so_one_weight_names_the_runtimes() -> None:
+    assert formulas_giving(2, 1) == formulas_giving(262144, 10000) == frozenset(WeightFormula)
+    assert formulas_giving(1024, 39) == {WeightFormula.LINEAR}
+    assert formulas_giving(1024, 100) == {WeightFormula.QUADRATIC}
+    assert formulas_giving(1024, 50) == frozenset()
+    assert all(len(formulas_giving(s, cpu_shares_to_weight(s))) == 1 for s in range(3, 262144, 97))
 
 
 def test_merges_pick_the_looser_value() -> None:

@@ -1,6 +1,7 @@
 """koordlet registers with NRI before its states informer has the pod list, and a pod created meanwhile gets its
-values from what the NRI request carries (issue 32: Koordinator's args, the project's API server over TLS with a
-token and its small HTTPS kubelet; the kubelet answered an empty pod list, which koordlet, like Koordinator,
+values from what the NRI request carries (issue 32: Koordinator's args and its koordlet's service account and role,
+the project's API server and kubelet, which authorize that account's token; the kubelet answered an empty pod list,
+which koordlet, like Koordinator,
 takes for a kubelet that is restarting, so the sync waited out its 60 s bound, and only then did NRI register).
 
 The koordlet process reaches containerd's NRI socket through a read-only bind mount of its dir, as under
@@ -21,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy.deploy_paths import koordinators_chart
 from tests.deploy.koordinator_v1_8_0 import DAEMONSET_POD
-from tests.deploy.test_koordinator_chart import write_kubeconfig
-from tests.koordlet.statesinformer.kubelet_server import FakeKubelet, kubelet_pod_list, make_certs, serve
-from tests.support.apiserver import ApiServer
+from tests.support.apiserver import ApiServer, Credentials, create_objects, write_kubeconfig
 from tests.support.containerd import CGROUP_ROOT
 from tests.support.cri import CriClient, PodFactory
+from tests.support.kubelet import Kubelet, kubelet_pod_list
 from tests.support.nri import NriContainerd, clean_up_dead_instances
 from tests.support.proxy import free_port
 from tests.support.waiting import wait_for
@@ -35,7 +36,6 @@ pytestmark = [pytest.mark.containerd, pytest.mark.cgroupv1]
 
 REPO = Path(__file__).resolve().parents[4]
 NODE = "early-node"
-TOKEN = "early-token"
 SPEC = {"containers": {"job": {"requests": {"kubernetes.io/batch-cpu": "500", "kubernetes.io/batch-memory": "64Mi"},
                                "limits": {"kubernetes.io/batch-cpu": "1500", "kubernetes.io/batch-memory": "96Mi"}}}}
 # Koordinator v1.8.0's chart args but the klog flags, as the issue ran them; the paths below are made to fit a
@@ -72,24 +72,25 @@ def read_only_var_run(runtime: NriContainerd, tmp_path: Path) -> Iterator[str]:
 
 def test_nri_registers_and_serves_a_be_pod_while_the_pod_list_is_not_there(
         runtime: NriContainerd, read_only_var_run: str, tmp_path: Path) -> None:
-    certs = make_certs(tmp_path)
-    kubelet = FakeKubelet(payload={"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []})
-    serving = serve(kubelet, certs)
-    kubelet_port = int(next(serving).rsplit(":", 1)[1])
     client = CriClient(runtime.socket)
     pods = PodFactory(client)
     log_path = tmp_path / "koordlet.log"
     proc = None
     try:
-        with ApiServer(tls=(certs.server_cert, certs.server_key), token=TOKEN) as api:
-            api.seed({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
-                      "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-                                 "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}}}})
+        with ApiServer() as api, Kubelet(api, NODE, {"kind": "PodList", "apiVersion": "v1", "metadata": {},
+                                                     "items": []}) as kubelet:
+            koordinator = koordinators_chart()
+            create_objects(api, koordinator.rbac)
+            api.seed(kubelet.node_object())
+            namespace, account = koordinator.account
+            token = api.service_account_token(namespace, account)
+            (tmp_path / "token").write_text(token)
+            kubeconfig = write_kubeconfig(api, tmp_path / "kubeconfig", Credentials(account, token=token))
             (tmp_path / "hooks").mkdir()
             args = [sys.executable, "-m", "koordlet.main", *CHART_ARGS,
                     "-cgroup-root-dir=/sys/fs/cgroup/", f"-kubelet-cgroup-root={CGROUP_ROOT}",
                     f"-addr=127.0.0.1:{free_port()}", f"-var-run-root-dir={read_only_var_run}",
-                    f"-kubeconfig={write_kubeconfig(tmp_path / 'kubeconfig', api.url, certs.server_cert, TOKEN)}",
+                    f"-kubeconfig={kubeconfig}", f"-kubelet-token-file={tmp_path / 'token'}",
                     f"-runtime-hooks-addr={tmp_path / 'koordlet.sock'}",
                     f"-runtime-hooks-config-path={tmp_path / 'hooks'}",
                     f"-prediction-checkpoint-filepath={tmp_path / 'prediction'}",
@@ -125,4 +126,3 @@ def test_nri_registers_and_serves_a_be_pod_while_the_pod_list_is_not_there(
             proc.wait(30)
         pods.cleanup()
         client.close()
-        serving.close()
