@@ -13,9 +13,9 @@
 #   V2_TIMEOUT=900       seconds before a guest is killed (boot + tests; each guest measures ~4 min alone)
 #   V2_KERNEL=           a kernel image; default: the newest /boot/vmlinuz-*
 #   V2_OUT=out/v2        results: <driver>/{junit.xml,rc,guest.log,wall_seconds}; the guests write there
-#   V2_DRIVERS="systemd cgroupfs"   the guests to boot, in this order: systemd (systemd as PID 1: the pod story
-#                        and NRI on kubelet's systemd layout, the proxy restarted by systemctl) and cgroupfs
-#                        (virtme-ng's init; every cgroupv2 test but the pod story, which it runs only when it
+#   V2_DRIVERS="systemd cgroupfs"   the guests to boot, in this order: systemd (systemd as PID 1: the pod story,
+#                        NRI and the hook plugins on kubelet's systemd layout, the proxy restarted by systemctl) and
+#                        cgroupfs (virtme-ng's init; every cgroupv2 test but those, which it runs only when it
 #                        boots alone, and the proxy's restarts under systemd, never)
 #   V2_MODE=tests        or `bench`: run a benchmark's --v2-guest part in the cgroupfs guest (make bench-v2)
 #   V2_BENCH=bench/qos_reaction.py   the benchmark V2_MODE=bench runs (its other arguments: this script's)
@@ -94,7 +94,7 @@ release=${kernel##*/vmlinuz-}
 # (a collection of the cgroupv2 modules writes them, and says early when one does not import).
 "$venv/bin/python" -m compileall -q -j 0 "$here/koordlet" "$here/runtimeproxy" "$here/hooks" "$here/wire" \
   "$here/demo" "$here/tests" >/dev/null || die "compileall failed"
-mapfile -t guest_modules < <(cd "$here" && grep -rlE --include='test_*.py' 'mark\.cgroupv2' tests | sort)
+mapfile -t guest_modules < <(cd "$here" && grep -rlE --include='test_*.py' 'mark\.cgroupv2|BOTH_VERSIONS' tests | sort)
 (cd "$here" && "$venv/bin/python" -m pytest -q --collect-only -p no:cacheprovider -m cgroupv2 "${guest_modules[@]}" \
   >"$out/.collect.log" 2>&1) || { cat "$out/.collect.log" >&2; die "the cgroupv2 modules do not collect"; }
 
@@ -221,11 +221,12 @@ boot() {
 }
 
 # What the systemd guest runs: the stack a current node runs (kubelet's systemd layout, containerd 2.1, the
-# proxy and koordlet as an NRI plugin). The cgroupfs guest runs every other cgroupv2 module.
+# proxy and koordlet as an NRI plugin), and every hook plugin through both on the session's one containerd. The
+# cgroupfs guest runs every other cgroupv2 module.
 # The proxy restarted 10 times by systemd while a client calls it needs systemd itself: it runs in that guest only.
 systemd_only_modules=(tests/runtimeproxy/test_restart_systemd_v2.py)
 systemd_modules=(tests/koordlet/test_pod_story_v2.py tests/koordlet/runtimehooks/nri/test_containerd_v2.py
-                 "${systemd_only_modules[@]}")
+                 tests/koordlet/runtimehooks/test_hook_plugins_v2.py "${systemd_only_modules[@]}")
 started=$(date +%s)
 rc=0
 if [ "$mode" = bench ]; then

@@ -23,11 +23,7 @@ PODS = (("gone", QoSClass.BE, KubeQoS.BESTEFFORT), ("stays", QoSClass.LS, KubeQo
 
 @pytest.fixture(params=BOTH_VERSIONS)
 def node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
-    real = RealNode.of_version(request.param, "descriptors", PODS)
-    try:
-        yield real
-    finally:
-        real.close()
+    yield from RealNode.of_version_closed_after(request.param, "descriptors", PODS)
 
 
 def _ours_into(directory: str) -> list[str]:

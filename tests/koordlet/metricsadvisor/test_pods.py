@@ -1,4 +1,5 @@
-"""Pod/container collector: fixture v1 and v2 trees with a fake clock, and real cgroup v1 dirs."""
+"""Pod/container collector: fixture v1 and v2 trees with a fake clock, and real cgroup dirs (v1 here, v2 in the VM
+stage)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from koordlet.metricsadvisor.pods import (
 )
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.procfs import clock_ticks_per_second, read_pid_cpu_ticks
-from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups, v1_cgroups
+from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups
+from tests.koordlet.qosmanager.realnode import BOTH_VERSIONS, cgroups_of_version
 
 POD = PodCgroup(
     pod_uid="uid-1",
@@ -281,12 +283,12 @@ def test_a_host_application_without_its_cgroup_is_said_once_and_counted_as_syste
         "its usage counts as system usage until it can be read"]
 
 
-# ------------------------------------------------------------------------------------- real cgroup v1
+# ------------------------------------------------------------------------- real cgroups: v1 here, v2 in the VM
 
 
-@pytest.fixture
-def real_v1() -> Iterator[V1TestCgroups]:
-    yield from v1_cgroups("collector")
+@pytest.fixture(params=BOTH_VERSIONS)
+def real(request: pytest.FixtureRequest) -> Iterator[V1TestCgroups]:
+    yield from cgroups_of_version(request.param, "collector")
 
 
 def _real_pod(groups: V1TestCgroups, name: str) -> PodCgroup:
@@ -294,12 +296,12 @@ def _real_pod(groups: V1TestCgroups, name: str) -> PodCgroup:
     return PodCgroup(name, pod_rel, (ContainerCgroup(f"ctr-{name}", f"{pod_rel}/ctr"),), "LS")
 
 
-@pytest.mark.cgroupv1
-@pytest.mark.alone  # the burner must get at least a quarter core: no other test's load beside it
-def test_real_burning_process_shows_about_one_core_within_two_ticks(real_v1: V1TestCgroups) -> None:
-    real_v1.make("podburn/ctr")
-    pod = _real_pod(real_v1, "burn")
-    child = real_v1.spawn("podburn/ctr", "while True: pass")
+@pytest.mark.alone  # the burner must get at least a quarter core: no other test's load beside it (nor, in the v2
+# guest, the host stage beside the niced VM)
+def test_real_burning_process_shows_about_one_core_within_two_ticks(real: V1TestCgroups) -> None:
+    real.make("podburn/ctr")
+    pod = _real_pod(real, "burn")
+    child = real.spawn("podburn/ctr", "while True: pass")
     cache = MetricCache()
     collector = PodResourceCollector(lambda: [pod])
     runner = CollectorRunner(cache, [collector])
@@ -320,11 +322,10 @@ def test_real_burning_process_shows_about_one_core_within_two_ticks(real_v1: V1T
     assert 0.25 <= container[1] <= 1.1
 
 
-@pytest.mark.cgroupv1
-def test_real_process_touching_64_mib_shows_that_memory(real_v1: V1TestCgroups) -> None:
-    real_v1.make("podmem/ctr")
-    pod = _real_pod(real_v1, "mem")
-    child = real_v1.spawn("podmem/ctr", "b = b'\\x01' * (64 << 20)\nprint('ready', flush=True)\nsys.stdin.readline()")
+def test_real_process_touching_64_mib_shows_that_memory(real: V1TestCgroups) -> None:
+    real.make("podmem/ctr")
+    pod = _real_pod(real, "mem")
+    child = real.spawn("podmem/ctr", "b = b'\\x01' * (64 << 20)\nprint('ready', flush=True)\nsys.stdin.readline()")
     assert child.stdout is not None and child.stdout.readline() == b"ready\n"
     expected = 64 << 20
     container_key = SeriesKey.of(MetricKind.CONTAINER_MEMORY_USAGE, pod_uid="mem", container_id="ctr-mem")
@@ -347,33 +348,32 @@ def test_real_process_touching_64_mib_shows_that_memory(real_v1: V1TestCgroups) 
     assert samples[pod_key] >= container_memory
 
 
-@pytest.mark.cgroupv1
-def test_real_pod_removed_between_ticks_is_skipped_and_its_descriptors_closed(real_v1: V1TestCgroups) -> None:
-    real_v1.make("podkeep/ctr")
-    real_v1.make("podgone/ctr")
-    keep, gone = _real_pod(real_v1, "keep"), _real_pod(real_v1, "gone")
+def test_real_pod_removed_between_ticks_is_skipped_and_its_descriptors_closed(real: V1TestCgroups) -> None:
+    real.make("podkeep/ctr")
+    real.make("podgone/ctr")
+    keep, gone = _real_pod(real, "keep"), _real_pod(real, "gone")
     listed = [keep, gone]
     collector = PodResourceCollector(lambda: listed)
     try:
         collector.collect(1.0)
-        for ctrl in real_v1.controllers:  # the pod is deleted; the listing has not caught up yet
-            os.rmdir(real_v1.path(ctrl, "podgone/ctr"))
-            os.rmdir(real_v1.path(ctrl, "podgone"))
+        for ctrl in real.controllers:  # the pod is deleted; the listing has not caught up yet (v2: one hierarchy)
+            os.rmdir(real.path(ctrl, "podgone/ctr"))
+            os.rmdir(real.path(ctrl, "podgone"))
         samples = _by_key(collector.collect(2.0))
         assert SeriesKey.of(MetricKind.POD_CPU_USAGE, pod_uid="keep") in samples
         assert not any(key.label(Label.POD_UID) == "gone" for key in samples)
         assert collector.read_errors == 0
-        assert collector.open_files == 6  # 3 files × (pod + container) of the pod that is left
+        # (pod + container) of the pod that is left × its files: v1 cpu.stat, cpuacct.usage, memory.stat; v2 no cpuacct
+        assert collector.open_files == 2 * (3 if real.version == 1 else 2)
     finally:
         collector.close()
     assert collector.open_files == 0
 
 
-@pytest.mark.cgroupv1
-def test_real_host_application_burning_cpu_is_measured_like_a_pod(real_v1: V1TestCgroups) -> None:
-    real_v1.make("host/agent")
-    app = HostAppCgroup("agent", f"{real_v1.prefix}/host/agent")
-    child = real_v1.spawn("host/agent", "while True: pass")
+def test_real_host_application_burning_cpu_is_measured_like_a_pod(real: V1TestCgroups) -> None:
+    real.make("host/agent")
+    app = HostAppCgroup("agent", f"{real.prefix}/host/agent")
+    child = real.spawn("host/agent", "while True: pass")
     collector = PodResourceCollector(list, host_apps=lambda: [app])
     try:
         collector.collect(time.time())

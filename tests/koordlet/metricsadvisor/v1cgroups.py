@@ -27,6 +27,8 @@ def skip_unless_v1_writable(controllers: tuple[str, ...]) -> None:
 
 
 class V1TestCgroups:
+    version = 1  # the cgroup version, as koordlet.system.cgroup_stats takes it
+
     def __init__(self, name: str, controllers: tuple[str, ...] = ("cpu", "cpuacct", "memory")) -> None:
         self.controllers = controllers
         self.prefix = f"koordlet-py-test-{os.getpid()}-{name}"

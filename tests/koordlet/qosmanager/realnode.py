@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import kubernetes.client
@@ -28,7 +28,6 @@ from koordlet.executor import ResourceExecutor
 from koordlet.metriccache import MetricCache
 from koordlet.metricsadvisor import (
     CollectorRunner,
-    ContainerCgroup,
     NodeResourceCollector,
     PodCgroup,
     PodResourceCollector,
@@ -36,6 +35,7 @@ from koordlet.metricsadvisor import (
 from koordlet.metricsadvisor.pods import DemandBoard
 from koordlet.qosmanager import QoSManager, QoSManagerConfig, new_qos_manager
 from koordlet.statesinformer.api import NodeInfo, StaticStates
+from koordlet.statesinformer.cgroups import pod_cgroups
 from koordlet.system.cgroup import CgroupFS, CgroupVersion
 from koordlet.system.cgroup_stats import CfsQuota, read_cfs_quota
 from koordlet.system.kubepods import KubeCgroupLayout
@@ -90,6 +90,8 @@ class V2TestCgroups(V1TestCgroups):
     controller argument of V1TestCgroups is ignored, so ``spawn`` and ``cleanup`` are shared. Processes go
     only into leaves (the v2 no-internal-process rule)."""
 
+    version = 2
+
     def __init__(self, name: str, delegate: Sequence[str] = V2_CONTROLLERS) -> None:
         """``delegate``: the controllers enabled in every level's ``cgroup.subtree_control``."""
         super().__init__(name, controllers=("unified",))
@@ -109,6 +111,23 @@ class V2TestCgroups(V1TestCgroups):
                 self._dirs.append(path)
 
 
+def cgroups_of_version(version: str, name: str,
+                       v1_controllers: tuple[str, ...] = ("cpu", "cpuacct", "memory")) -> Iterator[V1TestCgroups]:
+    """Generator body of a fixture over :data:`BOTH_VERSIONS`: a test's private cgroup dirs on this host's v1
+    (``v1_controllers``) or on the VM stage's v2 (cpu, cpuset and memory); skipped where that hierarchy cannot be
+    written, always cleaned up. ``.version`` says which."""
+    if version == "v2":
+        skip_unless_v2_writable()
+        groups: V1TestCgroups = V2TestCgroups(name)
+    else:
+        skip_unless_v1_writable(v1_controllers)
+        groups = V1TestCgroups(name, v1_controllers)
+    try:
+        yield groups
+    finally:
+        groups.cleanup()
+
+
 class RealNode:
     @classmethod
     def of_version(cls, version: str, name: str, pods: Sequence[tuple[str, QoSClass, KubeQoS]]) -> RealNode:
@@ -119,6 +138,16 @@ class RealNode:
         else:
             cls.skip_unless_possible()
         return cls(name, pods, v2=version == "v2")
+
+    @classmethod
+    def of_version_closed_after(cls, version: str, name: str,
+                                pods: Sequence[tuple[str, QoSClass, KubeQoS]]) -> Iterator[RealNode]:
+        """Generator body of a fixture over :data:`BOTH_VERSIONS`: :meth:`of_version`, closed after the test."""
+        real = cls.of_version(version, name, pods)
+        try:
+            yield real
+        finally:
+            real.close()
 
     def __init__(self, name: str, pods: Sequence[tuple[str, QoSClass, KubeQoS]], collect_interval_s: float = 1.0,
                  node_name: str = "node-1", v2: bool = False, fanout_s: float = FANOUT_S,
@@ -174,10 +203,8 @@ class RealNode:
         return pod.cgroup_parent.strip("/")
 
     def _pod_cgroups(self) -> list[PodCgroup]:
-        return [PodCgroup(p.uid, self.pod_dir(p), tuple(ContainerCgroup(c.container_id, f"{self.pod_dir(p)}/"
-                                                                         f"{c.container_id}")
-                                                        for c in p.containers if c.container_id),
-                          p.qos_class.value) for p in self.states.pods()]
+        """The pods' dirs as the agent lists them to its collectors (with the BE pods' batch-cpu requests)."""
+        return pod_cgroups(self.states.pods(), self.layout)
 
     def add_container(self, pod_name: str, container: ContainerMeta) -> str:
         """Give pod ``pod_name`` the container ``container`` (a dir under its pod dir, as cgroupfs lays it out)

@@ -1,7 +1,8 @@
 """BlkIOReconcile on real cgroup v2 (the VM stage: scripts/v2-stage.sh attaches a 64 MiB disk image to the guest
 as a virtio disk and names it in KPY_V2_DISK). The beClass limit lands in the besteffort dir's io.max and holds
 a BE pod's container below it (v2 limits are hierarchical), the annotation's in the pod dir, blk-iocost on the
-root; each measured or read back, and all of it removed again."""
+root; each measured or read back, and all of it removed again, by the strategy or, with its gate off after a restart,
+by the node-state collector."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from koordlet.collector import CollectorConfig, NodeStateCollector
 from koordlet.executor import ResourceExecutor
 from koordlet.executor.records import NodeRecords
+from koordlet.statesinformer.api import NodeInfo, StaticStates
 from koordlet.system.cgroup import CgroupFS
 from koordlet.system.kubepods import KubeCgroupLayout
 from tests.koordlet.qosmanager.realnode import V2TestCgroups
@@ -123,3 +126,34 @@ def test_v2_guest_an_operators_io_cost_qos_line_survives_koordlet_gate_on_and_of
                                                   number)
     finally:
         Path(V2_ROOT, "io.cost.qos").write_text(f"{number} enable=0")
+
+
+def test_v2_guest_after_a_restart_with_the_gate_off_the_collector_puts_each_io_max_key_back_as_it_was(
+        guest_disk: str, tmp_path: Path) -> None:
+    """v2 keeps the four throttles of a disk on one io.max line, where v1 has a file each. An operator limited the
+    besteffort dir's writes; koordlet's beClass block then sets every throttle of that disk (its read limit, no limit
+    on the rest). koordlet restarts with BlkIOReconcile off: the node-state collector, from the record the agent before
+    it left, puts each key back as it was before koordlet, the operator's write limit included."""
+    cgroups = V2TestCgroups("blkio-collect", delegate=("io", "memory"))
+    number = (Path("/sys/class/block") / Path(guest_disk).name / "dev").read_text().strip()
+    record = str(tmp_path / "run" / "system-config-originals.json")
+
+    def new_executor() -> ResourceExecutor:
+        return ResourceExecutor(CgroupFS.detect(V2_ROOT), records=NodeRecords.beside(record))
+
+    try:
+        cgroups.make("kubepods/besteffort")
+        besteffort = cgroups.path("", "kubepods/besteffort")
+        Path(besteffort, "io.max").write_text(f"{number} wbps={4 * MiB}")
+        operators = f"{number} rbps=max wbps={4 * MiB} riops=max wiops=max"
+        assert _io_max(besteffort, number) == operators
+        layout = KubeCgroupLayout(cgroup_root="/" + cgroups.prefix)
+        _tick(new_executor(), layout, _spec({"enable": True, "blocks": [_block(guest_disk, readBPS=MiB)]}), ())
+        assert _io_max(besteffort, number) == f"{number} rbps={MiB} wbps=max riops=max wiops=max"
+        restarted = new_executor()
+        collector = NodeStateCollector(CollectorConfig(blkio=False), StaticStates(node=NodeInfo("node-1")), restarted)
+        assert collector.collect_once() == 1
+        assert _io_max(besteffort, number) == operators
+        assert restarted.records.device_lines.keys() == frozenset()
+    finally:
+        cgroups.cleanup()

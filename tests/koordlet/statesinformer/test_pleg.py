@@ -1,8 +1,7 @@
-"""PLEG on the real cgroup v1 cpu hierarchy, under a private prefix."""
+"""PLEG on the real kernel (cgroup v1's cpu hierarchy on this host, v2 in the VM stage), under a private prefix."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,41 +11,30 @@ import pytest
 from koordlet.statesinformer.pleg import PodCgroupWatcher
 from koordlet.system.cgroup import CgroupDriver, CgroupFS, CgroupVersion
 from koordlet.system.kubepods import KubeCgroupLayout
+from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups
+from tests.koordlet.qosmanager.realnode import BOTH_VERSIONS, cgroups_of_version
 from tests.support.waiting import wait_for
 
-CPU = Path("/sys/fs/cgroup/cpu")
+
+@pytest.fixture(params=BOTH_VERSIONS)
+def qos_dirs(request: pytest.FixtureRequest) -> Iterator[V1TestCgroups]:
+    """kubelet's QoS dirs under a private cgroup root (v1: the cpu hierarchy, which PLEG watches)."""
+    for groups in cgroups_of_version(request.param, "pleg", ("cpu",)):
+        for rel in ("kubepods/burstable", "kubepods/besteffort"):
+            groups.make(rel)
+        yield groups
 
 
-@pytest.fixture
-def prefix() -> Iterator[str]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    if not (CPU / "cgroup.procs").exists():
-        pytest.skip("no cgroup v1 cpu hierarchy")
-    name = f"koordlet-py-test-pleg-{os.getpid()}"
-    for rel in ("", "kubepods", "kubepods/burstable", "kubepods/besteffort"):
-        (CPU / name / rel).mkdir()
-    try:
-        yield name
-    finally:
-        for path in sorted((p for p in (CPU / name).rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            path.rmdir()
-        (CPU / name).rmdir()
-
-
-@pytest.mark.cgroupv1
-def test_new_pod_dir_under_a_qos_dir_is_reported(prefix: str) -> None:
+def test_new_pod_dir_under_a_qos_dir_is_reported(qos_dirs: V1TestCgroups) -> None:
     added: list[str] = []
-    layout = KubeCgroupLayout(CgroupDriver.CGROUPFS, f"/{prefix}")
-    watcher = PodCgroupWatcher(CgroupFS("/sys/fs/cgroup", CgroupVersion.V1), layout, added.append)
+    layout = KubeCgroupLayout(CgroupDriver.CGROUPFS, f"/{qos_dirs.prefix}")
+    watcher = PodCgroupWatcher(CgroupFS.detect(), layout, added.append)
     watcher.start()
     try:
         assert len(watcher.watched) == 3
-        uid = str(uuid.uuid4())
-        (CPU / prefix / "kubepods" / "besteffort" / f"pod{uid}").mkdir()
-        guaranteed = str(uuid.uuid4())
-        (CPU / prefix / "kubepods" / f"pod{guaranteed}").mkdir()
-        (CPU / prefix / "kubepods" / "besteffort" / "not-a-pod").mkdir()
+        uid, guaranteed = str(uuid.uuid4()), str(uuid.uuid4())
+        for rel in (f"kubepods/besteffort/pod{uid}", f"kubepods/pod{guaranteed}", "kubepods/besteffort/not-a-pod"):
+            qos_dirs.make(rel)  # as kubelet (runc, systemd) makes them: mkdir
         assert wait_for(lambda: len(added) >= 2)
         assert sorted(added) == sorted([uid, guaranteed])
     finally:

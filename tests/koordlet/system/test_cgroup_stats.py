@@ -1,5 +1,5 @@
 """cgroup statistics readers on fixture trees (v1 formats copied from this kernel, v2 formats from the
-kernel's cgroup-v2 documentation) and on real cgroup v1 dirs of this machine."""
+kernel's cgroup-v2 documentation), and on real cgroup dirs: v1 of this machine, v2 in the VM stage."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from koordlet.system import cgroup_stats as cs
-from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups, v1_cgroups
+from tests.koordlet.metricsadvisor.v1cgroups import V1TestCgroups
+from tests.koordlet.qosmanager.realnode import BOTH_VERSIONS, cgroups_of_version
 
 # /sys/fs/cgroup/memory/memory.stat of Linux 6.18 (cgroup v1).
 MEMORY_STAT_V1 = b"""cache 9351168
@@ -246,48 +247,50 @@ def test_missing_cgroup_file_raises_file_not_found(tmp_path: Path) -> None:
         cs.read_cpu_usage_ns(str(tmp_path / "gone"), 1)
 
 
-# ------------------------------------------------------------------------------------- real cgroup v1
+# ------------------------------------------------------------------------- real cgroups: v1 here, v2 in the VM
 
 
-@pytest.fixture
-def real_v1() -> Iterator[V1TestCgroups]:
-    yield from v1_cgroups("stats", ("cpu", "cpuacct", "memory", "cpuset"))
+@pytest.fixture(params=BOTH_VERSIONS)
+def real(request: pytest.FixtureRequest) -> Iterator[V1TestCgroups]:
+    yield from cgroups_of_version(request.param, "stats", ("cpu", "cpuacct", "memory", "cpuset"))
 
 
-@pytest.mark.cgroupv1
-def test_real_v1_files_parse_and_follow_a_burning_child(real_v1: V1TestCgroups) -> None:
-    real_v1.make("pod")
-    real_v1.write("cpu", "pod", "cpu.cfs_quota_us", "10000")
-    real_v1.write("cpuset", "pod", "cpuset.cpus", "0")
-    real_v1.spawn("pod", "while True: pass")
+def test_real_files_parse_and_follow_a_burning_child(real: V1TestCgroups) -> None:
+    """v1: cpuacct.usage, cpu.stat's nr_* and throttled_time, cpu.cfs_quota_us, cpuset.cpus, total_* of
+    memory.stat, memory.usage_in_bytes; v2: cpu.stat's usage_usec, nr_* and throttled_usec, cpu.max,
+    cpuset.cpus.effective, memory.stat, memory.current."""
+    v = real.version
+    real.make("pod")
+    real.write("cpu", "pod", *(("cpu.max", "10000 100000") if v == 2 else ("cpu.cfs_quota_us", "10000")))
+    real.write("cpuset", "pod", "cpuset.cpus", "0")
+    real.spawn("pod", "while True: pass")
     # A tenth of a core of quota against a busy loop: the kernel throttles it in most 100 ms periods even when nine
     # other programs want CPU 0 (half a core was more than the loop got beside the v2 VM). Poll, as the shared
     # machine may be busy.
     deadline = time.monotonic() + 5.0
     while True:
-        usage_ns = cs.read_cpu_usage_ns(real_v1.path("cpuacct", "pod"), 1)
-        stat = cs.read_cpu_stat(real_v1.path("cpu", "pod"), 1)
+        usage_ns = cs.read_cpu_usage_ns(real.path("cpuacct", "pod"), v)
+        stat = cs.read_cpu_stat(real.path("cpu", "pod"), v)
         if (usage_ns > 50_000_000 and stat.nr_periods >= 2 and stat.nr_throttled >= 1) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
     assert usage_ns > 50_000_000
     assert stat.nr_periods >= 2 and stat.nr_throttled >= 1 and stat.throttled_ns > 0
-    assert cs.read_cfs_quota(real_v1.path("cpu", "pod"), 1).limit_milli_cores == 100.0
-    assert cs.read_cpuset_cpus(real_v1.path("cpuset", "pod"), 1) == (0,)
-    memory = cs.read_memory_stat(real_v1.path("memory", "pod"), 1)
+    assert cs.read_cfs_quota(real.path("cpu", "pod"), v).limit_milli_cores == 100.0
+    assert cs.read_cpuset_cpus(real.path("cpuset", "pod"), v) == (0,)
+    memory = cs.read_memory_stat(real.path("memory", "pod"), v)
     assert memory.usage_bytes >= 0
-    assert cs.read_memory_usage_bytes(real_v1.path("memory", "pod"), 1) >= memory.usage_bytes
+    assert cs.read_memory_usage_bytes(real.path("memory", "pod"), v) >= memory.usage_bytes
 
 
-@pytest.mark.cgroupv1
-def test_real_v1_memory_usage_counts_touched_anonymous_memory(real_v1: V1TestCgroups) -> None:
-    real_v1.make("pod")
-    child = real_v1.spawn("pod", "b = b'\\x01' * (32 << 20)\nprint('ready', flush=True)\nsys.stdin.readline()")
+def test_real_memory_usage_counts_touched_anonymous_memory(real: V1TestCgroups) -> None:
+    real.make("pod")
+    child = real.spawn("pod", "b = b'\\x01' * (32 << 20)\nprint('ready', flush=True)\nsys.stdin.readline()")
     assert child.stdout is not None and child.stdout.readline() == b"ready\n"
     # memcg statistics reach memory.stat through a lazy flush (about every 2 s): poll a little.
     deadline = time.monotonic() + 4.0
     while True:
-        usage = cs.read_memory_stat(real_v1.path("memory", "pod"), 1).usage_bytes
+        usage = cs.read_memory_stat(real.path("memory", "pod"), real.version).usage_bytes
         if abs(usage - (32 << 20)) <= (32 << 20) * 0.1 or time.monotonic() > deadline:
             break
         time.sleep(0.25)
