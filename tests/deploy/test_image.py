@@ -39,7 +39,8 @@ from wire import cri_pb2 as cri
 
 # serial: the image build writes out/image, and the DaemonSet test takes its real host paths (and so does
 # test_koordinator_chart.py's image test, in the same serial session).
-pytestmark = [pytest.mark.containerd, pytest.mark.serial]
+# timeout: the first test builds the image (scripts/build-image.sh), minutes on a fresh clone beside the parallel stage.
+pytestmark = [pytest.mark.containerd, pytest.mark.serial, pytest.mark.timeout(900)]
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"koordlet-py:{VERSION}"

@@ -480,6 +480,7 @@ def _koordinators_node(tmp_path: Path) -> Iterator[_Cluster]:
 @pytest.mark.containerd
 @pytest.mark.serial  # the DaemonSet's host paths, port 9316 on the host network, the image build's out/image
 @pytest.mark.owns_node_paths  # chart_host_dirs makes the DaemonSet's /var/run/koordlet dirs and removes them after
+@pytest.mark.timeout(900)  # it may be the one that builds the image (scripts/build-image.sh)
 def test_the_image_runs_as_koordinators_koordlet_with_exactly_its_chart(
         chart_host_dirs: list[str], tmp_path: Path) -> None:
     from tests.deploy.test_image import _container_log, be_pod_gets_its_batch_values

@@ -27,7 +27,7 @@ PREFIX = "/opt/kp"
 PROXY_DROP_IN = "etc/systemd/system/koord-runtime-proxy.service.d/50-root-tree.conf"
 KOORDLET_DROP_IN = "etc/systemd/system/koordlet.service.d/50-root-tree.conf"
 # serial: the image build writes out/image (test_image.py's tests build it too, in the same serial session).
-pytestmark = pytest.mark.serial
+pytestmark = [pytest.mark.serial, pytest.mark.timeout(900)]  # the first test builds the image
 
 
 @pytest.fixture(scope="module")

@@ -416,6 +416,7 @@ def _installed_versions(python: Path) -> dict[str, str]:
     return {name.lower().replace("_", "-"): version for name, version in (line.split() for line in out.splitlines())}
 
 
+@pytest.mark.timeout(900)  # two real venvs from the lock (pip checks every hash), beside the parallel stage
 def test_each_version_gets_its_own_locked_venv_a_new_one_restarts_the_proxy_and_rollback_goes_back(
         tmp_path: Path) -> None:
     """Real venvs from the lock (pip checks every file's sha256; PyPI or pip's cache), in a fake root."""

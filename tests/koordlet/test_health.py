@@ -83,6 +83,7 @@ class _On:
         return cls()
 
 
+@pytest.mark.alone  # a 0.5 s bound checked from both sides: the fetch just before it must not be late
 def test_a_stuck_strategy_fails_healthz_naming_it_and_passes_once_it_returns(served) -> None:
     health, port = served
     release, entered = threading.Event(), threading.Event()

@@ -134,6 +134,7 @@ def test_held_releases_on_every_path(kube) -> None:
     assert KEY not in node_annotations(kube, NODE)
 
 
+@pytest.mark.alone  # six binders racing with five conflict retries each: a loaded machine lets one run out
 def test_concurrent_binds_never_share_the_lock_and_never_lose_a_release(kube) -> None:
     kube.node(NODE)
     pods = [f"p{i}" for i in range(6)]

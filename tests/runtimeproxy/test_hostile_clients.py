@@ -15,7 +15,9 @@ from tests.support.proxy import ProxyProcess
 
 # serial: the module's tests share one proxy, and test_refusals_are_counted reads the refusals the others made on it
 # (a worker of the parallel session would get only some of them); one process runs them in order.
-pytestmark = [pytest.mark.containerd, pytest.mark.serial]
+# alone: each case has a deadline of a few seconds for the proxy's answer (and the module's refusal counts add up
+# over its own cases), so nothing runs beside it.
+pytestmark = [pytest.mark.containerd, pytest.mark.alone]
 
 RSS_BOUND_MIB = 32
 

@@ -1434,8 +1434,8 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
     def _read_chunked(self) -> bytes | tuple[int, str]:
-        """A request body in HTTP/1.1 chunks (RFC 9112 §7.1), or the error to answer: 413 past MAX_REQUEST_BYTES, the
-        real server's limit, 400 for a chunk size that is no hex number. Chunk extensions and trailers are read past."""
+        """A request body in HTTP/1.1 chunks (RFC 9112, section 7.1), or the error to answer: 413 past
+        MAX_REQUEST_BYTES, the real server's limit, 400 for a chunk size that is no hex number. Chunk extensions and trailers are read past."""
         body = bytearray()
         while True:
             line = self.rfile.readline(1024)

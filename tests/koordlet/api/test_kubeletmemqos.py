@@ -1,5 +1,5 @@
 """kubelet's own memory QoS (KEP-2570) as koordlet reads it from a KubeletConfiguration, and which memory QoS file,
-level and kube QoS class is kubelet's (koordlet/api/kubeletmemqos.py; docs/colocation.md's ownership table)."""
+level and kube QoS class is kubelet's (koordlet/api/kubeletmemqos.py; the ownership table of docs/colocation.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One writer a memory QoS file, with kubelet's own memory QoS (KEP-2570) beside koordlet's, on the real cgroup v2
-kernel of the VM stage: each row of docs/colocation.md's ownership table with both writers present.
+kernel of the VM stage: each row of the ownership table of docs/colocation.md with both writers present.
 
 A node of three pods laid out as kubelet lays them out (tests/koordlet/qosmanager/realnode.py): an LSR pod
 (Guaranteed, 200 MiB), an LS pod (Burstable, 100 MiB requested, 200 MiB limit) and a BE pod (BestEffort, 64 MiB of
