@@ -1435,7 +1435,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _read_chunked(self) -> bytes | tuple[int, str]:
         """A request body in HTTP/1.1 chunks (RFC 9112, section 7.1), or the error to answer: 413 past
-        MAX_REQUEST_BYTES, the real server's limit, 400 for a chunk size that is no hex number. Chunk extensions and trailers are read past."""
+        MAX_REQUEST_BYTES, the real server's limit, 400 for a chunk size that is no hex number. Chunk extensions and
+        trailers are read past."""
         body = bytearray()
         while True:
             line = self.rfile.readline(1024)
