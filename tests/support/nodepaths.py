@@ -8,7 +8,8 @@ node owns, and leaves it behind for the deploy tests that refuse to touch a node
   that does it fails, named, with what it wrote (a test that owns them says so with the ``owns_node_paths``
   marker: the image test, which checks they are empty first and removes what it made);
 - a path that appears during a test in a subprocess (a koordlet started as a command) is caught after the test
-  when this process is the only one running tests (not an xdist worker, where another worker's test may own it).
+  when this process is no xdist worker: a plain run, or the serial and alone sessions of scripts/test-all.sh, where
+  the tests that own those paths run one after another (a worker's neighbour might own them at that moment).
 
 Whatever a failing test left is removed, so one mistake fails one test, not the next one that looks.
 """
