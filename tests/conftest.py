@@ -22,8 +22,9 @@ if TYPE_CHECKING:  # imported by the fixtures that use them: the kubernetes clie
 # The host stage runs in parallel (pytest-xdist, scripts/test-all.sh): a test that touches node state with a fixed
 # name (a host path such as /var/run/koordlet or /etc/runtime/hookserver.d, a port such as 9316, a sysctl) is marked
 # `@pytest.mark.serial` and runs in the serial session beside the parallel one; a test that measures CPU shares (or
-# has a deadline of its own) is marked `@pytest.mark.alone` and runs in the last pass, with nothing beside it. tests.support.nodestate fails a test that
-# touches such state without the marker (docs/testing.md, "Running in parallel").
+# has a deadline of its own) is marked `@pytest.mark.alone` and runs in the last pass, with nothing beside it.
+# tests.support.nodestate fails a test that touches such state without the marker (docs/testing.md, "Running in
+# parallel").
 pytest_plugins = ["tests.support.v2guest", "tests.support.nodepaths", "tests.support.nodestate"]
 
 
