@@ -218,7 +218,10 @@ def test_koordinators_role_allows_every_call_koordlet_makes() -> None:
                       if not allowed(g, r, v)})
     # Only the guard of /events and /debug/* reviews tokens (koordlet/debug/authz.py). Koordinator's role cannot, so
     # under its chart those endpoints refuse every caller (fail closed, 503 with the reason); nothing else needs them.
-    assert missing == ["authentication.k8s.io tokenreviews create", "authorization.k8s.io subjectaccessreviews create"]
+    # And only the bare-metal token renewal (koordlet/credentials.py) asks for a token: it runs with a token file the
+    # installer's TokenRequest made, never in a pod, where kubelet renews the projected token.
+    assert missing == ["authentication.k8s.io tokenreviews create", "authorization.k8s.io subjectaccessreviews create",
+                       "core serviceaccounts/token create"]
     assert not any(allowed(*perm) for perm in kubelet_permissions(KUBELET_CALLS))  # nodes/pods
     assert all(allowed(*perm) for perm in kubelet_permissions(KUBELET_CALLS, fine_grained_authz=False))  # nodes/proxy
 
