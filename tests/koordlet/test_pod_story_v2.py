@@ -396,7 +396,7 @@ def test_v2_an_in_place_resize_moves_memory_qos_and_burst_and_keeps_kubelets_val
     # kubelet's status now reports the enacted amounts
     resized = replace(ls.meta.containers[0], requests={"cpu": 1500, "memory": 256 * MiB},
                       limits={"cpu": 3000, "memory": 512 * MiB})
-    story.states.set_pods([replace(ls.meta, containers=(resized,)), story.be.meta])
+    story.stack.states.set_pods([replace(ls.meta, containers=(resized,)), story.be.meta])
     manager = _manager(story, {
         "resourceQOSStrategy": {"lsClass": {"memoryQOS": {"enable": True, "minLimitPercent": 100,
                                                           "lowLimitPercent": 100, "throttlingPercent": 50}}},

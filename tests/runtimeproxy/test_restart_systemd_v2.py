@@ -140,6 +140,7 @@ def sandbox_id(pods: PodFactory) -> str:
 # Ten restarts of a Python process in an emulated guest: about 4 min unloaded (each new process imports the proxy
 # in 8-10 s, the first ones more), past the suite's 300 s default on a busy host.
 @pytest.mark.timeout(600)
+@pytest.mark.alone  # each restart's import time decides whether a call waits past its deadline: not beside the host
 def test_ten_systemctl_restarts_fail_no_kubelet_call(
         installed: str, sandbox_id: str, pods: PodFactory, record_property: Callable[[str, object], None]) -> None:
     socket_path = installed
