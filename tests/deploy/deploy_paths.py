@@ -41,6 +41,11 @@ RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
 # Flags of `helm install`/`upgrade` that `helm template` has no use for (they act on a release in a cluster).
 _RELEASE_ONLY = {"--reuse-values", "--wait", "--atomic", "--create-namespace"}
 
+# How long a test waits for koordlet's first NodeMetric report, or for the refusal of its write: the first report
+# comes at a random point of its 60 s interval (koordlet/ticker.py), and one due before the node's usage is
+# collected writes nothing and waits for the next, 54-66 s later.
+REPORT_WAIT_S = 150.0
+
 
 @dataclass(frozen=True)
 class DeployPath:

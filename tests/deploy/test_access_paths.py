@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.deploy_paths import NODE, PATHS, ClusterNode, DeployPath, HostKoordlet, cluster_node
+from tests.deploy.deploy_paths import (
+    NODE,
+    PATHS,
+    REPORT_WAIT_S,
+    ClusterNode,
+    DeployPath,
+    HostKoordlet,
+    cluster_node,
+)
 from tests.support.waiting import wait_for
 
 _REFUSED = re.compile(r"\((401|403)\)|HTTP 40[13]|Forbidden|Unauthorized|koordlet\.access")
@@ -25,7 +33,8 @@ _REFUSED = re.compile(r"\((401|403)\)|HTTP 40[13]|Forbidden|Unauthorized|koordle
 def _synced_reported_and_topology_made(node: ClusterNode, koordlet: HostKoordlet) -> None:
     api = node.api
     assert koordlet.wait_log("states informer synced: 1 pods", 60), koordlet.logs()[-4000:]
-    metric = wait_for(lambda: ((api.get_object("nodemetrics", NODE) or {}).get("status") or {}).get("nodeMetric"), 60)
+    metric = wait_for(lambda: ((api.get_object("nodemetrics", NODE) or {}).get("status") or {}).get("nodeMetric"),
+                      REPORT_WAIT_S)
     assert metric and metric["nodeUsage"]["resources"]["cpu"], koordlet.logs()[-4000:]
     assert wait_for(lambda: api.get_object("noderesourcetopologies", NODE), 30), koordlet.logs()[-4000:]
     assert wait_for(lambda: koordlet.get("/readyz")[0] == 200, 30), koordlet.get("/readyz")
@@ -71,7 +80,7 @@ def test_a_role_without_one_rule_gets_the_refusal_that_rule_prevents_and_koordle
         name: str, role: str, resource: str, source: str, rule: str, tmp_path: Path) -> None:
     path = PATHS[name]().without(role, resource)
     with cluster_node(tmp_path, path) as node, HostKoordlet(node, tmp_path / "state") as koordlet:
-        assert koordlet.wait_log(rule, 60), koordlet.logs()[-4000:]
+        assert koordlet.wait_log(rule, REPORT_WAIT_S), koordlet.logs()[-4000:]
         if source == "kubelet":
             refused = wait_for(node.kubelet.refusals, 5)
             assert refused and refused[0].status == 403 and refused[0].user == node.account_user

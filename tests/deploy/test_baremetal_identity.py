@@ -33,7 +33,7 @@ from tests.deploy.baremetal_cluster import (
     baremetal_documents,
     installed_koordlet,
 )
-from tests.deploy.deploy_paths import rules_without
+from tests.deploy.deploy_paths import REPORT_WAIT_S, rules_without
 from tests.support.apiserver import kube_api_client
 from tests.support.waiting import wait_for
 
@@ -88,7 +88,7 @@ def test_koordlet_runs_as_its_own_account_made_by_the_installer_and_renews_its_t
         with installed_koordlet(cluster, root, tmp_path / "state") as koordlet:
             assert koordlet.wait_log("states informer synced: 2 pods", 60), koordlet.logs()[-4000:]
             metric = wait_for(lambda: ((cluster.api.get_object("nodemetrics", NODE) or {}).get("status") or {})
-                              .get("nodeMetric"), 60)
+                              .get("nodeMetric"), REPORT_WAIT_S)
             assert metric, koordlet.logs()[-4000:]
             assert wait_for(lambda: cluster.api.get_object("noderesourcetopologies", NODE), 30)
             assert [(r.path, r.status, r.user) for r in cluster.kubelet.requests][:1] == [("/pods/", 200, USER)]
@@ -131,7 +131,7 @@ def test_its_role_without_one_rule_gets_the_refusal_that_rule_prevents_named(
         kept = rules_without(role["rules"], resource)
         _replace(cluster, f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{ACCOUNT}", {**role, "rules": kept})
         with installed_koordlet(cluster, root, tmp_path / "state") as koordlet:
-            assert koordlet.wait_log(f"the rule that allows it: {rule}", 60), koordlet.logs()[-4000:]
+            assert koordlet.wait_log(f"the rule that allows it: {rule}", REPORT_WAIT_S), koordlet.logs()[-4000:]
             if source == "kubelet":
                 refused = wait_for(cluster.kubelet.refusals, 5)
                 assert refused and refused[0].status == 403 and refused[0].user == USER
