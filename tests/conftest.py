@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # imported by the fixtures that use them: the kubernetes clie
 # has a deadline of its own) is marked `@pytest.mark.alone` and runs in the last pass, with nothing beside it.
 # tests.support.nodestate fails a test that touches such state without the marker (docs/testing.md, "Running in
 # parallel").
-pytest_plugins = ["tests.support.v2guest", "tests.support.nodepaths", "tests.support.nodestate"]
+pytest_plugins = ["tests.support.v2guest", "tests.support.nodestate", "tests.support.nodepaths"]
 
 
 def _can_run_containerd() -> str | None:

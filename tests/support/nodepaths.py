@@ -23,19 +23,20 @@ from collections.abc import Iterator
 
 import pytest
 
-NODE_PATHS = ("/var/run/koordlet", "/run/koordlet", "/etc/runtime/hookserver.d")
+from tests.support.nodestate import normal_path, written_by_open
+
+NODE_PATHS = ("/run/koordlet", "/etc/runtime/hookserver.d")  # /var/run/koordlet is /run/koordlet
 _seen: list[str] = []
 _active = False
 _owns = False
 
 
 def _under_node_paths(path: object) -> str | None:
-    if isinstance(path, bytes):
-        path = os.fsdecode(path)
-    if not isinstance(path, str) or not path.startswith("/"):
+    """``path`` (made absolute, /var/run as /run) when it lies under NODE_PATHS, else None."""
+    normal = normal_path(path)
+    if normal is None or not any(normal == p or normal.startswith(p + "/") for p in NODE_PATHS):
         return None
-    normal = os.path.normpath(path)
-    return normal if any(normal == p or normal.startswith(p + "/") for p in NODE_PATHS) else None
+    return normal
 
 
 def _audit(event: str, args: tuple[object, ...]) -> None:
@@ -43,11 +44,8 @@ def _audit(event: str, args: tuple[object, ...]) -> None:
         return
     if event == "os.mkdir":
         hit = _under_node_paths(args[0])
-    elif event == "open" and len(args) >= 2 and isinstance(args[1], str) and set(args[1]) & set("wax+"):
-        hit = _under_node_paths(args[0])
-    elif event == "open" and len(args) >= 3 and isinstance(args[2], int) and args[2] & (os.O_WRONLY | os.O_RDWR
-                                                                                          | os.O_CREAT):
-        hit = _under_node_paths(args[0])
+    elif event == "open":
+        hit = _under_node_paths(written_by_open(args))
     else:
         return
     if hit is not None:

@@ -52,7 +52,8 @@ _PATH_EVENTS = {"os.mkdir": 0, "os.remove": 0, "os.rmdir": 0, "os.rename": 1, "o
 _EVENTS = frozenset({"open", "socket.bind", "subprocess.Popen", *_PATH_EVENTS})
 
 
-def _normal(path: object) -> str | None:
+def normal_path(path: object) -> str | None:
+    """``path`` absolute, with /var/run as /run; None for what is no path."""
     if isinstance(path, bytes):
         path = os.fsdecode(path)
     elif isinstance(path, os.PathLike):
@@ -63,9 +64,17 @@ def _normal(path: object) -> str | None:
     return "/run" + path[len("/var/run"):] if path == "/var/run" or path.startswith("/var/run/") else path
 
 
+def written_by_open(args: tuple) -> object | None:
+    """The path an ``open`` audit event (path, mode, flags) opens for writing; None for a read."""
+    path, mode, flags = args
+    writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+        mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS)
+    return path if writes else None
+
+
 def shared_path(path: object) -> str | None:
     """``path`` when it lies under one of SHARED_PATHS, else None."""
-    normal = _normal(path)
+    normal = normal_path(path)
     if normal is None:
         return None
     for shared in SHARED_PATHS:
@@ -156,10 +165,8 @@ class _Watch:
     def _see(self, event: str, args: tuple) -> None:
         assert self.touched is not None
         if event == "open":
-            path, mode, flags = args
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS)
-            if writes and (hit := shared_path(path)):
+            written = written_by_open(args)
+            if written is not None and (hit := shared_path(written)):
                 self.touched.append(f"wrote {hit}")
         elif event == "socket.bind":
             address = args[1]
