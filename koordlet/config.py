@@ -199,6 +199,7 @@ class KoordletConfig:
     ignored_args: tuple[str, ...] = ()  # what followed the first non-flag argument (Go's flag.Args(): unread)
     netqos_uplink: str = ""  # TCNetworkQoS: the shaped interface; "" = the default route's
     system_config_record_file: str = ""  # SystemConfig: the sysctl values found before koordlet's writes
+    api_checkpoint_file: str = ""  # the objects last written to the API server, for a restart (kubeclient/checkpoint)
     # the peak predictor (Koordinator's -prediction-* flags)
     prediction_checkpoint_filepath: str = "/var/run/koordlet/prediction-checkpoints"
     prediction_cold_start_duration_s: float = 24 * 3600.0
@@ -436,6 +437,9 @@ def _prediction_and_system_config_flags(flag: _AddFlag, path: _ModePath) -> None
          "SystemConfig: where the sysctl values found before koordlet's first writes are kept (put back when "
          "the strategy or its gate goes off); the records of the resctrl groups, blkio lines and host dirs koordlet "
          "made are kept beside it; empty: memory only")
+    flag("api-checkpoint-file", _STR, path("", "/host-var-run-koordlet/api-checkpoint.json"),
+         "the NodeMetric and NodeResourceTopology as koordlet last wrote them, so that a restart does not read them "
+         "first (koordlet/kubeclient/checkpoint.py); its dir must exist; empty: nothing kept")
 
 
 def _report_api_and_mode_flags(flag: _AddFlag, switch: _AddSwitch, kubeconfig: str) -> None:

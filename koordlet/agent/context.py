@@ -22,6 +22,7 @@ from koordlet.gpu.nvml import NvmlModule
 from koordlet.gpu.service import GPUService
 from koordlet.health import Health
 from koordlet.kubeapi import KubeClient
+from koordlet.kubeclient.checkpoint import ApiCheckpoint
 from koordlet.metriccache import MetricCache
 from koordlet.metrics import KoordletMetrics
 from koordlet.metricsadvisor.pods import DemandBoard
@@ -80,6 +81,15 @@ class AgentContext:
     extensions: Extensions | None = field(default=None, init=False)  # out-of-tree strategies and hook plugins
     _cpu_manager: Callable[[], CPUManagerState | None] | None = field(default=None, init=False)
     _dirs: HostDirs | None = field(default=None, init=False)
+    _api_checkpoint: ApiCheckpoint | None = field(default=None, init=False)
+
+    @property
+    def api_checkpoint(self) -> ApiCheckpoint:
+        """The objects last written to the API server, one file the NodeMetric and NRT reporters share
+        (``-api-checkpoint-file``)."""
+        if self._api_checkpoint is None:
+            self._api_checkpoint = ApiCheckpoint(self.config.api_checkpoint_file)
+        return self._api_checkpoint
 
     @property
     def dirs(self) -> HostDirs:

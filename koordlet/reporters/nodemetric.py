@@ -24,13 +24,14 @@ node, pod or host application it has no sample of, as Koordinator does when cold
 
 Writing (docs/design.md §5, "One node of thousands"): the status is PUT to ``/status`` with the resourceVersion of
 koordlet's last write, on the object that write returned; nothing is read before it. The object is read only to
-begin (from the watch cache, ``resourceVersion=0``, once per start) and after a 409 (then from etcd: someone else
-wrote, koord-manager changing the spec), once, and the write tried again; the spec's ``metricCollectPolicy``
-comes with the object and sets the next interval. Any other failure keeps the report for the next tick (the
-newest report wins: a report is rebuilt every tick, and the kept one is used only when rebuilding fails); a
-report the koordlet's API budget holds back (the API server pushing back) is skipped. A missing object is skipped
-with a log line, as Koordinator does (koord-manager creates it), or created when asked to. The timer starts at a
-random point of the first interval and keeps ±10 % jitter (koordlet/kubeclient/timing.py), so nodes that start
+begin (from the watch cache, ``resourceVersion=0``, once per start, and not even then when ``-api-checkpoint-file``
+kept the last write's metadata and spec from before a restart: koordlet/kubeclient/checkpoint.py) and after a 409
+(then from etcd: someone else wrote, koord-manager changing the spec), once, and the write tried again; the spec's
+``metricCollectPolicy`` comes with the object and sets the next interval. Any other failure keeps the report for the
+next tick (the newest report wins: a report is rebuilt every tick, and the kept one is used only when rebuilding
+fails); a report the koordlet's API budget holds back (the API server pushing back) is skipped. A missing object is
+skipped with a log line, as Koordinator does (koord-manager creates it), or created when asked to. The timer starts
+at a random point of the first interval and keeps ±10 % jitter (koordlet/kubeclient/timing.py), so nodes that start
 together do not report together; the interval is still the spec's on average.
 Without an API server the whole object is written atomically as YAML under the report dir.
 """
@@ -56,6 +57,7 @@ from koordlet.api.nodeslo import HostApplication
 from koordlet.api.pod import PodMeta
 from koordlet.config import ConfigError, format_duration, parse_duration
 from koordlet.kubeapi import CustomObjects, Throttled
+from koordlet.kubeclient.checkpoint import ApiCheckpoint
 from koordlet.kubeclient.timing import SYSTEM_CLOCK, Clock
 from koordlet.metriccache import GPUDevice, Label, MetricCache, MetricKind, SeriesKey
 from koordlet.metriccache.cache import Aggregate
@@ -358,7 +360,10 @@ class NodeMetricReporter:
         prod_prediction: ProdPredict | None = None,
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
+        checkpoint: ApiCheckpoint | None = None,
     ) -> None:
+        """``checkpoint``: the object as koordlet's last write (before a restart) left it, taken at start instead of
+        a read, and kept after every write (koordlet/kubeclient/checkpoint.py)."""
         if custom_api is None and report_dir is None:
             raise ValueError("NodeMetricReporter needs a CustomObjects client or a report dir")
         self.node_name = node_name
@@ -381,6 +386,8 @@ class NodeMetricReporter:
         self._clock = clock
         self._rng = rng or random.Random()
         self._thread: PeriodicThread | None = None
+        self._checkpoint = checkpoint
+        self._checkpoint_key = f"{PLURAL}/{node_name}"
 
     @property
     def file_path(self) -> str | None:
@@ -444,6 +451,10 @@ class NodeMetricReporter:
         api = self._api
         assert api is not None
         obj = self._object
+        if obj is None and self._checkpoint is not None:
+            # what the last write before a restart answered: its version is the next write's precondition (a 409
+            # if the object changed meanwhile, and then it is read)
+            obj = self._object = self._checkpoint.take(self._checkpoint_key, self.node_name)
         if obj is None:
             obj = self._read("0")
             if obj is None:
@@ -479,6 +490,10 @@ class NodeMetricReporter:
                 obj = self._object = fresh
                 continue
             self._object = stored if isinstance(stored, dict) else body
+            if self._checkpoint is not None:
+                kept = {k: v for k, v in self._object.items() if k != "status"}
+                kept["metadata"] = {k: v for k, v in (kept.get("metadata") or {}).items() if k != "managedFields"}
+                self._checkpoint.put(self._checkpoint_key, kept)
             self._written(status)
             return ReportOutcome.UPDATED
         raise AssertionError("unreachable")

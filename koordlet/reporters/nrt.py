@@ -26,7 +26,8 @@ decoded JSON, zone names, types and managed resources), and then not more often 
 zones' extra resources are kept. Between writes the object last written or read is the comparison base, so
 an unchanged node costs no API call. API traffic (docs/design.md §5): the object is read at the first tick and
 then every ``resync_s`` (the first at a random point of it, then ±10 %; from the watch cache,
-``resourceVersion=0``), and again from etcd only after a
+``resourceVersion=0``; after a restart, the object ``-api-checkpoint-file`` kept stands in for the first read,
+koordlet/kubeclient/checkpoint.py), and again from etcd only after a
 409; a write carries the version of that read or of koordlet's last write. A failed read or write is tried again
 after a backoff (full jitter, up to 30 s, koordlet/kubeclient/backoff.py), not at every tick; a tick the koordlet's
 API budget holds back (the API server pushing back) does nothing. The 3 s tick starts at a random point and keeps
@@ -62,6 +63,7 @@ from koordlet.api.pod import PodMeta
 from koordlet.api.safeload import load_json
 from koordlet.kubeapi import CustomObjects, Throttled, retry_after_s
 from koordlet.kubeclient.backoff import Backoff
+from koordlet.kubeclient.checkpoint import ApiCheckpoint
 from koordlet.kubeclient.timing import phase, spread
 from koordlet.statesinformer.cpumanager import POLICY_STATIC, CPUManagerState
 from koordlet.system.sysfs import CPUInfo, HugePages, NodeTopology, SysfsError
@@ -407,9 +409,12 @@ class NRTReportLoop:
         read_hugepages: Callable[[], Mapping[int, Sequence[HugePages]]] | None = None,
         observe_pools: Callable[[CPUPools], None] | None = None,
         rng: random.Random | None = None,
+        checkpoint: ApiCheckpoint | None = None,
     ) -> None:
         """``read_hugepages``: the NUMA nodes' huge page pools, read at every tick (gate ``HugePageReport``);
-        ``observe_pools``: called with each tick's CPU pools (the share-pool gauges)."""
+        ``observe_pools``: called with each tick's CPU pools (the share-pool gauges); ``checkpoint``: the object as
+        koordlet last wrote or read it before a restart, taken at the first tick instead of a read, and kept after
+        every read and write (koordlet/kubeclient/checkpoint.py)."""
         self._reporter = reporter
         self._read_topology = read_topology
         self._pods = pods
@@ -434,6 +439,8 @@ class NRTReportLoop:
         self._last_problems: tuple[str, ...] = ()
         self.desired: dict[str, Any] | None = None  # the last object computed (the demo prints it)
         self.writes = 0
+        self._checkpoint = checkpoint
+        self._checkpoint_key = f"{NRT_PLURAL}/{reporter.node_name}"
         self.timer = PeriodicThread("nrt-reporter", interval_s, self.report_once, monotonic=monotonic, rng=self._rng)
 
     def _topology_now(self, now: float) -> NodeTopology:
@@ -490,9 +497,18 @@ class NRTReportLoop:
         now = self._monotonic()
         if now < self._retry_at:
             return "backoff"
+        first = self._resync_at == -float("inf")
+        if first and self._checkpoint is not None:
+            # the object as it was before a restart stands in for the first read: a write carries its version (a
+            # 409 if it changed meanwhile, and then it is read); the first resync at a random point of its interval
+            restored = self._checkpoint.take(self._checkpoint_key, self._reporter.node_name)
+            if restored is not None:
+                self._stored = restored
+                self._resync_at = now + phase(self._resync_s, self._rng)
+                first = False
         if self._stored is None or now >= self._resync_at:
-            first = self._resync_at == -float("inf")
             self._stored = self._reporter.get("0")
+            self._keep()
             # the first resync at a random point of its interval (nodes started together resync apart), then ±10 %
             self._resync_at = now + (phase(self._resync_s, self._rng) if first else spread(self._resync_s, self._rng))
         if change_reason(self._stored, desired) is None:
@@ -501,10 +517,19 @@ class NRTReportLoop:
             return "deferred"
         outcome, stored = self._reporter.write(desired, self._stored)
         self._stored = stored
+        self._keep()
         if outcome != "unchanged":
             self._written_at = now
             self.writes += 1
         return outcome
+
+    def _keep(self) -> None:
+        if self._checkpoint is not None and self._stored is not None:
+            meta = self._stored.get("metadata")
+            kept = dict(self._stored)
+            if isinstance(meta, dict):
+                kept["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+            self._checkpoint.put(self._checkpoint_key, kept)
 
     def start(self) -> None:
         """The first report at a random point of the first interval, then every interval ±10 %."""

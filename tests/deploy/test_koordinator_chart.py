@@ -176,6 +176,7 @@ def test_every_path_koordlet_reads_lies_under_a_host_mount_of_koordinators_daemo
             ("/var/lib/kubelet/device-plugins/kubelet.sock", False),
         config.prediction_checkpoint_filepath: ("/var/run/koordlet/prediction-checkpoints", True),
         config.system_config_record_file: ("/var/run/koordlet/system-config-originals.json", True),
+        config.api_checkpoint_file: ("/var/run/koordlet/api-checkpoint.json", True),
         os.path.join(config.pod_resources_proxy_path, "kubelet.sock"): ("/var/run/koordlet/pod-resources/kubelet.sock",
                                                                         True),
         "/var/run/koordlet/xpu-device-infos/": ("/var/run/koordlet/xpu-device-infos", False),

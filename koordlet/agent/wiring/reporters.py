@@ -81,7 +81,8 @@ def nrt_reporter(ctx: AgentContext) -> Component | None:
         min_update_interval_s=config.node_topology_min_update_interval_s,
         observe=metrics.observe_node_topology_report,
         read_hugepages=(lambda: read_node_hugepages(sys_dir)) if config.gate("HugePageReport") else None,
-        observe_pools=lambda pools: metrics.observe_cpu_pools(pools.shared_cpus, pools.be_shared_cpus, per_cpu))
+        observe_pools=lambda pools: metrics.observe_cpu_pools(pools.shared_cpus, pools.be_shared_cpus, per_cpu),
+        checkpoint=ctx.api_checkpoint)
 
 
 def nodemetric_reporter(ctx: AgentContext) -> Component | None:
@@ -97,5 +98,6 @@ def nodemetric_reporter(ctx: AgentContext) -> Component | None:
         on_report=metrics.observe_node_metric_status if config.gate("NodeMetricPromMetrics") else None,
         host_apps=lambda: states.node_slo().host_applications,
         prod_prediction=prod_prediction(ctx),
+        checkpoint=ctx.api_checkpoint if api_client is not None else None,
     )
     return reporter

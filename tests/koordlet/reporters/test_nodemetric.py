@@ -3,6 +3,7 @@ CRD schema validation is the check) or to a YAML file."""
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import yaml
 from koordlet.api.nodeslo import parse_node_slo_spec
 from koordlet.api.pod import PodMeta
 from koordlet.kubeapi import CustomObjects
+from koordlet.kubeclient.checkpoint import ApiCheckpoint
 from koordlet.metriccache import GPU_DEVICES_KV, GPUDevice, Label, MetricCache, MetricKind, Sample, SeriesKey
 from koordlet.reporters.nodemetric import (
     CollectPolicy,
@@ -348,3 +350,53 @@ def test_a_report_before_any_node_usage_is_collected_writes_nothing(server: ApiS
     assert nm.report_once() is ReportOutcome.UPDATED
     assert server.get_object("nodemetrics", NODE)["status"]["nodeMetric"]["nodeUsage"]["resources"]["cpu"]
     assert outcomes == ["not_ready", "updated"]
+
+
+# ------------------------------------------------------------------------------- across a restart
+
+
+def test_a_restarted_reporter_writes_with_the_version_its_checkpoint_kept_and_reads_nothing(
+        server: ApiServer, custom: CustomObjects, tmp_path: Path) -> None:
+    seed_node_metric(server)
+    path = str(tmp_path / "api-checkpoint.json")
+    first = reporter(custom, checkpoint=ApiCheckpoint(path))
+    assert first.report_once() is ReportOutcome.UPDATED
+    assert first.report_once() is ReportOutcome.UPDATED
+    server.clear_requests()
+    # a new process: the object as the last write answered it, without its status or managedFields
+    kept = json.loads(Path(path).read_text())["nodemetrics/node-1"]["object"]
+    assert "status" not in kept and "managedFields" not in kept["metadata"]
+    assert kept["spec"]["metricCollectPolicy"]["reportIntervalSeconds"] == 45
+    again = reporter(custom, checkpoint=ApiCheckpoint(path))
+    assert again.report_once() is ReportOutcome.UPDATED
+    assert _wire(server) == [("PUT", kept["metadata"]["resourceVersion"])]  # no read before it
+    assert again.policy.report_interval_s == 45.0  # the spec came with the checkpoint
+
+
+def test_a_checkpoint_older_than_the_object_costs_a_conflict_and_one_read(
+        server: ApiServer, custom: CustomObjects, tmp_path: Path) -> None:
+    seed_node_metric(server)
+    path = str(tmp_path / "api-checkpoint.json")
+    assert reporter(custom, checkpoint=ApiCheckpoint(path)).report_once() is ReportOutcome.UPDATED
+    # while koordlet was down, koord-manager changed the spec
+    kubernetes.client.CustomObjectsApi(custom.api_client).patch_cluster_custom_object(
+        "slo.koordinator.sh", "v1alpha1", "nodemetrics", NODE,
+        {"spec": {"metricCollectPolicy": {"reportIntervalSeconds": 90}}})
+    server.clear_requests()
+    again = reporter(custom, checkpoint=ApiCheckpoint(path))
+    assert again.report_once() is ReportOutcome.UPDATED
+    assert [verb for verb, _ in _wire(server)] == ["PUT", "GET", "PUT"]
+    assert again.policy.report_interval_s == 90.0
+
+
+@pytest.mark.parametrize("content", ["", "not json", "[1, 2]", '{"nodemetrics/node-1": {"at": "x", "object": {}}}',
+                                     '{"nodemetrics/node-1": {"at": 1, "object": {"metadata": {"name": "other", '
+                                     '"resourceVersion": "5"}}}}'])
+def test_an_unusable_checkpoint_means_a_read_first(server: ApiServer, custom: CustomObjects, tmp_path: Path,
+                                                     content: str) -> None:
+    seed_node_metric(server)
+    path = tmp_path / "api-checkpoint.json"
+    path.write_text(content)
+    server.clear_requests()
+    assert reporter(custom, checkpoint=ApiCheckpoint(str(path))).report_once() is ReportOutcome.UPDATED
+    assert [verb for verb, _ in _wire(server)] == ["GET", "PUT"]

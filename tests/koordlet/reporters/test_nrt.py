@@ -26,6 +26,7 @@ from koordlet.api.keys import (
 )
 from koordlet.api.pod import PodMeta
 from koordlet.kubeapi import CustomObjects
+from koordlet.kubeclient.checkpoint import ApiCheckpoint
 from koordlet.reporters.nrt import (
     NRTReporter,
     NRTReportLoop,
@@ -280,3 +281,44 @@ def test_change_reason_ignores_key_order_and_sees_zone_changes(tmp_path: Path) -
     assert change_reason(reordered, nrt) == "zones"
     assert [format_bytes(v) for v in (0, 1536, 2048, 7208128512, 64 << 30)] == [
         "0", "1536", "2Ki", "7039188Ki", "64Gi"]
+
+
+def test_a_restarted_loop_takes_its_checkpoint_for_the_first_read_and_writes_only_what_changed(
+        tmp_path: Path, server: ApiServer, custom) -> None:
+    topology = _topology(tmp_path)
+    pods: list[PodMeta] = []
+    clock = _Clock()
+    path = str(tmp_path / "api-checkpoint.json")
+
+    def loop() -> NRTReportLoop:
+        return NRTReportLoop(NRTReporter(NODE, custom), lambda: topology, lambda: pods, lambda: None,
+                             node_uid=lambda: NODE_UID, min_update_interval_s=0.0, resync_s=600.0, monotonic=clock,
+                             checkpoint=ApiCheckpoint(path))
+
+    assert loop().report_once() == "created"
+    server.clear_requests()
+    # a new process, nothing changed: no API call at all, the first resync at a random point of its interval
+    restarted = loop()
+    assert restarted.report_once() == "unchanged"
+    assert server.requests() == []
+    # a pod bound while koordlet was down: written at once with the kept version, never read before
+    pods.append(_pod("lse", "LSE", "0,8"))
+    again = loop()
+    assert again.report_once() == "updated"
+    assert [(r.verb, r.status) for r in server.requests(path_regex=NODE)] == [("PUT", 200)]
+    # someone else changed the object while koordlet was down: the kept version conflicts, the newest is read
+    stored = custom.get_cluster_custom_object("topology.node.k8s.io", "v1alpha1", PLURAL, NODE)
+    stored["metadata"]["annotations"]["example.com/note"] = "kept"
+    custom.replace_cluster_custom_object("topology.node.k8s.io", "v1alpha1", PLURAL, NODE, stored)
+    pods.pop()
+    server.clear_requests()
+    assert loop().report_once() == "updated"
+    assert [(r.verb, r.status) for r in server.requests(path_regex=NODE)] == [("PUT", 409), ("GET", 200), ("PUT", 200)]
+    assert server.get_object(PLURAL, NODE)["metadata"]["annotations"]["example.com/note"] == "kept"
+    # the resync still comes: within its interval the restarted loop reads the object once
+    last = loop()
+    assert last.report_once() == "unchanged"
+    server.clear_requests()
+    clock.now += 601
+    assert last.report_once() == "unchanged"
+    assert [r.verb for r in server.requests(path_regex=NODE)] == ["GET"]
