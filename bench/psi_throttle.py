@@ -73,6 +73,11 @@ while True:
 """
 
 
+def _progress(line: str) -> None:
+    """Where the guest part is, on stderr (the console): an emulated guest's phase takes minutes."""
+    print(f"psi_throttle: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1) if ordered else 0.0
@@ -110,12 +115,14 @@ def phase(disk: str, disk_number: str, span: int, name: str, be: bool, args: arg
     """One phase on a node of its own: the load, the QoS manager (gates by ``name``), ``--warmup`` s, then
     ``--seconds`` measured."""
     gates = {**OFF, "BEPSIThrottle": name == "gate_on"}
+    _progress(f"{name}: the node")
     node = RealNode(f"bench-psi-{name}", PODS, v2=True, delegate=DELEGATE)
     burners: list[subprocess.Popen[bytes]] = []
     steps: list[tuple[float, str]] = []
     try:
         node.kubelet_weights()
         node.start(parse_node_slo_spec(slo), config=QoSManagerConfig(node_name=node.node.name, feature_gates=gates))
+        _progress(f"{name}: QoS manager started; the load and {args.warmup:g} s of warm-up")
         if be:
             burners = [node.spawn("be", BURN) for _ in range(os.cpu_count() or 1)]
             burners += [node.spawn("be", IO_BURN.format(disk=disk, start=span + i * span // 2,
@@ -125,6 +132,7 @@ def phase(disk: str, disk_number: str, span: int, name: str, be: bool, args: arg
             steps.append((round(time.monotonic() - started, 1), _throttle_state(node)))
             time.sleep(1.0)
         before = _stats(node, disk_number)
+        _progress(f"{name}: measuring {args.seconds:g} s")
         probes = [node.spawn("ls", WAKE_PROBE.format(seconds=args.seconds)),
                   node.spawn("ls", IO_PROBE.format(disk=disk, span=span, seconds=args.seconds))]
         while any(p.poll() is None for p in probes):

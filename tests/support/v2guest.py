@@ -12,6 +12,7 @@ Also the benchmarks' way into the guest (:func:`run_bench_in_v2_guest`)."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import subprocess
@@ -65,7 +66,12 @@ def guest_part(run: Callable[[], dict[str, object]], show: Callable[[dict[str, o
     except pytest.skip.Exception as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         return 2
-    result = run()
+    # a benchmark stuck in the guest prints every thread's stack every 240 s, as the guest's pytest does
+    faulthandler.dump_traceback_later(240, repeat=True, file=sys.stderr)
+    try:
+        result = run()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     show(result)
     with open(os.path.join(os.environ["KPY_V2_OUT"], "bench.json"), "w") as f:
         json.dump(result, f)
