@@ -18,7 +18,12 @@ and the BE pod's throughput (CPU cores it used, MB/s it wrote, from its ``cpu.st
 on, the steps the strategy took (the besteffort dir's ``cpu.max`` and ``io.weight`` each second). And the goals: the
 LS p99 within 1.2x of the LS pod alone, BE keeping at least half its gate-off throughput.
 
-    V2_MODE=bench V2_BENCH=bench/psi_throttle.py make v2-check     (or: .venv/bin/python bench/psi_throttle.py)
+    .venv/bin/python bench/psi_throttle.py [--warmup 40 --seconds 30]     (boots the guest with its own disk and a
+                                                                         timeout that fits the phases; V2_CPUS=2:
+                                                                         one vCPU per host core)
+
+Not ``V2_MODE=bench make v2-check``: that stage's disk is 64 MiB and its 900 s timeout is shorter than three phases
+take under emulation.
 """
 
 from __future__ import annotations
