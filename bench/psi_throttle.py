@@ -33,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 if __package__ in (None, ""):
@@ -140,11 +141,21 @@ def phase(disk: str, disk_number: str, span: int, name: str, be: bool, args: arg
         _progress(f"{name}: measuring {args.seconds:g} s")
         probes = [node.spawn("ls", WAKE_PROBE.format(seconds=args.seconds)),
                   node.spawn("ls", IO_PROBE.format(disk=disk, span=span, seconds=args.seconds))]
-        while any(p.poll() is None for p in probes):
+        # Each probe prints its whole sample list at the end (the CPU probe's 30 s: about 0.5 MB), more than a pipe
+        # holds: read them while they run, or a probe blocks on its write and never ends.
+        outputs: dict[int, bytes] = {}
+        readers = [threading.Thread(target=lambda i=i, p=p: outputs.__setitem__(i, p.communicate()[0]), daemon=True)
+                   for i, p in enumerate(probes)]
+        for reader in readers:
+            reader.start()
+        deadline = time.monotonic() + args.seconds * 4 + 120
+        while any(reader.is_alive() for reader in readers) and time.monotonic() < deadline:
             steps.append((round(time.monotonic() - started, 1), _throttle_state(node)))
             time.sleep(1.0)
+        if any(reader.is_alive() for reader in readers):
+            raise RuntimeError(f"{name}: the LS probes did not end within {args.seconds * 4 + 120:g} s")
         after = _stats(node, disk_number)
-        wake, io_lat = (json.loads(p.communicate(timeout=60)[0].decode().strip().splitlines()[-1]) for p in probes)
+        wake, io_lat = (json.loads(outputs[i].decode().strip().splitlines()[-1]) for i in range(len(probes)))
         cpu_late = wake["late_us"]
     finally:
         for burner in burners:
