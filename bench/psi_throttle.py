@@ -10,7 +10,9 @@ something; only ``BEPSIThrottle`` differs between the two BE phases.
   (a 4 KiB ``O_DIRECT`` read at a random place of the attached disk every 10 ms: its latency).
 - The BE pod runs a CPU burner on every vCPU and two IO burners (1 MiB ``O_DIRECT`` writes over the disk, end to end).
 
-Phases, each ``--warmup`` seconds for the load (and the throttle's steps) to settle, then ``--seconds`` measured:
+Phases, each ``--warmup`` seconds for the load (and the throttle's steps) to settle, the LS probes running through
+it too (the LS pod's pressure is what the throttle steers by; those samples are not counted), then ``--seconds``
+measured:
 the LS pod alone; LS beside BE, gate off; LS beside BE, gate on (NodeSLO ``extensions.bePSIThrottleStrategy``, with
 the thresholds and floors given on the command line). Reported per phase: the LS probes' p50 and p99, the LS pod's
 CPU and IO pressure over the window (its ``cpu.pressure`` and ``io.pressure`` stall time as a share of the window),
@@ -116,6 +118,31 @@ def _throttle_state(node: RealNode) -> str:
     return f"cpu.max {node.read('cpu', node.be_dir, 'cpu.max')}, io.weight {io_weight}"
 
 
+def _probes(node: RealNode, disk: str, span: int, seconds: float, name: str, steps: list[tuple[float, str]],
+            started: float) -> tuple[dict, list[float]]:
+    """The LS pod's two probes for ``seconds``, the throttle's state sampled each second meanwhile: their results.
+
+    Each probe prints its whole sample list at the end (the CPU probe's 30 s: about 0.5 MB), more than a pipe holds:
+    the output is read while they run, or a probe blocks on its write and never ends."""
+    probes = [node.spawn("ls", WAKE_PROBE.format(seconds=seconds)),
+              node.spawn("ls", IO_PROBE.format(disk=disk, span=span, seconds=seconds))]
+    outputs: dict[int, bytes] = {}
+    readers = [threading.Thread(target=lambda i=i, p=p: outputs.__setitem__(i, p.communicate()[0]), daemon=True)
+               for i, p in enumerate(probes)]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + seconds * 4 + 120
+    while any(reader.is_alive() for reader in readers) and time.monotonic() < deadline:
+        steps.append((round(time.monotonic() - started, 1), _throttle_state(node)))
+        time.sleep(1.0)
+    if any(reader.is_alive() for reader in readers):
+        for probe in probes:
+            probe.kill()
+        raise RuntimeError(f"{name}: the LS probes did not end within {seconds * 4 + 120:g} s")
+    wake, io_lat = (json.loads(outputs[i].decode().strip().splitlines()[-1]) for i in range(len(probes)))
+    return wake, io_lat
+
+
 def phase(disk: str, disk_number: str, span: int, name: str, be: bool, args: argparse.Namespace,
           slo: dict) -> dict[str, object]:
     """One phase on a node of its own: the load, the QoS manager (gates by ``name``), ``--warmup`` s, then
@@ -134,28 +161,13 @@ def phase(disk: str, disk_number: str, span: int, name: str, be: bool, args: arg
             burners += [node.spawn("be", IO_BURN.format(disk=disk, start=span + i * span // 2,
                                                         end=span + (i + 1) * span // 2)) for i in range(2)]
         started = time.monotonic()
-        while time.monotonic() - started < args.warmup:
-            steps.append((round(time.monotonic() - started, 1), _throttle_state(node)))
-            time.sleep(1.0)
+        # The LS pod runs its probes through the warm-up too: its pressure is what the throttle steers by, so the
+        # steps settle before the measurement, not during it. Their samples are not counted.
+        _probes(node, disk, span, args.warmup, name, steps, started)
         before = _stats(node, disk_number)
         _progress(f"{name}: measuring {args.seconds:g} s")
-        probes = [node.spawn("ls", WAKE_PROBE.format(seconds=args.seconds)),
-                  node.spawn("ls", IO_PROBE.format(disk=disk, span=span, seconds=args.seconds))]
-        # Each probe prints its whole sample list at the end (the CPU probe's 30 s: about 0.5 MB), more than a pipe
-        # holds: read them while they run, or a probe blocks on its write and never ends.
-        outputs: dict[int, bytes] = {}
-        readers = [threading.Thread(target=lambda i=i, p=p: outputs.__setitem__(i, p.communicate()[0]), daemon=True)
-                   for i, p in enumerate(probes)]
-        for reader in readers:
-            reader.start()
-        deadline = time.monotonic() + args.seconds * 4 + 120
-        while any(reader.is_alive() for reader in readers) and time.monotonic() < deadline:
-            steps.append((round(time.monotonic() - started, 1), _throttle_state(node)))
-            time.sleep(1.0)
-        if any(reader.is_alive() for reader in readers):
-            raise RuntimeError(f"{name}: the LS probes did not end within {args.seconds * 4 + 120:g} s")
+        wake, io_lat = _probes(node, disk, span, args.seconds, name, steps, started)
         after = _stats(node, disk_number)
-        wake, io_lat = (json.loads(outputs[i].decode().strip().splitlines()[-1]) for i in range(len(probes)))
         cpu_late = wake["late_us"]
     finally:
         for burner in burners:
