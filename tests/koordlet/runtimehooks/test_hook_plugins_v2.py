@@ -10,10 +10,11 @@ containerd's NRI plugin (pods straight on containerd's CRI). Its states come fro
   CPU normalization does a batch-cpu limit) and CoreSched's ``cpu.idle=1`` on its pod dir;
 - ``trainer``, an LS pod the scheduler gave a HAMi-core GPU share and an RDMA PF: CPU normalization's quota, the GPU
   env, HAMi-core's mounts and usage region, the RDMA device nodes (opened in the container: on v2 runc's eBPF device
-  program lets through what the plugin added, and still refuses a node it did not). Through the proxy it is also
-  annotated for its own resctrl group (a fixture tree: the guest has no resctrl, and through NRI runc would refuse the
-  container an RDT class the kernel does not have); what the reconciler does with it on v2, and with the pod's OOM
-  score annotation, is not shown here yet (both failed in the guest: docs/testing.md names the gap).
+  program lets through what the plugin added, and still refuses a node it did not), the OOM score annotation the
+  reconciler gives every process of the container's dir (the sandbox's pause keeps the runtime's). Through the proxy
+  it is also annotated for its own resctrl group (a fixture tree: the guest has no resctrl, and through NRI runc
+  would refuse the container an RDT class the kernel does not have); what the reconciler does with it on v2 is not
+  shown here yet (docs/testing.md names the gap).
 
 Group identity (Anolis ``cpu.bvt_warp_ns``) has nothing to write on this stock kernel: no file, no answer. What
 ``koordlet explain`` shows for the trainer comes from the v2 files, by their v2 names.
@@ -171,7 +172,7 @@ def _hooks(door: str, stack: V2Stack, files: NodeFiles, states: StatesInformer, 
         reconcile_interval_s=1.0, feature_gates=GATES, resctrl_dir=str(files.resctrl), sys_dir=files.sys_dir,
         dev_dir="/dev", hami_core_library=str(files.library), serve_hooks=proxy,
         nri=None if proxy else NriConfig(socket_path=stack.nri_socket or "", socket_poll_s=0.2))
-    executor = ResourceExecutor(CgroupFS.detect(), resctrl_root=str(files.resctrl))
+    executor = ResourceExecutor(CgroupFS.detect(), resctrl_root=str(files.resctrl), proc_dir="/proc")
     return RuntimeHooks(config, states, executor, LAYOUT, task_ids=states.container_task_ids)
 
 
@@ -294,6 +295,22 @@ def test_v2_the_gpu_env_and_hami_cores_mounts_and_usage_region_reach_the_contain
     assert "HAMi-core stands in here" in lines  # the library, bind-mounted at its own path
     assert "lock dir" in lines
     assert stat.S_IMODE(koordlet.region.parent.stat().st_mode) == 0o777  # made by koordlet for HAMi's monitor
+
+
+def test_v2_the_reconciler_gives_every_process_of_the_container_its_oom_score_adj(koordlet: Koordlet) -> None:
+    """kubelet's 100 (runc's, at the container's start) becomes the annotation's 600 on every process of the
+    container's own dir (``cgroup.procs`` of ``cri-containerd-<id>.scope`` on the systemd layout); the sandbox's pause
+    keeps the runtime's."""
+    trainer = koordlet.trainer
+
+    def scores(cgroup_dir: Path) -> set[int]:
+        pids = (cgroup_dir / "cgroup.procs").read_text().split()
+        return {int(Path(f"/proc/{pid}/oom_score_adj").read_text()) for pid in pids}
+
+    assert wait_for(lambda: scores(trainer.container_dir) == {OOM_SCORE_ADJ}, WAIT_S), scores(trainer.container_dir)
+    pause = scores(trainer.container_dir.parent / trainer.container_dir.name.replace(trainer.container_id,
+                                                                                     trainer.sandbox_id))
+    assert pause and OOM_SCORE_ADJ not in pause, pause
 
 
 def test_v2_explain_shows_the_trainers_v2_files_by_their_v2_names_and_what_each_plugin_answered(
