@@ -98,6 +98,8 @@ fi
 # 1. the install's change where kubelet reads its endpoint, put back; then the drop-in
 ke_revert || { echo "uninstall: $ke_error" >&2; exit 1; }
 remove "$DROP_IN"
+# kubelet.service.d in /etc, once empty: the install made it (kubeadm's packages put their drop-in under /usr/lib)
+[ ! -d "$root${DROP_IN%/*}" ] || [ -n "$(ls -A "$root${DROP_IN%/*}")" ] || remove "${DROP_IN%/*}"
 if [ "$live" = 1 ]; then
   run "$systemctl" daemon-reload
   if [ "$dry_run" = 0 ] && "$systemctl" show kubelet.service --property=Environment --value 2>/dev/null |

@@ -14,9 +14,10 @@
 #   V2_KERNEL=           a kernel image; default: the newest /boot/vmlinuz-*
 #   V2_OUT=out/v2        results: <driver>/{junit.xml,rc,guest.log,wall_seconds}; the guests write there
 #   V2_DRIVERS="systemd cgroupfs"   the guests to boot, in this order: systemd (systemd as PID 1: the pod story,
-#                        NRI and the hook plugins on kubelet's systemd layout, the proxy restarted by systemctl) and
+#                        NRI and the hook plugins on kubelet's systemd layout, the proxy restarted by systemctl,
+#                        kubelet's endpoint set by the installer and read by a kubelet systemd starts) and
 #                        cgroupfs (virtme-ng's init; every cgroupv2 test but those, which it runs only when it
-#                        boots alone, and the proxy's restarts under systemd, never)
+#                        boots alone, and the two that need systemd, never)
 #   V2_MODE=tests        or `bench`: run a benchmark's --v2-guest part in the cgroupfs guest (make bench-v2)
 #   V2_BENCH=bench/qos_reaction.py   the benchmark V2_MODE=bench runs (its other arguments: this script's)
 #   V2_HUGEPAGES=64      2 MiB huge pages the cgroupfs guest reserves at boot (kernel command line)
@@ -156,7 +157,8 @@ boot() {
     guest_cmd="KPY_VENV=$(printf %q "$venv") KPY_V2_OUT=$(printf %q "$dir") KPY_V2_MODE=$mode KPY_V2_DISK=$(printf %q "$disk") KPY_V2_NUMA=$numa"
     guest_cmd+=" KPY_V2_BENCH=$(printf %q "${V2_BENCH:-bench/qos_reaction.py}") KPY_V2_HOST_DONE=$(printf %q "$host_done")"
     # The pod story and the NRI plugin on containerd 2.1 are the systemd guest's (below) when both guests boot;
-    # the proxy's restarts under systemd need systemd as PID 1, so they are never the cgroupfs guest's.
+    # the proxy's restarts under systemd and kubelet's endpoint under systemd need systemd as PID 1, so they are never
+    # the cgroupfs guest's.
     local skip=("${systemd_only_modules[@]}")
     [[ " $drivers " != *" systemd "* ]] || skip+=("${systemd_modules[@]}")
     guest_cmd+=" KPY_V2_SKIP=$(printf %q "${skip[*]}")"
@@ -224,7 +226,7 @@ boot() {
 # proxy and koordlet as an NRI plugin), and every hook plugin through both on the session's one containerd. The
 # cgroupfs guest runs every other cgroupv2 module.
 # The proxy restarted 10 times by systemd while a client calls it needs systemd itself: it runs in that guest only.
-systemd_only_modules=(tests/runtimeproxy/test_restart_systemd_v2.py)
+systemd_only_modules=(tests/runtimeproxy/test_restart_systemd_v2.py tests/deploy/test_kubelet_endpoint_systemd_v2.py)
 systemd_modules=(tests/koordlet/test_pod_story_v2.py tests/koordlet/runtimehooks/nri/test_containerd_v2.py
                  tests/koordlet/runtimehooks/test_hook_plugins_v2.py "${systemd_only_modules[@]}")
 started=$(date +%s)
