@@ -4,8 +4,9 @@ exactly that back (scripts/kubelet-endpoint.sh).
 Each test lays kubelet out under a root as kubeadm's packages do (tests/support/kubeadmnode.py) and runs the
 installer and the uninstaller on it as files (``--root``, systemctl recorded); the stand-in kubelet resolves each
 layout's endpoint with kubelet's precedence. What a kubelet started by real systemd reads from them, with the real
-installer and uninstaller (no --root): test_kubelet_endpoint_systemd_v2.py in the v2 stage's systemd guest, for kubeadm
-1.27 and later; kubeadm before 1.27 and ``--restart-kubelet`` under real systemd are not tested yet.
+installer and uninstaller (no --root): test_kubelet_endpoint_systemd_v2.py in the v2 stage's systemd guest, on request
+(not in ``make test``: docs/testing.md), for kubeadm 1.27 and later; kubeadm before 1.27 and ``--restart-kubelet``
+under real systemd are not tested yet.
 """
 
 from __future__ import annotations

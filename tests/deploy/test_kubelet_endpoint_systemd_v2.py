@@ -1,6 +1,8 @@
 """What a kubelet started by real systemd reads after the installer pointed it at the proxy, and after uninstall.
 
-Runs in the v2 stage's systemd guest only (systemd 252 as PID 1, scripts/v2-systemd-init.sh; no containerd, no pods).
+Runs in the v2 stage's systemd guest only (systemd 252 as PID 1, scripts/v2-systemd-init.sh; no containerd, no pods),
+and there on request only: not in ``make test``, whose stage budget one case's ten minutes of emulation do not fit
+(``V2_DRIVERS=systemd make v2-check PYTEST_ARGS=tests/deploy/test_kubelet_endpoint_systemd_v2.py``; docs/testing.md).
 kubelet is laid out as kubeadm's packages lay it out (tests/support/kubeadmnode.py: kubelet.service,
 10-kubeadm.conf, the deb's empty /etc/default/kubelet, /var/lib/kubelet/config.yaml and kubeadm-flags.env) at the
 guest's real paths, the package's unit in /run/systemd/system (/usr/lib/systemd/system is the host's, read-only
