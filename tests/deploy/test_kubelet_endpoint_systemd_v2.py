@@ -49,7 +49,7 @@ import pytest
 
 from tests.support.fakeruntime import FakeRuntime
 from tests.support.kubeadmnode import CONTAINERD_ENDPOINT, KubeadmLayout
-from tests.support.v2guest import in_v2_guest
+from tests.support.v2guest import journal, main_pid, skip_unless_systemd_guest, systemctl
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.cgroupv2]
@@ -84,18 +84,9 @@ START_TIMEOUT_S = 180.0  # a Python process in the emulated guest: ~10 s to impo
 SCRIPT_TIMEOUT_S = 600
 
 
-def _systemctl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=timeout)
-
 
 def _journal() -> str:
-    units = [arg for unit in (KUBELET, *PROXY_UNITS) for arg in ("-u", unit)]
-    return subprocess.run(["journalctl", *units, "--no-pager", "-n", "40", "-o", "cat"], capture_output=True,
-                          text=True, timeout=60).stdout
-
-
-def _main_pid(unit: str = KUBELET) -> int:
-    return int(_systemctl("show", "-p", "MainPID", "--value", unit).stdout.strip() or 0)
+    return journal((KUBELET, *PROXY_UNITS), 40)
 
 
 def _tree(top: str) -> set[str]:
@@ -118,10 +109,7 @@ def _remove(path: str) -> None:
 
 @pytest.fixture(scope="module")
 def systemd_pid1() -> None:
-    if not in_v2_guest():
-        pytest.skip("runs in the v2 stage's systemd guest only (make v2-check V2_DRIVERS=systemd)")
-    if Path("/proc/1/comm").read_text().strip() != "systemd":
-        pytest.skip("needs systemd as PID 1: the systemd guest of the v2 stage runs this module")
+    skip_unless_systemd_guest()
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +117,7 @@ def node(systemd_pid1: None) -> Iterator[FakeRuntime]:
     """The guest as a node without kubelet or the proxy, but for containerd's socket (the test's runtime) and the
     prefix the proxy's unit runs; refuses to run on a node that has either, and removes what it made."""
     there = [path for path in (*KUBELET_PATHS, *PROXY_PATHS) if os.path.lexists(path)]
-    load_state = _systemctl("show", "-p", "LoadState", "--value", KUBELET).stdout.strip()
+    load_state = systemctl("show", "-p", "LoadState", "--value", KUBELET).stdout.strip()
     if there or load_state not in ("not-found", ""):
         pytest.fail(f"refusing to run: kubelet or the proxy is laid out here already ({', '.join(there)}; "
                     f"{KUBELET}: {load_state}); this module lays out kubeadm's kubelet at the real paths")
@@ -146,13 +134,13 @@ def node(systemd_pid1: None) -> Iterator[FakeRuntime]:
                                  + ("PrivateTmp=no\n" if private_tmp else ""))
         yield runtime
     finally:
-        _systemctl("stop", KUBELET, *PROXY_UNITS)
+        systemctl("stop", KUBELET, *PROXY_UNITS)
         runtime.stop()
         for path in (*KUBELET_PATHS, *PROXY_PATHS, *MADE_PATHS):
             if path not in made_before and os.path.lexists(path):
                 _remove(path)
-        _systemctl("daemon-reload")
-        _systemctl("reset-failed", KUBELET, *PROXY_UNITS)
+        systemctl("daemon-reload")
+        systemctl("reset-failed", KUBELET, *PROXY_UNITS)
 
 
 def _proxy_version() -> None:
@@ -173,7 +161,7 @@ def _layout(flag_in_kubeadm_args: bool) -> KubeadmLayout:
 def _report(after_pid: int) -> dict[str, object]:
     """The stand-in's report of the kubelet process systemd runs now, a new one (not ``after_pid``)."""
     def fresh() -> dict[str, object] | None:
-        pid = _main_pid()
+        pid = main_pid(KUBELET)
         try:
             report = json.loads(REPORT.read_text())
         except (OSError, ValueError):
@@ -181,7 +169,7 @@ def _report(after_pid: int) -> dict[str, object]:
         return report if pid not in (0, after_pid) and report["pid"] == pid else None
 
     report = wait_for(fresh, START_TIMEOUT_S, step_s=0.5)
-    assert report, f"no report of a new kubelet (MainPID {_main_pid()}, was {after_pid})\n{_journal()}"
+    assert report, f"no report of a new kubelet (MainPID {main_pid(KUBELET)}, was {after_pid})\n{_journal()}"
     return report
 
 
@@ -205,8 +193,8 @@ def kubelet(node: FakeRuntime, request: pytest.FixtureRequest) -> Iterator[tuple
     layout = _layout(request.param)
     before = layout.write()
     try:
-        assert _systemctl("daemon-reload").returncode == 0
-        started = _systemctl("start", KUBELET)
+        assert systemctl("daemon-reload").returncode == 0
+        started = systemctl("start", KUBELET)
         assert started.returncode == 0, started.stderr
         report = _report(0)
         assert report["endpoint"] == CONTAINERD_ENDPOINT, report
@@ -214,11 +202,11 @@ def kubelet(node: FakeRuntime, request: pytest.FixtureRequest) -> Iterator[tuple
                                     else "config /var/lib/kubelet/config.yaml"), report
         yield layout, before
     finally:
-        _systemctl("stop", KUBELET)
+        systemctl("stop", KUBELET)
         REPORT.unlink(missing_ok=True)
         layout.remove()
-        _systemctl("daemon-reload")
-        _systemctl("reset-failed", KUBELET)
+        systemctl("daemon-reload")
+        systemctl("reset-failed", KUBELET)
 
 
 # (the flag in kubeadm-flags.env: kubeadm before 1.27, how kubelet is restarted onto the proxy)
@@ -234,7 +222,7 @@ def test_kubelet_restarted_by_systemd_dials_the_proxy_and_containerd_again_after
     layout, before = kubelet
     took: dict[str, float] = {}
     unit_files = _tree("/etc/systemd/system")
-    pid = _main_pid()
+    pid = main_pid(KUBELET)
     if restart_kubelet:
         # what an operator runs: the installer restarts kubelet by systemd, then waits for its calls through the proxy
         done, took["install"] = _script(INSTALL, "--proxy-only", "--no-venv", "--restart-kubelet",
@@ -257,7 +245,7 @@ def test_kubelet_restarted_by_systemd_dials_the_proxy_and_containerd_again_after
 
     started = time.monotonic()
     if not restart_kubelet:
-        assert _systemctl("restart", KUBELET).returncode == 0
+        assert systemctl("restart", KUBELET).returncode == 0
     report = _report(pid)
     took["kubelet_on_proxy"] = time.monotonic() - started
     assert report["endpoint"] == PROXY, f"{report}\n{done.stdout}"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +27,7 @@ from tests.support.callloop import CallLoop
 from tests.support.containerd import REPO
 from tests.support.cri import CriClient, PodFactory, sandbox_config
 from tests.support.subscriber import EventSubscriber
-from tests.support.v2guest import in_v2_guest
+from tests.support.v2guest import journal, main_pid, skip_unless_systemd_guest, systemctl
 from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
 
@@ -45,18 +44,9 @@ DRAIN_TIMEOUT_S = 10.0  # the unit's: runtimeproxy/main.py's --drain-timeout def
 DRAIN_END = "koord-runtime-proxy is restarting: subscribe again"  # the status a drain ends a subscription with
 
 
-def _systemctl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=timeout)
-
 
 def _journal() -> str:
-    out = subprocess.run(["journalctl", "-u", SERVICE, "-u", SOCKET_UNIT, "--no-pager", "-n", "60", "-o", "cat"],
-                         capture_output=True, text=True, timeout=60)
-    return out.stdout
-
-
-def _main_pid() -> int:
-    return int(_systemctl("show", "-p", "MainPID", "--value", SERVICE).stdout.strip() or 0)
+    return journal((SERVICE, SOCKET_UNIT), 60)
 
 
 def _render(unit: str, backend: str) -> str:
@@ -84,10 +74,7 @@ def _listen_path(units: dict[str, str]) -> str:
 
 @pytest.fixture(scope="module")
 def systemd_pid1() -> None:
-    if not in_v2_guest():
-        pytest.skip("runs in the v2 stage's systemd guest only (make v2-check V2_DRIVERS=systemd)")
-    if Path("/proc/1/comm").read_text().strip() != "systemd":
-        pytest.skip("needs systemd as PID 1: the systemd guest of the v2 stage runs this module")
+    skip_unless_systemd_guest()
 
 
 @pytest.fixture(scope="module")
@@ -98,17 +85,17 @@ def installed(systemd_pid1: None, containerd_socket: str) -> Iterator[str]:
     for name, text in units.items():
         (UNIT_DIR / name).write_text(text)
     try:
-        assert _systemctl("daemon-reload").returncode == 0
+        assert systemctl("daemon-reload").returncode == 0
         for name in names:
-            started = _systemctl("start", name, timeout=START_TIMEOUT_S + 60)
+            started = systemctl("start", name, timeout=START_TIMEOUT_S + 60)
             assert started.returncode == 0, f"{name}: {started.stderr}\n{_journal()}"
         yield _listen_path(units)
     finally:
-        _systemctl("stop", *names)
+        systemctl("stop", *names)
         for name in names:
             (UNIT_DIR / name).unlink(missing_ok=True)
-        _systemctl("daemon-reload")
-        _systemctl("reset-failed", *names)
+        systemctl("daemon-reload")
+        systemctl("reset-failed", *names)
 
 
 def _sandbox(name: str) -> cri.PodSandboxConfig:
@@ -155,12 +142,13 @@ def test_ten_systemctl_restarts_fail_no_kubelet_call(
                                   START_TIMEOUT_S, every_s=5.0), subscriber.ends
         inode = os.stat(socket_path).st_ino
         for _ in range(RESTARTS):
-            before = _main_pid()
+            before = main_pid(SERVICE)
             started = time.monotonic()
-            done = _systemctl("restart", SERVICE, timeout=START_TIMEOUT_S + 60)
+            done = systemctl("restart", SERVICE, timeout=START_TIMEOUT_S + 60)
             restart_s.append(time.monotonic() - started)
             assert done.returncode == 0, f"{done.stderr}\n{_journal()}"
-            assert wait_for(lambda old=before: _main_pid() not in (0, old), START_TIMEOUT_S), "no new proxy process"
+            assert wait_for(lambda old=before: main_pid(SERVICE) not in (0, old), START_TIMEOUT_S), \
+                "no new proxy process"
             ends = [end for end in subscriber.ends if end.at >= started]
             assert ends and (ends[0].code, ends[0].details) == ("UNAVAILABLE", DRAIN_END), subscriber.ends[-3:]
             ended_after_s.append(ends[0].at - started)

@@ -94,6 +94,30 @@ def host_part(bench: str, out_name: str, args: argparse.Namespace, show: Callabl
     return 0
 
 
+def systemctl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """The guest's systemctl, its output captured."""
+    return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def journal(units: Sequence[str], lines: int) -> str:
+    """The last ``lines`` of the guest's journal for ``units``, messages only."""
+    return subprocess.run(["journalctl", *(arg for unit in units for arg in ("-u", unit)), "--no-pager", "-n",
+                           str(lines), "-o", "cat"], capture_output=True, text=True, timeout=60).stdout
+
+
+def main_pid(unit: str) -> int:
+    """The unit's main process (0: none)."""
+    return int(systemctl("show", "-p", "MainPID", "--value", unit).stdout.strip() or 0)
+
+
+def skip_unless_systemd_guest() -> None:
+    """Skip unless this is the v2 stage's systemd guest (systemd as PID 1)."""
+    if not in_v2_guest():
+        pytest.skip("runs in the v2 stage's systemd guest only (make v2-check V2_DRIVERS=systemd)")
+    if Path("/proc/1/comm").read_text().strip() != "systemd":
+        pytest.skip("needs systemd as PID 1: the systemd guest of the v2 stage runs this module")
+
+
 def in_v2_guest() -> bool:
     return os.environ.get("KPY_V2_GUEST") == "1"
 
