@@ -14,8 +14,8 @@ may find a different node) or for another object is not used: that reporter read
 The file is one JSON object, replaced atomically at each put; an unreadable, oversized or malformed file is logged
 and ignored (the reporters read first), never fatal. Its directory must exist: the DaemonSet's default is in the
 host's ``/var/run/koordlet`` (mounted at ``/host-var-run-koordlet``, beside the SystemConfig records), which
-outlives the pod but not a reboot; on the host the flag is empty by default (nothing kept) and the bare-metal unit
-sets it.
+outlives the pod but not a reboot; on the host the flag is empty by default (nothing kept) unless the operator sets
+it (docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -86,9 +86,13 @@ class ApiCheckpoint:
         return copy.deepcopy(obj)
 
     def put(self, key: str, obj: dict[str, Any]) -> None:
-        """Keep ``obj`` (copied) as the last write under ``key``; a failed file write is logged once, not raised."""
+        """Keep ``obj`` (copied, without ``metadata.managedFields``: the server's bookkeeping, no part of a write's
+        precondition) as the last write under ``key``; a failed file write is logged once, not raised."""
+        kept = copy.deepcopy(obj)
+        if isinstance(kept.get("metadata"), dict):
+            kept["metadata"].pop("managedFields", None)
         with self._lock:
-            self._entries[key] = {"at": self._clock.time(), "object": copy.deepcopy(obj)}
+            self._entries[key] = {"at": self._clock.time(), "object": kept}
             if self.path is None:
                 return
             try:
@@ -99,4 +103,3 @@ class ApiCheckpoint:
                 self._failing = True
             else:
                 self._failing = False
-

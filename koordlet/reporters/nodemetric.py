@@ -491,9 +491,7 @@ class NodeMetricReporter:
                 continue
             self._object = stored if isinstance(stored, dict) else body
             if self._checkpoint is not None:
-                kept = {k: v for k, v in self._object.items() if k != "status"}
-                kept["metadata"] = {k: v for k, v in (kept.get("metadata") or {}).items() if k != "managedFields"}
-                self._checkpoint.put(self._checkpoint_key, kept)
+                self._checkpoint.put(self._checkpoint_key, {k: v for k, v in self._object.items() if k != "status"})
             self._written(status)
             return ReportOutcome.UPDATED
         raise AssertionError("unreachable")

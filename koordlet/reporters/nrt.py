@@ -525,11 +525,7 @@ class NRTReportLoop:
 
     def _keep(self) -> None:
         if self._checkpoint is not None and self._stored is not None:
-            meta = self._stored.get("metadata")
-            kept = dict(self._stored)
-            if isinstance(meta, dict):
-                kept["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
-            self._checkpoint.put(self._checkpoint_key, kept)
+            self._checkpoint.put(self._checkpoint_key, self._stored)
 
     def start(self) -> None:
         """The first report at a random point of the first interval, then every interval ±10 %."""
