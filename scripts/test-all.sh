@@ -8,8 +8,8 @@
 #      another (they touch node state with a fixed name: tests/support/nodestate.py);
 #   3. the runtime-facing subset on containerd 1.7, then on 1.6, the same two sessions each;
 #   4. once the VM is done: the tests marked `alone` (they measure CPU shares), with nothing beside them.
-# The VM is niced, so that the host tests keep the cores they need; the guests' own tests marked alone wait until
-# the host sessions are done (out/v2/host-done).
+# The VM is niced, so that the host tests keep the cores they need; the guests (both at once) run their own tests
+# marked alone one guest at a time, once the host sessions are done (out/v2/host-done; scripts/v2-stage.sh's gate).
 # Every stage runs even when an earlier one fails; the command fails when any does, and ends with one line per
 # stage, the time of each, and one line that adds them up.
 #   PYTEST_ARGS=...     extra pytest arguments for the host sessions on the default generation
@@ -68,9 +68,10 @@ else
   echo "=== v2 stage started in the background: the tests marked cgroupv2 in a VM (out/v2-stage.log, shown at the end) ==="
   # Niced (V2_NICE, scripts/v2-stage.sh): the host tests keep the cores they need, the VM takes what they leave.
   # The guests' tests marked alone wait for out/v2/host-done (V2_WAIT_FOR_HOST), written once the host sessions
-  # beside the VM are done; each guest may then take longer than it would alone (V2_TIMEOUT).
+  # beside the VM are done, and for the other guest's turn; each guest may then take longer than it would alone
+  # (V2_TIMEOUT).
   rm -f out/v2/host-done
-  V2_NICE=${V2_NICE:-10} V2_WAIT_FOR_HOST=1 V2_TIMEOUT=${V2_TIMEOUT:-1800} bash scripts/v2-stage.sh \
+  V2_NICE=${V2_NICE:-10} V2_WAIT_FOR_HOST=1 V2_TIMEOUT=${V2_TIMEOUT:-2700} bash scripts/v2-stage.sh \
     >out/v2-stage.log 2>&1 &
   v2_pid=$!
   trap 'kill -TERM "$v2_pid" 2>/dev/null; wait "$v2_pid"; exit 130' INT TERM
@@ -97,7 +98,6 @@ fi
 # guest sees; v2-stage.sh copies it into the dir of a guest that boots later).
 mkdir -p out/v2
 : > out/v2/host-done
-for dir in out/v2/*/; do [ ! -d "$dir" ] || : > "$dir/host-done"; done
 v2_rc=0
 if [ -n "$v2_pid" ]; then
   echo "=== v2 stage: the tests marked cgroupv2, as root on a real cgroup v2 kernel in a VM ==="
@@ -147,12 +147,17 @@ for name, path in zip(names, files):
         totals["failed"] += 1
         continue
     got = dict.fromkeys(totals, 0)
+    failed_ids = []
     for s in suites:
         n, f, e, sk = (int(s.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
         got["failed"] += f + e
         got["skipped"] += sk
         got["passed"] += n - f - e - sk
+        failed_ids += [f"{case.get('classname', '')}::{case.get('name', '')}" for case in s.iter("testcase")
+                       if case.find("failure") is not None or case.find("error") is not None]
     print(f"{name}: {got['passed']} passed, {got['failed']} failed, {got['skipped']} skipped")
+    for case_id in failed_ids:  # by name, here at the end, where a log's tail still shows them
+        print(f"  failed: {case_id}")
     for k in totals:
         totals[k] += got[k]
 print(f"(host stage {host_s} s and 1.7/1.6 subsets {gens_s} s beside the v2 stage, the v2 stage done at {v2_s} s, "

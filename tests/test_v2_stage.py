@@ -83,9 +83,10 @@ def test_the_host_sessions_of_the_test_command_run_every_host_test_exactly_once(
         assert len(chosen) == (0 if cgroupv2 else 1), (marks, chosen)
 
 
-def test_in_the_guest_the_alone_tests_run_last_once_the_host_says_its_stages_are_done(tmp_path: Path) -> None:
-    """v2guest's order and wait: the alone tests after the others, and not before the host's file exists; the wait is
-    no test's time (a 1 s pytest-timeout is not hit by a 3 s wait)."""
+def test_in_the_guest_the_alone_tests_run_last_once_the_host_gives_them_their_turn(tmp_path: Path) -> None:
+    """v2guest's order and wait: the alone tests after the others, the guest saying so (``alone-ready``, which
+    v2-stage.sh reads), and not before the host's file exists; the wait is no test's time (a 1 s pytest-timeout is not
+    hit by a 3 s wait)."""
     done, log = tmp_path / "host-done", tmp_path / "order.log"
     (tmp_path / "test_x.py").write_text(
         "import os, pytest\n"
@@ -102,10 +103,64 @@ def test_in_the_guest_the_alone_tests_run_last_once_the_host_says_its_stages_are
         assert wait_for(lambda: log.exists() and len(log.read_text().split("\n")) > 2, 60), "the other tests ran first"
         time.sleep(3)
         assert log.read_text() == "files False\nmore_files False\n", "an alone test ran before the host was done"
+        assert (tmp_path / "alone-ready").exists(), "the guest did not say its alone tests are next"
         done.touch()
         out = guest.communicate(timeout=60)[0]
     finally:
         guest.kill()
     assert guest.returncode == 0, out
     assert log.read_text() == "files False\nmore_files False\nburn True\n"
-    assert "waiting for the host stage to end" in out and "the host stage is done; waited" in out, out
+    assert "waiting for the turn of the tests marked alone" in out and "the turn of the tests marked alone came; waited" \
+        in out, out
+
+
+# A guest as the gate sees it: busy for BUSY seconds, then says its next test is marked alone, waits for its turn,
+# runs ALONE seconds, writes rc. Each step's time goes to the log.
+_FAKE_GUEST = r"""
+dir=$1 busy=$2 alone=$3 log=$4
+now() { date +%s.%N; }
+sleep "$busy"
+echo "$(now) ${dir##*/} ready" >> "$log"
+: > "$dir/alone-ready"
+while [ ! -e "$dir/host-done" ]; do sleep 0.05; done
+echo "$(now) ${dir##*/} start" >> "$log"
+sleep "$alone"
+echo "$(now) ${dir##*/} end" >> "$log"
+echo 0 > "$dir/rc"
+"""
+
+
+def test_the_gate_gives_the_guests_alone_tests_their_turns_one_at_a_time_after_the_host(tmp_path: Path) -> None:
+    """scripts/v2-gate.sh with two stand-in guests: A is ready at once, B is busy with its other tests for 3 s. No
+    turn before the host's file; A's turn only once B waits too (B's other tests would disturb A's); B's only once
+    A is done; and the gate ends with the guests."""
+    log, host_done = tmp_path / "gate.log", tmp_path / "host-done"
+    script = tmp_path / "guest.sh"
+    script.write_text(_FAKE_GUEST)
+    driver = (f". {REPO}/scripts/v2-gate.sh\n"
+              "log() { echo \"$(date +%s.%N) gate $*\" >> \"$LOG\"; }\n"
+              "mkdir -p \"$out/a\" \"$out/b\"\n"
+              "bash \"$GUEST\" \"$out/a\" 0 2 \"$LOG\" & a=$!\n"
+              "bash \"$GUEST\" \"$out/b\" 3 1 \"$LOG\" & b=$!\n"
+              "gate \"$out/a\" $a \"$out/b\" $b\n"
+              "wait $a $b\n")
+    env = {**os.environ, "out": str(tmp_path), "LOG": str(log), "GUEST": str(script), "V2_WAIT_FOR_HOST": "1"}
+    started = time.time()
+    gate = subprocess.Popen(["bash", "-c", driver], env=env)
+    try:
+        time.sleep(1.5)
+        host_done.touch()
+        done_at = time.time()
+        assert gate.wait(timeout=60) == 0
+    finally:
+        gate.kill()
+        gate.wait()
+    events = {}
+    for line in log.read_text().splitlines():
+        at, who, what = line.split(" ", 2)
+        events.setdefault((who, what.split(":")[0]), float(at))
+    assert events[("a", "ready")] - started < 1.0
+    assert events[("a", "start")] >= done_at, "a turn before the host was done"
+    assert events[("a", "start")] >= events[("b", "ready")], "A's turn while B still ran its other tests"
+    assert events[("b", "start")] >= events[("a", "end")], "B's turn while A's alone tests ran"
+    assert ("gate", "the turn of the tests marked alone") in events

@@ -24,10 +24,11 @@ from pathlib import Path
 import pytest
 
 KERNEL_LACKS = "kernel lacks"
-# A file the host creates once its stages beside the VM are done (scripts/v2-stage.sh V2_WAIT_FOR_HOST=1); unset: the
-# VM runs alone and nothing is waited for.
+# A file scripts/v2-stage.sh creates when this guest's tests marked alone may run: the host's stages beside the VM are
+# done (V2_WAIT_FOR_HOST=1) and no other guest runs a test; unset: the guest runs alone and nothing is waited for.
 HOST_DONE_ENV = "KPY_V2_HOST_DONE"
-HOST_WAIT_LIMIT_S = 1800.0  # past this the tests marked alone run anyway (and say so): a lost signal costs a run
+ALONE_READY = "alone-ready"  # written beside that file when this guest's next test is marked alone
+HOST_WAIT_LIMIT_S = 2400.0  # past this the tests marked alone run anyway (and say so): a lost signal costs a run
 _WAITED: list[float] = []  # the wait, once per session
 REPO = Path(__file__).resolve().parents[2]
 V2_ROOT = "/sys/fs/cgroup"
@@ -164,15 +165,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 def wait_for_the_host(path: str, say: Callable[[str], None], limit_s: float = HOST_WAIT_LIMIT_S,
                       step_s: float = 2.0) -> float:
-    """Until ``path`` exists (the host's stages beside the VM are done), at most ``limit_s``; the seconds waited."""
+    """Until ``path`` exists, at most ``limit_s``; the seconds waited. ``path`` is this guest's turn for the tests
+    marked alone: scripts/v2-stage.sh creates it once the host's stages beside the VM are done and no other guest runs
+    anything (each other guest is done, or waits for its own turn). This guest says it waits by ``alone-ready`` beside
+    ``path`` (its results dir, which the host reads)."""
     started = time.monotonic()
+    try:
+        Path(path).with_name(ALONE_READY).touch()
+    except OSError as err:  # the host then grants the turn only once it sees this guest done: slower, not wrong
+        say(f"v2-guest: could not say the tests marked alone are next ({err})")
     if not os.path.exists(path):
-        say(f"v2-guest: waiting for the host stage to end ({path}) before the tests marked alone")
+        say(f"v2-guest: waiting for the turn of the tests marked alone ({path}): the host stage and any other "
+            "guest's tests first")
     while not os.path.exists(path) and time.monotonic() - started < limit_s:
         time.sleep(step_s)
     waited = time.monotonic() - started
-    say(f"v2-guest: the host stage is done; waited {waited:.0f} s" if os.path.exists(path) else
-        f"v2-guest: no word from the host after {waited:.0f} s; the tests marked alone run anyway")
+    say(f"v2-guest: the turn of the tests marked alone came; waited {waited:.0f} s" if os.path.exists(path) else
+        f"v2-guest: no turn after {waited:.0f} s; the tests marked alone run anyway")
     return waited
 
 
