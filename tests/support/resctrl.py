@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,35 @@ def group_as_the_kernel_makes_it(root: Path, group: str, tasks: str = "") -> Pat
     (path / "schemata").write_text("L3:0=7ff;1=7ff\nMB:0=100;1=100\n")
     (path / "tasks").write_text(tasks)
     return path
+
+
+@contextmanager
+def groups_get_the_kernels_files(root: Path, poll_s: float = 0.05) -> Iterator[None]:
+    """While inside: each group dir made under ``root`` by anyone (a plain mkdir, which here gives it no files) gets
+    the files the kernel's mkdir gives a new group at once, within ``poll_s``: ``schemata`` with the root group's
+    masks (a new group may use every way) and an empty ``tasks``. A write to one of them between the mkdir and the
+    poll fails as a write to a missing file; the next writer (koordlet's reconciler) finds them."""
+    stop = threading.Event()
+    skip = {"info", "mon_groups", "mon_data"}
+
+    def run() -> None:
+        while not stop.wait(poll_s):
+            for path in root.iterdir():
+                if path.name in skip or not path.is_dir() or (path / "tasks").exists():
+                    continue
+                try:
+                    (path / "schemata").write_text((root / "schemata").read_text().replace("    ", ""))
+                    (path / "tasks").write_text("")
+                except FileNotFoundError:  # removed in between
+                    continue
+
+    thread = threading.Thread(target=run, name="resctrl-kernel-mkdir", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 @contextmanager

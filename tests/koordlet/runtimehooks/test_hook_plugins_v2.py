@@ -12,9 +12,10 @@ containerd's NRI plugin (pods straight on containerd's CRI). Its states come fro
   env, HAMi-core's mounts and usage region, the RDMA device nodes (opened in the container: on v2 runc's eBPF device
   program lets through what the plugin added, and still refuses a node it did not), the OOM score annotation the
   reconciler gives every process of the container's dir (the sandbox's pause keeps the runtime's). Through the proxy
-  it is also annotated for its own resctrl group (a fixture tree: the guest has no resctrl, and through NRI runc
-  would refuse the container an RDT class the kernel does not have); what the reconciler does with it on v2 is not
-  shown here yet (docs/testing.md names the gap).
+  it is also annotated for its own resctrl group, whose ``schemata`` the reconciler writes and into whose ``tasks``
+  it moves the container's process from its v2 ``cgroup.procs`` (a fixture tree, whose groups get the kernel's files
+  from a thread of the test as the kernel's mkdir would give them: the guest has no resctrl; through NRI runc would
+  refuse the container an RDT class the kernel does not have, docs/testing.md).
 
 Group identity (Anolis ``cpu.bvt_warp_ns``) has nothing to write on this stock kernel: no file, no answer. What
 ``koordlet explain`` shows for the trainer comes from the v2 files, by their v2 names.
@@ -57,7 +58,7 @@ from koordlet.system.cgroup import CgroupFS
 from koordlet.system.resources import cpu_shares_to_weight
 from tests.koordlet.system.rdma_tree import PF0, rdma_tree
 from tests.support.cri import CriClient, container_config
-from tests.support.resctrl import resctrl_tree
+from tests.support.resctrl import groups_get_the_kernels_files, resctrl_tree
 from tests.support.v2stack import LAYOUT, NODE, V2Pod, V2Stack
 from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
@@ -112,7 +113,9 @@ def node_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeFiles]:
         for name, (major, minor) in DEVICES.items():
             os.mknod(base / name, 0o20666, os.makedev(major, minor))
         lock.mkdir(exist_ok=True)
-        yield NodeFiles(sys_dir, library, resctrl_tree(root / "resctrl"))
+        resctrl = resctrl_tree(root / "resctrl")
+        with groups_get_the_kernels_files(resctrl):
+            yield NodeFiles(sys_dir, library, resctrl)
     finally:
         shutil.rmtree(base)
         if made_lock:
@@ -311,6 +314,27 @@ def test_v2_the_reconciler_gives_every_process_of_the_container_its_oom_score_ad
     pause = scores(trainer.container_dir.parent / trainer.container_dir.name.replace(trainer.container_id,
                                                                                      trainer.sandbox_id))
     assert pause and OOM_SCORE_ADJ not in pause, pause
+
+
+@pytest.mark.parametrize("koordlet", ["proxy"], indirect=True)  # through NRI the group is runc's RDT class
+def test_v2_the_reconciler_gives_the_trainers_resctrl_group_its_schemata_and_the_containers_process(
+        koordlet: Koordlet) -> None:
+    """The group ``koordlet-<uid>`` the hook server made at RunPodSandbox gets the LLC ways the annotation asks (0-50 %
+    of 11 ways: 0x3f on both caches, MB left at 100) and the process of the trainer's container, read from
+    ``cgroup.procs`` of its ``cri-containerd-<id>.scope``."""
+    group = koordlet.files.resctrl / f"koordlet-{koordlet.trainer.uid}"
+    assert group.is_dir(), sorted(p.name for p in koordlet.files.resctrl.iterdir())
+    wanted = "L3:0=3f;1=3f\nMB:0=100;1=100\n"
+    assert wait_for(lambda: (group / "schemata").read_text() == wanted, WAIT_S), (group / "schemata").read_text()
+    processes = set((koordlet.trainer.container_dir / "cgroup.procs").read_text().split())
+    assert processes
+    seen: set[str] = set()  # a fixture file keeps only the last write: gather what each pass left
+
+    def moved() -> bool:
+        seen.update((group / "tasks").read_text().split())
+        return processes <= seen
+
+    assert wait_for(moved, WAIT_S, step_s=0.1), (processes, seen)
 
 
 def test_v2_explain_shows_the_trainers_v2_files_by_their_v2_names_and_what_each_plugin_answered(
