@@ -47,10 +47,12 @@ case "$mode" in
     fi
     # No hypothesis plugin: no cgroupv2 test is a property test, and loading it costs ~30 s under emulation.
     # faulthandler_timeout: a test still running after 240 s prints every thread's stack (the run goes on), so a
-    # guest that hangs says where before the host's V2_TIMEOUT ends it.
+    # guest that hangs says where before the host's V2_TIMEOUT ends it. timeout=900 (pyproject's 300 on the host):
+    # a session's first test also pays the session's setup (containerd started in the guest), and a guest beside
+    # the host stage and the other guest gets a small share of the cores; a test's own timeout mark still holds.
     log "pytest starts at $(uptime_s) s"
     "$py" -m pytest -v -rs -p no:cacheprovider -p no:hypothesispytest -m cgroupv2 -o junit_family=xunit1 \
-      -o faulthandler_timeout=240 --junitxml="$out/junit.xml" "$@"
+      -o faulthandler_timeout=240 -o timeout=900 --junitxml="$out/junit.xml" "$@"
     rc=$?
     log "pytest done at $(uptime_s) s"
     # The tests remove every cgroup they made (containerd-down.sh prunes runc's parents): on the real v2

@@ -263,10 +263,12 @@ else
     (
       trap 'stop_guest; exit 143' TERM
       trap '' INT
+      # Called as the left side of `||`, as in the loop above: errexit stays off inside boot (its probes, such as
+      # pgrep before qemu is there, may fail), and its own return is the subshell's exit code.
       if [ "$driver" = systemd ] && [ $# -eq 0 ]; then
-        boot systemd "$out/systemd" "${systemd_modules[@]}"
+        boot systemd "$out/systemd" "${systemd_modules[@]}" || exit $?
       else
-        boot "$driver" "$out/$driver" "$@"
+        boot "$driver" "$out/$driver" "$@" || exit $?
       fi
     ) &
     boot_pids+=($!)

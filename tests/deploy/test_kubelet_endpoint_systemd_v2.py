@@ -210,7 +210,8 @@ def kubelet(node: FakeRuntime, request: pytest.FixtureRequest) -> Iterator[tuple
 
 
 # (the flag in kubeadm-flags.env: kubeadm before 1.27, how kubelet is restarted onto the proxy)
-CASES = [pytest.param(False, False, id="kubeadm-1.27-config-systemctl-restart")]
+CASES = [pytest.param(False, False, id="kubeadm-1.27-config-systemctl-restart"),
+         pytest.param(True, True, id="kubeadm-before-1.27-flag-restart-kubelet")]
 KUBELET_CHECK_TIMEOUT_S = 180  # the installer's 60 s, raised for a Python stand-in in an emulated guest
 
 
