@@ -8,8 +8,8 @@
 #      another (they touch node state with a fixed name: tests/support/nodestate.py);
 #   3. the runtime-facing subset on containerd 1.7, then on 1.6, the same two sessions each;
 #   4. once the VM is done: the tests marked `alone` (they measure CPU shares), with nothing beside them.
-# The VM is niced, so that the host tests keep the cores they need; the guests (both at once) run their own tests
-# marked alone one guest at a time, once the host sessions are done (out/v2/host-done; scripts/v2-stage.sh's gate).
+# The VM is niced, so that the host tests keep the cores they need; the guests' own tests marked alone wait until
+# the host sessions are done (out/v2/host-done; scripts/v2-gate.sh gives each guest its turn).
 # Every stage runs even when an earlier one fails; the command fails when any does, and ends with one line per
 # stage, the time of each, and one line that adds them up.
 #   PYTEST_ARGS=...     extra pytest arguments for the host sessions on the default generation
@@ -68,10 +68,9 @@ else
   echo "=== v2 stage started in the background: the tests marked cgroupv2 in a VM (out/v2-stage.log, shown at the end) ==="
   # Niced (V2_NICE, scripts/v2-stage.sh): the host tests keep the cores they need, the VM takes what they leave.
   # The guests' tests marked alone wait for out/v2/host-done (V2_WAIT_FOR_HOST), written once the host sessions
-  # beside the VM are done, and for the other guest's turn; each guest may then take longer than it would alone
-  # (V2_TIMEOUT).
+  # beside the VM are done; each guest may then take longer than it would alone (V2_TIMEOUT).
   rm -f out/v2/host-done
-  V2_NICE=${V2_NICE:-10} V2_WAIT_FOR_HOST=1 V2_TIMEOUT=${V2_TIMEOUT:-2700} bash scripts/v2-stage.sh \
+  V2_NICE=${V2_NICE:-10} V2_WAIT_FOR_HOST=1 V2_TIMEOUT=${V2_TIMEOUT:-1800} bash scripts/v2-stage.sh \
     >out/v2-stage.log 2>&1 &
   v2_pid=$!
   trap 'kill -TERM "$v2_pid" 2>/dev/null; wait "$v2_pid"; exit 130' INT TERM
@@ -94,8 +93,8 @@ else
   done
 fi
 
-# The host's word to the guests: their tests marked alone may run now (in each guest's results dir, which the
-# guest sees; v2-stage.sh copies it into the dir of a guest that boots later).
+# The host's word to the guests: their tests marked alone may run now (scripts/v2-gate.sh passes it on into the
+# results dir of the guest running, which the guest sees, and of a guest that boots later).
 mkdir -p out/v2
 : > out/v2/host-done
 v2_rc=0

@@ -10,13 +10,13 @@
 # Knobs (environment):
 #   V2_CPUS=4            vCPUs (4 so the cpuset-suppress shrink is visible)
 #   V2_MEMORY=4G         guest memory
-#   V2_TIMEOUT=1800      seconds before a guest is killed (boot, tests, and the wait for its turn; each guest
+#   V2_TIMEOUT=1200      seconds before a guest is killed (boot, tests, and the wait for the host; each guest
 #                        measures ~10 min alone)
 #   V2_KERNEL=           a kernel image; default: the newest /boot/vmlinuz-*
 #   V2_OUT=out/v2        results: <driver>/{junit.xml,rc,guest.log,wall_seconds}; the guests write there
-#   V2_DRIVERS="systemd cgroupfs"   the guests to boot, both at once (their tests marked alone one guest at a time,
-#                        by the gate below): systemd (systemd as PID 1: the pod story,
-#                        NRI and the hook plugins on kubelet's systemd layout, the proxy restarted by systemctl;
+#   V2_DRIVERS="systemd cgroupfs"   the guests to boot, one after the other, in this order: systemd (systemd as
+#                        PID 1: the pod story, NRI and the hook plugins on kubelet's systemd layout, the proxy restarted
+#                        by systemctl;
 #                        on request, kubelet's endpoint set by the installer and read by a kubelet systemd starts) and
 #                        cgroupfs (virtme-ng's init; every cgroupv2 test but those, which it runs only when it
 #                        boots alone, and the two that need systemd, never)
@@ -28,7 +28,8 @@
 #                        split evenly between them (each must divide); 1 boots it without NUMA
 #   V2_WAIT_FOR_HOST=    1: the VM runs beside the host stage (scripts/test-all.sh), and the guests' tests marked
 #                        alone wait until $V2_OUT/host-done exists (the host's stages beside it are done;
-#                        tests/support/v2guest.py). The gate gives each guest its turn in its own results dir.
+#                        tests/support/v2guest.py); the gate (scripts/v2-gate.sh) gives each guest its turn in its
+#                        own results dir.
 #   V2_NICE=0            the VM's niceness, of its processes and of their autogroup (the kernel's per-session
 #                        group, which is what competes with other sessions for the CPUs when autogroup is on):
 #                        scripts/test-all.sh runs the VM beside the host stage with 10, so that the host tests
@@ -40,12 +41,12 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${VENV:-$here/.venv}
 cpus=${V2_CPUS:-4}
 memory=${V2_MEMORY:-4G}
-limit=${V2_TIMEOUT:-1800}
+limit=${V2_TIMEOUT:-1200}
 mode=${V2_MODE:-tests}
 numa=${V2_NUMA:-2}
 nice=${V2_NICE:-0}
-# Both guests at once: under emulation each leaves about a third of this machine's two cores idle (its vCPUs wait on
-# timers, sockets and 9p), which the other fills; their tests marked alone still run one guest at a time.
+# The systemd guest first: its long tests (the proxy restarted by systemd, NRI) need no quiet host, so beside the host
+# stage they use the time its tests leave; the cgroupfs guest's are mostly CPU suppression, marked alone.
 drivers=${V2_DRIVERS:-systemd cgroupfs}
 out=${V2_OUT:-$here/out/v2}
 log() { echo "v2-stage: $*" >&2; }
@@ -133,10 +134,10 @@ trap 'log "terminated: stopping the guest"; stop_guest; exit 143' TERM
 boot() {
   local driver=$1 dir=$2; shift 2
   rm -rf "$dir"; mkdir -p "$dir"
-  # The turn of this guest's tests marked alone: a file the stage's gate (below) creates, when there is another side to
-  # wait for (the host's stages, the other guest).
+  # The turn of this guest's tests marked alone: a file the gate (scripts/v2-gate.sh) creates, when there is another
+  # side to wait for (the host's stages, the other guest).
   local host_done=
-  [ "$gated" != 1 ] || host_done=$dir/host-done
+  [ "${V2_WAIT_FOR_HOST:-}" != 1 ] || host_done=$dir/host-done
   local -a how
   if [ "$driver" = systemd ]; then
     local args; args=$(IFS=:; echo "$*")
@@ -176,11 +177,7 @@ boot() {
   local fifo=$dir/.stdin stdin_fd out_fd
   mkfifo "$fifo"
   exec {stdin_fd}<>"$fifo"
-  if [ "$gated" = 1 ] && [ "$guests" -gt 1 ]; then  # two guests at once: each line says whose it is
-    exec {out_fd}> >(tee "$dir/guest.log" | sed -u "s/^/[$driver] /")
-  else
-    exec {out_fd}> >(tee "$dir/guest.log")
-  fi
+  exec {out_fd}> >(tee "$dir/guest.log")
   tee_pid=$!
   nice -n "$nice" setsid vng --run "$kernel" --disable-kvm --force-9p --cpus "$cpus" --memory "$memory" \
     --rwdir "$dir" "${how[@]}" <&"$stdin_fd" >&"$out_fd" 2>&1 &
@@ -240,45 +237,38 @@ systemd_modules=(tests/koordlet/test_pod_story_v2.py tests/koordlet/runtimehooks
 
 started=$(date +%s)
 rc=0
-guests=0
-for driver in $drivers; do guests=$((guests + 1)); done
-gated=0
-[ "$mode" = bench ] || { [ "${V2_WAIT_FOR_HOST:-}" != 1 ] && [ "$guests" -lt 2 ]; } || gated=1
+# V2_WAIT_FOR_HOST: each guest in a subshell of its own (its own vng_pid, its own traps) under the gate, which gives its
+# tests marked alone their turn once the host's stages are done. One guest at a time: two beside the host stage left
+# the host tests a third of the cores, and both the host's and the guests' timings failed (docs/testing.md).
+gated_boot() {
+  local driver=$1 pid; shift
+  rm -rf "${out:?}/$driver"  # no word of an earlier run (alone-ready, rc) may reach the gate
+  (
+    trap 'stop_guest; exit 143' TERM
+    trap '' INT
+    # As the left side of `||`, as below: errexit stays off inside boot (its probes, such as pgrep before qemu is
+    # there, may fail), and its own return is the subshell's exit code.
+    boot "$driver" "$out/$driver" "$@" || exit $?
+  ) &
+  pid=$!
+  trap 'log "interrupted: stopping the guest"; kill -TERM "$pid" 2>/dev/null; wait "$pid"; exit 130' INT
+  trap 'log "terminated: stopping the guest"; kill -TERM "$pid" 2>/dev/null; wait "$pid"; exit 143' TERM
+  gate "$out/$driver" "$pid"
+  wait "$pid"
+}
 if [ "$mode" = bench ]; then
   boot cgroupfs "$out" "$@" || rc=$?
-elif [ "$guests" -lt 2 ] && [ "$gated" != 1 ]; then
+else
+  # V2_DRIVERS: which guests (default both), one after the other. Arguments given: they go to both guests' pytest.
   for driver in $drivers; do
-    if [ "$driver" = systemd ] && [ $# -eq 0 ]; then
-      boot systemd "$out/systemd" "${systemd_modules[@]}" || rc=$?
+    args=("$@")
+    [ "$driver" != systemd ] || [ $# -ne 0 ] || args=("${systemd_modules[@]}")
+    if [ "${V2_WAIT_FOR_HOST:-}" = 1 ]; then
+      gated_boot "$driver" "${args[@]}" || rc=$?
     else
-      boot "$driver" "$out/$driver" "$@" || rc=$?
+      boot "$driver" "$out/$driver" "${args[@]}" || rc=$?
     fi
   done
-else
-  # Every guest at once, each in a subshell of its own (its own vng_pid, its own traps), under the gate.
-  boot_pids=()
-  gate_args=()
-  for driver in $drivers; do
-    rm -rf "${out:?}/$driver"  # no word of an earlier run (alone-ready, rc) may reach the gate
-    (
-      trap 'stop_guest; exit 143' TERM
-      trap '' INT
-      # Called as the left side of `||`, as in the loop above: errexit stays off inside boot (its probes, such as
-      # pgrep before qemu is there, may fail), and its own return is the subshell's exit code.
-      if [ "$driver" = systemd ] && [ $# -eq 0 ]; then
-        boot systemd "$out/systemd" "${systemd_modules[@]}" || exit $?
-      else
-        boot "$driver" "$out/$driver" "$@" || exit $?
-      fi
-    ) &
-    boot_pids+=($!)
-    gate_args+=("$out/$driver" $!)
-  done
-  stop_all() { kill -TERM "${boot_pids[@]}" 2>/dev/null; wait "${boot_pids[@]}" 2>/dev/null; }
-  trap 'log "interrupted: stopping the guests"; stop_all; exit 130' INT
-  trap 'log "terminated: stopping the guests"; stop_all; exit 143' TERM
-  gate "${gate_args[@]}"
-  for pid in "${boot_pids[@]}"; do wait "$pid" || rc=$?; done
 fi
 trap - INT TERM
 log "v2 stage done in $(( $(date +%s) - started ))s, exit code $rc"
