@@ -35,7 +35,7 @@ import grpc
 import pytest
 
 from tests.support.fakeruntime import FakeRuntime
-from tests.support.v2guest import journal, main_pid, skip_unless_systemd_guest, systemctl
+from tests.support.v2guest import journal, main_pid, paths_under, remove_path, skip_unless_systemd_guest, systemctl
 from tests.support.waiting import wait_for
 from wire import cri_pb2 as cri
 
@@ -55,10 +55,12 @@ KOORDLET_METRICS = "http://127.0.0.1:9316/metrics"
 RUNTIME_DIR = Path("/run/containerd")
 # What the install and the services make (any of them there: an install this module must not touch).
 INSTALLED_PATHS = ("/etc/systemd/system/koord-runtime-proxy.service", "/etc/systemd/system/koordlet.service",
+                   "/etc/systemd/system/koord-runtime-proxy.socket",
                    "/etc/default/koord-runtime-proxy", "/etc/default/koordlet", "/var/lib/koord-runtimeproxy",
                    "/var/lib/koordlet", "/var/log/koordlet", "/etc/koordlet", "/run/koordlet",
                    "/run/koord-runtimeproxy", str(RUNTIME_DIR), str(WORK))
 MADE_PATHS = ("/etc/runtime", "/etc/systemd/system/kubelet.service.d", "/etc/systemd/system/kubelet.service.wants",
+              "/etc/systemd/system/sockets.target.wants", "/etc/systemd/system/multi-user.target.wants",
               "/etc/systemd/system/sockets.target.wants/koord-runtime-proxy.socket",
               "/etc/systemd/system/multi-user.target.wants/koord-runtime-proxy.service",
               "/etc/systemd/system/multi-user.target.wants/koordlet.service")
@@ -69,22 +71,6 @@ SCRIPT_TIMEOUT_S = 900
 def _why() -> str:
     status = systemctl("status", "--no-pager", "-l", SOCKET, *UNITS).stdout
     return f"--- systemctl status\n{status}\n--- journal\n{journal((SOCKET, *UNITS), 80)}"
-
-
-def _remove(path: str) -> None:
-    target = Path(path)
-    if target.is_dir() and not target.is_symlink():
-        shutil.rmtree(target)
-    else:
-        target.unlink(missing_ok=True)
-
-
-def _tree(top: str) -> set[str]:
-    found = set()
-    for parent, dirs, files in os.walk(top):
-        found.update(os.path.join(parent, name) for name in files)
-        found.update(os.path.join(parent, name) + "/" for name in dirs)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +93,9 @@ def node() -> Iterator[FakeRuntime]:
         runtime.stop()
         for path in (*INSTALLED_PATHS, *MADE_PATHS):
             if path not in made_before and os.path.lexists(path):
-                _remove(path)
+                remove_path(path)
         for unit in ("koord-runtime-proxy.service.d", "koordlet.service.d"):
-            _remove(f"/etc/systemd/system/{unit}")
+            remove_path(f"/etc/systemd/system/{unit}")
         systemctl("daemon-reload")
         systemctl("reset-failed", *UNITS, SOCKET)
 
@@ -138,11 +124,18 @@ def _koordlet_metrics() -> str:
 
 
 def _serving(runtime: FakeRuntime, version_dir: Path, pids_before: dict[str, int]) -> dict[str, int]:
-    """Both services run new processes (not ``pids_before``) from ``version_dir``'s tree, with its Python and none
-    of the guest's; the proxy forwards CRI Version to the runtime; koordlet's metrics answer. Their main PIDs."""
-    pids = {unit: wait_for(lambda unit=unit: main_pid(unit) not in (0, pids_before.get(unit)) and main_pid(unit),
-                           START_TIMEOUT_S, step_s=0.5) for unit in UNITS}
-    assert all(pids.values()), f"not running: {pids}\n{_why()}"
+    """The proxy forwards CRI Version to the runtime and koordlet's metrics answer; both services run new processes
+    (not ``pids_before``) from ``version_dir``'s tree, with its Python and none of the guest's. Their main PIDs."""
+    calls = len(runtime.received)
+    assert _cri_version() is not None
+    assert any(r.method.endswith("/Version") for r in runtime.received[calls:]), "the proxy did not forward Version"
+    # koordlet is Type=simple: its start returns once systemd forked it, before the child entered the tree; its
+    # metrics answering says it runs
+    metrics = wait_for(_koordlet_metrics, START_TIMEOUT_S, step_s=1.0)
+    assert "koordlet_start_time" in metrics, f"koordlet's metrics do not answer\n{_why()}"
+    pids = {unit: main_pid(unit) for unit in UNITS}
+    assert all(pid not in (0, pids_before.get(unit)) for unit, pid in pids.items()), (
+        f"not new processes: {pids}, before {pids_before}\n{_why()}")
     tree = version_dir / "root"
     for unit, pid in pids.items():
         assert os.path.samefile(f"/proc/{pid}/root", tree), (
@@ -163,11 +156,6 @@ def _serving(runtime: FakeRuntime, version_dir: Path, pids_before: dict[str, int
         ours = os.path.realpath(sys.executable)
         seen_ours = f"/proc/{pid}/root{ours}"
         assert not (os.path.exists(seen_ours) and os.path.samefile(seen_ours, ours)), (unit, ours)
-    calls = len(runtime.received)
-    assert _cri_version() is not None
-    assert any(r.method.endswith("/Version") for r in runtime.received[calls:]), "the proxy did not forward Version"
-    metrics = wait_for(_koordlet_metrics, START_TIMEOUT_S, step_s=1.0)
-    assert "koordlet_start_time" in metrics, f"koordlet's metrics do not answer\n{_why()}"
     assert systemctl("is-active", *UNITS).returncode == 0, _why()
     return pids
 
@@ -185,7 +173,7 @@ def test_proxy_and_koordlet_run_the_trees_python_under_systemd_across_upgrade_ro
         node: FakeRuntime, record_property: Callable[[str, object], None]) -> None:
     took: dict[str, float] = {}
     outputs: list[str] = []
-    unit_files = _tree("/etc/systemd/system")
+    unit_files = paths_under("/etc/systemd/system")
 
     def step(name: str, script: Path, *args: str) -> None:
         done, took[name] = _script(script, *args)
@@ -226,4 +214,4 @@ def test_proxy_and_koordlet_run_the_trees_python_under_systemd_across_upgrade_ro
     assert not PREFIX.exists(), "uninstall --purge removes the versions"
     left = [path for path in INSTALLED_PATHS if os.path.lexists(path) and path not in (str(RUNTIME_DIR), str(WORK))]
     assert left == [], "uninstall --purge leaves nothing of the install"
-    assert _tree("/etc/systemd/system") ^ unit_files == set(), "every unit file and dir the install made is gone"
+    assert paths_under("/etc/systemd/system") ^ unit_files == set(), "every unit file and dir the install made is gone"
