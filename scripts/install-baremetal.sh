@@ -285,7 +285,7 @@ if [ "$rollback" = 1 ]; then
   log "rolling back: ${current:-nothing} -> $previous"
   switch_link current "$previous"
   [ -z "$current" ] || switch_link previous "$current"
-  if [ "$previous_kind" = tree ]; then  # the drop-ins name the version's own root (tree_root)
+  if [ "$previous_kind" = tree ]; then  # the drop-ins name the version's own root (tree_root_sed)
     for drop_in in "${TREE_DROP_INS[@]}"; do
       [ -f "$root$drop_in" ] || continue
       template=$here/systemd/koord-runtime-proxy-root-tree.conf
@@ -303,7 +303,6 @@ if [ "$rollback" = 1 ]; then
   log "done: $base/current is $previous"
   exit 0
 fi
-
 
 # 0. kubelet: the one place it reads its runtime endpoint from (scripts/kubelet-endpoint.sh), planned before anything
 # changes (a layout no single change can serve is refused here); the drop-in carries the endpoint only when it is
