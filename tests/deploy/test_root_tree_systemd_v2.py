@@ -57,8 +57,10 @@ RUNTIME_DIR = Path("/run/containerd")
 INSTALLED_PATHS = ("/etc/systemd/system/koord-runtime-proxy.service", "/etc/systemd/system/koordlet.service",
                    "/etc/systemd/system/koord-runtime-proxy.socket",
                    "/etc/default/koord-runtime-proxy", "/etc/default/koordlet", "/var/lib/koord-runtimeproxy",
-                   "/var/lib/koordlet", "/var/log/koordlet", "/etc/koordlet", "/run/koordlet",
-                   "/run/koord-runtimeproxy", str(RUNTIME_DIR), str(WORK))
+                   "/run/koordlet", "/run/koord-runtimeproxy", str(RUNTIME_DIR), str(WORK))
+# koordlet's own directories: the guest's /var is the host's under an overlay, where a host-side test may have left
+# them; uninstall --purge removes them all the same.
+KOORDLET_DIRS = ("/var/lib/koordlet", "/var/log/koordlet", "/etc/koordlet")
 MADE_PATHS = ("/etc/runtime", "/etc/systemd/system/kubelet.service.d", "/etc/systemd/system/kubelet.service.wants",
               "/etc/systemd/system/sockets.target.wants", "/etc/systemd/system/multi-user.target.wants",
               "/etc/systemd/system/sockets.target.wants/koord-runtime-proxy.socket",
@@ -81,7 +83,7 @@ def node() -> Iterator[FakeRuntime]:
     there = [path for path in INSTALLED_PATHS if os.path.lexists(path)]
     if there:
         pytest.fail(f"refusing to run: koordlet-py is laid out here already ({', '.join(there)})")
-    made_before = {path for path in MADE_PATHS if os.path.lexists(path)}
+    made_before = {path for path in (*KOORDLET_DIRS, *MADE_PATHS) if os.path.lexists(path)}
     RUNTIME_DIR.mkdir(mode=0o711)
     runtime = FakeRuntime(str(RUNTIME_DIR / "containerd.sock"))
     try:
@@ -91,7 +93,7 @@ def node() -> Iterator[FakeRuntime]:
     finally:
         systemctl("stop", *UNITS, SOCKET)
         runtime.stop()
-        for path in (*INSTALLED_PATHS, *MADE_PATHS):
+        for path in (*INSTALLED_PATHS, *KOORDLET_DIRS, *MADE_PATHS):
             if path not in made_before and os.path.lexists(path):
                 remove_path(path)
         for unit in ("koord-runtime-proxy.service.d", "koordlet.service.d"):
@@ -212,6 +214,7 @@ def test_proxy_and_koordlet_run_the_trees_python_under_systemd_across_upgrade_ro
     for unit in (*UNITS, SOCKET):
         assert systemctl("show", "-p", "LoadState", "--value", unit).stdout.strip() == "not-found", unit
     assert not PREFIX.exists(), "uninstall --purge removes the versions"
-    left = [path for path in INSTALLED_PATHS if os.path.lexists(path) and path not in (str(RUNTIME_DIR), str(WORK))]
+    left = [path for path in (*INSTALLED_PATHS, *KOORDLET_DIRS)
+            if os.path.lexists(path) and path not in (str(RUNTIME_DIR), str(WORK))]
     assert left == [], "uninstall --purge leaves nothing of the install"
     assert paths_under("/etc/systemd/system") ^ unit_files == set(), "every unit file and dir the install made is gone"
