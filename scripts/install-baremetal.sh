@@ -17,9 +17,9 @@
 #                      and a package index (PyPI or a mirror) on the node
 #   --rootfs FILE      the image's root tree, FILE from `make image` (out/image/koordlet-py-<version>.rootfs.tar.gz):
 #                      unpacked as it is (P/versions/<id>/root), the units run the tree's own Python inside it
-#                      (RootDirectory=P/current/root), so the node needs no Python and no index, only systemd
-#                      (RootDirectory=, MountAPIVFS=, BindPaths=: 233 and later; verified by 252's systemd-analyze,
-#                      a start under systemd not tested yet), tar and gzip
+#                      (RootDirectory=P/versions/<id>/root), so the node needs no Python and no index, only systemd
+#                      (RootDirectory=, MountAPIVFS=, BindPaths=: 233 and later; started by 252 in the systemd
+#                      guest: tests/deploy/test_root_tree_systemd_v2.py), tar and gzip
 #   --proxy-only       only the proxy and the kubelet drop-in: for clusters where koordlet runs as the
 #                      DaemonSet (Helm chart or deploy/). A koordlet.service of an earlier full install is
 #                      stopped, disabled and removed, so a node never runs two koordlets.
@@ -57,7 +57,8 @@
 #   --restart-kubelet  restart kubelet so it dials the proxy (pods keep running; kubelet reconnects), then
 #                      check by the proxy's count of served calls that kubelet really talks to it
 #   --rollback         switch P/current back to P/previous (the version installed before) and restart the
-#                      services; the units stay as they are (so both must be virtualenvs, or both root trees).
+#                      services; the units stay (so both must be virtualenvs, or both root trees; a root tree's
+#                      drop-ins are rendered again, their RootDirectory= naming the version's own directory).
 #                      A second --rollback goes forward again.
 #   --python PY        the interpreter the virtualenvs are made with (python3)
 # SYSTEMCTL=CMD runs CMD instead of systemctl, also with --root (the tests record the steps).
@@ -69,7 +70,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dry_run=0 prefix=/opt/koordlet-py root="" venv=1 start=1 restart_kubelet=0 python=python3
 proxy_only=0 kubeconfig="" local_mode=0 rollback=0 metrics_address="" metrics_given=0 rootfs="" python_given=0
 admin_kubeconfig="" node_name="" token_duration=168h
-usage() { sed -n '2,65p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,66p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -216,33 +217,6 @@ restart_services() {
   done
 }
 
-# ---- --rollback ----------------------------------------------------------------------------------------
-if [ "$rollback" = 1 ]; then
-  current=$(link_target current) previous=$(link_target previous)
-  previous_kind=$([ -z "$previous" ] || kind_of "$base/$previous")
-  if [ -z "$previous_kind" ]; then
-    echo "install-baremetal: nothing to roll back to: $base/previous is ${previous:-not there}" \
-      "(it names the version installed before the current one)" >&2
-    exit 1
-  fi
-  if [ "$previous_kind" != "$(units_kind)" ]; then
-    echo "install-baremetal: $base/previous ($previous) is $(kind_name "$previous_kind") and the units run" \
-      "$(kind_name "$(units_kind)"): install that version again instead (it is kept, so nothing is built or" \
-      "unpacked again)" >&2
-    exit 1
-  fi
-  log "rolling back: ${current:-nothing} -> $previous"
-  switch_link current "$previous"
-  [ -z "$current" ] || switch_link previous "$current"
-  if [ "$live" = 1 ] && [ "$start" = 1 ]; then
-    restart_services
-  else
-    log "services not restarted (--no-start or --root): they run ${current:-the old version} until restarted"
-  fi
-  log "done: $base/current is $previous"
-  exit 0
-fi
-
 changed=0        # a unit or the drop-in changed: daemon-reload
 socket_changed=0 # the socket unit changed: systemd must make the socket again
 proxy_changed=0  # the proxy's unit or environment changed: restart it
@@ -282,6 +256,53 @@ ensure_dir() {
   if [ -d "$dir" ]; then return; fi
   if [ "$dry_run" = 1 ]; then log "would create: $dir"; else mkdir -p "$dir"; log "created: $dir"; fi
 }
+# tree_root_sed TARGET: the sed expression that points a root-tree drop-in's RootDirectory= at P/TARGET/root itself,
+# every link on the way resolved, never at P/current/root. systemd (252) makes the tree read-only (ProtectSystem=) by
+# remounting each mount it finds below RootDirectory= in /proc/self/mountinfo, which names them by their real path;
+# through a link it finds none, retries, and gives up: "Failed to re-mount '...current/root/' and its submounts:
+# Device or resource busy", exit 226/NAMESPACE, restarted for ever. So each switch of P/current renders them again.
+tree_root_sed() {
+  local dir=$prefix/$1/root
+  if [ -z "$root" ] && [ -d "$dir" ]; then dir=$(realpath -e "$dir"); fi
+  echo "s#^RootDirectory=.*#RootDirectory=$dir#"
+}
+
+# ---- --rollback ----------------------------------------------------------------------------------------
+if [ "$rollback" = 1 ]; then
+  current=$(link_target current) previous=$(link_target previous)
+  previous_kind=$([ -z "$previous" ] || kind_of "$base/$previous")
+  if [ -z "$previous_kind" ]; then
+    echo "install-baremetal: nothing to roll back to: $base/previous is ${previous:-not there}" \
+      "(it names the version installed before the current one)" >&2
+    exit 1
+  fi
+  if [ "$previous_kind" != "$(units_kind)" ]; then
+    echo "install-baremetal: $base/previous ($previous) is $(kind_name "$previous_kind") and the units run" \
+      "$(kind_name "$(units_kind)"): install that version again instead (it is kept, so nothing is built or" \
+      "unpacked again)" >&2
+    exit 1
+  fi
+  log "rolling back: ${current:-nothing} -> $previous"
+  switch_link current "$previous"
+  [ -z "$current" ] || switch_link previous "$current"
+  if [ "$previous_kind" = tree ]; then  # the drop-ins name the version's own root (tree_root_sed)
+    for drop_in in "${TREE_DROP_INS[@]}"; do
+      [ -f "$root$drop_in" ] || continue
+      template=$here/systemd/koord-runtime-proxy-root-tree.conf
+      [[ $drop_in != */koordlet.service.d/* ]] || template=$here/systemd/koordlet-root-tree.conf
+      install_file "$template" "$drop_in" 0644 -e "$(tree_root_sed "$previous")" || true
+    done
+  fi
+  if [ "$live" = 1 ] && [ "$start" = 1 ]; then
+    [ "$changed" = 0 ] || run "$systemctl" daemon-reload
+    restart_services
+  else
+    [ "$changed" = 0 ] || [ "$live" = 0 ] || run "$systemctl" daemon-reload
+    log "services not restarted (--no-start or --root): they run ${current:-the old version} until restarted"
+  fi
+  log "done: $base/current is $previous"
+  exit 0
+fi
 
 # 0. kubelet: the one place it reads its runtime endpoint from (scripts/kubelet-endpoint.sh), planned before anything
 # changes (a layout no single change can serve is refused here); the drop-in carries the endpoint only when it is
@@ -476,7 +497,8 @@ install_file "$here/systemd/koord-runtime-proxy.socket" /etc/systemd/system/koor
 install_file "$here/systemd/koord-runtime-proxy.service" /etc/systemd/system/koord-runtime-proxy.service 0644 \
   "${unit_sed[@]}" && proxy_changed=1
 if [ "$tree" = 1 ]; then
-  install_file "$here/systemd/koord-runtime-proxy-root-tree.conf" "${TREE_DROP_INS[0]}" 0644 && proxy_changed=1
+  install_file "$here/systemd/koord-runtime-proxy-root-tree.conf" "${TREE_DROP_INS[0]}" 0644 \
+    -e "$(tree_root_sed "${target:-$(link_target current)}")" && proxy_changed=1
 else
   remove_file "${TREE_DROP_INS[0]}" && proxy_changed=1
 fi
@@ -516,7 +538,8 @@ else
     koordlet_changed=1
   [ "$identity_changed" = 0 ] || koordlet_changed=1
   if [ "$tree" = 1 ]; then
-    install_file "$here/systemd/koordlet-root-tree.conf" "${TREE_DROP_INS[1]}" 0644 && koordlet_changed=1
+    install_file "$here/systemd/koordlet-root-tree.conf" "${TREE_DROP_INS[1]}" 0644 \
+      -e "$(tree_root_sed "${target:-$(link_target current)}")" && koordlet_changed=1
   else
     remove_file "${TREE_DROP_INS[1]}" && koordlet_changed=1
   fi

@@ -17,14 +17,17 @@
 #   --root DIR  remove the files under DIR instead of / (tests, images); no systemctl
 #   --prefix P  the install's prefix (P/versions, P/current, P/previous), as given to install-baremetal.sh
 #   --purge     also remove P/versions, P/current, P/previous (and P/venv of an older install),
-#               /etc/default/koordlet, /etc/default/koord-runtime-proxy, /var/lib/koord-runtimeproxy and koordlet's
+#               /etc/default/koordlet, /etc/default/koord-runtime-proxy, /var/lib/koord-runtimeproxy, koordlet's
 #               identity (/etc/koordlet/kubeconfig, /var/lib/koordlet/token; the service account and its RBAC stay
-#               in the cluster: kubectl delete -k deploy/baremetal/ once no bare-metal node is left)
+#               in the cluster: kubectl delete -k deploy/baremetal/ once no bare-metal node is left) and the rest
+#               of koordlet's directories (/var/lib/koordlet: local mode's reports, /var/log/koordlet: the audit
+#               log, /run/koordlet), the socket's /run/koord-runtimeproxy, the empty /etc/koordlet and
+#               /etc/runtime/hookserver.d
 # SYSTEMCTL=CMD runs CMD instead of systemctl, also with --root (the tests record the order of the steps).
 set -euo pipefail
 
 dry_run=0 root="" prefix=/opt/koordlet-py purge=0
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -136,11 +139,13 @@ done
 [ "$live" = 1 ] && run "$systemctl" daemon-reload
 if [ "$purge" = 1 ]; then
   remove "$prefix/current" "$prefix/previous" "$prefix/versions" "$prefix/venv" /etc/default/koordlet \
-    /etc/default/koord-runtime-proxy /var/lib/koord-runtimeproxy /etc/koordlet/kubeconfig /var/lib/koordlet/token
+    /etc/default/koord-runtime-proxy /var/lib/koord-runtimeproxy /etc/koordlet/kubeconfig /var/lib/koordlet/token \
+    /var/lib/koordlet /var/log/koordlet /run/koordlet /run/koord-runtimeproxy
   [ -d "$root/etc/koordlet" ] && [ -z "$(ls -A "$root/etc/koordlet")" ] && remove /etc/koordlet
   [ -d "$root$prefix" ] && [ -z "$(ls -A "$root$prefix")" ] && remove "$prefix"
   [ -d "$root/etc/runtime/hookserver.d" ] && [ -z "$(ls -A "$root/etc/runtime/hookserver.d")" ] &&
     remove /etc/runtime/hookserver.d
+  [ -d "$root/etc/runtime" ] && [ -z "$(ls -A "$root/etc/runtime")" ] && remove /etc/runtime
 else
   log "kept: $prefix (the installed versions), /etc/default/koordlet, /etc/default/koord-runtime-proxy," \
     "/var/lib/koord-runtimeproxy (--purge removes them)"

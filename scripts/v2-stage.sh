@@ -16,10 +16,10 @@
 #   V2_OUT=out/v2        results: <driver>/{junit.xml,rc,guest.log,wall_seconds}; the guests write there
 #   V2_DRIVERS="systemd cgroupfs"   the guests to boot, one after the other, in this order: systemd (systemd as
 #                        PID 1: the pod story, NRI and the hook plugins on kubelet's systemd layout, the proxy restarted
-#                        by systemctl;
-#                        on request, kubelet's endpoint set by the installer and read by a kubelet systemd starts) and
-#                        cgroupfs (virtme-ng's init; every cgroupv2 test but those, which it runs only when it
-#                        boots alone, and the two that need systemd, never)
+#                        by systemctl; on request, kubelet's endpoint set by the installer and read by a kubelet
+#                        systemd starts, and the proxy and koordlet run from the image's root tree) and cgroupfs
+#                        (virtme-ng's init; every cgroupv2 test but those, which it runs only when it boots alone, and
+#                        those that need systemd, never)
 #   V2_MODE=tests        or `bench`: run a benchmark's --v2-guest part in the cgroupfs guest (make bench-v2)
 #   V2_BENCH=bench/qos_reaction.py   the benchmark V2_MODE=bench runs (its other arguments: this script's)
 #   V2_HUGEPAGES=64      2 MiB huge pages the cgroupfs guest reserves at boot (kernel command line)
@@ -228,10 +228,16 @@ boot() {
 # The proxy restarted 10 times by systemd while a client calls it needs systemd itself: it runs in that guest only.
 # On request only (named in PYTEST_ARGS with V2_DRIVERS=systemd; never in `make test`): modules that need systemd and
 # cost the guest about ten minutes of emulation each, more than the stage's 30-minute budget leaves (docs/testing.md).
-systemd_on_request=(tests/deploy/test_kubelet_endpoint_systemd_v2.py)
+systemd_on_request=(tests/deploy/test_kubelet_endpoint_systemd_v2.py tests/deploy/test_root_tree_systemd_v2.py)
 systemd_only_modules=(tests/runtimeproxy/test_restart_systemd_v2.py "${systemd_on_request[@]}")
 systemd_modules=(tests/koordlet/test_pod_story_v2.py tests/koordlet/runtimehooks/nri/test_containerd_v2.py
                  tests/koordlet/runtimehooks/test_hook_plugins_v2.py tests/runtimeproxy/test_restart_systemd_v2.py)
+# The root tree the bare-metal install unpacks in the guest (test_root_tree_systemd_v2.py), which has no network to
+# build it: built here first when that module is named (scripts/build-image.sh; nothing again when unchanged).
+if [[ " $* " == *"test_root_tree_systemd_v2.py"* ]]; then
+  log "building the image's root tree for test_root_tree_systemd_v2.py (scripts/build-image.sh)"
+  bash "$here/scripts/build-image.sh" >&2 || die "scripts/build-image.sh failed: no root tree for the guest"
+fi
 # The gate (scripts/v2-gate.sh): the guests' tests marked alone one guest at a time, after the host's stages.
 . "$here/scripts/v2-gate.sh"
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -49,7 +48,7 @@ import pytest
 
 from tests.support.fakeruntime import FakeRuntime
 from tests.support.kubeadmnode import CONTAINERD_ENDPOINT, KubeadmLayout
-from tests.support.v2guest import journal, main_pid, skip_unless_systemd_guest, systemctl
+from tests.support.v2guest import journal, main_pid, paths_under, remove_path, skip_unless_systemd_guest, systemctl
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.cgroupv2]
@@ -89,24 +88,6 @@ def _journal() -> str:
     return journal((KUBELET, *PROXY_UNITS), 40)
 
 
-def _tree(top: str) -> set[str]:
-    """Every file and symlink under ``top`` (symlinks not followed; with a trailing / each dir): what an install and
-    its uninstall must leave as it was."""
-    found = set()
-    for parent, dirs, files in os.walk(top):
-        found.update(os.path.join(parent, name) for name in files)
-        found.update(os.path.join(parent, name) + "/" for name in dirs)
-    return found
-
-
-def _remove(path: str) -> None:
-    target = Path(path)
-    if target.is_dir() and not target.is_symlink():
-        shutil.rmtree(target)
-    else:
-        target.unlink(missing_ok=True)
-
-
 @pytest.fixture(scope="module")
 def systemd_pid1() -> None:
     skip_unless_systemd_guest()
@@ -138,7 +119,7 @@ def node(systemd_pid1: None) -> Iterator[FakeRuntime]:
         runtime.stop()
         for path in (*KUBELET_PATHS, *PROXY_PATHS, *MADE_PATHS):
             if path not in made_before and os.path.lexists(path):
-                _remove(path)
+                remove_path(path)
         systemctl("daemon-reload")
         systemctl("reset-failed", KUBELET, *PROXY_UNITS)
 
@@ -222,7 +203,7 @@ def test_kubelet_restarted_by_systemd_dials_the_proxy_and_containerd_again_after
         request: pytest.FixtureRequest, record_property: Callable[[str, object], None]) -> None:
     layout, before = kubelet
     took: dict[str, float] = {}
-    unit_files = _tree("/etc/systemd/system")
+    unit_files = paths_under("/etc/systemd/system")
     pid = main_pid(KUBELET)
     if restart_kubelet:
         # what an operator runs: the installer restarts kubelet by systemd, then waits for its calls through the proxy
@@ -260,7 +241,7 @@ def test_kubelet_restarted_by_systemd_dials_the_proxy_and_containerd_again_after
     took["kubelet_on_containerd"] = time.monotonic() - started
     assert report["endpoint"] == CONTAINERD_ENDPOINT, f"{report}\n{gone.stdout}"
     assert layout.contents() == before, "uninstall puts back exactly what was there"
-    left = _tree("/etc/systemd/system") ^ unit_files
+    left = paths_under("/etc/systemd/system") ^ unit_files
     assert left == set(), f"uninstall removes every unit file and dir the install made\n{gone.stdout}"
     assert not [path for path in ("/var/lib/koord-runtimeproxy", "/etc/default/koord-runtime-proxy")
                 if os.path.lexists(path)]

@@ -168,7 +168,8 @@ def test_the_root_tree_drop_ins_pass_systemd_analyze_verify(tmp_path: Path) -> N
     tree.mkdir()
     for unit in ("koord-runtime-proxy", "koordlet"):
         (directory / f"{unit}.service.d").mkdir()
-        text = (SYSTEMD / f"{unit}-root-tree.conf").read_text().replace(f"{UNIT_PREFIX}/current", str(tree))
+        text = (SYSTEMD / f"{unit}-root-tree.conf").read_text()
+        text = text.replace(f"{UNIT_PREFIX}/versions/VERSION/root", str(tree))  # the installer writes the version in
         (directory / f"{unit}.service.d" / "50-root-tree.conf").write_text(text + "\n")
     output = _systemd_analyze_verify(directory)
     assert output.startswith("rc=0"), output

@@ -15,6 +15,7 @@ import argparse
 import faulthandler
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -109,6 +110,25 @@ def journal(units: Sequence[str], lines: int) -> str:
 def main_pid(unit: str) -> int:
     """The unit's main process (0: none)."""
     return int(systemctl("show", "-p", "MainPID", "--value", unit).stdout.strip() or 0)
+
+
+def paths_under(top: str) -> set[str]:
+    """Every file and symlink under ``top`` (symlinks not followed; each dir with a trailing /): what an install and
+    its uninstall must leave as it was."""
+    found = set()
+    for parent, dirs, files in os.walk(top):
+        found.update(os.path.join(parent, name) for name in files)
+        found.update(os.path.join(parent, name) + "/" for name in dirs)
+    return found
+
+
+def remove_path(path: str) -> None:
+    """Remove a file, a symlink or a whole directory."""
+    target = Path(path)
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    else:
+        target.unlink(missing_ok=True)
 
 
 def skip_unless_systemd_guest() -> None:
