@@ -244,8 +244,8 @@ fi
 started=$(date +%s)
 rc=0
 # V2_WAIT_FOR_HOST: each guest in a subshell of its own (its own vng_pid, its own traps) under the gate, which gives its
-# tests marked alone their turn once the host's stages are done. One guest at a time: two beside the host stage left
-# the host tests a third of the cores, and both the host's and the guests' timings failed (docs/testing.md).
+# tests marked alone their turn once the host's stages are done. One guest at a time: with two beside it, the host
+# stage took twice as long and both the host's and the guests' timings failed (docs/testing.md).
 gated_boot() {
   local driver=$1 pid; shift
   rm -rf "${out:?}/$driver"  # no word of an earlier run (alone-ready, rc) may reach the gate
